@@ -1,0 +1,93 @@
+"""Process-wide knobs, KvikIO-style: each has an environment variable, `defaults.get(name)`, and
+`defaults.set(name=value, ...)`, which also works as a context manager that restores the old values.
+
+| name            | env var                 | default | meaning                                              |
+|-----------------|-------------------------|---------|------------------------------------------------------|
+| io              | INGEST_IO               | auto    | byte-range reads: auto (KvikIO with CUDA, else posix), kvikio, posix |
+| io_threads      | INGEST_IO_THREADS       | 8       | threads issuing reads (and KvikIO's own thread pool)  |
+| decode_threads  | INGEST_DECODE_THREADS   | cores   | CPU decode / CPU op threads                           |
+| gpu_decode_threads | INGEST_GPU_DECODE_THREADS | 1  | Python threads driving nvImageCodec, one Decoder and stream each |
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Iterator
+
+from .errors import ConfigError
+
+
+def _positive_int(name: str) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            v = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"`{name}` must be an integer >= 1, got {value!r}") from None
+        if v < 1:
+            raise ConfigError(f"`{name}` must be an integer >= 1, got {v}")
+        return v
+    return parse
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if value not in choices:
+            raise ConfigError(f"`{name}` must be one of {', '.join(choices)}; got {value!r}")
+        return value
+    return parse
+
+
+# name -> (env var, default, parser)
+_SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
+    "io": ("INGEST_IO", "auto", _choice("io", ("auto", "kvikio", "posix"))),
+    "io_threads": ("INGEST_IO_THREADS", 8, _positive_int("io_threads")),
+    "decode_threads": ("INGEST_DECODE_THREADS", os.cpu_count() or 1, _positive_int("decode_threads")),
+    "gpu_decode_threads": ("INGEST_GPU_DECODE_THREADS", 1, _positive_int("gpu_decode_threads")),
+}
+_values: dict[str, Any] = {}
+
+
+def _check_name(name: str) -> None:
+    if name not in _SPEC:
+        raise ConfigError(f"Unknown setting {name!r}. Available: {', '.join(sorted(_SPEC))}")
+
+
+def get(name: str) -> Any:
+    """The current value of a setting: set() value, else its environment variable, else the default."""
+    _check_name(name)
+    if name in _values:
+        return _values[name]
+    env, default, parse = _SPEC[name]
+    raw = os.environ.get(env)
+    return default if raw is None or raw == "" else parse(raw)
+
+
+@contextlib.contextmanager
+def _restore(old: dict[str, Any]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is _UNSET:
+                _values.pop(k, None)
+            else:
+                _values[k] = v
+
+
+_UNSET = object()
+
+
+def set(**settings: Any) -> contextlib.AbstractContextManager[None]:  # noqa: A001 - KvikIO's name
+    """Set settings for the process. Use as `with defaults.set(io="posix"): ...` to scope them."""
+    parsed = {}
+    for name, value in settings.items():
+        _check_name(name)
+        parsed[name] = _SPEC[name][2](value)
+    old = {k: _values.get(k, _UNSET) for k in parsed}
+    _values.update(parsed)
+    return _restore(old)
+
+
+def names() -> list[str]:
+    return sorted(_SPEC)
