@@ -1,0 +1,109 @@
+"""File trees: one file per sample. `FileTree` reads the ImageFolder layout (``root/<class>/**/<file>``,
+labels = sorted class directory names); `FileList` takes an explicit list of paths with optional labels."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import SourceError
+from .base import Location, Record, check_index
+
+#: Extensions recognised as images by default (lower case, with the dot).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif")
+
+
+def _normalize_extensions(extensions: Iterable[str]) -> tuple[str, ...]:
+    exts = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
+    if not exts:
+        raise SourceError("`extensions` must name at least one extension")
+    return exts
+
+
+class FileList:
+    """Samples given as a list of file paths, with optional integer labels and class names."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int] | None = None,
+                 classes: Sequence[str] = ()):
+        self._paths = [os.fspath(p) for p in paths]
+        if labels is None:
+            self._labels = np.full(len(self._paths), -1, dtype=np.int64)
+        else:
+            self._labels = np.asarray(labels, dtype=np.int64)
+            if self._labels.shape != (len(self._paths),):
+                raise SourceError(f"got {len(self._paths)} paths but {len(self._labels)} labels")
+        self.classes = list(classes)
+        if self.classes and len(self._labels) and self._labels.max() >= len(self.classes):
+            raise SourceError(f"label {int(self._labels.max())} has no class name "
+                              f"({len(self.classes)} classes given)")
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def locate(self, i: int) -> Location:
+        return Location(self._paths[check_index(i, len(self._paths))])
+
+    def parse(self, i: int, raw) -> Record:
+        return Record(raw, int(self._labels[i]))
+
+    def labels(self) -> np.ndarray:
+        return self._labels
+
+    def name(self, i: int) -> str:
+        return self._paths[check_index(i, len(self._paths))]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} files, {len(self.classes)} classes)"
+
+
+class FileTree(FileList):
+    """The ImageFolder layout: every directory under ``root`` is a class (sorted by name -> label 0, 1, ...);
+    files with an image extension anywhere below it are its samples, in sorted order. Other files are ignored.
+
+    A class directory with no images raises `SourceError` naming it, unless ``allow_empty=True``; so does a
+    root without class directories.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, extensions: Iterable[str] = IMAGE_EXTENSIONS,
+                 allow_empty: bool = False):
+        root = os.fspath(root)
+        if not os.path.isdir(root):
+            raise FileNotFoundError(f"dataset root {root!r} is not a directory")
+        self.root = root
+        exts = _normalize_extensions(extensions)
+        try:
+            classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        except OSError as err:
+            raise SourceError(f"cannot list dataset root {root!r}: {err}", path=root) from err
+        if not classes:
+            raise SourceError(f"{root!r} has no class directories (expected root/<class>/<image files>)",
+                              path=root)
+        paths: list[str] = []
+        labels: list[int] = []
+        empty = []
+        for label, cls in enumerate(classes):
+            files = _walk_images(os.path.join(root, cls), exts)
+            if not files:
+                empty.append(cls)
+            paths += files
+            labels += [label] * len(files)
+        if empty and not allow_empty:
+            raise SourceError(f"{len(empty)} class director{'y has' if len(empty) == 1 else 'ies have'} no "
+                              f"files with extensions {', '.join(exts)} under {root!r}: "
+                              f"{', '.join(empty[:10])}{' ...' if len(empty) > 10 else ''} "
+                              "(pass allow_empty=True to keep them as classes without samples)", path=root)
+        super().__init__(paths, labels, classes)
+
+
+def _walk_images(directory: str, exts: tuple[str, ...]) -> list[str]:
+    def onerror(err: OSError) -> None:
+        raise SourceError(f"cannot list {err.filename!r}: {err.strerror}", path=err.filename) from err
+
+    found = []
+    for dirpath, dirnames, filenames in os.walk(directory, onerror=onerror, followlinks=True):
+        dirnames.sort()
+        found += [os.path.join(dirpath, f) for f in sorted(filenames)
+                  if f.lower().endswith(exts) and not f.startswith(".")]
+    return found

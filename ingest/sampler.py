@@ -1,0 +1,100 @@
+"""Which samples go in which batch: a per-epoch permutation from a seed, sharding across ranks, the
+last-batch policy, and a resumable position.
+
+The order of an epoch is a pure function of ``(seed, epoch)``: a permutation of the whole dataset drawn
+from ``numpy.random.SeedSequence([seed, epoch])`` (stable across machines and numpy versions). Rank ``r`` of
+``num_shards`` takes every ``num_shards``-th element of it starting at ``r``, so shards are disjoint and
+together hold every sample. Batch ``b`` of a shard is a slice of that list, so the position to resume from is
+just ``(epoch, b)``. Because the global order does not depend on the number of shards, a checkpoint's global
+position (``b * batch_size * num_shards`` samples into the epoch's permutation) stays meaningful when resuming
+on a different number of GPUs; remapping it is the one missing piece for that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError
+
+LAST_BATCH = ("drop", "partial", "pad")
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One batch: which dataset indices, which of them are padding, and the seed of its randomness."""
+
+    epoch: int
+    number: int                 # batch index within the epoch (this shard)
+    indices: np.ndarray         # int64 dataset indices
+    is_pad: np.ndarray          # bool, True where the sample only pads the last batch
+    seed: np.random.SeedSequence
+
+    def rng(self) -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64(self.seed))
+
+
+class Sampler:
+    """Batches of dataset indices for one shard, epoch after epoch.
+
+    last_batch: ``drop`` (only full batches; every shard gets ``(n // num_shards) // batch_size``),
+    ``partial`` (a smaller last batch; with several shards their batch counts can differ by one),
+    ``pad`` (every shard gets ``ceil(ceil(n / num_shards) / batch_size)`` full batches, the missing places
+    filled by repeating the shard's first samples and marked in ``is_pad``).
+    """
+
+    def __init__(self, n: int, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+                 shard_id: int = 0, num_shards: int = 1, last_batch: str = "partial"):
+        if batch_size < 1:
+            raise ConfigError(f"`batch_size` must be >= 1, got {batch_size}")
+        if num_shards < 1:
+            raise ConfigError(f"`num_shards` must be >= 1, got {num_shards}")
+        if not 0 <= shard_id < num_shards:
+            raise ConfigError(f"`shard_id` must be in [0, {num_shards}), got {shard_id}")
+        if last_batch not in LAST_BATCH:
+            raise ConfigError(f"`last_batch` must be one of {', '.join(LAST_BATCH)}; got {last_batch!r}")
+        if seed < 0:
+            raise ConfigError(f"`seed` must be >= 0, got {seed}")
+        self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
+        self.shard_id, self.num_shards, self.last_batch = shard_id, num_shards, last_batch
+
+    def shard_length(self, shard_id: int | None = None) -> int:
+        s = self.shard_id if shard_id is None else shard_id
+        return len(range(s, self.n, self.num_shards))
+
+    def __len__(self) -> int:
+        """Batches per epoch for this shard."""
+        bs = self.batch_size
+        if self.last_batch == "drop":
+            return (self.n // self.num_shards) // bs
+        if self.last_batch == "pad":
+            return -(-(-(-self.n // self.num_shards)) // bs)
+        return -(-self.shard_length() // bs)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """This shard's dataset indices for ``epoch``, in order."""
+        if self.shuffle:
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch])))
+            perm = rng.permutation(self.n)
+        else:
+            perm = np.arange(self.n, dtype=np.int64)
+        return perm[self.shard_id::self.num_shards].astype(np.int64)
+
+    def batches(self, epoch: int, start: int = 0):
+        """Yield the epoch's `BatchPlan`s from batch number ``start`` on."""
+        order = self.order(epoch)
+        count = len(self)
+        bs = self.batch_size
+        if self.last_batch == "pad" and len(order):
+            need = count * bs
+            reps = -(-need // len(order))
+            padded = np.tile(order, reps)[:need]
+            is_pad = np.arange(need) >= len(order)
+            order = padded
+        else:
+            is_pad = np.zeros(len(order), dtype=bool)
+        for b in range(start, count):
+            sl = slice(b * bs, min((b + 1) * bs, len(order)))
+            yield BatchPlan(epoch, b, order[sl], is_pad[sl],
+                            np.random.SeedSequence([self.seed, epoch, self.shard_id, b]))

@@ -1,0 +1,61 @@
+"""Shared fixtures: generated datasets and the path of the real-world files."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+REALWORLD = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "realworld"
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def realworld(sub: str = "") -> Path:
+    """The real-world data directory (``sub`` inside it), or skip the test when it is absent."""
+    path = REALWORLD / sub
+    if not path.exists():
+        pytest.skip(f"real-world data not found at {path}")
+    return path
+
+
+def textured(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """Smooth gradients plus a pattern: codecs and resizes have work to do, and every orientation differs."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    phase = rng.uniform(0, 6, 3)
+    img = [128 + 90 * np.sin(x / (9 + 4 * c) + y / (13 + 2 * c) + phase[c]) + 30 * (x / w) - 30 * (y / h)
+           for c in range(3)]
+    return np.clip(np.stack(img, -1), 0, 255).astype(np.uint8)
+
+
+def encode(img: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def jpeg_bytes(h: int, w: int, seed: int = 0, quality: int = 90, **kw) -> bytes:
+    return encode(Image.fromarray(textured(h, w, seed)), "JPEG", quality=quality, **kw)
+
+
+def make_image_folder(root: Path, classes: dict[str, int], *, size=(48, 64), seed: int = 0) -> Path:
+    """root/<class>/<i>.jpg with varied sizes; returns root."""
+    k = 0
+    for cls, count in classes.items():
+        d = root / cls
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            h, w = size[0] + (k * 7) % 23, size[1] + (k * 5) % 31
+            (d / f"{i:04d}.jpg").write_bytes(jpeg_bytes(h, w, seed + k))
+            k += 1
+    return root
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    return make_image_folder(tmp_path / "train", {"cat": 7, "dog": 5, "emu": 9})

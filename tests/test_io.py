@@ -1,0 +1,56 @@
+import numpy as np
+import pytest
+import torch
+
+from ingest import defaults
+from ingest.errors import ConfigError, CorruptRecordError
+from ingest.formats.base import Location
+from ingest.io import ByteReader, resolve_io
+
+
+def test_posix_reads_ranges_whole_files_and_memory(tmp_path):
+    data = np.random.default_rng(1).integers(0, 256, 70000, dtype=np.uint8)
+    p = tmp_path / "f.bin"
+    data.tofile(p)
+    with ByteReader("posix", threads=3) as r:
+        got = r.read([Location(str(p), 10, 100), Location(str(p)), Location("mem", data=b"abc")])
+    assert np.array_equal(got[0], data[10:110]) and np.array_equal(got[1], data)
+    assert bytes(got[2]) == b"abc"
+
+
+def test_errors_are_values_naming_file_and_offset(tmp_path):
+    p = tmp_path / "short.bin"
+    p.write_bytes(b"x" * 50)
+    with ByteReader("posix") as r:
+        missing, short = r.read([Location(str(tmp_path / "gone.jpg")), Location(str(p), 40, 20)])
+    assert isinstance(missing, FileNotFoundError) and "gone.jpg" in str(missing)
+    assert isinstance(short, CorruptRecordError)
+    assert "short.bin" in str(short) and "at byte 40" in str(short) and "10 of 20" in str(short)
+
+
+def test_read_into_cpu_tensor(tmp_path):
+    p = tmp_path / "t.bin"
+    np.arange(64, dtype=np.float32).tofile(p)
+    out = torch.empty(16, dtype=torch.float32)
+    with ByteReader("posix") as r:
+        r.read_into(Location(str(p), 16 * 4), out)
+    assert out.tolist() == list(range(16, 32))
+
+
+def test_io_choice_and_defaults(monkeypatch):
+    assert resolve_io("posix") == "posix"
+    if not torch.cuda.is_available():
+        assert resolve_io("auto") == "posix"
+        with pytest.raises(ConfigError, match="needs CUDA and KvikIO"):
+            resolve_io("kvikio")
+    with pytest.raises(ConfigError, match="Available: auto, kvikio, posix"):
+        resolve_io("gds")
+    monkeypatch.setenv("INGEST_IO_THREADS", "3")
+    assert defaults.get("io_threads") == 3
+    with defaults.set(io_threads=5):
+        assert defaults.get("io_threads") == 5
+    assert defaults.get("io_threads") == 3
+    with pytest.raises(ConfigError, match="Unknown setting 'iothreads'. Available:"):
+        defaults.get("iothreads")
+    with pytest.raises(ConfigError, match="`io_threads` must be an integer >= 1, got 0"):
+        defaults.set(io_threads=0)
