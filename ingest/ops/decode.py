@@ -1,0 +1,355 @@
+"""CPU image decoding: encoded bytes to an ``[H, W, 3]`` uint8 RGB array, EXIF orientation applied.
+
+JPEG goes through simplejpeg (libjpeg-turbo, releases the GIL, can DCT-downscale); every other format, and
+the JPEGs libjpeg-turbo cannot take (12-bit, lossless, some damaged headers), goes through Pillow. The
+format is sniffed from the bytes, never taken from the name.
+
+What every decode returns, whatever the source:
+
+- RGB, uint8, C-contiguous and writable.
+- Alpha is **dropped**: RGBA, LA, palette+tRNS and colour-key transparency keep their stored colours, as
+  Pillow's ``convert("RGB")`` does; nothing is composited.
+- 16-bit samples keep their 8 most significant bits (``>> 8``), never clipped.
+- CMYK/YCCK JPEGs are converted with Pillow's formula (Adobe inverted CMYK), so both paths agree exactly.
+- Multi-frame files (APNG, GIF, MPO) give their first frame.
+- Orientation: the EXIF Orientation tag (1-8), or XMP ``tiff:Orientation`` when EXIF has none (as
+  Pillow's ``ImageOps.exif_transpose`` reads it). In a PNG only an eXIf chunk before the pixel data is
+  read, so that :meth:`CpuDecoder.probe` needs no decode.
+
+Failure policy: any failure raises :class:`~ingest.errors.DecodeError` naming the source, chained from the
+cause. A JPEG is decoded only if libjpeg-turbo reports no warning; a warning that means pixels were lost
+(truncation, corrupt entropy data: see ``_LOST_DATA``) is an error, because a training set should not
+silently hold grey halves. Other warnings (e.g. junk between segments) and unsupported variants are handed
+to Pillow, which also refuses truncated files. Sizes are checked against ``max_pixels`` before any pixel
+buffer is allocated.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import simplejpeg
+from PIL import Image, UnidentifiedImageError
+
+from ingest.errors import ConfigError, DecodeError
+
+Buffer = bytes | bytearray | memoryview | np.ndarray
+Size = tuple[int, int]  # (height, width)
+
+#: Formats handed to Pillow. Others (EPS runs Ghostscript, ...) are refused rather than risked.
+PILLOW_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM")
+
+#: libjpeg warnings that mean some pixels were not decoded (they would be left grey).
+_LOST_DATA = (
+    "Premature end of JPEG file",      # truncated file
+    "premature end of data segment",   # entropy segment ends before its blocks do
+    "bad Huffman code",                # corrupt entropy data; the rest of the segment is zeroed
+    "instead of RST",                  # restart marker missing; data skipped to resynchronise
+)
+
+_ORIENTATION_TAG = 0x0112
+_JPEG_SOI = b"\xff\xd8\xff"
+_SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0-7: no length field
+_MARKER = re.compile(rb"\xff+([^\x00\xff])")                  # fill bytes, then a marker code
+_XMP_PREFIX = b"http://ns.adobe.com/xap/1.0/\x00"
+_XMP_ORIENTATION = re.compile(rb'tiff:Orientation(?:="|>)([0-9])')
+
+# How to turn stored pixels [H, W, C] into displayed ones, per EXIF orientation (Pillow's exif_transpose).
+_ORIENT = {
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    4: lambda a: a[::-1],
+    5: lambda a: a.transpose(1, 0, 2),
+    6: lambda a: a.transpose(1, 0, 2)[:, ::-1],
+    7: lambda a: a.transpose(1, 0, 2)[::-1, ::-1],
+    8: lambda a: a.transpose(1, 0, 2)[::-1],
+}
+
+
+class CpuDecoder:
+    """Decodes images on the CPU.
+
+    ``threads`` sizes the pool :meth:`decode_batch` runs on (default: one per CPU). ``max_pixels`` refuses
+    larger images before decoding them. Pillow keeps its own bomb limit (``Image.MAX_IMAGE_PIXELS``, twice
+    which it raises); the lower of the two applies to what Pillow decodes.
+    """
+
+    def __init__(self, *, threads: int | None = None, max_pixels: int = 2**28):
+        threads = (os.cpu_count() or 1) if threads is None else threads
+        if threads < 1:
+            raise ConfigError(f"`threads` must be >= 1, got {threads}")
+        if max_pixels < 1:
+            raise ConfigError(f"`max_pixels` must be >= 1, got {max_pixels}")
+        self.threads = threads
+        self.max_pixels = max_pixels
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ingest-decode")
+
+    # -- public API ----------------------------------------------------------------------------------
+
+    def probe(self, data: Buffer, name: str) -> Size:
+        """``(height, width)`` of the image as :meth:`decode` returns it (orientation applied), from the
+        header only."""
+        buf = as_buffer(data, name)
+        if is_jpeg(buf):
+            header = self._jpeg_header(buf, name)
+            return _oriented(header.height, header.width, header.orientation)
+        with self._open_pillow(data, buf, name) as img:
+            return _oriented(img.height, img.width, _pillow_orientation(img))
+
+    def decode(self, data: Buffer, name: str, *, min_size: Size | None = None) -> np.ndarray:
+        """The image as an ``[H, W, 3]`` uint8 RGB array, orientation applied.
+
+        ``min_size`` = (height, width) is a hint: a JPEG may then be downscaled in the DCT by the smallest
+        factor M/8 (M = 1..8) that keeps the result at least that large. Only then can the result be
+        smaller than :meth:`probe` says; its aspect ratio is kept up to rounding (sides are rounded up) and
+        the caller scales its coordinates by ``result size / probed size``. Other formats, and the JPEGs
+        libjpeg-turbo hands to Pillow, ignore the hint.
+        """
+        buf = as_buffer(data, name)
+        if is_jpeg(buf):
+            header = self._jpeg_header(buf, name)
+            pixels = self._decode_jpeg(data, buf, header, min_size, name)
+            return _orient(pixels, header.orientation)
+        with self._open_pillow(data, buf, name) as img:
+            orientation = _pillow_orientation(img)
+            pixels = _pillow_pixels(img, name)
+        return _orient(pixels, orientation)
+
+    def decode_batch(self, datas: Sequence[Buffer], names: Sequence[str], *,
+                     min_sizes: Sequence[Size | None] | None = None) -> list[np.ndarray | DecodeError]:
+        """:meth:`decode` of every image on the thread pool, in order. A sample that cannot be decoded gives
+        its :class:`DecodeError` as a value (the executor counts it against the failure budget)."""
+        if len(datas) != len(names):
+            raise ValueError(f"got {len(datas)} images but {len(names)} names")
+        if min_sizes is None:
+            min_sizes = [None] * len(datas)
+        elif len(min_sizes) != len(datas):
+            raise ValueError(f"got {len(datas)} images but {len(min_sizes)} min_sizes")
+        return list(self._pool.map(self._decode_or_error, datas, names, min_sizes))
+
+    def close(self) -> None:
+        """Shut the thread pool down (waits for running decodes)."""
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "CpuDecoder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CpuDecoder(threads={self.threads}, max_pixels={self.max_pixels})"
+
+    # -- JPEG ----------------------------------------------------------------------------------------
+
+    def _jpeg_header(self, buf: memoryview, name: str) -> JpegHeader:
+        header = read_jpeg_header(buf)
+        if header is None:
+            raise DecodeError("JPEG has no frame header (SOF) before its image data", path=name)
+        self._check_size(header.height, header.width, name)
+        return header
+
+    def _decode_jpeg(self, data: Buffer, buf: memoryview, header: JpegHeader, min_size: Size | None,
+                     name: str) -> np.ndarray:
+        """Stored (unoriented) pixels of a JPEG: simplejpeg, or Pillow for what libjpeg-turbo refuses."""
+        min_h, min_w = _stored_min_size(min_size, header.orientation)
+        cmyk = header.components == 4
+        try:
+            pixels = simplejpeg.decode_jpeg(buf, colorspace="CMYK" if cmyk else "RGB", strict=True,
+                                            min_height=min_h, min_width=min_w)
+        except ValueError as err:
+            if any(text in str(err) for text in _LOST_DATA):
+                what = "truncated JPEG" if "end of JPEG file" in str(err) else "corrupt JPEG data"
+                raise DecodeError(f"{what} (libjpeg: {err})", path=name) from err
+            return self._decode_jpeg_with_pillow(data, buf, name, err)
+        return _cmyk_to_rgb(pixels) if cmyk else pixels
+
+    def _decode_jpeg_with_pillow(self, data: Buffer, buf: memoryview, name: str,
+                                 libjpeg_error: ValueError) -> np.ndarray:
+        try:
+            with self._open_pillow(data, buf, name) as img:
+                return _pillow_pixels(img, name)
+        except DecodeError as err:
+            raise DecodeError(f"{_reason(err)}; libjpeg-turbo: {libjpeg_error}", path=name) from err
+
+    # -- Pillow --------------------------------------------------------------------------------------
+
+    def _open_pillow(self, data: Buffer, buf: memoryview, name: str) -> Image.Image:
+        """Pillow's lazy open (reads the header only), with the size checked."""
+        if not len(buf):
+            raise DecodeError("empty file", path=name)
+        # BytesIO shares a bytes object's memory; other buffers are copied once (Pillow needs a file).
+        stream = io.BytesIO(data if isinstance(data, bytes) else buf)
+        try:
+            img = Image.open(stream, formats=PILLOW_FORMATS)
+        except UnidentifiedImageError as err:
+            raise DecodeError(f"not an image of a known format ({', '.join(PILLOW_FORMATS)}) or its header "
+                              "is damaged", path=name) from err
+        except Exception as err:  # Pillow's plugins raise many types (SyntaxError, struct.error, ...)
+            raise DecodeError(f"cannot read the image header: {_describe(err)}", path=name) from err
+        try:
+            self._check_size(img.height, img.width, name)
+        except DecodeError:
+            img.close()
+            raise
+        return img
+
+    def _check_size(self, height: int, width: int, name: str) -> None:
+        if height <= 0 or width <= 0:
+            raise DecodeError(f"image has no pixels ({width}x{height})", path=name)
+        if height * width > self.max_pixels:
+            raise DecodeError(f"{width}x{height} = {width * height} pixels exceeds max_pixels="
+                              f"{self.max_pixels} (a decompression bomb?)", path=name)
+
+    def _decode_or_error(self, data: Buffer, name: str, min_size: Size | None) -> np.ndarray | DecodeError:
+        try:
+            return self.decode(data, name, min_size=min_size)
+        except DecodeError as err:
+            return err
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+
+
+class JpegHeader(NamedTuple):
+    """What the segments before a JPEG's first scan say."""
+
+    height: int       # as stored, before orientation
+    width: int
+    components: int   # 1 gray, 3 YCbCr/RGB, 4 CMYK/YCCK
+    precision: int    # bits per sample
+    process: int      # SOF marker: C0 baseline, C1 extended, C2 progressive, C3 lossless, C9+ arithmetic
+    orientation: int  # EXIF (or XMP) orientation, 1-8
+
+
+def as_buffer(data: Buffer, name: str) -> memoryview:
+    """A flat byte view of ``data`` (no copy); TypeError naming ``name`` for what has no such view."""
+    try:
+        buf = memoryview(data)
+        if not buf.c_contiguous:
+            raise TypeError("not contiguous")
+        return buf if buf.format == "B" and buf.ndim == 1 else buf.cast("B")
+    except TypeError as err:
+        raise TypeError(f"{name}: expected bytes, memoryview or a contiguous uint8 array, "
+                        f"got {type(data).__name__}") from err
+
+
+def is_jpeg(buf: memoryview) -> bool:
+    """Whether the bytes start like a JPEG (SOI, then a marker): the name is never trusted."""
+    return buf[:3] == _JPEG_SOI
+
+
+def read_jpeg_header(buf: memoryview) -> JpegHeader | None:
+    """The frame header and orientation of a JPEG (``is_jpeg(buf)``), read from the segments before the first
+    scan; None when no frame header comes before it. Junk between segments is skipped to the next marker, as
+    libjpeg does."""
+    frame = None
+    exif_orientation = xmp_orientation = None
+    pos = 2
+    while (match := _MARKER.search(buf, pos)) is not None:
+        marker, pos = match.group(1)[0], match.end()
+        if marker in _STANDALONE_MARKERS:
+            continue
+        if marker in (0xD9, 0xDA) or pos + 2 > len(buf):  # EOI or SOS: no more header segments
+            break
+        length = int.from_bytes(buf[pos:pos + 2], "big")
+        segment = buf[pos + 2:pos + length]
+        pos += length
+        if marker in _SOF_MARKERS and frame is None and len(segment) >= 6:
+            precision, height, width, components = struct.unpack_from(">BHHB", segment)
+            frame = (height, width, components, precision, marker)
+        elif marker == 0xE1 and segment[:6] == b"Exif\x00\x00" and exif_orientation is None:
+            exif_orientation = _tiff_orientation(segment[6:])
+        elif marker == 0xE1 and segment[:len(_XMP_PREFIX)] == _XMP_PREFIX and xmp_orientation is None:
+            found = _XMP_ORIENTATION.search(segment)
+            xmp_orientation = int(found.group(1)) if found else None
+    if frame is None:
+        return None
+    orientation = exif_orientation or xmp_orientation
+    return JpegHeader(*frame, orientation if orientation in _ORIENT else 1)
+
+
+def _tiff_orientation(tiff: memoryview) -> int | None:
+    """The Orientation tag of IFD0 of a TIFF (EXIF) block, or None if absent or unreadable."""
+    order = {b"II": "<", b"MM": ">"}.get(bytes(tiff[:2]))
+    if order is None:
+        return None
+    try:
+        (ifd,) = struct.unpack_from(order + "I", tiff, 4)
+        (count,) = struct.unpack_from(order + "H", tiff, ifd)
+        for entry in range(ifd + 2, ifd + 2 + 12 * count, 12):
+            tag, kind = struct.unpack_from(order + "HH", tiff, entry)
+            if tag == _ORIENTATION_TAG:
+                value_format = {3: "H", 4: "I"}.get(kind)  # SHORT, as the standard says, or LONG
+                return struct.unpack_from(order + value_format, tiff, entry + 8)[0] if value_format else None
+    except struct.error:  # an offset past the end of the block
+        return None
+    return None
+
+
+def _pillow_orientation(img: Image.Image) -> int:
+    """EXIF/XMP orientation of a lazily opened image, without decoding it (see the module docstring)."""
+    if img.format == "PNG" and "exif" not in img.info:
+        return 1  # Pillow would decode the whole PNG looking for an eXIf chunk after the pixel data
+    try:
+        orientation = img.getexif().get(_ORIENTATION_TAG, 1)
+    except Exception:  # a malformed EXIF block: like Pillow's exif_transpose, ignore it
+        return 1
+    return orientation if orientation in _ORIENT else 1
+
+
+def _pillow_pixels(img: Image.Image, name: str) -> np.ndarray:
+    """Decode a lazily opened image to stored (unoriented) RGB uint8, alpha dropped, 16-bit >> 8."""
+    try:
+        img.load()  # raises on truncated data: LOAD_TRUNCATED_IMAGES is left False
+        img.info.pop("transparency", None)  # alpha is dropped: the colour key goes too (and its warning)
+        if img.mode.startswith("I;16"):
+            gray = (np.asarray(img) >> 8).astype(np.uint8)
+            return np.repeat(gray[:, :, None], 3, axis=2)
+        return np.array(img if img.mode == "RGB" else img.convert("RGB"))
+    except Exception as err:  # Pillow's decoders raise OSError, SyntaxError, ValueError, EOFError, ...
+        raise DecodeError(f"cannot decode: {_describe(err)}", path=name) from err
+
+
+def _cmyk_to_rgb(cmyk: np.ndarray) -> np.ndarray:
+    """Pillow's conversion of a JPEG's CMYK (stored inverted, the Adobe way) to RGB, bit for bit."""
+    c = cmyk.astype(np.uint16)
+    k = c[:, :, 3:]
+    t = (255 - c[:, :, :3]) * k + 128
+    return (k - (((t >> 8) + t) >> 8)).astype(np.uint8)
+
+
+def _orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
+    if orientation == 1:
+        return pixels
+    return np.ascontiguousarray(_ORIENT[orientation](pixels))
+
+
+def _oriented(height: int, width: int, orientation: int) -> Size:
+    return (width, height) if orientation >= 5 else (height, width)
+
+
+def _stored_min_size(min_size: Size | None, orientation: int) -> Size:
+    """``min_size`` (displayed) in stored coordinates, as simplejpeg's (min_height, min_width); 0 = none."""
+    if min_size is None:
+        return 0, 0
+    height, width = min_size
+    if height < 0 or width < 0:
+        raise ValueError(f"`min_size` must be >= 0, got {min_size}")
+    return _oriented(height, width, orientation)
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+def _reason(err: DecodeError) -> str:
+    """A DecodeError's message without the ``path: `` prefix the constructor adds."""
+    return str(err).removeprefix(f"{err.path}: ")

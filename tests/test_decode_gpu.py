@@ -1,0 +1,246 @@
+"""GpuDecoder against CpuDecoder on the same bytes.
+
+The helpers that need no GPU (region clipping, orientation in torch, which JPEGs go to the GPU, option
+checks) run everywhere. The rest is marked ``gpu`` and skipped without CUDA and nvImageCodec.
+
+Tolerance: nvJPEG's IDCT and chroma upsampling are not libjpeg's; a decoded image must be within a mean
+absolute difference of 2 levels of the CPU decode. A region must match the same region of the full GPU
+decode within a mean of 1 level (the decoder may use neighbouring blocks for upsampling at the edges).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ingest.errors import ConfigError, DecodeError
+from ingest.ops import decode_gpu
+from ingest.ops.decode import CpuDecoder, as_buffer
+from ingest.ops.decode_gpu import GpuDecoder, clip_roi, gpu_decodable, orient
+from conftest import encode, textured
+
+REALWORLD = Path(__file__).resolve().parents[1].parent / "shared/data/realworld"
+GPU_MEAN_DIFF = 2.0
+ROI_MEAN_DIFF = 1.0
+#: Damaged inside the entropy data with the file's end intact: libjpeg warns (the CPU decoder refuses it),
+#: nvJPEG may not notice. Either outcome is accepted on the GPU path, see ingest.ops.decode_gpu.
+GPU_MAY_DECODE = {"jpeg/jpeg-decoder/40bb78b1ac031125a6d8466b374962a8.jpg"}
+
+requires_gpu = pytest.mark.skipif(not decode_gpu.available(),
+                                  reason="needs CUDA and nvImageCodec (pip install ingest[gpu])")
+
+
+
+
+def samples() -> dict[str, bytes]:
+    """Generated images, named by what they exercise."""
+    rgb = Image.fromarray(textured(120, 176))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return {
+        "baseline420.jpg": encode(rgb, "JPEG", quality=90),
+        "baseline444.jpg": encode(rgb, "JPEG", quality=90, subsampling=0),
+        "gray.jpg": encode(rgb.convert("L"), "JPEG", quality=90),
+        "restarts.jpg": encode(rgb, "JPEG", quality=90, restart_marker_blocks=2),
+        "progressive.jpg": encode(rgb, "JPEG", quality=90, progressive=True),
+        "orientation6.jpg": encode(rgb, "JPEG", quality=90, exif=exif),
+        "cmyk.jpg": encode(rgb.convert("CMYK"), "JPEG", quality=90),
+        "rgba.png": encode(rgb.convert("RGBA"), "PNG"),
+    }
+
+
+def mean_diff(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
+    a = a.cpu().numpy() if isinstance(a, torch.Tensor) else a
+    b = b.cpu().numpy() if isinstance(b, torch.Tensor) else b
+    assert a.shape == b.shape
+    return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
+
+
+# -- no GPU needed -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("roi, expected", [
+    (None, None),
+    ((10, 20, 50, 60), (10, 20, 50, 60)),
+    ((-5, -5, 50, 60), (0, 0, 50, 60)),
+    ((10, 20, 500, 600), (10, 20, 100, 80)),
+    ((0, 0, 100, 80), None),        # the whole image
+    ((0, 0, 1000, 1000), None),     # covers it
+    ((50, 20, 50, 60), None),       # empty
+    ((120, 20, 130, 60), None),     # outside
+])
+def test_clip_roi(roi, expected):
+    assert clip_roi(roi, 80, 100) == expected
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_orient_matches_pillow(orientation):
+    pixels = textured(5, 7)
+    methods = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+               4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270,
+               7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90}
+    want = pixels if orientation == 1 else np.asarray(Image.fromarray(pixels).transpose(methods[orientation]))
+    source = torch.from_numpy(pixels)
+    out = orient(source, orientation)
+    assert torch.equal(out, torch.from_numpy(np.array(want)))
+    assert out.is_contiguous() and out.data_ptr() != source.data_ptr(), "always new memory"
+
+
+@pytest.mark.parametrize("name, eligible", [
+    ("baseline420.jpg", True), ("baseline444.jpg", True), ("gray.jpg", True), ("restarts.jpg", True),
+    ("progressive.jpg", True), ("orientation6.jpg", True), ("cmyk.jpg", False), ("rgba.png", False),
+])
+def test_which_images_go_to_the_gpu(name, eligible):
+    data = samples()[name]
+    assert (gpu_decodable(as_buffer(data, name), 2**28) is not None) == eligible
+
+
+def test_truncated_and_oversized_jpegs_stay_on_the_cpu():
+    data = samples()["baseline420.jpg"]
+    assert gpu_decodable(as_buffer(data[:-100], "cut"), 2**28) is None, "no EOI: truncated"
+    assert gpu_decodable(as_buffer(data, "big"), 120 * 176 - 1) is None, "over max_pixels"
+
+
+def test_option_errors():
+    with pytest.raises(ConfigError, match="Unknown backend 'nvjpeg'. Available: auto, hw, hybrid"):
+        GpuDecoder("cuda", CpuDecoder(threads=1), backend="nvjpeg")
+    with pytest.raises(ConfigError, match="`threads` must be >= 1"):
+        GpuDecoder("cuda", CpuDecoder(threads=1), threads=0)
+
+
+def test_missing_nvimgcodec_names_the_extra():
+    try:
+        decode_gpu._nvimgcodec()
+    except ImportError as err:
+        assert "pip install ingest[gpu]" in str(err)
+        with pytest.raises(ImportError, match=r"pip install ingest\[gpu\]"):
+            GpuDecoder("cuda", CpuDecoder(threads=1))
+    else:
+        pytest.skip("nvImageCodec is installed")
+
+
+# -- on the GPU --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    with CpuDecoder(threads=4) as dec:
+        yield dec
+
+
+@pytest.fixture(scope="module", params=[("auto", 1), ("hw", 1), ("hybrid", 1), ("auto", 2)],
+                ids=lambda p: f"{p[0]}-threads{p[1]}")
+def gpu(request, cpu):
+    backend, threads = request.param
+    try:
+        dec = GpuDecoder(torch.device("cuda"), cpu, backend=backend, threads=threads)
+    except ConfigError as err:  # e.g. no hardware JPEG engine on this GPU
+        pytest.skip(str(err))
+    with dec:
+        yield dec
+
+
+def decode(gpu: GpuDecoder, datas, names, rois=None):
+    """decode_batch on a side stream, then wait for it: what a consumer of that stream would see."""
+    stream = torch.cuda.Stream()
+    out = gpu.decode_batch(datas, names, rois=rois, stream=stream)
+    stream.synchronize()
+    return out
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_generated_images_match_the_cpu_decoder(gpu, cpu):
+    named = samples()
+    names = list(named)
+    images, origins, paths = decode(gpu, list(named.values()), names)
+    for name, image, origin, path in zip(names, images, origins, paths):
+        want = cpu.decode(named[name], name)
+        assert isinstance(image, torch.Tensor), f"{name}: {image}"
+        assert image.device.type == "cuda" and image.dtype == torch.uint8 and image.is_contiguous()
+        assert tuple(image.shape) == want.shape, name
+        assert mean_diff(image, want) < GPU_MEAN_DIFF, name
+        assert origin == (0, 0)
+    by_name = dict(zip(names, paths))
+    assert by_name["baseline420.jpg"] == by_name["gray.jpg"] == by_name["orientation6.jpg"] == "gpu"
+    assert by_name["cmyk.jpg"] == by_name["rgba.png"] == "cpu-fallback"
+    assert by_name["progressive.jpg"] in ({"cpu-fallback"} if gpu.backend == "hw" else {"gpu", "cpu-fallback"})
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_region_decode_equals_the_crop_of_the_full_decode(gpu):
+    named = samples()
+    names = list(named)
+    datas = list(named.values())
+    full, _, _ = decode(gpu, datas, names)
+    rois = [(13, 21, 150, 97)] * len(datas)  # in displayed coordinates
+    parts, origins, paths = decode(gpu, datas, names, rois)
+    for name, whole, part, origin, path in zip(names, full, parts, origins, paths):
+        if gpu.backend == "hw" and name.startswith("baseline"):
+            assert path == "gpu-roi", name
+        if name == "orientation6.jpg":
+            assert (path, origin) == ("gpu", (0, 0)), "an oriented image is decoded whole"
+        else:
+            assert origin == (13, 21), f"{name} ({path}): only the region is decoded or uploaded"
+        x0, y0 = origin
+        h, w = part.shape[:2]
+        assert mean_diff(part, whole[y0:y0 + h, x0:x0 + w]) < ROI_MEAN_DIFF, name
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_results_do_not_alias_decoder_memory(gpu):
+    """The tensors own their memory: decoding another batch must not change them."""
+    named = samples()
+    first, _, _ = decode(gpu, [named["baseline420.jpg"]] * 4, ["a"] * 4)
+    kept = [t.clone() for t in first]
+    decode(gpu, [named["baseline444.jpg"]] * 4, ["b"] * 4)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(first, kept))
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_corrupt_data_gives_decode_errors_in_the_batch(gpu):
+    good = samples()["baseline420.jpg"]
+    sos = good.index(b"\xff\xda")
+    datas = [good, b"", good[:sos], good[: len(good) // 2], b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, good]
+    names = [f"{i}.jpg" for i in range(len(datas))]
+    images, _, paths = decode(gpu, datas, names)
+    assert isinstance(images[0], torch.Tensor) and isinstance(images[-1], torch.Tensor)
+    for i in range(1, len(datas) - 1):
+        assert isinstance(images[i], DecodeError) and names[i] in str(images[i]), (i, images[i])
+        assert paths[i] == "cpu-fallback"
+
+
+def _real_files() -> list[Path]:
+    return sorted(p for sub in ("jpeg", "png") for p in (REALWORLD / sub).rglob("*")
+                  if p.suffix in (".jpg", ".png"))
+
+
+@pytest.mark.gpu
+@pytest.mark.realworld
+@requires_gpu
+def test_real_files_in_one_batch(gpu, cpu):
+    files = _real_files()
+    if not files:
+        pytest.skip(f"real-world data not found at {REALWORLD}")
+    names = [str(p.relative_to(REALWORLD)) for p in files]
+    datas = [p.read_bytes() for p in files]
+    images, _, paths = decode(gpu, datas, names)
+    for name, data, image, path in zip(names, datas, images, paths):
+        try:
+            want = cpu.decode(data, name)
+        except DecodeError:
+            if name in GPU_MAY_DECODE and isinstance(image, torch.Tensor):
+                continue
+            assert isinstance(image, DecodeError) and name in str(image), f"{name}: {path}"
+            continue
+        assert isinstance(image, torch.Tensor), f"{name}: {image}"
+        assert mean_diff(image, want) < GPU_MEAN_DIFF, f"{name} ({path})"
