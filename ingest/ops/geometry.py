@@ -1,0 +1,523 @@
+"""Geometry ops: Resize, CenterCrop, RandomResizedCrop, Flip (HorizontalFlip, VerticalFlip), Rotate.
+
+Each op is an affine map from its output to its input (see :class:`ingest.ops.base.Step`), given for a whole
+batch by ``_steps`` (vectorized; :meth:`GeometryOp.step` is the one-sample view of it). On CPU, ``apply`` runs
+the op eagerly with torch's own kernels, so results match ``torchvision.transforms.v2.functional``:
+crop = slicing (a view, no copy), resize = ``interpolate`` on the uint8 image seen as a channels-last NCHW
+tensor (torch's fast uint8 path), flip = ``flip``, rotate = ``grid_sample`` with torchvision's fill rule.
+On CUDA, ``apply`` composes the op into a :class:`~ingest.ops.base.Warp` and runs the batched warp kernel.
+
+Interpolation names: ``"bilinear"``, ``"bicubic"`` and ``"nearest"``. ``"nearest"`` takes the pixel that
+contains the mapped pixel centre: torchvision's ``NEAREST_EXACT`` (and PIL's, OpenCV's ``INTER_NEAREST_EXACT``).
+torchvision's legacy ``NEAREST`` (``floor(i * scale)``) shifts the image by up to half an input pixel and is no
+affine sampling rule, so it is not offered.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from .base import Images, Op, Size, Step, as_list, sizes_of, stack_if_uniform
+
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+_TORCH_MODE = {"nearest": "nearest-exact", "bilinear": "bilinear", "bicubic": "bicubic"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Config checks shared by the ops of this module.
+
+def _interpolation(value: Any) -> str:
+    if value not in INTERPOLATIONS:
+        raise ConfigError(f"Unknown interpolation {value!r}. Available: {', '.join(INTERPOLATIONS)}")
+    return value
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"`{name}` must be an int, got {value!r}")
+    if value <= 0:
+        raise ConfigError(f"`{name}` must be positive, got {value}")
+    return int(value)
+
+
+def _size_pair(name: str, value: Any) -> Size:
+    """An int (square) or a (height, width) pair of positive ints."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        v = _positive_int(name, value)
+        return v, v
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return _positive_int(name, value[0]), _positive_int(name, value[1])
+    raise ConfigError(f"`{name}` must be an int or a (height, width) pair, got {value!r}")
+
+
+def _range(name: str, value: Any, *, low: float) -> tuple[float, float]:
+    """A (min, max) pair with low < min <= max."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+        raise ConfigError(f"`{name}` must be a (min, max) pair of numbers, got {value!r}")
+    lo, hi = float(value[0]), float(value[1])
+    if not (low < lo <= hi and math.isfinite(hi)):
+        raise ConfigError(f"`{name}` must satisfy {low} < min <= max, got {value!r}")
+    return lo, hi
+
+
+def fill_for(fill: Sequence[float], channels: int) -> tuple[float, ...]:
+    """``fill`` (one value or one per channel) for an image of ``channels`` channels."""
+    if len(fill) == channels:
+        return tuple(fill)
+    if len(fill) == 1:
+        return tuple(fill) * channels
+    raise ConfigError(f"`fill` has {len(fill)} values for images of {channels} channels")
+
+
+def _fill(value: Any) -> tuple[float, ...]:
+    """A fill colour in pixel units (0..255): one number or one per channel."""
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 255
+                             for v in values):
+        raise ConfigError(f"`fill` must be a number in 0..255 or one per channel, got {value!r}")
+    return tuple(float(v) for v in values)
+
+
+# --------------------------------------------------------------------------------------------------
+# Eager CPU kernels on [H, W, C] uint8 images.
+
+def _nchw(im: torch.Tensor) -> torch.Tensor:
+    """``[H, W, C]`` as a ``[1, C, H, W]`` channels-last view. The batch stride is set to something no
+    [1, C, H, W] tensor could take for channels-first, so that torch keeps the output channels-last (no
+    repacking copy; the same trick as torchvision's resize)."""
+    x = im.permute(2, 0, 1).unsqueeze(0)
+    return x.as_strided(x.shape, (max(im.numel(), 1),) + x.stride()[1:])
+
+
+def resize_image(im: torch.Tensor, size: Size, interpolation: str, antialias: bool) -> torch.Tensor:
+    """``torchvision.transforms.v2.functional.resize`` of one ``[H, W, C]`` uint8 image (``"nearest"`` as
+    NEAREST_EXACT)."""
+    if tuple(im.shape[:2]) == tuple(size):
+        return im
+    return _resize_nchw(_nchw(im), size, interpolation, antialias)[0].permute(1, 2, 0)
+
+
+def _resize_nchw(x: torch.Tensor, size: Size, interpolation: str, antialias: bool) -> torch.Tensor:
+    mode = _TORCH_MODE[interpolation]
+    if mode == "nearest-exact":
+        return F.interpolate(x, size=tuple(size), mode=mode)
+    return F.interpolate(x, size=tuple(size), mode=mode, align_corners=False, antialias=antialias)
+
+
+def pad_crop(im: torch.Tensor, top: int, left: int, height: int, width: int,
+             fill: Sequence[float]) -> torch.Tensor:
+    """``im[top:top+height, left:left+width]`` of a ``[..., H, W, C]`` batch, padded with ``fill`` where the
+    window leaves the image. A view when it does not."""
+    h, w = im.shape[-3], im.shape[-2]
+    if top >= 0 and left >= 0 and top + height <= h and left + width <= w:
+        return im[..., top:top + height, left:left + width, :]
+    out = im.new_empty(im.shape[:-3] + (height, width, im.shape[-1]))
+    out.copy_(torch.tensor(fill_for(fill, im.shape[-1]), device=im.device).round().to(torch.uint8))
+    y0, x0 = max(top, 0), max(left, 0)
+    y1, x1 = min(top + height, h), min(left + width, w)
+    if y1 > y0 and x1 > x0:
+        out[..., y0 - top:y1 - top, x0 - left:x1 - left, :] = im[..., y0:y1, x0:x1, :]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The geometry op contract.
+
+class Steps(NamedTuple):
+    """A batch of :class:`~ingest.ops.base.Step`, as arrays (what :func:`ingest.ops.warp.compose` consumes)."""
+
+    matrix: np.ndarray           # (N, 3, 3) float64, output coords -> input coords
+    out_sizes: np.ndarray        # (N, 2) int64 (height, width)
+    crop: np.ndarray | None      # (N, 4) float64 (x0, y0, x1, y1) in input coords the op reads, or None
+    resamples: np.ndarray        # (N,) bool
+
+
+def _affine(n: int) -> np.ndarray:
+    return np.tile(np.eye(3), (n, 1, 1))
+
+
+class GeometryOp(Op):
+    """A crop, resize, flip or rotation: an affine map per sample, composable into one Warp.
+
+    Subclasses implement ``_steps`` (vectorized over the batch) and ``_apply_cpu``. ``interpolation``,
+    ``antialias`` matter for ops that resample; ``fill`` (pixel units) for ops that can produce pixels
+    outside the input.
+    """
+
+    interpolation: str = "nearest"
+    antialias: bool = False
+    fill: tuple[float, ...] | None = None
+
+    def _steps(self, sizes: np.ndarray, params: Any) -> Steps:
+        raise NotImplementedError
+
+    def _apply_cpu(self, images: Images, params: Any) -> Images:
+        raise NotImplementedError
+
+    def step(self, size: Size, param: Any = None) -> Step:
+        """This op on one sample of ``size`` with its drawn ``param`` (one element of :meth:`draw`'s result)."""
+        s = self._steps(np.asarray([size], dtype=np.int64), None if param is None else np.asarray([param]))
+        crop = None if s.crop is None else tuple(float(v) for v in s.crop[0])
+        return Step(s.matrix[0], (int(s.out_sizes[0, 0]), int(s.out_sizes[0, 1])), crop, bool(s.resamples[0]))
+
+    def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
+        out = self._steps(np.asarray(sizes, dtype=np.int64).reshape(-1, 2), params).out_sizes
+        return [(int(h), int(w)) for h, w in out]
+
+    def apply(self, images: Images, params: Any) -> Images:
+        ims = as_list(images)
+        if not ims:
+            return images
+        if ims[0].device.type == "cpu":
+            return self._apply_cpu(images, params)
+        from .warp import compose, warp  # warp imports this module
+        return warp(images, compose([self], [params], sizes_of(images)))
+
+
+# --------------------------------------------------------------------------------------------------
+
+class Resize(GeometryOp):
+    """Resize to ``size`` = (height, width), or so that one side has a given length, keeping the aspect.
+
+    ``Resize(size=(h, w))``; ``Resize(256)`` or ``Resize(shorter=256)``: shorter side 256, the longer one
+    scaled and truncated to an int, optionally capped at ``max_size`` (then the shorter one is scaled
+    down); ``Resize(longer=512)``: longer side 512. The output sizes are exactly
+    ``torchvision.transforms.v2.functional.resize``'s (``longer=L`` is torchvision's ``size=None,
+    max_size=L``). ``antialias=True`` selects torch's (and PIL's) antialiased kernels for ``"bilinear"`` and
+    ``"bicubic"``: widened when downscaling; for bicubic also the a=-0.5 cubic when upscaling, as in torch.
+    """
+
+    def __init__(self, size: int | Sequence[int] | None = None, *, shorter: int | None = None,
+                 longer: int | None = None, max_size: int | None = None, interpolation: str = "bilinear",
+                 antialias: bool = True):
+        if isinstance(size, (tuple, list)) and len(size) == 1:
+            size = size[0]
+        if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+            if shorter is not None:
+                raise ConfigError("pass the shorter side as `size` or as `shorter`, not both")
+            size, shorter = None, _positive_int("size", size)
+        given = [name for name, v in (("size", size), ("shorter", shorter), ("longer", longer)) if v is not None]
+        if len(given) != 1:
+            raise ConfigError(f"Resize needs exactly one of `size`, `shorter`, `longer`, got {given or 'none'}")
+        self.size = None if size is None else _size_pair("size", size)
+        self.shorter = None if shorter is None else _positive_int("shorter", shorter)
+        self.longer = None if longer is None else _positive_int("longer", longer)
+        if max_size is not None:
+            if self.shorter is None:
+                raise ConfigError("`max_size` caps the longer side of a `shorter=` resize; "
+                                  "with `size=(h, w)` or `longer=` it has no meaning")
+            max_size = _positive_int("max_size", max_size)
+            if max_size <= self.shorter:
+                raise ConfigError(f"`max_size` must be greater than `shorter` ({self.shorter}), got {max_size}")
+        self.max_size = max_size
+        self.interpolation = _interpolation(interpolation)
+        self.antialias = bool(antialias)
+
+    @property
+    def fixed_size(self) -> bool:  # type: ignore[override]
+        return self.size is not None
+
+    def output_size(self, height: int, width: int) -> Size:
+        """The (height, width) an image of this size is resized to."""
+        if self.size is not None:
+            return self.size
+        short, long = (width, height) if width <= height else (height, width)
+        if self.longer is not None:
+            new_short, new_long = int(self.longer * short / long), self.longer
+        else:
+            new_short, new_long = self.shorter, int(self.shorter * long / short)
+            if self.max_size is not None and new_long > self.max_size:
+                new_short, new_long = int(self.max_size * new_short / new_long), self.max_size
+        return (new_long, new_short) if width <= height else (new_short, new_long)
+
+    def _steps(self, sizes: np.ndarray, params: Any) -> Steps:
+        out = np.array([self.output_size(int(h), int(w)) for h, w in sizes], dtype=np.int64).reshape(-1, 2)
+        m = _affine(len(sizes))
+        m[:, 0, 0] = sizes[:, 1] / out[:, 1]
+        m[:, 1, 1] = sizes[:, 0] / out[:, 0]
+        return Steps(m, out, None, (out != sizes).any(axis=1))
+
+    def _apply_cpu(self, images: Images, params: Any) -> Images:
+        if isinstance(images, torch.Tensor):  # one size in, one size out: a single batched call
+            size = self.output_size(images.shape[1], images.shape[2])
+            if size == tuple(images.shape[1:3]):
+                return images
+            return _resize_nchw(images.permute(0, 3, 1, 2), size, self.interpolation,
+                                self.antialias).permute(0, 2, 3, 1)
+        return stack_if_uniform([resize_image(im, self.output_size(im.shape[0], im.shape[1]),
+                                              self.interpolation, self.antialias) for im in images])
+
+
+class CenterCrop(GeometryOp):
+    """Crop the centre ``size`` = int or (height, width); where the image is smaller, pad with ``fill``
+    (pixel units), exactly like ``torchvision.transforms.v2.functional.center_crop`` (which pads with 0)."""
+
+    fixed_size = True
+
+    def __init__(self, size: int | Sequence[int], *, fill: float | Sequence[float] = 0):
+        self.size = _size_pair("size", size)
+        self.fill = _fill(fill)
+
+    @staticmethod
+    def _offset(n: np.ndarray, c: int) -> np.ndarray:
+        # torchvision pads (c - n) // 2 before, then anchors at round((padded - c) / 2) (ties to even).
+        centred = np.array([int(round((v - c) / 2.0)) for v in n.tolist()], dtype=np.int64)
+        return np.where(c > n, -((c - n) // 2), centred)
+
+    def _steps(self, sizes: np.ndarray, params: Any) -> Steps:
+        ch, cw = self.size
+        top, left = self._offset(sizes[:, 0], ch), self._offset(sizes[:, 1], cw)
+        m = _affine(len(sizes))
+        m[:, 0, 2], m[:, 1, 2] = left, top
+        crop = np.stack([left, top, left + cw, top + ch], axis=1).astype(np.float64)
+        out = np.tile(np.array([[ch, cw]], dtype=np.int64), (len(sizes), 1))
+        return Steps(m, out, crop, np.zeros(len(sizes), dtype=bool))
+
+    def _apply_cpu(self, images: Images, params: Any) -> Images:
+        ch, cw = self.size
+        sizes = np.asarray(sizes_of(images), dtype=np.int64).reshape(-1, 2)
+        top, left = self._offset(sizes[:, 0], ch), self._offset(sizes[:, 1], cw)
+        if isinstance(images, torch.Tensor):
+            return pad_crop(images, int(top[0]), int(left[0]), ch, cw, self.fill)
+        return stack_if_uniform([pad_crop(im, int(t), int(l), ch, cw, self.fill)
+                                 for im, t, l in zip(images, top, left)])
+
+
+class RandomResizedCrop(GeometryOp):
+    """Crop a random region of random area (``scale``, a fraction of the image) and aspect (``ratio``,
+    width / height, drawn log-uniformly), then resize it to ``size``.
+
+    The region is drawn by torchvision's ``RandomResizedCrop.get_params`` procedure (10 attempts, then the
+    central crop of the image clamped to ``ratio``), with numbers from the numpy Generator. Params: an
+    ``(N, 4)`` int64 array of (top, left, height, width).
+    """
+
+    fixed_size = True
+
+    def __init__(self, size: int | Sequence[int], scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3 / 4, 4 / 3), *, interpolation: str = "bilinear",
+                 antialias: bool = True):
+        self.size = _size_pair("size", size)
+        self.scale = _range("scale", scale, low=0.0)
+        self.ratio = _range("ratio", ratio, low=0.0)
+        self.interpolation = _interpolation(interpolation)
+        self.antialias = bool(antialias)
+
+    def draw(self, sizes: Sequence[Size], rng: np.random.Generator) -> np.ndarray:
+        hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        n = len(hw)
+        h, w = hw[:, :1], hw[:, 1:]
+        area = (h * w) * rng.uniform(self.scale[0], self.scale[1], size=(n, 10))
+        aspect = np.exp(rng.uniform(math.log(self.ratio[0]), math.log(self.ratio[1]), size=(n, 10)))
+        cw = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # rint: ties to even, like round()
+        ch = np.rint(np.sqrt(area / aspect)).astype(np.int64)
+        ok = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
+        first = ok.argmax(axis=1)
+        rows = np.arange(n)
+        cw, ch = cw[rows, first], ch[rows, first]
+        h, w = hw[:, 0], hw[:, 1]
+        found = ok.any(axis=1)
+        # Fallback: the whole image, narrowed to the nearest allowed aspect.
+        in_ratio = w / h
+        fw = np.where(in_ratio < self.ratio[0], w,
+                      np.where(in_ratio > self.ratio[1], np.rint(h * self.ratio[1]).astype(np.int64), w))
+        fh = np.where(in_ratio < self.ratio[0], np.rint(w / self.ratio[0]).astype(np.int64), h)
+        cw, ch = np.where(found, cw, fw), np.where(found, ch, fh)
+        top = np.where(found, rng.integers(0, np.maximum(h - ch + 1, 1)), (h - ch) // 2)
+        left = np.where(found, rng.integers(0, np.maximum(w - cw + 1, 1)), (w - cw) // 2)
+        return np.stack([top, left, ch, cw], axis=1).astype(np.int64)
+
+    def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
+        oh, ow = self.size
+        top, left, ch, cw = (params[:, k].astype(np.float64) for k in range(4))
+        m = _affine(len(sizes))
+        m[:, 0, 0], m[:, 0, 2] = cw / ow, left
+        m[:, 1, 1], m[:, 1, 2] = ch / oh, top
+        out = np.tile(np.array([[oh, ow]], dtype=np.int64), (len(sizes), 1))
+        return Steps(m, out, np.stack([left, top, left + cw, top + ch], axis=1), (ch != oh) | (cw != ow))
+
+    def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
+        return [self.size] * len(sizes)
+
+    def _apply_cpu(self, images: Images, params: np.ndarray) -> Images:
+        out = [resize_image(im[t:t + h, l:l + w], self.size, self.interpolation, self.antialias)
+               for im, (t, l, h, w) in zip(as_list(images), params.tolist())]
+        return torch.stack(out)
+
+
+class Flip(GeometryOp):
+    """Mirror each sample with probability ``p``: left-right if ``horizontal``, top-bottom if ``vertical``
+    (each axis with its own coin, as DALI's ``flip`` fed by two ``coin_flip``). Params: an ``(N, 2)`` bool
+    array (flip left-right, flip top-bottom). ``HorizontalFlip(p)`` and ``VerticalFlip(p)`` are the
+    one-axis forms (torchvision's ``RandomHorizontalFlip``, ``RandomVerticalFlip``)."""
+
+    def __init__(self, p: float = 0.5, *, horizontal: bool = True, vertical: bool = False):
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ConfigError(f"`p` must be a probability in [0, 1], got {p!r}")
+        if not (horizontal or vertical):
+            raise ConfigError("Flip needs `horizontal=True` or `vertical=True` (or both)")
+        self.p = float(p)
+        self.horizontal = bool(horizontal)
+        self.vertical = bool(vertical)
+
+    def draw(self, sizes: Sequence[Size], rng: np.random.Generator) -> np.ndarray:
+        coins = rng.random((len(sizes), 2)) < self.p
+        return coins & np.array([self.horizontal, self.vertical])
+
+    def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
+        m = _affine(len(sizes))
+        fx, fy = params[:, 0], params[:, 1]
+        m[:, 0, 0], m[:, 0, 2] = np.where(fx, -1.0, 1.0), np.where(fx, sizes[:, 1], 0)
+        m[:, 1, 1], m[:, 1, 2] = np.where(fy, -1.0, 1.0), np.where(fy, sizes[:, 0], 0)
+        return Steps(m, sizes.copy(), None, np.zeros(len(sizes), dtype=bool))
+
+    def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
+        return list(sizes)
+
+    def _apply_cpu(self, images: Images, params: np.ndarray) -> Images:
+        if not params.any():
+            return images
+        out = []
+        for im, (fx, fy) in zip(as_list(images), params.tolist()):
+            dims = [d for d, f in ((1, fx), (0, fy)) if f]
+            out.append(im.flip(dims) if dims else im)
+        return torch.stack(out) if isinstance(images, torch.Tensor) else stack_if_uniform(out)
+
+
+class HorizontalFlip(Flip):
+    """Mirror left-right with probability ``p`` (torchvision's ``RandomHorizontalFlip``)."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__(p, horizontal=True, vertical=False)
+
+
+class VerticalFlip(Flip):
+    """Mirror top-bottom with probability ``p`` (torchvision's ``RandomVerticalFlip``)."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__(p, horizontal=False, vertical=True)
+
+
+class Rotate(GeometryOp):
+    """Rotate counter-clockwise by ``angle`` degrees about the image centre, like
+    ``torchvision.transforms.v2.functional.rotate``: a number, or a (min, max) range drawn uniformly per
+    sample. ``expand=True`` grows the output to hold the whole rotated image (torchvision's size rule);
+    pixels from outside the image take ``fill`` (pixel units). Params: an ``(N,)`` float64 array of angles.
+
+    On CPU the result is torchvision's (``grid_sample`` plus its fill blend along the edges of the
+    rotated image); the composed warp instead gives an edge pixel ``fill`` or the image, never a blend.
+    """
+
+    antialias = False
+
+    def __init__(self, angle: float | Sequence[float], *, expand: bool = False,
+                 fill: float | Sequence[float] = 0, interpolation: str = "bilinear"):
+        if isinstance(angle, (tuple, list)):
+            if not (len(angle) == 2 and all(isinstance(a, (int, float)) and math.isfinite(a) for a in angle)
+                    and angle[0] <= angle[1]):
+                raise ConfigError(f"`angle` must be a number or a (min, max) range, got {angle!r}")
+            self.angle: float | tuple[float, float] = (float(angle[0]), float(angle[1]))
+        elif isinstance(angle, (int, float)) and not isinstance(angle, bool) and math.isfinite(angle):
+            self.angle = float(angle)
+        else:
+            raise ConfigError(f"`angle` must be a number or a (min, max) range, got {angle!r}")
+        self.expand = bool(expand)
+        self.fill = _fill(fill)
+        self.interpolation = _interpolation(interpolation)
+
+    def draw(self, sizes: Sequence[Size], rng: np.random.Generator) -> np.ndarray:
+        if isinstance(self.angle, tuple):
+            return rng.uniform(self.angle[0], self.angle[1], size=len(sizes))
+        return np.full(len(sizes), self.angle)
+
+    @staticmethod
+    def _cos_sin(angles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a = np.mod(angles, 360.0)
+        rad = np.radians(a)
+        c, s = np.cos(rad), np.sin(rad)
+        quarter = np.mod(a, 90.0) == 0  # exact values, so that quarter turns move whole pixels
+        k = np.rint(a / 90.0).astype(np.int64) % 4
+        c = np.where(quarter, np.array([1.0, 0.0, -1.0, 0.0])[k], c)
+        s = np.where(quarter, np.array([0.0, 1.0, 0.0, -1.0])[k], s)
+        return c, s
+
+    def _expanded(self, sizes: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """torchvision's expand size: the rotated corners' extent in float32, truncated to 1e-4 before
+        ceil/floor so that 1e-15 errors do not add a pixel."""
+        h = sizes[:, 0].astype(np.float32)[:, None]
+        w = sizes[:, 1].astype(np.float32)[:, None]
+        hx, hy = np.float32(0.5) * w, np.float32(0.5) * h
+        cx = np.concatenate([-hx, -hx, hx, hx], axis=1)  # corners relative to the centre
+        cy = np.concatenate([-hy, hy, hy, -hy], axis=1)
+        c32, s32 = c.astype(np.float32)[:, None], s.astype(np.float32)[:, None]
+        xs = c32 * cx - s32 * cy + hx
+        ys = s32 * cx + c32 * cy + hy
+        tol, inv = np.float32(1e-4), np.float32(1e4)
+
+        def extent(v: np.ndarray) -> np.ndarray:
+            hi = np.ceil(np.trunc(v.max(axis=1) * inv) * tol)
+            lo = np.floor(np.trunc(v.min(axis=1) * inv) * tol)
+            return (hi - lo).astype(np.int64)
+
+        return np.stack([extent(ys), extent(xs)], axis=1)
+
+    def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
+        angles = np.asarray(params, dtype=np.float64).reshape(-1)
+        c, s = self._cos_sin(angles)
+        out = sizes.copy()
+        if self.expand:  # quarter turns swap height and width exactly (torchvision's rot90 fast path)
+            quarter = np.mod(angles, 90.0) == 0
+            swap = quarter & (np.abs(s) == 1.0)
+            out = np.where(quarter[:, None], np.where(swap[:, None], sizes[:, ::-1], sizes),
+                           self._expanded(sizes, c, s))
+        h, w = sizes[:, 0].astype(np.float64), sizes[:, 1].astype(np.float64)
+        oh, ow = out[:, 0] / 2.0, out[:, 1] / 2.0
+        # x_in = c (x - ow/2) - s (y - oh/2) + w/2 ; y_in = s (x - ow/2) + c (y - oh/2) + h/2
+        m = _affine(len(sizes))
+        m[:, 0, 0], m[:, 0, 1], m[:, 0, 2] = c, -s, w / 2 - c * ow + s * oh
+        m[:, 1, 0], m[:, 1, 1], m[:, 1, 2] = s, c, h / 2 - s * ow - c * oh
+        identity = (np.mod(angles, 360.0) == 0) & (out == sizes).all(axis=1)
+        return Steps(m, out, None, ~identity)
+
+    def _apply_cpu(self, images: Images, params: np.ndarray) -> Images:
+        angles = np.asarray(params, dtype=np.float64).reshape(-1)
+        out_sizes = self.out_sizes(sizes_of(images), angles)
+        return stack_if_uniform([self._rotate_one(im, float(a), size)
+                                 for im, a, size in zip(as_list(images), angles, out_sizes)])
+
+    def _rotate_one(self, im: torch.Tensor, angle: float, out_size: Size) -> torch.Tensor:
+        """torchvision's ``rotate`` of one image, step for step in float32 (so that even ties between two
+        pixels resolve as there)."""
+        a = angle % 360.0
+        h, w, c = im.shape
+        if a == 0:
+            return im
+        if a == 180:
+            return torch.rot90(im, 2, (0, 1))
+        if a in (90.0, 270.0) and (self.expand or h == w):
+            return torch.rot90(im, 1 if a == 90 else 3, (0, 1))
+        oh, ow = out_size
+        rot = math.radians(-a)
+        theta = torch.tensor([[math.cos(rot), math.sin(rot), 0.0], [-math.sin(rot), math.cos(rot), 0.0]])
+        # Output pixel centres relative to the output centre, mapped and scaled to grid_sample's [-1, 1].
+        base = torch.empty(1, oh, ow, 3)
+        base[..., 0] = torch.linspace((1.0 - ow) * 0.5, (ow - 1.0) * 0.5, steps=ow)
+        base[..., 1] = torch.linspace((1.0 - oh) * 0.5, (oh - 1.0) * 0.5, steps=oh)[:, None]
+        base[..., 2] = 1.0
+        grid = base.view(1, oh * ow, 3).bmm(theta.T[None] / torch.tensor([0.5 * w, 0.5 * h])).view(1, oh, ow, 2)
+        x = torch.cat([im.permute(2, 0, 1).to(torch.float32), torch.ones(1, h, w)])[None]
+        y = F.grid_sample(x, grid, mode=self.interpolation, padding_mode="zeros", align_corners=False)[0]
+        img, mask = y[:c], y[c:]
+        fill = torch.tensor(fill_for(self.fill, c)).view(c, 1, 1)
+        if self.interpolation == "nearest":
+            img = torch.where(mask < 0.5, fill, img)
+        else:  # torchvision's blend towards fill where the sample point left the image
+            img = (img - fill) * mask + fill
+        return img.round_().clamp_(0, 255).to(torch.uint8).permute(1, 2, 0)

@@ -1,0 +1,104 @@
+"""Normalize: the last step of a pipeline, ``(x - mean) / std`` into the training dtype and layout.
+
+This is DALI's ``crop_mirror_normalize`` output stage; the crop and mirror parts are geometry ops that the
+warp fuses with it (see :mod:`ingest.ops.warp`), so on CUDA a RandomResizedCrop + Flip + Normalize pipeline is
+one kernel from decoded images to the final float tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import ConfigError
+from .base import Images, Op, as_list
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
+LAYOUTS = ("NCHW", "NHWC")
+
+
+def _numbers(name: str, value: Any) -> tuple[float, ...]:
+    values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                             for v in values):
+        raise ConfigError(f"`{name}` must be a finite number or a sequence of them (one per channel), "
+                          f"got {value!r}")
+    return tuple(float(v) for v in values)
+
+
+class Normalize(Op):
+    """``out = (x - mean) / std * scale + shift`` per channel, cast to ``dtype``, in ``layout``.
+
+    **``mean`` and ``std`` are in pixel units, 0..255, like DALI** (ImageNet: ``mean=(123.675, 116.28,
+    103.53), std=(58.395, 57.12, 57.375)``), *not* torchvision's 0..1 units: multiply torchvision's values by
+    255. A ``std`` below 1 everywhere is rejected as that mistake (dividing 8-bit pixels by less than one
+    level is not a normalization). Each may be one number or one per channel.
+
+    ``dtype``: ``torch.float32``, ``float16``, ``bfloat16`` or ``uint8`` (rounded and saturated to 0..255;
+    use ``scale``/``shift`` as in DALI to map the normalized range into it, e.g. ``scale=64, shift=128``).
+    ``layout``: ``"NCHW"`` (the torchvision/PyTorch convention) or ``"NHWC"``. The arithmetic is float32
+    whatever the output dtype. Batches in: ``[N, H, W, C]`` uint8 or a ragged list; out: ``[N, C, H, W]``
+    (or ``[N, H, W, C]``) of ``dtype``, or a list of ``[C, H, W]`` (``[H, W, C]``) for a ragged batch.
+    """
+
+    def __init__(self, mean: float | Sequence[float], std: float | Sequence[float], *,
+                 dtype: torch.dtype = torch.float32, layout: str = "NCHW", scale: float = 1.0,
+                 shift: float = 0.0):
+        self.mean = _numbers("mean", mean)
+        self.std = _numbers("std", std)
+        if min(self.std) <= 0:
+            raise ConfigError(f"`std` must be positive, got {std!r}")
+        if max(self.std) < 1.0:
+            raise ConfigError(f"`std` {std!r} is below one pixel level: Normalize takes mean and std in pixel "
+                              f"units (0..255, like DALI), not torchvision's 0..1; multiply them by 255")
+        if len(self.mean) > 1 and len(self.std) > 1 and len(self.mean) != len(self.std):
+            raise ConfigError(f"`mean` has {len(self.mean)} values but `std` has {len(self.std)}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"Unknown dtype {dtype!r}. Available: {', '.join(str(d) for d in DTYPES)}")
+        if layout not in LAYOUTS:
+            raise ConfigError(f"Unknown layout {layout!r}. Available: {', '.join(LAYOUTS)}")
+        (scale, shift) = _numbers("scale", scale) + _numbers("shift", shift)
+        if scale == 0:
+            raise ConfigError("`scale` must be non-zero, got 0")
+        self.dtype = dtype
+        self.layout = layout
+        self.scale = scale
+        self.shift = shift
+
+    def coefficients(self, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """``(a, b)`` per channel such that ``out = x * a + b`` (what the fused warp epilogue uses)."""
+        n = max(len(self.mean), len(self.std))
+        if n not in (1, channels):
+            raise ConfigError(f"Normalize has {n} channel values for images of {channels} channels")
+        mean = self.mean * channels if len(self.mean) == 1 else self.mean
+        std = self.std * channels if len(self.std) == 1 else self.std
+        a = tuple(self.scale / s for s in std)
+        return a, tuple(self.shift - m * k for m, k in zip(mean, a))
+
+    def apply(self, images: Images, params: Any = None) -> Images:
+        ims = as_list(images)
+        if not ims:
+            return images
+        if ims[0].device.type == "cuda":
+            from . import _warp_kernel
+            if _warp_kernel.available():  # one launch for the whole batch, ragged or not
+                from .warp import identity, warp  # (warp imports this module)
+                return warp(images, identity(ims), normalize=self)
+        if isinstance(images, torch.Tensor):
+            return self.finish(images)
+        return [self.finish(im[None])[0] for im in ims]
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize a ``[N, H, W, C]`` batch of pixel values (uint8, or float holding whole levels)."""
+        c = x.shape[-1]
+        a, b = (torch.tensor(v, dtype=torch.float32, device=x.device) for v in self.coefficients(c))
+        if self.layout == "NCHW":
+            x, a, b = x.permute(0, 3, 1, 2), a.view(c, 1, 1), b.view(c, 1, 1)
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        out.copy_(x)  # the dtype and layout change in one pass (2x faster than a mixed-dtype mul on CPU)
+        out.mul_(a).add_(b)
+        if self.dtype == torch.uint8:
+            return out.round_().clamp_(0, 255).to(torch.uint8)
+        return out if self.dtype == torch.float32 else out.to(self.dtype)
