@@ -1,0 +1,411 @@
+"""The executor: read -> decode -> ops as overlapped stages on their own threads, joined by bounded queues.
+
+::
+
+    sampler ──BatchPlan──> [read]  ──bytes──> [decode] ──images──> [ops] ──Batch──> consumer
+                          I/O pool            CPU pool or           one fused warp
+                          (KvikIO/pread)      nvImageCodec on       + rest, on the ops
+                                              the decode stream     CUDA stream
+
+`Pipeline` holds the per-batch work of each stage and no threads, so it also runs eagerly (``Pipeline.run``
+on a list of encoded images, for serving). `Executor` runs one epoch of it on threads: each stage takes
+from the queue before it and puts into the one after it (``prefetch`` deep), so reading batch k+2,
+decoding k+1 and augmenting k overlap with the training step on batch k. GPU work is ordered by CUDA events,
+never by host synchronisation; the consumer's stream waits on the batch's event.
+
+Bad samples: a read, parse, probe or decode failure drops the sample from its batch, logs (name, stage,
+reason) and counts against ``max_failures`` (an int: samples; a float in (0, 1): fraction of the epoch);
+past the budget the epoch fails with `FailureBudgetExceeded` listing them. With ``max_failures=0`` (the
+default) the first failure raises its own typed error (e.g. `DecodeError` naming the file).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .errors import ConfigError, FailureBudgetExceeded, IngestError
+from .formats.base import Record, Source
+from .io import ByteReader
+from .ops import warp as warp_ops
+from .ops.base import stack_if_uniform
+from .ops.decode import CpuDecoder
+from .ops.normalize import Normalize
+from .sampler import BatchPlan
+
+log = logging.getLogger("ingest")
+
+DECODE = ("mixed", "cpu")
+
+
+@dataclass
+class Batch:
+    """What the executor hands the consumer. ``images`` and ``labels`` are on the loader's device."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    indices: torch.Tensor                      # int64 dataset indices (CPU)
+    is_pad: torch.Tensor                       # bool (CPU): True where the sample only pads the last batch
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    ready: torch.cuda.Event | None = None      # recorded on the ops stream after the batch is complete
+
+
+@dataclass
+class _Work:
+    """A batch in flight between stages."""
+
+    plan: BatchPlan
+    names: list[str]
+    indices: np.ndarray
+    is_pad: np.ndarray
+    records: list[Record]
+    ops_plan: Any = None
+    images: Any = None
+    origins: list[tuple[int, int]] | None = None
+    failed: list[int] = field(default_factory=list)   # positions whose decode failed (dummy image in place)
+    ready: torch.cuda.Event | None = None
+
+
+class Failures:
+    """The failure budget: records each bad sample, raises when the budget is exceeded."""
+
+    def __init__(self, max_failures: int | float, epoch_size: int):
+        if isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)) or max_failures < 0:
+            raise ConfigError(f"`max_failures` must be an int >= 0 or a fraction in [0, 1), got {max_failures!r}")
+        if isinstance(max_failures, float):
+            if max_failures >= 1:
+                raise ConfigError(f"a fractional `max_failures` must be < 1, got {max_failures}")
+            self.budget = int(max_failures * epoch_size)
+        else:
+            self.budget = max_failures
+        self.allowed = max_failures != 0
+        self.items: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+
+    def add(self, name: str, stage: str, err: BaseException) -> None:
+        if not self.allowed:
+            if isinstance(err, IngestError | OSError):
+                raise err
+            raise IngestError(f"{name}: {stage} failed: {err}") from err
+        with self._lock:
+            self.items.append((name, stage, f"{type(err).__name__}: {err}"))
+            log.warning("ingest: skipping %s (%s failed: %s)", name, stage, err)
+            if len(self.items) > self.budget:
+                stages = {}
+                for _, s, _ in self.items:
+                    stages[s] = stages.get(s, 0) + 1
+                raise FailureBudgetExceeded(
+                    f"{len(self.items)} samples failed, more than max_failures allows ({self.budget}); by stage: "
+                    + ", ".join(f"{s}: {c}" for s, c in stages.items())
+                    + f"; first: {self.items[0][0]} ({self.items[0][2]})", list(self.items))
+
+
+class Pipeline:
+    """Per-batch work of each stage, with no threads of its own."""
+
+    def __init__(self, source: Source, *, ops: Sequence = (), device: str | torch.device = "cpu",
+                 decode: str | None = None, io: str | None = None, num_threads: int | None = None):
+        self.source = source
+        self.ops = list(ops)
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError("device='cuda' but CUDA is not available; use device='cpu'")
+            if self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
+        decode = decode or ("mixed" if self.device.type == "cuda" else "cpu")
+        if decode not in DECODE:
+            raise ConfigError(f"Unknown decode {decode!r}. Available: {', '.join(DECODE)}")
+        if decode == "mixed" and self.device.type != "cuda":
+            raise ConfigError("decode='mixed' decodes on the GPU and needs device='cuda'")
+        self.decode_kind = decode
+        self.reader = ByteReader(io, pin=decode == "mixed")
+        self.cpu = CpuDecoder(threads=num_threads)
+        self.gpu = None
+        self.decode_stream = self.ops_stream = None
+        if self.device.type == "cuda":
+            self.decode_stream = torch.cuda.Stream(self.device)
+            self.ops_stream = torch.cuda.Stream(self.device)
+        if decode == "mixed":
+            from .ops.decode_gpu import GpuDecoder
+            self.gpu = GpuDecoder(self.device, self.cpu)
+        self._normalizes = any(isinstance(op, Normalize) for op in self.ops)
+        self.decode_paths: dict[str, int] = {}
+        self.failures = Failures(0, 0)
+
+    # -- stage 1: read ------------------------------------------------------------------------
+    def read(self, plan: BatchPlan) -> _Work:
+        """Read and parse a batch's samples; unreadable ones are dropped through the failure budget."""
+        idx = [int(i) for i in plan.indices]
+        locations = [self.source.locate(i) for i in idx]
+        raws = self.reader.read(locations)
+        keep, records, names = [], [], []
+        for k, (i, raw) in enumerate(zip(idx, raws)):
+            name = self.source.name(i)
+            if isinstance(raw, BaseException):
+                self.failures.add(name, "read", raw)
+                continue
+            try:
+                record = self.source.parse(i, raw)
+            except (IngestError, ValueError) as err:
+                self.failures.add(name, "parse", err)
+                continue
+            keep.append(k)
+            records.append(record)
+            names.append(name)
+        return _Work(plan, names, plan.indices[keep], plan.is_pad[keep], records)
+
+    # -- stage 2: decode ----------------------------------------------------------------------
+    def decode(self, work: _Work) -> _Work:
+        sizes, keep = [], []
+        for k, (record, name) in enumerate(zip(work.records, work.names)):
+            try:
+                sizes.append(self.cpu.probe(record.image, name))
+                keep.append(k)
+            except IngestError as err:
+                self.failures.add(name, "decode", err)
+        if len(keep) != len(work.records):
+            work = _select(work, keep)
+        if not work.records:
+            return work
+        work.ops_plan = warp_ops.plan(self.ops, sizes, work.plan.rng())
+        datas = [r.image for r in work.records]
+        if self.gpu is not None:
+            warp = work.ops_plan.warp
+            rois = warp.roi() if warp is not None else None
+            with torch.cuda.stream(self.decode_stream):
+                images, origins, paths = self.gpu.decode_batch(datas, work.names, rois=rois,
+                                                               stream=self.decode_stream)
+                images = self._replace_failures(work, images, sizes, rois, origins)
+                work.ready = torch.cuda.Event()
+                work.ready.record(self.decode_stream)
+            work.origins = origins
+        else:
+            decoded = self.cpu.decode_batch(datas, work.names)
+            paths = ["cpu"] * len(decoded)
+            decoded = self._replace_failures(work, decoded, sizes, None, None)
+            images = [torch.from_numpy(im) for im in decoded]
+            if self.device.type == "cuda":
+                images, work.ready = _upload(images, self.device, self.decode_stream)
+        for p in paths:
+            self.decode_paths[p] = self.decode_paths.get(p, 0) + 1
+        work.images = images
+        return work
+
+    def _replace_failures(self, work: _Work, images: list, sizes, rois, origins) -> list:
+        """Failed images become blank stand-ins of the expected size (the ops plan was drawn for them);
+        their rows are dropped after the ops run."""
+        out = list(images)
+        for k, im in enumerate(images):
+            if not isinstance(im, BaseException):
+                continue
+            self.failures.add(work.names[k], "decode", im)
+            work.failed.append(k)
+            h, w = sizes[k]
+            if rois is not None and rois[k] is not None:
+                x0, y0, x1, y1 = rois[k]
+                h, w = y1 - y0, x1 - x0
+                origins[k] = (x0, y0)
+            if self.gpu is not None:
+                out[k] = torch.zeros((h, w, 3), dtype=torch.uint8, device=self.device)
+            else:
+                out[k] = np.zeros((h, w, 3), dtype=np.uint8)
+        return out
+
+    # -- stage 3: ops -------------------------------------------------------------------------
+    def transform(self, work: _Work) -> Batch | None:
+        if not work.records:
+            return None  # every sample of the batch failed (and the budget allowed it)
+        labels = torch.from_numpy(np.array([r.label for r in work.records], dtype=np.int64))
+        if self.ops_stream is not None:
+            with torch.cuda.stream(self.ops_stream):
+                if work.ready is not None:
+                    self.ops_stream.wait_event(work.ready)
+                images = self._execute(work)
+                labels = labels.pin_memory().to(self.device, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(self.ops_stream)
+        else:
+            images, ready = self._execute(work), None
+        indices = torch.from_numpy(np.ascontiguousarray(work.indices))
+        is_pad = torch.from_numpy(np.ascontiguousarray(work.is_pad))
+        targets = [r.targets for r in work.records]
+        if work.failed:
+            keep = [k for k in range(len(work.records)) if k not in set(work.failed)]
+            sel = torch.tensor(keep, dtype=torch.long)
+            images = images[sel.to(images.device)] if isinstance(images, torch.Tensor) else [images[k] for k in keep]
+            labels = labels[sel.to(labels.device)]
+            indices, is_pad = indices[sel], is_pad[sel]
+            targets = [targets[k] for k in keep]
+        return Batch(images, labels, indices, is_pad, targets, ready)
+
+    def _execute(self, work: _Work):
+        images = work.ops_plan.execute(work.images, origins=work.origins)
+        if isinstance(images, list):
+            images = stack_if_uniform(images)
+        if isinstance(images, torch.Tensor) and not self._normalizes:
+            images = images.permute(0, 3, 1, 2)  # NCHW shape over NHWC memory (torch's channels_last)
+        return images
+
+    # -- eager use --------------------------------------------------------------------------
+    def run(self, plan: BatchPlan) -> Batch:
+        """All three stages for one batch, on the calling thread."""
+        batch = self.transform(self.decode(self.read(plan)))
+        if batch.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(batch.ready)
+        return batch
+
+    def close(self) -> None:
+        self.reader.close()
+        self.cpu.close()
+        if self.gpu is not None and hasattr(self.gpu, "close"):
+            self.gpu.close()
+
+
+def _select(work: _Work, keep: list[int]) -> _Work:
+    return _Work(work.plan, [work.names[k] for k in keep], work.indices[keep], work.is_pad[keep],
+                 [work.records[k] for k in keep])
+
+
+def _upload(images: list[torch.Tensor], device: torch.device, stream: torch.cuda.Stream):
+    """Copy a ragged batch of host images to the GPU in one transfer through one pinned buffer."""
+    sizes = [im.numel() for im in images]
+    host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    for im, a, b in zip(images, offsets, offsets[1:]):
+        host[a:b].copy_(im.reshape(-1))
+    with torch.cuda.stream(stream):
+        dev = host.to(device, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(stream)
+    out = [dev[a:b].view(im.shape) for im, a, b in zip(images, offsets, offsets[1:])]
+    return out, ready
+
+
+# ------------------------------------------------------------------------------------------------
+# Threads
+
+
+class _End:
+    pass
+
+
+class _Raised:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class StageStats:
+    def __init__(self, name: str):
+        self.name, self.busy, self.batches, self.occupancy = name, 0.0, 0, 0
+
+    def as_dict(self, depth: int) -> dict[str, float]:
+        return {"seconds": round(self.busy, 4), "batches": self.batches,
+                "mean_queue_after": round(self.occupancy / max(self.batches, 1), 3), "queue_depth": depth}
+
+
+class Executor:
+    """One epoch of a `Pipeline` on three stage threads. Iterate it for `Batch`es; `close()` (also on
+    garbage collection, ``break`` or an exception) stops every thread and leaves none behind."""
+
+    STAGES = ("read", "decode", "ops")
+
+    def __init__(self, pipeline: Pipeline, plans: Iterator[BatchPlan], *, prefetch: int = 2):
+        if prefetch < 1:
+            raise ConfigError(f"`prefetch` must be >= 1, got {prefetch}")
+        self.pipeline = pipeline
+        self.prefetch = prefetch
+        self._stop = threading.Event()
+        self._queues = [queue.Queue(prefetch) for _ in self.STAGES]
+        self.stats = [StageStats(s) for s in self.STAGES]
+        fns: list[Callable] = [pipeline.read, pipeline.decode, pipeline.transform]
+        self._threads = []
+        inputs = [iter(plans)] + self._queues[:-1]
+        for k, name in enumerate(self.STAGES):
+            t = threading.Thread(target=self._run_stage, name=f"ingest-{name}",
+                                 args=(fns[k], inputs[k], self._queues[k], self.stats[k]), daemon=True)
+            self._threads.append(t)
+        for t in self._threads:
+            t.start()
+        self._closed = False
+
+    def _run_stage(self, fn, source, out: queue.Queue, stats: StageStats) -> None:
+        try:
+            while not self._stop.is_set():
+                if isinstance(source, queue.Queue):
+                    item = self._get(source)
+                    if item is None:
+                        return
+                else:
+                    item = next(source, _End())
+                if isinstance(item, (_End, _Raised)):
+                    self._put(out, item)
+                    return
+                t0 = time.perf_counter()
+                result = fn(item)
+                stats.busy += time.perf_counter() - t0
+                stats.batches += 1
+                stats.occupancy += out.qsize()
+                if result is not None:
+                    self._put(out, result)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
+            self._put(out, _Raised(exc))
+
+    def _get(self, q: queue.Queue):
+        while not self._stop.is_set():
+            try:
+                return q.get(timeout=0.05)
+            except queue.Empty:
+                continue
+        return None
+
+    def _put(self, q: queue.Queue, item) -> None:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> "Executor":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._closed:
+            raise StopIteration
+        item = self._get(self._queues[-1])
+        if item is None or isinstance(item, _End):
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Raised):
+            self.close()
+            raise item.exc
+        return item
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+        for q in self._queues:
+            while not q.empty():
+                q.get_nowait()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def stage_stats(self) -> dict[str, dict[str, float]]:
+        return {s.name: s.as_dict(self.prefetch) for s in self.stats}

@@ -1,0 +1,278 @@
+"""The PyTorch adapter: `Loader`, the DataLoader-like front of the executor, and `GenericIterator`, the
+`DALIGenericIterator`-like multi-output form. This is the only module that knows framework conventions."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import ConfigError
+from .formats.base import Location, Record, Source
+from .formats.filetree import IMAGE_EXTENSIONS, FileTree
+from .formats.memory import MemorySource
+from .pipeline import Batch, Executor, Failures, Pipeline
+from .sampler import BatchPlan, Sampler
+
+OUTPUTS = ("tuple", "dict")
+
+
+class Loader:
+    """Batches of augmented images and labels as tensors on ``device``.
+
+    ``source``: a dataset root in ImageFolder layout, any `ingest.formats.Source`, a list of encoded images
+    (bytes / uint8 arrays), or an iterator of encoded images or ``(image, label)`` pairs (streamed in
+    arrival order: no shuffle, sharding or ``len``).
+
+    Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
+    ``indices`` (dataset indices), ``is_pad`` (padding of the last batch) and ``targets``. Every ``iter()``
+    starts the next epoch (or resumes the one `load_state_dict` points into). ``shard_id`` / ``num_shards``
+    default to the ``torch.distributed`` rank and world size when it is initialized.
+    """
+
+    def __init__(self, source: str | os.PathLike | Source | Sequence | Iterable, *, batch_size: int,
+                 device: str | torch.device = "cpu", decode: str | None = None, ops: Sequence = (),
+                 shuffle: bool = False, seed: int = 0, last_batch: str = "partial",
+                 shard_id: int | None = None, num_shards: int | None = None, prefetch: int = 2,
+                 num_threads: int | None = None, max_failures: int | float = 0, io: str | None = None,
+                 output: str = "tuple", extensions: Sequence[str] = IMAGE_EXTENSIONS):
+        if output not in OUTPUTS:
+            raise ConfigError(f"Unknown output {output!r}. Available: {', '.join(OUTPUTS)}")
+        if shard_id is None and num_shards is None:
+            shard_id, num_shards = _distributed_rank()
+        elif shard_id is None or num_shards is None:
+            raise ConfigError("pass both `shard_id` and `num_shards`, or neither")
+        self._stream = None
+        if isinstance(source, (str, os.PathLike)):
+            source = FileTree(source, extensions=extensions)
+        elif isinstance(source, (list, tuple)):
+            source = MemorySource(source)
+        elif not isinstance(source, Source) and isinstance(source, Iterable):
+            if shuffle or num_shards > 1:
+                raise ConfigError("a streamed iterator cannot be shuffled or sharded; pass a list instead")
+            self._stream = _Stream(iter(source))
+            source = self._stream
+        elif not isinstance(source, Source):
+            raise ConfigError(f"`source` must be a path, a Source, a list or an iterable, got {type(source).__name__}")
+        self.source = source
+        self.sampler = Sampler(len(source) if self._stream is None else 0, batch_size, shuffle=shuffle,
+                               seed=seed, shard_id=shard_id, num_shards=num_shards, last_batch=last_batch)
+        if self._stream is None and self.sampler.shard_length() == 0 and len(source) > 0:
+            raise ConfigError(f"shard {shard_id} of {num_shards} is empty: the dataset has {len(source)} samples")
+        self.pipeline = Pipeline(source, ops=ops, device=device, decode=decode, io=io, num_threads=num_threads)
+        self.device = self.pipeline.device
+        self.max_failures = max_failures
+        Failures(max_failures, 0)  # validate now, not at the first epoch
+        if prefetch < 1:
+            raise ConfigError(f"`prefetch` must be >= 1, got {prefetch}")
+        self.prefetch = prefetch
+        self.output = output
+        self.epoch = -1            # the epoch being (or last) iterated
+        self._resume: tuple[int, int] | None = None
+        self._yielded = 0          # batches handed out in the current epoch
+        self._finished = True
+        self._executor: weakref.ref | None = None
+        self._last_stats: dict[str, Any] = {}
+        self._failures: Failures | None = None
+
+    # -- iteration ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        if self._stream is not None:
+            raise TypeError("a Loader over a streamed iterator has no length")
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` run ``epoch`` from its start (like DistributedSampler.set_epoch)."""
+        self._resume = (int(epoch), 0)
+
+    def __iter__(self) -> Iterator:
+        self._close_executor()
+        if self._resume is not None:
+            self.epoch, start = self._resume
+            self._resume = None
+        else:
+            self.epoch, start = self.epoch + 1, 0
+        self._yielded, self._finished = start, False
+        plans = self._stream.plans(self.sampler.batch_size, self.sampler.seed) if self._stream is not None else \
+            self.sampler.batches(self.epoch, start)
+        epoch_size = len(self.sampler) * self.sampler.batch_size if self._stream is None else 0
+        self._failures = self.pipeline.failures = Failures(self.max_failures, epoch_size)
+        executor = Executor(self.pipeline, plans, prefetch=self.prefetch)
+        self._executor = weakref.ref(executor)
+        return self._iterate(executor)
+
+    def _iterate(self, executor: Executor) -> Iterator:
+        try:
+            for batch in executor:
+                self._yielded += 1
+                yield self._deliver(batch)
+            self._finished = True
+        finally:
+            self._last_stats = executor.stage_stats()
+            executor.close()
+
+    def _deliver(self, batch: Batch):
+        if batch.ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(batch.ready)
+            for t in (batch.images, batch.labels):
+                t.record_stream(stream)
+        if self.output == "tuple":
+            return batch.images, batch.labels
+        return {"images": batch.images, "labels": batch.labels, "indices": batch.indices,
+                "is_pad": batch.is_pad, "targets": batch.targets}
+
+    def _close_executor(self) -> None:
+        executor = self._executor() if self._executor is not None else None
+        if executor is not None:
+            self._last_stats = executor.stage_stats()
+            executor.close()
+        self._executor = None
+
+    def close(self) -> None:
+        """Stop any running epoch and release threads and decoders."""
+        self._close_executor()
+        self.pipeline.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next batch comes from. Save it with the model; `load_state_dict` resumes exactly there,
+        with the same order and the same augmentation randomness as an uninterrupted run."""
+        if self._resume is not None:
+            epoch, batch = self._resume
+        elif self._finished:
+            epoch, batch = self.epoch + 1, 0
+        else:
+            epoch, batch = self.epoch, self._yielded
+        s = self.sampler
+        return {"epoch": epoch, "batch": batch, "seed": s.seed, "shuffle": s.shuffle, "batch_size": s.batch_size,
+                "num_shards": s.num_shards, "shard_id": s.shard_id, "num_samples": s.n,
+                "last_batch": s.last_batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        s = self.sampler
+        mine = {"seed": s.seed, "shuffle": s.shuffle, "batch_size": s.batch_size, "num_shards": s.num_shards,
+                "shard_id": s.shard_id, "num_samples": s.n, "last_batch": s.last_batch}
+        diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if diff:
+            raise ConfigError("checkpoint does not match this loader (saved, current): "
+                              + ", ".join(f"{k}={a!r}/{b!r}" for k, (a, b) in diff.items())
+                              + "; resuming on a different configuration is not supported yet")
+        self._close_executor()
+        self._resume = (int(state["epoch"]), int(state["batch"]))
+
+    # -- observability ------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Which read and decode paths ran, per-stage busy seconds and queue occupancy, failures."""
+        executor = self._executor() if self._executor is not None else None
+        stages = executor.stage_stats() if executor is not None else self._last_stats
+        return {"read_path": self.pipeline.reader.path, "decode": self.pipeline.decode_kind,
+                "decode_paths": dict(self.pipeline.decode_paths), "device": str(self.device),
+                "stages": stages, "failures": list(self._failures.items) if self._failures else []}
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.source!r}, batch_size={self.sampler.batch_size}, device='{self.device}', "
+                f"decode='{self.pipeline.decode_kind}', read='{self.pipeline.reader.path}', "
+                f"ops={self.pipeline.ops!r})")
+
+
+class GenericIterator:
+    """`DALIGenericIterator`'s shape over a `Loader`: each step yields a one-element list holding a dict that
+    maps ``output_map`` names to the loader's outputs (images, labels, then indices, is_pad)."""
+
+    FIELDS = ("images", "labels", "indices", "is_pad")
+
+    def __init__(self, loader: Loader, output_map: Sequence[str] = ("data", "label")):
+        if not 1 <= len(output_map) <= len(self.FIELDS):
+            raise ConfigError(f"`output_map` must name 1 to {len(self.FIELDS)} outputs "
+                              f"(in order: {', '.join(self.FIELDS)}), got {list(output_map)}")
+        self.loader, self.output_map = loader, list(output_map)
+        self._it: Iterator | None = None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def size(self) -> int:
+        return len(self.loader.source)
+
+    def __iter__(self) -> "GenericIterator":
+        if self._it is None:
+            self.reset()
+        return self
+
+    def __next__(self) -> list[dict[str, torch.Tensor]]:
+        if self._it is None:
+            self.reset()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._it = None
+            raise
+        if not isinstance(batch, dict):
+            batch = dict(zip(("images", "labels"), batch))
+        return [{name: batch[f] for name, f in zip(self.output_map, self.FIELDS)}]
+
+    def reset(self) -> None:
+        """Start the next epoch."""
+        self.loader.output = "dict"
+        self._it = iter(self.loader)
+
+
+def _distributed_rank() -> tuple[int, int]:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class _Stream:
+    """A Source over an iterator of encoded images or (image, label) pairs, consumed as it arrives."""
+
+    classes: Sequence[str] = ()
+
+    def __init__(self, items: Iterator):
+        self._items = items
+        self._held: dict[int, tuple[Any, int]] = {}
+        self._n = 0
+
+    def plans(self, batch_size: int, seed: int) -> Iterator[BatchPlan]:
+        number = 0
+        while True:
+            start = self._n
+            for item in self._items:
+                image, label = item if isinstance(item, tuple) else (item, -1)
+                self._held[self._n] = (image, int(label))
+                self._n += 1
+                if self._n - start == batch_size:
+                    break
+            if self._n == start:
+                return
+            idx = np.arange(start, self._n, dtype=np.int64)
+            yield BatchPlan(0, number, idx, np.zeros(len(idx), bool), np.random.SeedSequence([seed, 0, 0, number]))
+            number += 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    def locate(self, i: int) -> Location:
+        return Location(self.name(i), data=self._held[i][0])
+
+    def parse(self, i: int, raw) -> Record:
+        return Record(raw, self._held.pop(i)[1])
+
+    def labels(self) -> np.ndarray:
+        return np.array([v[1] for v in self._held.values()], dtype=np.int64)
+
+    def name(self, i: int) -> str:
+        return f"<stream item {i}>"

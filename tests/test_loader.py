@@ -1,0 +1,185 @@
+"""The Loader end to end on the CPU: shapes, determinism, resumption, sharding, failures, shutdown."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import ingest
+from ingest.errors import ConfigError, DecodeError, FailureBudgetExceeded
+from ingest.ops import Flip, Normalize, RandomResizedCrop, Resize
+from conftest import jpeg_bytes, make_image_folder
+
+MEAN, STD = (123.7, 116.3, 103.5), (58.4, 57.1, 57.4)
+
+
+def train_ops(size=32):
+    return [RandomResizedCrop(size), Flip(p=0.5), Normalize(MEAN, STD)]
+
+
+def collect(loader):
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def test_batches_shapes_and_labels(image_folder):
+    loader = ingest.Loader(image_folder, batch_size=4, ops=train_ops(), num_threads=2)
+    batches = collect(loader)
+    assert len(batches) == len(loader) == 6  # 21 samples, partial last batch
+    x, y = batches[0]
+    assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32 and x.device.type == "cpu"
+    assert y.dtype == torch.int64
+    labels = torch.cat([y for _, y in batches]).tolist()
+    assert labels == [0] * 7 + [1] * 5 + [2] * 9  # no shuffle: dataset order
+    assert batches[-1][0].shape[0] == 1
+    stats = loader.stats()
+    assert stats["read_path"] == "posix" and stats["decode"] == "cpu"
+    assert stats["decode_paths"] == {"cpu": 21}
+    assert set(stats["stages"]) == {"read", "decode", "ops"}
+    assert stats["stages"]["decode"]["batches"] == 6
+
+
+def test_same_seed_same_batches_and_epochs_differ(image_folder):
+    def run(seed):
+        loader = ingest.Loader(image_folder, batch_size=5, ops=train_ops(), shuffle=True, seed=seed)
+        return collect(loader), collect(loader)
+    (e0, e1), (f0, _) = run(7), run(7)
+    for (a, la), (b, lb) in zip(e0, f0):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    assert not all(torch.equal(a, b) for (a, _), (b, _) in zip(e0, e1))
+
+
+def test_resume_mid_epoch_matches_uninterrupted(image_folder):
+    kw = dict(batch_size=4, ops=train_ops(), shuffle=True, seed=1)
+    ref = ingest.Loader(image_folder, **kw)
+    collect(ref)                 # epoch 0
+    full = collect(ref)          # epoch 1
+    run = ingest.Loader(image_folder, **kw)
+    collect(run)
+    it = iter(run)
+    head = [next(it) for _ in range(2)]
+    state = run.state_dict()
+    assert state["epoch"] == 1 and state["batch"] == 2
+    del it
+    resumed = ingest.Loader(image_folder, **kw)
+    resumed.load_state_dict(state)
+    tail = collect(resumed)
+    got = [(x, y) for x, y in head] + tail
+    assert len(got) == len(full)
+    for (a, la), (b, lb) in zip(got, full):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    assert resumed.state_dict()["epoch"] == 2 and resumed.state_dict()["batch"] == 0
+
+
+def test_load_state_dict_rejects_other_configuration(image_folder):
+    a = ingest.Loader(image_folder, batch_size=4, ops=train_ops())
+    b = ingest.Loader(image_folder, batch_size=8, ops=train_ops())
+    with pytest.raises(ConfigError, match="batch_size=4/8"):
+        b.load_state_dict(a.state_dict())
+
+
+def test_shards_cover_dataset_with_pad(image_folder):
+    seen, pads = [], 0
+    for r in range(3):
+        loader = ingest.Loader(image_folder, batch_size=4, ops=[Resize((16, 16))], shuffle=True, seed=2,
+                               shard_id=r, num_shards=3, last_batch="pad", output="dict")
+        for b in loader:
+            assert b["images"].shape[0] == 4
+            seen += b["indices"][~b["is_pad"]].tolist()
+            pads += int(b["is_pad"].sum())
+        assert len(loader) == 2
+    assert sorted(seen) == list(range(21)) and pads == 3 * 8 - 21
+
+
+def test_memory_source_and_stream():
+    items = [jpeg_bytes(30 + i, 40, seed=i) for i in range(5)]
+    loader = ingest.Loader(items, batch_size=2, ops=[Resize((8, 8))])
+    shapes = [x.shape for x, _ in loader]
+    assert shapes == [(2, 3, 8, 8), (2, 3, 8, 8), (1, 3, 8, 8)] or shapes == [(2, 8, 8, 3), (2, 8, 8, 3), (1, 8, 8, 3)]
+    stream = ingest.Loader(((b, i) for i, b in enumerate(items)), batch_size=3, ops=[Resize((8, 8))])
+    labels = [y.tolist() for _, y in stream]
+    assert labels == [[0, 1, 2], [3, 4]]
+    with pytest.raises(TypeError):
+        len(stream)
+
+
+def test_corrupt_file_raises_typed_error_naming_it(image_folder):
+    bad = image_folder / "dog" / "0002.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])
+    loader = ingest.Loader(image_folder, batch_size=4, ops=train_ops())
+    with pytest.raises(DecodeError) as e:
+        collect(loader)
+    assert "0002.jpg" in str(e.value)
+
+
+def test_failure_budget_skips_and_reports(image_folder):
+    for name in ("0001.jpg", "0003.jpg"):
+        (image_folder / "cat" / name).write_bytes(b"\xff\xd8\xff garbage")
+    loader = ingest.Loader(image_folder, batch_size=4, ops=train_ops(), max_failures=2)
+    n = sum(len(y) for _, y in loader)
+    assert n == 19
+    failures = loader.stats()["failures"]
+    assert [f[0].rsplit("/", 1)[-1] for f in failures] == ["0001.jpg", "0003.jpg"]
+    assert all(f[1] == "decode" for f in failures)
+    strict = ingest.Loader(image_folder, batch_size=4, ops=train_ops(), max_failures=1)
+    with pytest.raises(FailureBudgetExceeded, match="2 samples failed.*decode: 2") as e:
+        collect(strict)
+    assert len(e.value.failures) == 2
+    frac = ingest.Loader(image_folder, batch_size=4, ops=train_ops(), max_failures=0.1)  # 10% of 24 -> 2
+    assert sum(len(y) for _, y in frac) == 19
+
+
+def test_missing_file_is_reported(image_folder):
+    loader = ingest.Loader(image_folder, batch_size=4, ops=train_ops())
+    (image_folder / "emu" / "0000.jpg").unlink()
+    with pytest.raises(FileNotFoundError, match="0000.jpg"):
+        collect(loader)
+
+
+def _ingest_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("ingest-")]
+
+
+def test_break_and_errors_leave_no_threads(image_folder):
+    before = len(_ingest_threads())
+    loader = ingest.Loader(image_folder, batch_size=2, ops=train_ops(), prefetch=1)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    stage_threads = [t for t in _ingest_threads() if t.name in ("ingest-read", "ingest-decode", "ingest-ops")]
+    assert stage_threads == []
+
+    class Boom(Resize):
+        def apply(self, images, params):
+            raise RuntimeError("boom in a stage")
+    bad = ingest.Loader(image_folder, batch_size=2, ops=[Boom((8, 8))])
+    with pytest.raises(RuntimeError, match="boom in a stage") as e:
+        collect(bad)
+    assert any("apply" in str(tb.name) for tb in __import__("traceback").extract_tb(e.value.__traceback__))
+    assert [t for t in _ingest_threads() if t.name in ("ingest-read", "ingest-decode", "ingest-ops")] == []
+    loader.close(), bad.close()
+    assert len(_ingest_threads()) <= before
+
+
+def test_generic_iterator(image_folder):
+    loader = ingest.Loader(image_folder, batch_size=8, ops=train_ops())
+    it = ingest.GenericIterator(loader, output_map=["data", "label"])
+    steps = list(it)
+    assert len(steps) == 3 and set(steps[0][0]) == {"data", "label"}
+    assert steps[0][0]["data"].shape == (8, 3, 32, 32)
+    it.reset()
+    assert len(list(it)) == 3
+
+
+def test_config_errors(image_folder):
+    with pytest.raises(ConfigError, match="Unknown decode 'gpu'. Available: mixed, cpu"):
+        ingest.Loader(image_folder, batch_size=2, decode="gpu")
+    with pytest.raises(ConfigError, match="max_failures"):
+        ingest.Loader(image_folder, batch_size=2, max_failures=-1)
+    with pytest.raises(ConfigError, match="`prefetch` must be >= 1"):
+        ingest.Loader(image_folder, batch_size=2, prefetch=0)
+    with pytest.raises(TypeError):
+        ingest.Loader(image_folder, batch_size=2, num_workers=4)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            ingest.Loader(image_folder, batch_size=2, device="cuda")
