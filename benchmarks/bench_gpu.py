@@ -1,0 +1,920 @@
+"""ingest vs NVIDIA DALI vs torch DataLoader on one GPU: loader throughput, decode-only, memory, training.
+
+Variants (each runs in its own subprocess: a fresh CUDA context, and one crash cannot take the others down):
+
+  a  ingest, decode="mixed" (nvImageCodec on the GPU), device cuda
+  b  ingest, decode="cpu", device cuda (CPU decode, upload, GPU augmentation)
+  c  torch DataLoader + torchvision ImageFolder + PIL transforms, --workers processes, pin_memory, .cuda()
+  d  DALI: readers.file -> decoders.image_random_crop(mixed) -> resize 224 -> crop_mirror_normalize(float, CHW)
+  f  decode only, on preloaded bytes: nvImageCodec's batch decode (1 and 2 threads: the raw ceiling),
+     ingest's GpuDecoder, ingest's CpuDecoder
+  s  synthetic: the training loop of (e) on one constant batch already on the GPU (upper bound)
+
+Inside a-d: (g) peak GPU memory during the loader-only phase (device-wide cudaMemGetInfo, and per process
+through NVML / nvidia-smi where the process is visible; the same method for every variant), then (e) a
+ResNet-18 (100 classes, bf16 autocast, channels_last, SGD) fed by that loader: training img/s and the
+fraction of wall time spent blocked in ``next(it)`` (data wait).
+
+Every loader runs the same augmentation: RandomResizedCrop(224, scale 0.08-1, ratio 3/4-4/3), horizontal
+flip p=0.5, normalise to float32 NCHW with ImageNet mean/std. Throughput = images / wall time over a timed
+window after a warm-up (>= --warmup-batches and >= --warmup-seconds, which also drains any batches the
+loader queued while it started), ending with a device synchronise. Epoch boundaries fall inside the window
+(20k images = 78 batches of 256), as in training.
+
+    python benchmarks/bench_gpu.py --data /dev/shm/ingest_bench_20k --out out/bench_gpu.json
+    python benchmarks/bench_gpu.py --dry-run --out /tmp/dry.json     # CPU only, tiny, checks the code paths
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
+STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+NUM_CLASSES = 100
+LOADERS = {"a": "ingest_mixed", "b": "ingest_cpu_decode", "c": "torch_dataloader", "d": "dali_mixed"}
+CHILDREN = {**LOADERS, "f": "decode_only", "s": "synthetic"}
+ORDER = "abcdsf"
+IMAGE_EXT = (".jpg", ".jpeg", ".png")
+
+
+# ==================================================================================================
+# Parent: runs each variant in a subprocess, merges, derives ratios, prints, writes JSON
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--data", help="ImageFolder-layout JPEG directory (benchmarks/make_data.py)")
+    p.add_argument("--out", required=True, help="JSON file to write (logs go next to it)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 256; 16 with --dry-run)")
+    p.add_argument("--threads", type=int, default=None, help="ingest/DALI threads (default 16)")
+    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: --threads)")
+    p.add_argument("--seconds", type=float, default=None, help="timed window per loader (default 10)")
+    p.add_argument("--train-seconds", type=float, default=None, help="timed training window (default 10; 0 = skip e)")
+    p.add_argument("--decode-seconds", type=float, default=None, help="timed window per decode-only case (5)")
+    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up (default 3)")
+    p.add_argument("--warmup-batches", type=int, default=10)
+    p.add_argument("--min-batches", type=int, default=20, help="the timed window holds at least this many")
+    p.add_argument("--max-batches", type=int, default=100000)
+    p.add_argument("--decode-images", type=int, default=2048, help="files preloaded for decode-only (f)")
+    p.add_argument("--only", default=None,
+                   help="comma-separated subset of a,b,c,d,f,s (e adds s; g is measured inside a-d)")
+    p.add_argument("--repeat", type=int, default=1, help="run the chosen variants this many rounds (a,d,...,a,d)")
+    p.add_argument("--dry-run", action="store_true", help="CPU only, tiny sizes; makes a tiny set if --data is absent")
+    p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    dry = a.dry_run
+    defaults = dict(batch=16 if dry else 256, threads=2 if dry else 16, seconds=2.0 if dry else 10.0,
+                    train_seconds=3.0 if dry else 10.0, decode_seconds=1.0 if dry else 5.0,
+                    warmup_seconds=0.5 if dry else 3.0)
+    for k, v in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if a.workers is None:
+        a.workers = a.threads
+    if dry:
+        a.warmup_batches, a.min_batches, a.decode_images = min(a.warmup_batches, 2), min(a.min_batches, 3), 64
+    if a.batch < 1 or a.threads < 1 or a.workers < 1:
+        p.error(f"`--batch`, `--threads` and `--workers` must be >= 1, got {a.batch}, {a.threads}, {a.workers}")
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return child_main(args)
+    out = Path(args.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    logdir = out.with_suffix("").parent / (out.stem + "_logs")
+    logdir.mkdir(exist_ok=True)
+
+    if args.data is None or not Path(args.data).is_dir():
+        if not args.dry_run:
+            print(f"--data {args.data!r} is not a directory (make one with benchmarks/make_data.py)", file=sys.stderr)
+            return 2
+        sys.path.insert(0, str(HERE))
+        import make_data
+        args.data = args.data or str(Path(tempfile.gettempdir()) / "ingest_bench_dry")
+        if not Path(args.data).is_dir():
+            make_data.make_dataset(args.data, n=160, classes=4, seed=0, workers=2)
+    args.data = str(Path(args.data).resolve())
+
+    chosen = _chosen(args.only)
+    report = {"benchmark": "bench_gpu", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "dry_run": args.dry_run, "argv": sys.argv[1:], "host": host_info(), "versions": versions(),
+              "dataset": dataset_stats(args.data),
+              "config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
+              "results": {}, "rounds": []}
+    report["config"]["augmentation"] = ("RandomResizedCrop(224, scale=(0.08,1), ratio=(3/4,4/3)), flip p=0.5, "
+                                        "normalize mean/std (ImageNet) -> float32 NCHW")
+    argfile = logdir / "args.json"
+    argfile.write_text(json.dumps(vars(args)))
+    t_all = time.perf_counter()
+    for rnd in range(args.repeat):
+        this_round = {}
+        for key in chosen:
+            name = CHILDREN[key]
+            print(f"[bench_gpu] round {rnd + 1}/{args.repeat}: {key} {name} ...", flush=True)
+            res = run_child(key, args, argfile, logdir / f"{key}_{name}.r{rnd}.log")
+            this_round[name] = res
+            if rnd == 0 or _better(res, report["results"].get(name)):
+                report["results"][name] = res
+            print(f"[bench_gpu]   {_one_line(res)}", flush=True)
+            report["derived"] = derive(report["results"])
+            report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
+            _write(out, report)
+        if args.repeat > 1:
+            report["rounds"].append({k: _headline(v) for k, v in this_round.items()})
+    for res in report["results"].values():
+        if res.get("device_name"):
+            report["device"] = res["device_name"]
+            break
+    else:
+        report["device"] = "cpu (dry run)" if args.dry_run else _nvidia_smi_name()
+    report["derived"] = derive(report["results"])
+    report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
+    _write(out, report)
+    print_table(report)
+    print(f"[bench_gpu] wrote {out} ({report['wall_seconds']} s)")
+    return 0
+
+
+def _chosen(only: str | None) -> list[str]:
+    if not only:
+        return list(ORDER)
+    keys = {k.strip() for k in only.split(",") if k.strip()}
+    unknown = keys - set(CHILDREN) - {"e", "g"}
+    if unknown:
+        raise SystemExit(f"Unknown variant(s) {sorted(unknown)} in --only. Available: a, b, c, d, e, f, g, s")
+    if "e" in keys:
+        keys.add("s")
+    return [k for k in ORDER if k in keys]
+
+
+def _better(new: dict, old: dict | None) -> bool:
+    """Across --repeat rounds keep each variant's best (highest throughput) run."""
+    if old is None or old.get("error"):
+        return True
+    return (new.get("img_s") or 0) > (old.get("img_s") or 0)
+
+
+def run_child(key: str, args, argfile: Path, log: Path) -> dict:
+    fd, res_path = tempfile.mkstemp(suffix=f".{key}.json")
+    os.close(fd)
+    cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--child", key, "--child-out", res_path]
+    env = dict(os.environ, INGEST_BENCH_ARGS=str(argfile), PYTHONUNBUFFERED="1")
+    budget = (args.warmup_seconds + args.seconds + 2 * args.train_seconds + args.warmup_seconds
+              + 6 * args.decode_seconds + 180)
+    t0 = time.perf_counter()
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=budget)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # this child's group: the child (on timeout), its leftover workers
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    try:
+        res = json.loads(Path(res_path).read_text() or "{}")
+    except (OSError, ValueError):
+        res = {}
+    finally:
+        Path(res_path).unlink(missing_ok=True)
+    res.setdefault("variant", CHILDREN[key])
+    res["child_seconds"] = round(time.perf_counter() - t0, 1)
+    res["log"] = str(log)
+    if rc != 0 and not res.get("error"):
+        tail = log.read_text(errors="replace")[-1500:]
+        res["error"] = f"child exited with {rc} ({'killed after %.0f s' % budget if rc == 'timeout' else 'crash'}); " \
+                       f"log tail: {tail}"
+    return res
+
+
+def _write(path: Path, report: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _ratio(x, y):
+    return round(x / y, 3) if x and y else None
+
+
+def derive(results: dict) -> dict:
+    g = lambda name, *path: _get(results.get(name, {}), *path)  # noqa: E731
+    a, b, c, d = (g(LOADERS[k], "img_s") for k in "abcd")
+    dec = results.get("decode_only", {}).get("decode", {})
+    raw = max([v.get("img_s") or 0 for k, v in dec.items() if k.startswith("nvimgcodec")] or [0]) or None
+    ing_dec = max([v.get("img_s") or 0 for k, v in dec.items() if k.startswith("ingest_gpu")] or [0]) or None
+    synth = g("synthetic", "train", "img_s")
+    r = {
+        "a_over_d": _ratio(a, d), "a_over_c": _ratio(a, c), "b_over_d": _ratio(b, d), "b_over_c": _ratio(b, c),
+        "d_over_c": _ratio(d, c),
+        "a_over_f_raw": _ratio(a, raw), "f_ingest_decoder_over_f_raw": _ratio(ing_dec, raw),
+        "f_raw_nvimgcodec_img_s": raw,
+    }
+    for m in ("pid_peak_mb", "device_peak_mb"):
+        ma, md = g(LOADERS["a"], "memory", m), g(LOADERS["d"], "memory", m)
+        if ma and md:
+            r["mem_a_over_d"], r["mem_method"] = _ratio(ma, md), m
+            break
+    ta, tc, td = (g(LOADERS[k], "train", "img_s") for k in "acd")
+    r.update({"train_a_over_d": _ratio(ta, td), "train_a_over_c": _ratio(ta, tc),
+              "train_a_over_synthetic": _ratio(ta, synth), "train_d_over_synthetic": _ratio(td, synth),
+              "train_c_over_synthetic": _ratio(tc, synth)})
+    return r
+
+
+def _get(d, *path):
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d
+
+
+def _headline(res: dict) -> dict:
+    return {"img_s": res.get("img_s"), "train_img_s": _get(res, "train", "img_s"), "error": res.get("error")}
+
+
+def _one_line(res: dict) -> str:
+    if res.get("error"):
+        return f"ERROR {res['error'][:300]}"
+    if "decode" in res:
+        return ", ".join(f"{k} {v.get('img_s', 'ERR ' + str(v.get('error', ''))[:80])}" for k, v in res["decode"].items())
+    parts = [f"{res.get('img_s')} img/s"] if res.get("img_s") else []
+    if res.get("train"):
+        t = res["train"]
+        parts.append(f"train {t.get('img_s')} img/s, data wait {t.get('data_wait_frac')}" if "img_s" in t
+                     else f"train ERROR {str(t.get('error'))[:200]}")
+    if _get(res, "memory", "device_peak_mb") is not None:
+        parts.append(f"peak {res['memory']['device_peak_mb']} MB")
+    return "; ".join(parts) + f" ({res.get('child_seconds')} s)"
+
+
+def print_table(report: dict) -> None:
+    R = report["results"]
+    print(f"\n{report.get('device')}  |  {report['dataset'].get('n')} files, mean "
+          f"{(report['dataset'].get('mean_bytes') or 0) / 1e3:.1f} KB  |  batch {report['config']['batch']}, "
+          f"threads {report['config']['threads']}")
+    print(f"{'variant':<26}{'img/s':>10}{'train img/s':>13}{'data wait':>11}{'peak MB':>10}{'pid MB':>9}  note")
+    for name, res in R.items():
+        if name == "decode_only":
+            continue
+        t = res.get("train") or {}
+        m = res.get("memory") or {}
+        note = ("ERROR " + res["error"][:60].replace("\n", " ")) if res.get("error") else \
+            ("train ERROR " + str(t["error"])[:50] if t.get("error") else "")
+        print(f"{name:<26}{_fmt(res.get('img_s')):>10}{_fmt(t.get('img_s')):>13}{_fmt(t.get('data_wait_frac'), 3):>11}"
+              f"{_fmt(m.get('device_peak_mb')):>10}{_fmt(m.get('pid_peak_mb')):>9}  {note}")
+    for k, v in (R.get("decode_only", {}).get("decode") or {}).items():
+        note = "ERROR " + str(v["error"])[:60].replace("\n", " ") if v.get("error") else v.get("note", "")
+        print(f"{'decode: ' + k:<26}{_fmt(v.get('img_s')):>10}{'':>13}{'':>11}{'':>10}{'':>9}  {note}")
+    if R.get("decode_only", {}).get("error"):
+        print(f"{'decode_only':<26}  ERROR {R['decode_only']['error'][:100]}")
+    print("ratios: " + ", ".join(f"{k}={v}" for k, v in report["derived"].items() if v is not None))
+
+
+def _fmt(v, nd=0):
+    if v is None:
+        return "-"
+    return f"{v:.{nd}f}" if isinstance(v, (int, float)) else str(v)
+
+
+# -- environment ---------------------------------------------------------------------------------
+
+
+def versions() -> dict:
+    from importlib import metadata
+    dists = {"torch": ["torch"], "torchvision": ["torchvision"], "numpy": ["numpy"], "pillow": ["pillow"],
+             "cupy": ["cupy-cuda13x", "cupy-cuda12x", "cupy"], "kvikio": ["kvikio-cu13", "kvikio-cu12", "kvikio"],
+             "nvimgcodec": ["nvidia-nvimgcodec-cu13", "nvidia-nvimgcodec-cu12", "nvidia-nvimgcodec"],
+             "nvjpeg": ["nvidia-nvjpeg", "nvidia-nvjpeg-cu13"], "simplejpeg": ["simplejpeg"],
+             "dali": ["nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-dali"], "pynvml": ["nvidia-ml-py"]}
+    out = {"python": platform.python_version()}
+    for key, names in dists.items():
+        out[key] = None
+        for n in names:
+            try:
+                out[key] = metadata.version(n)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    init = REPO / "ingest" / "__init__.py"
+    m = re.search(r'__version__\s*=\s*"([^"]+)"', init.read_text()) if init.exists() else None
+    out["ingest"] = m.group(1) if m else None
+    try:
+        out["ingest_git"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], text=True,
+                                           capture_output=True, timeout=10).stdout.strip() or None
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "ingest"], text=True,
+                               capture_output=True, timeout=10).stdout.strip()
+        out["ingest_git_dirty"] = bool(dirty)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def host_info() -> dict:
+    cpu = None
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(), "hostname": platform.node()}
+
+
+def _nvidia_smi_name() -> str | None:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], text=True,
+                              capture_output=True, timeout=20).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def list_files(root: str) -> list[str]:
+    out = []
+    for cls in sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")):
+        d = os.path.join(root, cls)
+        out += [os.path.join(d, f) for f in sorted(os.listdir(d)) if f.lower().endswith(IMAGE_EXT)]
+    return out
+
+
+def dataset_stats(root: str) -> dict:
+    files = list_files(root)
+    sizes = [os.path.getsize(f) for f in files]
+    st = {"path": root, "n": len(files), "classes": len({os.path.dirname(f) for f in files}),
+          "mean_bytes": round(sum(sizes) / max(len(sizes), 1), 1), "total_mb": round(sum(sizes) / 2 ** 20, 1)}
+    meta = Path(root.rstrip("/") + ".meta.json")
+    if meta.exists():
+        try:
+            st["made_by"] = json.loads(meta.read_text())
+        except ValueError:
+            pass
+    return st
+
+
+# ==================================================================================================
+# Child: one variant
+
+
+def child_main(args) -> int:
+    saved = json.loads(Path(os.environ["INGEST_BENCH_ARGS"]).read_text())
+    key, out_path = args.child, args.child_out
+    args = argparse.Namespace(**{**saved, "child": key, "child_out": out_path})
+    res: dict = {"variant": CHILDREN[key]}
+
+    def flush():
+        Path(out_path).write_text(json.dumps(res, default=str))
+
+    try:
+        import torch
+        dev = torch.device("cpu" if args.dry_run else "cuda")
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("CUDA is not available (use --dry-run on a machine without a GPU)")
+            torch.zeros(1, device=dev)
+            torch.cuda.synchronize()
+            res["device_name"] = torch.cuda.get_device_name(dev)
+        torch.backends.cudnn.benchmark = True
+        res["torch"] = torch.__version__
+        if key in LOADERS:
+            loader_variant(key, args, dev, res, flush)
+        elif key == "s":
+            synthetic_variant(args, dev, res, flush)
+        elif key == "f":
+            decode_variant(args, dev, res, flush)
+    except BaseException as err:  # noqa: BLE001 - recorded in the JSON, the other variants go on
+        res["error"] = f"{type(err).__name__}: {err}"
+        res["traceback"] = traceback.format_exc()[-4000:]
+        print(res["traceback"], file=sys.stderr)
+    finally:
+        flush()
+    # Skip interpreter teardown: DataLoader workers, DALI and CUDA libraries can hang or crash at exit, and
+    # the result is already written. The parent then clears this child's process group.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def sync(dev) -> None:
+    if dev.type == "cuda":
+        import torch
+        torch.cuda.synchronize(dev)
+
+
+def _kwargs_for(fn, **kw) -> dict:
+    """The keyword arguments ``fn`` accepts (the library is young: tolerate a renamed optional argument)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return kw
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return kw
+    return {k: v for k, v in kw.items() if k in params}
+
+
+# -- the four loaders, each as: an iterable (epochs), a batch adapter, stats ----------------------
+
+
+class Feed:
+    def __init__(self, iterable, adapt, stats=None, close=None, first_iter=None):
+        self.iterable, self.adapt, self.stats, self.close = iterable, adapt, stats, close
+        self.first_iter = first_iter
+
+    def endless(self):
+        """Batches across epochs, as (images, labels) on the device."""
+        it = self.first_iter if self.first_iter is not None else iter(self.iterable)
+        while True:
+            got = False
+            for batch in it:
+                got = True
+                yield self.adapt(batch)
+            if not got:
+                raise RuntimeError("an epoch yielded no batch (dataset smaller than one batch?)")
+            it = iter(self.iterable)
+
+
+def build_ingest(args, dev, decode: str) -> Feed:
+    import torch
+    import ingest
+    from ingest.ops import Flip, Normalize, RandomResizedCrop
+    ops = [RandomResizedCrop(224), Flip(p=0.5),
+           Normalize(mean=MEAN, std=STD, dtype=torch.float32, layout="NCHW")]
+    loader = ingest.Loader(args.data, batch_size=args.batch, device=str(dev), decode=decode, ops=ops,
+                           shuffle=True, seed=0, num_threads=args.threads, prefetch=2, last_batch="drop")
+    return Feed(loader, lambda b: (b[0], b[1]), stats=loader.stats, close=getattr(loader, "close", None))
+
+
+def build_dataloader(args, dev) -> Feed:
+    import torch
+    import torchvision
+    from torchvision import transforms as T
+    tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                    T.Normalize([m / 255 for m in MEAN], [s / 255 for s in STD])])
+    ds = torchvision.datasets.ImageFolder(args.data, transform=tf)
+    dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
+                                     pin_memory=dev.type == "cuda", drop_last=True, persistent_workers=True,
+                                     prefetch_factor=2, multiprocessing_context="fork")
+    first = iter(dl)  # forks the workers now, before the memory sampler thread starts
+    nb = dev.type == "cuda"
+    return Feed(dl, lambda b: (b[0].to(dev, non_blocking=nb), b[1].to(dev, non_blocking=nb)), first_iter=first)
+
+
+def build_dali(args, dev) -> Feed:
+    if dev.type != "cuda":
+        raise RuntimeError("unavailable: DALI's mixed pipeline needs a GPU")
+    try:
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    except Exception as err:  # noqa: BLE001 - ImportError, or a missing shared library (OSError/RuntimeError)
+        raise RuntimeError(f"unavailable: {type(err).__name__}: {err}") from err
+
+    @pipeline_def
+    def train(root):
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="Reader")
+        images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB,
+                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=MEAN, std=STD,
+                                          mirror=fn.random.coin_flip(probability=0.5))
+        return images, labels.gpu()
+
+    pipe = train(root=args.data, batch_size=args.batch, num_threads=args.threads, device_id=dev.index or 0,
+                 seed=0, prefetch_queue_depth=2)
+    pipe.build()
+    it = DALIGenericIterator([pipe], ["data", "label"], reader_name="Reader",
+                             last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+    return Feed(it, lambda b: (b[0]["data"], b[0]["label"].reshape(-1).long()), first_iter=it)
+
+
+def loader_variant(key, args, dev, res, flush) -> None:
+    mem = MemSampler(dev)
+    res["memory"] = {"method": mem.describe()}
+    build = {"a": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu"),
+             "b": lambda: build_ingest(args, dev, "cpu"),
+             "c": lambda: build_dataloader(args, dev),
+             "d": lambda: build_dali(args, dev)}[key]
+    if key == "a" and dev.type != "cuda":
+        res["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
+    t0 = time.perf_counter()
+    if key != "c":
+        mem.start()
+    feed = build()
+    mem.start()
+    gen = feed.endless()
+    res["build_seconds"] = round(time.perf_counter() - t0, 3)
+
+    # warm-up (also drains whatever the loader queued while starting)
+    t0 = time.perf_counter()
+    x, y = next(gen)
+    sync(dev)
+    res["first_batch_seconds"] = round(time.perf_counter() - t0, 3)
+    res["check"] = describe_batch(x, y, args.batch)
+    n, tw = 1, time.perf_counter()
+    while n < args.warmup_batches or time.perf_counter() - tw < args.warmup_seconds:
+        next(gen)
+        n += 1
+    sync(dev)
+    res["warmup_batches"] = n
+
+    # timed window: loader alone
+    n, t0 = 0, time.perf_counter()
+    while True:
+        x, y = next(gen)
+        n += 1
+        el = time.perf_counter() - t0
+        if (el >= args.seconds and n >= args.min_batches) or n >= args.max_batches:
+            break
+    sync(dev)
+    el = time.perf_counter() - t0
+    res.update(img_s=round(n * x.shape[0] / el, 1), batches=n, seconds=round(el, 3))
+    mem.stop()
+    res["memory"].update(mem.result())
+    if feed.stats is not None:
+        try:
+            res["loader_stats"] = feed.stats()
+        except Exception as err:  # noqa: BLE001
+            res["loader_stats"] = f"stats() failed: {type(err).__name__}: {err}"
+    flush()
+
+    if args.train_seconds > 0:
+        try:
+            res["train"] = train_phase(gen, args, dev)
+        except Exception as err:  # noqa: BLE001
+            res["train"] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+        flush()
+    if feed.close is not None:
+        feed.close()
+
+
+def describe_batch(x, y, batch: int) -> dict:
+    """Shape/dtype/device and pixel statistics of one batch: a pipeline producing garbage shows here."""
+    import torch
+    xf = x.float()
+    return {"shape": list(x.shape), "dtype": str(x.dtype), "device": str(x.device),
+            "labels_dtype": str(y.dtype), "labels_device": str(y.device),
+            "mean_per_channel": [round(v, 3) for v in xf.mean(dim=(0, 2, 3)).tolist()] if x.dim() == 4 else None,
+            "std": round(float(xf.std()), 3), "labels_min": int(y.min()), "labels_max": int(y.max()),
+            "distinct_images": int(torch.unique(xf.flatten(1)[:, ::997].sum(1)).numel()) if x.dim() == 4 else None,
+            "batch_ok": list(x.shape) == [batch, 3, 224, 224] and x.dtype == torch.float32}
+
+
+# -- training (e) and its synthetic upper bound ----------------------------------------------------
+
+
+def make_step(dev):
+    import torch
+    import torchvision
+    model = torchvision.models.resnet18(num_classes=NUM_CLASSES).to(dev).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    amp = dev.type == "cuda"
+    dtype = torch.bfloat16 if not amp or torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler(enabled=amp and dtype == torch.float16)
+
+    def step(x, y):
+        x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(dev.type, dtype=dtype, enabled=amp):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    return step, str(dtype) if amp else "float32 (cpu)"
+
+
+def train_phase(gen, args, dev) -> dict:
+    step, dtype = make_step(dev)
+    k, tw = 0, time.perf_counter()
+    while k < 5 or time.perf_counter() - tw < args.warmup_seconds:
+        x, y = next(gen)
+        loss = step(x, y)
+        k += 1
+    sync(dev)
+    wait, steps, t0 = 0.0, 0, time.perf_counter()
+    while True:
+        a = time.perf_counter()
+        x, y = next(gen)
+        b = time.perf_counter()
+        wait += b - a
+        loss = step(x, y)
+        steps += 1
+        if (b - t0 >= args.train_seconds and steps >= 3) or steps >= args.max_batches:
+            break
+    sync(dev)
+    el = time.perf_counter() - t0
+    return {"img_s": round(steps * x.shape[0] / el, 1), "data_wait_frac": round(wait / el, 4), "steps": steps,
+            "seconds": round(el, 3), "warmup_steps": k, "amp_dtype": dtype, "final_loss": round(float(loss), 4),
+            "model": f"resnet18(num_classes={NUM_CLASSES}), channels_last, SGD"}
+
+
+def synthetic_variant(args, dev, res, flush) -> None:
+    import torch
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch, 3, 224, 224, generator=g).to(dev)
+    y = torch.randint(0, NUM_CLASSES, (args.batch,), generator=g).to(dev)
+
+    def const():
+        while True:
+            yield x, y
+
+    res["train"] = train_phase(const(), args, dev) if args.train_seconds > 0 else {"skipped": "--train-seconds 0"}
+    flush()
+
+
+# -- decode only (f) ---------------------------------------------------------------------------
+
+
+def decode_variant(args, dev, res, flush) -> None:
+    import random
+    files = list_files(args.data)
+    random.Random(0).shuffle(files)
+    files = files[:max(args.batch, min(args.decode_images, len(files)))]
+    datas = [Path(f).read_bytes() for f in files]
+    names = [str(f) for f in files]
+    B = args.batch
+    batches = [(datas[i:i + B], names[i:i + B]) for i in range(0, len(datas) - B + 1, B)]
+    res["decode_files"] = len(datas)
+    res["decode_mean_bytes"] = round(sum(map(len, datas)) / len(datas), 1)
+    res["decode"] = {}
+    cases = [("nvimgcodec_1thr", lambda: nvimgcodec_case(batches, dev, args, 1)),
+             ("nvimgcodec_2thr", lambda: nvimgcodec_case(batches, dev, args, 2)),
+             ("ingest_gpu_1thr", lambda: ingest_gpu_case(batches, dev, args, 1)),
+             ("ingest_gpu_2thr", lambda: ingest_gpu_case(batches, dev, args, 2)),
+             ("ingest_cpu", lambda: ingest_cpu_case(batches, args))]
+    for name, case in cases:
+        try:
+            res["decode"][name] = case()
+        except Exception as err:  # noqa: BLE001
+            res["decode"][name] = {"error": f"{type(err).__name__}: {err}",
+                                   "traceback": traceback.format_exc()[-2000:]}
+        flush()
+
+
+def timed(run_batch, n_batches: int, args, dev, threads: int = 1) -> dict:
+    """Run ``run_batch(j, tid)`` -> images decoded, from ``threads`` threads, for --decode-seconds after a
+    warm-up of 2 batches per thread; batches are dealt round-robin."""
+    barrier = threading.Barrier(threads + 1)
+    counts, errors = [0] * threads, []
+    stop = threading.Event()
+
+    def worker(tid):
+        try:
+            for j in range(2):
+                run_batch((tid + j * threads) % n_batches, tid)
+            sync(dev)
+            barrier.wait()
+            j = 0
+            while not stop.is_set():
+                counts[tid] += run_batch((tid + j * threads) % n_batches, tid)
+                j += 1
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+            barrier.abort()
+
+    ts = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(threads)]
+    for t in ts:
+        t.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < args.decode_seconds and not errors:
+        time.sleep(0.01)
+    stop.set()
+    for t in ts:
+        t.join()
+    sync(dev)
+    el = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return {"img_s": round(sum(counts) / el, 1), "images": sum(counts), "seconds": round(el, 3), "threads": threads}
+
+
+def nvimgcodec_case(batches, dev, args, threads: int) -> dict:
+    if dev.type != "cuda":
+        raise RuntimeError("unavailable: needs a GPU")
+    import torch
+    try:
+        from nvidia import nvimgcodec
+    except Exception as err:  # noqa: BLE001
+        raise RuntimeError(f"unavailable: {type(err).__name__}: {err}") from err
+    decoders = [nvimgcodec.Decoder() for _ in range(threads)]
+    streams = [torch.cuda.Stream(dev) for _ in range(threads)]
+    keep = [None] * threads
+    out = decoders[0].decode(batches[0][0], cuda_stream=streams[0].cuda_stream)
+    failed = sum(o is None for o in out)
+    shape0 = list(out[0].shape) if out and out[0] is not None else None
+
+    def run(j, tid):
+        imgs = decoders[tid].decode(batches[j][0], cuda_stream=streams[tid].cuda_stream)
+        keep[tid] = imgs  # alive until the next batch of this thread
+        return sum(im is not None for im in imgs)
+
+    r = timed(run, len(batches), args, dev, threads)
+    r.update(failed_in_first_batch=failed, first_shape=shape0,
+             note="Decoder() defaults, whole images, bytes in, one CUDA stream per thread")
+    return r
+
+
+def ingest_gpu_case(batches, dev, args, threads: int) -> dict:
+    if dev.type != "cuda":
+        raise RuntimeError("unavailable: needs a GPU")
+    import torch
+    from ingest.ops.decode import CpuDecoder
+    from ingest.ops.decode_gpu import GpuDecoder
+    cpu = CpuDecoder(**_kwargs_for(CpuDecoder, threads=args.threads))
+    ctor = _kwargs_for(GpuDecoder, threads=threads)
+    if threads > 1 and not ctor:
+        raise RuntimeError("unavailable: GpuDecoder takes no `threads`")
+    gpu = GpuDecoder(dev, cpu, **ctor)
+    stream = torch.cuda.Stream(dev)
+    kw = _kwargs_for(gpu.decode_batch, rois=None, stream=stream)
+    paths: dict[str, int] = {}
+    with torch.cuda.stream(stream):
+        images, _, p = gpu.decode_batch(batches[0][0], batches[0][1], **kw)
+    failed = sum(isinstance(im, BaseException) for im in images)
+    for q in p:
+        paths[str(q)] = paths.get(str(q), 0) + 1
+
+    def run(j, tid):
+        with torch.cuda.stream(stream):
+            images, _, _ = gpu.decode_batch(batches[j][0], batches[j][1], **kw)
+        return sum(not isinstance(im, BaseException) for im in images)
+
+    r = timed(run, len(batches), args, dev, 1)
+    r.update(failed_in_first_batch=failed, paths_first_batch=paths,
+             note=f"GpuDecoder({ctor or 'defaults'}).decode_batch from one caller thread, whole images")
+    for obj in (gpu, cpu):
+        if hasattr(obj, "close"):
+            obj.close()
+    return r
+
+
+def ingest_cpu_case(batches, args) -> dict:
+    import torch
+    from ingest.ops.decode import CpuDecoder
+    cpu = CpuDecoder(**_kwargs_for(CpuDecoder, threads=args.threads))
+    out = cpu.decode_batch(batches[0][0], batches[0][1])
+    failed = sum(isinstance(im, BaseException) for im in out)
+
+    def run(j, tid):
+        return sum(not isinstance(im, BaseException) for im in cpu.decode_batch(batches[j][0], batches[j][1]))
+
+    r = timed(run, len(batches), args, torch.device("cpu"), 1)
+    r.update(failed_in_first_batch=failed, note=f"CpuDecoder(threads={args.threads}).decode_batch to host memory")
+    if hasattr(cpu, "close"):
+        cpu.close()
+    return r
+
+
+# -- GPU memory (g) -------------------------------------------------------------------------------
+
+
+class MemSampler:
+    """Peak GPU memory of this process while a loader runs, net of the CUDA context that existed before the
+    loader was built. Two readings, the same for every variant:
+
+    * ``device_peak_mb``: device-wide used memory (cudaMemGetInfo, every 20 ms) minus the level after context
+      creation. Valid because variants run one at a time and the parent never touches the GPU.
+    * ``pid_peak_mb``: this process's used memory from NVML (pynvml) or ``nvidia-smi --query-compute-apps``,
+      where the process is visible (not always inside containers), minus its value at context creation.
+
+    Both count what DALI's own allocator and torch's caching allocator hold, which
+    ``torch.cuda.max_memory_allocated`` would not (also reported, for ingest's share through torch)."""
+
+    def __init__(self, dev, interval: float = 0.02):
+        self.dev, self.interval = dev, interval
+        self.cuda = dev.type == "cuda"
+        self._stop = threading.Event()
+        self._thread = None
+        self.pid_method = None
+        self._nvml = None
+        if not self.cuda:
+            return
+        import torch
+        self._torch = torch
+        torch.cuda.reset_peak_memory_stats(dev)
+        self.ctx_used = self._device_used()
+        self.peak = self.ctx_used
+        self.pid_ctx = self._pid_used_probe()
+        self.pid_peak = self.pid_ctx
+
+    def describe(self) -> str:
+        if not self.cuda:
+            return "n/a (no CUDA)"
+        return "cudaMemGetInfo device-wide" + (f" + per-process via {self.pid_method}" if self.pid_method else "")
+
+    def _device_used(self) -> int:
+        free, total = self._torch.cuda.mem_get_info(self.dev)
+        return total - free
+
+    def _pid_used_probe(self):
+        pid = os.getpid()
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            idx = self.dev.index or 0
+            vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+            if vis and vis[0].strip().isdigit():
+                idx = int(vis[idx].strip())
+            h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+
+            def q():
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                    if p.pid == pid and p.usedGpuMemory is not None:
+                        return int(p.usedGpuMemory)
+                return None
+
+            v = q()
+            if v is not None:
+                self._nvml, self.pid_method = q, "pynvml"
+                return v
+        except Exception:  # noqa: BLE001 - not installed / not permitted: try nvidia-smi
+            pass
+        try:
+            def q():
+                r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                    "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+                for line in r.stdout.splitlines():
+                    parts = [s.strip() for s in line.split(",")]
+                    if len(parts) == 2 and parts[0] == str(pid) and parts[1].isdigit():
+                        return int(parts[1]) * 2 ** 20
+                return None
+
+            v = q()
+            if v is not None:
+                self._nvml, self.pid_method = q, "nvidia-smi"
+                return v
+        except (OSError, subprocess.SubprocessError):
+            pass
+        return None
+
+    def start(self) -> None:
+        if not self.cuda or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="mem-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        k = 0
+        every = 1 if self.pid_method == "pynvml" else 10  # nvidia-smi is a process spawn: ~every 0.2 s
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, self._device_used())
+                if self._nvml is not None and k % every == 0:
+                    v = self._nvml()
+                    if v is not None:
+                        self.pid_peak = max(self.pid_peak or 0, v)
+            except Exception:  # noqa: BLE001 - sampling must never break the benchmark
+                pass
+            k += 1
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.cuda:  # one last reading
+            self.peak = max(self.peak, self._device_used())
+
+    def result(self) -> dict:
+        if not self.cuda:
+            return {}
+        mb = lambda v: round(v / 2 ** 20, 1) if v is not None else None  # noqa: E731
+        t = self._torch.cuda
+        return {"device_peak_mb": mb(self.peak - self.ctx_used), "context_mb": mb(self.ctx_used),
+                "pid_peak_mb": mb(self.pid_peak - self.pid_ctx) if self.pid_ctx is not None else None,
+                "torch_max_allocated_mb": mb(t.max_memory_allocated(self.dev)),
+                "torch_max_reserved_mb": mb(t.max_memory_reserved(self.dev))}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
