@@ -70,26 +70,32 @@ class ByteReader:
     def read(self, locations: Sequence[Location]) -> list[np.ndarray | Exception]:
         """Bytes of every location, as uint8 views into one arena, in order. A location whose read fails
         gives the exception as its value (the executor applies the failure budget)."""
-        sizes = list(self._pool.map(_size_of, locations))
-        total = sum(s for s in sizes if isinstance(s, int))
-        arena = self._arena(total)
-        jobs, views, offset = [], [], 0
+        unknown = [k for k, loc in enumerate(locations) if loc.data is None and loc.length is None]
+        sizes: list[int | Exception] = [0 if loc.data is not None else loc.length for loc in locations]
+        for k, size in zip(unknown, self._pool.map(_size_of, [locations[k] for k in unknown])):
+            sizes[k] = size
+        arena = self._arena(sum(s for s in sizes if isinstance(s, int)))
+        views: list = []
+        jobs = []
+        offset = 0
         for loc, size in zip(locations, sizes):
             if isinstance(size, Exception):
                 views.append(size)
-                continue
-            if loc.data is not None:
-                views.append(np.frombuffer(loc.data, dtype=np.uint8) if not isinstance(loc.data, np.ndarray)
-                             else loc.data.reshape(-1).view(np.uint8))
-                continue
-            view = arena[offset:offset + size]
-            offset += size
-            views.append(view)
-            jobs.append((len(views) - 1, loc, view))
-        results = self._pool.map(lambda job: self._read_one(job[1], job[2]), jobs)
-        for (k, _, _), err in zip(jobs, results):
-            if err is not None:
-                views[k] = err
+            elif loc.data is not None:
+                data = loc.data
+                views.append(data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray)
+                             else np.frombuffer(data, dtype=np.uint8))
+            else:
+                views.append(arena[offset:offset + size])
+                jobs.append(len(views) - 1)
+                offset += size
+        # One task per thread, each reading an equal share: few hand-offs between Python threads.
+        shares = [jobs[t::self.threads] for t in range(min(self.threads, len(jobs)))]
+        for share, errors in zip(shares, self._pool.map(
+                lambda share: [self._read_one(locations[k], views[k]) for k in share], shares)):
+            for k, err in zip(share, errors):
+                if err is not None:
+                    views[k] = err
         return views
 
     def _arena(self, nbytes: int) -> np.ndarray:
@@ -144,10 +150,6 @@ class ByteReader:
 
 
 def _size_of(loc: Location) -> int | Exception:
-    if loc.data is not None:
-        return 0
-    if loc.length is not None:
-        return loc.length
     try:
         return os.stat(loc.path).st_size - loc.offset
     except OSError as err:

@@ -137,6 +137,7 @@ class Pipeline:
             from .ops.decode_gpu import GpuDecoder
             self.gpu = GpuDecoder(self.device, self.cpu)
         self._normalizes = any(isinstance(op, Normalize) for op in self.ops)
+        self.stage_stats = [StageStats(name) for name in ("read", "decode", "ops")]  # over every epoch
         self.decode_paths: dict[str, int] = {}
         self.failures = Failures(0, 0)
 
@@ -232,6 +233,11 @@ class Pipeline:
                 labels = labels.pin_memory().to(self.device, non_blocking=True)
                 ready = torch.cuda.Event()
                 ready.record(self.ops_stream)
+            # Decoded images may be views of nvImageCodec memory, freed in order on the decode stream(s)
+            # once `work` is dropped: order those frees after the ops that read them.
+            self.decode_stream.wait_event(ready)
+            if self.gpu is not None:
+                self.gpu.hold_until(ready)
         else:
             images, ready = self._execute(work), None
         indices = torch.from_numpy(np.ascontiguousarray(work.indices))
@@ -303,6 +309,8 @@ class _Raised:
 
 
 class StageStats:
+    """Busy time of a stage and how full the queue after it was when it put a batch (summed; see as_dict)."""
+
     def __init__(self, name: str):
         self.name, self.busy, self.batches, self.occupancy = name, 0.0, 0, 0
 
@@ -315,7 +323,7 @@ class Executor:
     """One epoch of a `Pipeline` on three stage threads. Iterate it for `Batch`es; `close()` (also on
     garbage collection, ``break`` or an exception) stops every thread and leaves none behind."""
 
-    STAGES = ("read", "decode", "ops")
+    STAGES = ("read", "decode", "ops")  # the order of Pipeline.stage_stats
 
     def __init__(self, pipeline: Pipeline, plans: Iterator[BatchPlan], *, prefetch: int = 2):
         if prefetch < 1:
@@ -324,7 +332,7 @@ class Executor:
         self.prefetch = prefetch
         self._stop = threading.Event()
         self._queues = [queue.Queue(prefetch) for _ in self.STAGES]
-        self.stats = [StageStats(s) for s in self.STAGES]
+        self.stats = pipeline.stage_stats
         fns: list[Callable] = [pipeline.read, pipeline.decode, pipeline.transform]
         self._threads = []
         inputs = [iter(plans)] + self._queues[:-1]
@@ -406,6 +414,3 @@ class Executor:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
-
-    def stage_stats(self) -> dict[str, dict[str, float]]:
-        return {s.name: s.as_dict(self.prefetch) for s in self.stats}

@@ -76,7 +76,6 @@ class Loader:
         self._yielded = 0          # batches handed out in the current epoch
         self._finished = True
         self._executor: weakref.ref | None = None
-        self._last_stats: dict[str, Any] = {}
         self._failures: Failures | None = None
 
     # -- iteration ------------------------------------------------------------------------
@@ -112,7 +111,6 @@ class Loader:
                 yield self._deliver(batch)
             self._finished = True
         finally:
-            self._last_stats = executor.stage_stats()
             executor.close()
 
     def _deliver(self, batch: Batch):
@@ -129,7 +127,6 @@ class Loader:
     def _close_executor(self) -> None:
         executor = self._executor() if self._executor is not None else None
         if executor is not None:
-            self._last_stats = executor.stage_stats()
             executor.close()
         self._executor = None
 
@@ -174,8 +171,7 @@ class Loader:
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Which read and decode paths ran, per-stage busy seconds and queue occupancy, failures."""
-        executor = self._executor() if self._executor is not None else None
-        stages = executor.stage_stats() if executor is not None else self._last_stats
+        stages = {s.name: s.as_dict(self.prefetch) for s in self.pipeline.stage_stats}
         return {"read_path": self.pipeline.reader.path, "decode": self.pipeline.decode_kind,
                 "decode_paths": dict(self.pipeline.decode_paths), "device": str(self.device),
                 "stages": stages, "failures": list(self._failures.items) if self._failures else []}

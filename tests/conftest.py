@@ -10,7 +10,12 @@ import pytest
 import torch
 from PIL import Image
 
-REALWORLD = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "realworld"
+import os
+
+#: Files other tools wrote (../shared/data/realworld beside the checkout; INGEST_REALWORLD overrides, e.g. on
+#: the device machine, where only the working tree is copied).
+REALWORLD = Path(os.environ.get("INGEST_REALWORLD")
+                 or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "realworld")
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -23,9 +23,8 @@ from PIL import Image, ImageOps
 
 from ingest.errors import ConfigError, CorruptRecordError, DecodeError
 from ingest.ops.decode import CpuDecoder
-from conftest import encode, textured
+from conftest import REALWORLD, encode, textured
 
-REALWORLD = Path(__file__).resolve().parents[1].parent / "shared/data/realworld"
 JPEG_MEAN_DIFF = 1.0
 JPEG_MAX_DIFF = 8
 TIMEOUT_S = 20.0

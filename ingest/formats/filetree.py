@@ -26,8 +26,11 @@ class FileList:
     """Samples given as a list of file paths, with optional integer labels and class names."""
 
     def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int] | None = None,
-                 classes: Sequence[str] = ()):
+                 classes: Sequence[str] = (), *, sizes: Sequence[int] | None = None):
         self._paths = [os.fspath(p) for p in paths]
+        # File sizes known up front let the reader place a whole batch in one buffer in one pass; a file
+        # that changed size since the listing fails its read with a short-read error naming it.
+        self._sizes = None if sizes is None else np.asarray(sizes, dtype=np.int64)
         if labels is None:
             self._labels = np.full(len(self._paths), -1, dtype=np.int64)
         else:
@@ -43,7 +46,8 @@ class FileList:
         return len(self._paths)
 
     def locate(self, i: int) -> Location:
-        return Location(self._paths[check_index(i, len(self._paths))])
+        i = check_index(i, len(self._paths))
+        return Location(self._paths[i], 0, None if self._sizes is None else int(self._sizes[i]))
 
     def parse(self, i: int, raw) -> Record:
         return Record(raw, int(self._labels[i]))
@@ -81,29 +85,37 @@ class FileTree(FileList):
             raise SourceError(f"{root!r} has no class directories (expected root/<class>/<image files>)",
                               path=root)
         paths: list[str] = []
+        sizes: list[int] = []
         labels: list[int] = []
         empty = []
         for label, cls in enumerate(classes):
             files = _walk_images(os.path.join(root, cls), exts)
             if not files:
                 empty.append(cls)
-            paths += files
+            paths += [f for f, _ in files]
+            sizes += [n for _, n in files]
             labels += [label] * len(files)
         if empty and not allow_empty:
             raise SourceError(f"{len(empty)} class director{'y has' if len(empty) == 1 else 'ies have'} no "
                               f"files with extensions {', '.join(exts)} under {root!r}: "
                               f"{', '.join(empty[:10])}{' ...' if len(empty) > 10 else ''} "
                               "(pass allow_empty=True to keep them as classes without samples)", path=root)
-        super().__init__(paths, labels, classes)
+        super().__init__(paths, labels, classes, sizes=sizes)
 
 
-def _walk_images(directory: str, exts: tuple[str, ...]) -> list[str]:
-    def onerror(err: OSError) -> None:
-        raise SourceError(f"cannot list {err.filename!r}: {err.strerror}", path=err.filename) from err
-
-    found = []
-    for dirpath, dirnames, filenames in os.walk(directory, onerror=onerror, followlinks=True):
-        dirnames.sort()
-        found += [os.path.join(dirpath, f) for f in sorted(filenames)
-                  if f.lower().endswith(exts) and not f.startswith(".")]
+def _walk_images(directory: str, exts: tuple[str, ...]) -> list[tuple[str, int]]:
+    """(path, size) of the image files below ``directory``, depth first in name order."""
+    found: list[tuple[str, int]] = []
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir():
+                found += _walk_images(entry.path, exts)
+            elif entry.name.lower().endswith(exts) and entry.is_file():
+                found.append((entry.path, entry.stat().st_size))
+    except OSError as err:
+        raise SourceError(f"cannot list {err.filename or directory!r}: {err.strerror}",
+                          path=err.filename or directory) from err
     return found

@@ -227,6 +227,7 @@ class JpegHeader(NamedTuple):
     precision: int    # bits per sample
     process: int      # SOF marker: C0 baseline, C1 extended, C2 progressive, C3 lossless, C9+ arithmetic
     orientation: int  # EXIF (or XMP) orientation, 1-8
+    rgb: bool = False  # 3 components stored as RGB, not YCbCr (Adobe transform 0, or component ids 'R','G','B')
 
 
 def as_buffer(data: Buffer, name: str) -> memoryview:
@@ -252,6 +253,7 @@ def read_jpeg_header(buf: memoryview) -> JpegHeader | None:
     libjpeg does."""
     frame = None
     exif_orientation = xmp_orientation = None
+    adobe_transform = component_ids = None
     pos = 2
     while (match := _MARKER.search(buf, pos)) is not None:
         marker, pos = match.group(1)[0], match.end()
@@ -265,6 +267,9 @@ def read_jpeg_header(buf: memoryview) -> JpegHeader | None:
         if marker in _SOF_MARKERS and frame is None and len(segment) >= 6:
             precision, height, width, components = struct.unpack_from(">BHHB", segment)
             frame = (height, width, components, precision, marker)
+            component_ids = bytes(segment[6:6 + 3 * components:3])
+        elif marker == 0xEE and segment[:5] == b"Adobe" and len(segment) >= 12:
+            adobe_transform = segment[11]
         elif marker == 0xE1 and segment[:6] == b"Exif\x00\x00" and exif_orientation is None:
             exif_orientation = _tiff_orientation(segment[6:])
         elif marker == 0xE1 and segment[:len(_XMP_PREFIX)] == _XMP_PREFIX and xmp_orientation is None:
@@ -273,7 +278,8 @@ def read_jpeg_header(buf: memoryview) -> JpegHeader | None:
     if frame is None:
         return None
     orientation = exif_orientation or xmp_orientation
-    return JpegHeader(*frame, orientation if orientation in _ORIENT else 1)
+    rgb = frame[2] == 3 and (adobe_transform == 0 or (adobe_transform is None and component_ids == b"RGB"))
+    return JpegHeader(*frame, orientation if orientation in _ORIENT else 1, rgb)
 
 
 def _tiff_orientation(tiff: memoryview) -> int | None:

@@ -9,8 +9,9 @@ decoders, a few levels).
 
 Decisions, and why:
 
-- **GPU-eligible** = an 8-bit Huffman JPEG (baseline, extended or progressive) with 1 or 3 components whose
-  data ends with the EOI marker. CMYK, 12-bit, lossless, arithmetic-coded and non-JPEG data go straight to
+- **GPU-eligible** = an 8-bit sequential Huffman JPEG (baseline or extended) with 1 or 3 components whose
+  data ends with the EOI marker. RGB-coded JPEGs (Adobe transform 0; nvJPEG decodes them as YCbCr, seen on
+  the H200 with nvImageCodec 0.9), CMYK, 12-bit, lossless, arithmetic-coded and non-JPEG data go straight to
   the CPU decoder, which defines what they become (CMYK conversion, 16-bit >> 8, dropped alpha). A missing
   EOI means a truncated file: nvJPEG may fill the missing rows with grey where the CPU decoder raises, so
   those go to the CPU too and fail there.
@@ -19,13 +20,14 @@ Decisions, and why:
   orientation 1; an oriented image is decoded whole and reported at origin (0, 0).
 - **Sizes** (:meth:`GpuDecoder.probe`) come from the CPU decoder's header parse: a few segments read in
   Python, cheaper than building an nvImageCodec CodeStream, and the same answer as the CPU path gives.
-- **Memory**: decoded images are copied once, on the decode stream, from the nvImageCodec ``Image`` into
-  memory of PyTorch's caching allocator. A zero-copy ``torch.as_tensor(image)`` would keep the ``Image``
-  alive (PyTorch holds a reference) but not safe: nvImageCodec frees its buffer with ``cudaFreeAsync`` on
-  the decode stream as soon as the last tensor goes, ignoring other streams still reading it, and PyTorch's
-  ``record_stream`` cannot cover memory it did not allocate; the next batch's decode could then overwrite
-  pixels an op is still reading. The copy is one extra device-to-device pass over the pixels, small next
-  to the decode (to be measured), and makes the tensors behave like any other PyTorch tensor.
+- **Memory**: images of orientation 1 are zero-copy views of nvImageCodec's buffers (``torch.as_tensor``
+  keeps the ``Image`` alive while the tensor lives). nvImageCodec frees a buffer with ``cudaFreeAsync`` on
+  the stream it decoded on when the last reference goes, ignoring other streams, and PyTorch's
+  ``record_stream`` cannot cover memory it did not allocate. So a caller that reads the images on another
+  stream calls :meth:`GpuDecoder.hold_until` with an event recorded after that work (and makes its own
+  decode stream wait on it) before dropping them: the frees are then ordered after the reads. Copying
+  every image out instead cost ~3.5 ms per 256-image batch on the H200 (256 copies), most of it in
+  per-image Python calls that contend for the GIL with the reader threads.
 
 nvImageCodec is imported lazily; without it :class:`GpuDecoder` raises ImportError naming the extra to install.
 """
@@ -48,7 +50,9 @@ BACKENDS = {"auto": None, "hw": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU"}
 
 Roi = tuple[int, int, int, int]  # x0, y0, x1, y1 in (oriented) source pixels
 
-_GPU_PROCESSES = frozenset({0xC0, 0xC1, 0xC2})  # Huffman baseline, extended, progressive
+#: Huffman baseline and extended. Progressive JPEGs go to the CPU: the hardware decoder refuses them, and
+#: nvImageCodec 0.9's CUDA decoder got a valid 12-scan one (jpeg-decoder/subtract-with-overflow.jpg) wrong.
+_GPU_PROCESSES = frozenset({0xC0, 0xC1})
 #: Chroma upsampling as libjpeg does it by default (nvImageCodec's default is 0), so GPU and CPU agree.
 _DECODER_OPTIONS = ":fancy_upsampling=1"
 
@@ -162,6 +166,12 @@ class GpuDecoder:
                 images[i], origins[i] = image, origin
         return images, origins, paths
 
+    def hold_until(self, event: torch.cuda.Event) -> None:
+        """Order the release of every image returned so far after ``event`` (see Memory in the module doc):
+        the decoder's own streams wait on it. The caller's ``stream`` given to `decode_batch` must wait too."""
+        for side in self._streams:
+            side.wait_event(event)
+
     def close(self) -> None:
         """Release the decoders and the thread pool."""
         if self._pool is not None:
@@ -239,7 +249,7 @@ class GpuDecoder:
         if image is None or tuple(image.shape) != job.expected_shape():
             return None  # undecodable, or not the RGB image asked for: let the CPU decoder do it
         view = torch.as_tensor(image, device=self.device)  # zero-copy; holds `image` while it lives
-        return orient(view, job.header.orientation)
+        return view if job.header.orientation == 1 else orient(view, job.header.orientation)
 
     # -- CPU fallback --------------------------------------------------------------------------------
 
@@ -268,7 +278,8 @@ def gpu_decodable(buf: memoryview, max_pixels: int) -> JpegHeader | None:
         return None
     header = read_jpeg_header(buf)
     if (header is None or header.process not in _GPU_PROCESSES or header.precision != 8
-            or header.components not in (1, 3) or not 0 < header.height * header.width <= max_pixels):
+            or header.components not in (1, 3) or header.rgb
+            or not 0 < header.height * header.width <= max_pixels):
         return None
     return header
 
