@@ -66,6 +66,8 @@ class _Work:
     indices: np.ndarray
     is_pad: np.ndarray
     records: list[Record]
+    sizes: list[tuple[int, int]] = field(default_factory=list)   # probed (oriented) image sizes
+    headers: list[Any] = field(default_factory=list)            # parsed JPEG headers (or None) per sample
     ops_plan: Any = None
     images: Any = None
     origins: list[tuple[int, int]] | None = None
@@ -161,29 +163,42 @@ class Pipeline:
             keep.append(k)
             records.append(record)
             names.append(name)
-        return _Work(plan, names, plan.indices[keep], plan.is_pad[keep], records)
+        return self._plan(_Work(plan, names, plan.indices[keep], plan.is_pad[keep], records))
+
+    def _plan(self, work: _Work) -> _Work:
+        """Image sizes from the headers, then every op's random parameters (which tell the GPU decoder the
+        region of each image to decode). Done in the read stage, which has time to spare."""
+        sizes, headers, keep = [], [], []
+        for k, (record, name) in enumerate(zip(work.records, work.names)):
+            try:
+                size, header = self.cpu.probe_header(record.image, name)
+            except IngestError as err:
+                self.failures.add(name, "decode", err)
+                continue
+            sizes.append(size)
+            headers.append(header)
+            keep.append(k)
+        if len(keep) != len(work.records):
+            work = _select(work, keep)
+        work.sizes, work.headers = sizes, headers
+        if work.records:
+            work.ops_plan = warp_ops.plan(self.ops, sizes, work.plan.rng())
+        return work
 
     # -- stage 2: decode ----------------------------------------------------------------------
     def decode(self, work: _Work) -> _Work:
-        sizes, keep = [], []
-        for k, (record, name) in enumerate(zip(work.records, work.names)):
-            try:
-                sizes.append(self.cpu.probe(record.image, name))
-                keep.append(k)
-            except IngestError as err:
-                self.failures.add(name, "decode", err)
-        if len(keep) != len(work.records):
-            work = _select(work, keep)
+        """Decode the batch: nvImageCodec on the decode stream (regions only, where the plan crops), or the
+        CPU pool (then uploaded when the device is CUDA)."""
         if not work.records:
             return work
-        work.ops_plan = warp_ops.plan(self.ops, sizes, work.plan.rng())
+        sizes = work.sizes
         datas = [r.image for r in work.records]
         if self.gpu is not None:
             warp = work.ops_plan.warp
             rois = warp.roi() if warp is not None else None
             with torch.cuda.stream(self.decode_stream):
                 images, origins, paths = self.gpu.decode_batch(datas, work.names, rois=rois,
-                                                               stream=self.decode_stream)
+                                                               stream=self.decode_stream, headers=work.headers)
                 images = self._replace_failures(work, images, sizes, rois, origins)
                 work.ready = torch.cuda.Event()
                 work.ready.record(self.decode_stream)

@@ -38,9 +38,10 @@ def test_read_into_cpu_tensor(tmp_path):
 
 
 def test_io_choice_and_defaults(monkeypatch):
-    assert resolve_io("posix") == "posix"
+    assert resolve_io("posix") == ("posix", "posix")
+    assert resolve_io("auto")[0] == "posix"  # host destinations: preadv (see resolve_io)
     if not torch.cuda.is_available():
-        assert resolve_io("auto") == "posix"
+        assert resolve_io("auto") == ("posix", "posix")
         with pytest.raises(ConfigError, match="needs CUDA and KvikIO"):
             resolve_io("kvikio")
     with pytest.raises(ConfigError, match="Available: auto, kvikio, posix"):

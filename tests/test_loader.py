@@ -8,7 +8,6 @@ import torch
 
 import ingest
 from ingest.errors import ConfigError, DecodeError, FailureBudgetExceeded
-from ingest.io import resolve_io
 from ingest.ops import Flip, Normalize, RandomResizedCrop, Resize
 from conftest import jpeg_bytes, make_image_folder
 
@@ -34,7 +33,7 @@ def test_batches_shapes_and_labels(image_folder):
     assert labels == [0] * 7 + [1] * 5 + [2] * 9  # no shuffle: dataset order
     assert batches[-1][0].shape[0] == 1
     stats = loader.stats()
-    assert stats["read_path"] == resolve_io(None) and stats["decode"] == "cpu"
+    assert stats["read_path"] == "posix" and stats["decode"] == "cpu"
     assert stats["decode_paths"] == {"cpu": 21}
     assert set(stats["stages"]) == {"read", "decode", "ops"}
     assert stats["stages"]["decode"]["batches"] == 6

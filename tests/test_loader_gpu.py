@@ -38,7 +38,7 @@ def test_cuda_matches_cpu_pipeline(folder, decode):
     assert stats["decode"] == decode
     if decode == "mixed":
         assert sum(v for k, v in stats["decode_paths"].items() if k.startswith("gpu")) == 19
-    assert stats["read_path"] == ("kvikio" if kvikio_usable() else "posix")
+    assert stats["read_path"] == "posix"
 
 
 def test_uint8_output_and_ragged_free_shapes(folder):
@@ -67,12 +67,18 @@ def test_kvikio_reads_host_and_device(tmp_path):
     path = tmp_path / "shard.bin"
     data.tofile(path)
     with ByteReader("kvikio") as reader:
-        assert reader.path == "kvikio"
+        assert reader.path == reader.device_path == "kvikio"
         a, b = reader.read([Location(str(path), 100, 5000), Location(str(path))])
         assert np.array_equal(a, data[100:5100]) and np.array_equal(b, data)
         dev = torch.empty(4096, dtype=torch.uint8, device="cuda")
         reader.read_into(Location(str(path), 8192), dev)
         assert np.array_equal(dev.cpu().numpy(), data[8192:8192 + 4096])
+
+
+def test_auto_reads_device_destinations_with_kvikio():
+    with ByteReader("auto") as reader:
+        assert reader.path == "posix"
+        assert reader.device_path == ("kvikio" if kvikio_usable() else "posix")
 
 
 def test_posix_read_into_device(tmp_path):

@@ -96,12 +96,16 @@ class CpuDecoder:
     def probe(self, data: Buffer, name: str) -> Size:
         """``(height, width)`` of the image as :meth:`decode` returns it (orientation applied), from the
         header only."""
+        return self.probe_header(data, name)[0]
+
+    def probe_header(self, data: Buffer, name: str) -> tuple[Size, "JpegHeader | None"]:
+        """:meth:`probe`'s size and, for a JPEG, its parsed header (which the GPU decoder can reuse)."""
         buf = as_buffer(data, name)
         if is_jpeg(buf):
             header = self._jpeg_header(buf, name)
-            return _oriented(header.height, header.width, header.orientation)
+            return _oriented(header.height, header.width, header.orientation), header
         with self._open_pillow(data, buf, name) as img:
-            return _oriented(img.height, img.width, _pillow_orientation(img))
+            return _oriented(img.height, img.width, _pillow_orientation(img)), None
 
     def decode(self, data: Buffer, name: str, *, min_size: Size | None = None) -> np.ndarray:
         """The image as an ``[H, W, 3]`` uint8 RGB array, orientation applied.

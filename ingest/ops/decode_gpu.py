@@ -137,13 +137,15 @@ class GpuDecoder:
         return self.cpu.probe(data, name)
 
     def decode_batch(self, datas: Sequence[Buffer], names: Sequence[str], *,
-                     rois: Sequence[Roi | None] | None = None, stream: torch.cuda.Stream | None = None
+                     rois: Sequence[Roi | None] | None = None, stream: torch.cuda.Stream | None = None,
+                     headers: Sequence[JpegHeader | None] | None = None
                      ) -> tuple[list[torch.Tensor | DecodeError], list[tuple[int, int]], list[str]]:
         """Decode a batch to ``[H, W, 3]`` uint8 RGB CUDA tensors, ready in order on ``stream``.
 
         ``rois[i]`` = (x0, y0, x1, y1), the source region sample i needs, or None. Returns, per sample: the
         image (or its :class:`DecodeError`), the (x0, y0) of what was decoded in source pixels (a region
         decode returns just the region) and the path that decoded it: "gpu", "gpu-roi" or "cpu-fallback".
+        ``headers[i]``: sample i's header from `CpuDecoder.probe_header`, to skip parsing it again.
         """
         if len(datas) != len(names) or (rois is not None and len(rois) != len(datas)):
             raise ValueError(f"got {len(datas)} images, {len(names)} names and "
@@ -153,8 +155,9 @@ class GpuDecoder:
         images: list[torch.Tensor | DecodeError | None] = [None] * len(datas)
         origins = [(0, 0)] * len(datas)
         paths = ["cpu-fallback"] * len(datas)
+        headers = list(headers) if headers is not None else [None] * len(datas)
         jobs = [job for i, (data, name) in enumerate(zip(datas, names))
-                if (job := self._job(i, data, name, rois[i])) is not None]
+                if (job := self._job(i, data, name, rois[i], headers[i])) is not None]
         with torch.cuda.device(self.device):
             for job, image in zip(jobs, self._decode_on_gpu(jobs, stream)):
                 if image is not None:
@@ -198,9 +201,10 @@ class GpuDecoder:
             raise ConfigError(f"nvImageCodec cannot create a decoder with backend={self.backend!r} on "
                               f"{self.device}: {err}. Available: {', '.join(BACKENDS)}") from err
 
-    def _job(self, index: int, data: Buffer, name: str, roi: Roi | None) -> _Job | None:
+    def _job(self, index: int, data: Buffer, name: str, roi: Roi | None, header: JpegHeader | None
+             ) -> _Job | None:
         """A GPU job for sample ``index``, or None when the CPU decoder should take it."""
-        header = gpu_decodable(as_buffer(data, name), self.cpu.max_pixels)
+        header = gpu_decodable(as_buffer(data, name), self.cpu.max_pixels, header)
         if header is None:
             return None
         region = clip_roi(roi, header.height, header.width) if header.orientation == 1 else None
@@ -272,11 +276,12 @@ class GpuDecoder:
 # -- helpers ------------------------------------------------------------------------------------------
 
 
-def gpu_decodable(buf: memoryview, max_pixels: int) -> JpegHeader | None:
-    """The header of a JPEG the GPU should decode (see the module docstring), or None."""
+def gpu_decodable(buf: memoryview, max_pixels: int, header: JpegHeader | None = None) -> JpegHeader | None:
+    """The header of a JPEG the GPU should decode (see the module docstring), or None. ``header``: the
+    already parsed header of ``buf``, if the caller has it (`CpuDecoder.probe_header`)."""
     if not is_jpeg(buf) or buf[-2:] != b"\xff\xd9":
         return None
-    header = read_jpeg_header(buf)
+    header = header or read_jpeg_header(buf)
     if (header is None or header.process not in _GPU_PROCESSES or header.precision != 8
             or header.components not in (1, 3) or header.rgb
             or not 0 < header.height * header.width <= max_pixels):
