@@ -5,7 +5,17 @@ from __future__ import annotations
 
 
 class IngestError(Exception):
-    """Base of every error raised by ingest."""
+    """Base of every error raised by ingest. Picklable with its attributes (worker processes send them)."""
+
+    def __reduce__(self):
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls, args, state):
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
 
 
 class ConfigError(IngestError, ValueError):

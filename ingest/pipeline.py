@@ -55,6 +55,7 @@ class Batch:
     is_pad: torch.Tensor                       # bool (CPU): True where the sample only pads the last batch
     targets: list[dict[str, Any]] = field(default_factory=list)
     ready: torch.cuda.Event | None = None      # recorded on the ops stream after the batch is complete
+    number: int = 0                            # batch number within the epoch (this shard)
 
 
 @dataclass
@@ -92,13 +93,18 @@ class Failures:
         self._lock = threading.Lock()
 
     def add(self, name: str, stage: str, err: BaseException) -> None:
+        """Count a failed sample: raise ``err`` when no failure is allowed, else record it."""
         if not self.allowed:
             if isinstance(err, IngestError | OSError):
                 raise err
             raise IngestError(f"{name}: {stage} failed: {err}") from err
+        self.record(name, stage, f"{type(err).__name__}: {err}")
+
+    def record(self, name: str, stage: str, reason: str) -> None:
+        """Record a failure (also one a worker process reported); raise when past the budget."""
         with self._lock:
-            self.items.append((name, stage, f"{type(err).__name__}: {err}"))
-            log.warning("ingest: skipping %s (%s failed: %s)", name, stage, err)
+            self.items.append((name, stage, reason))
+            log.warning("ingest: skipping %s (%s failed: %s)", name, stage, reason)
             if len(self.items) > self.budget:
                 stages = {}
                 for _, s, _ in self.items:
@@ -109,6 +115,22 @@ class Failures:
                     + f"; first: {self.items[0][0]} ({self.items[0][2]})", list(self.items))
 
 
+def resolve_device(device: str | torch.device, decode: str | None) -> tuple[torch.device, str]:
+    """Validate the output device and decode kind; the default decode is "mixed" on CUDA, else "cpu"."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device='cuda' but CUDA is not available; use device='cpu'")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    decode = decode or ("mixed" if device.type == "cuda" else "cpu")
+    if decode not in DECODE:
+        raise ConfigError(f"Unknown decode {decode!r}. Available: {', '.join(DECODE)}")
+    if decode == "mixed" and device.type != "cuda":
+        raise ConfigError("decode='mixed' decodes on the GPU and needs device='cuda'")
+    return device, decode
+
+
 class Pipeline:
     """Per-batch work of each stage, with no threads of its own."""
 
@@ -116,18 +138,8 @@ class Pipeline:
                  decode: str | None = None, io: str | None = None, num_threads: int | None = None):
         self.source = source
         self.ops = list(ops)
-        self.device = torch.device(device)
-        if self.device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ConfigError("device='cuda' but CUDA is not available; use device='cpu'")
-            if self.device.index is None:
-                self.device = torch.device("cuda", torch.cuda.current_device())
-        decode = decode or ("mixed" if self.device.type == "cuda" else "cpu")
-        if decode not in DECODE:
-            raise ConfigError(f"Unknown decode {decode!r}. Available: {', '.join(DECODE)}")
-        if decode == "mixed" and self.device.type != "cuda":
-            raise ConfigError("decode='mixed' decodes on the GPU and needs device='cuda'")
-        self.decode_kind = decode
+        self.device, self.decode_kind = resolve_device(device, decode)
+        decode = self.decode_kind
         self.reader = ByteReader(io, pin=decode == "mixed")
         self.cpu = CpuDecoder(threads=num_threads)
         self.gpu = None
@@ -265,7 +277,7 @@ class Pipeline:
             labels = labels[sel.to(labels.device)]
             indices, is_pad = indices[sel], is_pad[sel]
             targets = [targets[k] for k in keep]
-        return Batch(images, labels, indices, is_pad, targets, ready)
+        return Batch(images, labels, indices, is_pad, targets, ready, work.plan.number)
 
     def _execute(self, work: _Work):
         images = work.ops_plan.execute(work.images, origins=work.origins)

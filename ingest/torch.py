@@ -15,8 +15,9 @@ from .errors import ConfigError
 from .formats.base import Location, Record, Source
 from .formats.filetree import IMAGE_EXTENSIONS, FileTree
 from .formats.memory import MemorySource
-from .pipeline import Batch, Executor, Failures, Pipeline
+from .pipeline import Batch, Executor, Failures, Pipeline, StageStats, resolve_device
 from .sampler import BatchPlan, Sampler
+from .workers import WorkerPool
 
 OUTPUTS = ("tuple", "dict")
 
@@ -28,6 +29,10 @@ class Loader:
     (bytes / uint8 arrays), or an iterator of encoded images or ``(image, label)`` pairs (streamed in
     arrival order: no shuffle, sharding or ``len``).
 
+    ``num_workers``: 0 runs the pipeline on threads of this process; W > 0 runs W copies of it in worker
+    processes (batch b on worker b % W), which keeps the GPU decoder clear of this process's GIL: use it for
+    ``decode="mixed"`` training (see `ingest.workers`).
+
     Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
     ``indices`` (dataset indices), ``is_pad`` (padding of the last batch) and ``targets``. Every ``iter()``
     starts the next epoch (or resumes the one `load_state_dict` points into). ``shard_id`` / ``num_shards``
@@ -38,8 +43,8 @@ class Loader:
                  device: str | torch.device = "cpu", decode: str | None = None, ops: Sequence = (),
                  shuffle: bool = False, seed: int = 0, last_batch: str = "partial",
                  shard_id: int | None = None, num_shards: int | None = None, prefetch: int = 2,
-                 num_threads: int | None = None, max_failures: int | float = 0, io: str | None = None,
-                 output: str = "tuple", extensions: Sequence[str] = IMAGE_EXTENSIONS):
+                 num_threads: int | None = None, num_workers: int = 0, max_failures: int | float = 0,
+                 io: str | None = None, output: str = "tuple", extensions: Sequence[str] = IMAGE_EXTENSIONS):
         if output not in OUTPUTS:
             raise ConfigError(f"Unknown output {output!r}. Available: {', '.join(OUTPUTS)}")
         if shard_id is None and num_shards is None:
@@ -63,13 +68,26 @@ class Loader:
                                seed=seed, shard_id=shard_id, num_shards=num_shards, last_batch=last_batch)
         if self._stream is None and self.sampler.shard_length() == 0 and len(source) > 0:
             raise ConfigError(f"shard {shard_id} of {num_shards} is empty: the dataset has {len(source)} samples")
-        self.pipeline = Pipeline(source, ops=ops, device=device, decode=decode, io=io, num_threads=num_threads)
-        self.device = self.pipeline.device
+        self.device, self.decode = resolve_device(device, decode)
+        self.ops = list(ops)
         self.max_failures = max_failures
         Failures(max_failures, 0)  # validate now, not at the first epoch
         if prefetch < 1:
             raise ConfigError(f"`prefetch` must be >= 1, got {prefetch}")
         self.prefetch = prefetch
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(f"`num_workers` must be an int >= 0, got {num_workers!r}")
+        if num_workers and self._stream is not None:
+            raise ConfigError("a streamed iterator cannot be read by worker processes; use num_workers=0")
+        self.num_workers = num_workers
+        self.pipeline: Pipeline | None = None
+        self._pool: WorkerPool | None = None
+        self._spec = dict(source=source, ops=self.ops, device=str(self.device), decode=self.decode, io=io,
+                          num_threads=num_threads, sampler=self.sampler, prefetch=prefetch,
+                          max_failures=max_failures)
+        if not num_workers:
+            self.pipeline = Pipeline(source, ops=self.ops, device=self.device, decode=self.decode, io=io,
+                                     num_threads=num_threads)
         self.output = output
         self.epoch = -1            # the epoch being (or last) iterated
         self._resume: tuple[int, int] | None = None
@@ -99,19 +117,25 @@ class Loader:
         plans = self._stream.plans(self.sampler.batch_size, self.sampler.seed) if self._stream is not None else \
             self.sampler.batches(self.epoch, start)
         epoch_size = len(self.sampler) * self.sampler.batch_size if self._stream is None else 0
-        self._failures = self.pipeline.failures = Failures(self.max_failures, epoch_size)
+        self._failures = Failures(self.max_failures, epoch_size)
+        if self.num_workers:
+            if self._pool is None:
+                self._pool = WorkerPool(self._spec, self.num_workers)
+            return self._iterate(self._pool.epoch(self.epoch, start, len(self.sampler), self._failures))
+        self.pipeline.failures = self._failures
         executor = Executor(self.pipeline, plans, prefetch=self.prefetch)
         self._executor = weakref.ref(executor)
         return self._iterate(executor)
 
-    def _iterate(self, executor: Executor) -> Iterator:
+    def _iterate(self, batches: Iterator[Batch]) -> Iterator:
         try:
-            for batch in executor:
+            for batch in batches:
                 self._yielded += 1
                 yield self._deliver(batch)
             self._finished = True
         finally:
-            executor.close()
+            if isinstance(batches, Executor):
+                batches.close()
 
     def _deliver(self, batch: Batch):
         if batch.ready is not None:
@@ -131,9 +155,21 @@ class Loader:
         self._executor = None
 
     def close(self) -> None:
-        """Stop any running epoch and release threads and decoders."""
+        """Stop any running epoch and release threads, worker processes and decoders."""
         self._close_executor()
-        self.pipeline.close()
+        if self.pipeline is not None:
+            self.pipeline.close()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            try:
+                pool.close()
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
 
     def __enter__(self) -> "Loader":
         return self
@@ -170,16 +206,29 @@ class Loader:
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Which read and decode paths ran, per-stage busy seconds and queue occupancy, failures."""
-        stages = {s.name: s.as_dict(self.prefetch) for s in self.pipeline.stage_stats}
-        return {"read_path": self.pipeline.reader.path, "decode": self.pipeline.decode_kind,
-                "decode_paths": dict(self.pipeline.decode_paths), "device": str(self.device),
-                "stages": stages, "failures": list(self._failures.items) if self._failures else []}
+        """Which read and decode paths ran, per-stage busy seconds and queue occupancy, failures (summed over
+        worker processes, if any)."""
+        if self.pipeline is not None:
+            stages = {s.name: s.as_dict(self.prefetch) for s in self.pipeline.stage_stats}
+            paths, read_path = dict(self.pipeline.decode_paths), self.pipeline.reader.path
+        else:
+            reports = [r for r in (self._pool.stats if self._pool else []) if r]
+            totals = [StageStats(name) for name in Executor.STAGES]
+            paths, read_path = {}, reports[0]["read_path"] if reports else None
+            for r in reports:
+                for t in totals:
+                    busy, batches, occupancy = r["stages"][t.name]
+                    t.busy, t.batches, t.occupancy = t.busy + busy, t.batches + batches, t.occupancy + occupancy
+                for k, v in r["decode_paths"].items():
+                    paths[k] = paths.get(k, 0) + v
+            stages = {t.name: t.as_dict(self.prefetch) for t in totals}
+        return {"read_path": read_path, "decode": self.decode, "decode_paths": paths, "device": str(self.device),
+                "workers": self.num_workers, "stages": stages,
+                "failures": list(self._failures.items) if self._failures else []}
 
     def __repr__(self) -> str:
         return (f"Loader({self.source!r}, batch_size={self.sampler.batch_size}, device='{self.device}', "
-                f"decode='{self.pipeline.decode_kind}', read='{self.pipeline.reader.path}', "
-                f"ops={self.pipeline.ops!r})")
+                f"decode='{self.decode}', num_workers={self.num_workers}, ops={self.ops!r})")
 
 
 class GenericIterator:

@@ -179,7 +179,41 @@ def test_config_errors(image_folder):
     with pytest.raises(ConfigError, match="`prefetch` must be >= 1"):
         ingest.Loader(image_folder, batch_size=2, prefetch=0)
     with pytest.raises(TypeError):
-        ingest.Loader(image_folder, batch_size=2, num_workers=4)
+        ingest.Loader(image_folder, batch_size=2, pin_memory=True)  # unknown options are rejected
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="CUDA is not available"):
             ingest.Loader(image_folder, batch_size=2, device="cuda")
+
+
+def test_worker_processes_match_threads_and_survive_epochs(image_folder):
+    kw = dict(batch_size=4, ops=train_ops(), shuffle=True, seed=5)
+    ref = ingest.Loader(image_folder, **kw)
+    ref_epochs = [collect(ref), collect(ref)]
+    with ingest.Loader(image_folder, num_workers=2, **kw) as loader:
+        first = collect(loader)
+        it = iter(loader)          # epoch 1, abandoned after one batch
+        next(it)
+        del it
+        loader.set_epoch(1)        # run epoch 1 again, in full
+        second = collect(loader)
+        for got, want in zip((first, second), ref_epochs):
+            assert len(got) == len(want) == 6
+            for (a, la), (b, lb) in zip(got, want):
+                assert torch.equal(a, b) and torch.equal(la, lb)
+        stats = loader.stats()
+        assert stats["workers"] == 2 and stats["decode_paths"]["cpu"] >= 2 * 21
+        assert stats["stages"]["decode"]["batches"] >= 12
+
+
+def test_worker_errors_reach_the_caller(image_folder):
+    bad = image_folder / "emu" / "0004.jpg"
+    bad.write_bytes(bad.read_bytes()[:300])
+    with ingest.Loader(image_folder, batch_size=4, ops=train_ops(), num_workers=2) as loader:
+        with pytest.raises(DecodeError) as e:
+            collect(loader)
+        assert "0004.jpg" in str(e.value) and "Traceback" in str(e.value.__cause__)
+    with ingest.Loader(image_folder, batch_size=4, ops=train_ops(), num_workers=2, max_failures=1) as loader:
+        assert sum(len(y) for _, y in loader) == 20
+        assert [f[0].rsplit("/", 1)[-1] for f in loader.stats()["failures"]] == ["0004.jpg"]
+    with pytest.raises(ConfigError, match="`num_workers` must be an int >= 0"):
+        ingest.Loader(image_folder, batch_size=4, num_workers=-1)

@@ -89,3 +89,19 @@ def test_posix_read_into_device(tmp_path):
         dev = torch.empty(100, dtype=torch.uint8, device="cuda")
         reader.read_into(Location(str(path), 50), dev)
         assert np.array_equal(dev.cpu().numpy(), data[50:150])
+
+
+def test_worker_processes_on_cuda_match_threads(folder):
+    ops = [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)]
+    kw = dict(batch_size=4, device="cuda", ops=ops, shuffle=True, seed=4)
+    ref = [(x.cpu(), y.cpu()) for x, y in ingest.Loader(folder, **kw)]
+    with ingest.Loader(folder, num_workers=2, **kw) as loader:
+        for _ in range(2):   # the workers persist across epochs
+            got = [(x, y) for x, y in loader]
+        loader.set_epoch(0)
+        got = [(x, y) for x, y in loader]
+    assert len(got) == len(ref) == 5
+    for (a, la), (b, lb) in zip(got, ref):
+        assert a.is_cuda and la.is_cuda
+        assert torch.equal(la.cpu(), lb)
+        assert torch.equal(a.cpu(), b)   # same plan, same kernels: identical

@@ -74,15 +74,11 @@ def main():
         res["nvimgcodec_roi_ms"], _ = timeit(lambda: dec.decode(ss, cuda_stream=stream.cuda_stream))
     except Exception as e:  # noqa: BLE001
         res["nvimgcodec_err"] = repr(e)
-    import sys
-    variants = [("posix", 8, None), ("posix", 4, None), ("kvikio", 8, None)]
-    for io, threads, switch in variants:
-        old = sys.getswitchinterval()
-        if switch:
-            sys.setswitchinterval(switch)
+    variants = [("posix", 8, 0), ("kvikio", 8, 0), ("posix", 8, 1), ("posix", 8, 2), ("posix", 8, 3)]
+    for io, threads, workers in variants:
         with ingest.defaults.set(io_threads=threads):
             loader = ingest.Loader(a.data, batch_size=a.batch, device="cuda", ops=ops, shuffle=True, io=io,
-                                   last_batch="drop")
+                                   last_batch="drop", num_workers=workers)
         it = iter(loader)
         for _ in range(5):
             next(it)
@@ -96,12 +92,11 @@ def main():
                 continue
             n += len(y)
         torch.cuda.synchronize()
-        key = f"loader_{io}_t{threads}" + (f"_switch{switch}" if switch else "")
+        key = f"loader_{io}_t{threads}_w{workers}"
         res[key + "_img_s"] = n / (time.perf_counter() - t)
         res[key + "_ms_per_batch"] = {k: round(v["seconds"] / max(v["batches"], 1) * 1000, 2)
                                       for k, v in loader.stats()["stages"].items()}
         loader.close()
-        sys.setswitchinterval(old)
     print(json.dumps(res, indent=1))
     if a.out:
         with open(a.out, "w") as f:
