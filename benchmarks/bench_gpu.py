@@ -465,7 +465,7 @@ def build_ingest(args, dev, decode: str) -> Feed:
     ops = [RandomResizedCrop(224), Flip(p=0.5),
            Normalize(mean=MEAN, std=STD, dtype=torch.float32, layout="NCHW")]
     loader = ingest.Loader(args.data, batch_size=args.batch, device=str(dev), decode=decode, ops=ops,
-                           shuffle=True, seed=0, num_threads=args.threads, prefetch=2, last_batch="drop")
+                           shuffle=True, seed=0, prefetch=2, last_batch="drop")
     return Feed(loader, lambda b: (b[0], b[1]), stats=loader.stats, close=getattr(loader, "close", None))
 
 

@@ -30,8 +30,10 @@ class Loader:
     arrival order: no shuffle, sharding or ``len``).
 
     ``num_workers``: 0 runs the pipeline on threads of this process; W > 0 runs W copies of it in worker
-    processes (batch b on worker b % W), which keeps the GPU decoder clear of this process's GIL: use it for
-    ``decode="mixed"`` training (see `ingest.workers`).
+    processes (batch b on worker b % W, each with ``num_threads`` or cores / W decode threads), which keeps
+    the GPU decoder clear of this process's GIL (see `ingest.workers`). Default (None): 4 on CUDA (fewer
+    on a machine with under 16 cores), where one process reached 5.7k img/s and four ~20k on an H200;
+    0 on CPU.
 
     Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
     ``indices`` (dataset indices), ``is_pad`` (padding of the last batch) and ``targets``. Every ``iter()``
@@ -43,7 +45,7 @@ class Loader:
                  device: str | torch.device = "cpu", decode: str | None = None, ops: Sequence = (),
                  shuffle: bool = False, seed: int = 0, last_batch: str = "partial",
                  shard_id: int | None = None, num_shards: int | None = None, prefetch: int = 2,
-                 num_threads: int | None = None, num_workers: int = 0, max_failures: int | float = 0,
+                 num_threads: int | None = None, num_workers: int | None = None, max_failures: int | float = 0,
                  io: str | None = None, output: str = "tuple", extensions: Sequence[str] = IMAGE_EXTENSIONS):
         if output not in OUTPUTS:
             raise ConfigError(f"Unknown output {output!r}. Available: {', '.join(OUTPUTS)}")
@@ -75,15 +77,18 @@ class Loader:
         if prefetch < 1:
             raise ConfigError(f"`prefetch` must be >= 1, got {prefetch}")
         self.prefetch = prefetch
+        if num_workers is None:
+            num_workers = min(4, max(1, (os.cpu_count() or 1) // 4)) if self.device.type == "cuda" else 0
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"`num_workers` must be an int >= 0, got {num_workers!r}")
-        if num_workers and self._stream is not None:
-            raise ConfigError("a streamed iterator cannot be read by worker processes; use num_workers=0")
+        if self._stream is not None:
+            num_workers = 0  # a streamed iterator is read where it lives
         self.num_workers = num_workers
         self.pipeline: Pipeline | None = None
         self._pool: WorkerPool | None = None
+        worker_threads = num_threads or max(1, (os.cpu_count() or 1) // max(num_workers, 1))
         self._spec = dict(source=source, ops=self.ops, device=str(self.device), decode=self.decode, io=io,
-                          num_threads=num_threads, sampler=self.sampler, prefetch=prefetch,
+                          num_threads=worker_threads, sampler=self.sampler, prefetch=prefetch,
                           max_failures=max_failures)
         if not num_workers:
             self.pipeline = Pipeline(source, ops=self.ops, device=self.device, decode=self.decode, io=io,
