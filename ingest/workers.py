@@ -10,13 +10,15 @@ the hardware decoder in parallel.
 
 CUDA batches cross the process boundary through CUDA IPC (`torch.multiprocessing`): the worker makes its
 default stream wait for the batch, so the IPC event orders the consumer after the worker's kernels; the
-consumer copies the batch into its own memory on a side stream and syncs that copy only (not its training
-stream) before dropping the shared tensor, so the worker may reuse the memory at once and the user gets
-ordinary tensors that outlive the workers.
+consumer copies the batch into its own memory on a side stream, makes its stream wait for the copy (no host
+sync) and drops the shared tensor once the copy has run, so the worker may reuse the memory and the user
+gets ordinary tensors that outlive the workers. Each worker runs its batches' stages one after the other
+on one thread (see `_run_epoch`).
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import sys
 import traceback
@@ -26,9 +28,10 @@ import torch
 import torch.multiprocessing as mp
 
 from .errors import IngestError
-from .pipeline import Batch, Executor, Failures, Pipeline
+from .pipeline import Batch, Failures, Pipeline
 
 _POLL = 1.0  # seconds between liveness checks while waiting for a worker
+_MAX_SHARED = 4  # worker batches held until their copy has run
 
 
 class RemoteTraceback(Exception):
@@ -55,6 +58,7 @@ class WorkerPool:
             p.start()
         self._run = 0
         self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._shared: collections.deque = collections.deque()
         self.stats: list[dict[str, Any]] = [{} for _ in range(num_workers)]
         self.failures: list[tuple[str, str, str]] = []
 
@@ -106,17 +110,19 @@ class WorkerPool:
             return msg
 
     def _own(self, batch: Batch) -> Batch:
-        """Copy a batch shared by a worker into this process's memory (see the module docstring)."""
+        """Copy a batch shared by a worker into this process's memory on the side stream (see the module
+        docstring). The shared tensors are kept until their copy has run, checked without blocking; only
+        past `_MAX_SHARED` pending copies does this wait for the oldest."""
         if self._side is None or not batch.images.is_cuda:
             return batch
         with torch.cuda.stream(self._side):
             images, labels = batch.images.clone(), batch.labels.clone()
             done = torch.cuda.Event()
             done.record(self._side)
-        done.synchronize()
-        for t in (images, labels):
-            t.record_stream(torch.cuda.current_stream(self.device))
-        return Batch(images, labels, batch.indices, batch.is_pad, batch.targets, None, batch.number)
+        self._shared.append((batch, done))
+        while self._shared and (len(self._shared) > _MAX_SHARED or self._shared[0][1].query()):
+            self._shared.popleft()[1].synchronize()
+        return Batch(images, labels, batch.indices, batch.is_pad, batch.targets, done, batch.number)
 
     def _stop_current(self) -> None:
         for q in self._commands:
@@ -177,30 +183,24 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
 
 def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, commands, results,
                stop_runs) -> None:
+    """This worker's share of an epoch, each batch read, decoded and transformed in turn on this thread:
+    inside a worker, overlapping the stages on threads costs more (GIL contention with nvImageCodec) than
+    it saves; the overlap comes from the other workers."""
     # The budget is the parent's: here every failure is only recorded (or raised at once when none is allowed).
     pipeline.failures = Failures(0 if spec["max_failures"] == 0 else sys.maxsize, 0)
-    plans = (p for p in sampler.batches(epoch, start) if p.number % num_workers == worker)
-    executor = Executor(pipeline, plans, prefetch=spec["prefetch"])
     sent = 0
     try:
-        for batch in executor:
-            while True:   # a stop for this run ends it early
-                try:
-                    cmd = commands.get_nowait()
-                except queue.Empty:
-                    break
-                if cmd[0] == "stop":
-                    stop_runs.add(cmd[1])
-                else:
-                    commands.put(cmd)   # not expected while running; keep it for the main loop
-                    break
-            if run in stop_runs:
+        for plan in sampler.batches(epoch, start):
+            if plan.number % num_workers != worker:
+                continue
+            if _stopped(run, commands, stop_runs):
                 return
-            if batch.ready is not None:
-                torch.cuda.default_stream(pipeline.device).wait_event(batch.ready)
-                batch.ready = None
+            batch = pipeline.run(plan)   # the default stream (the IPC event's) waits for the batch
             items = pipeline.failures.items[sent:]
             sent += len(items)
+            if batch is None:
+                continue
+            batch.ready = None
             stats = {"stages": {s.name: (s.busy, s.batches, s.occupancy) for s in pipeline.stage_stats},
                      "decode_paths": dict(pipeline.decode_paths), "read_path": pipeline.reader.path}
             results.put(("batch", run, batch, items, stats))
@@ -210,5 +210,20 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
             results.put(("error", run, exc, traceback.format_exc()))
         except Exception:  # noqa: BLE001 - the exception does not pickle: send its text
             results.put(("error", run, IngestError(f"{type(exc).__name__}: {exc}"), traceback.format_exc()))
-    finally:
-        executor.close()
+
+
+def _stopped(run: int, commands, stop_runs: set[int]) -> bool:
+    """Whether a stop for ``run`` has arrived (commands other than stops wait for the main loop)."""
+    pending = []
+    while True:
+        try:
+            cmd = commands.get_nowait()
+        except queue.Empty:
+            break
+        if cmd[0] == "stop":
+            stop_runs.add(cmd[1])
+        else:
+            pending.append(cmd)
+    for cmd in pending:
+        commands.put(cmd)
+    return run in stop_runs

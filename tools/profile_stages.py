@@ -74,8 +74,10 @@ def main():
         res["nvimgcodec_roi_ms"], _ = timeit(lambda: dec.decode(ss, cuda_stream=stream.cuda_stream))
     except Exception as e:  # noqa: BLE001
         res["nvimgcodec_err"] = repr(e)
-    variants = [("posix", 8, 0), ("kvikio", 8, 0), ("posix", 8, 1), ("posix", 8, 2), ("posix", 8, 3)]
+    variants = [("posix", 8, 0), ("posix", 8, 1), ("posix", 8, 2), ("posix", 8, 3), ("posix", 8, 4)]
     for io, threads, workers in variants:
+        free0 = torch.cuda.mem_get_info()[0]
+        peak_used = 0
         with ingest.defaults.set(io_threads=threads):
             loader = ingest.Loader(a.data, batch_size=a.batch, device="cuda", ops=ops, shuffle=True, io=io,
                                    last_batch="drop", num_workers=workers)
@@ -91,9 +93,11 @@ def main():
                 it = iter(loader)
                 continue
             n += len(y)
+            peak_used = max(peak_used, free0 - torch.cuda.mem_get_info()[0])
         torch.cuda.synchronize()
         key = f"loader_{io}_t{threads}_w{workers}"
         res[key + "_img_s"] = n / (time.perf_counter() - t)
+        res[key + "_device_mb_over_start"] = round(peak_used / 2**20)
         res[key + "_ms_per_batch"] = {k: round(v["seconds"] / max(v["batches"], 1) * 1000, 2)
                                       for k, v in loader.stats()["stages"].items()}
         loader.close()
