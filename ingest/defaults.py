@@ -6,7 +6,7 @@
 | io              | INGEST_IO               | auto    | byte-range reads: auto (KvikIO with CUDA, else posix), kvikio, posix |
 | io_threads      | INGEST_IO_THREADS       | 8       | threads issuing reads (and KvikIO's own thread pool)  |
 | decode_threads  | INGEST_DECODE_THREADS   | cores   | CPU decode / CPU op threads                           |
-| gpu_decode_threads | INGEST_GPU_DECODE_THREADS | 1  | Python threads driving nvImageCodec, one Decoder and stream each |
+| num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (4 on CUDA, 0 on CPU) or a count |
 """
 
 from __future__ import annotations
@@ -38,12 +38,24 @@ def _choice(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
     return parse
 
 
+def _workers(value: Any) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"`num_workers` must be 'auto' or an integer >= 0, got {value!r}") from None
+    if v < 0:
+        raise ConfigError(f"`num_workers` must be 'auto' or an integer >= 0, got {v}")
+    return v
+
+
 # name -> (env var, default, parser)
 _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "io": ("INGEST_IO", "auto", _choice("io", ("auto", "kvikio", "posix"))),
     "io_threads": ("INGEST_IO_THREADS", 8, _positive_int("io_threads")),
     "decode_threads": ("INGEST_DECODE_THREADS", os.cpu_count() or 1, _positive_int("decode_threads")),
-    "gpu_decode_threads": ("INGEST_GPU_DECODE_THREADS", 1, _positive_int("gpu_decode_threads")),
+    "num_workers": ("INGEST_NUM_WORKERS", "auto", _workers),
 }
 _values: dict[str, Any] = {}
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import defaults
 from .errors import ConfigError
 from .formats.base import Location, Record, Source
 from .formats.filetree import IMAGE_EXTENSIONS, FileTree
@@ -31,9 +32,9 @@ class Loader:
 
     ``num_workers``: 0 runs the pipeline on threads of this process; W > 0 runs W copies of it in worker
     processes (batch b on worker b % W, each with ``num_threads`` or cores / W decode threads), which keeps
-    the GPU decoder clear of this process's GIL (see `ingest.workers`). Default (None): 4 on CUDA (fewer
-    on a machine with under 16 cores), where one process reached 5.7k img/s and four ~20k on an H200;
-    0 on CPU.
+    the GPU decoder clear of this process's GIL (see `ingest.workers`). Default (None): the
+    ``num_workers`` setting of `ingest.defaults`, "auto" unless set: 4 on CUDA (fewer under 16 cores; on an
+    H200 one worker reached 6.8k img/s and four 20.7k), 0 on CPU.
 
     Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
     ``indices`` (dataset indices), ``is_pad`` (padding of the last batch) and ``targets``. Every ``iter()``
@@ -78,6 +79,8 @@ class Loader:
             raise ConfigError(f"`prefetch` must be >= 1, got {prefetch}")
         self.prefetch = prefetch
         if num_workers is None:
+            num_workers = defaults.get("num_workers")
+        if num_workers == "auto":
             num_workers = min(4, max(1, (os.cpu_count() or 1) // 4)) if self.device.type == "cuda" else 0
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"`num_workers` must be an int >= 0, got {num_workers!r}")
