@@ -233,7 +233,8 @@ def derive(results: dict) -> dict:
         "a_over_f_raw": _ratio(a, raw), "f_ingest_decoder_over_f_raw": _ratio(ing_dec, raw),
         "f_raw_nvimgcodec_img_s": raw,
     }
-    for m in ("pid_peak_mb", "device_peak_mb"):
+    # Device-wide first: ingest's worker processes are other PIDs, which a per-process figure would miss.
+    for m in ("device_peak_mb", "pid_peak_mb"):
         ma, md = g(LOADERS["a"], "memory", m), g(LOADERS["d"], "memory", m)
         if ma and md:
             r["mem_a_over_d"], r["mem_method"] = _ratio(ma, md), m
