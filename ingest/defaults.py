@@ -18,14 +18,19 @@ from typing import Any, Callable, Iterator
 from .errors import ConfigError
 
 
-def _positive_int(name: str) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
+def _integer(name: str, minimum: int, *, words: tuple[str, ...] = ()) -> Callable[[Any], int | str]:
+    """A parser of integers >= ``minimum`` (from env strings too), also accepting the given ``words``."""
+    expected = "".join(f"{w!r} or " for w in words) + f"an integer >= {minimum}"
+
+    def parse(value: Any) -> int | str:
+        if value in words:
+            return value
         try:
             v = int(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"`{name}` must be an integer >= 1, got {value!r}") from None
-        if v < 1:
-            raise ConfigError(f"`{name}` must be an integer >= 1, got {v}")
+            raise ConfigError(f"`{name}` must be {expected}, got {value!r}") from None
+        if v < minimum:
+            raise ConfigError(f"`{name}` must be {expected}, got {v}")
         return v
     return parse
 
@@ -38,24 +43,12 @@ def _choice(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
     return parse
 
 
-def _workers(value: Any) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        v = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"`num_workers` must be 'auto' or an integer >= 0, got {value!r}") from None
-    if v < 0:
-        raise ConfigError(f"`num_workers` must be 'auto' or an integer >= 0, got {v}")
-    return v
-
-
 # name -> (env var, default, parser)
 _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "io": ("INGEST_IO", "auto", _choice("io", ("auto", "kvikio", "posix"))),
-    "io_threads": ("INGEST_IO_THREADS", 8, _positive_int("io_threads")),
-    "decode_threads": ("INGEST_DECODE_THREADS", os.cpu_count() or 1, _positive_int("decode_threads")),
-    "num_workers": ("INGEST_NUM_WORKERS", "auto", _workers),
+    "io_threads": ("INGEST_IO_THREADS", 8, _integer("io_threads", 1)),
+    "decode_threads": ("INGEST_DECODE_THREADS", os.cpu_count() or 1, _integer("decode_threads", 1)),
+    "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),
 }
 _values: dict[str, Any] = {}
 

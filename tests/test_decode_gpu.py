@@ -10,7 +10,6 @@ decode within a mean of 1 level (the decoder may use neighbouring blocks for ups
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np

@@ -55,3 +55,16 @@ def test_io_choice_and_defaults(monkeypatch):
         defaults.get("iothreads")
     with pytest.raises(ConfigError, match="`io_threads` must be an integer >= 1, got 0"):
         defaults.set(io_threads=0)
+
+
+def test_decode_threads_and_num_workers_settings(monkeypatch):
+    from ingest.ops.decode import CpuDecoder
+    with defaults.set(decode_threads=3):
+        with CpuDecoder() as dec:
+            assert dec.threads == 3
+    monkeypatch.setenv("INGEST_NUM_WORKERS", "auto")
+    assert defaults.get("num_workers") == "auto"
+    with defaults.set(num_workers="2"):
+        assert defaults.get("num_workers") == 2
+    with pytest.raises(ConfigError, match="`num_workers` must be 'auto' or an integer >= 0, got -1"):
+        defaults.set(num_workers=-1)

@@ -2,14 +2,13 @@
 
 import threading
 
-import numpy as np
 import pytest
 import torch
 
 import ingest
 from ingest.errors import ConfigError, DecodeError, FailureBudgetExceeded
 from ingest.ops import Flip, Normalize, RandomResizedCrop, Resize
-from conftest import jpeg_bytes, make_image_folder
+from conftest import jpeg_bytes
 
 MEAN, STD = (123.7, 116.3, 103.5), (58.4, 57.1, 57.4)
 

@@ -21,11 +21,13 @@ def folder(tmp_path):
     return make_image_folder(tmp_path / "train", {"a": 10, "b": 9}, size=(120, 160))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("decode", ["mixed", "cpu"])
-def test_cuda_matches_cpu_pipeline(folder, decode):
+def test_cuda_matches_cpu_pipeline(folder, decode, workers):
     ops = [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)]
     cpu = ingest.Loader(folder, batch_size=8, ops=ops, shuffle=True, seed=3)
-    gpu = ingest.Loader(folder, batch_size=8, device="cuda", decode=decode, ops=ops, shuffle=True, seed=3)
+    gpu = ingest.Loader(folder, batch_size=8, device="cuda", decode=decode, ops=ops, shuffle=True, seed=3,
+                        num_workers=workers)
     n = 0
     for (xc, yc), (xg, yg) in zip(cpu, gpu):
         assert xg.is_cuda and yg.is_cuda and xg.shape == xc.shape and xg.dtype == xc.dtype
@@ -42,20 +44,21 @@ def test_cuda_matches_cpu_pipeline(folder, decode):
 
 
 def test_uint8_output_and_ragged_free_shapes(folder):
-    loader = ingest.Loader(folder, batch_size=5, device="cuda", ops=[Resize((32, 48))])
+    loader = ingest.Loader(folder, batch_size=5, device="cuda", ops=[Resize((32, 48))], num_workers=0)
     x, y = next(iter(loader))
     assert x.shape == (5, 3, 32, 48) and x.dtype == torch.uint8 and x.is_cuda
     loader.close()
 
 
-def test_training_step_on_other_stream_is_ordered(folder):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_training_step_on_other_stream_is_ordered(folder, workers):
     # The consumer uses the batch on its own stream: values must be complete (event wait), not racing.
     ops = [Resize((64, 64)), Normalize(MEAN, STD)]
     ref = [x.cpu() for x, _ in ingest.Loader(folder, batch_size=4, ops=ops)]
     side = torch.cuda.Stream()
     got = []
     with torch.cuda.stream(side):
-        for x, _ in ingest.Loader(folder, batch_size=4, device="cuda", ops=ops):
+        for x, _ in ingest.Loader(folder, batch_size=4, device="cuda", ops=ops, num_workers=workers):
             got.append((x * 1.0).cpu())
     for a, b in zip(ref, got):
         assert ((a - b).abs() * STD[0]).mean() < 1.5

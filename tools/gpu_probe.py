@@ -3,7 +3,6 @@ import inspect
 import io
 import json
 import os
-import sys
 import time
 
 import numpy as np
@@ -80,13 +79,13 @@ try:
     while time.perf_counter() - t0 < 2:
         dec.decode([jb] * 256, cuda_stream=s.cuda_stream); s.synchronize(); n += 256
     out["hw_rate_640x480"] = n / (time.perf_counter() - t0)
-except Exception as e:  # noqa
+except Exception:  # noqa: BLE001
     import traceback
     out["nvimgcodec_err"] = traceback.format_exc()
 try:
     import cupy
     out["cupy"] = cupy.__version__
-except Exception as e:
+except Exception as e:  # noqa: BLE001 - a probe reports, never stops
     out["cupy_err"] = repr(e)
 for m in ("torchvision", "skimage", "sklearn", "cv2", "pynvml"):
     try:

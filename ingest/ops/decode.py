@@ -27,7 +27,6 @@ buffer is allocated.
 from __future__ import annotations
 
 import io
-import os
 import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +36,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
+from ingest import defaults
 from ingest.errors import ConfigError, DecodeError
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
@@ -76,13 +76,14 @@ _ORIENT = {
 class CpuDecoder:
     """Decodes images on the CPU.
 
-    ``threads`` sizes the pool :meth:`decode_batch` runs on (default: one per CPU). ``max_pixels`` refuses
+    ``threads`` sizes the pool :meth:`decode_batch` runs on (default: the ``decode_threads`` setting of
+    `ingest.defaults`, one per CPU unless set). ``max_pixels`` refuses
     larger images before decoding them. Pillow keeps its own bomb limit (``Image.MAX_IMAGE_PIXELS``, twice
     which it raises); the lower of the two applies to what Pillow decodes.
     """
 
     def __init__(self, *, threads: int | None = None, max_pixels: int = 2**28):
-        threads = (os.cpu_count() or 1) if threads is None else threads
+        threads = defaults.get("decode_threads") if threads is None else threads
         if threads < 1:
             raise ConfigError(f"`threads` must be >= 1, got {threads}")
         if max_pixels < 1:

@@ -3,7 +3,6 @@ when there is one), print what ran and how fast, and save a PNG grid of one augm
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
