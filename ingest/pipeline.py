@@ -293,10 +293,7 @@ class Pipeline:
         threaded stages); the current stream waits for the batch. None if every sample failed."""
         item: Any = plan
         for stage, stats in zip((self.read, self.decode, self.transform), self.stage_stats):
-            t0 = time.perf_counter()
-            item = stage(item)
-            stats.busy += time.perf_counter() - t0
-            stats.batches += 1
+            item = stats.timed(stage, item)
         if item is not None and item.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(item.ready)
         return item
@@ -347,6 +344,15 @@ class StageStats:
     def __init__(self, name: str):
         self.name, self.busy, self.batches, self.occupancy = name, 0.0, 0, 0
 
+    def timed(self, fn: Callable, item: Any) -> Any:
+        """``fn(item)``, its time added to this stage's busy seconds."""
+        t0 = time.perf_counter()
+        try:
+            return fn(item)
+        finally:
+            self.busy += time.perf_counter() - t0
+            self.batches += 1
+
     def as_dict(self, depth: int) -> dict[str, float]:
         return {"seconds": round(self.busy, 4), "batches": self.batches,
                 "mean_queue_after": round(self.occupancy / max(self.batches, 1), 3), "queue_depth": depth}
@@ -389,10 +395,7 @@ class Executor:
                 if isinstance(item, (_End, _Raised)):
                     self._put(out, item)
                     return
-                t0 = time.perf_counter()
-                result = fn(item)
-                stats.busy += time.perf_counter() - t0
-                stats.batches += 1
+                result = stats.timed(fn, item)
                 stats.occupancy += out.qsize()
                 if result is not None:
                     self._put(out, result)
