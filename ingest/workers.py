@@ -19,6 +19,7 @@ on one thread (see `_run_epoch`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import queue
 import sys
 import traceback
@@ -60,7 +61,6 @@ class WorkerPool:
         self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._shared: collections.deque = collections.deque()
         self.stats: list[dict[str, Any]] = [{} for _ in range(num_workers)]
-        self.failures: list[tuple[str, str, str]] = []
 
     def epoch(self, epoch: int, start: int, count: int, failures: Failures) -> Iterator[Batch]:
         """Batches ``start .. count-1`` of ``epoch``, in order. Failures the workers report are added to
@@ -76,25 +76,23 @@ class WorkerPool:
             w = number % self.num_workers
             if done[w]:
                 continue
-            msg = held[w] if held[w] is not None else self._receive(w, run)
+            msg = held[w] if held[w] is not None else self._receive(w, run, failures)
             held[w] = None
-            kind = msg[0]
-            if kind == "end":
+            if msg[0] == "end":
                 done[w] = True
                 continue
-            batch, new_failures, self.stats[w] = msg[2], msg[3], msg[4]
-            for name, stage, reason in new_failures:
-                failures.record(name, stage, reason)
+            batch = msg[2]
             if batch.number != number:   # every sample of `number` failed: the worker skipped it
                 held[w] = msg
                 continue
             yield batch
 
-    def _receive(self, w: int, run: int):
-        """The next message of worker ``w`` for ``run`` (older runs' messages are dropped)."""
+    def _receive(self, w: int, run: int, failures: Failures):
+        """The next message of worker ``w`` for ``run`` (older runs' messages are dropped); the failures
+        and stats it reports are taken in here, once."""
         while True:
             try:
-                with _stream(self._side):
+                with torch.cuda.stream(self._side) if self._side is not None else contextlib.nullcontext():
                     msg = self._results[w].get(timeout=_POLL)
             except queue.Empty:
                 if not self._procs[w].is_alive():
@@ -106,7 +104,10 @@ class WorkerPool:
                 exc, text = msg[2], msg[3]
                 raise exc from RemoteTraceback(text)
             if msg[0] == "batch":
-                msg = ("batch", run, self._own(msg[2]), msg[3], msg[4])
+                for name, stage, reason in msg[3]:
+                    failures.record(name, stage, reason)
+                self.stats[w] = msg[4]
+                msg = ("batch", run, self._own(msg[2]))
             return msg
 
     def _own(self, batch: Batch) -> Batch:
@@ -129,8 +130,9 @@ class WorkerPool:
             q.put(("stop", self._run))
 
     def close(self) -> None:
+        """Stop the running epoch and the workers."""
         for q in self._commands:
-            q.put(("exit",))
+            q.put(("exit",))  # also ends a running epoch (see _stopped)
         for q in self._results:  # unblock workers waiting to put
             while True:
                 try:
@@ -145,17 +147,6 @@ class WorkerPool:
         for q in self._commands + self._results:
             q.close()
             q.cancel_join_thread()
-
-
-class _stream:
-    def __init__(self, stream):
-        self._ctx = torch.cuda.stream(stream) if stream is not None else None
-
-    def __enter__(self):
-        return self._ctx.__enter__() if self._ctx is not None else None
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc) if self._ctx is not None else None
 
 
 def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, results) -> None:
@@ -213,7 +204,8 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
 
 
 def _stopped(run: int, commands, stop_runs: set[int]) -> bool:
-    """Whether a stop for ``run`` has arrived (commands other than stops wait for the main loop)."""
+    """Whether ``run`` must end now: a stop for it, or an exit, has arrived (other commands, and the exit,
+    are kept for the main loop)."""
     pending = []
     while True:
         try:
@@ -226,4 +218,4 @@ def _stopped(run: int, commands, stop_runs: set[int]) -> bool:
             pending.append(cmd)
     for cmd in pending:
         commands.put(cmd)
-    return run in stop_runs
+    return run in stop_runs or any(cmd[0] == "exit" for cmd in pending)

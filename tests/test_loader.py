@@ -216,3 +216,15 @@ def test_worker_errors_reach_the_caller(image_folder):
         assert [f[0].rsplit("/", 1)[-1] for f in loader.stats()["failures"]] == ["0004.jpg"]
     with pytest.raises(ConfigError, match="`num_workers` must be an int >= 0"):
         ingest.Loader(image_folder, batch_size=4, num_workers=-1)
+
+
+def test_closing_workers_mid_epoch_is_prompt(image_folder):
+    import time
+    loader = ingest.Loader(image_folder, batch_size=2, ops=train_ops(), num_workers=2, prefetch=1)
+    it = iter(loader)
+    next(it)
+    procs = list(loader._pool._procs)
+    t0 = time.perf_counter()
+    loader.close()
+    assert time.perf_counter() - t0 < 8, "workers should stop at the next batch, not be killed on a timeout"
+    assert procs and all(p.exitcode == 0 for p in procs)  # exited by themselves, not terminated
