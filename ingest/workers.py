@@ -49,6 +49,7 @@ class WorkerPool:
     def __init__(self, spec: dict[str, Any], num_workers: int):
         ctx = mp.get_context("spawn")
         self.num_workers = num_workers
+        self._prefetch = spec["prefetch"]
         self.device = torch.device(spec["device"])
         self._commands = [ctx.Queue() for _ in range(num_workers)]
         self._results = [ctx.Queue(maxsize=spec["prefetch"]) for _ in range(num_workers)]
@@ -133,12 +134,14 @@ class WorkerPool:
         """Stop the running epoch and the workers."""
         for q in self._commands:
             q.put(("exit",))  # also ends a running epoch (see _stopped)
-        for q in self._results:  # unblock workers waiting to put
-            while True:
+        for q in self._results:  # unblock workers waiting to put (a queue holds at most `prefetch` + 1)
+            for _ in range(self._prefetch + 2):
                 try:
                     q.get_nowait()
-                except (queue.Empty, OSError, ValueError):
+                except queue.Empty:
                     break
+                except Exception:  # noqa: BLE001 - a batch whose worker already left cannot be unpickled
+                    continue
         for p in self._procs:
             p.join(timeout=10)
             if p.is_alive():
