@@ -34,7 +34,8 @@ class Loader:
     processes (batch b on worker b % W, each with ``num_threads`` or cores / W decode threads), which keeps
     the GPU decoder clear of this process's GIL (see `ingest.workers`). Default (None): the
     ``num_workers`` setting of `ingest.defaults`, "auto" unless set: 4 on CUDA (fewer under 16 cores; on an
-    H200 one worker reached 6.8k img/s and four 20.7k), 0 on CPU.
+    H200 one worker reached 6.8k img/s and four 20.7k), 0 on CPU. Workers are spawned (CUDA cannot be
+    forked), so a script that iterates such a loader needs the usual ``if __name__ == "__main__":`` guard.
 
     Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
     ``indices`` (dataset indices), ``is_pad`` (padding of the last batch) and ``targets``. Every ``iter()``

@@ -22,6 +22,7 @@ import collections
 import contextlib
 import queue
 import sys
+import time
 import traceback
 from typing import Any, Iterator
 
@@ -49,7 +50,6 @@ class WorkerPool:
     def __init__(self, spec: dict[str, Any], num_workers: int):
         ctx = mp.get_context("spawn")
         self.num_workers = num_workers
-        self._prefetch = spec["prefetch"]
         self.device = torch.device(spec["device"])
         self._commands = [ctx.Queue() for _ in range(num_workers)]
         self._results = [ctx.Queue(maxsize=spec["prefetch"]) for _ in range(num_workers)]
@@ -134,19 +134,19 @@ class WorkerPool:
         """Stop the running epoch and the workers."""
         for q in self._commands:
             q.put(("exit",))  # also ends a running epoch (see _stopped)
-        for q in self._results:  # unblock workers waiting to put (a queue holds at most `prefetch` + 1)
-            for _ in range(self._prefetch + 2):
+        deadline = time.monotonic() + 10
+        while any(p.is_alive() for p in self._procs) and time.monotonic() < deadline:
+            for q in self._results:  # keep taking what workers still put, so none blocks on a full queue
                 try:
-                    q.get_nowait()
+                    q.get(timeout=0.01)
                 except queue.Empty:
-                    break
+                    pass
                 except Exception:  # noqa: BLE001 - a batch whose worker already left cannot be unpickled
-                    continue
+                    pass
         for p in self._procs:
-            p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
-                p.join()
+            p.join()
         for q in self._commands + self._results:
             q.close()
             q.cancel_join_thread()
@@ -162,6 +162,7 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
         while True:
             cmd = commands.get()
             if cmd[0] == "exit":
+                results.cancel_join_thread()  # what is still buffered for the parent is not wanted
                 return
             if cmd[0] == "stop":
                 stop_runs.add(cmd[1])
