@@ -43,6 +43,7 @@ from .sampler import BatchPlan
 log = logging.getLogger("ingest")
 
 DECODE = ("mixed", "cpu")
+STAGES = ("read", "decode", "ops")  # what Pipeline.read, .decode and .transform do, in order
 
 
 @dataclass
@@ -151,7 +152,7 @@ class Pipeline:
             from .ops.decode_gpu import GpuDecoder
             self.gpu = GpuDecoder(self.device, self.cpu)
         self._normalizes = any(isinstance(op, Normalize) for op in self.ops)
-        self.stage_stats = [StageStats(name) for name in ("read", "decode", "ops")]  # over every epoch
+        self.stage_stats = [StageStats(name) for name in STAGES]  # over every epoch
         self.decode_paths: dict[str, int] = {}
         self.failures = Failures(0, 0)
 
@@ -203,7 +204,6 @@ class Pipeline:
         CPU pool (then uploaded when the device is CUDA)."""
         if not work.records:
             return work
-        sizes = work.sizes
         datas = [r.image for r in work.records]
         if self.gpu is not None:
             warp = work.ops_plan.warp
@@ -211,14 +211,14 @@ class Pipeline:
             with torch.cuda.stream(self.decode_stream):
                 images, origins, paths = self.gpu.decode_batch(datas, work.names, rois=rois,
                                                                stream=self.decode_stream, headers=work.headers)
-                images = self._replace_failures(work, images, sizes, rois, origins)
+                images = self._replace_failures(work, images, rois, origins)
                 work.ready = torch.cuda.Event()
                 work.ready.record(self.decode_stream)
             work.origins = origins
         else:
             decoded = self.cpu.decode_batch(datas, work.names)
             paths = ["cpu"] * len(decoded)
-            decoded = self._replace_failures(work, decoded, sizes, None, None)
+            decoded = self._replace_failures(work, decoded, None, None)
             images = [torch.from_numpy(im) for im in decoded]
             if self.device.type == "cuda":
                 images, work.ready = _upload(images, self.device, self.decode_stream)
@@ -227,7 +227,7 @@ class Pipeline:
         work.images = images
         return work
 
-    def _replace_failures(self, work: _Work, images: list, sizes, rois, origins) -> list:
+    def _replace_failures(self, work: _Work, images: list, rois, origins) -> list:
         """Failed images become blank stand-ins of the expected size (the ops plan was drawn for them);
         their rows are dropped after the ops run."""
         out = list(images)
@@ -236,7 +236,7 @@ class Pipeline:
                 continue
             self.failures.add(work.names[k], "decode", im)
             work.failed.append(k)
-            h, w = sizes[k]
+            h, w = work.sizes[k]
             if rois is not None and rois[k] is not None:
                 x0, y0, x1, y1 = rois[k]
                 h, w = y1 - y0, x1 - x0
@@ -271,7 +271,8 @@ class Pipeline:
         is_pad = torch.from_numpy(np.ascontiguousarray(work.is_pad))
         targets = [r.targets for r in work.records]
         if work.failed:
-            keep = [k for k in range(len(work.records)) if k not in set(work.failed)]
+            failed = set(work.failed)
+            keep = [k for k in range(len(work.records)) if k not in failed]
             sel = torch.tensor(keep, dtype=torch.long)
             images = images[sel.to(images.device)] if isinstance(images, torch.Tensor) else [images[k] for k in keep]
             labels = labels[sel.to(labels.device)]
@@ -362,20 +363,16 @@ class Executor:
     """One epoch of a `Pipeline` on three stage threads. Iterate it for `Batch`es; `close()` (also on
     garbage collection, ``break`` or an exception) stops every thread and leaves none behind."""
 
-    STAGES = ("read", "decode", "ops")  # the order of Pipeline.stage_stats
-
     def __init__(self, pipeline: Pipeline, plans: Iterator[BatchPlan], *, prefetch: int = 2):
-        if prefetch < 1:
-            raise ConfigError(f"`prefetch` must be >= 1, got {prefetch}")
         self.pipeline = pipeline
         self.prefetch = prefetch
         self._stop = threading.Event()
-        self._queues = [queue.Queue(prefetch) for _ in self.STAGES]
+        self._queues = [queue.Queue(prefetch) for _ in STAGES]
         self.stats = pipeline.stage_stats
         fns: list[Callable] = [pipeline.read, pipeline.decode, pipeline.transform]
         self._threads = []
         inputs = [iter(plans)] + self._queues[:-1]
-        for k, name in enumerate(self.STAGES):
+        for k, name in enumerate(STAGES):
             t = threading.Thread(target=self._run_stage, name=f"ingest-{name}",
                                  args=(fns[k], inputs[k], self._queues[k], self.stats[k]), daemon=True)
             self._threads.append(t)

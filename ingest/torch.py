@@ -16,7 +16,7 @@ from .errors import ConfigError
 from .formats.base import Location, Record, Source
 from .formats.filetree import IMAGE_EXTENSIONS, FileTree
 from .formats.memory import MemorySource
-from .pipeline import Batch, Executor, Failures, Pipeline, StageStats, resolve_device
+from .pipeline import STAGES, Batch, Executor, Failures, Pipeline, StageStats, resolve_device
 from .sampler import BatchPlan, Sampler
 from .workers import WorkerPool
 
@@ -222,7 +222,7 @@ class Loader:
             paths, read_path = dict(self.pipeline.decode_paths), self.pipeline.reader.path
         else:
             reports = [r for r in (self._pool.stats if self._pool else []) if r]
-            totals = [StageStats(name) for name in Executor.STAGES]
+            totals = [StageStats(name) for name in STAGES]
             paths, read_path = {}, reports[0]["read_path"] if reports else None
             for r in reports:
                 for t in totals:
