@@ -269,7 +269,7 @@ class Pipeline:
             images, ready = self._execute(work), None
         indices = torch.from_numpy(np.ascontiguousarray(work.indices))
         is_pad = torch.from_numpy(np.ascontiguousarray(work.is_pad))
-        targets = [r.targets for r in work.records]
+        targets = [r.fields for r in work.records]
         if work.failed:
             failed = set(work.failed)
             keep = [k for k in range(len(work.records)) if k not in failed]

@@ -1,8 +1,120 @@
-"""Format readers: one module per format. See `base` for the contract."""
+"""Format readers and writers: one module per format. See `base` for the contract.
 
-from .base import Location, Record, Source, check_format
+`open_source(path, format=None, **options)` picks the format from the path (`detect`) and opens it;
+`writer_class(format)` gives a format's shard writer for the converter. Format modules are imported on
+first use, so a missing optional dependency only matters to the format that needs it.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import json
+import os
+from typing import Any, Sequence
+
+from ..errors import ConfigError, SourceError
+from .base import (DEFAULT_FIELDS, KINDS, Field, Location, ProcessLocal, Record, Source, check_format, fields_of,
+                   iter_records, read_location)
 from .filetree import IMAGE_EXTENSIONS, FileList, FileTree
 from .memory import MemorySource
 
-__all__ = ["Location", "Record", "Source", "check_format", "FileTree", "FileList", "MemorySource",
-           "IMAGE_EXTENSIONS"]
+#: format name -> (module, reader class, writer class or None)
+FORMATS: dict[str, tuple[str, str, str | None]] = {
+    "filetree": ("filetree", "FileTree", "FileTreeWriter"),
+    "tfrecord": ("tfrecord", "TFRecordSource", "TFRecordWriter"),
+    "recordio": ("recordio", "RecordIOSource", "RecordIOWriter"),
+    "lmdb": ("lmdb", "LMDBSource", "LMDBWriter"),
+    "wds": ("webdataset", "WebDatasetSource", "WebDatasetWriter"),
+    "raw": ("raw", "RawSource", "RawWriter"),
+    "coco": ("coco", "CocoSource", None),
+}
+
+#: Shard file endings -> format (longest first when matching).
+SUFFIXES = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".record": "tfrecord", ".tfrecord.gz": "tfrecord",
+            ".tfrecords.gz": "tfrecord", ".record.gz": "tfrecord", ".rec": "recordio", ".tar": "wds",
+            ".tgz": "wds", ".tar.gz": "wds", ".json": "coco"}
+
+#: Name of the manifest the converter writes beside its shards (it names the format).
+MANIFEST = "manifest.json"
+#: Name of a raw-shard dataset's index file.
+RAW_INDEX = "ingest-raw.json"
+
+
+def _module(fmt: str):
+    if fmt not in FORMATS:
+        raise ConfigError(f"Unknown format {fmt!r}. Available: {', '.join(sorted(FORMATS))}")
+    return importlib.import_module(f".{FORMATS[fmt][0]}", __name__)
+
+
+def reader_class(fmt: str):
+    """The reader (source) class of format ``fmt``."""
+    return getattr(_module(fmt), FORMATS[fmt][1])
+
+
+def writer_class(fmt: str):
+    """The shard writer class of format ``fmt`` (for `ingest convert`)."""
+    mod = _module(fmt)
+    name = FORMATS[fmt][2]
+    if name is None:
+        writable = ", ".join(sorted(k for k, v in FORMATS.items() if v[2]))
+        raise ConfigError(f"format {fmt!r} can be read but not written. Writable: {writable}")
+    return getattr(mod, name)
+
+
+def _suffix_format(path: str) -> str | None:
+    low = path.lower()
+    for suffix in sorted(SUFFIXES, key=len, reverse=True):
+        if low.endswith(suffix):
+            return SUFFIXES[suffix]
+    return None
+
+
+def detect(path: str | os.PathLike | Sequence[str]) -> str:
+    """The format of a dataset path (a file, a directory, a glob, or a list of shard files)."""
+    if not isinstance(path, (str, os.PathLike)):
+        kinds = {_suffix_format(os.fspath(p)) for p in path}
+        if len(kinds) == 1 and None not in kinds:
+            return kinds.pop()
+        raise SourceError(f"cannot tell the format of shards {list(path)[:3]}...; pass format=")
+    path = os.fspath(path)
+    if any(c in path for c in "*?[") and not os.path.exists(path):
+        return detect(sorted(glob.glob(path)) or [path])
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, MANIFEST)):
+            with open(os.path.join(path, MANIFEST)) as f:
+                return json.load(f)["format"]
+        if os.path.exists(os.path.join(path, "data.mdb")):
+            return "lmdb"
+        if os.path.exists(os.path.join(path, RAW_INDEX)):
+            return "raw"
+        kinds = {_suffix_format(e.name) for e in os.scandir(path) if e.is_file()} - {None, "coco"}
+        subdirs = any(e.is_dir() and not e.name.startswith(".") for e in os.scandir(path))
+        if len(kinds) == 1 and not subdirs:
+            return kinds.pop()
+        return "filetree"
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"dataset path {path!r} does not exist")
+    if os.path.basename(path) == RAW_INDEX:
+        return "raw"
+    if os.path.basename(path) == "data.mdb":
+        return "lmdb"
+    fmt = _suffix_format(path)
+    if fmt is None:
+        raise SourceError(f"cannot tell the format of {path!r} from its name; pass format= "
+                          f"(one of {', '.join(sorted(FORMATS))})", path=path)
+    return fmt
+
+
+def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
+    """Open the dataset at ``path`` with format ``format`` (detected from the path when None); ``options``
+    go to the reader (e.g. a TFRecord feature spec)."""
+    fmt = format or detect(path)
+    cls = reader_class(fmt)
+    return cls(path, **options)
+
+
+__all__ = ["Location", "Record", "Source", "Field", "KINDS", "DEFAULT_FIELDS", "ProcessLocal", "check_format",
+           "fields_of", "iter_records", "read_location", "FileTree", "FileList", "MemorySource",
+           "IMAGE_EXTENSIONS", "FORMATS", "detect", "open_source", "reader_class", "writer_class", "MANIFEST",
+           "RAW_INDEX"]

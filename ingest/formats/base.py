@@ -1,26 +1,81 @@
-"""The format contract: what a source of samples must provide, said once, and `check_format`, the
-conformance check every format's tests run.
+"""The format contract: what a source of samples and a writer of samples must provide, said once, and
+`check_format`, the conformance check every format's tests run.
 
-A source is a sized, indexable collection of samples. For sample ``i`` it tells the reader *where the bytes
-are* (:meth:`Source.locate`) and, once they are read, *what they mean* (:meth:`Source.parse`). Keeping the
-two apart lets the executor batch every read of a batch into one call on the I/O thread pool (KvikIO or
-``os.pread``) whatever the format:
+**Samples are named fields of declared kinds.** A source declares ``fields: dict[str, Field]``; a parsed
+sample (`Record`) holds one value per declared field. Two names are special: ``"image"`` is the field the
+pipeline decodes and augments (kind ``image`` = encoded bytes, or ``pixels`` = already decoded uint8 HWC)
+and ``"label"`` (kind ``int``) is the class label yielded beside it. Every other encoded-image field is
+decoded too (on the CPU), and every field is collated by its kind (`KINDS`).
 
-- file tree: one file per sample -> ``Location(path)`` (whole file); ``parse`` returns the bytes as they are.
-- TFRecord / RecordIO: a byte range inside a big file, found through an index -> ``Location(path, offset,
-  length)``; ``parse`` strips the record framing and decodes the label / tf.train.Example.
-- LMDB: key -> value from an mmap, no file offsets -> ``Location(key, data=<the value>)`` filled in
-  ``locate`` (a memory view, no copy); the reader passes ``data`` through.
-- raw tensor shards: aligned ranges read straight into device memory (``ByteReader.read_into``).
-- COCO: like the file tree, plus per-image targets (boxes, labels, masks) returned by ``parse``.
+**Where, then what.** For sample ``i`` a source tells the reader where the bytes are (:meth:`Source.locate`:
+one `Location` or a tuple of them, e.g. the tar members of a WebDataset sample) and, once they are read,
+what they mean (:meth:`Source.parse`, which receives one buffer or a tuple of buffers in the same order).
+Keeping the two apart lets the executor batch all reads of a batch, grouped by file, whatever the format:
+
+- file tree: one file per sample -> ``Location(path)``; ``parse`` returns the bytes as they are.
+- TFRecord / RecordIO / tar shards: byte ranges of big files found through an index.
+- LMDB: key -> value from the memory map: ``Location(key, data=<the value>)`` filled in ``locate``.
+- raw tensor shards: aligned ranges of decoded pixels, read straight into device memory.
+
+**Handles are per process.** Open files, LMDB environments and KvikIO handles are opened lazily in the
+process that uses them (`ProcessLocal`) and never pickled: a source crosses into worker processes as its
+paths and index only.
+
+**Streamed sources** (GZIP TFRecords, gzipped tars) cannot seek: they set ``streamed = True`` and provide
+``shards`` and ``iter_shard(k, skip)`` instead of ``locate``/``parse``; the loader shuffles shard order and
+a bounded buffer (see `ingest.formats.stream`).
+
+**Writers** (one per format module) write one output shard: ``Writer(directory, stem, fields, **options)``,
+``add(record)``, ``close() -> [file names written]``. The converter (`ingest.tools.convert`) owns shard
+naming, temporary names, renames, manifests and resume; a writer only turns records into bytes,
+deterministically (the same records give the same bytes).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+#: Field kinds and how a batch collates them (see `ingest.pipeline.collate`).
+KINDS = {
+    "image": "encoded image bytes (JPEG, PNG, ...): decoded; 'image' goes through the ops",
+    "pixels": "decoded uint8 pixels [H, W, C] (Caffe raw Datum, raw shards): 'image' goes through the ops",
+    "int": "one integer -> int64 tensor [B]",
+    "float": "one float -> float32 tensor [B]",
+    "ints": "several integers (multi-value label) -> int64 [B, L] padded with -1, plus <name>_lengths",
+    "floats": "several floats -> float32 [B, L] padded with 0, plus <name>_lengths",
+    "text": "a str -> list of str",
+    "bytes": "raw bytes -> list of bytes",
+    "array": "a numpy array -> stacked tensor when shapes agree, else padded along dim 0 plus <name>_lengths",
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a sample: its kind (`KINDS`) and, where fixed, its shape and dtype (numpy name)."""
+
+    kind: str
+    shape: tuple[int, ...] | None = None   # fixed shape (ints/floats: (L,); pixels: (H, W, C)); None: varies
+    dtype: str | None = None               # numpy dtype name for pixels/array
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Unknown field kind {self.kind!r}. Available: {', '.join(KINDS)}")
+        if self.shape is not None and not all(isinstance(d, (int, np.integer)) and d >= 0 for d in self.shape):
+            raise ValueError(f"`shape` must be a tuple of ints >= 0, got {self.shape!r}")
+
+
+#: What a source that declares nothing holds: an encoded image and a class label.
+DEFAULT_FIELDS = {"image": Field("image"), "label": Field("int")}
+
+
+def fields_of(source: Any) -> dict[str, Field]:
+    """The fields a source declares (`DEFAULT_FIELDS` when it declares none)."""
+    return dict(getattr(source, "fields", None) or DEFAULT_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -36,32 +91,55 @@ class Location:
 
 @dataclass
 class Record:
-    """A parsed sample: the encoded image, its class label (or -1) and optional extra targets."""
+    """A parsed sample: the primary ``image`` (encoded bytes or decoded pixels; None for a source without
+    images), its class ``label`` (-1: none) and every other declared field by name in ``fields``."""
 
-    image: Any                       # bytes-like encoded image
+    image: Any
     label: int = -1
-    targets: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, name: str) -> Any:
+        """The value of field ``name`` ('image', 'label' or another declared field)."""
+        if name == "image":
+            return self.image
+        if name == "label":
+            return self.label
+        return self.fields[name]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field by name, 'image' and 'label' included."""
+        return {"image": self.image, "label": self.label, **self.fields}
 
 
 @runtime_checkable
 class Source(Protocol):
-    """What the executor needs of a format."""
+    """What the executor needs of a seekable format."""
 
-    classes: Sequence[str]           # class names, index = label; empty when unlabeled
+    classes: Sequence[str]           # class names, index = label; empty when unknown
 
     def __len__(self) -> int: ...
 
-    def locate(self, i: int) -> Location:
+    def locate(self, i: int) -> Location | tuple[Location, ...]:
         """Where sample ``i``'s bytes are. Raises IndexError outside ``range(len(self))``."""
 
     def parse(self, i: int, raw: Any) -> Record:
-        """Interpret the bytes read for sample ``i``. Raises CorruptRecordError naming path and offset."""
+        """Interpret the bytes read for sample ``i`` (one buffer, or a tuple matching ``locate``'s tuple).
+        Raises CorruptRecordError naming path and offset (or key)."""
 
     def labels(self) -> np.ndarray:
-        """Class label of every sample (int64, -1 = none), for batching labels without parsing."""
+        """Class label of every sample (int64, -1 = none), for batching labels and `inspect`."""
 
     def name(self, i: int) -> str:
         """A human-readable name of sample ``i`` (path, path:offset or key) for messages."""
+
+
+class Writer(Protocol):
+    """Writes one output shard of a format into ``directory`` (file names start with ``stem``)."""
+
+    def add(self, record: Record) -> None: ...
+
+    def close(self) -> list[str]:
+        """Finish the shard; return the names (relative to ``directory``) of every file written."""
 
 
 def check_index(i: int, n: int) -> int:
@@ -75,16 +153,85 @@ def check_index(i: int, n: int) -> int:
     return int(i)
 
 
-def check_format(source: Source, *, read=None) -> None:
+class ProcessLocal:
+    """Handles (open files, LMDB environments, KvikIO handles) opened on first use in the process that uses
+    them, shared by its threads, and never pickled: ``get(key, opener)`` returns the handle for ``key``,
+    opening it with ``opener()`` once per process. A source keeps one as an attribute; pickling it (to send
+    the source to a worker process) gives an empty one."""
+
+    def __init__(self, close: Callable[[Any], None] | None = None):
+        self._pid = os.getpid()
+        self._handles: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+        self._close = close
+
+    def get(self, key: Any, opener: Callable[[], Any]) -> Any:
+        if self._pid != os.getpid():  # inherited through fork: never use the parent's handles
+            self._pid, self._handles, self._lock = os.getpid(), {}, threading.Lock()
+        handle = self._handles.get(key)
+        if handle is None:
+            with self._lock:
+                handle = self._handles.get(key)
+                if handle is None:
+                    handle = self._handles[key] = opener()
+        return handle
+
+    def close(self) -> None:
+        handles, self._handles = self._handles, {}
+        if self._close is not None and self._pid == os.getpid():
+            for h in handles.values():
+                self._close(h)
+
+    def __getstate__(self):
+        return {"close": self._close}
+
+    def __setstate__(self, state):
+        self.__init__(state["close"])
+
+
+def read_location(loc: Location | tuple[Location, ...]) -> Any:
+    """Plain (unbatched) read of a location or a tuple of them: bytes, or a tuple of bytes."""
+    if isinstance(loc, tuple):
+        return tuple(read_location(part) for part in loc)
+    if loc.data is not None:
+        return bytes(loc.data)
+    with open(loc.path, "rb") as f:
+        f.seek(loc.offset)
+        return f.read() if loc.length is None else f.read(loc.length)
+
+
+def iter_records(source: Any) -> Iterator[tuple[str, Record]]:
+    """Every sample of a source, in order, as ``(name, record)``: what the converter, ``verify`` and
+    ``inspect`` walk. Streamed sources are read shard by shard."""
+    if getattr(source, "streamed", False):
+        for k in range(len(source.shards)):
+            yield from source.iter_shard(k, 0)
+        return
+    for i in range(len(source)):
+        yield source.name(i), source.parse(i, read_location(source.locate(i)))
+
+
+def check_format(source: Any, *, read: Callable[[Any], Any] | None = None) -> None:
     """Conformance check every format's tests run. ``read(location) -> bytes`` reads a location (defaults to a
     plain file read). Raises AssertionError describing the first violation."""
+    fields = fields_of(source)
+    assert all(isinstance(f, Field) for f in fields.values()), "fields must map names to Field"
+    if "image" in fields:
+        assert fields["image"].kind in ("image", "pixels"), "the 'image' field must be of kind image or pixels"
+    if "label" in fields:
+        assert fields["label"].kind == "int", "the 'label' field must be of kind int"
+    classes = getattr(source, "classes", None)
+    assert classes is not None and isinstance(list(classes), list), "a source must have `classes`"
+    if getattr(source, "streamed", False):
+        _check_streamed(source, fields)
+        return
     n = len(source)
     assert isinstance(n, int) and n >= 0, f"len() must be a non-negative int, got {n!r}"
     labels = source.labels()
     assert isinstance(labels, np.ndarray) and labels.dtype == np.int64, "labels() must be an int64 array"
     assert labels.shape == (n,), f"labels() must have shape ({n},), got {labels.shape}"
-    if len(source.classes):
-        assert labels.min() >= -1 and labels.max() < len(source.classes), "labels must index classes"
+    if len(classes) and n:
+        assert labels.min() >= -1 and labels.max() < len(classes), "labels must index classes"
     for bad in (n, -n - 1):
         try:
             source.locate(bad)
@@ -92,20 +239,39 @@ def check_format(source: Source, *, read=None) -> None:
             pass
         else:
             raise AssertionError(f"locate({bad}) must raise IndexError for a source of {n} samples")
-    read = read or _read_location
+    read = read or read_location
     for i in sorted({0, n // 2, n - 1} if n else set()):
         loc = source.locate(i)
-        assert isinstance(loc, Location), f"locate({i}) must return a Location"
+        parts = loc if isinstance(loc, tuple) else (loc,)
+        assert parts and all(isinstance(p, Location) for p in parts), \
+            f"locate({i}) must return a Location or a tuple of them"
         record = source.parse(i, read(loc))
-        assert isinstance(record, Record), f"parse({i}) must return a Record"
+        _check_record(record, fields, f"parse({i})")
         assert record.label == labels[i], f"parse({i}).label {record.label} != labels()[{i}] {labels[i]}"
-        assert len(memoryview(record.image)) > 0, f"sample {i} has an empty image"
         assert isinstance(source.name(i), str) and source.name(i), "name() must be a non-empty string"
+    import pickle
+    clone = pickle.loads(pickle.dumps(source))  # sources cross into worker processes
+    if n:
+        again = clone.parse(n - 1, read(clone.locate(n - 1)))
+        assert again.label == labels[n - 1], "a pickled source must read the same samples"
 
 
-def _read_location(loc: Location) -> bytes:
-    if loc.data is not None:
-        return bytes(loc.data)
-    with open(loc.path, "rb") as f:
-        f.seek(loc.offset)
-        return f.read() if loc.length is None else f.read(loc.length)
+def _check_streamed(source: Any, fields: dict[str, Field]) -> None:
+    shards = source.shards
+    assert len(shards) > 0, "a streamed source must have at least one shard"
+    items = list(source.iter_shard(0, 0))
+    for name, record in items[:3]:
+        assert isinstance(name, str) and name, "iter_shard must yield (name, Record)"
+        _check_record(record, fields, name)
+    if len(items) > 1:
+        skipped = list(source.iter_shard(0, 1))
+        assert [n for n, _ in skipped] == [n for n, _ in items[1:]], "iter_shard(k, skip) must skip exactly"
+
+
+def _check_record(record: Any, fields: dict[str, Field], where: str) -> None:
+    assert isinstance(record, Record), f"{where} must return a Record"
+    if "image" in fields:
+        assert record.image is not None and len(memoryview(record.image).cast("B")) > 0, f"{where}: empty image"
+    extra = set(fields) - {"image", "label"}
+    assert set(record.fields) == extra, \
+        f"{where}: fields {sorted(record.fields)} differ from the declared {sorted(extra)}"
