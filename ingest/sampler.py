@@ -30,9 +30,16 @@ class BatchPlan:
     indices: np.ndarray         # int64 dataset indices
     is_pad: np.ndarray          # bool, True where the sample only pads the last batch
     seed: np.random.SeedSequence
+    root: int = 0               # the loader's seed
 
     def rng(self) -> np.random.Generator:
         return np.random.Generator(np.random.PCG64(self.seed))
+
+    def sample_rngs(self) -> list[np.random.Generator]:
+        """One generator per sample, keyed by ``(seed, epoch, dataset index)`` only: a sample's random
+        augmentation does not depend on the batch size, the number of shards, a resume or its neighbours."""
+        return [np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.root, self.epoch, int(i)])))
+                for i in self.indices]
 
 
 class Sampler:
@@ -97,4 +104,4 @@ class Sampler:
         for b in range(start, count):
             sl = slice(b * bs, min((b + 1) * bs, len(order)))
             yield BatchPlan(epoch, b, order[sl], is_pad[sl],
-                            np.random.SeedSequence([self.seed, epoch, self.shard_id, b]))
+                            np.random.SeedSequence([self.seed, epoch, self.shard_id, b]), self.seed)
