@@ -1,0 +1,91 @@
+"""Batching of non-image fields, by kind (`ingest.formats.KINDS`).
+
+The image field goes through decode and the ops; every other field of a batch's records is collated here:
+
+| kind          | batched as                                                                 |
+|---------------|----------------------------------------------------------------------------|
+| int / float   | int64 / float32 tensor ``[B]``                                             |
+| ints / floats | ``[B, L]`` (declared length) or padded to the longest (-1 / 0) + ``<name>_lengths`` |
+| array         | stacked ``[B, ...]`` when shapes agree, else padded along dim 0 + ``<name>_lengths`` |
+| image         | decoded to ``[H, W, 3]`` uint8 (CPU), stacked when sizes agree, else a list   |
+| pixels        | like image, without decoding                                               |
+| text / bytes  | a list                                                                     |
+
+Tensors are on the CPU; `to_device` moves the numeric ones (pinned, non-blocking) to the loader's device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from .errors import CorruptRecordError, IngestError
+from .formats.base import Field
+
+PAD = {"ints": -1, "floats": 0.0, "array": 0}
+
+
+def collate(name: str, field: Field, values: Sequence[Any], *, decode: Callable[[Any, str], np.ndarray],
+            names: Sequence[str]) -> dict[str, Any]:
+    """The batched form of one field: ``{name: batched}`` plus ``{name_lengths: ...}`` for ragged kinds.
+    ``decode(bytes, sample_name)`` decodes an encoded image field; ``names`` name the samples for errors."""
+    kind = field.kind
+    try:
+        if kind == "int":
+            return {name: torch.tensor([int(v) for v in values], dtype=torch.int64)}
+        if kind == "float":
+            return {name: torch.tensor([float(v) for v in values], dtype=torch.float32)}
+        if kind in ("ints", "floats"):
+            dtype = np.int64 if kind == "ints" else np.float32
+            arrays = [np.asarray(v, dtype=dtype).reshape(-1) for v in values]
+            return _padded(name, arrays, PAD[kind], fixed=field.shape is not None)
+        if kind == "array":
+            arrays = [np.asarray(v) for v in values]
+            return _padded(name, arrays, PAD[kind], fixed=False)
+        if kind in ("image", "pixels"):
+            images = [torch.from_numpy(np.ascontiguousarray(decode(v, n) if kind == "image" else np.asarray(v)))
+                      for v, n in zip(values, names)]
+            if images and all(im.shape == images[0].shape for im in images):
+                return {name: torch.stack(images)}
+            return {name: images}
+        return {name: list(values)}  # text, bytes
+    except IngestError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise CorruptRecordError(f"field {name!r} ({kind}) cannot be batched: {err}",
+                                 path=", ".join(names[:3]) + (" ..." if len(names) > 3 else "")) from err
+
+
+def _padded(name: str, arrays: list[np.ndarray], pad: Any, *, fixed: bool) -> dict[str, torch.Tensor]:
+    """Stack arrays that agree in shape; otherwise pad along dim 0 to the longest and report lengths."""
+    lengths = torch.tensor([a.shape[0] if a.ndim else 1 for a in arrays], dtype=torch.int64)
+    if arrays and all(a.shape == arrays[0].shape for a in arrays):
+        out = {name: torch.from_numpy(np.stack(arrays))}
+        if not fixed and arrays[0].ndim:
+            out[f"{name}_lengths"] = lengths
+        return out
+    tails = {a.shape[1:] for a in arrays}
+    if len(tails) != 1:
+        raise ValueError(f"shapes {sorted({a.shape for a in arrays})} differ beyond the first dimension")
+    tail = tails.pop()
+    dtype = np.result_type(*arrays)
+    out = np.full((len(arrays), int(lengths.max()), *tail), pad, dtype=dtype)
+    for k, a in enumerate(arrays):
+        out[k, :len(a)] = a
+    return {name: torch.from_numpy(out), f"{name}_lengths": lengths}
+
+
+def to_device(fields: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Numeric tensors (and lists of them) moved to ``device`` without blocking the host."""
+    if device.type != "cuda":
+        return fields
+
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            return v.pin_memory().to(device, non_blocking=True)
+        if isinstance(v, list) and v and all(isinstance(t, torch.Tensor) for t in v):
+            return [move(t) for t in v]
+        return v
+    return {k: move(v) for k, v in fields.items()}
