@@ -1,0 +1,109 @@
+"""Record formats against the file tree, in one run: the same JPEGs packed by `ingest convert` into each
+format, then the training pipeline of `bench_gpu.py` (variant a: mixed decode, RandomResizedCrop 224 + flip
++ normalize) over each. Reports converter throughput per format (images/s) and each format's loader rate
+as a ratio to the file tree's.
+
+    python benchmarks/bench_formats.py --data /dev/shm/ingest_bench_20k --work /dev/shm/packed \\
+        --out out/bench_formats.json [--formats tfrecord,recordio,lmdb,wds] [--seconds 10]
+
+Each loader runs in its own `bench_gpu.py --only a` subprocess (a fresh CUDA context); the file tree is
+measured first and last, and the ratio uses the mean of the two, so drift of the shared machine shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FORMATS = ("tfrecord", "recordio", "lmdb", "wds")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="ImageFolder JPEG directory (benchmarks/make_data.py)")
+    p.add_argument("--work", required=True, help="where the packed copies go (e.g. /dev/shm/packed)")
+    p.add_argument("--out", required=True, help="JSON file to write (logs go next to it)")
+    p.add_argument("--formats", default=",".join(FORMATS))
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="converter workers")
+    p.add_argument("--seconds", type=float, default=10.0, help="timed loader window per format")
+    p.add_argument("--bench-args", default="", help="extra arguments for bench_gpu.py (e.g. '--dry-run')")
+    return p.parse_args(argv)
+
+
+def convert(src: str, dst: Path, fmt: str, workers: int, log: Path) -> dict:
+    """Pack ``src`` into ``dst`` with the CLI, timed; images/s from the manifest's count."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    cmd = [sys.executable, "-m", "ingest.tools.cli", "convert", src, str(dst), "--to", fmt,
+           "--workers", str(workers)]
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    seconds = time.perf_counter() - t0
+    if rc != 0:
+        return {"error": f"convert exited {rc}; see {log.name}"}
+    count = json.loads((dst / "manifest.json").read_text()).get("count")
+    size = sum(p.stat().st_size for p in dst.rglob("*") if p.is_file())
+    return {"seconds": round(seconds, 2), "images": count, "images_per_s": round(count / seconds, 1),
+            "bytes": size}
+
+
+def loader_rate(data: str, out: Path, args, log: Path) -> dict:
+    cmd = [sys.executable, str(HERE / "bench_gpu.py"), "--data", data, "--out", str(out), "--only", "a",
+           "--train-seconds", "0", "--seconds", str(args.seconds), *args.bench_args.split()]
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0 or not out.exists():
+        return {"error": f"bench_gpu exited {rc}; see {log.name}"}
+    report = json.loads(out.read_text())
+    res = report["results"]["ingest_mixed"]
+    keep = ("img_s", "batches", "seconds", "first_batch_seconds", "error", "note")
+    return {k: res[k] for k in keep if k in res} | {"read_path": (res.get("loader_stats") or {}).get("read_path")
+                                                  if isinstance(res.get("loader_stats"), dict) else None}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    logs = out.with_suffix("")
+    logs.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict = {"data": args.data, "workers": args.workers, "seconds": args.seconds, "convert": {},
+                    "loader": {}}
+
+    def flush():
+        out.write_text(json.dumps(report, indent=2))
+
+    report["loader"]["filetree"] = loader_rate(args.data, logs / "filetree.json", args, logs / "filetree.log")
+    flush()
+    for fmt in args.formats.split(","):
+        dst = work / fmt
+        report["convert"][fmt] = convert(args.data, dst, fmt, args.workers, logs / f"convert_{fmt}.log")
+        flush()
+        if "error" not in report["convert"][fmt]:
+            report["loader"][fmt] = loader_rate(str(dst), logs / f"{fmt}.json", args, logs / f"{fmt}.log")
+        flush()
+    report["loader"]["filetree_again"] = loader_rate(args.data, logs / "filetree2.json", args,
+                                                     logs / "filetree2.log")
+    base = [report["loader"][k].get("img_s") for k in ("filetree", "filetree_again")]
+    base = [b for b in base if b]
+    if base:
+        mean = sum(base) / len(base)
+        report["ratio_to_filetree"] = {fmt: round(r["img_s"] / mean, 3) for fmt, r in report["loader"].items()
+                                       if r.get("img_s") and not fmt.startswith("filetree")}
+    flush()
+    print(json.dumps({"convert": report["convert"], "ratio_to_filetree": report.get("ratio_to_filetree")},
+                     indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
