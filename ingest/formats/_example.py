@@ -1,0 +1,261 @@
+"""``tf.train.Example`` features <-> the fields of a sample (`ingest.formats.base.Field`): the feature
+spec a `TFRecordSource` takes, its inference from a first record, the extraction of every field from a
+record (errors name file, offset and key) and the encoding `TFRecordWriter` uses. The rules are stated in
+`ingest.formats.tfrecord`'s docstring.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+from google.protobuf.message import DecodeError as ProtoDecodeError
+
+from ..errors import ConfigError, CorruptRecordError
+from . import _protos
+from .base import Field, Record
+
+#: Keys tried in order for the image of a record without a spec (TF-slim / Inception / Object Detection API,
+#: TFDS-style and common hand-written layouts).
+IMAGE_KEYS = ("image/encoded", "image", "image_raw", "image/raw", "img", "encoded", "jpeg", "jpg", "png",
+              "image_bytes")
+#: Keys tried in order for the class label.
+LABEL_KEYS = ("image/class/label", "label", "image/label", "class", "cls", "target", "labels")
+#: Feature keys `TFRecordWriter` uses for the two special fields (others: the field name).
+WRITE_KEYS = {"image": "image/encoded", "label": "image/class/label"}
+_PIXELS_KEY = "image/raw"
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
+_LIST = {"image": "bytes_list", "pixels": "bytes_list", "text": "bytes_list", "bytes": "bytes_list",
+         "int": "int64_list", "ints": "int64_list", "float": "float_list", "floats": "float_list"}
+
+
+def normalize_spec(features: Mapping[str, Any], first: Any) -> dict[str, tuple[str, Field]]:
+    """``{field name: (feature key, Field)}`` from a user spec; ``first`` (the first record's feature map,
+    or None) gives the kind of a bare key."""
+    if not isinstance(features, Mapping) or not features:
+        raise ConfigError(f"`features` must be a non-empty mapping of field name -> feature spec, got {features!r}")
+    spec = {}
+    for name, value in features.items():
+        if isinstance(value, Field):
+            key, field = name, value
+        elif isinstance(value, str):
+            key, field = value, _default_field(name, value, first)
+        elif isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
+            key, field = value[0], value[1] if isinstance(value[1], Field) else _field(name, value[1])
+        else:
+            raise ConfigError(f"feature spec of {name!r} must be a key, (key, kind), (key, Field) or a Field, "
+                              f"got {value!r}")
+        if name == "image" and field.kind not in ("image", "pixels"):
+            raise ConfigError(f"the 'image' field must be of kind image or pixels, got {field.kind!r}")
+        if name == "label" and field.kind != "int":
+            raise ConfigError(f"the 'label' field must be of kind int, got {field.kind!r}")
+        spec[name] = (key, field)
+    return spec
+
+
+def _field(name: str, kind: Any) -> Field:
+    try:
+        return Field(kind)
+    except ValueError as err:
+        raise ConfigError(f"feature spec of {name!r}: {err}") from None
+
+
+def _default_field(name: str, key: str, first: Any) -> Field:
+    if name == "image":
+        return Field("image")
+    if name == "label":
+        return Field("int")
+    kind = first[key].WhichOneof("kind") if first is not None and key in first else None
+    if kind is None:
+        raise ConfigError(f"cannot tell the kind of feature {key!r} from the first record; give (key, kind)")
+    return Field({"int64_list": "ints", "float_list": "floats", "bytes_list": "bytes"}[kind])
+
+
+def infer_spec(first: Any) -> dict[str, tuple[str, Field]]:
+    """The fields of a record without a spec (see the module docstring)."""
+    kinds = {key: first[key].WhichOneof("kind") for key in first}
+
+    def one(key):
+        return kinds[key] is not None and len(getattr(first[key], kinds[key]).value) == 1
+
+    spec: dict[str, tuple[str, Field]] = {}
+    shaped = {k for k in kinds if kinds[k] == "bytes_list" and kinds.get(k + "/shape") == "int64_list" and one(k)}
+    for key in IMAGE_KEYS:
+        if kinds.get(key) == "bytes_list" and one(key):
+            if key in shaped and key + "/dtype" not in kinds:
+                spec["image"] = (key, Field("pixels"))
+                break
+            if bytes(first[key].bytes_list.value[0][:8]).startswith(_IMAGE_MAGIC):
+                spec["image"] = (key, Field("image"))
+                break
+    for key in LABEL_KEYS:
+        if kinds.get(key) == "int64_list" and one(key):
+            spec["label"] = (key, Field("int"))
+            break
+    taken = {key for key, _ in spec.values()}
+    siblings = {k + suffix for k in shaped for suffix in ("/shape", "/dtype")}
+    for key, kind in sorted(kinds.items()):
+        if key in taken or key in siblings:
+            continue
+        if kind == "int64_list":
+            spec[key] = (key, Field("ints"))
+        elif kind == "float_list":
+            spec[key] = (key, Field("floats"))
+        elif key in shaped:
+            spec[key] = (key, Field("array" if key + "/dtype" in kinds else "pixels"))
+    return spec
+
+
+class Extract:
+    """Reads the declared fields out of one record's feature map; errors name path, sample, offset, key."""
+
+    def __init__(self, fmap: Any, path: str, index: Any, offset: int):
+        self.fmap, self.path, self.index, self.offset = fmap, path, index, offset
+
+    def error(self, key: str, msg: str) -> CorruptRecordError:
+        return CorruptRecordError(f"feature {key!r}: {msg}", path=self.path, index=self.index, offset=self.offset)
+
+    def values(self, key: str, want: str | None) -> tuple[str, Any]:
+        if key not in self.fmap:
+            raise self.error(key, "missing")
+        feat = self.fmap[key]
+        kind = feat.WhichOneof("kind")
+        if kind is None:  # a Feature with no list set: empty, of whatever type was asked (as TensorFlow reads it)
+            return want or "bytes_list", ()
+        if want is not None and kind != want:
+            raise self.error(key, f"holds a {kind}, expected a {want}")
+        return kind, getattr(feat, kind).value
+
+    def single(self, key: str, want: str) -> Any:
+        _, vals = self.values(key, want)
+        if len(vals) != 1:
+            raise self.error(key, f"holds {len(vals)} values, expected exactly 1")
+        return vals[0]
+
+    def shape(self, key: str, field: Field, count: int) -> tuple[int, ...]:
+        if field.shape is not None:
+            shape = tuple(field.shape)
+        elif key + "/shape" in self.fmap:
+            shape = tuple(int(d) for d in self.values(key + "/shape", "int64_list")[1])
+        else:
+            shape = (count,)
+        if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != count:
+            raise self.error(key, f"{count} values do not fill shape {shape}")
+        return shape
+
+    def dtype(self, key: str, field: Field) -> np.dtype:
+        name = field.dtype
+        if name is None and key + "/dtype" in self.fmap:
+            name = bytes(self.single(key + "/dtype", "bytes_list")).decode("ascii", "replace")
+        try:
+            dtype = np.dtype(name or "uint8")
+        except (TypeError, ValueError) as err:
+            raise self.error(key, f"unknown dtype {name!r}") from err
+        if dtype.hasobject or dtype.itemsize == 0:
+            raise self.error(key, f"dtype {name!r} cannot hold array data")
+        return dtype.newbyteorder("<")
+
+    def get(self, key: str, field: Field) -> Any:
+        kind = field.kind
+        if kind in ("image", "bytes"):
+            value = bytes(self.single(key, "bytes_list"))
+            if kind == "image" and not value:
+                raise self.error(key, "empty image")
+            return value
+        if kind == "text":
+            try:
+                return bytes(self.single(key, "bytes_list")).decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise self.error(key, f"not UTF-8 text ({err.reason})") from None
+        if kind == "int":
+            return int(self.single(key, "int64_list"))
+        if kind == "float":
+            return float(self.single(key, "float_list"))
+        if kind in ("ints", "floats"):
+            arr = np.array(self.values(key, _LIST[kind])[1], dtype=np.int64 if kind == "ints" else np.float32)
+            if field.shape is not None and arr.shape != tuple(field.shape):
+                raise self.error(key, f"holds {arr.size} values, expected {field.shape[0]}")
+            return arr
+        return self.array(key, field)
+
+    def array(self, key: str, field: Field) -> np.ndarray:
+        if field.kind == "pixels" or self.values(key, None)[0] == "bytes_list":
+            dtype = np.dtype(np.uint8) if field.kind == "pixels" else self.dtype(key, field)
+            buf = bytes(self.single(key, "bytes_list"))
+            if len(buf) % dtype.itemsize:
+                raise self.error(key, f"{len(buf)} bytes are not a whole number of {dtype.name} items")
+            arr = np.frombuffer(buf, dtype=dtype)
+        else:
+            kind, vals = self.values(key, None)
+            arr = np.array(vals, dtype=np.int64 if kind == "int64_list" else np.float32)
+            if field.dtype is not None:
+                arr = arr.astype(field.dtype)
+        shape = self.shape(key, field, arr.size)
+        try:
+            arr = arr.reshape(shape)
+        except ValueError as err:
+            raise self.error(key, f"{arr.size} values do not fill shape {shape}") from err
+        if field.kind == "pixels" and arr.ndim != 3:
+            raise self.error(key, f"pixels must have shape (H, W, C), got {arr.shape}")
+        return arr
+
+
+def parse_features(data: Any, path: str, index: Any, offset: int) -> Any:
+    try:
+        return _protos.Example.FromString(data).features.feature
+    except ProtoDecodeError as err:
+        raise CorruptRecordError(f"not a tf.train.Example: {err}", path=path, index=index, offset=offset) from None
+
+
+def to_record(fmap: Any, spec: Mapping[str, tuple[str, Field]], path: str, index: Any, offset: int) -> Record:
+    ex = Extract(fmap, path, index, offset)
+    values = {name: ex.get(key, field) for name, (key, field) in spec.items()}
+    return Record(values.pop("image", None), values.pop("label", -1), values)
+
+
+def image_format(data: bytes) -> bytes:
+    for magic, name in ((b"\xff\xd8\xff", b"jpeg"), (b"\x89PNG", b"png"), (b"GIF8", b"gif"), (b"BM", b"bmp"),
+                        (b"II*\x00", b"tiff"), (b"MM\x00*", b"tiff")):
+        if data.startswith(magic):
+            return name
+    return b"webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else b""
+
+
+def writer_spec(fields: Mapping[str, Field], keys: Mapping[str, str] | None = None) -> dict[str, tuple[str, Field]]:
+    """The feature keys `TFRecordWriter` uses for ``fields`` (``keys`` overriding the defaults), as the
+    ``features`` spec that reads its shards back with every field of its declared kind."""
+    keys = dict(keys or {})
+    unknown = set(keys) - set(fields)
+    if unknown:
+        raise ConfigError(f"`keys` names fields that are not declared: {sorted(unknown)}")
+
+    def default(name: str, field: Field) -> str:
+        if name == "image" and field.kind == "pixels":
+            return _PIXELS_KEY
+        return WRITE_KEYS.get(name, name)
+
+    return {name: (keys.get(name) or default(name, field), field) for name, field in fields.items()}
+
+
+def put(fmap: Any, key: str, field: Field, value: Any) -> None:
+    """Set feature ``key`` of feature map ``fmap`` to ``value`` of kind ``field.kind`` (see `TFRecordWriter`)."""
+    kind = field.kind
+    if value is None:
+        raise ConfigError(f"field for key {key!r} is None")
+    if kind in ("image", "bytes"):
+        fmap[key].bytes_list.value.append(bytes(value))
+    elif kind == "text":
+        fmap[key].bytes_list.value.append(str(value).encode("utf-8"))
+    elif kind in ("int", "ints"):
+        fmap[key].int64_list.value.extend(np.atleast_1d(np.asarray(value, dtype=np.int64)).tolist())
+    elif kind in ("float", "floats"):
+        fmap[key].float_list.value.extend(np.atleast_1d(np.asarray(value, dtype=np.float32)).tolist())
+    else:  # pixels / array: raw little-endian bytes + shape (+ dtype)
+        arr = np.asarray(value, dtype=np.uint8 if kind == "pixels" else None)
+        if arr.dtype.hasobject:
+            raise ConfigError(f"field for key {key!r}: cannot write an array of Python objects")
+        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        fmap[key].bytes_list.value.append(arr.tobytes())
+        fmap[key + "/shape"].int64_list.value.extend(arr.shape)
+        if kind == "array":
+            fmap[key + "/dtype"].bytes_list.value.append(arr.dtype.name.encode("ascii"))

@@ -1,0 +1,302 @@
+"""MXNet RecordIO (``.rec``) files as im2rec writes them, read and written without MXNet.
+
+**Framing** (dmlc-core ``recordio``): a record is one or more chunks, each ``uint32`` magic ``0xced7230a``,
+``uint32 lrec`` (upper 3 bits: continuation flag ``cflag``, lower 29 bits: ``length``), ``length`` bytes,
+zero padding to a multiple of 4. The writer splits a record wherever its data holds the magic at a 4-byte
+aligned position: chunk flags 1 (first), 2 (middle), 3 (last), 0 for an unsplit record; the reader
+joins the chunks with the magic put back between them.
+
+**Payload** (``mxnet.recordio.pack``): an ``IRHeader`` ``struct '<IfQQ'`` (flag, label, id, id2), then,
+when ``flag > 0``, ``flag`` float32 labels, then the encoded image. Fields of a sample:
+
+- ``image``: the encoded image bytes (a record with none is a `CorruptRecordError`);
+- ``label`` (int): the header's label when ``flag == 0`` and it is a whole number, else -1;
+- ``labels`` (floats): every label as float32: ``[label]`` when ``flag == 0``, the ``flag`` values
+  otherwise (multi-value labels, detection boxes packed by im2rec);
+- ``id`` (int): the header's id (a uint64 seen as int64).
+
+**Index** (``MXIndexedRecordIO``): ``<name>.idx`` beside ``<name>.rec``, lines ``key<TAB>offset``. Used when
+present (or given as ``index=``), built by scanning the chunk headers when not; reading never writes it.
+Samples are in file order (index entries sorted by offset), so both ways give the same order. A record's
+extent is the gap to the next indexed offset; an offset that does not start a record, or a record that runs
+past its extent, is a `CorruptRecordError` naming the file and offset.
+
+`RecordIOWriter` writes ``<stem>.rec`` and ``<stem>.idx`` (keys 0, 1, ...) that MXNet's
+``MXIndexedRecordIO`` + ``recordio.unpack`` read. It writes no ``.lst``: that is im2rec's input, not read
+back by MXNet's readers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, CorruptRecordError
+from ._shards import read_index_rows, resolve_indexes, resolve_shards
+from .base import Field, Location, Record, check_index
+
+MAGIC = 0xCED7230A
+_MAGIC_BYTES = MAGIC.to_bytes(4, "little")
+_CHUNK_HEADER = struct.Struct("<II")
+IR_HEADER = struct.Struct("<IfQQ")   # flag, label, id, id2
+_LEN_MASK = (1 << 29) - 1
+MAX_LENGTH = _LEN_MASK               # a chunk holds at most 2**29 - 1 bytes
+
+FIELDS = {"image": Field("image"), "label": Field("int"), "labels": Field("floats"), "id": Field("int")}
+
+
+def _pad4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def _index_of(shard: str) -> str:
+    return os.path.splitext(shard)[0] + ".idx"
+
+
+# -- framing ---------------------------------------------------------------------------------------
+
+def _chunk_header(buf: Any, pos: int, path: str, offset: int) -> tuple[int, int]:
+    """(cflag, length) of the chunk header at ``buf[pos:pos+8]``."""
+    if len(buf) - pos < _CHUNK_HEADER.size:
+        raise CorruptRecordError(f"truncated chunk header at byte {offset + pos}", path=path, offset=offset)
+    magic, lrec = _CHUNK_HEADER.unpack_from(buf, pos)
+    if magic != MAGIC:
+        raise CorruptRecordError(f"wrong magic 0x{magic:08x} at byte {offset + pos} (expected 0x{MAGIC:08x}): "
+                                 f"not a RecordIO record start", path=path, offset=offset)
+    return lrec >> 29, lrec & _LEN_MASK
+
+
+def _expect_flag(cflag: int, first: bool, path: str, offset: int, at: int) -> None:
+    if cflag > 3 or (first and cflag not in (0, 1)) or (not first and cflag not in (2, 3)):
+        where = "first chunk" if first else "continuation chunk"
+        raise CorruptRecordError(f"continuation flag {cflag} cannot start a {where} (byte {at})",
+                                 path=path, offset=offset)
+
+
+def unchunk(raw: Any, path: str, offset: int) -> tuple[bytes, int]:
+    """The data of the record at the start of ``raw`` (chunks joined, magic re-inserted) and the number of
+    bytes it spans. Bytes after it are left alone (an index may skip records)."""
+    buf = memoryview(raw).cast("B") if not isinstance(raw, (bytes, bytearray)) else raw
+    parts, pos = [], 0
+    while True:
+        cflag, length = _chunk_header(buf, pos, path, offset)
+        _expect_flag(cflag, not parts, path, offset, offset + pos)
+        start = pos + _CHUNK_HEADER.size
+        if start + length > len(buf):
+            raise CorruptRecordError(f"chunk length {length} at byte {offset + pos} runs past the record's "
+                                     f"extent ({len(buf)} bytes)", path=path, offset=offset)
+        parts.append(bytes(buf[start:start + length]))
+        pos = start + _pad4(length)
+        if cflag in (0, 3):
+            return _MAGIC_BYTES.join(parts), min(pos, len(buf))
+
+
+def scan(path: str) -> np.ndarray:
+    """Index a ``.rec`` file by reading its chunk headers: ``[N, 2]`` int64 ``(offset, size)`` per record,
+    size running through the last chunk's padding."""
+    size = os.path.getsize(path)
+    entries = []
+    with open(path, "rb") as f:
+        offset = pos = 0
+        first = True
+        while pos < size:
+            f.seek(pos)
+            head = f.read(_CHUNK_HEADER.size)
+            cflag, length = _chunk_header(head, 0, path, pos)
+            _expect_flag(cflag, first, path, offset, pos)
+            end = pos + _CHUNK_HEADER.size + _pad4(length)
+            if end > size:
+                raise CorruptRecordError(f"chunk length {length} at byte {pos} runs past the end of the file "
+                                         f"({size} bytes)", path=path, offset=offset)
+            pos, first = end, cflag in (0, 3)
+            if first:
+                entries.append((offset, pos - offset))
+                offset = pos
+        if not first:
+            raise CorruptRecordError("the file ends inside a split record (no last chunk)", path=path,
+                                     offset=offset)
+    return np.array(entries, dtype=np.int64).reshape(-1, 2)
+
+
+def read_index(index_path: str, shard: str) -> np.ndarray:
+    """An MXNet ``key<TAB>offset`` index as ``[N, 2]`` int64 ``(offset, extent)`` sorted by offset, extents
+    running to the next offset (the last to the end of the file). Keys are not kept: samples are numbered
+    in file order."""
+    def row(words, size):
+        offset = int(words[1]) if len(words) == 2 else -1
+        return (offset,) if 0 <= offset <= size - _CHUNK_HEADER.size else None
+
+    rows, size = read_index_rows(index_path, shard, row, "key<TAB>offset")
+    offsets = np.array(sorted(o for o, in rows) + [size], dtype=np.int64)
+    extents = np.diff(offsets)
+    if len(extents) and extents.min() == 0:
+        dup = int(offsets[np.argmin(extents)])
+        raise CorruptRecordError(f"offset {dup} is listed twice", path=index_path, offset=dup)
+    return np.stack([offsets[:-1], extents], axis=1)
+
+
+# -- payload ---------------------------------------------------------------------------------------
+
+def unpack(data: bytes, path: str, index: Any, offset: int) -> Record:
+    """A record's payload (IRHeader, labels, image) as a `Record` with the fields in `FIELDS`."""
+    if len(data) < IR_HEADER.size:
+        raise CorruptRecordError(f"record of {len(data)} bytes is shorter than the {IR_HEADER.size}-byte IRHeader",
+                                 path=path, index=index, offset=offset)
+    flag, label, rid, _ = IR_HEADER.unpack_from(data)
+    if flag > (len(data) - IR_HEADER.size) // 4:
+        raise CorruptRecordError(f"IRHeader flag {flag} promises more float labels than the record holds",
+                                 path=path, index=index, offset=offset)
+    start = IR_HEADER.size + 4 * flag
+    if flag:
+        labels = np.frombuffer(data, dtype="<f4", count=flag, offset=IR_HEADER.size).astype(np.float32)
+    else:
+        labels = np.array([label], dtype=np.float32)
+    image = data[start:]
+    if not image:
+        raise CorruptRecordError("record holds no image bytes after its IRHeader", path=path, index=index,
+                                 offset=offset)
+    return Record(image, _class_label(flag, label), {"labels": labels, "id": int(np.uint64(rid).view(np.int64))})
+
+
+def _class_label(flag: int, label: float) -> int:
+    """The int label of a header: its label when single-valued and a whole number, else -1."""
+    if flag == 0 and math.isfinite(label) and label == int(label) and -1 <= label < 2 ** 31:
+        return int(label)
+    return -1
+
+
+# -- the source ------------------------------------------------------------------------------------
+
+class RecordIOSource:
+    """Samples of MXNet RecordIO files: ``path`` is a ``.rec`` file, a list or glob of them, or a directory
+    (its ``*.rec`` files). ``index``: the ``.idx`` file(s) (a path, a list aligned with the files, or a
+    directory); default ``<name>.idx`` beside each ``<name>.rec`` where present. ``classes``: class names."""
+
+    fields = FIELDS
+
+    def __init__(self, path: str | os.PathLike | Sequence[str], *, index: Any = None, classes: Sequence[str] = ()):
+        self.shards = resolve_shards(path, lambda name: name.lower().endswith(".rec"), "RecordIO")
+        self.classes = list(classes)
+        tables = [read_index(idx, shard) if idx else scan(shard)
+                  for shard, idx in zip(self.shards, resolve_indexes(index, self.shards, _index_of))]
+        self._entries = np.concatenate(tables)
+        self._starts = np.cumsum([0] + [len(t) for t in tables])
+        self._labels: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _shard(self, i: int) -> int:
+        return int(np.searchsorted(self._starts, i, side="right")) - 1
+
+    def locate(self, i: int) -> Location:
+        i = check_index(i, len(self._entries))
+        offset, size = self._entries[i]
+        return Location(self.shards[self._shard(i)], int(offset), int(size))
+
+    def parse(self, i: int, raw: Any) -> Record:
+        path, offset = self.shards[self._shard(i)], int(self._entries[i, 0])
+        data, _ = unchunk(raw, path, offset)
+        return unpack(data, path, i, offset)
+
+    def labels(self) -> np.ndarray:
+        """Every sample's label, from the IRHeaders (one small read per record), cached after the first call."""
+        if self._labels is None:
+            labels = np.empty(len(self._entries), dtype=np.int64)
+            for k, shard in enumerate(self.shards):
+                with open(shard, "rb") as f:
+                    for i in range(int(self._starts[k]), int(self._starts[k + 1])):
+                        offset, size = (int(v) for v in self._entries[i])
+                        f.seek(offset)
+                        head = f.read(min(size, _CHUNK_HEADER.size + IR_HEADER.size))
+                        cflag, length = _chunk_header(head, 0, shard, offset)
+                        if cflag == 0 and len(head) == _CHUNK_HEADER.size + IR_HEADER.size <= size \
+                                and length >= IR_HEADER.size:
+                            flag, label, _, _ = IR_HEADER.unpack_from(head, _CHUNK_HEADER.size)
+                            labels[i] = _class_label(flag, label)
+                        else:  # split or short record: read it whole
+                            f.seek(offset)
+                            labels[i] = self.parse(i, f.read(size)).label
+            self._labels = labels
+        return self._labels
+
+    def name(self, i: int) -> str:
+        i = check_index(i, len(self._entries))
+        return f"{self.shards[self._shard(i)]}:{int(self._entries[i, 0])}"
+
+    def __repr__(self) -> str:
+        return f"RecordIOSource({len(self.shards)} files, {len(self)} records)"
+
+
+# -- the writer ------------------------------------------------------------------------------------
+
+def chunks(data: bytes) -> bytes:
+    """``data`` framed as one RecordIO record, split where it holds the magic at a 4-byte aligned position
+    (as dmlc-core's RecordIOWriter::WriteRecord does)."""
+    if len(data) > MAX_LENGTH:
+        raise ConfigError(f"a RecordIO record holds at most {MAX_LENGTH} bytes, got {len(data)}")
+    aligned = np.frombuffer(data, dtype="<u4", count=len(data) // 4)
+    cuts = (np.flatnonzero(aligned == MAGIC) * 4).tolist()
+    out, start = [], 0
+    for cut in cuts:
+        out += [_CHUNK_HEADER.pack(MAGIC, (1 if start == 0 else 2) << 29 | (cut - start)), data[start:cut]]
+        start = cut + 4
+    tail = len(data) - start
+    out += [_CHUNK_HEADER.pack(MAGIC, (3 if cuts else 0) << 29 | tail), data[start:], bytes(_pad4(tail) - tail)]
+    return b"".join(out)
+
+
+class RecordIOWriter:
+    """Writes one shard ``<stem>.rec`` + ``<stem>.idx`` (keys 0, 1, ... in write order), records packed as
+    ``mxnet.recordio.pack`` does. Storable fields: ``image`` (encoded, required), ``label`` (int), ``labels``
+    (floats: written as ``flag`` multi-value labels unless it holds exactly one value) and ``id`` (int;
+    default: the key)."""
+
+    def __init__(self, directory: str | os.PathLike, stem: str, fields: Mapping[str, Field]):
+        fields = dict(fields)
+        if fields.get("image", Field("bytes")).kind != "image":
+            raise ConfigError("RecordIO stores encoded images: the fields need an 'image' of kind image "
+                              "(re-encode pixels first)")
+        extra = sorted(set(fields) - set(FIELDS))
+        if extra:
+            raise ConfigError(f"RecordIO records hold an image, a label or float labels and an id; cannot "
+                              f"store fields {extra}")
+        self.fields = fields
+        self.directory = os.fspath(directory)
+        self._stem = stem
+        self._file = open(os.path.join(self.directory, stem + ".rec"), "wb")
+        self._index: list[str] = []
+        self._offset = 0
+
+    def add(self, record: Record) -> None:
+        key = len(self._index)
+        label = float(record.label) if "label" in self.fields else 0.0
+        extra = b""
+        flag = 0
+        if "labels" in self.fields:
+            values = np.asarray(record.fields["labels"], dtype="<f4").ravel()
+            if values.size == 1:
+                label = float(values[0])
+            else:
+                flag, label, extra = values.size, 0.0, values.tobytes()
+        rid = int(record.fields["id"]) if "id" in self.fields else key
+        header = IR_HEADER.pack(flag, label, rid & (2 ** 64 - 1), 0)
+        data = chunks(header + extra + bytes(record.image))
+        self._file.write(data)
+        self._index.append(f"{key}\t{self._offset}\n")
+        self._offset += len(data)
+
+    def close(self) -> list[str]:
+        """Finish the shard and write its index; returns the file names written."""
+        names = [self._stem + ".rec", self._stem + ".idx"]
+        if not self._file.closed:
+            self._file.close()
+            tmp = os.path.join(self.directory, names[1] + ".tmp")
+            with open(tmp, "w") as f:
+                f.writelines(self._index)
+            os.replace(tmp, os.path.join(self.directory, names[1]))
+        return names

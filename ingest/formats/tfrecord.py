@@ -1,0 +1,443 @@
+"""TFRecord files of ``tf.train.Example`` records, read and written without TensorFlow.
+
+**Framing** (TensorFlow's ``record_writer``): every record is ``uint64 length`` (little endian), ``uint32``
+masked CRC32C of those 8 bytes, ``length`` bytes of data, ``uint32`` masked CRC32C of the data, where
+mask(crc) = ``((crc >> 15) | (crc << 17)) + 0xa282ead8`` (mod 2**32). The reader checks both CRCs unless
+``check_crc=False``; a length is checked against the file size before anything is allocated.
+
+**Index** (NVIDIA DALI's ``tfrecord2idx`` format): a text file, one ``offset size`` line per record, where
+``size`` is the whole framed record (data + 16 bytes). ``TFRecordSource`` uses ``<shard>.idx`` beside each
+shard (or the files named by ``index=``) and otherwise builds the index in memory by scanning the record
+headers (one 12-byte read per record). Reading never writes files: `write_index` (and ``ingest index``)
+writes index files, so a read-only dataset directory stays untouched and two readers never race on a cache.
+An index entry that disagrees with the data is a `CorruptRecordError` naming the shard and offset.
+
+**Compressed shards** (GZIP: ``.gz`` or the gzip magic; ZLIB: a zlib header) cannot be read at an offset: a
+source with one is *streamed* (``streamed = True``, ``shards``, ``iter_shard``; see `ingest.formats.base`).
+
+**Features.** ``features`` names the fields of a sample: ``{field name: spec}`` where a spec is a feature
+key (kind taken from the key: ``image`` -> encoded image, ``label`` -> int, others from the first record's
+feature type: int64 -> ints, float -> floats, bytes -> bytes), ``(key, kind)``, ``(key, Field)`` or a
+`Field` (key = the field name). Kinds (`base.KINDS`) read as TensorFlow's ``FixedLenFeature`` /
+``VarLenFeature`` would: ``int``/``float``/``bytes``/``text``/``image`` need exactly one value,
+``ints``/``floats`` any number (exactly ``Field.shape[0]`` when a shape is declared), ``pixels`` and
+``array`` one bytes value shaped by ``Field.shape``/``dtype`` or by the sibling features ``<key>/shape``
+(int64) and ``<key>/dtype`` (bytes) that `TFRecordWriter` writes. Without a spec the common layouts are
+inferred from the first record: the image from TF-slim/Inception/Object Detection keys (``image/encoded``,
+``image``, ``image_raw``, ... holding an encoded image), the label from ``image/class/label``, ``label``,
+...; every other int64/float feature becomes an ``ints``/``floats`` field named by its key (variable
+length: one record says nothing about the others). Byte-string features other than the image are not
+inferred (a single record cannot tell one string from a per-object list): name them in a spec.
+A missing feature or one of the wrong type is a `CorruptRecordError` naming the file, offset and key.
+
+``tf.train.SequenceExample`` files: their context features are read with ``sequence=True`` (the feature
+lists are not read); without it, such a file raises `SourceError` saying so.
+
+``labels()`` parses every record once (the label is inside the protobuf), lazily on first call, and caches
+the result in the source.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import zlib
+from typing import Any, Iterator, Mapping, Sequence
+
+import crc32c
+import numpy as np
+from google.protobuf.message import DecodeError as ProtoDecodeError
+
+from ..errors import ConfigError, CorruptRecordError, SourceError
+from . import _protos
+from ._example import Extract, image_format, infer_spec, normalize_spec, parse_features, put, to_record, writer_spec
+from ._shards import CHUNK, read_exact, read_index_rows, resolve_indexes, resolve_shards
+from .base import Field, Location, Record, check_index
+
+HEADER = 12      # uint64 length + uint32 masked CRC of it
+FOOTER = 4       # uint32 masked CRC of the data
+FRAMING = HEADER + FOOTER
+_MASK_DELTA = 0xA282EAD8
+_U32 = 0xFFFFFFFF
+
+_COMPRESSIONS = ("auto", "none", "gzip", "zlib")
+
+
+# -- framing ---------------------------------------------------------------------------------------
+
+def masked_crc(data: Any) -> int:
+    """TFRecord's masked CRC32C of ``data``."""
+    crc = crc32c.crc32c(data)
+    return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
+
+
+def frame(data: bytes) -> bytes:
+    """One framed TFRecord record holding ``data``."""
+    length = len(data).to_bytes(8, "little")
+    return b"".join((length, masked_crc(length).to_bytes(4, "little"), data,
+                     masked_crc(data).to_bytes(4, "little")))
+
+
+def _header_length(head: Any, path: str, offset: int, check_crc: bool) -> int:
+    """The data length in a 12-byte record header, its CRC checked."""
+    length = int.from_bytes(head[:8], "little")
+    if check_crc and masked_crc(head[:8]) != int.from_bytes(head[8:12], "little"):
+        raise CorruptRecordError("bad length CRC in the record header (not a TFRecord, or corrupt)",
+                                 path=path, offset=offset)
+    return length
+
+
+def unframe(raw: Any, path: str, offset: int, *, check_crc: bool = True) -> memoryview:
+    """The data of one whole framed record ``raw`` (exactly one record), framing and CRCs checked."""
+    mv = memoryview(raw)
+    if mv.ndim != 1 or mv.format not in ("B", "b", "c"):
+        mv = mv.cast("B")
+    if len(mv) < FRAMING:
+        raise CorruptRecordError(f"truncated record: {len(mv)} bytes, a record has at least {FRAMING}",
+                                 path=path, offset=offset)
+    length = _header_length(mv, path, offset, check_crc)
+    if length + FRAMING != len(mv):
+        raise CorruptRecordError(f"record header says {length} data bytes but the index gives the record "
+                                 f"{len(mv)} bytes ({len(mv) - FRAMING} of data): index and data disagree",
+                                 path=path, offset=offset)
+    data = mv[HEADER:HEADER + length]
+    if check_crc and masked_crc(data) != int.from_bytes(mv[HEADER + length:], "little"):
+        raise CorruptRecordError("bad data CRC", path=path, offset=offset)
+    return data
+
+
+def scan(path: str, *, check_crc: bool = True) -> np.ndarray:
+    """Index an uncompressed TFRecord file by reading its record headers: an ``[N, 2]`` int64 array of
+    ``(offset, size)``, size including the framing. Data CRCs are not checked here (parsing checks them)."""
+    size = os.path.getsize(path)
+    entries = []
+    with open(path, "rb") as f:
+        offset = 0
+        while offset < size:
+            f.seek(offset)
+            head = f.read(HEADER)
+            if len(head) < HEADER:
+                raise CorruptRecordError(f"truncated record header: {len(head)} of {HEADER} bytes at the end "
+                                         f"of the file", path=path, offset=offset)
+            length = _header_length(head, path, offset, check_crc)
+            if length > size - offset - FRAMING:
+                raise CorruptRecordError(f"record length {length} runs past the end of the file "
+                                         f"({size} bytes)", path=path, offset=offset)
+            entries.append((offset, length + FRAMING))
+            offset += length + FRAMING
+    return np.array(entries, dtype=np.int64).reshape(-1, 2)
+
+
+def read_index(index_path: str, shard: str) -> np.ndarray:
+    """A DALI ``tfrecord2idx`` index file as an ``[N, 2]`` array of ``(offset, size)``, each entry checked
+    to lie inside ``shard``."""
+    def row(words, size):
+        offset, length = int(words[0]), int(words[1])
+        return (offset, length) if offset >= 0 and length >= FRAMING and offset + length <= size else None
+
+    rows, _ = read_index_rows(index_path, shard, row, "offset size")
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+def write_index(shard: str, index_path: str | None = None, *, check_crc: bool = True) -> str:
+    """Write the DALI-format index of an uncompressed TFRecord shard (default ``<shard>.idx``), through a
+    temporary name; returns its path."""
+    if _compression(shard, "auto") != "none":
+        raise SourceError(f"{shard} is compressed: compressed TFRecords cannot be indexed (read them streamed)",
+                          path=shard)
+    index_path = index_path or shard + ".idx"
+    _write_index_file(index_path, scan(shard, check_crc=check_crc))
+    return index_path
+
+
+def _write_index_file(index_path: str, entries: Any) -> None:
+    tmp = index_path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(f"{int(o)} {int(s)}\n" for o, s in entries)
+    os.replace(tmp, index_path)
+
+
+# -- compressed streams ----------------------------------------------------------------------------
+
+class _ZlibReader(io.RawIOBase):
+    """A ZLIB stream (TFRecordOptions compression 'ZLIB') as a readable file, decompressed in bounded steps."""
+
+    def __init__(self, f):
+        self._f = f
+        self._d = zlib.decompressobj()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while True:
+            if self._d.unconsumed_tail:
+                data = self._d.decompress(self._d.unconsumed_tail, len(b))
+            elif self._d.eof:
+                return 0
+            else:
+                chunk = self._f.read(CHUNK)
+                if not chunk:
+                    raise EOFError("compressed stream ended before its end marker")
+                data = self._d.decompress(chunk, len(b))
+            if data:
+                b[:len(data)] = data
+                return len(data)
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _compression(path: str, compression: str) -> str:
+    """'none', 'gzip' or 'zlib' for ``path``: as given, or detected ('auto') from the first bytes: a valid
+    TFRecord header first, then the gzip magic, then a zlib header."""
+    if compression != "auto":
+        return compression
+    with open(path, "rb") as f:
+        head = f.read(HEADER)
+    if not head or (len(head) == HEADER and masked_crc(head[:8]) == int.from_bytes(head[8:], "little")):
+        return "none"
+    if head[:2] == b"\x1f\x8b" or path.lower().endswith(".gz"):
+        return "gzip"
+    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "zlib"
+    return "none"  # not a TFRecord: the scan reports where
+
+
+def _open_stream(path: str, compression: str):
+    if compression == "gzip":
+        return gzip.open(path, "rb")
+    if compression == "zlib":
+        return io.BufferedReader(_ZlibReader(open(path, "rb")), CHUNK)
+    return open(path, "rb")
+
+
+def iter_stream(path: str, compression: str = "auto", *, check_crc: bool = True) -> Iterator[tuple[int, bytes]]:
+    """Every record of a (possibly compressed) TFRecord file in order, as ``(offset, data)``; offsets are in
+    the decompressed stream. Compression and framing errors raise CorruptRecordError."""
+    compression = _compression(path, compression)
+    where = " (offset in the decompressed stream)" if compression != "none" else ""
+    offset = 0
+    try:
+        with _open_stream(path, compression) as f:
+            while True:
+                head = f.read(HEADER)
+                if not head:
+                    return
+                if len(head) < HEADER:
+                    raise CorruptRecordError(f"truncated record header{where}", path=path, offset=offset)
+                length = _header_length(head, path, offset, check_crc)
+                body = read_exact(f, length + FOOTER, path, offset, f"record{where}")
+                if check_crc and masked_crc(body[:length]) != int.from_bytes(body[length:], "little"):
+                    raise CorruptRecordError(f"bad data CRC{where}", path=path, offset=offset)
+                yield offset, body[:length]
+                offset += length + FRAMING
+    except (OSError, EOFError, zlib.error) as err:
+        raise CorruptRecordError(f"{compression} stream is corrupt or truncated near record byte {offset}: {err}",
+                                 path=path, offset=offset) from err
+
+
+# -- the source ------------------------------------------------------------------------------------
+
+def _is_shard_name(name: str) -> bool:
+    low = name.lower()
+    return "record" in low and not low.endswith((".idx", ".json", ".txt")) and not low.startswith((".", "_"))
+
+
+class TFRecordSource:
+    """Samples of TFRecord shards: ``path`` is a file, a list or glob of shards, or a directory of them
+    (files whose name contains ``record``, e.g. ``*.tfrecord``, ``*.record``, ``data_tfrecord-*.gz``).
+
+    Options: ``features`` (the feature spec, see the module docstring), ``index`` (index file(s) for the
+    shards: a path, a list aligned with the shards or a directory of ``<shard name>.idx``; default
+    ``<shard>.idx`` where present), ``check_crc`` (default True), ``compression`` ('auto', 'none', 'gzip',
+    'zlib'), ``sequence`` (read the context of SequenceExample records), ``classes`` (class names).
+    """
+
+    def __init__(self, path: str | os.PathLike | Sequence[str], *, features: Mapping[str, Any] | None = None,
+                 index: Any = None, check_crc: bool = True, compression: str = "auto", sequence: bool = False,
+                 classes: Sequence[str] = ()):
+        compression = str(compression).lower()
+        if compression not in _COMPRESSIONS:
+            raise ConfigError(f"Unknown compression {compression!r}. Available: {', '.join(_COMPRESSIONS)}")
+        self.shards = resolve_shards(path, _is_shard_name, "TFRecord")
+        self.check_crc = bool(check_crc)
+        self.classes = list(classes)
+        self._compression = [_compression(s, compression) for s in self.shards]
+        self.streamed = any(c != "none" for c in self._compression)
+        if self.streamed:
+            if index is not None:
+                raise ConfigError("`index` cannot be used with compressed TFRecords (they are read streamed)")
+            self._entries = self._starts = None
+        else:
+            indexes = resolve_indexes(index, self.shards, lambda shard: shard + ".idx")
+            tables = [read_index(idx, s) if idx else scan(s, check_crc=self.check_crc)
+                      for s, idx in zip(self.shards, indexes)]
+            self._entries = np.concatenate(tables) if tables else np.zeros((0, 2), np.int64)
+            self._starts = np.cumsum([0] + [len(t) for t in tables])
+        first = self._first_record(sequence)
+        self._spec = normalize_spec(features, first) if features is not None else \
+            (infer_spec(first) if first is not None else {})
+        self.fields = {name: field for name, (_, field) in self._spec.items()}
+        self._labels: np.ndarray | None = None
+
+    def _first_record(self, sequence: bool) -> Any:
+        """The feature map of the first record (None for an empty dataset); refuses SequenceExample files
+        unless ``sequence``."""
+        for k, shard in enumerate(self.shards):
+            if self.streamed:
+                data = next((d for _, d in iter_stream(shard, self._compression[k], check_crc=self.check_crc)),
+                            None)
+                offset = 0
+            elif self._starts[k + 1] > self._starts[k]:
+                offset = int(self._entries[self._starts[k], 0])
+                data = self._read_data(k, int(self._starts[k]))
+            else:
+                continue
+            if data is None:
+                continue
+            try:
+                seq = _protos.SequenceExample.FromString(data)
+            except ProtoDecodeError as err:
+                raise CorruptRecordError(f"not a tf.train.Example: {err}", path=shard, index=0, offset=offset) \
+                    from None
+            if len(seq.feature_lists.feature_list) and not sequence:
+                raise SourceError(f"{shard} holds tf.train.SequenceExample records (feature lists "
+                                  f"{sorted(seq.feature_lists.feature_list)[:5]}); pass sequence=True to read "
+                                  f"their context features {sorted(seq.context.feature)[:5]} (feature lists are "
+                                  f"not read)", path=shard)
+            return seq.context.feature
+        return None
+
+    def _read_data(self, k: int, i: int) -> memoryview:
+        offset, size = (int(v) for v in self._entries[i])
+        with open(self.shards[k], "rb") as f:
+            f.seek(offset)
+            raw = f.read(size)
+        return unframe(raw, self.shards[k], offset, check_crc=self.check_crc)
+
+    # -- seekable (uncompressed) -------------------------------------------------------------------
+    def _seekable(self) -> None:
+        if self.streamed:
+            raise SourceError("compressed TFRecords cannot be read at an offset: read them with iter_shard "
+                              "(the Loader streams them)", path=self.shards[0])
+
+    def __len__(self) -> int:
+        if self.streamed:
+            raise TypeError("a compressed (streamed) TFRecord source has no length until it is read")
+        return len(self._entries)
+
+    def _shard(self, i: int) -> int:
+        return int(np.searchsorted(self._starts, i, side="right")) - 1
+
+    def locate(self, i: int) -> Location:
+        self._seekable()
+        i = check_index(i, len(self._entries))
+        offset, size = self._entries[i]
+        return Location(self.shards[self._shard(i)], int(offset), int(size))
+
+    def parse(self, i: int, raw: Any) -> Record:
+        path, offset = self.shards[self._shard(i)], int(self._entries[i, 0])
+        data = unframe(raw, path, offset, check_crc=self.check_crc)
+        return to_record(parse_features(data, path, i, offset), self._spec, path, i, offset)
+
+    def labels(self) -> np.ndarray:
+        """Every sample's label (int64, -1 without a label field): parses every record once, then cached."""
+        self._seekable()
+        if self._labels is None:
+            labels = np.full(len(self._entries), -1, dtype=np.int64)
+            if "label" in self._spec:
+                key, field = self._spec["label"]
+                for k, shard in enumerate(self.shards):
+                    with open(shard, "rb") as f:
+                        for i in range(int(self._starts[k]), int(self._starts[k + 1])):
+                            offset, size = (int(v) for v in self._entries[i])
+                            f.seek(offset)
+                            data = unframe(f.read(size), shard, offset, check_crc=self.check_crc)
+                            fmap = parse_features(data, shard, i, offset)
+                            labels[i] = Extract(fmap, shard, i, offset).get(key, field)
+            self._labels = labels
+        return self._labels
+
+    def name(self, i: int) -> str:
+        self._seekable()
+        i = check_index(i, len(self._entries))
+        return f"{self.shards[self._shard(i)]}:{int(self._entries[i, 0])}"
+
+    # -- streamed (compressed) ---------------------------------------------------------------------
+    def iter_shard(self, k: int, skip: int = 0) -> Iterator[tuple[str, Record]]:
+        """The samples of shard ``k`` in order, after the first ``skip``, as ``(name, Record)``. A framing or
+        parse error ends the shard with a CorruptRecordError (a stream cannot resynchronise)."""
+        shard = self.shards[k]
+        for n, (offset, data) in enumerate(iter_stream(shard, self._compression[k], check_crc=self.check_crc)):
+            if n >= skip:
+                fmap = parse_features(data, shard, n, offset)
+                yield f"{shard}#{n}", to_record(fmap, self._spec, shard, n, offset)
+
+    def __repr__(self) -> str:
+        size = "streamed" if self.streamed else f"{len(self)} records"
+        return f"TFRecordSource({len(self.shards)} shards, {size}, fields {sorted(self.fields)})"
+
+
+# -- the writer ------------------------------------------------------------------------------------
+
+class TFRecordWriter:
+    """Writes one shard ``<stem>.tfrecord`` of ``tf.train.Example`` records plus its DALI index
+    ``<stem>.tfrecord.idx`` (with ``compression="gzip"``: ``<stem>.tfrecord.gz`` and no index).
+
+    Feature keys: ``keys`` maps field names to keys; by default 'image' -> ``image/encoded`` (plus
+    ``image/format``; pixels -> ``image/raw`` plus ``image/raw/shape``), 'label' -> ``image/class/label``,
+    any other field -> its name. Kinds map to lists as `TFRecordSource` reads them: int/ints -> int64_list,
+    float/floats -> float_list, image/bytes/text -> one bytes value, pixels/array -> the raw little-endian
+    bytes plus ``<key>/shape`` (and ``<key>/dtype`` for arrays). Maps are serialized deterministically, so
+    the same records give the same bytes. `writer_spec` gives the ``features`` spec that reads them back.
+    """
+
+    def __init__(self, directory: str | os.PathLike, stem: str, fields: Mapping[str, Field], *,
+                 keys: Mapping[str, str] | None = None, compression: str | None = None):
+        if compression not in (None, "gzip"):
+            raise ConfigError(f"Unknown compression {compression!r}. Available: None, gzip")
+        bad = [n for n, f in fields.items() if not isinstance(f, Field)]
+        if bad:
+            raise ConfigError(f"fields must map names to Field, got {bad}")
+        self.fields = dict(fields)
+        self._keys = {name: key for name, (key, _) in writer_spec(self.fields, keys).items()}
+        self.directory = os.fspath(directory)
+        self._name = f"{stem}.tfrecord" + (".gz" if compression else "")
+        self._raw = open(os.path.join(self.directory, self._name), "wb")
+        # no file name and time in the gzip header: the bytes depend on the records only
+        self._file = gzip.GzipFile(fileobj=self._raw, mode="wb", filename="", mtime=0) if compression else self._raw
+        self._compressed = compression is not None
+        self._entries: list[tuple[int, int]] = []
+        self._offset = 0
+
+    def add(self, record: Record) -> None:
+        example = _protos.Example()
+        fmap = example.features.feature
+        for name, field in self.fields.items():
+            try:
+                value = record.get(name)
+            except KeyError:
+                raise ConfigError(f"record has no field {name!r} (declared: {sorted(self.fields)})") from None
+            put(fmap, self._keys[name], field, value)
+            if name == "image" and field.kind == "image" and self._keys[name] == "image/encoded":
+                fmap["image/format"].bytes_list.value.append(image_format(bytes(value[:12])))
+        data = frame(example.SerializeToString(deterministic=True))
+        self._file.write(data)
+        self._entries.append((self._offset, len(data)))
+        self._offset += len(data)
+
+    def close(self) -> list[str]:
+        """Finish the shard (and write its index); returns the file names written."""
+        if self._raw.closed:
+            return self._written()
+        self._file.close()
+        self._raw.close()
+        if not self._compressed:
+            _write_index_file(os.path.join(self.directory, self._name + ".idx"), self._entries)
+        return self._written()
+
+    def _written(self) -> list[str]:
+        return [self._name] if self._compressed else [self._name, self._name + ".idx"]
