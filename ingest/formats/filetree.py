@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import ConfigError, SourceError
 from .base import Location, Record, check_index
 
 #: Extensions recognised as images by default (lower case, with the dot).
@@ -119,3 +119,65 @@ def _walk_images(directory: str, exts: tuple[str, ...]) -> list[tuple[str, int]]
         raise SourceError(f"cannot list {err.filename or directory!r}: {err.strerror}",
                           path=err.filename or directory) from err
     return found
+
+
+#: Leading bytes -> file extension, for naming written images by what they are.
+_MAGIC = ((b"\xff\xd8\xff", ".jpg"), (b"\x89PNG\r\n\x1a\n", ".png"), (b"GIF87a", ".gif"), (b"GIF89a", ".gif"),
+          (b"BM", ".bmp"), (b"II*\x00", ".tif"), (b"MM\x00*", ".tif"), (b"P6", ".ppm"), (b"P5", ".pgm"))
+
+
+def image_extension(data) -> str | None:
+    """The file extension of encoded image bytes, sniffed from their magic number (None if unknown)."""
+    head = bytes(memoryview(data).cast("B")[:12])
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return ".webp"
+    return next((ext for magic, ext in _MAGIC if head.startswith(magic)), None)
+
+
+class FileTreeWriter:
+    """Writes samples as ``<class>/<stem>-<n>.<ext>`` image files below ``directory`` (the writer contract of
+    `ingest.formats.base`), so that `FileTree` reads them back with the same labels.
+
+    Class directories are the names in ``classes`` when those are in sorted order and usable as directory
+    names (what `FileTree` itself produces), else the zero-padded label (``00007``), so that sorting the
+    directories gives back label order. A file tree holds only an encoded ``image`` and an int ``label``:
+    other fields, decoded pixels and samples without a label are refused (`ConfigError`), not dropped.
+    """
+
+    def __init__(self, directory: str | os.PathLike, stem: str, fields: dict, *, classes: Sequence[str] = ()):
+        extra = sorted(set(fields) - {"image", "label"})
+        if extra:
+            raise ConfigError(f"a file tree holds only 'image' and 'label'; the source also has {', '.join(extra)}")
+        if "image" not in fields or fields["image"].kind != "image":
+            raise ConfigError("a file tree holds encoded images; the source's 'image' field is "
+                              f"{fields['image'].kind if 'image' in fields else 'missing'}")
+        self.directory = os.fspath(directory)
+        self.stem = stem
+        self.classes = list(classes)
+        usable = all(c and "/" not in c and "\\" not in c and not c.startswith(".") for c in self.classes)
+        self._named = bool(self.classes) and usable and self.classes == sorted(set(self.classes))
+        self._width = max(5, len(str(max(len(self.classes) - 1, 0))))
+        self._written: list[str] = []
+
+    def _class_dir(self, label: int) -> str:
+        if label < 0:
+            raise ConfigError("a file tree needs a class for every sample; got a sample without a label (-1)")
+        if self._named:
+            if label >= len(self.classes):
+                raise ConfigError(f"label {label} has no class name ({len(self.classes)} classes)")
+            return self.classes[label]
+        return f"{label:0{self._width}d}"
+
+    def add(self, record: Record) -> None:
+        ext = image_extension(record.image)
+        if ext is None:
+            raise ConfigError(f"cannot tell the image type of a sample (first bytes "
+                              f"{bytes(memoryview(record.image).cast('B')[:8])!r}); a file tree names files by it")
+        name = os.path.join(self._class_dir(int(record.label)), f"{self.stem}-{len(self._written):06d}{ext}")
+        os.makedirs(os.path.join(self.directory, os.path.dirname(name)), exist_ok=True)
+        with open(os.path.join(self.directory, name), "wb") as f:
+            f.write(memoryview(record.image).cast("B"))
+        self._written.append(name)
+
+    def close(self) -> list[str]:
+        return list(self._written)

@@ -1,10 +1,21 @@
-"""The `ingest` command line: `ingest demo` (more subcommands arrive with the converter)."""
+"""The `ingest` command line: `demo`, and the dataset tools `convert`, `index`, `verify` and `inspect` (one
+module each in `ingest.tools`, each adding its parser with ``add_parser`` and running with ``run``).
+
+Exit status: 0 done, 1 the data is bad (a corrupt record, the failure budget exceeded, `verify` found
+problems), 2 bad arguments or a missing path, 130 interrupted. Errors are one line on stderr, no traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
+
+from ..errors import ConfigError, IngestError, SourceError
+
+#: Subcommand modules of `ingest.tools` (each has ``add_parser(subparsers)``, setting ``run`` on its args).
+TOOLS = ("convert", "index", "verify", "dataset_info")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,15 +26,35 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--per-class", type=int, default=24, help="images per class (4 classes)")
     demo.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     demo.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    for tool in TOOLS:
+        importlib.import_module(f".{tool}", __package__).add_parser(sub)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:   # --help, or a usage error (argparse has printed it)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING, format="%(message)s")
     if args.command == "demo":
         from .demo import print_table, run
         devices = None if args.device == "auto" else (args.device,)
         rows = run(args.out, per_class=args.per_class, devices=devices)
         print_table(rows)
         return 0
-    return 2
+    return _run_tool(args)
+
+
+def _run_tool(args: argparse.Namespace) -> int:
+    """Run a dataset tool; its errors become one line on stderr and an exit status."""
+    try:
+        return args.run(args)
+    except (ConfigError, SourceError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:
+        print(f"ingest {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except (IngestError, OSError) as err:
+        print(f"ingest {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"ingest {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

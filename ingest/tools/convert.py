@@ -1,0 +1,376 @@
+"""`ingest convert`: any readable dataset to any writable format, in shards, in parallel, resumable.
+
+1. **Plan** (driver). The source is opened and its samples are cut into output shards of ``shard_size``
+   samples, or of about ``shard_bytes`` bytes (the samples' stored sizes; the exact pixel size for
+   ``raw_size``). The plan depends only on the source and the options, never on who runs it. A format whose
+   writer is not sharded (``Writer.sharded = False``, e.g. one LMDB) gets one shard.
+2. **Write** (jobs). Each shard is one job: read its range of source samples, re-encode if asked
+   (`transform`), write it with the format's `Writer` into ``DST/.ingest-tmp/<stem>/``, hash the files. Jobs
+   run in the driver (``workers=1``), in spawned worker processes (``workers=N``) or as Ray tasks
+   (``ray=``, see `runners`).
+3. **Commit** (driver, in shard order). The files are renamed into DST and the shard is added to
+   ``manifest.partial.json`` (replaced atomically); the last commit writes ``manifest.json`` (`manifest`).
+
+Writers are deterministic, so the output is byte-identical whatever ran the jobs. ``resume=True`` keeps the
+shards a killed run committed (their sha256 checked again) and redoes the rest, giving the same bytes as an
+uninterrupted run. Bad samples are skipped and reported under ``max_failures`` (as in the Loader); with the
+default 0 the first one stops the conversion, naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ConfigError, IngestError
+from ..formats import detect, fields_of, open_source, writer_class
+from ..formats.base import Field
+from ..ops.decode import CpuDecoder
+from ..pipeline import Failures
+from . import manifest
+from .progress import Progress, Summary
+from .source_view import SourceView
+from .transform import Transform
+
+#: Temporary directory inside DST where jobs write their shards before the commit renames them.
+TMP_DIR = ".ingest-tmp"
+#: Shard size when neither ``shard_size`` nor ``shard_bytes`` is given.
+DEFAULT_SHARD_BYTES = 256 * 10**6
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+          "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str | int) -> int:
+    """``"256MB"``, ``"1GiB"``, ``"500k"`` or an int -> bytes (``MB`` = 10**6, ``MiB`` = 2**20)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+        if not m or m.group(2).upper() not in _UNITS:
+            raise ConfigError(f"cannot read {text!r} as a size; use e.g. 256MB, 1GiB or 500000")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if value < 1:
+        raise ConfigError(f"a size must be >= 1 byte, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every shard job of one conversion shares (shipped once to each worker process or Ray node)."""
+
+    view: SourceView
+    format: str
+    fields: dict[str, Field]
+    options: dict[str, Any]      # writer options
+    transform: Transform
+    tmp: str                     # DST/.ingest-tmp
+    stop_on_failure: bool
+
+
+#: Called once per sample a job has handled (the progress counter of the process running the job).
+_tick: Callable[[], None] = lambda: None
+
+
+def set_tick(fn: Callable[[], None]) -> None:
+    global _tick
+    _tick = fn
+
+
+def write_shard(job: Job, stem: str, start: int, stop: int) -> dict[str, Any]:
+    """Write source samples ``[start, stop)`` as shard ``stem`` into ``job.tmp/stem/``; return its manifest
+    entry (with ``files`` empty when it stopped at a failure under ``stop_on_failure``)."""
+    directory = os.path.join(job.tmp, stem)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory)
+    writer = writer_class(job.format)(directory, stem, job.fields, **job.options)
+    decoder = CpuDecoder(threads=1) if job.transform.active else None
+    failures, count = [], 0
+    try:
+        for name, record, err in job.view.read(start, stop):
+            stage = "read"
+            if err is None:
+                stage = "transform"
+                try:
+                    record = job.transform.apply(record, name, decoder)
+                    stage = "write"
+                    writer.add(record)
+                    count += 1
+                except (IngestError, ValueError, OSError) as e:
+                    err = e
+            _tick()
+            if err is not None:
+                failures.append([name, stage, f"{type(err).__name__}: {err}"])
+                if job.stop_on_failure:
+                    return {"stem": stem, "start": start, "stop": stop, "count": 0, "bytes": 0, "files": [],
+                            "failures": failures}
+        files = [manifest.file_entry(directory, name) for name in writer.close()]
+    finally:
+        if decoder is not None:
+            decoder.close()
+    return {"stem": stem, "start": start, "stop": stop, "count": count,
+            "bytes": sum(f["bytes"] for f in files), "files": files, "failures": failures}
+
+
+def check_shard(dst: str, shard: dict[str, Any]) -> list[str]:
+    """`manifest.check_shard` as a job (hashing a kept shard on resume runs where the writing does)."""
+    return manifest.check_shard(dst, shard)
+
+
+def plan_shards(n: int, *, shard_size: int | None = None, shard_bytes: int | None = None,
+                sizes: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """Cut ``n`` samples into ``[start, stop)`` ranges: ``shard_size`` samples each, or greedily as many as
+    fit in ``shard_bytes`` by ``sizes`` (at least one per shard)."""
+    if n == 0:
+        return []
+    if shard_size is not None:
+        return [(s, min(s + shard_size, n)) for s in range(0, n, shard_size)]
+    ends = np.cumsum(sizes, dtype=np.int64)
+    ranges, start = [], 0
+    while start < n:
+        base = int(ends[start - 1]) if start else 0
+        stop = max(int(np.searchsorted(ends, base + shard_bytes, side="right")), start + 1)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, shard_size: int | None = None,
+            shard_bytes: int | str | None = None, workers: int = 1, max_side: int | None = None,
+            quality: int | None = None, raw_size: tuple[int, int] | None = None, max_failures: int | float = 0,
+            resume: bool = False, ray: bool | str = False, prefix: str = "shard",
+            writer_options: dict[str, Any] | None = None, source_options: dict[str, Any] | None = None,
+            progress: bool = True) -> Summary:
+    """Convert the dataset at ``src`` into format ``to`` under directory ``dst``; see the module docstring.
+    ``ray``: False (local), True (``ray.init()``: RAY_ADDRESS or a local Ray) or a cluster address."""
+    from .runners import make_runner
+
+    started = time.perf_counter()
+    writer = writer_class(to)
+    if shard_size is not None and shard_bytes is not None:
+        raise ConfigError("give `shard_size` or `shard_bytes`, not both")
+    if shard_size is not None and (isinstance(shard_size, bool) or shard_size < 1):
+        raise ConfigError(f"`shard_size` must be >= 1, got {shard_size}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"`workers` must be >= 1, got {workers}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", prefix):
+        raise ConfigError(f"`prefix` must be a plain file name (letters, digits, _.-), got {prefix!r}")
+    Failures(max_failures, 0)   # validate now
+    transform = Transform(max_side, quality, tuple(raw_size) if raw_size else None)
+    sharded = getattr(writer, "sharded", True)
+    if shard_size is None and sharded:
+        shard_bytes = parse_bytes(shard_bytes if shard_bytes is not None else DEFAULT_SHARD_BYTES)
+
+    source_format = source_format or detect(src)
+    view = SourceView(open_source(src, format=source_format, **(source_options or {})),
+                      sizes=sharded and shard_size is None and transform.raw_size is None)
+    n = len(view)
+    fields = transform.fields(fields_of(view.source))
+    classes = [str(c) for c in view.source.classes]
+    options = dict(writer_options or {})
+    if "classes" in inspect.signature(writer).parameters and "classes" not in options:
+        options["classes"] = classes
+    if not sharded:
+        ranges = [(0, n)]
+    elif transform.raw_size is not None and shard_size is None:
+        ranges = plan_shards(n, shard_bytes=shard_bytes, sizes=np.full(n, int(np.prod(fields["image"].shape))))
+    else:
+        ranges = plan_shards(n, shard_size=shard_size, shard_bytes=shard_bytes, sizes=view.sizes)
+    width = max(5, len(str(len(ranges))))
+    stems = [f"{prefix}-{k:0{width}d}-of-{len(ranges):0{width}d}" for k in range(len(ranges))]
+
+    header = {"format": to, "version": manifest.VERSION,
+              "source": {"path": os.fspath(src) if isinstance(src, (str, os.PathLike)) else str(src),
+                         "format": source_format, "count": n},
+              "options": {"shard_size": shard_size, "shard_bytes": None if shard_size else shard_bytes,
+                          "max_side": max_side, "quality": quality,
+                          "raw_size": list(raw_size) if raw_size else None, "prefix": prefix,
+                          "writer": {k: v for k, v in options.items() if k != "classes"}},
+              "fields": manifest.fields_json(fields), "classes": classes}
+    kept = _previous_shards(dst, header, ranges, stems, resume)
+    tmp = os.path.join(dst, TMP_DIR)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+
+    job = Job(view, to, fields, options, transform, tmp, stop_on_failure=max_failures == 0)
+    failures = Failures(max_failures, n)
+    bar = Progress(n, len(ranges), enabled=progress)
+    summary = Summary()
+    runner = make_runner(job, workers=workers, ray=ray)
+    try:
+        if kept:
+            bad = runner.map(check_shard, [(dst, kept[k]) for k in sorted(kept)])
+            kept = {k: s for (k, s), problems in zip(sorted(kept.items()), bad) if not problems}
+        for shard in kept.values():
+            for item in shard["failures"]:
+                failures.record(*item)
+        committed = dict(kept)
+        summary.resumed = len(kept)
+        done = {"samples": sum(s["stop"] - s["start"] for s in kept.values()),
+                "bytes": sum(s["bytes"] for s in kept.values())}
+        written_from = done["samples"]
+
+        def commit(k: int, shard: dict[str, Any]) -> None:
+            for item in shard["failures"]:
+                failures.record(*item)
+            _move_files(os.path.join(tmp, shard["stem"]), dst, shard["files"])
+            committed[k] = shard
+            done["samples"] += shard["stop"] - shard["start"]
+            done["bytes"] += shard["bytes"]
+            manifest.write_atomic(os.path.join(dst, manifest.PARTIAL),
+                                  {**header, "shards": [committed[i] for i in sorted(committed)]})
+            bar.update(done["samples"], len(committed), done["bytes"], force=True)
+
+        todo = [(k, stems[k], *ranges[k]) for k in range(len(ranges)) if k not in kept]
+        runner.run_in_order(todo, commit, lambda seen: bar.update(done["samples"] + seen, len(committed),
+                                                                   done["bytes"]))
+    finally:
+        runner.close()
+        bar.close()
+    shards = [committed[k] for k in range(len(ranges))]
+    total = {"count": sum(s["count"] for s in shards), "bytes": sum(s["bytes"] for s in shards)}
+    manifest.write_atomic(os.path.join(dst, manifest.MANIFEST), {**header, "shards": shards, **total})
+    if os.path.exists(os.path.join(dst, manifest.PARTIAL)):
+        os.remove(os.path.join(dst, manifest.PARTIAL))
+    shutil.rmtree(tmp, ignore_errors=True)
+    summary.samples, summary.shards, summary.bytes = total["count"], len(shards), total["bytes"]
+    summary.written = done["samples"] - written_from
+    summary.failures = [tuple(f) for f in failures.items]
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _previous_shards(dst: str, header: dict[str, Any], ranges: list[tuple[int, int]], stems: list[str],
+                     resume: bool) -> dict[int, dict[str, Any]]:
+    """The shards an earlier run committed to ``dst`` that this one may keep (``resume``), by shard index.
+    Refuses a non-empty ``dst`` without ``resume``, and a ``dst`` written with other settings."""
+    if os.path.exists(dst) and not os.path.isdir(dst):
+        raise ConfigError(f"output {dst!r} exists and is not a directory")
+    os.makedirs(dst, exist_ok=True)
+    previous, _ = manifest.load(dst)
+    if not resume:
+        if any(e != TMP_DIR for e in os.listdir(dst)):
+            raise ConfigError(f"output directory {dst!r} is not empty; pass --resume to finish an interrupted "
+                              "conversion there, or choose an empty directory")
+        return {}
+    if previous is None:
+        return {}
+    for key in ("format", "version", "options", "fields", "classes"):
+        if previous.get(key) != header[key]:
+            raise ConfigError(f"cannot resume in {dst!r}: it was written with other {key} "
+                              f"({previous.get(key)!r}, now {header[key]!r})")
+    if previous["source"]["count"] != header["source"]["count"]:
+        raise ConfigError(f"cannot resume in {dst!r}: the source had {previous['source']['count']} samples, "
+                          f"now {header['source']['count']}")
+    by_stem = {stem: k for k, stem in enumerate(stems)}
+    kept = {}
+    for shard in previous["shards"]:
+        k = by_stem.get(shard["stem"])
+        if k is not None and (shard["start"], shard["stop"]) == ranges[k]:
+            kept[k] = shard
+    return kept
+
+
+def _move_files(src_dir: str, dst: str, files: list[dict[str, Any]]) -> None:
+    for entry in files:
+        target = os.path.join(dst, entry["name"])
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        os.replace(os.path.join(src_dir, entry["name"]), target)
+    shutil.rmtree(src_dir, ignore_errors=True)
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+def _size_hw(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)[xX](\d+)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"must be HxW (e.g. 256x256), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _budget(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a count or a fraction, got {text!r}") from None
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def add_parser(sub: Any) -> None:
+    from ..formats import FORMATS
+    writable = sorted(k for k, v in FORMATS.items() if v[2])
+    p = sub.add_parser(
+        "convert", help="convert a dataset into another format, in shards, in parallel, resumable",
+        description="Read the dataset at SRC (any readable format: file tree, TFRecord, RecordIO, LMDB, "
+                    "WebDataset tars, raw shards, COCO) and write it to the directory DST in format --to, in "
+                    "shards written under temporary names and renamed when complete, with a manifest.json "
+                    "holding each shard's files, sample range and sha256. The output is byte-identical "
+                    "whatever --workers or --ray ran it; --resume finishes an interrupted run.")
+    p.add_argument("src", help="dataset to read (directory, shard file, glob)")
+    p.add_argument("dst", help="output directory (created; must be empty unless --resume)")
+    p.add_argument("--to", required=True, choices=writable, help="output format")
+    p.add_argument("--from", dest="source_format", metavar="FORMAT", choices=sorted(FORMATS),
+                   help="source format (default: detected from SRC)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--shard-size", type=int, metavar="N", help="samples per shard")
+    size.add_argument("--shard-bytes", metavar="SIZE",
+                      help=f"shard size by stored sample bytes, e.g. 256MB, 1GiB (default "
+                           f"{DEFAULT_SHARD_BYTES // 10**6}MB; a format written as one file, LMDB, ignores it)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    p.add_argument("--ray", nargs="?", const=True, default=False, metavar="ADDRESS",
+                   help="run the shard jobs on a Ray cluster (ADDRESS, or RAY_ADDRESS / a local Ray when "
+                        "omitted); SRC and DST must be on storage every node sees at the same path")
+    p.add_argument("--max-side", type=int, metavar="S",
+                   help="resize images whose longer side exceeds S to S and re-encode them as JPEG")
+    p.add_argument("--quality", type=int, metavar="Q", help="re-encode every image as JPEG at quality Q (1-100)")
+    p.add_argument("--raw-size", type=_size_hw, metavar="HxW",
+                   help="decode and resize every image to HxW uint8 pixels (for --to raw)")
+    p.add_argument("--max-failures", type=_budget, default=0, metavar="N",
+                   help="skip and report up to N bad samples (a count, or a fraction like 0.01); default 0: "
+                        "the first bad sample stops the conversion")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the shards an interrupted run completed in DST (checksums checked), redo the rest")
+    p.add_argument("--prefix", default="shard", help="shard file name prefix (default shard)")
+    p.add_argument("-o", "--option", dest="options", type=_option, action="append", default=[],
+                   metavar="KEY=VALUE", help="writer option (JSON value or string), e.g. -o compression=gzip")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    p.set_defaults(run=run)
+
+
+def run(args: Any) -> int:
+    try:
+        summary = _convert_args(args)
+    except KeyboardInterrupt:
+        print("ingest convert: interrupted; run the same command with --resume to finish", file=sys.stderr)
+        return 130
+    print("\n".join(summary.lines()))
+    return 0
+
+
+def _convert_args(args: Any) -> Summary:
+    return convert(args.src, args.dst, to=args.to, source_format=args.source_format, shard_size=args.shard_size,
+                   shard_bytes=args.shard_bytes, workers=args.workers, max_side=args.max_side,
+                   quality=args.quality, raw_size=args.raw_size, max_failures=args.max_failures,
+                   resume=args.resume, ray=args.ray, prefix=args.prefix, writer_options=dict(args.options),
+                   progress=not args.quiet)

@@ -1,0 +1,182 @@
+"""`ingest inspect PATH`: what a dataset holds: format, record count, fields and kinds, classes and the label
+histogram, image size statistics (from image headers, on an evenly spaced sample of records, no decoding)
+and its shards (count and bytes, from the converter's manifest when there is one).
+
+(The module is not called ``inspect`` so that running a file of this folder as a script never shadows the
+standard library module of that name.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from ..errors import IngestError
+from ..formats import MANIFEST, detect, fields_of, open_source
+from ..formats.filetree import image_extension
+from ..ops.decode import CpuDecoder
+from .progress import human_bytes
+from .source_view import SourceView
+
+#: Records whose image headers are read for the size statistics, by default.
+SAMPLE = 500
+#: Classes shown in the label histogram.
+TOP = 10
+
+
+def inspect_dataset(path: str, *, source_format: str | None = None, sample: int = SAMPLE) -> dict[str, Any]:
+    """A JSON-able description of the dataset at ``path`` (see the module docstring)."""
+    if not os.path.exists(path) and not any(c in path for c in "*?["):
+        raise FileNotFoundError(f"path {path!r} does not exist")
+    fmt = source_format or detect(path)
+    source = open_source(path, format=fmt)
+    view = SourceView(source)
+    n = len(view)
+    fields = fields_of(source)
+    info: dict[str, Any] = {
+        "path": path, "format": fmt, "records": n,
+        "fields": {name: {"kind": f.kind, **({"shape": list(f.shape)} if f.shape else {}),
+                          **({"dtype": f.dtype} if f.dtype else {})} for name, f in fields.items()},
+        "classes": len(source.classes)}
+    picks = np.unique(np.linspace(0, n - 1, min(sample, n)).astype(np.int64)) if n else np.zeros(0, np.int64)
+    labels = _labels(source, view)
+    info["labels"] = _histogram(labels, list(source.classes)) if "label" in fields else None
+    info["images"] = _image_stats(view, picks, fields) if "image" in fields else None
+    info["shards"] = _shards(path, source)
+    return info
+
+
+def _labels(source: Any, view: SourceView) -> np.ndarray:
+    if not view.streamed:
+        return source.labels()
+    return np.array([r.label for _, r, err in view.read(0, len(view)) if err is None], dtype=np.int64)
+
+
+def _histogram(labels: np.ndarray, classes: list[str]) -> dict[str, Any]:
+    known = labels[labels >= 0]
+    values, counts = np.unique(known, return_counts=True)
+    order = np.argsort(-counts, kind="stable")[:TOP]
+    top = [{"label": int(values[i]), "count": int(counts[i]),
+            **({"class": classes[values[i]]} if values[i] < len(classes) else {})} for i in order]
+    return {"distinct": int(len(values)), "unlabeled": int((labels < 0).sum()), "top": top,
+            "min_count": int(counts.min()) if len(counts) else 0, "max_count": int(counts.max()) if len(counts) else 0}
+
+
+def _image_stats(view: SourceView, picks: np.ndarray, fields: dict) -> dict[str, Any]:
+    """Sizes (from headers) and types of the images of the picked records."""
+    heights, widths, nbytes, types, bad = [], [], [], {}, 0
+    with CpuDecoder(threads=1) as decoder:
+        for name, record, err in _picked(view, picks):
+            if err is not None:
+                bad += 1
+                continue
+            image = record.image
+            try:
+                if fields["image"].kind == "pixels":
+                    h, w = np.asarray(image).shape[:2]
+                    kind = "pixels"
+                else:
+                    (h, w), _ = decoder.probe_header(image, name)
+                    kind = (image_extension(image) or ".unknown").lstrip(".")
+            except IngestError:
+                bad += 1
+                continue
+            heights.append(h)
+            widths.append(w)
+            nbytes.append(np.asarray(image).nbytes if kind == "pixels" else memoryview(image).nbytes)
+            types[kind] = types.get(kind, 0) + 1
+
+    def stats(values: list[int]) -> dict[str, float]:
+        if not values:
+            return {}
+        a = np.asarray(values)
+        return {"min": int(a.min()), "median": float(np.median(a)), "mean": round(float(a.mean()), 1),
+                "max": int(a.max())}
+
+    return {"sampled": len(heights), "unreadable": bad, "height": stats(heights), "width": stats(widths),
+            "bytes": stats(nbytes), "types": types}
+
+
+def _picked(view: SourceView, picks: np.ndarray):
+    """The records at ``picks`` (seekable: read one by one; streamed: one pass)."""
+    if view.streamed:
+        wanted = set(int(i) for i in picks)
+        for i, item in enumerate(view.read(0, len(view))):
+            if i in wanted:
+                yield item
+        return
+    for i in picks:
+        yield from view.read(int(i), int(i) + 1)
+
+
+def _shards(path: str, source: Any) -> dict[str, Any]:
+    manifest_path = os.path.join(path, MANIFEST) if os.path.isdir(path) else None
+    if manifest_path and os.path.isfile(manifest_path):
+        with open(manifest_path) as f:
+            data = json.load(f)
+        shards = data.get("shards", [])
+        return {"count": len(shards), "bytes": int(sum(s.get("bytes", 0) for s in shards)), "from": "manifest"}
+    files = [str(s) for s in getattr(source, "shards", [])]
+    if files:
+        return {"count": len(files), "bytes": int(sum(os.path.getsize(f) for f in files if os.path.isfile(f))),
+                "from": "files"}
+    total = sum(e.stat().st_size for e in _walk(path)) if os.path.isdir(path) else os.path.getsize(path)
+    return {"count": 1, "bytes": int(total), "from": "files"}
+
+
+def _walk(directory: str):
+    for entry in os.scandir(directory):
+        if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
+            yield from _walk(entry.path)
+        elif entry.is_file():
+            yield entry
+
+
+def describe(info: dict[str, Any]) -> str:
+    """`inspect_dataset`'s result as text."""
+    lines = [f"{info['path']}: {info['format']}, {info['records']} records, {info['shards']['count']} "
+             f"shard{'s' if info['shards']['count'] != 1 else ''}, {human_bytes(info['shards']['bytes'])}",
+             "fields: " + ", ".join(f"{name} ({f['kind']}{' ' + 'x'.join(map(str, f['shape'])) if 'shape' in f else ''}"
+                                    f"{' ' + f['dtype'] if 'dtype' in f else ''})"
+                                    for name, f in info["fields"].items())]
+    labels = info["labels"]
+    if labels is not None:
+        lines.append(f"labels: {labels['distinct']} distinct ({info['classes']} class names), "
+                     f"{labels['unlabeled']} unlabeled, per label {labels['min_count']}..{labels['max_count']}")
+        for entry in labels["top"]:
+            name = f" {entry['class']}" if "class" in entry else ""
+            lines.append(f"  {entry['label']:>6}{name}: {entry['count']}")
+    images = info["images"]
+    if images is not None and images["sampled"]:
+        h, w, b = images["height"], images["width"], images["bytes"]
+        lines.append(f"images ({images['sampled']} sampled): height {h['min']}..{h['max']} (median {h['median']:g}), "
+                     f"width {w['min']}..{w['max']} (median {w['median']:g}), {human_bytes(b['mean'])} mean, "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(images["types"].items())))
+    if images is not None and images["unreadable"]:
+        lines.append(f"  {images['unreadable']} sampled images unreadable (ingest verify --decode names them)")
+    return "\n".join(lines)
+
+
+def add_parser(sub: Any) -> None:
+    from ..formats import FORMATS
+    p = sub.add_parser(
+        "inspect", help="show a dataset's format, record count, fields, labels, image sizes and shards",
+        description="Describe the dataset at PATH: format, record count, fields and their kinds, the label "
+                    f"histogram (top {TOP}), image size statistics read from the headers of an evenly spaced "
+                    "sample of records (no decoding), and its shards' count and bytes.")
+    p.add_argument("path", help="dataset: directory, shard file or glob")
+    p.add_argument("--from", dest="source_format", metavar="FORMAT", choices=sorted(FORMATS),
+                   help="format (default: detected from PATH)")
+    p.add_argument("--sample", type=int, default=SAMPLE, metavar="N",
+                   help=f"records whose image headers are read (default {SAMPLE})")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(run=run)
+
+
+def run(args: Any) -> int:
+    info = inspect_dataset(args.path, source_format=args.source_format, sample=max(args.sample, 0))
+    print(json.dumps(info, indent=1) if args.json else describe(info))
+    return 0

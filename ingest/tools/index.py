@@ -1,0 +1,50 @@
+"""`ingest index PATH...`: write the index files that let readers seek into record files without scanning
+them: TFRecord (DALI ``tfrecord2idx`` format), MXNet RecordIO (``.idx``) and tar shards (see `shardfiles`).
+Readers build these indexes in memory when they are missing; writing them once saves that scan on every
+open (and DALI's readers need the TFRecord ones)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..errors import IngestError, SourceError
+from . import shardfiles
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "index", help="write index files for TFRecord, RecordIO and tar shards",
+        description="Write the index of every TFRecord (<file>.idx, DALI tfrecord2idx format: 'offset size' "
+                    "per record), MXNet RecordIO (<name>.idx beside <name>.rec, 'key<TAB>offset') and tar "
+                    "shard (<file>.idx) at each PATH: a shard file, a glob or a directory of shards. "
+                    "Existing index files are replaced. Compressed shards have no index and are skipped.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="shard file, glob or directory")
+    p.add_argument("--from", dest="source_format", choices=shardfiles.INDEXED, metavar="FORMAT",
+                   help=f"format of the shards (default: from the names); one of {', '.join(shardfiles.INDEXED)}")
+    p.set_defaults(run=run)
+
+
+def run(args: Any) -> int:
+    pairs = [pair for path in args.paths for pair in _shards(path, args.source_format)]
+    bad = 0
+    for fmt, shard in pairs:
+        if shardfiles.compressed(shard):
+            print(f"{shard}: skipped: compressed shards are streamed and have no index")
+            continue
+        try:
+            path, n = shardfiles.write_index(fmt, shard)
+        except IngestError as err:
+            print(f"{shard}: not indexed: {err}", file=sys.stderr)
+            bad += 1
+            continue
+        print(f"{path}: {n} {'samples' if fmt == 'wds' else 'records'}")
+    return 1 if bad else 0
+
+
+def _shards(path: str, fmt: str | None) -> list[tuple[str, str]]:
+    pairs = shardfiles.shard_files(path, fmt)
+    if not pairs:
+        raise SourceError(f"{path!r} holds no TFRecord, RecordIO or tar shards (give --from if their names do "
+                          "not say)")
+    return pairs
