@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -146,6 +146,93 @@ class ByteReader:
         if got != nbytes:
             raise CorruptRecordError(f"short read: {got} of {nbytes} bytes", path=loc.path, offset=loc.offset)
 
+    # -- fixed-size rows of a batch tensor, gathered from shard files ------------------------------
+    def read_rows(self, paths: Sequence[str], files: np.ndarray, offsets: np.ndarray, out: torch.Tensor, *,
+                  handles=None) -> None:
+        """Fill every row ``out[k]`` (``out[0].nbytes`` bytes) with the bytes of ``paths[files[k]]`` from byte
+        ``offsets[k]``: fixed-size samples read straight into a batch tensor (CPU or CUDA).
+
+        Rows are grouped by file and sorted by offset; neighbours at most `COALESCE_GAP` bytes apart become one
+        read (at most `READ_CHUNK` bytes). Into CUDA memory with KvikIO (``device_path`` kvikio) each read is
+        one ``CuFile.pread`` (KvikIO splits it over its thread pool), landing in ``out`` itself when its rows
+        are back to back in the file and in ``out``, else in a device staging buffer spread over the rows by
+        one strided copy. KvikIO writes outside torch's streams, so this first waits for the work queued on
+        ``out``'s device's current stream. Otherwise ``os.preadv`` scatters each read into its rows (gaps go
+        to a scratch buffer) on this reader's threads: into a CPU ``out`` directly, into a pinned host buffer
+        and one copy for a CUDA ``out``. ``handles`` (`file_handles()`) keeps files open across calls;
+        without it they are opened and closed per call. A short read raises CorruptRecordError."""
+        if not out.is_contiguous():
+            raise ValueError("read_rows needs a contiguous tensor")
+        files = np.asarray(files, dtype=np.int64).reshape(-1)
+        offsets = np.asarray(offsets, dtype=np.int64).reshape(-1)
+        if not len(files) == len(offsets) == (out.shape[0] if out.dim() else -1):
+            raise ValueError(f"read_rows: {len(files)} files and {len(offsets)} offsets for "
+                             f"{out.shape[0] if out.dim() else 0} rows of out")
+        flat = out.view(torch.uint8).reshape(len(offsets), -1)
+        if flat.numel() == 0:
+            return
+        own = handles is None
+        handles = file_handles() if own else handles
+        runs = plan_runs(files, offsets, flat.shape[1])
+        try:
+            if self.device_path == "kvikio" and out.is_cuda or self.path == "kvikio" and not out.is_cuda:
+                self._rows_kvikio(paths, runs, flat, handles)
+            elif out.is_cuda:
+                staging = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=True)
+                self._rows_posix(paths, runs, staging.numpy(), handles)
+                flat.copy_(staging, non_blocking=True)  # the pinned block stays reserved until the copy is done
+            else:
+                self._rows_posix(paths, runs, flat.numpy(), handles)
+        finally:
+            if own:
+                handles.close()
+
+    def _rows_posix(self, paths: Sequence[str], runs: list["Run"], rows: np.ndarray, handles) -> None:
+        scratch = memoryview(np.empty(COALESCE_GAP, dtype=np.uint8))  # gap bytes land here, unread
+
+        def work(share: list[Run]) -> None:
+            for run in share:
+                path = paths[run.file]
+                fd = handles.get(("fd", path), lambda: os.open(path, os.O_RDONLY))
+                iovs, pos = [], 0
+                for r, start in zip(run.rows.tolist(), run.starts.tolist()):
+                    if start > pos:
+                        iovs.append(scratch[:start - pos])
+                    iovs.append(memoryview(rows[r]))
+                    pos = start + rows.shape[1]
+                _check_read(_preadv_full(fd, iovs, run.offset), run, path)
+
+        shares = [runs[t::self.threads] for t in range(min(self.threads, len(runs)))]
+        list(self._pool.map(work, shares))
+
+    def _rows_kvikio(self, paths: Sequence[str], runs: list["Run"], flat: torch.Tensor, handles) -> None:
+        if flat.is_cuda:
+            import cupy
+            torch.cuda.current_stream(flat.device).synchronize()
+            as_buffer = cupy.asarray
+        else:
+            as_buffer = torch.Tensor.numpy
+        row = flat.shape[1]
+        dest = as_buffer(flat.reshape(-1))
+        staged = [run for run in runs if not run.dense]
+        staging = torch.empty(sum(run.nbytes for run in staged), dtype=torch.uint8, device=flat.device)
+        stage = as_buffer(staging) if staged else None
+        pending, at = [], 0
+        for run in runs:
+            path = paths[run.file]
+            f = handles.get(("kvikio", path), lambda: self._kvikio.CuFile(path, "r"))
+            if run.dense:
+                buf = dest[int(run.rows[0]) * row:int(run.rows[0]) * row + run.nbytes]
+            else:
+                buf, at = stage[at:at + run.nbytes], at + run.nbytes
+            pending.append((run, path, f.pread(buf, run.nbytes, run.offset)))
+        for run, path, future in pending:
+            _check_read(future.get(), run, path)
+        at = 0
+        for run in staged:
+            _spread(staging[at:at + run.nbytes], run, flat)
+            at += run.nbytes
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
@@ -177,3 +264,103 @@ def _pread_full(path: str, out: np.ndarray, offset: int) -> int:
         return done
     finally:
         os.close(fd)
+
+
+# -- batched row reads (ByteReader.read_rows) --------------------------------------------------------
+
+#: Rows at most this many bytes apart in a file are read as one range (the gap is read and dropped): one
+#: read of a few more bytes costs less than a second call.
+COALESCE_GAP = 64 * 1024
+#: The longest single read `read_rows` issues (posix reads split a batch across threads at this size; KvikIO
+#: splits each read again by its own ``task_size``).
+READ_CHUNK = 16 << 20
+#: Rows per read at most: a posix read scatters with two iovecs per row, and IOV_MAX is 1024 on Linux.
+MAX_RUN_ROWS = 512
+
+
+class Run(NamedTuple):
+    """One read of `ByteReader.read_rows`: ``nbytes`` bytes of ``paths[file]`` from ``offset``, holding the
+    batch rows ``rows`` at byte ``starts`` of the range (increasing). ``dense``: the rows are back to back
+    both in the file and in the batch, so the range can land in the batch tensor as it is."""
+
+    file: int
+    offset: int
+    nbytes: int
+    rows: np.ndarray
+    starts: np.ndarray
+    dense: bool
+
+
+def plan_runs(files: np.ndarray, offsets: np.ndarray, row: int, *, gap: int = COALESCE_GAP,
+              chunk: int = READ_CHUNK) -> list[Run]:
+    """Group ``len(offsets)`` rows of ``row`` bytes (row k at ``offsets[k]`` of file ``files[k]``) into reads:
+    sorted by file and offset, a row joins the previous read when it starts at or after its end, at most
+    ``gap`` bytes later, and the read stays within ``chunk`` bytes and `MAX_RUN_ROWS` rows."""
+    order = np.lexsort((offsets, files))
+    f, o = files[order], offsets[order]
+    n = len(order)
+    brk = np.ones(n, dtype=bool)
+    brk[1:] = (f[1:] != f[:-1]) | (o[1:] < o[:-1] + row) | (o[1:] - (o[:-1] + row) > gap)
+    seg = np.cumsum(brk) - 1
+    first = np.flatnonzero(brk)
+    piece = (o - o[first][seg]) // max(chunk, row)
+    pos = np.arange(n) - first[seg]
+    brk[1:] |= (piece[1:] != piece[:-1]) | (pos[1:] // MAX_RUN_ROWS != pos[:-1] // MAX_RUN_ROWS)
+    bounds = np.append(np.flatnonzero(brk), n).tolist()
+    runs = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        rows, starts = order[a:b], o[a:b] - o[a]
+        dense = bool(b - a == 1 or ((np.diff(starts) == row).all() and (np.diff(rows) == 1).all()))
+        runs.append(Run(int(f[a]), int(o[a]), int(starts[-1]) + row, rows, starts, dense))
+    return runs
+
+
+def _spread(span: torch.Tensor, run: Run, flat: torch.Tensor) -> None:
+    """Copy the rows of one staged read (``span``: its bytes) into their rows of ``flat`` ([B, row] uint8)."""
+    row = flat.shape[1]
+    steps = np.diff(run.starts)
+    if len(steps) == 0 or (steps == steps[0]).all():
+        step = int(steps[0]) if len(steps) else row
+        view = span.as_strided((len(run.rows), row), (step, 1))
+        rows = torch.from_numpy(run.rows).to(flat.device, non_blocking=True)
+        flat.index_copy_(0, rows, view)
+    else:
+        for r, start in zip(run.rows.tolist(), run.starts.tolist()):
+            flat[r].copy_(span[start:start + row])
+
+
+def _check_read(got: int, run: Run, path: str) -> None:
+    if got != run.nbytes:
+        raise CorruptRecordError(f"short read: {got} of {run.nbytes} bytes (the file is shorter than its "
+                                 f"index says: truncated after it was opened?)", path=path, offset=run.offset)
+
+
+def _preadv_full(fd: int, iovs: list[memoryview], offset: int) -> int:
+    """``os.preadv`` until every buffer is full or the file ends; returns the bytes read."""
+    done = 0
+    while iovs:
+        n = os.preadv(fd, iovs, offset + done)
+        if n == 0:
+            break
+        done += n
+        while iovs and n >= len(iovs[0]):
+            n -= len(iovs[0])
+            iovs = iovs[1:]
+        if iovs and n:
+            iovs = [iovs[0][n:], *iovs[1:]]
+    return done
+
+
+def file_handles():
+    """A per-process cache of open files for `ByteReader.read_rows` (posix descriptors and KvikIO
+    ``CuFile``s, keyed by kind and path), closed by its ``close()``; an attribute of the source that owns
+    the files, so that they are opened once per process and never pickled."""
+    from .formats.base import ProcessLocal
+    return ProcessLocal(close=_close_handle)
+
+
+def _close_handle(handle) -> None:
+    if isinstance(handle, int):
+        os.close(handle)
+    else:
+        handle.close()
