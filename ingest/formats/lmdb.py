@@ -1,0 +1,492 @@
+"""LMDB databases: `LMDBSource` reads ours and other tools' layouts, `LMDBWriter` writes ours.
+
+Opening is read-only and lock-free (``lock=False``: read-only media work, and no reader table to size), with
+OS read-ahead off (random access), once per process (`ProcessLocal`: worker processes reopen it, the source
+pickles as paths and keys only). Each ``locate`` runs its own read transaction and copies the values out, so
+reader threads need no coordination and a returned value never points into a closed transaction. Keys are
+listed once, in LMDB's (byte) order, by one cursor pass, and kept packed.
+
+**Layouts** (``layout="auto"`` tells them apart from the keys and the first values):
+
+- ``ingest`` -- ours, written by `LMDBWriter` (values: framed records, `_framed`): key ``b"%09d" % i``
+  per sample; ``__meta__``: JSON ``{"format": "ingest-lmdb", "version": 1, "count": n, "fields": [{"name", "kind",
+  "shape", "dtype"}, ...] (the order of the framed record), "classes": [...], "content_sha256": ...}``; ``__labels__``: the ``label``
+  of every sample, int64 little-endian (so ``labels()`` reads one value).
+- ``columnar`` -- mmocr / CRNN text-recognition style: ``<prefix>-<number>`` keys, one prefix per field
+  (``image-000000001`` -> JPEG, ``label-000000001`` -> text), plus an optional ``num-samples`` that must
+  agree. Prefix ``image``/``img`` holding images is the ``image`` field; ``label`` values that are all
+  integers are the ``label``, text ones the ``text`` field; any other prefix is a field of that name
+  (image, text or bytes, by its first values).
+- ``caffe`` -- Caffe ``Datum`` protobufs (``convert_imageset``: keys ``%08d_<path>``). ``encoded=true``:
+  the image bytes (kind ``image``); ``encoded=false``: raw ``uint8`` C x H x W planes, returned as decoded
+  pixels ``[H, W, C]`` (kind ``pixels``) in **RGB** order: Caffe stores OpenCV's BGR, so the channels are
+  reversed (``caffe_bgr=False`` keeps them as stored, for Datums made from RGB arrays). DALI's caffe reader
+  copies the planar bytes as they are into an ``H x W x C`` tensor and leaves the order BGR. Datums holding
+  ``float_data`` instead give a ``float_data`` field (float32 ``[C, H, W]``).
+- ``images`` -- every key holds one encoded image (no labels).
+
+**Determinism.** `LMDBWriter` appends keys in order in fixed-size transactions, so the same records give the
+same keys and values (`content_checksum`, also stored in ``__meta__`` and checked by `verify`); the
+``data.mdb`` bytes are the same too for the same liblmdb and OS page size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from typing import Any, Iterator, Mapping, Sequence
+
+import lmdb as _lmdb
+import numpy as np
+from google.protobuf.message import DecodeError as _ProtoDecodeError
+
+from ..errors import ConfigError, CorruptRecordError, SourceError
+from . import _framed
+from ._protos import Datum
+from .base import Field, Location, ProcessLocal, Record, check_index
+from .filetree import image_extension
+
+LAYOUTS = ("auto", "ingest", "columnar", "caffe", "images")
+META_KEY, LABELS_KEY = b"__meta__", b"__labels__"
+FORMAT, VERSION = "ingest-lmdb", 1
+_COLUMN = re.compile(rb"^([A-Za-z][A-Za-z0-9_]*)-(\d+)$")
+_NUM_SAMPLES = b"num-samples"
+_SNIFF = 8           # values looked at to tell a layout or a column's kind
+
+
+def _open_env(path: str) -> Any:
+    try:
+        return _lmdb.open(path, subdir=os.path.isdir(path), readonly=True, lock=False, readahead=False,
+                          meminit=False, max_readers=1024, max_dbs=0)
+    except _lmdb.Error as err:
+        raise SourceError(f"cannot open LMDB {path!r}: {err}", path=path) from err
+
+
+#: Environments of this process. LMDB allows one open environment per file per process, so every source
+#: (and every pickled copy of one) shares them; keyed by the data file's identity, so a database replaced at
+#: the same path is opened afresh.
+_ENVS = ProcessLocal()
+
+
+def environment(path: str) -> Any:
+    """The read-only environment of the LMDB at ``path`` in this process (opened on first use)."""
+    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    try:
+        st = os.stat(data)
+    except OSError as err:
+        raise SourceError(f"cannot open LMDB {path!r}: {err.strerror}", path=path) from err
+    return _ENVS.get((os.path.realpath(data), st.st_dev, st.st_ino), lambda: _open_env(path))
+
+
+class _Keys:
+    """Byte strings packed in one buffer (a million keys pickle as one object)."""
+
+    def __init__(self, keys: Sequence[bytes]):
+        self.blob = b"".join(keys)
+        self.ends = np.cumsum([len(k) for k in keys], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def __getitem__(self, i: int) -> bytes:
+        start = int(self.ends[i - 1]) if i else 0
+        return self.blob[start:int(self.ends[i])]
+
+
+def _is_int(value: bytes) -> bool:
+    return re.fullmatch(rb"\s*[+-]?\d{1,18}\s*", value) is not None
+
+
+def _is_text(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class _Db:
+    """One LMDB: its layout, sample count and how sample ``i``'s keys are made."""
+
+    def __init__(self, path: str, layout: str, caffe_bgr: bool):
+        self.path = path
+        self.caffe_bgr = caffe_bgr
+        with environment(path).begin() as txn:
+            self._detect(txn, layout)
+
+    # -- layout detection ------------------------------------------------------------------------
+    def _detect(self, txn: Any, layout: str) -> None:
+        meta = txn.get(META_KEY)
+        if layout in ("auto", "ingest") and meta is not None and self._ingest(txn, meta):
+            return
+        if layout == "ingest":
+            raise SourceError(f"{self.path!r} has no ingest {META_KEY.decode()} key: not written by LMDBWriter "
+                              "(try layout='auto')", path=self.path)
+        keys = list(txn.cursor().iternext(keys=True, values=False))
+        if not keys:
+            raise SourceError(f"LMDB {self.path!r} is empty", path=self.path)
+        if layout in ("auto", "columnar") and self._columnar(txn, keys):
+            return
+        first = [txn.get(k) for k in keys[:_SNIFF]]
+        if layout in ("auto", "caffe") and all(_datum(v) is not None for v in first):
+            self._caffe(keys, _datum(first[0]))
+            return
+        if layout in ("auto", "images") and all(image_extension(v) for v in first):
+            self.layout, self.keys = "images", _Keys(keys)
+            self.count, self.fields = len(keys), {"image": Field("image")}
+            return
+        what = "is not laid out as any of " + ", ".join(LAYOUTS[1:]) if layout == "auto" else \
+            f"does not look like layout {layout!r}"
+        raise SourceError(f"LMDB {self.path!r} {what} (first key {keys[0][:60]!r}, value starts "
+                          f"{first[0][:16]!r}); pass layout= (one of {', '.join(LAYOUTS)})", path=self.path)
+
+    def _ingest(self, txn: Any, meta: bytes) -> bool:
+        try:
+            doc = json.loads(meta)
+        except ValueError:
+            return False
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            return False
+        if doc.get("version") != VERSION:
+            raise SourceError(f"{self.path!r}: ingest LMDB version {doc.get('version')!r}; this reader knows "
+                              f"{VERSION}", path=self.path)
+        try:
+            self.count = int(doc["count"])
+            self.fields = {f["name"]: Field(f["kind"], None if f.get("shape") is None else tuple(f["shape"]),
+                                            f.get("dtype")) for f in doc["fields"]}
+            self.classes = [str(c) for c in doc.get("classes", [])]
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise SourceError(f"{self.path!r}: malformed {META_KEY.decode()}: {err}", path=self.path) from err
+        labels = txn.get(LABELS_KEY) or b""
+        if len(labels) != 8 * self.count:
+            raise SourceError(f"{self.path!r}: {LABELS_KEY.decode()} holds {len(labels)} bytes, expected "
+                              f"{8 * self.count} for {self.count} samples", path=self.path)
+        entries = txn.stat()["entries"]
+        if entries != self.count + 2:
+            raise SourceError(f"{self.path!r}: {entries} keys but {META_KEY.decode()} says {self.count} samples "
+                              "(+2 metadata keys)", path=self.path)
+        self.layout = "ingest"
+        self.labels = np.frombuffer(labels, dtype="<i8").astype(np.int64)
+        return True
+
+    def _columnar(self, txn: Any, keys: list[bytes]) -> bool:
+        columns: dict[bytes, dict[int, bytes]] = {}
+        for key in keys:
+            if key == _NUM_SAMPLES:
+                continue
+            match = _COLUMN.match(key)
+            if match is None:
+                return False
+            columns.setdefault(match.group(1), {})[int(match.group(2))] = key
+        if not columns:
+            return False
+        numbers = sorted(set().union(*columns.values()))
+        stated = txn.get(_NUM_SAMPLES)
+        if stated is not None and (not _is_int(stated) or int(stated) != len(numbers)):
+            raise SourceError(f"{self.path!r}: num-samples is {stated[:20]!r} but the keys number "
+                              f"{len(numbers)} samples", path=self.path)
+        self.layout, self.count = "columnar", len(numbers)
+        self.columns: dict[str, _Keys] = {}
+        self.fields = {}
+        for prefix, by_number in sorted(columns.items()):
+            sniffed = [txn.get(by_number[n]) for n in numbers[:_SNIFF] if n in by_number]
+            name, kind = self._column_field(prefix.decode(), sniffed)
+            self.fields[name] = Field(kind)
+            # A missing key is an empty entry: parsing that sample names it.
+            self.columns[name] = _Keys([by_number.get(n, b"") for n in numbers])
+        return True
+
+    def _column_field(self, prefix: str, values: list[bytes]) -> tuple[str, str]:
+        images = all(image_extension(v) for v in values)
+        if prefix in ("image", "img") and images:
+            return "image", "image"
+        if prefix == "label":
+            if all(_is_int(v) for v in values):
+                return "label", "int"
+            return "text", "text"
+        return prefix, "image" if images else "text" if all(_is_text(v) for v in values) else "bytes"
+
+    def _caffe(self, keys: list[bytes], first: Any) -> None:
+        self.layout, self.keys, self.count = "caffe", _Keys(keys), len(keys)
+        if first.HasField("data"):
+            image = Field("image") if first.encoded else Field("pixels", dtype="uint8")
+            self.fields = {"image": image, "label": Field("int")}
+        else:
+            self.fields = {"float_data": Field("array", dtype="float32"), "label": Field("int")}
+
+    # -- per sample ------------------------------------------------------------------------------
+    def sample_keys(self, i: int) -> list[bytes]:
+        if self.layout == "ingest":
+            return [b"%09d" % i]
+        if self.layout == "columnar":
+            return [self.columns[name][i] for name in self.fields]
+        return [self.keys[i]]
+
+    def parse(self, i: int, raws: tuple, name: str) -> Record:
+        if self.layout == "ingest":
+            values = _framed.decode(raws[0], self.fields, path=self.path, key=name)
+            return Record(values.pop("image", None), int(values.pop("label", -1)), values)
+        if self.layout == "caffe":
+            return self._parse_datum(raws[0], name)
+        if self.layout == "images":
+            return Record(raws[0])
+        values = {}
+        for (field_name, field), raw in zip(self.fields.items(), raws):
+            values[field_name] = self._column_value(field_name, field, raw, name)
+        return Record(values.pop("image", None), int(values.pop("label", -1)), values)
+
+    def _column_value(self, field_name: str, field: Field, raw: Any, name: str) -> Any:
+        if raw is None:
+            raise CorruptRecordError(f"no key for field {field_name!r}", path=self.path, index=name)
+        if field.kind == "image":
+            return raw
+        data = bytes(raw)
+        if field.kind == "int":
+            if not _is_int(data):
+                raise CorruptRecordError(f"label {data[:40]!r} is not an integer", path=self.path, index=name)
+            return int(data)
+        if field.kind == "text":
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise CorruptRecordError(f"field {field_name!r} is not UTF-8 text: {err}", path=self.path,
+                                         index=name) from err
+        return data
+
+    def _parse_datum(self, raw: Any, name: str) -> Record:
+        datum = _datum(bytes(raw))
+        if datum is None:
+            raise CorruptRecordError("value is not a Caffe Datum (protobuf parse failed or sizes disagree)",
+                                     path=self.path, index=name)
+        label = int(datum.label) if datum.HasField("label") else -1
+        if "float_data" in self.fields:
+            if not datum.float_data:
+                raise CorruptRecordError("Datum has no float_data", path=self.path, index=name)
+            shape = (datum.channels, datum.height, datum.width)
+            return Record(None, label, {"float_data": np.array(datum.float_data, np.float32).reshape(shape)})
+        if not datum.HasField("data"):
+            raise CorruptRecordError("Datum holds no image data (float_data only?)", path=self.path, index=name)
+        if self.fields["image"].kind == "image":
+            if not datum.encoded:
+                raise CorruptRecordError("raw Datum in an LMDB of encoded ones", path=self.path, index=name)
+            return Record(np.frombuffer(datum.data, np.uint8), label)
+        if datum.encoded:
+            raise CorruptRecordError("encoded Datum in an LMDB of raw ones", path=self.path, index=name)
+        planes = np.frombuffer(datum.data, np.uint8).reshape(datum.channels, datum.height, datum.width)
+        order = [2, 1, 0, 3][:datum.channels] if self.caffe_bgr and datum.channels in (3, 4) else slice(None)
+        return Record(np.ascontiguousarray(planes[order].transpose(1, 2, 0)), label)
+
+
+def _datum(value: bytes) -> Any:
+    """``value`` as a Caffe Datum whose sizes agree with its payload, else None."""
+    datum = Datum()
+    try:
+        datum.ParseFromString(value)
+    except (_ProtoDecodeError, ValueError, RuntimeError):
+        return None
+    c, h, w = datum.channels, datum.height, datum.width
+    if datum.HasField("data"):
+        if datum.encoded:
+            return datum if image_extension(datum.data) else None
+        return datum if c > 0 and h > 0 and w > 0 and len(datum.data) == c * h * w else None
+    return datum if c > 0 and h > 0 and w > 0 and len(datum.float_data) == c * h * w else None
+
+
+def _paths(path: Any) -> list[str]:
+    if not isinstance(path, (str, os.PathLike)):
+        return [os.fspath(p) for p in path]
+    path = os.fspath(path)
+    if os.path.isfile(path) or os.path.exists(os.path.join(path, "data.mdb")):
+        return [path]
+    if os.path.isdir(path):   # a converter output: one or more <stem>.lmdb directories
+        found = sorted(e.path for e in os.scandir(path)
+                       if e.is_dir() and os.path.exists(os.path.join(e.path, "data.mdb")))
+        if found:
+            return found
+        raise SourceError(f"{path!r} holds no LMDB (no data.mdb in it or its subdirectories)", path=path)
+    raise FileNotFoundError(f"LMDB path {path!r} does not exist")
+
+
+class LMDBSource:
+    """Samples of one or more LMDBs (concatenated in order). ``path``: an LMDB directory (or its
+    ``data.mdb``), a directory of LMDB directories, or a list. ``layout``: see the module docstring.
+    ``caffe_bgr``: raw Caffe Datums are BGR (as ``convert_imageset`` writes them) and are turned to RGB."""
+
+    def __init__(self, path: Any, *, layout: str = "auto", caffe_bgr: bool = True):
+        if layout not in LAYOUTS:
+            raise ConfigError(f"Unknown LMDB layout {layout!r}. Available: {', '.join(LAYOUTS)}")
+        self._dbs = [_Db(p, layout, caffe_bgr) for p in _paths(path)]
+        first = self._dbs[0]
+        for db in self._dbs[1:]:
+            if db.fields != first.fields:
+                raise SourceError(f"LMDBs {first.path!r} and {db.path!r} hold different fields "
+                                  f"({sorted(first.fields)} vs {sorted(db.fields)})", path=db.path)
+        self.fields = dict(first.fields)
+        self.classes = list(getattr(first, "classes", []))
+        self._starts = np.concatenate([[0], np.cumsum([db.count for db in self._dbs])]).astype(np.int64)
+        self._labels: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _find(self, i: int) -> tuple[_Db, int, int]:
+        i = check_index(i, len(self))
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return self._dbs[k], k, i - int(self._starts[k])
+
+    def _get(self, k: int, keys: list[bytes]) -> list[bytes | None]:
+        with environment(self._dbs[k].path).begin() as txn:   # values are copied out (bytes), valid after the transaction
+            return [txn.get(key) if key else None for key in keys]
+
+    def locate(self, i: int) -> Location | tuple[Location, ...]:
+        db, k, j = self._find(i)
+        keys = db.sample_keys(j)
+        values = self._get(k, keys)
+        locs = []
+        for key, value in zip(keys, values):
+            if value is None and db.layout != "columnar":
+                raise CorruptRecordError(f"key {key!r} is missing", path=db.path, index=i)
+            locs.append(Location(f"{db.path}:{key.decode('ascii', 'backslashreplace')}",
+                                 data=value if value is not None else b""))
+        return locs[0] if len(locs) == 1 else tuple(locs)
+
+    def parse(self, i: int, raw: Any) -> Record:
+        db, _, j = self._find(i)
+        raws = raw if isinstance(raw, tuple) else (raw,)
+        if db.layout == "columnar":   # an empty value stands for a missing key (see locate)
+            raws = tuple(r if len(r) or key else None for r, key in zip(raws, db.sample_keys(j)))
+        return db.parse(j, raws, self._key_name(db, j))
+
+    def labels(self) -> np.ndarray:
+        """Every sample's label. Ours: stored; columnar: one read of the label keys; Caffe: one pass over
+        every Datum (done once, on the first call)."""
+        if self._labels is None:
+            parts = []
+            for k, db in enumerate(self._dbs):
+                if db.layout == "ingest":
+                    parts.append(db.labels)
+                elif "label" in db.fields:
+                    parts.append(np.array([self.parse(int(self._starts[k]) + j,
+                                                      _unwrap(self.locate(int(self._starts[k]) + j))).label
+                                           for j in range(db.count)], dtype=np.int64))
+                else:
+                    parts.append(np.full(db.count, -1, dtype=np.int64))
+            self._labels = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return self._labels
+
+    def _key_name(self, db: _Db, j: int) -> str:
+        return db.sample_keys(j)[0].decode("ascii", "backslashreplace")
+
+    def name(self, i: int) -> str:
+        db, _, j = self._find(i)
+        return f"{db.path}:{self._key_name(db, j)}"
+
+    def __repr__(self) -> str:
+        return (f"LMDBSource({len(self._dbs)} LMDB, layout {self._dbs[0].layout}, {len(self)} samples, "
+                f"fields {sorted(self.fields)})")
+
+
+def _unwrap(loc: Location | tuple[Location, ...]) -> Any:
+    return tuple(p.data for p in loc) if isinstance(loc, tuple) else loc.data
+
+
+def _iter_content(path: str) -> Iterator[tuple[bytes, bytes]]:
+    with environment(path).begin() as txn:
+        for key, value in txn.cursor():
+            if key != META_KEY:
+                yield key, value
+
+
+def content_checksum(path: str) -> str:
+    """sha256 (hex) of every key and value of the LMDB at ``path`` in key order, ``__meta__`` excepted: equal
+    for equal contents whatever the page layout (works on any LMDB)."""
+    h = hashlib.sha256()
+    for key, value in _iter_content(path):
+        h.update(len(key).to_bytes(4, "little") + key + len(value).to_bytes(8, "little"))
+        h.update(value)
+    return h.hexdigest()
+
+
+def verify(path: str) -> int:
+    """Check an LMDB written by `LMDBWriter` against the checksum in its ``__meta__``, and that every
+    sample parses; returns the sample count. Raises CorruptRecordError naming the first problem."""
+    source = LMDBSource(path, layout="ingest")
+    for db in source._dbs:
+        with environment(db.path).begin() as txn:
+            stored = json.loads(txn.get(META_KEY)).get("content_sha256")
+        actual = content_checksum(db.path)
+        if stored != actual:
+            raise CorruptRecordError(f"content checksum {actual} differs from the stored {stored}", path=db.path)
+    for i in range(len(source)):
+        source.parse(i, _unwrap(source.locate(i)))
+    return len(source)
+
+
+class LMDBWriter:
+    """Writes ``<stem>.lmdb/data.mdb`` in our layout (module docstring) from records with ``fields``; one
+    LMDB holds the whole dataset (``sharded = False``). ``classes`` go into ``__meta__``."""
+
+    sharded = False
+    BATCH = 1000                 # records per write transaction (fixed: the page layout depends on it)
+    MAX_SAMPLES = 10**9          # keys are %09d: beyond, byte order would stop being sample order
+
+    def __init__(self, directory: str | os.PathLike, stem: str, fields: Mapping[str, Field], *,
+                 classes: Sequence[str] = ()):
+        self.fields = dict(fields)
+        for name, field in self.fields.items():
+            if not isinstance(field, Field):
+                raise ConfigError(f"field {name!r} must be a Field, got {type(field).__name__}")
+        self.classes = [str(c) for c in classes]
+        self.stem = stem
+        self.path = os.path.join(os.fspath(directory), stem + ".lmdb")
+        os.makedirs(self.path, exist_ok=True)
+        if os.path.exists(os.path.join(self.path, "data.mdb")):
+            raise ConfigError(f"{self.path!r} already holds an LMDB; write into a new directory")
+        self._map_size = 1 << 26
+        self._env = _lmdb.open(self.path, map_size=self._map_size, subdir=True, lock=False, sync=False,
+                               metasync=False, meminit=True, max_dbs=0)
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._labels: list[int] = []
+        self._hash = hashlib.sha256()
+
+    def add(self, record: Record) -> None:
+        n = len(self._labels)
+        if n >= self.MAX_SAMPLES:
+            raise ConfigError(f"an LMDB written by LMDBWriter holds at most {self.MAX_SAMPLES} samples")
+        value = _framed.encode(record, self.fields)
+        self._put(b"%09d" % n, value)
+        self._labels.append(int(record.label))
+        if len(self._pending) >= self.BATCH:
+            self._flush()
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        self._pending.append((key, value))
+        if key != META_KEY:
+            self._hash.update(len(key).to_bytes(4, "little") + key + len(value).to_bytes(8, "little"))
+            self._hash.update(value)
+
+    def _flush(self) -> None:
+        while self._pending:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for key, value in self._pending:
+                        txn.put(key, value, append=True)
+                self._pending = []
+            except _lmdb.MapFullError:
+                self._map_size *= 2
+                self._env.set_mapsize(self._map_size)
+
+    def close(self) -> list[str]:
+        """Write the labels and ``__meta__``, sync and close; the names of the files written."""
+        self._put(LABELS_KEY, np.asarray(self._labels, dtype="<i8").tobytes())
+        fields = [{"name": name, "kind": f.kind, "shape": None if f.shape is None else list(f.shape),
+                   "dtype": f.dtype} for name, f in self.fields.items()]
+        meta = {"format": FORMAT, "version": VERSION, "count": len(self._labels), "fields": fields,
+                "classes": self.classes, "content_sha256": self._hash.hexdigest()}
+        self._put(META_KEY, json.dumps(meta, sort_keys=True).encode())
+        self._flush()
+        self._env.sync(True)
+        self._env.close()
+        return [os.path.join(self.stem + ".lmdb", "data.mdb")]

@@ -1,0 +1,316 @@
+"""Tar shards: one scan of the member headers, WebDataset's grouping of members into samples, and the index
+that lets a shard be read at offsets without scanning it again (DALI's ``wds2idx`` plays this part there).
+
+**Scan.** Headers are parsed by Python's `tarfile` (pre-POSIX v7, ustar, GNU long names and pax headers all
+parse); each regular member gives its data's byte range. `tarfile` ends an archive quietly at the first
+header it cannot parse; the scan does not: whatever follows the last member must be the zero blocks of the
+end-of-archive marker, else the header there is reported (bad checksum, garbage, a truncated file). A member
+whose data runs past the end of the file, a sparse member and a name that escapes the shard root (absolute,
+or with a ``..`` component) are typed errors too. Reads are chunked, so a corrupt size field never makes a
+large allocation.
+
+**Grouping** (webdataset's rules, `webdataset.tariterators`): only regular files count; names starting with a
+``__...__`` component (metadata) and names without a dot in their base name are skipped. The key is the path
+up to the first dot of the base name, the extension everything after it, lower-cased (``a/b.seg.png`` -> key
+``a/b``, extension ``seg.png``). Consecutive members with the same key form one sample; an extension seen
+twice in one sample is an error.
+
+**Index file** ``<shard>.idx`` (e.g. ``train-0001.tar.idx``), JSON::
+
+    {"format": "ingest-tar-index", "version": 1, "tar_size": <bytes of the tar>,
+     "keys": [<sample key>, ...], "starts": [<first member of each sample>, ..., <member count>],
+     "exts": [<extension of each member>], "offsets": [<data offset>], "sizes": [<data size>],
+     "ints": [<value of a small integer member (cls, index, ...), else null>]}
+
+An index is used only when its ``tar_size`` matches the shard; one that does not parse or whose ranges do not
+fit the shard is a `CorruptRecordError` naming the index file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tarfile
+import zlib
+from dataclasses import dataclass, field
+from typing import IO, Iterator
+
+import numpy as np
+
+from ..errors import CorruptRecordError
+
+INDEX_FORMAT = "ingest-tar-index"
+INDEX_VERSION = 1
+#: Extensions whose (small) members hold one integer: read during the scan so labels need no extra reads.
+INT_EXTENSIONS = ("cls", "cls2", "class", "index", "inx", "id", "count")
+_SMALL = 64                       # bytes: integer members at most this long are read during the scan
+_CHUNK = 1 << 20                  # bytes per read: bounds what a corrupt size field can allocate
+_META = re.compile(r"__[^/]*__($|/)")
+_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
+def index_path(shard: str) -> str:
+    """Where the index of ``shard`` lives: beside it, named ``<shard>.idx``."""
+    return shard + ".idx"
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """WebDataset's ``(key, extension)`` of a member name (extension lower-cased), or None to skip it."""
+    if _META.match(name) or (name.startswith("__") and name.endswith("__")):
+        return None
+    match = _KEY.match(name)
+    if not match:
+        return None
+    return match.group(1), match.group(2).lower()
+
+
+@dataclass
+class Member:
+    """A regular tar member: its name, data range and header offset; ``data`` when the scan read it."""
+
+    name: str
+    header: int
+    offset: int
+    size: int
+    data: bytes | None = None
+
+
+class _Tracked:
+    """A file object for `tarfile` that reads in bounded chunks and remembers the last block it read."""
+
+    def __init__(self, f: IO[bytes]):
+        self._f = f
+        self.last = (-1, b"")   # (offset, bytes) of the last read
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self._f.seek(pos, whence)
+
+    def read(self, n: int = -1) -> bytes:
+        start = self._f.tell()
+        parts, got = [], 0
+        while n < 0 or got < n:
+            chunk = self._f.read(_CHUNK if n < 0 else min(_CHUNK, n - got))
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        data = b"".join(parts)
+        self.last = (start, data[:tarfile.BLOCKSIZE])
+        return data
+
+
+def _escapes(name: str) -> bool:
+    return name.startswith("/") or name.startswith("\\") or ".." in re.split(r"[/\\]", name) or \
+        bool(re.match(r"^[A-Za-z]:", name))
+
+
+def scan(f: IO[bytes], path: str, *, size: int | None = None, read_all: bool = False) -> Iterator[Member]:
+    """The regular members of the tar read from ``f`` (positioned at its start), in archive order.
+    ``size``: the file's size when known (random access; member ranges are checked against it).
+    ``read_all``: read every member's data (streaming); else only small integer members are read."""
+    raw = _Tracked(f)
+    tf = None
+    last: Member | None = None
+    try:
+        tf = tarfile.TarFile(fileobj=raw, mode="r")
+        while True:
+            info = tf.next()
+            if info is None:
+                break
+            tf.members.clear()   # the scan keeps no TarInfo list (shards may hold millions of members)
+            if info.issparse():
+                raise CorruptRecordError(f"sparse member {info.name!r} is not supported", path=path,
+                                         offset=info.offset)
+            if not info.isreg():
+                continue
+            if _escapes(info.name):
+                raise CorruptRecordError(f"member name {info.name!r} escapes the shard root", path=path,
+                                         offset=info.offset)
+            if size is not None and info.offset_data + info.size > size:
+                raise CorruptRecordError(f"member {info.name!r} claims {info.size} bytes of data from byte "
+                                         f"{info.offset_data}, past the end of the file ({size} bytes)",
+                                         path=path, offset=info.offset)
+            member = last = Member(info.name, info.offset, info.offset_data, info.size)
+            key = split_key(info.name)
+            if read_all or (key and key[1] in INT_EXTENSIONS and info.size <= _SMALL):
+                data = tf.extractfile(info).read()
+                if len(data) != info.size:
+                    raise CorruptRecordError(f"member {info.name!r} is truncated ({len(data)} of {info.size} "
+                                             "bytes)", path=path, offset=info.offset)
+                member.data = data
+            yield member
+        _check_end(raw, tf.offset, path)
+    except CorruptRecordError:
+        raise
+    except (tarfile.TarError, EOFError, OSError, ValueError, OverflowError, UnicodeError, zlib.error) as err:
+        where = tf.offset if tf is not None else 0
+        after = f" (after member {last.name!r})" if last is not None else ""
+        raise CorruptRecordError(f"not a valid tar{after}: {err}", path=path, offset=where) from err
+
+
+def _check_end(raw: _Tracked, end: int, path: str) -> None:
+    """What follows the last member must be zero blocks (or nothing)."""
+    at, block = raw.last
+    if at != end:
+        raw.seek(end)
+        block = raw.read(tarfile.BLOCKSIZE)
+        at = end
+    else:
+        raw.seek(end + len(block))
+    if block.strip(b"\0"):
+        raise CorruptRecordError("invalid tar header (bad checksum, garbage or a truncated file) where the "
+                                 "next member or the end-of-archive marker should be", path=path, offset=end)
+    pos = at + len(block)
+    while True:
+        chunk = raw._f.read(_CHUNK)
+        if not chunk:
+            return
+        stripped = chunk.lstrip(b"\0")
+        if stripped:
+            raise CorruptRecordError("data after the end-of-archive marker (concatenated tars are not "
+                                     "supported)", path=path, offset=pos + len(chunk) - len(stripped))
+        pos += len(chunk)
+
+
+@dataclass
+class TarIndex:
+    """The samples of one tar shard: ``keys[j]``'s members are ``starts[j]:starts[j+1]`` of the member arrays
+    (extension, data offset, data size, integer value or `NO_INT`)."""
+
+    keys: list[str]
+    starts: np.ndarray
+    exts: list[str]
+    offsets: np.ndarray
+    sizes: np.ndarray
+    ints: np.ndarray
+    tar_size: int = 0
+    skipped: int = field(default=0)   # regular members skipped by the grouping rules
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def members(self, j: int) -> range:
+        return range(int(self.starts[j]), int(self.starts[j + 1]))
+
+
+NO_INT = np.iinfo(np.int64).min
+
+
+def parse_int(data: bytes) -> int | None:
+    """The integer an ASCII member holds (surrounding whitespace allowed), or None."""
+    text = data.strip()
+    if not re.fullmatch(rb"[+-]?\d{1,18}", text):
+        return None
+    return int(text)
+
+
+def group(members: Iterator[Member], path: str) -> Iterator[tuple[str, list[tuple[str, Member]]]]:
+    """WebDataset samples: ``(key, [(extension, member), ...])`` of consecutive members sharing a key."""
+    key, parts = None, []
+    for member in members:
+        split = split_key(member.name)
+        if split is None:
+            continue
+        k, ext = split
+        if k != key:
+            if parts:
+                yield key, parts
+            key, parts = k, []
+        if any(ext == e for e, _ in parts):
+            raise CorruptRecordError(f"sample {k!r} has two {ext!r} members ({member.name!r} twice?)",
+                                     path=path, offset=member.header)
+        parts.append((ext, member))
+    if parts:
+        yield key, parts
+
+
+def build(path: str) -> TarIndex:
+    """Scan the tar at ``path`` and group its members (see the module docstring)."""
+    keys, starts, exts, offsets, sizes, ints = [], [0], [], [], [], []
+    skipped = 0
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        members = scan(f, path, size=size)
+
+        def counted():
+            nonlocal skipped
+            for m in members:
+                if split_key(m.name) is None:
+                    skipped += 1
+                yield m
+
+        for key, parts in group(counted(), path):
+            keys.append(key)
+            for ext, m in parts:
+                exts.append(ext)
+                offsets.append(m.offset)
+                sizes.append(m.size)
+                value = parse_int(m.data) if m.data is not None else None
+                ints.append(NO_INT if value is None else value)
+            starts.append(len(exts))
+    return TarIndex(keys, np.array(starts, np.int64), exts, np.array(offsets, np.int64),
+                    np.array(sizes, np.int64), np.array(ints, np.int64), size, skipped)
+
+
+def save(index: TarIndex, path: str) -> None:
+    """Write ``index`` to ``path`` (through a temporary name, then renamed)."""
+    doc = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "tar_size": index.tar_size, "keys": index.keys,
+           "starts": index.starts.tolist(), "exts": index.exts, "offsets": index.offsets.tolist(),
+           "sizes": index.sizes.tolist(),
+           "ints": [None if v == NO_INT else int(v) for v in index.ints.tolist()]}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def load(path: str, tar_size: int) -> TarIndex | None:
+    """The index saved at ``path`` for a tar of ``tar_size`` bytes; None if it was made for another size
+    (a rewritten shard). Raises CorruptRecordError if it is malformed or its ranges do not fit."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
+            raise ValueError("not an ingest tar index")
+        if doc.get("version") != INDEX_VERSION:
+            raise ValueError(f"version {doc.get('version')!r}, expected {INDEX_VERSION}")
+        if doc["tar_size"] != tar_size:
+            return None
+        m = len(doc["exts"])
+        index = TarIndex([str(k) for k in doc["keys"]], np.array(doc["starts"], np.int64),
+                         [str(e) for e in doc["exts"]], np.array(doc["offsets"], np.int64),
+                         np.array(doc["sizes"], np.int64),
+                         np.array([NO_INT if v is None else v for v in doc["ints"]], np.int64), tar_size)
+    except (OSError, ValueError, KeyError, TypeError, OverflowError) as err:
+        raise CorruptRecordError(f"unreadable tar index: {err}", path=path) from err
+    ok = (index.starts.shape == (len(index.keys) + 1,) and index.starts[0] == 0 and index.starts[-1] == m
+          and np.all(np.diff(index.starts) > 0) and index.offsets.shape == index.sizes.shape == index.ints.shape
+          == (m,) and np.all(index.sizes >= 0) and np.all(index.offsets % tarfile.BLOCKSIZE == 0)
+          and np.all(index.offsets + index.sizes <= tar_size) and np.all(np.diff(index.offsets) > 0))
+    if not ok:
+        raise CorruptRecordError("tar index entries do not fit the shard (stale or corrupt index: delete it "
+                                 "to rebuild)", path=path)
+    return index
+
+
+def open_index(shard: str, *, write: bool = False) -> TarIndex:
+    """The index of ``shard``: loaded from ``<shard>.idx`` when it is there and matches, else built by a
+    scan (and saved when ``write``)."""
+    try:
+        tar_size = os.stat(shard).st_size
+    except OSError as err:
+        raise FileNotFoundError(f"tar shard {shard!r} cannot be read: {err.strerror}") from err
+    saved = index_path(shard)
+    if os.path.exists(saved):
+        index = load(saved, tar_size)
+        if index is not None:
+            return index
+    index = build(shard)
+    if write:
+        save(index, saved)
+    return index

@@ -1,0 +1,420 @@
+"""WebDataset tar shards: `WebDatasetSource` reads them, `WebDatasetWriter` writes them.
+
+A sample is the run of consecutive tar members sharing a key (``a/b/c.jpg`` and ``a/b/c.cls`` -> key
+``a/b/c``); its fields are its members, by extension (grouping rules and the index: `tarindex`). Field kinds
+follow the extension's last part (a trailing ``.gz`` is decompressed first, as webdataset does):
+
+==============================================  =========================================================
+jpg jpeg png webp bmp gif tif tiff ppm pgm        ``image`` (encoded bytes, decoded by the pipeline)
+cls cls2 class index inx id count                 ``int`` (ASCII integer)
+float                                             ``float`` (ASCII number; written by `WebDatasetWriter`)
+txt text transcript json jsn                      ``text`` (UTF-8; JSON is not parsed)
+npy                                               ``array`` (NumPy ``.npy``, never pickled objects)
+anything else (mp, ten, pth, pkl, bin, ...)        ``bytes`` (as stored: nothing is unpickled or unpacked)
+==============================================  =========================================================
+
+**Fields.** ``fields=None`` looks at the first samples of the first shard: ``image`` is the first member with
+an image extension (jpg before jpeg, png, webp, ...: all image extensions seen are its alternatives),
+``label`` the ``cls`` member (or cls2, index, ...); every other extension present in all of those samples is
+a field named after it, less a trailing type part when there is one (``seg.png`` -> ``seg``, ``json`` ->
+``json``). ``fields={"image": ("jpg", "png"), "label": "cls", "meta": "json"}`` names them explicitly. A
+sample that lacks a declared field is a `CorruptRecordError` when parsed (skipped under ``max_failures``).
+
+**Random access** (plain ``.tar``): ``locate(i)`` returns one `Location` per member the declared fields
+need, from the shard's index (`tarindex.open_index`: ``<shard>.idx`` when present, else a scan;
+``write_index=True`` saves it). **Streamed** (``.tgz``/``.tar.gz``, or ``stream=True``): the shards are read
+front to back through ``iter_shard(k, skip)`` (see `ingest.stream`).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import os
+import tarfile
+import zlib
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, CorruptRecordError, SourceError
+from . import tarindex
+from .base import Field, Location, Record, check_index
+from .filetree import image_extension
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
+LABEL_EXTENSIONS = ("cls", "cls2", "class", "index", "inx", "id", "count")
+TEXT_EXTENSIONS = ("txt", "text", "transcript", "json", "jsn")
+GZIP_SUFFIXES = (".tgz", ".tar.gz")
+#: Decompressed size above which a ``.gz`` member is refused (a gzip bomb must not exhaust memory).
+MAX_GUNZIP = 1 << 30
+_SCAN_SAMPLES = 16   # samples looked at to declare fields when none are given
+
+
+def kind_of(ext: str) -> str:
+    """The field kind of a member extension (``seg.png`` -> image, ``txt.gz`` -> text)."""
+    last = ext.removesuffix(".gz").rsplit(".", 1)[-1]
+    if last in IMAGE_EXTENSIONS:
+        return "image"
+    if last in LABEL_EXTENSIONS:
+        return "int"
+    if last == "float":
+        return "float"
+    if last in TEXT_EXTENSIONS:
+        return "text"
+    if last == "npy":
+        return "array"
+    return "bytes"
+
+
+def _field_name(ext: str) -> str:
+    base = ext.removesuffix(".gz")
+    return base.rsplit(".", 1)[0] if "." in base else base
+
+
+def _shards(path: Any) -> list[str]:
+    if not isinstance(path, (str, os.PathLike)):
+        shards = [os.fspath(p) for p in path]
+    else:
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            shards = sorted(e.path for e in os.scandir(path)
+                            if e.is_file() and e.name.lower().endswith((".tar",) + GZIP_SUFFIXES))
+        elif any(c in path for c in "*?[") and not os.path.exists(path):
+            shards = sorted(glob.glob(path))
+        else:
+            shards = [path]
+    if not shards:
+        raise SourceError(f"no tar shards found at {path!r}", path=str(path))
+    for s in shards:
+        if not os.path.isfile(s):
+            raise FileNotFoundError(f"tar shard {s!r} does not exist")
+    return shards
+
+
+def gunzip(data: bytes, *, path: str, where: str) -> bytes:
+    """Decompress a ``.gz`` member, refusing more than `MAX_GUNZIP` bytes of output."""
+    d = zlib.decompressobj(wbits=31)
+    try:
+        out = d.decompress(data, MAX_GUNZIP)
+        if d.unconsumed_tail:
+            raise CorruptRecordError(f"{where}: decompresses to more than {MAX_GUNZIP} bytes", path=path)
+        out += d.flush()
+    except zlib.error as err:
+        raise CorruptRecordError(f"{where}: bad gzip data: {err}", path=path) from err
+    if not d.eof:
+        raise CorruptRecordError(f"{where}: truncated gzip data", path=path)
+    return out
+
+
+def decode_npy(data: bytes, *, path: str, where: str) -> np.ndarray:
+    """A ``.npy`` array, its header checked against its length before anything is allocated."""
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(buf)
+    except (ValueError, SyntaxError, TypeError, OverflowError) as err:
+        raise CorruptRecordError(f"{where}: not a .npy array: {err}", path=path) from err
+    if dtype.hasobject:
+        raise CorruptRecordError(f"{where}: .npy holds Python objects (refused: it would unpickle)", path=path)
+    count = int(np.prod(shape, dtype=object))
+    body = memoryview(data)[buf.tell():]
+    if count * dtype.itemsize != len(body):
+        raise CorruptRecordError(f"{where}: .npy header says {shape} {dtype} ({count * dtype.itemsize} bytes) "
+                                 f"but {len(body)} bytes follow", path=path)
+    return np.frombuffer(body, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+
+
+def decode_member(ext: str, data: Any, *, path: str, where: str) -> Any:
+    """The value of a member of extension ``ext`` (see the module table)."""
+    if ext.endswith(".gz"):
+        data = gunzip(bytes(data), path=path, where=where)
+    kind = kind_of(ext)
+    if kind == "image":
+        return data
+    raw = bytes(data)
+    if kind == "int":
+        value = tarindex.parse_int(raw)
+        if value is None:
+            raise CorruptRecordError(f"{where}: {raw[:40]!r} is not an integer", path=path)
+        return value
+    if kind == "float":
+        try:
+            return float(raw.strip())
+        except ValueError as err:
+            raise CorruptRecordError(f"{where}: {raw[:40]!r} is not a number", path=path) from err
+    if kind == "text":
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise CorruptRecordError(f"{where}: not UTF-8 text: {err}", path=path) from err
+    if kind == "array":
+        return decode_npy(raw, path=path, where=where)
+    return raw
+
+
+def _normalize_fields(fields: Mapping[str, str | Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for name, exts in fields.items():
+        exts = (exts,) if isinstance(exts, str) else tuple(exts)
+        if not exts or not all(isinstance(e, str) and e for e in exts):
+            raise ConfigError(f"field {name!r} must name one or more member extensions, got {exts!r}")
+        exts = tuple(e.lower().lstrip(".") for e in exts)
+        kinds = {kind_of(e) for e in exts}
+        if len(kinds) != 1:
+            raise ConfigError(f"field {name!r}: extensions {exts} are of different kinds {sorted(kinds)}")
+        if name == "image" and kinds != {"image"}:
+            raise ConfigError(f"the 'image' field needs image extensions ({', '.join(IMAGE_EXTENSIONS)}), "
+                              f"got {exts}")
+        if name == "label" and kinds != {"int"}:
+            raise ConfigError(f"the 'label' field needs integer extensions ({', '.join(LABEL_EXTENSIONS)}), "
+                              f"got {exts}")
+        out[name] = exts
+    return out
+
+
+def infer_fields(samples: Sequence[Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    """Declared fields from the extension lists of the first samples (see the module docstring)."""
+    seen = [e for exts in samples for e in exts]
+    common = set.intersection(*(set(exts) for exts in samples)) if samples else set()
+    out: dict[str, tuple[str, ...]] = {}
+    images = sorted({e for e in seen if e in IMAGE_EXTENSIONS}, key=IMAGE_EXTENSIONS.index)
+    if images:
+        out["image"] = tuple(images)
+    label = next((e for e in LABEL_EXTENSIONS if e in common), None)
+    if label:
+        out["label"] = (label,)
+    rest = sorted(e for e in common if e not in images and e != label)
+    names = [_field_name(e) for e in rest]
+    for ext, name in zip(rest, names):
+        unique = names.count(name) == 1 and name not in ("image", "label")
+        out[name if unique else ext] = (ext,)
+    return out
+
+
+class WebDatasetSource:
+    """Samples of WebDataset tar shards. ``path``: a tar file, a directory of them, a glob or a list.
+    ``fields``: field name -> member extension(s) (None: inferred, see the module docstring).
+    ``stream``: read front to back (default: only gzipped shards). ``write_index``: save each shard's index
+    beside it when it had to be built."""
+
+    def __init__(self, path: Any, *, fields: Mapping[str, str | Sequence[str]] | None = None,
+                 stream: bool | None = None, write_index: bool = False):
+        self.shards = _shards(path)
+        gzipped = [s.lower().endswith(GZIP_SUFFIXES) for s in self.shards]
+        if stream is False and any(gzipped):
+            raise ConfigError("gzipped tars cannot be read at offsets; leave `stream` unset or True")
+        self.streamed = bool(stream) or any(gzipped)
+        self.classes: list[str] = []
+        self._indexes: list[tarindex.TarIndex] = []
+        if not self.streamed:
+            self._indexes = [tarindex.open_index(s, write=write_index) for s in self.shards]
+            counts = [len(ix) for ix in self._indexes]
+            self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        if fields is None:
+            self._exts = infer_fields(self._first_samples())
+        else:
+            self._exts = _normalize_fields(fields)
+        if not self._exts:
+            raise SourceError(f"no fields found in the first samples of {self.shards[0]!r}",
+                              path=self.shards[0])
+        self.fields = {name: Field(kind_of(exts[0])) for name, exts in self._exts.items()}
+        self._labels: np.ndarray | None = None
+
+    def _first_samples(self) -> list[list[str]]:
+        if self.streamed:
+            samples = []
+            for _, parts in self._stream_samples(0):
+                samples.append([ext for ext, _ in parts])
+                if len(samples) == _SCAN_SAMPLES:
+                    break
+            return samples
+        ix = self._indexes[0] if self._indexes else None
+        return [[ix.exts[m] for m in ix.members(j)] for j in range(min(len(ix), _SCAN_SAMPLES))] if ix else []
+
+    # -- random access ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        if self.streamed:
+            raise TypeError("a streamed WebDataset source has no length (see ingest.stream)")
+        return int(self._starts[-1])
+
+    def _find(self, i: int) -> tuple[int, int]:
+        if self.streamed:
+            raise TypeError("a streamed WebDataset source is read with iter_shard(), not at offsets")
+        i = check_index(i, len(self))
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return k, i - int(self._starts[k])
+
+    def _chosen(self, k: int, j: int) -> list[tuple[str, int | None]]:
+        """For each declared field: (name, member number in the shard, or None when missing)."""
+        ix = self._indexes[k]
+        by_ext = {ix.exts[m]: m for m in ix.members(j)}
+        return [(name, next((by_ext[e] for e in exts if e in by_ext), None)) for name, exts in self._exts.items()]
+
+    def locate(self, i: int) -> tuple[Location, ...]:
+        k, j = self._find(i)
+        ix, path = self._indexes[k], self.shards[k]
+        return tuple(Location(path, int(ix.offsets[m]), int(ix.sizes[m])) for _, m in self._chosen(k, j)
+                     if m is not None)
+
+    def parse(self, i: int, raw: Any) -> Record:
+        k, j = self._find(i)
+        chosen = self._chosen(k, j)
+        raws = iter(raw if isinstance(raw, tuple) else (raw,))
+        ix = self._indexes[k]
+        values = {}
+        for name, m in chosen:
+            if m is None:
+                raise CorruptRecordError(f"sample {ix.keys[j]!r} has no member for field {name!r} "
+                                         f"(extensions {', '.join(self._exts[name])})", path=self.shards[k],
+                                         index=i)
+            values[name] = decode_member(ix.exts[m], next(raws), path=self.shards[k],
+                                         where=f"member {ix.keys[j]}.{ix.exts[m]} at byte {ix.offsets[m]}")
+        return _record(values)
+
+    def labels(self) -> np.ndarray:
+        """The ``label`` member of every sample, from the index (read from the shard only where the scan
+        did not hold it: long or gzipped members). -1 without a label field."""
+        if self._labels is None:
+            labels = np.full(len(self), -1, dtype=np.int64)
+            if "label" in self._exts:
+                for k, ix in enumerate(self._indexes):
+                    for j in range(len(ix)):
+                        m = dict(self._chosen(k, j))["label"]
+                        if m is not None:
+                            labels[self._starts[k] + j] = self._label_value(k, m)
+            self._labels = labels
+        return self._labels
+
+    def _label_value(self, k: int, m: int) -> int:
+        ix = self._indexes[k]
+        if ix.ints[m] != tarindex.NO_INT:
+            return int(ix.ints[m])
+        with open(self.shards[k], "rb") as f:
+            f.seek(int(ix.offsets[m]))
+            data = f.read(int(ix.sizes[m]))
+        return decode_member(ix.exts[m], data, path=self.shards[k], where=f"label member at byte {ix.offsets[m]}")
+
+    def name(self, i: int) -> str:
+        k, j = self._find(i)
+        return f"{self.shards[k]}:{self._indexes[k].keys[j]}"
+
+    # -- streaming ---------------------------------------------------------------------------------
+    def _stream_samples(self, k: int) -> Iterator[tuple[str, list[tuple[str, tarindex.Member]]]]:
+        path = self.shards[k]
+        with open(path, "rb") as f:
+            if path.lower().endswith(GZIP_SUFFIXES):
+                with gzip.GzipFile(fileobj=f) as gz:
+                    yield from tarindex.group(tarindex.scan(gz, path, read_all=True), path)
+            else:
+                size = os.fstat(f.fileno()).st_size
+                yield from tarindex.group(tarindex.scan(f, path, size=size, read_all=True), path)
+
+    def iter_shard(self, k: int, skip: int = 0) -> Iterator[tuple[str, Record]]:
+        """``(name, record)`` of shard ``k``'s samples in order, from sample ``skip`` on."""
+        path = self.shards[k]
+        for j, (key, parts) in enumerate(self._stream_samples(k)):
+            if j < skip:
+                continue
+            by_ext = dict(parts)
+            values = {}
+            for name, exts in self._exts.items():
+                ext = next((e for e in exts if e in by_ext), None)
+                if ext is None:
+                    raise CorruptRecordError(f"sample {key!r} has no member for field {name!r} (extensions "
+                                             f"{', '.join(exts)})", path=path, index=j)
+                member = by_ext[ext]
+                values[name] = decode_member(ext, member.data, path=path,
+                                             where=f"member {member.name} at byte {member.offset}")
+            yield f"{path}:{key}", _record(values)
+
+    def __repr__(self) -> str:
+        size = "streamed" if self.streamed else f"{len(self)} samples"
+        return f"WebDatasetSource({len(self.shards)} shards, {size}, fields {sorted(self.fields)})"
+
+
+def _record(values: dict[str, Any]) -> Record:
+    image = values.pop("image", None)
+    label = values.pop("label", -1)
+    return Record(image, int(label), values)
+
+
+#: Member extension a writer gives a field of each kind (images: sniffed from the bytes; label: ``cls``).
+WRITE_EXTENSIONS = {"pixels": "png", "int": "cls", "float": "float", "ints": "npy", "floats": "npy",
+                    "array": "npy", "text": "txt", "bytes": "bin"}
+
+
+class WebDatasetWriter:
+    """Writes one shard: ``<stem>.tar`` (one sample per record, keys ``<key_prefix>%09d``) and its index
+    ``<stem>.tar.idx``. Headers are fixed (mtime 0, uid/gid 0, no user names, mode 0644, POSIX pax format),
+    so the same records give the same bytes. Members per field: encoded images keep their bytes with the
+    extension of their format (``jpg``, ``png``, ...), decoded pixels become lossless PNG, ``label`` is
+    ``cls``; another field ``f`` is written as ``f`` when its name is already an extension of its kind
+    (``json``, ``txt``), else ``f.<ext>`` (`WRITE_EXTENSIONS`: ints/floats/arrays as ``.npy``). Characters
+    other than letters, digits, ``_`` and ``-`` in field names become ``_``. The files can be read by
+    `WebDatasetSource` and by the ``webdataset`` package."""
+
+    def __init__(self, directory: str | os.PathLike, stem: str, fields: Mapping[str, Field], *,
+                 key_prefix: str = ""):
+        if not isinstance(key_prefix, str) or "." in key_prefix.rsplit("/", 1)[-1] or \
+                tarindex.split_key(f"{key_prefix}0.x") != (f"{key_prefix}0", "x") or ".." in key_prefix.split("/"):
+            raise ConfigError(f"`key_prefix` must be a plain path prefix without dots, got {key_prefix!r}")
+        self.fields = dict(fields)
+        self.key_prefix = key_prefix
+        self.stem = stem
+        self.path = os.path.join(os.fspath(directory), stem + ".tar")
+        self._tar = tarfile.open(self.path, "w", format=tarfile.PAX_FORMAT)
+        self._count = 0
+
+    def _member(self, name: str, field: Field, value: Any) -> tuple[str, bytes]:
+        safe = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
+        if field.kind == "image":
+            data = bytes(memoryview(value).cast("B"))
+            ext = image_extension(data)
+            if ext is None:
+                raise CorruptRecordError(f"field {name!r} holds no image format known by its magic bytes "
+                                         f"({data[:8]!r})", path=self.path, index=self._count)
+            return (ext[1:] if name == "image" else f"{safe}.{ext[1:]}"), data
+        if name == "label":
+            return "cls", str(int(value)).encode()
+        ext = safe if kind_of(safe) == field.kind and safe not in ("image", "label") \
+            else f"{safe}.{WRITE_EXTENSIONS[field.kind]}"
+        return ext, _encode(field.kind, value)
+
+    def add(self, record: Record) -> None:
+        key = f"{self.key_prefix}{self._count:09d}"
+        for name, field in self.fields.items():
+            ext, data = self._member(name, field, record.get(name))
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = \
+                len(data), 0, 0o644, 0, 0, "", ""
+            self._tar.addfile(info, io.BytesIO(data))
+        self._count += 1
+
+    def close(self) -> list[str]:
+        """Finish the tar, write its index; the names of both files."""
+        self._tar.close()
+        tarindex.save(tarindex.build(self.path), tarindex.index_path(self.path))
+        return [self.stem + ".tar", self.stem + ".tar.idx"]
+
+
+def _encode(kind: str, value: Any) -> bytes:
+    if kind == "pixels":
+        from PIL import Image
+        pixels = np.asarray(value, dtype=np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels[..., 0] if pixels.ndim == 3 and pixels.shape[2] == 1 else pixels).save(out, "PNG")
+        return out.getvalue()
+    if kind == "int":
+        return str(int(value)).encode()
+    if kind == "float":
+        return repr(float(value)).encode()
+    if kind == "text":
+        return str(value).encode("utf-8")
+    if kind == "bytes":
+        return bytes(memoryview(value).cast("B"))
+    out = io.BytesIO()
+    np.save(out, np.asarray(value, dtype={"ints": np.int64, "floats": np.float32}.get(kind)), allow_pickle=False)
+    return out.getvalue()
