@@ -7,6 +7,12 @@
 | io_threads      | INGEST_IO_THREADS       | 8       | threads issuing reads (and KvikIO's own thread pool)  |
 | decode_threads  | INGEST_DECODE_THREADS   | cores   | CPU decode / CPU op threads                           |
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (4 on CUDA, 0 on CPU) or a count |
+| max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
+
+``max_pixels`` defaults to Pillow's ``Image.MAX_IMAGE_PIXELS`` (89,478,485 = 2**30 / 4 / 3, where Pillow starts
+warning; it refuses twice that): a file of a few hundred bytes can claim 16000 x 16000 pixels, whose decode
+buffer alone is 768 MB. Raise it for larger real images (a 100 MP photo has ~1e8 pixels). Pillow's own refusal
+at twice its limit still applies to what Pillow decodes (non-JPEG files and JPEGs libjpeg-turbo refuses).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "io_threads": ("INGEST_IO_THREADS", 8, _integer("io_threads", 1)),
     "decode_threads": ("INGEST_DECODE_THREADS", os.cpu_count() or 1, _integer("decode_threads", 1)),
     "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),
+    "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),
 }
 _values: dict[str, Any] = {}
 

@@ -46,7 +46,8 @@ class Sampler:
     """Batches of dataset indices for one shard, epoch after epoch.
 
     last_batch: ``drop`` (only full batches; every shard gets ``(n // num_shards) // batch_size``),
-    ``partial`` (a smaller last batch; with several shards their batch counts can differ by one),
+    ``partial`` (a smaller last batch; with several shards their batch counts can differ by one, which
+    stalls a DDP step: the Loader defaults to ``pad`` when sharded),
     ``pad`` (every shard gets ``ceil(ceil(n / num_shards) / batch_size)`` full batches, the missing places
     filled by repeating the shard's first samples and marked in ``is_pad``).
     """
@@ -78,6 +79,14 @@ class Sampler:
         if self.last_batch == "pad":
             return -(-(-(-self.n // self.num_shards)) // bs)
         return -(-self.shard_length() // bs)
+
+    def samples(self, start: int = 0) -> int:
+        """How many samples (padding included) batches ``start`` .. end of an epoch hold for this shard."""
+        count = len(self)
+        if start >= count:
+            return 0
+        total = self.shard_length() if self.last_batch == "partial" else count * self.batch_size
+        return total - start * self.batch_size
 
     def order(self, epoch: int) -> np.ndarray:
         """This shard's dataset indices for ``epoch``, in order."""

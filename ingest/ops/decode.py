@@ -77,13 +77,15 @@ class CpuDecoder:
     """Decodes images on the CPU.
 
     ``threads`` sizes the pool :meth:`decode_batch` runs on (default: the ``decode_threads`` setting of
-    `ingest.defaults`, one per CPU unless set). ``max_pixels`` refuses
-    larger images before decoding them. Pillow keeps its own bomb limit (``Image.MAX_IMAGE_PIXELS``, twice
-    which it raises); the lower of the two applies to what Pillow decodes.
+    `ingest.defaults`, one per CPU unless set). ``max_pixels`` refuses larger images from their header, before
+    any pixel buffer is allocated (default: the ``max_pixels`` setting, Pillow's ``Image.MAX_IMAGE_PIXELS``
+    unless set; see `ingest.defaults` for why). Pillow keeps its own bomb limit (twice
+    ``Image.MAX_IMAGE_PIXELS``, past which it raises); the lower of the two applies to what Pillow decodes.
     """
 
-    def __init__(self, *, threads: int | None = None, max_pixels: int = 2**28):
+    def __init__(self, *, threads: int | None = None, max_pixels: int | None = None):
         threads = defaults.get("decode_threads") if threads is None else threads
+        max_pixels = defaults.get("max_pixels") if max_pixels is None else max_pixels
         if threads < 1:
             raise ConfigError(f"`threads` must be >= 1, got {threads}")
         if max_pixels < 1:
@@ -210,8 +212,10 @@ class CpuDecoder:
         if height <= 0 or width <= 0:
             raise DecodeError(f"image has no pixels ({width}x{height})", path=name)
         if height * width > self.max_pixels:
-            raise DecodeError(f"{width}x{height} = {width * height} pixels exceeds max_pixels="
-                              f"{self.max_pixels} (a decompression bomb?)", path=name)
+            raise DecodeError(f"{width}x{height} = {width * height} pixels exceeds max_pixels={self.max_pixels} "
+                              "(a decompression bomb?); to allow larger images raise the limit: "
+                              "ingest.defaults.set(max_pixels=N) or the INGEST_MAX_PIXELS environment variable",
+                              path=name)
 
     def _decode_or_error(self, data: Buffer, name: str, min_size: Size | None) -> np.ndarray | DecodeError:
         try:
