@@ -10,6 +10,9 @@ decode within a mean of 1 level (the decoder may use neighbouring blocks for ups
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,7 @@ import torch
 from PIL import Image
 
 from ingest.errors import ConfigError, DecodeError
+from ingest.ops import _nvimgcodec as native
 from ingest.ops import decode_gpu
 from ingest.ops.decode import CpuDecoder, as_buffer
 from ingest.ops.decode_gpu import GpuDecoder, clip_roi, gpu_decodable, orient
@@ -43,6 +47,7 @@ def samples() -> dict[str, bytes]:
     return {
         "baseline420.jpg": encode(rgb, "JPEG", quality=90),
         "baseline444.jpg": encode(rgb, "JPEG", quality=90, subsampling=0),
+        "baseline422.jpg": encode(rgb, "JPEG", quality=90, subsampling=1),
         "gray.jpg": encode(rgb.convert("L"), "JPEG", quality=90),
         "restarts.jpg": encode(rgb, "JPEG", quality=90, restart_marker_blocks=2),
         "progressive.jpg": encode(rgb, "JPEG", quality=90, progressive=True),
@@ -90,7 +95,8 @@ def test_orient_matches_pillow(orientation):
 
 
 @pytest.mark.parametrize("name, eligible", [
-    ("baseline420.jpg", True), ("baseline444.jpg", True), ("gray.jpg", True), ("restarts.jpg", True),
+    ("baseline420.jpg", True), ("baseline444.jpg", True), ("baseline422.jpg", True), ("gray.jpg", True),
+    ("restarts.jpg", True),
     ("progressive.jpg", False), ("orientation6.jpg", True), ("cmyk.jpg", False), ("rgba.png", False),
 ])
 def test_which_images_go_to_the_gpu(name, eligible):
@@ -121,6 +127,12 @@ def test_option_errors():
 
 def test_missing_nvimgcodec_names_the_extra():
     try:
+        native.load()
+    except native.Unavailable:
+        pass
+    else:
+        pytest.skip("nvImageCodec's C library loads")
+    try:
         decode_gpu._nvimgcodec()
     except ImportError as err:
         assert "pip install ingest[gpu]" in str(err)
@@ -139,13 +151,16 @@ def cpu():
         yield dec
 
 
-@pytest.fixture(scope="module", params=[("auto", 1), ("hw", 1), ("hybrid", 1), ("auto", 2)],
-                ids=lambda p: f"{p[0]}-threads{p[1]}")
+@pytest.fixture(scope="module", params=[("native", "auto", 1), ("native", "hw", 1), ("native", "hybrid", 1),
+                                        ("native", "auto", 2), ("python", "auto", 1), ("python", "auto", 2)],
+                ids=lambda p: f"{p[0]}-{p[1]}-threads{p[2]}")
 def gpu(request, cpu):
-    backend, threads = request.param
+    engine, backend, threads = request.param
     try:
-        dec = GpuDecoder(torch.device("cuda"), cpu, backend=backend, threads=threads)
+        dec = GpuDecoder(torch.device("cuda"), cpu, backend=backend, threads=threads, engine=engine)
     except ConfigError as err:  # e.g. no hardware JPEG engine on this GPU
+        pytest.skip(str(err))
+    except ImportError as err:  # this engine cannot load here
         pytest.skip(str(err))
     with dec:
         yield dec
@@ -174,6 +189,7 @@ def test_generated_images_match_the_cpu_decoder(gpu, cpu):
         assert origin == (0, 0)
     by_name = dict(zip(names, paths))
     assert by_name["baseline420.jpg"] == by_name["gray.jpg"] == by_name["orientation6.jpg"] == "gpu"
+    assert by_name["baseline444.jpg"] == by_name["baseline422.jpg"] == "gpu"
     assert by_name["cmyk.jpg"] == by_name["rgba.png"] == "cpu-fallback"
     assert by_name["progressive.jpg"] == "cpu-fallback"
 
@@ -250,3 +266,66 @@ def test_real_files_in_one_batch(gpu, cpu):
             continue
         assert isinstance(image, torch.Tensor), f"{name}: {image}"
         assert mean_diff(image, want) < GPU_MEAN_DIFF, f"{name} ({path})"
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_native_engine_is_the_default_and_agrees_with_the_binding(cpu):
+    named = samples()
+    names, datas = list(named), list(named.values())
+    rois = [(13, 21, 150, 97) if i % 2 else None for i in range(len(datas))]
+    with GpuDecoder("cuda", cpu) as dec:
+        assert dec.engine == "native", "the C library of the installed nvImageCodec loads"
+        ours, our_origins, our_paths = decode(dec, datas, names, rois)
+    try:
+        binding = GpuDecoder("cuda", cpu, engine="python")
+    except ImportError as err:
+        pytest.skip(str(err))
+    with binding:
+        theirs, their_origins, their_paths = decode(binding, datas, names, rois)
+    assert (our_origins, our_paths) == (their_origins, their_paths)
+    for name, a, b in zip(names, ours, theirs):
+        assert mean_diff(a, b) < 0.5, name
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_refused_images_are_counted_and_decoded_on_the_cpu(cpu):
+    """A JPEG whose entropy data is cut short (EOI kept, so it is GPU-eligible): nvJPEG either decodes it or
+    refuses it; a refusal is counted by reason and the CPU decoder takes the sample (and raises, here)."""
+    good = samples()["baseline420.jpg"]
+    sos = good.index(b"\xff\xda")
+    cut = good[:sos + 40] + b"\xff\xd9"
+    with GpuDecoder("cuda", cpu) as dec:
+        images, _, paths = decode(dec, [good, cut, good], ["a.jpg", "cut.jpg", "c.jpg"])
+        assert paths[0] == paths[2] == "gpu"
+        if paths[1] == "cpu-fallback":
+            assert isinstance(images[1], DecodeError) and "cut.jpg" in str(images[1])
+            assert sum(dec.fallbacks.values()) == 1, dec.fallbacks
+        else:
+            assert tuple(images[1].shape) == tuple(images[0].shape) and not dec.fallbacks
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_nvimgcodec_prints_nothing(tmp_path):
+    """Loading nvImageCodec (missing nvjpeg2k/nvtiff) and decoding bad data must not write to the console."""
+    good = samples()["baseline420.jpg"]
+    sos = good.index(b"\xff\xda")
+    (tmp_path / "good.jpg").write_bytes(good)
+    (tmp_path / "cut.jpg").write_bytes(good[:sos + 40] + b"\xff\xd9")
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, torch\n"
+        "from ingest.ops.decode import CpuDecoder\n"
+        "from ingest.ops.decode_gpu import GpuDecoder\n"
+        "datas = [open(p, 'rb').read() for p in sys.argv[1:]]\n"
+        "with CpuDecoder(threads=1) as cpu, GpuDecoder('cuda', cpu) as gpu:\n"
+        "    images, _, paths = gpu.decode_batch(datas, sys.argv[1:])\n"
+        "    torch.cuda.synchronize()\n"
+        "print(gpu.engine, paths)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "good.jpg"), str(tmp_path / "cut.jpg")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "" and done.stdout.startswith("native ['gpu', "), (done.stdout, done.stderr)

@@ -1,54 +1,77 @@
-"""Developer script: which per-batch calls of the GPU decode path give up the GIL per image (and so stall
-behind any busy Python thread). Usage: python tools/gil_probe.py DATA_DIR"""
+"""Developer probe: where one native-engine batch spends its time, alone and beside a busy Python thread.
+
+Usage: python tools/gil_probe.py [DATA_DIR]   (default: the JPEGs tools/decode_contention.py leaves in /dev/shm)
+
+Splits `GpuDecoder.decode_batch` (256 images, headers given) into: the decode call and the wait (the two native
+calls that release the GIL, each followed by a re-acquire that waits up to a switch interval beside a busy
+thread) and everything else (per-image ctypes calls that keep the GIL, arena views). A busy thread should
+lengthen only the first two, by about one switch interval each, whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import json
 import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
-from nvidia import nvimgcodec
 
-from ingest.formats import FileTree
-
-tree = FileTree(sys.argv[1])
-datas = [open(tree.name(i), "rb").read() for i in range(256)]
-stream = torch.cuda.Stream()
-dec = nvimgcodec.Decoder()
-region = nvimgcodec.Region(start=(10, 10), end=(200, 200))
+from ingest.ops import _nvimgcodec as native
+from ingest.ops.decode import CpuDecoder
+from ingest.ops.decode_gpu import GpuDecoder
 
 
-def steps():
-    t = {}
-    t0 = time.perf_counter()
-    cs = [nvimgcodec.CodeStream(b) for b in datas]
-    t["codestream"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    subs = [c.get_sub_code_stream(region=region) for c in cs]
-    t["sub"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = dec.decode(subs, cuda_stream=stream.cuda_stream)
-    t["decode"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    cais = [o.__cuda_array_interface__ for o in out]
-    t["cai"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ts = [torch.as_tensor(o, device="cuda") for o in out]
-    t["as_tensor"] = time.perf_counter() - t0
+class Timed:
+    """Wraps a library function, summing the time spent in it (GIL re-acquire included)."""
+
+    def __init__(self, fn):
+        self.fn, self.total = fn, 0.0
+
+    def __call__(self, *args):
+        t = time.perf_counter()
+        try:
+            return self.fn(*args)
+        finally:
+            self.total += time.perf_counter() - t
+
+
+def steps(gpu: GpuDecoder, datas, headers, calls: dict[str, Timed], stream) -> dict[str, float]:
+    for c in calls.values():
+        c.total = 0.0
+    t = time.perf_counter()
+    gpu.decode_batch(datas, [str(i) for i in range(len(datas))], stream=stream, headers=headers)
     stream.synchronize()
-    return {k: round(v * 1000, 2) for k, v in t.items()}
+    total = time.perf_counter() - t
+    out = {name: round(c.total * 1e3, 2) for name, c in calls.items()}
+    out["other_ms"] = round((total - sum(c.total for c in calls.values())) * 1e3, 2)
+    out["total_ms"] = round(total * 1e3, 2)
+    return out
 
 
-def busy(stop):
-    while not stop.is_set():
-        sum(range(2000))
+def main() -> None:
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "/dev/shm/ingest-contention")
+    datas = [p.read_bytes() for p in sorted(folder.rglob("*.jpg"))[:256]]
+    cpu = CpuDecoder(threads=2)
+    headers = [cpu.probe_header(d, str(i))[1] for i, d in enumerate(datas)]
+    lib = native.load()
+    calls = {"decode_call_ms": Timed(lib.DecoderDecode), "wait_ms": Timed(lib.FutureWaitForAll)}
+    lib.DecoderDecode, lib.FutureWaitForAll = calls["decode_call_ms"], calls["wait_ms"]
+    stream = torch.cuda.Stream()
+    with GpuDecoder("cuda", cpu, engine="native") as gpu:
+        steps(gpu, datas, headers, calls, stream)
+        print(json.dumps({"alone": steps(gpu, datas, headers, calls, stream)}))
+        for interval in (0.005, 0.001):
+            sys.setswitchinterval(interval)
+            stop = threading.Event()
+            th = threading.Thread(target=lambda: [sum(range(2000)) for _ in iter(stop.is_set, True)])
+            th.start()
+            print(json.dumps({f"busy, switch interval {interval}": steps(gpu, datas, headers, calls, stream)}))
+            stop.set()
+            th.join()
+    cpu.close()
 
 
-steps()
-print("alone", steps())
-for interval in (0.005, 0.0001):
-    sys.setswitchinterval(interval)
-    stop = threading.Event()
-    th = threading.Thread(target=busy, args=(stop,))
-    th.start()
-    print(f"busy thread, switch {interval}", steps())
-    stop.set()
-    th.join()
+if __name__ == "__main__":
+    main()

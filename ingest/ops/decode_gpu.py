@@ -2,10 +2,20 @@
 
 One :meth:`GpuDecoder.decode_batch` call decodes every GPU-eligible JPEG of the batch in one nvImageCodec call
 on the caller's CUDA stream, optionally only the region each sample needs (region-of-interest decode, see
-``ingest.ops.base.Warp.roi``). What the GPU does not take, or gives back as None, is decoded by the
+``ingest.ops.base.Warp.roi``). What the GPU does not take, or refuses, is decoded by the
 :class:`~ingest.ops.decode.CpuDecoder` inside the same batch and uploaded on the same stream, so the
 pixels a sample gets do not depend on which path took it (up to the IDCT/upsampling differences of the
 decoders, a few levels).
+
+Two engines drive nvImageCodec:
+
+- **native** (the default where it loads): nvImageCodec's C API through ctypes (:mod:`ingest.ops._nvimgcodec`).
+  Python plans the batch (sizes from the headers, one output arena, regions) and crosses into native code for
+  the decode and its wait only, so a batch costs a handful of GIL hand-offs whatever its size, and decoding
+  keeps its speed beside other busy Python threads (a training loop) in the same process.
+- **python**: nvImageCodec's Python binding, used when the native one cannot load (an nvImageCodec version whose
+  C structs are not mirrored, said in a warning). It gives the GIL up several times per image, so beside a
+  busy Python thread it slows down by orders of magnitude: run it in worker processes.
 
 Decisions, and why:
 
@@ -20,21 +30,26 @@ Decisions, and why:
   orientation 1; an oriented image is decoded whole and reported at origin (0, 0).
 - **Sizes** (:meth:`GpuDecoder.probe`) come from the CPU decoder's header parse: a few segments read in
   Python, cheaper than building an nvImageCodec CodeStream, and the same answer as the CPU path gives.
-- **Memory**: images of orientation 1 are zero-copy views of nvImageCodec's buffers (``torch.as_tensor``
-  keeps the ``Image`` alive while the tensor lives). nvImageCodec frees a buffer with ``cudaFreeAsync`` on
-  the stream it decoded on when the last reference goes, ignoring other streams, and PyTorch's
-  ``record_stream`` cannot cover memory it did not allocate. So a caller that reads the images on another
-  stream calls :meth:`GpuDecoder.hold_until` with an event recorded after that work (and makes its own
-  decode stream wait on it) before dropping them: the frees are then ordered after the reads. Copying
-  every image out instead cost ~3.5 ms per 256-image batch on the H200 (256 copies), most of it in
-  per-image Python calls that contend for the GIL with the reader threads.
+- **Memory** (native): the batch's images are views of one PyTorch-allocated arena, allocated on the caller's
+  stream (each image 256-byte aligned), so PyTorch's caching allocator reuses it and no per-image allocation
+  happens. (python) images of orientation 1 are zero-copy views of nvImageCodec's buffers, which it frees with
+  ``cudaFreeAsync`` on the stream it decoded on, ignoring other streams. Either way a caller that reads the
+  images on another stream makes the decode stream wait on an event recorded after that work and calls
+  :meth:`GpuDecoder.hold_until` with it before dropping them: the memory is then reused or freed only after
+  the reads.
+- **Why an image fell back** is counted in :attr:`GpuDecoder.fallbacks` (nvImageCodec's processing status:
+  ``IMAGE_CORRUPTED``, ``CODEC_UNSUPPORTED``...). nvImageCodec's own console lines are suppressed (its logger is
+  off; what its extensions print at start is kept in :attr:`GpuDecoder.messages`).
 
-nvImageCodec is imported lazily; without it :class:`GpuDecoder` raises ImportError naming the extra to install.
+nvImageCodec is loaded lazily; without it :class:`GpuDecoder` raises ImportError naming the extra to install.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import warnings
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -43,10 +58,15 @@ import numpy as np
 import torch
 
 from ingest.errors import ConfigError, DecodeError
+from ingest.ops import _nvimgcodec as native
 from ingest.ops.decode import Buffer, CpuDecoder, JpegHeader, Size, as_buffer, is_jpeg, read_jpeg_header
 
 #: Backend choices: all of nvImageCodec's (it picks per image), the hardware JPEG engine only, or CPU+GPU.
 BACKENDS = {"auto": None, "hw": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU"}
+#: How nvImageCodec is driven (see the module doc): the native one where it loads, else the Python binding.
+ENGINES = ("auto", "native", "python")
+#: Start of each image in the native engine's arena, in bytes.
+_ALIGN = 256
 
 Roi = tuple[int, int, int, int]  # x0, y0, x1, y1 in (oriented) source pixels
 
@@ -69,20 +89,26 @@ _ORIENT = {
 
 
 def available() -> bool:
-    """Whether GPU decoding can run here: CUDA is available and nvImageCodec imports."""
+    """Whether GPU decoding can run here: CUDA is available and nvImageCodec loads (either engine)."""
     if not torch.cuda.is_available():
         return False
     try:
-        _nvimgcodec()
-    except ImportError:
-        return False
+        native.load()
+    except native.Unavailable:
+        try:
+            _nvimgcodec()
+        except ImportError:
+            return False
     return True
 
 
 @functools.cache
 def _nvimgcodec() -> Any:
+    """nvImageCodec's Python binding, imported with its console logging off."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")  # read by the binding at import
     try:
-        from nvidia import nvimgcodec
+        with native.captured_stderr():  # its extensions print missing optional libraries (nvjpeg2k, nvtiff)
+            from nvidia import nvimgcodec
     except ImportError as err:
         raise ImportError("GPU decoding needs NVIDIA nvImageCodec: pip install ingest[gpu] "
                           f"(could not import nvidia.nvimgcodec: {err})") from err
@@ -108,29 +134,46 @@ class _Job:
 class GpuDecoder:
     """Decodes batches on ``device`` with nvImageCodec, falling back to ``cpu`` per image.
 
-    ``backend``: one of :data:`BACKENDS`. ``threads``: how many nvImageCodec decoders (each on its own
-    thread and CUDA stream) share a batch; 1 decodes it in a single call on the caller's stream. On the
-    H200, two were slower than one (13.4k against 17.4k img/s decode-only, 256-image batches): the
-    binding's per-image GIL hand-offs serialize them. nvImageCodec keeps its default CPU threads (one
-    per core): capping them at cores / workers measured no better (19.2k against 22.1k img/s, 4 workers).
+    ``backend``: one of :data:`BACKENDS`. ``engine``: one of :data:`ENGINES` (see the module doc); "auto" takes the
+    native engine and falls back, with a warning saying why, to the Python binding. ``threads``: how many
+    nvImageCodec decoders share a batch. Native: the batch is split over them, each chunk submitted before any
+    is awaited, from the caller's thread. Python binding: each decoder runs on its own thread and CUDA stream;
+    on the H200 two were slower than one (13.4k against 17.4k img/s decode-only, 256-image batches), the
+    binding's per-image GIL hand-offs serialize them. nvImageCodec keeps its default CPU threads (one per core):
+    capping them at cores / workers measured no better (19.2k against 22.1k img/s, 4 workers).
+
+    :attr:`engine` says which engine runs, :attr:`fallbacks` counts why GPU-eligible images went to the CPU
+    decoder, :attr:`messages` holds what nvImageCodec printed while loading.
     """
 
     def __init__(self, device: torch.device | str | int, cpu: CpuDecoder, *, backend: str = "auto",
-                 threads: int = 1):
+                 threads: int = 1, engine: str = "auto"):
         if backend not in BACKENDS:
             raise ConfigError(f"Unknown backend {backend!r}. Available: {', '.join(BACKENDS)}")
+        if engine not in ENGINES:
+            raise ConfigError(f"Unknown engine {engine!r}. Available: {', '.join(ENGINES)}")
         if threads < 1:
             raise ConfigError(f"`threads` must be >= 1, got {threads}")
-        nvimgcodec = _nvimgcodec()
+        self.engine, lib = _pick_engine(engine)
         self.device = _cuda_device(device)
         self.cpu = cpu
         self.backend = backend
         self.threads = threads
+        self.fallbacks: Counter[str] = Counter()
+        self._streams: list[torch.cuda.Stream] = []
+        self._pool = None
+        if lib is not None:
+            self.messages = list(lib.messages)
+            self._decoders = [self._new_native_decoder(lib) for _ in range(threads)]
+            return
+        nvimgcodec = _nvimgcodec()
+        self.messages = []
         self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, allow_any_depth=False,
                                                color_spec=nvimgcodec.ColorSpec.SRGB)
         self._decoders = [self._new_decoder(nvimgcodec) for _ in range(threads)]
-        self._streams = [torch.cuda.Stream(self.device) for _ in range(threads)] if threads > 1 else []
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ingest-gpu") if threads > 1 else None
+        if threads > 1:
+            self._streams = [torch.cuda.Stream(self.device) for _ in range(threads)]
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ingest-gpu")
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -148,6 +191,7 @@ class GpuDecoder:
         image (or its :class:`DecodeError`), the (x0, y0) of what was decoded in source pixels (a region
         decode returns just the region) and the path that decoded it: "gpu", "gpu-roi" or "cpu-fallback".
         ``headers[i]``: sample i's header from `CpuDecoder.probe_header`, to skip parsing it again.
+        The buffers in ``datas`` must stay unchanged until the call returns.
         """
         if len(datas) != len(names) or (rois is not None and len(rois) != len(datas)):
             raise ValueError(f"got {len(datas)} images, {len(names)} names and "
@@ -172,8 +216,8 @@ class GpuDecoder:
         return images, origins, paths
 
     def hold_until(self, event: torch.cuda.Event) -> None:
-        """Order the release of every image returned so far after ``event`` (see Memory in the module doc):
-        the decoder's own streams wait on it. The caller's ``stream`` given to `decode_batch` must wait too."""
+        """Order the reuse or release of every image returned so far after ``event`` (see Memory in the module
+        doc): the decoder's own streams wait on it. The caller's ``stream`` given to `decode_batch` must wait too."""
         for side in self._streams:
             side.wait_event(event)
 
@@ -181,6 +225,9 @@ class GpuDecoder:
         """Release the decoders and the thread pool."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self.engine == "native":
+            for decoder in self._decoders:
+                decoder.close()
         self._decoders.clear()
 
     def __enter__(self) -> "GpuDecoder":
@@ -190,9 +237,21 @@ class GpuDecoder:
         self.close()
 
     def __repr__(self) -> str:
-        return f"GpuDecoder(device={self.device}, backend={self.backend!r}, threads={self.threads})"
+        return (f"GpuDecoder(device={self.device}, backend={self.backend!r}, threads={self.threads}, "
+                f"engine={self.engine!r})")
 
     # -- planning ------------------------------------------------------------------------------------
+
+    def _new_native_decoder(self, lib: native.Library) -> native.BatchDecoder:
+        kind = BACKENDS[self.backend]
+        try:
+            decoder = native.BatchDecoder(lib, self.device.index, backends=None if kind is None else [kind],
+                                          options=_DECODER_OPTIONS)
+        except native.Unavailable as err:
+            raise ConfigError(f"nvImageCodec cannot create a decoder with backend={self.backend!r} on "
+                              f"{self.device}: {err}. Available: {', '.join(BACKENDS)}") from err
+        self.messages += decoder.messages
+        return decoder
 
     def _new_decoder(self, nvimgcodec: Any) -> Any:
         kind = BACKENDS[self.backend]
@@ -216,6 +275,10 @@ class GpuDecoder:
 
     def _decode_on_gpu(self, jobs: list[_Job], stream: torch.cuda.Stream) -> list[torch.Tensor | None]:
         """Every job's image (None where nvImageCodec could not decode it), ready in order on ``stream``."""
+        if not jobs:
+            return []
+        if self.engine == "native":
+            return self._decode_native(jobs, stream)
         if self._pool is None or len(jobs) < 2:
             return self._decode_chunk(self._decoders[0], jobs, stream)
         chunks = np.array_split(np.arange(len(jobs)), self.threads)
@@ -229,6 +292,30 @@ class GpuDecoder:
                 if image is not None:
                     image.record_stream(stream)  # allocated on `side`, used on `stream` from now on
             images += part
+        return images
+
+    def _decode_native(self, jobs: list[_Job], stream: torch.cuda.Stream) -> list[torch.Tensor | None]:
+        """The native engine: one arena for the batch, each decoder's share submitted, then all awaited."""
+        shapes = [job.expected_shape() for job in jobs]
+        sizes = np.array([h * w * c for h, w, c in shapes], np.int64)
+        padded = -(-sizes // _ALIGN) * _ALIGN
+        offsets = np.concatenate(([0], np.cumsum(padded)[:-1]))
+        with torch.cuda.stream(stream):
+            arena = torch.empty(int(padded.sum()), dtype=torch.uint8, device=self.device)
+        addresses = (offsets + arena.data_ptr()).astype(np.uint64)
+        chunks = [c for c in np.array_split(np.arange(len(jobs)), len(self._decoders)) if len(c)]
+        pending = [decoder.submit([jobs[k].data for k in chunk], [jobs[k].roi for k in chunk],
+                                  [shapes[k][:2] for k in chunk], addresses[chunk], stream.cuda_stream)
+                   for decoder, chunk in zip(self._decoders, chunks)]
+        reasons = [why for batch in pending for why in batch.wait()]
+        images: list[torch.Tensor | None] = []
+        for job, shape, start, size, why in zip(jobs, shapes, offsets.tolist(), sizes.tolist(), reasons):
+            if why is not None:
+                self.fallbacks[why] += 1
+                images.append(None)
+                continue
+            view = arena[start:start + size].view(shape)
+            images.append(view if job.header.orientation == 1 else orient(view, job.header.orientation))
         return images
 
     def _decode_chunk(self, decoder: Any, jobs: list[_Job], stream: torch.cuda.Stream
@@ -253,6 +340,7 @@ class GpuDecoder:
     def _copy_out(self, image: Any, job: _Job) -> torch.Tensor | None:
         """The decoded image in PyTorch-owned memory, oriented; None if nvImageCodec gave nothing usable."""
         if image is None or tuple(image.shape) != job.expected_shape():
+            self.fallbacks["FAIL" if image is None else "SHAPE_MISMATCH"] += 1
             return None  # undecodable, or not the RGB image asked for: let the CPU decoder do it
         view = torch.as_tensor(image, device=self.device)  # zero-copy; holds `image` while it lives
         return view if job.header.orientation == 1 else orient(view, job.header.orientation)
@@ -321,6 +409,22 @@ def _code_stream(nvimgcodec: Any, job: _Job) -> Any:
         return source.get_sub_code_stream(region=nvimgcodec.Region(start=(y0, x0), end=(y1, x1)))
     except Exception:  # nvImageCodec raises RuntimeError for a stream it cannot parse
         return None
+
+
+def _pick_engine(engine: str) -> tuple[str, native.Library | None]:
+    """The engine to run and, for the native one, its library. ImportError naming the extra without either."""
+    if engine != "python":
+        try:
+            return "native", native.load()
+        except native.Unavailable as err:
+            if engine == "native":
+                raise
+            reason = err
+    _nvimgcodec()
+    if engine == "auto":
+        warnings.warn(f"ingest: nvImageCodec's native decoder is unavailable ({reason}); using its Python "
+                      "binding, which slows down beside other busy Python threads", RuntimeWarning, stacklevel=4)
+    return "python", None
 
 
 def _upload(pixels: np.ndarray, device: torch.device) -> torch.Tensor:
