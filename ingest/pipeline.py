@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -34,10 +34,9 @@ import torch
 from .errors import ConfigError, FailureBudgetExceeded, IngestError
 from .formats.base import Record, Source
 from .io import ByteReader
-from .ops import warp as warp_ops
+from .ops import planner
 from .ops.base import stack_if_uniform
 from .ops.decode import CpuDecoder
-from .ops.normalize import Normalize
 from .sampler import BatchPlan
 
 log = logging.getLogger("ingest")
@@ -151,7 +150,6 @@ class Pipeline:
         if decode == "mixed":
             from .ops.decode_gpu import GpuDecoder
             self.gpu = GpuDecoder(self.device, self.cpu)
-        self._normalizes = any(isinstance(op, Normalize) for op in self.ops)
         self.stage_stats = [StageStats(name) for name in STAGES]  # over every epoch
         self.decode_paths: dict[str, int] = {}
         self.failures = Failures(0, 0)
@@ -195,7 +193,9 @@ class Pipeline:
             work = _select(work, keep)
         work.sizes, work.headers = sizes, headers
         if work.records:
-            work.ops_plan = warp_ops.plan(self.ops, sizes, work.plan.rng())
+            # One generator per sample still in the batch, keyed by (seed, epoch, dataset index).
+            rngs = replace(work.plan, indices=work.indices, is_pad=work.is_pad).sample_rngs()
+            work.ops_plan = planner.plan(self.ops, sizes, rngs)
         return work
 
     # -- stage 2: decode ----------------------------------------------------------------------
@@ -284,8 +284,8 @@ class Pipeline:
         images = work.ops_plan.execute(work.images, origins=work.origins)
         if isinstance(images, list):
             images = stack_if_uniform(images)
-        if isinstance(images, torch.Tensor) and not self._normalizes:
-            images = images.permute(0, 3, 1, 2)  # NCHW shape over NHWC memory (torch's channels_last)
+        if isinstance(images, torch.Tensor) and work.ops_plan.output.layout is None:
+            images = images.permute(0, 3, 1, 2)  # no op chose a layout: NCHW shape over NHWC memory
         return images
 
     # -- eager use --------------------------------------------------------------------------

@@ -21,10 +21,11 @@ from torchvision.transforms import InterpolationMode
 
 from ingest.errors import ConfigError
 from ingest.ops import (CenterCrop, ColorJitter, Flip, HorizontalFlip, Normalize, RandomResizedCrop, Resize,
-                        Rotate, VerticalFlip, compose, plan, rescaled, run_ops)
-from ingest.ops.base import Warp, sizes_of
+                        Rotate, VerticalFlip, compose, plan, run_ops)
+from ingest.ops.affine import Warp, identity
+from ingest.ops.base import sizes_of
 from ingest.ops.color import _apply_flat
-from ingest.ops.warp import identity, reference, warp
+from ingest.ops.resample import reference, warp
 
 TV_MODE = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC,
            "nearest": InterpolationMode.NEAREST_EXACT}
@@ -303,19 +304,31 @@ def test_same_seed_same_output():
     assert a.shape == (5, 3, 32, 32) and a.dtype == torch.float32
 
 
-def test_plan_splits_and_draws_once_in_op_order():
+def test_plan_stages_and_draws_once_per_sample_in_op_order():
     ops = [RandomResizedCrop(32), Flip(), Normalize(**IMAGENET)]
     sizes = [(100, 120), (80, 60)]
     p = plan(ops, sizes, np.random.default_rng(7))
-    rng = np.random.default_rng(7)
-    assert np.array_equal(p.geometry[0][1], ops[0].draw(sizes, rng))
-    assert np.array_equal(p.geometry[1][1], ops[1].draw([(32, 32)] * 2, rng))
-    assert p.fused_normalize is ops[2] and p.rest == [] and p.out_sizes == [(32, 32)] * 2
-    assert p.warp.roi() == [(int(l), int(t), int(l + w), int(t + h)) for t, l, h, w in p.geometry[0][1]]
-    p2 = plan([ColorJitter(0.2), Resize(16), ColorJitter(0.1), Normalize(**IMAGENET)], sizes, rng)
-    assert p2.warp is None and p2.fused_normalize is None and len(p2.rest) == 4
-    p3 = plan([Resize(16), CenterCrop(16), ColorJitter(0.1), Normalize(**IMAGENET)], sizes, rng)
-    assert p3.fused_normalize is None and [type(o) for o, _ in p3.rest] == [ColorJitter, Normalize]
+    rngs = np.random.default_rng(7).spawn(2)  # what plan spawns from a single generator: one per sample
+    assert np.array_equal(p.drawn[0][1], ops[0].draw(sizes, rngs))
+    assert np.array_equal(p.drawn[1][1], ops[1].draw([(32, 32)] * 2, rngs))  # the same generators, continued
+    (stage,) = p.stages
+    assert stage.epilogue is ops[2] and [o for o, _ in stage.drawn] == ops[:2] and p.out_sizes == [(32, 32)] * 2
+    assert p.output.dtype == torch.float32 and p.output.layout == "NCHW"
+    assert p.warp.roi() == [(int(l), int(t), int(l + w), int(t + h)) for t, l, h, w in p.drawn[0][1]]
+    p2 = plan([ColorJitter(0.2), Resize(16), ColorJitter(0.1), Normalize(**IMAGENET)], sizes, 0)
+    assert p2.warp is None and [st.warp is not None for st in p2.stages] == [False, True, False, False]
+    assert p2.stages[1].epilogue is None and p2.output.layout == "NCHW"
+    norm = Normalize(**IMAGENET)
+    p3 = plan([Resize(16), CenterCrop(16), ColorJitter(0.1), Flip(), norm], sizes, 0)  # every run is a warp
+    assert [len(st.drawn) for st in p3.stages] == [2, 1, 1] and p3.stages[2].epilogue is norm
+    assert [st.warp is not None for st in p3.stages] == [True, False, True]
+    p4 = plan([Resize(16), ColorJitter(0.1)], sizes, 0)
+    assert p4.output.dtype == torch.uint8 and p4.output.layout is None
+
+
+def test_ops_after_normalize_are_rejected():
+    with pytest.raises(ConfigError, match="put it before Normalize"):
+        plan([Normalize(**IMAGENET), Flip()], [(10, 10)], 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -383,13 +396,13 @@ def test_warp_fused_normalize_matches_eager():
             norm = Normalize(**IMAGENET, dtype=dtype, layout=layout, scale=1 if dtype != torch.uint8 else 50,
                              shift=0 if dtype != torch.uint8 else 128)
             p = plan([CenterCrop(40), Flip(), norm], sizes_of(ims), np.random.default_rng(0))
-            fused = warp(ims, p.warp, normalize=p.fused_normalize)  # on CPU: the reference
+            fused = warp(ims, p.warp, epilogue=norm.epilogue(3))  # on CPU: the reference
             assert fused.dtype == dtype and torch.equal(fused, p.execute(ims))
 
 
 def test_identity_warp_copies():
     ims = ragged(3, seed=19)
-    assert all(torch.equal(a, b) for a, b in zip(reference(ims, identity(ims)), ims))
+    assert all(torch.equal(a, b) for a, b in zip(reference(ims, identity(sizes_of(ims))), ims))
 
 
 def test_shifted_warp_on_region_of_interest_decode():
@@ -408,34 +421,36 @@ def test_rescaled_warp_on_downscaled_sources():
     # What a JPEG decoder scaling by 1/2 returns: ceil(size / 2), each pixel the mean of its 2x2 block.
     small = [torch.nn.functional.avg_pool2d(chw(im)[None].float(), 2, ceil_mode=True)[0].round()
              .to(torch.uint8).permute(1, 2, 0).contiguous() for im in big]
-    w = rescaled(p.warp, sizes_of(small))
+    w = p.warp.rescaled(sizes_of(small))
     assert np.allclose(w.matrix[:, 0, 0], p.warp.matrix[:, 0, 0] / 2)
     out, full = p.execute(small), p.execute(big)  # CPU, sizes differ: the reference warp on the small ones
     assert out.shape == full.shape and diff(out, full).float().mean() < 4
 
 
 def test_dct_scale_is_detected_exactly():
-    w = compose([Resize((10, 10))], [None], [(375, 500), (333, 500)])
-    r = rescaled(w, [(47, 63), (167, 250)])  # 1/8 and 1/2 with the decoder's round-up
+    w = plan([Resize((10, 10))], [(375, 500), (333, 500)]).warp
+    r = w.rescaled([(47, 63), (167, 250)])  # 1/8 and 1/2 with the decoder's round-up
     assert np.allclose(r.matrix[:, 0, 0], [500 / 10 / 8, 500 / 10 / 2])
     assert np.allclose(r.matrix[:, 1, 1], [375 / 10 / 8, 333 / 10 / 2])
 
 
 def test_compose_box_rule():
     sizes = [(100, 200)]
-    crop_then_resize = compose([CenterCrop(50), Resize((25, 25))], [None, None], sizes)
+    crop_then_resize = compose([CenterCrop(50).steps(sizes, None), Resize((25, 25)).steps([(50, 50)], None)], sizes)
     assert crop_then_resize.box.tolist() == [[75.0, 25.0, 125.0, 75.0]]
-    resize_then_crop = compose([Resize((50, 100)), CenterCrop(20)], [None, None], sizes)
+    assert plan([CenterCrop(50), Resize((25, 25))], sizes).warp.box.tolist() == crop_then_resize.box.tolist()
+    resize_then_crop = plan([Resize((50, 100)), CenterCrop(20)], sizes).warp
     assert resize_then_crop.box.tolist() == [[0.0, 0.0, 200.0, 100.0]]
     assert resize_then_crop.interpolation == "bilinear" and resize_then_crop.antialias
-    exact = compose([CenterCrop(20), Flip()], [None, np.array([[True, False]])], sizes)
+    exact = compose([CenterCrop(20).steps(sizes, None), Flip().steps([(20, 20)], np.array([[True, False]]))], sizes)
     assert exact.interpolation == "nearest" and exact.out_sizes == [(20, 20)]
-    step = Resize((50, 100)).step((100, 200))
-    assert step.resamples and step.out_size == (50, 100) and np.allclose(step.matrix, np.diag([2.0, 2.0, 1.0]))
+    step = Resize((50, 100)).steps([(100, 200)], None)
+    assert step.resamples[0] and step.out_sizes[0].tolist() == [50, 100]
+    assert np.allclose(step.matrix[0], np.diag([2.0, 2.0, 1.0]))
 
 
 def test_warp_rejects_a_mismatched_batch():
-    w = identity(ragged(2))
+    w = identity(sizes_of(ragged(2)))
     with pytest.raises(ValueError, match="warp is for 2 samples"):
         warp(ragged(3), w)
 
@@ -490,7 +505,7 @@ def kernel_on_cpu(tmp_path_factory):
     import subprocess
 
     from ingest.ops import _warp_kernel
-    from ingest.ops.warp import _fill_values, _setup
+    from ingest.ops.resample import _fill_values, _setup
 
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
@@ -504,7 +519,7 @@ def kernel_on_cpu(tmp_path_factory):
 
     def run(ims, w, normalize=None):
         c = ims[0].shape[2]
-        coefficients = normalize.coefficients(c) if normalize else None
+        coefficients = normalize.epilogue(c)[:2] if normalize else None
         packed = _warp_kernel.pack(ims, w.out_sizes, _setup(w, sizes_of(ims)), _fill_values(w.fill, c),
                                    coefficients)
         dtype = normalize.dtype if normalize else torch.uint8
@@ -545,7 +560,7 @@ def test_kernel_source_fused_normalize(kernel_on_cpu, dtype, layout):
     norm = Normalize(**IMAGENET, dtype=dtype, layout=layout, scale=50 if dtype == torch.uint8 else 1,
                      shift=128 if dtype == torch.uint8 else 0)
     p = plan([RandomResizedCrop(32), Flip(), norm], sizes_of(ims), np.random.default_rng(2))
-    a, b = kernel_on_cpu(ims, p.warp, norm), reference(ims, p.warp, normalize=norm)
+    a, b = kernel_on_cpu(ims, p.warp, norm), reference(ims, p.warp, epilogue=norm.epilogue(3))
     assert a.dtype == dtype and a.shape == b.shape
     step = 1.0 if dtype == torch.uint8 else 1.01 / min(IMAGENET["std"])  # one level apart, at most
     assert (a.float() - b.float()).abs().max() <= step + (0.02 if dtype == torch.bfloat16 else 0.002)

@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from ingest.ops import (CenterCrop, ColorJitter, Flip, Normalize, RandomResizedCrop, Resize, Rotate, compose,
-                        plan, rescaled)
+from ingest.ops import CenterCrop, ColorJitter, Flip, Normalize, RandomResizedCrop, Resize, Rotate, compose, plan
 from ingest.ops import _warp_kernel
 from ingest.ops.base import as_list, sizes_of
-from ingest.ops.warp import reference, warp
+from ingest.ops.resample import reference, warp
 
 from test_ops import IMAGENET, border_band, diff, image, ragged
 
@@ -94,9 +93,9 @@ def test_kernel_fused_normalize(dtype, layout):
     norm = Normalize(**IMAGENET, dtype=dtype, layout=layout, scale=50 if dtype == torch.uint8 else 1,
                      shift=128 if dtype == torch.uint8 else 0)
     p = plan([RandomResizedCrop(64), Flip(), norm], sizes_of(ims), np.random.default_rng(6))
-    assert p.fused_normalize is norm
+    assert p.stages[0].epilogue is norm
     out = p.execute(ims)
-    ref = reference(host, p.warp, normalize=norm)
+    ref = reference(host, p.warp, epilogue=norm.epilogue(3))
     assert out.is_cuda and out.dtype == dtype and out.shape == ref.shape and out.is_contiguous()
     step = 1.0 if dtype == torch.uint8 else 1.01 / min(IMAGENET["std"])  # one level apart, at most
     d = (out.cpu().float() - ref.float()).abs()
@@ -141,7 +140,7 @@ def test_region_of_interest_and_downscaled_sources():
             .round().to(torch.uint8).permute(1, 2, 0).contiguous() for im in ims]
     small = p.execute(half)
     assert small.shape == full.shape
-    close_to_reference(small, reference(cpu(half), rescaled(p.warp, sizes_of(half))))
+    close_to_reference(small, reference(cpu(half), p.warp.rescaled(sizes_of(half))))
 
 
 @pytest.mark.parametrize("op", [Resize(64), Resize((50, 70), interpolation="bicubic"), Resize(longer=90),
@@ -155,7 +154,7 @@ def test_geometry_apply_on_cuda_matches_cpu(op):
         assert x.is_cuda and x.shape == y.shape
         d = diff(x.cpu(), y)
         if isinstance(op, Rotate):  # torchvision's CPU rotate blends the border towards fill
-            d = d[~border_band(compose([op], [params], sizes_of(ims)), n, host[n].shape[:2])]
+            d = d[~border_band(compose([op.steps(sizes_of(ims), params)], sizes_of(ims)), n, host[n].shape[:2])]
         limit = 6 if getattr(op, "interpolation", None) == "bicubic" else 1
         assert d.max() <= limit and d.float().mean() < 0.5
 
@@ -191,6 +190,6 @@ def test_reference_runs_on_cuda():
     """The fallback when CuPy is absent: the torch reference on CUDA tensors."""
     ims, host = gpu_batch()
     p = plan([RandomResizedCrop(48), Flip(), Normalize(**IMAGENET)], sizes_of(ims), np.random.default_rng(12))
-    a = reference(ims, p.warp, normalize=p.fused_normalize)
-    b = reference(host, p.warp, normalize=p.fused_normalize)
+    a = reference(ims, p.warp, epilogue=p.stages[0].epilogue.epilogue(3))
+    b = reference(host, p.warp, epilogue=p.stages[0].epilogue.epilogue(3))
     assert a.is_cuda and torch.allclose(a.cpu(), b, atol=1.01 / min(IMAGENET["std"]))

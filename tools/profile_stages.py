@@ -12,7 +12,7 @@ import ingest
 from ingest.formats import FileTree
 from ingest.io import ByteReader
 from ingest.ops import Flip, Normalize, RandomResizedCrop
-from ingest.ops import warp as warp_ops
+from ingest.ops import planner
 from ingest.ops.decode import CpuDecoder
 from ingest.ops.decode_gpu import GpuDecoder
 
@@ -49,7 +49,7 @@ def main():
     sizes, headers = [p[0] for p in probed], [p[1] for p in probed]
     ops = [RandomResizedCrop(224), Flip(p=0.5), Normalize(MEAN, STD)]
     rng = np.random.default_rng(0)
-    res["plan_ms"], plan = timeit(lambda: warp_ops.plan(ops, sizes, rng))
+    res["plan_ms"], plan = timeit(lambda: planner.plan(ops, sizes, rng))
     res["roi_ms"], rois = timeit(lambda: plan.warp.roi())
     dev = torch.device("cuda", 0)
     stream = torch.cuda.Stream()

@@ -1,21 +1,48 @@
-"""Batched image ops on CPU or CUDA tensors (the contract: :mod:`ingest.ops.base`).
+"""Batched augmentation on CPU or CUDA tensors, for images and for the boxes and masks that go with them.
 
-Geometry: :class:`Resize`, :class:`CenterCrop`, :class:`RandomResizedCrop`, :class:`Flip` (and
-:class:`HorizontalFlip`, :class:`VerticalFlip`), :class:`Rotate`. Pixels: :class:`ColorJitter`,
-:class:`Normalize`. The executor's entry points: :func:`plan` (draw every random parameter once, compose
-the leading geometry run into one :class:`Warp`) and :class:`Plan.execute`, or :func:`run_ops` for both.
-The batched resample itself is :func:`ingest.ops.warp.warp` (the submodule keeps that name, so the function is
-not re-exported here; its torch reference is ``ingest.ops.warp.reference``).
+The flow, one module per step::
+
+    base       the op contract: draw(sizes, rngs[, boxes]) per sample, apply(images, params), declare()
+    geometry   Resize, CenterCrop, RandomResizedCrop, Flip, Rotate     } each a per-sample affine map
+    detection  RandomIoUCrop, ZoomOut, PadTo                           } (affine.Steps)
+    color      ColorJitter;  normalize  Normalize (an epilogue: x * a + b, dtype, layout)
+    planner    plan(): draw every op's params once, per sample; each run of geometry ops -> one Warp
+    affine     the map algebra shared by images, boxes and masks: compose, map_boxes, Warp
+    resample   execute a Warp (one CUDA kernel per batch, _warp_kernel; torch reference elsewhere)
+
+Images::
+
+    p = plan(ops, sizes, rngs)          # sizes: probed (h, w); rngs: one numpy Generator per sample
+    p.warp.roi()                        # before decoding: the source region each image needs (or p.warp None)
+    out = p.execute(images, origins=)   # decoded [H, W, C] uint8 batch (ragged list or [N, H, W, C])
+    p.out_sizes, p.output               # declared before running: sizes, dtype and layout (None: [H, W, C])
+
+Detection (boxes ltrb in absolute source pixels, ``[K, 4]`` per sample; masks ``[K, H, W]`` uint8)::
+
+    p = plan(ops, sizes, rngs, boxes=boxes)     # boxes are needed when a draw depends on them (IoU crop)
+    targets = p.targets(targets)                # per sample dict: boxes mapped, clipped, empty ones dropped,
+                                                # masks warped (nearest), labels/iscrowd/area pruned with them
+    boxes, keep = p.map_boxes(boxes)            # or piecewise: boxes and, per sample, which input boxes survive
+    masks = p.warp_masks(masks)
+
+A geometry op maps a box through its per-sample map (the four corners, their bounding box, clipped to its
+output), op by op, so results equal torchvision's ``transforms.v2`` on ``BoundingBoxes`` op for op; masks go
+through each stage's own warp with nearest sampling, so they stay aligned with the image. Colour ops between
+geometry ops split the warps but move nothing.
+
+``op(images, rng=seed)`` runs one op eagerly; :func:`run_ops` plans and runs a list.
 """
 
-from .base import Op, Step, Warp
+from .affine import Steps, Warp, compose
+from .base import ImageSpec, Op, per_sample
 from .color import ColorJitter
+from .detection import PadTo, RandomIoUCrop, ZoomOut
 from .geometry import CenterCrop, Flip, GeometryOp, HorizontalFlip, RandomResizedCrop, Resize, Rotate, VerticalFlip
 from .normalize import Normalize
-from .warp import Plan, compose, plan, rescaled, run_ops
+from .planner import Plan, plan, run_ops
 
 __all__ = [
-    "CenterCrop", "ColorJitter", "Flip", "GeometryOp", "HorizontalFlip", "Normalize", "Op", "Plan",
-    "RandomResizedCrop", "Resize", "Rotate", "Step", "VerticalFlip", "Warp", "compose", "plan", "rescaled",
-    "run_ops",
+    "CenterCrop", "ColorJitter", "Flip", "GeometryOp", "HorizontalFlip", "ImageSpec", "Normalize", "Op", "PadTo",
+    "Plan", "RandomIoUCrop", "RandomResizedCrop", "Resize", "Rotate", "Steps", "VerticalFlip", "Warp", "ZoomOut",
+    "compose", "per_sample", "plan", "run_ops",
 ]

@@ -1,11 +1,11 @@
 """The batched warp as one CUDA kernel (CuPy ``RawModule``, compiled once per process and device, cached on
-disk by CuPy). Same math as :func:`ingest.ops.warp.reference`; the module docstring of
-:mod:`ingest.ops.warp` states it.
+disk by CuPy). Same math as :func:`ingest.ops.resample.reference`; the module docstring of
+:mod:`ingest.ops.resample` states it.
 
 One launch covers the whole batch: ``blockIdx.z`` is the sample, each thread one output pixel (all channels).
 Per-sample parameters (source pointer, size and strides, so ragged and strided sources need no copy; matrix,
 box, filter support; output offset and size) travel in one small pinned buffer uploaded per batch. Output goes
-straight into the final tensor, optionally through the normalize epilogue (``x * a + b`` per channel, then
+straight into the final tensor, optionally through the epilogue (``x * a + b`` per channel, then
 uint8 / float32 / float16 / bfloat16, NHWC or NCHW). The launch is on the current torch CUDA stream.
 """
 
@@ -255,7 +255,7 @@ class Packed(NamedTuple):
 def pack(images: list[torch.Tensor], out_sizes: Sequence[tuple[int, int]], setup, fill: Sequence[float],
          coefficients: tuple[Sequence[float], Sequence[float]] | None) -> Packed:
     """The per-sample argument arrays for ``images`` ([H, W, C] uint8, any strides, C <= 4); ``setup`` is
-    the geometry from :func:`ingest.ops.warp._setup`."""
+    the geometry from :func:`ingest.ops.resample._setup`."""
     n, c = len(images), images[0].shape[2]
     out_hw = np.asarray(out_sizes, dtype=np.int64).reshape(n, 2)
     count = out_hw[:, 0] * out_hw[:, 1] * c

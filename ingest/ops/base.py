@@ -4,31 +4,70 @@ A batch of images is either a fixed-size uint8 tensor ``[N, H, W, C]`` or a *rag
 uint8 tensors (what a decoder returns), all on one device. Every op is batched and takes either form, on
 CPU or CUDA, and returns a batch on the same device.
 
-Randomness is split from execution so that the CPU and CUDA paths, eager calls and the fused pipeline all
-see the same random numbers::
+Randomness is split from execution, and drawn **per sample**::
 
-    params = op.draw(sizes, rng)        # per-sample random parameters; depends only on sizes and rng
+    params = op.draw(sizes, rngs)       # rngs[n] is sample n's generator: sample n's params come from it alone
     out    = op.apply(images, params)   # deterministic execution on the images' device
 
-``op(images, rng=...)`` does both. ``rng`` is a ``numpy.random.Generator``; the pipeline derives one per batch
-from ``(seed, epoch, batch index)``, so a resumed run draws exactly what an uninterrupted one would.
+The pipeline keys ``rngs[n]`` by ``(seed, epoch, dataset index)`` (``sampler.BatchPlan.sample_rngs``), so a
+sample's augmentation does not depend on the batch it lands in, the number of ranks, a resume or a
+neighbour that failed to decode; CPU and CUDA execute the same drawn numbers. ``op(images, rng=...)`` does
+both steps, with per-sample generators spawned from ``rng`` (a Generator or a seed): see :func:`per_sample`.
+``draw`` may also get the samples' boxes (``boxes=``, one ``[K, 4]`` array per sample): ops whose draws
+depend on them (an IoU-constrained crop) use them, others ignore them.
 
-Geometry ops (crop, resize, flip, rotate) also describe themselves as a per-sample affine map
-(:class:`Step`). The pipeline composes a run of geometry ops into one :class:`Warp` and executes it with a
-single batched resample (one CUDA kernel for the whole batch), which also tells the GPU decoder which region
-of each image to decode (region-of-interest decode).
+An op declares what it outputs before it runs: :meth:`Op.out_sizes` (per sample, given the drawn params)
+and :meth:`Op.declare` (dtype and layout, an :class:`ImageSpec`), so the executor knows the batch it will
+get without looking at the op's type.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
+from ..errors import ConfigError
+
 Size = tuple[int, int]  # (height, width)
 Images = torch.Tensor | list[torch.Tensor]
+Rngs = Sequence[np.random.Generator] | np.random.Generator | int | None
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What a batch holds besides its sizes.
+
+    ``layout`` is None for the ops' working form, ``[H, W, C]`` pixels (channels last), which every op takes;
+    "NCHW" or "NHWC" once an op has fixed the layout of the final batch (Normalize), after which no other
+    op can run.
+    """
+
+    dtype: torch.dtype = torch.uint8
+    layout: str | None = None
+
+    @property
+    def pixels(self) -> bool:
+        """True for uint8 ``[H, W, C]`` pixels, the input every op takes."""
+        return self.dtype == torch.uint8 and self.layout is None
+
+
+PIXELS = ImageSpec()
+
+
+def per_sample(rngs: Rngs, n: int) -> list[np.random.Generator]:
+    """``n`` per-sample generators: ``rngs`` itself when it is a sequence of ``n`` Generators; else children
+    spawned from a Generator, a seed (int) or fresh entropy (None). Child k of a seed is the same whatever
+    ``n`` is, so an eager call gives sample k the same draws in any batch size."""
+    if isinstance(rngs, (list, tuple)):
+        if len(rngs) != n or not all(isinstance(r, np.random.Generator) for r in rngs):
+            raise ValueError(f"expected one numpy Generator per sample ({n}), got {len(rngs)} items")
+        return list(rngs)
+    if not isinstance(rngs, np.random.Generator):
+        rngs = np.random.default_rng(rngs)
+    return rngs.spawn(n)
 
 
 def as_list(images: Images) -> list[torch.Tensor]:
@@ -55,14 +94,43 @@ def stack_if_uniform(images: list[torch.Tensor]) -> Images:
     return images
 
 
+def pad_crop(im: torch.Tensor, top: int, left: int, height: int, width: int,
+             fill: Sequence[float]) -> torch.Tensor:
+    """``im[top:top+height, left:left+width]`` of a ``[..., H, W, C]`` batch, padded with ``fill`` (one value
+    or one per channel, pixel units) where the window leaves the image. A view when it does not."""
+    h, w = im.shape[-3], im.shape[-2]
+    if top >= 0 and left >= 0 and top + height <= h and left + width <= w:
+        return im[..., top:top + height, left:left + width, :]
+    out = im.new_empty(im.shape[:-3] + (height, width, im.shape[-1]))
+    out.copy_(torch.tensor(fill_for(fill, im.shape[-1]), device=im.device).round().to(im.dtype))
+    y0, x0 = max(top, 0), max(left, 0)
+    y1, x1 = min(top + height, h), min(left + width, w)
+    if y1 > y0 and x1 > x0:
+        out[..., y0 - top:y1 - top, x0 - left:x1 - left, :] = im[..., y0:y1, x0:x1, :]
+    return out
+
+
+def fill_for(fill: Sequence[float], channels: int) -> tuple[float, ...]:
+    """``fill`` (one value or one per channel) for an image of ``channels`` channels."""
+    if len(fill) == channels:
+        return tuple(fill)
+    if len(set(fill)) == 1:
+        return (fill[0],) * channels
+    raise ConfigError(f"`fill` has {len(fill)} values for images of {channels} channels")
+
+
 class Op:
     """Base of every batched op. Subclasses implement :meth:`apply` and, if random, :meth:`draw`."""
 
     #: True for ops whose output size does not depend on the input size (the executor can preallocate).
     fixed_size: bool = False
+    #: True for ops that are ``x * a + b`` per channel (:meth:`epilogue` gives a and b): the planner runs
+    #: them as the epilogue of the warp before them.
+    pointwise_affine: bool = False
 
-    def draw(self, sizes: Sequence[Size], rng: np.random.Generator) -> Any:
-        """Per-sample random parameters for a batch of images of these sizes. Default: none."""
+    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes: Sequence[np.ndarray] | None = None) -> Any:
+        """Per-sample random parameters for a batch of images of these sizes (sample n's from ``rngs[n]``
+        only). Default: none."""
         return None
 
     def apply(self, images: Images, params: Any) -> Images:
@@ -72,63 +140,17 @@ class Op:
         """Sizes of the images :meth:`apply` returns for inputs of ``sizes``. Default: unchanged."""
         return list(sizes)
 
-    def __call__(self, images: Images, rng: np.random.Generator | None = None) -> Images:
-        if rng is None:
-            rng = np.random.default_rng()
-        return self.apply(images, self.draw(sizes_of(images), rng))
+    def declare(self, spec: ImageSpec) -> ImageSpec:
+        """The dtype and layout this op outputs for inputs of ``spec``. Default: takes and gives pixels."""
+        if not spec.pixels:
+            raise ConfigError(f"{self!r} takes uint8 [H, W, C] pixels, but the op before it outputs "
+                              f"{spec.dtype} in layout {spec.layout}: put it before Normalize")
+        return spec
+
+    def __call__(self, images: Images, rng: Rngs = None) -> Images:
+        sizes = sizes_of(images)
+        return self.apply(images, self.draw(sizes, per_sample(rng, len(sizes))))
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({fields})"
-
-
-# --------------------------------------------------------------------------------------------------
-# Geometry: per-sample affine maps, composed into one Warp.
-#
-# Coordinates are continuous pixel coordinates: pixel (row i, column j) covers [j, j+1) x [i, i+1), its
-# centre is (j + 0.5, i + 0.5). A Step's matrix maps a point of the op's OUTPUT to the point of its INPUT
-# it samples: [x_in, y_in, 1]^T = M @ [x_out, y_out, 1]^T (3x3, float64).
-
-
-@dataclass
-class Step:
-    """One geometry op on one sample, as an affine map plus what the resampler needs to know."""
-
-    matrix: np.ndarray            # 3x3 float64, output coords -> input coords
-    out_size: Size                # (height, width) of the op's output
-    crop: tuple[float, float, float, float] | None = None  # (x0, y0, x1, y1) in INPUT coords the op reads from
-    resamples: bool = False       # True if the op interpolates (resize, rotate); False for exact crops/flips
-
-
-@dataclass
-class Warp:
-    """A run of geometry ops on a batch, composed: what one batched resample must do.
-
-    ``matrix[n]`` maps output coords of sample n to coords of the *source* image (what the decoder gave).
-    ``box[n]`` = (x0, y0, x1, y1): the source region the resample may read; the filter window is clamped to
-    it and points outside it take ``fill`` (this is what makes "crop, then resize" read only the crop, as
-    torchvision does, while "resize, then crop" reads the whole resized image).
-    """
-
-    matrix: np.ndarray                 # (N, 3, 3) float64
-    out_sizes: list[Size]
-    box: np.ndarray                    # (N, 4) float64, x0 y0 x1 y1 in source coords
-    interpolation: str = "bilinear"    # "nearest" | "bilinear" | "bicubic"
-    antialias: bool = True
-    fill: tuple[float, ...] = (0.0, 0.0, 0.0)
-    source_sizes: list[Size] = field(default_factory=list)
-
-    def shifted(self, origins: Sequence[tuple[int, int]]) -> "Warp":
-        """The same warp for sources cropped at ``origins`` = (x0, y0) per sample (region-of-interest decode)."""
-        o = np.asarray(origins, dtype=np.float64).reshape(-1, 2)
-        m = self.matrix.copy()
-        m[:, :2, 2] -= o
-        return Warp(m, list(self.out_sizes), self.box - np.tile(o, 2), self.interpolation, self.antialias,
-                    self.fill, list(self.source_sizes))
-
-    def roi(self) -> list[tuple[int, int, int, int]]:
-        """Integer source regions (x0, y0, x1, y1) that hold every pixel the resample can read."""
-        hw = np.asarray(self.source_sizes, dtype=np.int64).reshape(-1, 2)
-        lo = np.maximum(np.floor(self.box[:, :2]).astype(np.int64), 0)
-        hi = np.minimum(np.ceil(self.box[:, 2:]).astype(np.int64), hw[:, ::-1])
-        return [tuple(r) for r in np.concatenate([lo, hi], axis=1).tolist()]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .base import Images, Op, Size, as_list
+from .base import Images, Op, Rngs, Size, as_list, per_sample
 
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision's (ITU-R 601) luma weights
 _HUE_OFFSETS = torch.tensor([[5.0], [3.0], [1.0]])  # r, g, b in the closed-form HSV -> RGB
@@ -70,17 +70,16 @@ class ColorJitter(Op):
             raise ConfigError(f"`p` must be a probability in [0, 1], got {p!r}")
         self.p = float(p)
 
-    def draw(self, sizes: Sequence[Size], rng: np.random.Generator) -> JitterParams:
-        n = len(sizes)
-        chosen = rng.random(n) < self.p if self.p < 1.0 else np.ones(n, dtype=bool)
-
-        def factors(rng_range: tuple[float, float], identity: float) -> np.ndarray | None:
-            if rng_range == (identity, identity):
-                return None
-            return np.where(chosen, rng.uniform(rng_range[0], rng_range[1], size=n), identity)
-
-        return JitterParams(factors(self.brightness, 1.0), factors(self.contrast, 1.0),
-                            factors(self.saturation, 1.0), factors(self.hue, 0.0))
+    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes=None) -> JitterParams:
+        ranges = [(self.brightness, 1.0), (self.contrast, 1.0), (self.saturation, 1.0), (self.hue, 0.0)]
+        on = [r != (identity, identity) for r, identity in ranges]
+        rows = []
+        for rng in per_sample(rngs, len(sizes)):  # per sample: the coin, then each enabled factor in order
+            chosen = rng.random() < self.p if self.p < 1.0 else True
+            rows.append([rng.uniform(*r) if chosen else identity
+                         for (r, identity), enabled in zip(ranges, on) if enabled])
+        columns = iter(np.asarray(rows, dtype=np.float64).reshape(len(sizes), sum(on)).T)
+        return JitterParams(*(next(columns) if enabled else None for enabled in on))
 
     def apply(self, images: Images, params: JitterParams) -> Images:
         ims = as_list(images)

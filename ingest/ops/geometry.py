@@ -1,11 +1,11 @@
 """Geometry ops: Resize, CenterCrop, RandomResizedCrop, Flip (HorizontalFlip, VerticalFlip), Rotate.
 
-Each op is an affine map from its output to its input (see :class:`ingest.ops.base.Step`), given for a whole
-batch by ``_steps`` (vectorized; :meth:`GeometryOp.step` is the one-sample view of it). On CPU, ``apply`` runs
+Each op is an affine map per sample from its output to its input, given for a whole batch by
+:meth:`GeometryOp.steps` (:class:`ingest.ops.affine.Steps`), which is also how boxes and masks follow it. On CPU, ``apply`` runs
 the op eagerly with torch's own kernels, so results match ``torchvision.transforms.v2.functional``:
 crop = slicing (a view, no copy), resize = ``interpolate`` on the uint8 image seen as a channels-last NCHW
 tensor (torch's fast uint8 path), flip = ``flip``, rotate = ``grid_sample`` with torchvision's fill rule.
-On CUDA, ``apply`` composes the op into a :class:`~ingest.ops.base.Warp` and runs the batched warp kernel.
+On CUDA, ``apply`` composes the op into a :class:`~ingest.ops.affine.Warp` and runs the batched resample.
 
 Interpolation names: ``"bilinear"``, ``"bicubic"`` and ``"nearest"``. ``"nearest"`` takes the pixel that
 contains the mapped pixel centre: torchvision's ``NEAREST_EXACT`` (and PIL's, OpenCV's ``INTER_NEAREST_EXACT``).
@@ -16,14 +16,16 @@ affine sampling rule, so it is not offered.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .base import Images, Op, Size, Step, as_list, sizes_of, stack_if_uniform
+from . import resample
+from .affine import Steps, compose, eye
+from .base import Images, Op, Rngs, Size, as_list, fill_for, pad_crop, per_sample, sizes_of, stack_if_uniform
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 _TORCH_MODE = {"nearest": "nearest-exact", "bilinear": "bilinear", "bicubic": "bicubic"}
@@ -67,15 +69,6 @@ def _range(name: str, value: Any, *, low: float) -> tuple[float, float]:
     return lo, hi
 
 
-def fill_for(fill: Sequence[float], channels: int) -> tuple[float, ...]:
-    """``fill`` (one value or one per channel) for an image of ``channels`` channels."""
-    if len(fill) == channels:
-        return tuple(fill)
-    if len(fill) == 1:
-        return tuple(fill) * channels
-    raise ConfigError(f"`fill` has {len(fill)} values for images of {channels} channels")
-
-
 def _fill(value: Any) -> tuple[float, ...]:
     """A fill colour in pixel units (0..255): one number or one per channel."""
     values = value if isinstance(value, (tuple, list)) else (value,)
@@ -111,44 +104,15 @@ def _resize_nchw(x: torch.Tensor, size: Size, interpolation: str, antialias: boo
     return F.interpolate(x, size=tuple(size), mode=mode, align_corners=False, antialias=antialias)
 
 
-def pad_crop(im: torch.Tensor, top: int, left: int, height: int, width: int,
-             fill: Sequence[float]) -> torch.Tensor:
-    """``im[top:top+height, left:left+width]`` of a ``[..., H, W, C]`` batch, padded with ``fill`` where the
-    window leaves the image. A view when it does not."""
-    h, w = im.shape[-3], im.shape[-2]
-    if top >= 0 and left >= 0 and top + height <= h and left + width <= w:
-        return im[..., top:top + height, left:left + width, :]
-    out = im.new_empty(im.shape[:-3] + (height, width, im.shape[-1]))
-    out.copy_(torch.tensor(fill_for(fill, im.shape[-1]), device=im.device).round().to(torch.uint8))
-    y0, x0 = max(top, 0), max(left, 0)
-    y1, x1 = min(top + height, h), min(left + width, w)
-    if y1 > y0 and x1 > x0:
-        out[..., y0 - top:y1 - top, x0 - left:x1 - left, :] = im[..., y0:y1, x0:x1, :]
-    return out
-
-
 # --------------------------------------------------------------------------------------------------
 # The geometry op contract.
 
-class Steps(NamedTuple):
-    """A batch of :class:`~ingest.ops.base.Step`, as arrays (what :func:`ingest.ops.warp.compose` consumes)."""
-
-    matrix: np.ndarray           # (N, 3, 3) float64, output coords -> input coords
-    out_sizes: np.ndarray        # (N, 2) int64 (height, width)
-    crop: np.ndarray | None      # (N, 4) float64 (x0, y0, x1, y1) in input coords the op reads, or None
-    resamples: np.ndarray        # (N,) bool
-
-
-def _affine(n: int) -> np.ndarray:
-    return np.tile(np.eye(3), (n, 1, 1))
-
-
 class GeometryOp(Op):
-    """A crop, resize, flip or rotation: an affine map per sample, composable into one Warp.
+    """A crop, resize, flip, pad or rotation: an affine map per sample, composable into one Warp.
 
-    Subclasses implement ``_steps`` (vectorized over the batch) and ``_apply_cpu``. ``interpolation``,
-    ``antialias`` matter for ops that resample; ``fill`` (pixel units) for ops that can produce pixels
-    outside the input.
+    Subclasses implement ``_steps`` (vectorized over the batch) and ``_apply_cpu``; an op that drops boxes
+    by its own rule (beyond clipping) implements :meth:`box_filter`. ``interpolation``, ``antialias``
+    matter for ops that resample; ``fill`` (pixel units) for ops that can produce pixels outside the input.
     """
 
     interpolation: str = "nearest"
@@ -161,15 +125,18 @@ class GeometryOp(Op):
     def _apply_cpu(self, images: Images, params: Any) -> Images:
         raise NotImplementedError
 
-    def step(self, size: Size, param: Any = None) -> Step:
-        """This op on one sample of ``size`` with its drawn ``param`` (one element of :meth:`draw`'s result)."""
-        s = self._steps(np.asarray([size], dtype=np.int64), None if param is None else np.asarray([param]))
-        crop = None if s.crop is None else tuple(float(v) for v in s.crop[0])
-        return Step(s.matrix[0], (int(s.out_sizes[0, 0]), int(s.out_sizes[0, 1])), crop, bool(s.resamples[0]))
+    def steps(self, sizes: Sequence[Size] | np.ndarray, params: Any) -> Steps:
+        """This op on a batch of ``sizes`` with its drawn ``params``, as per-sample affine maps."""
+        st = self._steps(np.asarray(sizes, dtype=np.int64).reshape(-1, 2), params)
+        return st._replace(interpolation=self.interpolation, antialias=self.antialias, fill=self.fill)
+
+    def box_filter(self, boxes: Sequence[np.ndarray], params: Any) -> list[np.ndarray] | None:
+        """Which boxes (one ``[K, 4]`` array per sample, in input coords) the op keeps by its own rule, or
+        None: all of them (boxes are clipped to the output in any case, and empty ones dropped)."""
+        return None
 
     def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
-        out = self._steps(np.asarray(sizes, dtype=np.int64).reshape(-1, 2), params).out_sizes
-        return [(int(h), int(w)) for h, w in out]
+        return [(int(h), int(w)) for h, w in self.steps(sizes, params).out_sizes]
 
     def apply(self, images: Images, params: Any) -> Images:
         ims = as_list(images)
@@ -177,8 +144,8 @@ class GeometryOp(Op):
             return images
         if ims[0].device.type == "cpu":
             return self._apply_cpu(images, params)
-        from .warp import compose, warp  # warp imports this module
-        return warp(images, compose([self], [params], sizes_of(images)))
+        sizes = sizes_of(images)
+        return resample.warp(images, compose([self.steps(sizes, params)], sizes))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -239,7 +206,7 @@ class Resize(GeometryOp):
 
     def _steps(self, sizes: np.ndarray, params: Any) -> Steps:
         out = np.array([self.output_size(int(h), int(w)) for h, w in sizes], dtype=np.int64).reshape(-1, 2)
-        m = _affine(len(sizes))
+        m = eye(len(sizes))
         m[:, 0, 0] = sizes[:, 1] / out[:, 1]
         m[:, 1, 1] = sizes[:, 0] / out[:, 0]
         return Steps(m, out, None, (out != sizes).any(axis=1))
@@ -274,7 +241,7 @@ class CenterCrop(GeometryOp):
     def _steps(self, sizes: np.ndarray, params: Any) -> Steps:
         ch, cw = self.size
         top, left = self._offset(sizes[:, 0], ch), self._offset(sizes[:, 1], cw)
-        m = _affine(len(sizes))
+        m = eye(len(sizes))
         m[:, 0, 2], m[:, 1, 2] = left, top
         crop = np.stack([left, top, left + cw, top + ch], axis=1).astype(np.float64)
         out = np.tile(np.array([[ch, cw]], dtype=np.int64), (len(sizes), 1))
@@ -310,34 +277,37 @@ class RandomResizedCrop(GeometryOp):
         self.interpolation = _interpolation(interpolation)
         self.antialias = bool(antialias)
 
-    def draw(self, sizes: Sequence[Size], rng: np.random.Generator) -> np.ndarray:
-        hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-        n = len(hw)
-        h, w = hw[:, :1], hw[:, 1:]
-        area = (h * w) * rng.uniform(self.scale[0], self.scale[1], size=(n, 10))
-        aspect = np.exp(rng.uniform(math.log(self.ratio[0]), math.log(self.ratio[1]), size=(n, 10)))
+    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes=None) -> np.ndarray:
+        rngs = per_sample(rngs, len(sizes))
+        return np.array([self._region(int(h), int(w), rng) for (h, w), rng in zip(sizes, rngs)],
+                        dtype=np.int64).reshape(-1, 4)
+
+    def _region(self, h: int, w: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+        """(top, left, height, width) for one image of ``h`` x ``w``."""
+        u = rng.random(20)  # 10 areas, then 10 aspects (what two rng.uniform(size=10) calls would give)
+        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        area = h * w * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:10])
+        aspect = np.exp(lo + (hi - lo) * u[10:])
         cw = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # rint: ties to even, like round()
         ch = np.rint(np.sqrt(area / aspect)).astype(np.int64)
         ok = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
-        first = ok.argmax(axis=1)
-        rows = np.arange(n)
-        cw, ch = cw[rows, first], ch[rows, first]
-        h, w = hw[:, 0], hw[:, 1]
-        found = ok.any(axis=1)
+        if ok.any():
+            k = int(ok.argmax())
+            ch_, cw_ = int(ch[k]), int(cw[k])
+            return int(rng.integers(0, h - ch_ + 1)), int(rng.integers(0, w - cw_ + 1)), ch_, cw_
         # Fallback: the whole image, narrowed to the nearest allowed aspect.
-        in_ratio = w / h
-        fw = np.where(in_ratio < self.ratio[0], w,
-                      np.where(in_ratio > self.ratio[1], np.rint(h * self.ratio[1]).astype(np.int64), w))
-        fh = np.where(in_ratio < self.ratio[0], np.rint(w / self.ratio[0]).astype(np.int64), h)
-        cw, ch = np.where(found, cw, fw), np.where(found, ch, fh)
-        top = np.where(found, rng.integers(0, np.maximum(h - ch + 1, 1)), (h - ch) // 2)
-        left = np.where(found, rng.integers(0, np.maximum(w - cw + 1, 1)), (w - cw) // 2)
-        return np.stack([top, left, ch, cw], axis=1).astype(np.int64)
+        if w / h < self.ratio[0]:
+            cw_, ch_ = w, round(w / self.ratio[0])
+        elif w / h > self.ratio[1]:
+            cw_, ch_ = round(h * self.ratio[1]), h
+        else:
+            cw_, ch_ = w, h
+        return (h - ch_) // 2, (w - cw_) // 2, ch_, cw_
 
     def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
         oh, ow = self.size
         top, left, ch, cw = (params[:, k].astype(np.float64) for k in range(4))
-        m = _affine(len(sizes))
+        m = eye(len(sizes))
         m[:, 0, 0], m[:, 0, 2] = cw / ow, left
         m[:, 1, 1], m[:, 1, 2] = ch / oh, top
         out = np.tile(np.array([[oh, ow]], dtype=np.int64), (len(sizes), 1))
@@ -367,12 +337,12 @@ class Flip(GeometryOp):
         self.horizontal = bool(horizontal)
         self.vertical = bool(vertical)
 
-    def draw(self, sizes: Sequence[Size], rng: np.random.Generator) -> np.ndarray:
-        coins = rng.random((len(sizes), 2)) < self.p
+    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes=None) -> np.ndarray:
+        coins = np.array([rng.random(2) for rng in per_sample(rngs, len(sizes))]).reshape(-1, 2) < self.p
         return coins & np.array([self.horizontal, self.vertical])
 
     def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
-        m = _affine(len(sizes))
+        m = eye(len(sizes))
         fx, fy = params[:, 0], params[:, 1]
         m[:, 0, 0], m[:, 0, 2] = np.where(fx, -1.0, 1.0), np.where(fx, sizes[:, 1], 0)
         m[:, 1, 1], m[:, 1, 2] = np.where(fy, -1.0, 1.0), np.where(fy, sizes[:, 0], 0)
@@ -432,9 +402,9 @@ class Rotate(GeometryOp):
         self.fill = _fill(fill)
         self.interpolation = _interpolation(interpolation)
 
-    def draw(self, sizes: Sequence[Size], rng: np.random.Generator) -> np.ndarray:
+    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes=None) -> np.ndarray:
         if isinstance(self.angle, tuple):
-            return rng.uniform(self.angle[0], self.angle[1], size=len(sizes))
+            return np.array([rng.uniform(*self.angle) for rng in per_sample(rngs, len(sizes))], dtype=np.float64)
         return np.full(len(sizes), self.angle)
 
     @staticmethod
@@ -480,7 +450,7 @@ class Rotate(GeometryOp):
         h, w = sizes[:, 0].astype(np.float64), sizes[:, 1].astype(np.float64)
         oh, ow = out[:, 0] / 2.0, out[:, 1] / 2.0
         # x_in = c (x - ow/2) - s (y - oh/2) + w/2 ; y_in = s (x - ow/2) + c (y - oh/2) + h/2
-        m = _affine(len(sizes))
+        m = eye(len(sizes))
         m[:, 0, 0], m[:, 0, 1], m[:, 0, 2] = c, -s, w / 2 - c * ow + s * oh
         m[:, 1, 0], m[:, 1, 1], m[:, 1, 2] = s, c, h / 2 - s * ow - c * oh
         identity = (np.mod(angles, 360.0) == 0) & (out == sizes).all(axis=1)

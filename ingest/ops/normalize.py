@@ -1,8 +1,10 @@
 """Normalize: the last step of a pipeline, ``(x - mean) / std`` into the training dtype and layout.
 
 This is DALI's ``crop_mirror_normalize`` output stage; the crop and mirror parts are geometry ops that the
-warp fuses with it (see :mod:`ingest.ops.warp`), so on CUDA a RandomResizedCrop + Flip + Normalize pipeline is
-one kernel from decoded images to the final float tensor.
+planner composes into a warp, and Normalize becomes that warp's epilogue (its coefficients, see
+:class:`ingest.ops.resample.Epilogue`), so on CUDA a RandomResizedCrop + Flip + Normalize pipeline is one
+kernel from decoded images to the final float tensor. It fixes the batch's dtype and layout
+(:meth:`Normalize.declare`), so it comes last.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import ConfigError
-from .base import Images, Op, as_list
+from . import _warp_kernel, resample
+from .affine import identity
+from .base import ImageSpec, Images, Op, as_list, sizes_of
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
 LAYOUTS = ("NCHW", "NHWC")
@@ -67,38 +71,29 @@ class Normalize(Op):
         self.scale = scale
         self.shift = shift
 
-    def coefficients(self, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """``(a, b)`` per channel such that ``out = x * a + b`` (what the fused warp epilogue uses)."""
+    pointwise_affine = True
+
+    def epilogue(self, channels: int) -> resample.Epilogue:
+        """This normalization as ``out = x * a + b`` per channel plus the output dtype and layout."""
         n = max(len(self.mean), len(self.std))
         if n not in (1, channels):
             raise ConfigError(f"Normalize has {n} channel values for images of {channels} channels")
         mean = self.mean * channels if len(self.mean) == 1 else self.mean
         std = self.std * channels if len(self.std) == 1 else self.std
         a = tuple(self.scale / s for s in std)
-        return a, tuple(self.shift - m * k for m, k in zip(mean, a))
+        return resample.Epilogue(a, tuple(self.shift - m * k for m, k in zip(mean, a)), self.dtype, self.layout)
+
+    def declare(self, spec: ImageSpec) -> ImageSpec:
+        super().declare(spec)
+        return ImageSpec(self.dtype, self.layout)
 
     def apply(self, images: Images, params: Any = None) -> Images:
         ims = as_list(images)
         if not ims:
             return images
-        if ims[0].device.type == "cuda":
-            from . import _warp_kernel
-            if _warp_kernel.available():  # one launch for the whole batch, ragged or not
-                from .warp import identity, warp  # (warp imports this module)
-                return warp(images, identity(ims), normalize=self)
+        epilogue = self.epilogue(ims[0].shape[-1])
+        if ims[0].device.type == "cuda" and _warp_kernel.available():  # one launch, ragged or not
+            return resample.warp(images, identity(sizes_of(images)), epilogue=epilogue)
         if isinstance(images, torch.Tensor):
-            return self.finish(images)
-        return [self.finish(im[None])[0] for im in ims]
-
-    def finish(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalize a ``[N, H, W, C]`` batch of pixel values (uint8, or float holding whole levels)."""
-        c = x.shape[-1]
-        a, b = (torch.tensor(v, dtype=torch.float32, device=x.device) for v in self.coefficients(c))
-        if self.layout == "NCHW":
-            x, a, b = x.permute(0, 3, 1, 2), a.view(c, 1, 1), b.view(c, 1, 1)
-        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-        out.copy_(x)  # the dtype and layout change in one pass (2x faster than a mixed-dtype mul on CPU)
-        out.mul_(a).add_(b)
-        if self.dtype == torch.uint8:
-            return out.round_().clamp_(0, 255).to(torch.uint8)
-        return out if self.dtype == torch.float32 else out.to(self.dtype)
+            return resample.finish(images, epilogue)
+        return [resample.finish(im[None], epilogue)[0] for im in ims]

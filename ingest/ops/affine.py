@@ -1,0 +1,182 @@
+"""The map algebra that images, boxes and masks share.
+
+Coordinates are continuous pixel coordinates: pixel (row i, column j) covers ``[j, j+1) x [i, i+1)``, its
+centre is ``(j + 0.5, i + 0.5)``; boxes are ``(x0, y0, x1, y1)`` (ltrb) in the same coordinates, as COCO's and
+torchvision's absolute XYXY boxes are. A geometry op on a batch is :class:`Steps`: per sample, a 3x3 matrix
+mapping a point of the op's OUTPUT to the point of its INPUT it samples, ``[x_in, y_in, 1]^T = M @ [x_out,
+y_out, 1]^T``, plus its output size and what its resample needs. Images are resampled *backwards* through
+the matrix (:class:`Warp`, executed by :mod:`ingest.ops.resample`); boxes are mapped *forwards* through its
+inverse (:func:`map_boxes`).
+
+:func:`compose` turns a run of Steps into one :class:`Warp`; :meth:`Warp.shifted` and :meth:`Warp.rescaled`
+fit it to what a decoder actually returned (a region of interest, a DCT-downscaled image).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from .base import Size
+
+
+class Steps(NamedTuple):
+    """One geometry op on a batch of N samples, as arrays."""
+
+    matrix: np.ndarray              # (N, 3, 3) float64, output coords -> input coords
+    out_sizes: np.ndarray           # (N, 2) int64 (height, width)
+    crop: np.ndarray | None         # (N, 4) float64 x0 y0 x1 y1 in input coords the op reads, or None: all
+    resamples: np.ndarray           # (N,) bool: the op interpolates (resize, rotate), not only moves pixels
+    interpolation: str = "nearest"  # the resampling op's filter ...
+    antialias: bool = False
+    fill: tuple[float, ...] | None = None  # ... and the colour of pixels from outside the input (pixel units)
+
+
+def eye(n: int) -> np.ndarray:
+    """``n`` identity matrices, (n, 3, 3)."""
+    return np.tile(np.eye(3), (n, 1, 1))
+
+
+def bounds(m: np.ndarray, region: np.ndarray) -> np.ndarray:
+    """Bounding boxes (N, 4) of the rectangles ``region`` (N, 4) mapped by ``m`` (N, 3, 3): all four corners
+    mapped, then their min and max."""
+    xs = region[:, [0, 2, 2, 0]]
+    ys = region[:, [1, 1, 3, 3]]
+    px = m[:, 0, 0, None] * xs + m[:, 0, 1, None] * ys + m[:, 0, 2, None]
+    py = m[:, 1, 0, None] * xs + m[:, 1, 1, None] * ys + m[:, 1, 2, None]
+    return np.stack([px.min(1), py.min(1), px.max(1), py.max(1)], axis=1)
+
+
+def map_boxes(steps: Steps, boxes: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Boxes (one ``[K, 4]`` float array per sample, in the op's input coords) in its output coords: the four
+    corners through the inverse map, their bounding box, clipped to the output image. Boxes wholly outside
+    come out empty (zero width or height); :func:`nonempty` finds them."""
+    counts = [len(b) for b in boxes]
+    if not sum(counts):
+        return [np.zeros((0, 4)) for _ in boxes]
+    owner = np.repeat(np.arange(len(boxes)), counts)
+    forward = np.linalg.inv(steps.matrix)[owner]
+    out = bounds(forward, np.concatenate([np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes]))
+    hw = steps.out_sizes[owner].astype(np.float64)
+    np.clip(out[:, 0::2], 0.0, hw[:, 1:], out=out[:, 0::2])
+    np.clip(out[:, 1::2], 0.0, hw[:, :1], out=out[:, 1::2])
+    return np.split(out, np.cumsum(counts)[:-1])
+
+
+def nonempty(boxes: np.ndarray, min_size: float = 0.0) -> np.ndarray:
+    """Which boxes ``[K, 4]`` have width and height above zero and at least ``min_size``."""
+    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    return (w > 0) & (h > 0) & (w >= min_size) & (h >= min_size)
+
+
+@dataclass
+class Warp:
+    """A run of geometry ops on a batch, composed: what one batched resample must do.
+
+    ``matrix[n]`` maps output coords of sample n to coords of the *source* image (what the decoder gave).
+    ``box[n]`` = (x0, y0, x1, y1): the source region the resample may read; the filter window is clamped to
+    it and points outside it take ``fill`` (this is what makes "crop, then resize" read only the crop, as
+    torchvision does, while "resize, then crop" reads the whole resized image).
+    """
+
+    matrix: np.ndarray                 # (N, 3, 3) float64
+    out_sizes: list[Size]
+    box: np.ndarray                    # (N, 4) float64, x0 y0 x1 y1 in source coords
+    interpolation: str = "bilinear"    # "nearest" | "bilinear" | "bicubic"
+    antialias: bool = True
+    fill: tuple[float, ...] = (0.0, 0.0, 0.0)
+    source_sizes: list[Size] = field(default_factory=list)
+
+    def shifted(self, origins: Sequence[tuple[int, int]]) -> "Warp":
+        """The same warp for sources cropped at ``origins`` = (x0, y0) per sample (region-of-interest decode)."""
+        o = np.asarray(origins, dtype=np.float64).reshape(-1, 2)
+        m = self.matrix.copy()
+        m[:, :2, 2] -= o
+        return replace(self, matrix=m, box=self.box - np.tile(o, 2))
+
+    def roi(self) -> list[tuple[int, int, int, int]]:
+        """Integer source regions (x0, y0, x1, y1) that hold every pixel the resample can read."""
+        hw = np.asarray(self.source_sizes, dtype=np.int64).reshape(-1, 2)
+        lo = np.maximum(np.floor(self.box[:, :2]).astype(np.int64), 0)
+        hi = np.minimum(np.ceil(self.box[:, 2:]).astype(np.int64), hw[:, ::-1])
+        return [tuple(r) for r in np.concatenate([lo, hi], axis=1).tolist()]
+
+    def rescaled(self, sizes: Sequence[Size], scales: float | Sequence[float] | None = None) -> "Warp":
+        """This warp for sources that arrived at ``sizes`` rather than ``source_sizes`` (decoder downscaling).
+
+        A source pixel coordinate x becomes ``x * s``: the matrices are pre-multiplied by ``diag(sx, sy, 1)``
+        and the box scaled the same way. ``scales`` (one factor, or one per sample, decoded/probed) says what
+        the decoder did; left out, it is inferred from the sizes (k/8 when they match a JPEG DCT scaling
+        exactly, which rounds the size up).
+        """
+        arrived = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        if scales is None:
+            s = _dct_scale(np.asarray(self.source_sizes, dtype=np.int64).reshape(-1, 2), arrived)
+        else:
+            s = np.repeat(np.broadcast_to(np.asarray(scales, dtype=np.float64), (len(arrived),))[:, None], 2, 1)
+        m = self.matrix.copy()
+        m[:, 0, :] *= s[:, :1]
+        m[:, 1, :] *= s[:, 1:]
+        return replace(self, matrix=m, box=self.box * np.concatenate([s, s], axis=1),
+                       source_sizes=[(int(h), int(w)) for h, w in arrived])
+
+    def for_masks(self) -> "Warp":
+        """The same map for label masks: nearest sampling (whole labels, no blending), fill 0."""
+        return replace(self, interpolation="nearest", antialias=False, fill=(0.0,))
+
+    def repeated(self, counts: Sequence[int]) -> "Warp":
+        """Sample n's map ``counts[n]`` times in a row (one entry per mask of a sample)."""
+        idx = np.repeat(np.arange(len(counts)), counts)
+        return replace(self, matrix=self.matrix[idx], box=self.box[idx],
+                       out_sizes=[self.out_sizes[k] for k in idx],
+                       source_sizes=[self.source_sizes[k] for k in idx])
+
+
+def _dct_scale(probed: np.ndarray, arrived: np.ndarray) -> np.ndarray:
+    """Per sample (sx, sy): k/8 where a JPEG decoder scaling by k/8 gives exactly ``arrived``, else the
+    plain size ratio per axis."""
+    ratio = (arrived / np.maximum(probed, 1))[:, ::-1].astype(np.float64)
+    for k in range(1, 9):
+        exact = (np.ceil(probed * k / 8 - 1e-9) == arrived).all(axis=1)
+        ratio[exact] = k / 8
+    return ratio
+
+
+def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
+    """One Warp for a run of ops, given as their ``steps`` in order, on sources of ``sizes``.
+
+    The box is the input region of the last op that resamples (its crop, if it has one, else its whole
+    input) mapped to source coordinates; the whole source if no op resamples. It may reach past the source
+    (a crop larger than the image, a paste onto a canvas): taps there read ``fill``, as the padded pixels
+    they stand for. Interpolation and antialias come from that op ("nearest" if none: the warp then only
+    moves whole pixels); fill from the last op that has one.
+    """
+    src = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    n = len(src)
+    whole = np.zeros((n, 4))
+    whole[:, 2], whole[:, 3] = src[:, 1], src[:, 0]
+    box, m, cur = whole, eye(n), src
+    resampler, fill = None, None
+    for st in steps:
+        if st.resamples.any():
+            region = st.crop if st.crop is not None else np.stack(
+                [np.zeros(n), np.zeros(n), cur[:, 1], cur[:, 0]], axis=1).astype(np.float64)
+            box = np.where(st.resamples[:, None], bounds(m, region), box)
+            resampler = st
+        if st.fill is not None:
+            fill = st.fill
+        m = m @ st.matrix
+        cur = st.out_sizes
+    return Warp(m, [(int(h), int(w)) for h, w in cur], box,
+                interpolation=resampler.interpolation if resampler else "nearest",
+                antialias=resampler.antialias if resampler else False,
+                fill=fill if fill is not None else (0.0,),
+                source_sizes=[(int(h), int(w)) for h, w in src])
+
+
+def identity(sizes: Sequence[Size]) -> Warp:
+    """The warp that copies each image as it is (to run only an epilogue)."""
+    box = np.array([[0.0, 0.0, w, h] for h, w in sizes]).reshape(-1, 4)
+    return Warp(eye(len(sizes)), list(sizes), box, "nearest", False, (0.0,), list(sizes))

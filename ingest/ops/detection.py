@@ -1,0 +1,189 @@
+"""Geometry ops of detection pipelines: RandomIoUCrop (SSD's crop), ZoomOut (paste onto a larger canvas),
+PadTo (pad to a size or a multiple: letterbox, or Detectron's bottom-right padding to a multiple of 32).
+
+Like every geometry op they are per-sample affine maps (:meth:`GeometryOp.steps`), so boxes and masks
+follow them through :class:`ingest.ops.planner.Plan` and they fuse with the resizes and flips around them
+into one warp. Resize with ``max_size`` (``Resize(800, max_size=1333)``: shorter side 800 unless the longer
+would pass 1333) and Flip (horizontal and vertical) live in :mod:`ingest.ops.geometry`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from .affine import Steps, eye
+from .base import Images, Rngs, Size, as_list, pad_crop, per_sample, stack_if_uniform
+from .geometry import GeometryOp, _fill, _positive_int, _range, _size_pair
+
+
+def _probability(p: Any) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ConfigError(f"`p` must be a probability in [0, 1], got {p!r}")
+    return float(p)
+
+
+def _translation(n: int, left: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Matrices of an op whose output pixel (x, y) is input pixel (x + left, y + top)."""
+    m = eye(n)
+    m[:, 0, 2], m[:, 1, 2] = left, top
+    return m
+
+
+def box_iou(boxes: np.ndarray, box: np.ndarray) -> np.ndarray:
+    """Intersection over union of each of ``boxes`` ``[K, 4]`` with one ``box`` (x0, y0, x1, y1)."""
+    w = np.clip(np.minimum(boxes[:, 2], box[2]) - np.maximum(boxes[:, 0], box[0]), 0, None)
+    h = np.clip(np.minimum(boxes[:, 3], box[3]) - np.maximum(boxes[:, 1], box[1]), 0, None)
+    inter = w * h
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    union = area + (box[2] - box[0]) * (box[3] - box[1]) - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
+
+
+class RandomIoUCrop(GeometryOp):
+    """SSD's random crop whose boxes overlap it enough (torchvision's ``RandomIoUCrop``, DALI's
+    ``random_bbox_crop``).
+
+    Per sample: pick a threshold from ``min_ious``; None keeps the image whole. Else try ``attempts`` crops:
+    width and height each a uniform fraction in ``scale`` of the image's, width/height within ``aspect``, at a
+    uniform position; a crop qualifies when some box has its centre inside it and, among those, the best
+    IoU with the crop is at least the threshold. The first that qualifies is taken and keeps only the boxes
+    whose centre it holds. When none does, another threshold is picked, ``rounds`` times at most (torchvision
+    loops until one works, which never ends for an image without boxes), then the image stays whole.
+    Needs the boxes at draw time (``plan(..., boxes=...)``); without boxes no crop qualifies.
+    Params: ``(N, 5)`` int64 (top, left, height, width, cropped).
+    """
+
+    def __init__(self, min_ious: Sequence[float | None] = (None, 0.1, 0.3, 0.5, 0.7, 0.9), *,
+                 scale: Sequence[float] = (0.3, 1.0), aspect: Sequence[float] = (0.5, 2.0),
+                 attempts: int = 40, rounds: int = 10):
+        if not (isinstance(min_ious, (tuple, list)) and min_ious and all(
+                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0)
+                for v in min_ious)):
+            raise ConfigError(f"`min_ious` must be a non-empty sequence of None or numbers in [0, 1], "
+                              f"got {min_ious!r}")
+        self.min_ious = tuple(None if v is None else float(v) for v in min_ious)
+        self.scale = _range("scale", scale, low=0.0)
+        if self.scale[1] > 1.0:
+            raise ConfigError(f"`scale` must lie in (0, 1], got {scale!r}")
+        self.aspect = _range("aspect", aspect, low=0.0)
+        self.attempts = _positive_int("attempts", attempts)
+        self.rounds = _positive_int("rounds", rounds)
+
+    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        rngs = per_sample(rngs, len(sizes))
+        boxes = [np.zeros((0, 4))] * len(sizes) if boxes is None else boxes
+        return np.array([self._region(int(h), int(w), np.asarray(b, dtype=np.float64).reshape(-1, 4), rng)
+                         for (h, w), b, rng in zip(sizes, boxes, rngs)], dtype=np.int64).reshape(-1, 5)
+
+    def _region(self, h: int, w: int, boxes: np.ndarray, rng: np.random.Generator) -> tuple[int, ...]:
+        cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
+        (s0, s1), (a0, a1) = self.scale, self.aspect
+        for _ in range(self.rounds):
+            threshold = self.min_ious[int(rng.integers(len(self.min_ious)))]
+            if threshold is None:
+                break
+            for _ in range(self.attempts):
+                r = s0 + (s1 - s0) * rng.random(2)
+                cw, ch = int(w * r[0]), int(h * r[1])
+                if cw == 0 or ch == 0 or not a0 <= cw / ch <= a1:
+                    continue
+                r = rng.random(2)
+                left, top = int((w - cw) * r[0]), int((h - ch) * r[1])
+                inside = (left < cx) & (cx < left + cw) & (top < cy) & (cy < top + ch)
+                crop = np.array([left, top, left + cw, top + ch], dtype=np.float64)
+                if inside.any() and box_iou(boxes[inside], crop).max() >= threshold:
+                    return top, left, ch, cw, 1
+        return 0, 0, h, w, 0
+
+    def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
+        top, left, ch, cw = (params[:, k].astype(np.float64) for k in range(4))
+        crop = np.stack([left, top, left + cw, top + ch], axis=1)
+        return Steps(_translation(len(sizes), left, top), params[:, 2:4].astype(np.int64), crop,
+                     np.zeros(len(sizes), dtype=bool))
+
+    def box_filter(self, boxes: Sequence[np.ndarray], params: np.ndarray) -> list[np.ndarray]:
+        out = []
+        for b, (top, left, ch, cw, cropped) in zip(boxes, params.tolist()):
+            cx, cy = (b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2
+            inside = (left < cx) & (cx < left + cw) & (top < cy) & (cy < top + ch)
+            out.append(inside if cropped else np.ones(len(b), dtype=bool))
+        return out
+
+    def _apply_cpu(self, images: Images, params: np.ndarray) -> Images:
+        return stack_if_uniform([im[t:t + ch, l:l + cw]
+                                 for im, (t, l, ch, cw, _) in zip(as_list(images), params.tolist())])
+
+
+class ZoomOut(GeometryOp):
+    """With probability ``p``, paste the image onto a canvas ``r`` times its size (``r`` uniform in
+    ``ratio``) at a uniform position, the rest ``fill`` (torchvision's ``RandomZoomOut``, DALI's ``paste``;
+    SSD's expand). Params: ``(N, 4)`` int64 (left, top, canvas height, canvas width)."""
+
+    def __init__(self, ratio: Sequence[float] = (1.0, 4.0), *, fill: float | Sequence[float] = 0, p: float = 0.5):
+        self.ratio = _range("ratio", ratio, low=0.0)
+        if self.ratio[0] < 1.0:
+            raise ConfigError(f"`ratio` must be >= 1 (a canvas at least the image's size), got {ratio!r}")
+        self.fill = _fill(fill)
+        self.p = _probability(p)
+
+    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes=None) -> np.ndarray:
+        out = []
+        for (h, w), rng in zip(sizes, per_sample(rngs, len(sizes))):
+            if rng.random() >= self.p:
+                out.append((0, 0, h, w))
+                continue
+            r = self.ratio[0] + rng.random() * (self.ratio[1] - self.ratio[0])
+            ch, cw = int(h * r), int(w * r)
+            u = rng.random(2)
+            out.append((int((cw - w) * u[0]), int((ch - h) * u[1]), ch, cw))
+        return np.array(out, dtype=np.int64).reshape(-1, 4)
+
+    def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
+        left, top = -params[:, 0].astype(np.float64), -params[:, 1].astype(np.float64)
+        out = params[:, 2:4].astype(np.int64)
+        crop = np.stack([left, top, left + out[:, 1], top + out[:, 0]], axis=1)
+        return Steps(_translation(len(sizes), left, top), out, crop, np.zeros(len(sizes), dtype=bool))
+
+    def _apply_cpu(self, images: Images, params: np.ndarray) -> Images:
+        return stack_if_uniform([pad_crop(im, -t, -l, ch, cw, self.fill)
+                                 for im, (l, t, ch, cw) in zip(as_list(images), params.tolist())])
+
+
+class PadTo(GeometryOp):
+    """Pad each image (never crop) to at least ``size`` = int or (height, width), then up to a ``multiple``
+    of its height and width, with ``fill``: at the bottom and right (Detectron's ``size_divisibility``,
+    ``PadTo(multiple=32)``), or around the centre with ``center=True`` (a letterbox:
+    ``[Resize(longer=640), PadTo(640, center=True)]``)."""
+
+    def __init__(self, size: int | Sequence[int] | None = None, *, multiple: int | None = None,
+                 fill: float | Sequence[float] = 0, center: bool = False):
+        if size is None and multiple is None:
+            raise ConfigError("PadTo needs `size`, `multiple` or both")
+        self.size = None if size is None else _size_pair("size", size)
+        self.multiple = None if multiple is None else _positive_int("multiple", multiple)
+        self.fill = _fill(fill)
+        self.center = bool(center)
+
+    def _padded(self, sizes: np.ndarray) -> np.ndarray:
+        out = sizes.copy()
+        if self.size is not None:
+            out = np.maximum(out, np.array(self.size, dtype=np.int64))
+        if self.multiple is not None:
+            out = -(-out // self.multiple) * self.multiple
+        return out
+
+    def _steps(self, sizes: np.ndarray, params: Any) -> Steps:
+        out = self._padded(sizes)
+        before = (out - sizes) // 2 if self.center else np.zeros_like(sizes)
+        top, left = -before[:, 0].astype(np.float64), -before[:, 1].astype(np.float64)
+        crop = np.stack([left, top, left + out[:, 1], top + out[:, 0]], axis=1)
+        return Steps(_translation(len(sizes), left, top), out, crop, np.zeros(len(sizes), dtype=bool))
+
+    def _apply_cpu(self, images: Images, params: Any) -> Images:
+        ims = as_list(images)
+        st = self._steps(np.array([im.shape[:2] for im in ims], dtype=np.int64).reshape(-1, 2), params)
+        return stack_if_uniform([pad_crop(im, int(m[1, 2]), int(m[0, 2]), int(h), int(w), self.fill)
+                                 for im, m, (h, w) in zip(ims, st.matrix, st.out_sizes)])

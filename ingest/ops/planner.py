@@ -1,0 +1,275 @@
+"""The planner: draw a batch's random parameters once, per sample, and split its ops into stages.
+
+:func:`plan` walks the ops in order on the probed sizes (no pixels needed): each op draws sample n's
+parameters from ``rngs[n]`` (and sees the samples' boxes, as mapped so far, when given), declares what it
+outputs, and joins a stage. Every run of consecutive geometry ops becomes one stage executed as one
+:class:`~ingest.ops.affine.Warp` (with a following pointwise-affine op, Normalize, as its epilogue); every
+other op is a stage of its own. The first stage's warp is known before decoding: ``Plan.warp.roi()`` tells
+the GPU decoder which region of each image to decode.
+
+The same plan then moves everything that belongs to the images: :meth:`Plan.execute` the pixels,
+:meth:`Plan.map_boxes` the boxes, :meth:`Plan.warp_masks` the masks, and :meth:`Plan.targets` a whole
+detection target (boxes mapped, masks warped, per-box fields pruned with their boxes) in one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from . import resample
+from .affine import Steps, Warp, compose, map_boxes, nonempty
+from .base import PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, per_sample, sizes_of
+from .geometry import GeometryOp
+
+#: Per-box target fields that :meth:`Plan.targets` prunes together with the boxes (COCO's names).
+PER_BOX = ("labels", "iscrowd", "area")
+
+
+@dataclass
+class Stage:
+    """A run of geometry ops composed into one warp (``warp`` set, ``steps`` one per op, optionally a
+    pointwise-affine ``epilogue`` op), or a single other op (``warp`` None)."""
+
+    drawn: list[tuple[Op, Any]]
+    in_sizes: list[Size]
+    out_sizes: list[Size]
+    steps: list[Steps] = field(default_factory=list)
+    warp: Warp | None = None
+    epilogue: Op | None = None
+
+    def run(self, images: Images, origins: Sequence[tuple[int, int]] | None = None,
+            scales: float | Sequence[float] | None = None) -> Images:
+        if self.warp is None:
+            if origins is not None:
+                raise ValueError("`origins` (region-of-interest decode) needs a plan that starts with geometry")
+            (op, params), = self.drawn
+            return op.apply(images, params)
+        ims = as_list(images)
+        if not ims:
+            return images
+        sizes = sizes_of(images)
+        if ims[0].device.type == "cpu" and origins is None and scales is None and sizes == self.in_sizes:
+            for op, params in self.drawn:  # op by op with torch's kernels: torchvision's results
+                images = op.apply(images, params)
+            return self.epilogue.apply(images, None) if self.epilogue else images
+        w = self.warp
+        if origins is not None:
+            w = w.shifted(origins).rescaled(sizes, 1.0 if scales is None else scales)
+        elif scales is not None or sizes != self.in_sizes:
+            w = w.rescaled(sizes, scales)
+        epilogue = self.epilogue.epilogue(ims[0].shape[-1]) if self.epilogue else None
+        return resample.warp(images, w, epilogue=epilogue)
+
+
+@dataclass
+class Plan:
+    """A batch's ops with every random parameter drawn, split into stages.
+
+    ``drawn`` lists (op, params) in op order; ``out_sizes`` and ``output`` (dtype, and the layout if an op
+    fixed one) say what :meth:`execute` returns; ``warp`` is the first stage's warp when the ops start with
+    geometry (else None): read ``warp.roi()`` before decoding for region-of-interest decode.
+    """
+
+    sizes: list[Size]                  # the source sizes the params were drawn for
+    drawn: list[tuple[Op, Any]]
+    stages: list[Stage]
+    out_sizes: list[Size]
+    output: ImageSpec
+
+    @property
+    def warp(self) -> Warp | None:
+        return self.stages[0].warp if self.stages else None
+
+    def execute(self, images: Images, origins: Sequence[tuple[int, int]] | None = None,
+                scales: float | Sequence[float] | None = None) -> Images:
+        """Run the plan on the decoded batch.
+
+        ``origins`` = (x0, y0) per sample when the decoder returned only a region of each source (from
+        ``warp.roi()``); ``scales`` = decoded/probed size factor when it also downscaled (inferred from the
+        sizes when neither is given). On CPU, images of the planned sizes run op by op eagerly
+        (torchvision-exact); anything else runs the composed warps.
+        """
+        for k, stage in enumerate(self.stages):
+            images = stage.run(images, origins, scales) if k == 0 else stage.run(images)
+        return images
+
+    def map_boxes(self, boxes: Sequence[Any], *, min_size: float = 0.0) -> tuple[list[Any], list[np.ndarray]]:
+        """Boxes (one ``[K, 4]`` ltrb array or tensor per sample, absolute pixels of the source) through every
+        geometry op: corners mapped, clipped to each op's output, dropped when empty (or narrower or lower
+        than ``min_size`` at the end) or by the op's own rule (an IoU crop keeps boxes whose centre it
+        holds). Returns the surviving boxes (same type, dtype and device as given) and, per sample, a
+        ``[K]`` bool mask of the input boxes kept, for pruning the boxes' other fields."""
+        tracked = _Boxes([_as_array(b) for b in boxes], len(self.sizes))
+        for stage in self.stages:
+            for (op, params), steps in zip(stage.drawn, stage.steps):
+                tracked.follow(op, params, steps)
+        tracked.prune(min_size)
+        return [_like(b, ref) for b, ref in zip(tracked.boxes, boxes)], tracked.keep()
+
+    def warp_masks(self, masks: Sequence[Any]) -> list[torch.Tensor]:
+        """Masks (one ``[K, H, W]`` uint8 array or tensor per sample, at the source size) through every
+        geometry stage with the images' own warps, sampled nearest (labels are never blended), fill 0. All
+        masks of a stage go in one batched resample (one CUDA launch when they are on CUDA)."""
+        out = [torch.as_tensor(m) for m in masks]
+        for stage in self.stages:
+            if stage.warp is None:
+                continue
+            counts = [int(m.shape[0]) for m in out]
+            flat = [plane[..., None] for m in out for plane in m.unbind(0)]  # [H, W, 1] views
+            warped = as_list(resample.warp(flat, stage.warp.for_masks().repeated(counts))) if flat else []
+            parts = np.cumsum([0] + counts).tolist()
+            out = [torch.stack(warped[a:b])[..., 0] if b > a else m.new_zeros((0,) + tuple(size))
+                   for a, b, m, size in zip(parts, parts[1:], out, stage.out_sizes)]
+        return out
+
+    def targets(self, targets: Sequence[dict[str, Any]], *, per_box: Sequence[str] = PER_BOX,
+                min_size: float = 0.0) -> list[dict[str, Any]]:
+        """Detection targets (one dict per sample) through the plan, in one call: ``boxes`` (``[K, 4]`` ltrb,
+        absolute pixels) mapped, ``masks`` (``[K, H, W]`` uint8) pruned and warped, and the ``per_box`` fields
+        (``labels``, ``iscrowd``, ``area`` by default: arrays, tensors or lists of length K) pruned with
+        their boxes. Other fields pass unchanged (``area`` is pruned, not rescaled: it stays COCO's). A
+        sample without ``boxes`` keeps its fields; its masks are still warped."""
+        boxes = [t.get("boxes") for t in targets]
+        mapped, keep = self.map_boxes([np.zeros((0, 4)) if b is None else b for b in boxes], min_size=min_size)
+        out = []
+        for t, b, new, k in zip(targets, boxes, mapped, keep):
+            d = dict(t)
+            if b is not None:
+                d["boxes"] = new
+                for name in [*per_box, "masks"]:
+                    if name in d:
+                        d[name] = _take(d[name], k, name)
+            out.append(d)
+        if any("masks" in d for d in out):
+            if not all("masks" in d for d in out):
+                raise ValueError("`masks` must be given for every sample of the batch or for none")
+            for d, m in zip(out, self.warp_masks([d["masks"] for d in out])):
+                d["masks"] = m
+        return out
+
+
+def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
+         boxes: Sequence[Any] | None = None) -> Plan:
+    """Draw every op's params in op order, once, for sources of ``sizes``, and stage the ops.
+
+    ``rngs``: one numpy Generator per sample (the pipeline's are keyed by seed, epoch and dataset index), or
+    one Generator or seed to spawn them from. ``boxes`` (one ``[K, 4]`` ltrb array per sample, absolute
+    pixels) are needed only by ops whose draws depend on them (RandomIoUCrop); they are mapped through the
+    ops as they are drawn. Raises ConfigError when an op cannot take what the op before it outputs.
+    """
+    sizes = [(int(h), int(w)) for h, w in sizes]
+    rngs = per_sample(rngs, len(sizes))
+    tracked = None if boxes is None else _Boxes([_as_array(b) for b in boxes], len(sizes))
+    spec, cur = PIXELS, sizes
+    drawn: list[tuple[Op, Any]] = []
+    stages: list[Stage] = []
+    for op in ops:
+        spec = op.declare(spec)
+        params = op.draw(cur, rngs, boxes=None if tracked is None else tracked.boxes)
+        drawn.append((op, params))
+        last = stages[-1] if stages else None
+        open_warp = last is not None and bool(last.steps) and last.epilogue is None
+        if isinstance(op, GeometryOp):
+            steps = op.steps(cur, params)
+            if tracked is not None:
+                tracked.follow(op, params, steps)
+            out = [(int(h), int(w)) for h, w in steps.out_sizes]
+            if open_warp:
+                last.drawn.append((op, params))
+                last.steps.append(steps)
+                last.out_sizes = out
+            else:
+                stages.append(Stage([(op, params)], cur, out, [steps]))
+            cur = out
+            continue
+        if op.pointwise_affine and open_warp:
+            last.epilogue = op
+        else:
+            stages.append(Stage([(op, params)], cur, op.out_sizes(cur, params)))
+        cur = stages[-1].out_sizes
+    for stage in stages:
+        if stage.steps:
+            stage.warp = compose(stage.steps, stage.in_sizes)
+    return Plan(sizes, drawn, stages, list(cur), spec)
+
+
+def run_ops(ops: Sequence[Op], images: Images, rng: Rngs = None, *, device_kind: str = "cpu") -> Images:
+    """Plan and execute ``ops`` on a batch, on ``device_kind`` ("cpu" or "cuda"; images are moved there).
+    Returns ``[N, ...]`` when the outputs share a size, else a list."""
+    if device_kind not in ("cpu", "cuda"):
+        raise ConfigError(f"Unknown device_kind {device_kind!r}. Available: cpu, cuda")
+    ims = as_list(images)
+    if ims and ims[0].device.type != device_kind:
+        images = (images.to(device_kind, non_blocking=True) if isinstance(images, torch.Tensor)
+                  else [im.to(device_kind, non_blocking=True) for im in ims])
+    return plan(ops, sizes_of(images), rng).execute(images)
+
+
+# --------------------------------------------------------------------------------------------------
+
+class _Boxes:
+    """Boxes of a batch on their way through the ops, with the index of each among the input boxes."""
+
+    def __init__(self, boxes: list[np.ndarray], samples: int):
+        if len(boxes) != samples:
+            raise ValueError(f"got boxes for {len(boxes)} samples, the batch has {samples}")
+        self.boxes = boxes
+        self.index = [np.arange(len(b)) for b in boxes]
+        self.counts = [len(b) for b in boxes]
+
+    def follow(self, op: GeometryOp, params: Any, steps: Steps) -> None:
+        """Through one geometry op: its own filter, then the map, clip and the drop of empty boxes."""
+        chosen = op.box_filter(self.boxes, params)
+        if chosen is not None:
+            self._select(chosen)
+        self.boxes = map_boxes(steps, self.boxes)
+        self._select([nonempty(b) for b in self.boxes])
+
+    def prune(self, min_size: float) -> None:
+        if min_size > 0:
+            self._select([nonempty(b, min_size) for b in self.boxes])
+
+    def keep(self) -> list[np.ndarray]:
+        out = [np.zeros(n, dtype=bool) for n in self.counts]
+        for k, i in zip(out, self.index):
+            k[i] = True
+        return out
+
+    def _select(self, masks: list[np.ndarray]) -> None:
+        self.boxes = [b[m] for b, m in zip(self.boxes, masks)]
+        self.index = [i[m] for i, m in zip(self.index, masks)]
+
+
+def _as_array(boxes: Any) -> np.ndarray:
+    """``[K, 4]`` float64 boxes from an array, a tensor or nested lists."""
+    a = boxes.detach().cpu().numpy() if isinstance(boxes, torch.Tensor) else np.asarray(boxes)
+    if a.size == 0:
+        return np.zeros((0, 4))
+    if a.ndim != 2 or a.shape[1] != 4:
+        raise ValueError(f"boxes must be [K, 4] (x0, y0, x1, y1), got shape {a.shape}")
+    return a.astype(np.float64)
+
+
+def _like(boxes: np.ndarray, ref: Any) -> Any:
+    """``boxes`` as the type of ``ref``: a tensor of its dtype and device, or an array of its float dtype."""
+    if isinstance(ref, torch.Tensor):
+        dtype = ref.dtype if ref.is_floating_point() else torch.float32
+        return torch.from_numpy(boxes).to(device=ref.device, dtype=dtype)
+    dtype = getattr(ref, "dtype", np.float64)
+    return boxes.astype(dtype if np.issubdtype(dtype, np.floating) else np.float64)
+
+
+def _take(value: Any, keep: np.ndarray, name: str) -> Any:
+    """The entries of a per-box field where ``keep`` is set."""
+    if len(value) != len(keep):
+        raise ValueError(f"target field `{name}` has {len(value)} entries for {len(keep)} boxes")
+    if isinstance(value, torch.Tensor):
+        return value[torch.from_numpy(keep).to(value.device)]
+    if isinstance(value, np.ndarray):
+        return value[keep]
+    return [v for v, k in zip(value, keep) if k]
