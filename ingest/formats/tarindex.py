@@ -103,7 +103,8 @@ class _Tracked:
         return data
 
 
-def _escapes(name: str) -> bool:
+def escapes(name: str) -> bool:
+    """True for a member name that leaves the shard root (absolute, a drive, or a ``..`` component)."""
     return name.startswith("/") or name.startswith("\\") or ".." in re.split(r"[/\\]", name) or \
         bool(re.match(r"^[A-Za-z]:", name))
 
@@ -127,7 +128,7 @@ def scan(f: IO[bytes], path: str, *, size: int | None = None, read_all: bool = F
                                          offset=info.offset)
             if not info.isreg():
                 continue
-            if _escapes(info.name):
+            if escapes(info.name):
                 raise CorruptRecordError(f"member name {info.name!r} escapes the shard root", path=path,
                                          offset=info.offset)
             if size is not None and info.offset_data + info.size > size:

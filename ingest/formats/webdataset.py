@@ -358,9 +358,10 @@ class WebDatasetWriter:
 
     def __init__(self, directory: str | os.PathLike, stem: str, fields: Mapping[str, Field], *,
                  key_prefix: str = ""):
-        if not isinstance(key_prefix, str) or "." in key_prefix.rsplit("/", 1)[-1] or \
-                tarindex.split_key(f"{key_prefix}0.x") != (f"{key_prefix}0", "x") or ".." in key_prefix.split("/"):
-            raise ConfigError(f"`key_prefix` must be a plain path prefix without dots, got {key_prefix!r}")
+        if not isinstance(key_prefix, str) or tarindex.split_key(f"{key_prefix}0.x") != (f"{key_prefix}0", "x") \
+                or tarindex.escapes(key_prefix):
+            raise ConfigError(f"`key_prefix` must be a relative path prefix with no dot in its last part, "
+                              f"got {key_prefix!r}")
         self.fields = dict(fields)
         self.key_prefix = key_prefix
         self.stem = stem
