@@ -139,6 +139,21 @@ def read_index(index_path: str, shard: str) -> np.ndarray:
     return np.stack([offsets[:-1], extents], axis=1)
 
 
+def write_index(shard: str, index_path: str | None = None) -> str:
+    """Write the MXNet index (``key<TAB>offset``, keys 0, 1, ... in file order) of a ``.rec`` file, by
+    scanning it, through a temporary name; default ``<name>.idx`` beside ``<name>.rec``. Returns its path."""
+    index_path = index_path or _index_of(shard)
+    _write_index_file(index_path, scan(shard)[:, 0])
+    return index_path
+
+
+def _write_index_file(index_path: str, offsets: Any) -> None:
+    tmp = index_path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(f"{key}\t{int(offset)}\n" for key, offset in enumerate(offsets))
+    os.replace(tmp, index_path)
+
+
 # -- payload ---------------------------------------------------------------------------------------
 
 def unpack(data: bytes, path: str, index: Any, offset: int) -> Record:
@@ -269,11 +284,11 @@ class RecordIOWriter:
         self.directory = os.fspath(directory)
         self._stem = stem
         self._file = open(os.path.join(self.directory, stem + ".rec"), "wb")
-        self._index: list[str] = []
+        self._offsets: list[int] = []
         self._offset = 0
 
     def add(self, record: Record) -> None:
-        key = len(self._index)
+        key = len(self._offsets)
         label = float(record.label) if "label" in self.fields else 0.0
         extra = b""
         flag = 0
@@ -287,7 +302,7 @@ class RecordIOWriter:
         header = IR_HEADER.pack(flag, label, rid & (2 ** 64 - 1), 0)
         data = chunks(header + extra + bytes(record.image))
         self._file.write(data)
-        self._index.append(f"{key}\t{self._offset}\n")
+        self._offsets.append(self._offset)
         self._offset += len(data)
 
     def close(self) -> list[str]:
@@ -295,8 +310,5 @@ class RecordIOWriter:
         names = [self._stem + ".rec", self._stem + ".idx"]
         if not self._file.closed:
             self._file.close()
-            tmp = os.path.join(self.directory, names[1] + ".tmp")
-            with open(tmp, "w") as f:
-                f.writelines(self._index)
-            os.replace(tmp, os.path.join(self.directory, names[1]))
+            _write_index_file(os.path.join(self.directory, names[1]), self._offsets)
         return names

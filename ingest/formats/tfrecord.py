@@ -235,8 +235,8 @@ def iter_stream(path: str, compression: str = "auto", *, check_crc: bool = True)
                 yield offset, body[:length]
                 offset += length + FRAMING
     except (OSError, EOFError, zlib.error) as err:
-        raise CorruptRecordError(f"{compression} stream is corrupt or truncated near record byte {offset}: {err}",
-                                 path=path, offset=offset) from err
+        raise CorruptRecordError(f"{compression} stream is corrupt or truncated in the record at this offset of "
+                                 f"the decompressed stream: {err}", path=path, offset=offset) from err
 
 
 # -- the source ------------------------------------------------------------------------------------
