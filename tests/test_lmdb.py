@@ -1,0 +1,311 @@
+"""LMDB: the real mmocr and Caffe databases, our writer (read back by plain `lmdb`), layouts written here the
+way other tools write them, threads and worker processes, and values that are not what the layout says."""
+
+import json
+import multiprocessing
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import lmdb
+import numpy as np
+import pytest
+
+import ingest
+from ingest.errors import ConfigError, CorruptRecordError, DecodeError, FailureBudgetExceeded, SourceError
+from ingest.formats import check_format, open_source, read_location
+from ingest.formats._protos import Datum
+from ingest.formats.base import Field, Record
+from ingest.formats.lmdb import LMDBSource, LMDBWriter, content_checksum, environment, verify
+from conftest import jpeg_bytes, realworld, textured
+
+
+def read(src, i):
+    return src.parse(i, read_location(src.locate(i)))
+
+
+def raw_items(path):
+    """Every key and value, read with the process's environment (py-lmdb allows one per database)."""
+    with environment(str(path)).begin() as txn:
+        return dict(txn.cursor())
+
+
+def write_lmdb(path, items):
+    env = lmdb.open(str(path), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for key, value in items.items():
+            txn.put(key, value)
+    env.close()
+    return str(path)
+
+
+# -- files written by other tools --------------------------------------------------------------------
+def test_realworld_mmocr_images_and_text():
+    path = realworld("lmdb") / "mmocr_rec_toy" / "imgs.lmdb"
+    src = open_source(str(path))
+    assert isinstance(src, LMDBSource)
+    check_format(src)
+    raw = raw_items(path)
+    assert len(src) == int(raw[b"num-samples"]) == 10
+    assert {k: f.kind for k, f in src.fields.items()} == {"image": "image", "text": "text"}
+    for i in range(10):
+        record = read(src, i)
+        key = b"%09d" % (i + 1)
+        assert bytes(record.image) == raw[b"image-" + key]
+        assert record.fields["text"] == raw[b"label-" + key].decode()
+    assert src.name(0).endswith("imgs.lmdb:image-000000001")
+
+
+def test_realworld_label_only_lmdb_reads_as_text():
+    src = LMDBSource(realworld("lmdb") / "mmocr_rec_toy" / "label.lmdb")
+    check_format(src)
+    assert set(src.fields) == {"text"} and len(src) == 10
+    first = json.loads(read(src, 0).fields["text"])
+    assert first["filename"] == "1223731.jpg" and read(src, 0).image is None
+
+
+def test_realworld_broken_jpeg_reads_then_fails_to_decode():
+    path = realworld("lmdb") / "mmocr_rec_toy" / "broken.lmdb"
+    src = LMDBSource(path)
+    assert len(read(src, 0).image) == 512 and read(src, 0).fields["text"] == "broken"
+    with pytest.raises((DecodeError, FailureBudgetExceeded)) as err:
+        list(ingest.Loader(str(path), batch_size=1, device="cpu"))
+    assert "image-000000001" in str(err.value)
+
+
+def test_realworld_caffe_raw_datums():
+    path = realworld("lmdb") / "caffe_verifycode" / "test_lmdb"
+    src = LMDBSource(path)
+    check_format(src)
+    assert len(src) == 400 and src.fields["image"].kind == "pixels"
+    raw = raw_items(path)
+    keys = sorted(raw)
+    labels = src.labels()
+    for i in (0, 137, 399):
+        datum = Datum.FromString(raw[keys[i]])
+        record = read(src, i)
+        planes = np.frombuffer(datum.data, np.uint8).reshape(3, 26, 22)      # Caffe: C x H x W, BGR
+        assert record.image.shape == (26, 22, 3) and record.image.dtype == np.uint8
+        np.testing.assert_array_equal(record.image, planes[::-1].transpose(1, 2, 0))   # -> H x W x RGB
+        assert record.label == datum.label == labels[i]
+        assert src.name(i).endswith(keys[i].decode())
+    as_stored = LMDBSource(path, caffe_bgr=False)
+    np.testing.assert_array_equal(read(as_stored, 0).image, read(src, 0).image[..., ::-1])
+    assert set(labels.tolist()) <= set(range(56)) and len(set(labels.tolist())) > 20
+
+
+def test_realworld_caffe_through_loader():
+    path = realworld("lmdb") / "caffe_verifycode" / "test_lmdb"
+    src = LMDBSource(path)
+    loader = ingest.Loader(src, batch_size=64, device="cpu")
+    images, labels = next(iter(loader))
+    assert images.shape == (64, 3, 26, 22)
+    np.testing.assert_array_equal(images[5].permute(1, 2, 0).numpy(), read(src, 5).image)
+    assert labels.tolist() == src.labels()[:64].tolist()
+
+
+# -- our layout -------------------------------------------------------------------------------------
+FIELDS = {"image": Field("image"), "label": Field("int"), "caption": Field("text"), "box": Field("floats"),
+          "ids": Field("ints"), "emb": Field("array"), "blob": Field("bytes"), "score": Field("float"),
+          "thumb": Field("pixels")}
+
+
+def make_records(n):
+    rng = np.random.default_rng(0)
+    return [Record(jpeg_bytes(20 + i % 7, 24, seed=i), i % 3,
+                   {"caption": f"caption {i} ü", "box": rng.random(i % 4).astype(np.float32), "ids": list(range(i % 5)),
+                    "emb": rng.random((2, 3)).astype(np.float16), "blob": bytes([i % 256]) * (i % 3),
+                    "score": i / 3, "thumb": textured(4, 5, seed=i)}) for i in range(n)]
+
+
+def write(directory, records, stem="db", fields=FIELDS, classes=("a", "b", "c")):
+    writer = LMDBWriter(directory, stem, fields, classes=classes)
+    for r in records:
+        writer.add(r)
+    return writer.close()
+
+
+def test_writer_round_trip_every_kind(tmp_path):
+    records = make_records(30)
+    assert write(tmp_path, records) == [os.path.join("db.lmdb", "data.mdb")]
+    src = LMDBSource(tmp_path / "db.lmdb")
+    check_format(src)
+    assert src.fields == FIELDS and src.classes == ["a", "b", "c"]
+    assert src.labels().tolist() == [r.label for r in records]
+    for i, r in enumerate(records):
+        got = read(src, i)
+        assert bytes(got.image) == r.image and got.label == r.label
+        assert got.fields["caption"] == r.fields["caption"] and got.fields["blob"] == r.fields["blob"]
+        assert got.fields["score"] == r.fields["score"]
+        np.testing.assert_array_equal(got.fields["box"], r.fields["box"])
+        np.testing.assert_array_equal(got.fields["ids"], r.fields["ids"])
+        assert got.fields["emb"].dtype == np.float16
+        np.testing.assert_array_equal(got.fields["emb"], r.fields["emb"])
+        np.testing.assert_array_equal(got.fields["thumb"], r.fields["thumb"])
+    assert len(LMDBSource(tmp_path)) == 30     # the directory holding <stem>.lmdb (a converter output)
+
+
+def test_writer_output_is_plain_lmdb_and_deterministic(tmp_path):
+    records = make_records(1200)               # more than one write transaction
+    for d in ("a", "b"):
+        write(tmp_path / d, records, fields={"image": Field("image"), "label": Field("int")})
+    data = (tmp_path / "a" / "db.lmdb" / "data.mdb").read_bytes()
+    assert data == (tmp_path / "b" / "db.lmdb" / "data.mdb").read_bytes()
+    env = lmdb.open(str(tmp_path / "a" / "db.lmdb"), readonly=True)      # plain lmdb, default options
+    with env.begin() as txn:
+        raw = dict(txn.cursor())
+    env.close()
+    meta = json.loads(raw[b"__meta__"])
+    assert meta["count"] == 1200 and [f["name"] for f in meta["fields"]] == ["image", "label"]
+    assert np.frombuffer(raw[b"__labels__"], "<i8").tolist() == [r.label for r in records]
+    assert raw[b"000000007"][:4] == b"IGR1" and len(raw) == 1202
+    checksum = content_checksum(str(tmp_path / "a" / "db.lmdb"))
+    assert checksum == meta["content_sha256"] == content_checksum(str(tmp_path / "b" / "db.lmdb"))
+    assert verify(str(tmp_path / "a" / "db.lmdb")) == 1200
+
+
+def test_verify_and_reader_catch_changed_values(tmp_path):
+    write(tmp_path, make_records(5), fields={"image": Field("image"), "label": Field("int")})
+    copy = tmp_path / "copy.lmdb"
+    shutil.copytree(tmp_path / "db.lmdb", copy)
+    env = lmdb.open(str(copy), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        value = txn.get(b"000000002")
+        txn.put(b"000000002", value[:-1] + bytes([value[-1] ^ 1]))        # same framing, one flipped bit
+        txn.put(b"000000003", b"IGR1" + value[4:10])                       # truncated record
+        txn.put(b"000000004", b"\x08\x03" + value[2:])                     # not a framed record
+    env.close()
+    with pytest.raises(CorruptRecordError, match="checksum"):
+        verify(str(copy))
+    src = LMDBSource(copy)
+    with pytest.raises(CorruptRecordError, match="ends before field|claims") as err:
+        read(src, 3)
+    assert err.value.index == "000000003" and err.value.path == str(copy)
+    with pytest.raises(CorruptRecordError, match="not an ingest framed record"):
+        read(src, 4)
+
+
+def test_declared_kind_mismatch_and_metadata_checks(tmp_path):
+    write(tmp_path, make_records(3), fields={"image": Field("image"), "label": Field("int")})
+    kinds, stray = tmp_path / "kinds.lmdb", tmp_path / "stray.lmdb"
+    shutil.copytree(tmp_path / "db.lmdb", kinds)
+    shutil.copytree(tmp_path / "db.lmdb", stray)
+    env = lmdb.open(str(kinds), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        meta = json.loads(txn.get(b"__meta__"))
+        meta["fields"][1]["kind"] = "float"
+        txn.put(b"__meta__", json.dumps(meta).encode())
+    env.close()
+    write_lmdb(stray, {b"000000099": b"stray"})
+    with pytest.raises(CorruptRecordError, match="declared 'float'") as err:
+        read(LMDBSource(kinds), 0)
+    assert err.value.offset is not None
+    with pytest.raises(SourceError, match="6 keys but __meta__ says 3 samples"):
+        LMDBSource(stray)
+
+
+def test_writer_refuses_existing_database(tmp_path):
+    write(tmp_path, make_records(1), fields={"image": Field("image")})
+    with pytest.raises(ConfigError, match="already holds"):
+        LMDBWriter(tmp_path, "db", {"image": Field("image")})
+
+
+def test_loader_end_to_end_by_path(tmp_path):
+    records = make_records(10)
+    write(tmp_path, records, fields={"image": Field("image"), "label": Field("int"), "caption": Field("text")})
+    loader = ingest.Loader(str(tmp_path / "db.lmdb"), batch_size=4, device="cpu", output="dict")
+    labels, captions = [], []
+    for batch in loader:
+        labels += batch["labels"].tolist()
+        captions += batch["caption"]
+    assert labels == [r.label for r in records] and captions == [r.fields["caption"] for r in records]
+
+
+# -- threads and processes -----------------------------------------------------------------------------
+def _read_labels(src, indices):
+    return [read(src, i).label for i in indices]
+
+
+def test_reader_threads_and_spawned_processes(tmp_path):
+    records = make_records(40)
+    write(tmp_path, records, fields={"image": Field("image"), "label": Field("int")})
+    src = LMDBSource(tmp_path / "db.lmdb")
+    expected = [r.label for r in records]
+    with ThreadPoolExecutor(8) as pool:
+        images = list(pool.map(lambda i: bytes(read(src, i).image), range(40)))
+    assert images == [r.image for r in records]
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_read_labels, (src, range(40))) == expected
+    assert _read_labels(src, range(40)) == expected
+
+
+# -- other tools' layouts written here -------------------------------------------------------------
+def test_columnar_int_labels_and_missing_keys(tmp_path):
+    items = {b"num-samples": b"3"}
+    for n in (1, 2, 3):
+        items[b"image-%09d" % n] = jpeg_bytes(10, 10, seed=n)
+        items[b"label-%09d" % n] = b"%d" % (n * 2)
+    src = LMDBSource(write_lmdb(tmp_path / "ok", items))
+    check_format(src)
+    assert src.fields["label"].kind == "int" and src.labels().tolist() == [2, 4, 6]
+    del items[b"image-000000002"]
+    gap = LMDBSource(write_lmdb(tmp_path / "gap", items))
+    assert len(gap) == 3
+    with pytest.raises(CorruptRecordError, match="no key for field 'image'"):
+        read(gap, 1)
+    items[b"num-samples"] = b"7"
+    with pytest.raises(SourceError, match="num-samples"):
+        LMDBSource(write_lmdb(tmp_path / "count", items))
+
+
+def datum(label, *, pixels=None, jpeg=None, floats=None):
+    d = Datum(label=label)
+    if pixels is not None:
+        d.channels, d.height, d.width = pixels.shape
+        d.data, d.encoded = pixels.tobytes(), False
+    elif jpeg is not None:
+        d.data, d.encoded = jpeg, True
+    else:
+        d.channels, d.height, d.width = floats.shape
+        d.float_data.extend(floats.reshape(-1).tolist())
+    return d.SerializeToString()
+
+
+def test_caffe_encoded_float_and_bad_datums(tmp_path):
+    jpegs = [jpeg_bytes(12, 9, seed=k) for k in range(3)]
+    encoded = LMDBSource(write_lmdb(tmp_path / "enc", {b"%08d_x.jpg" % k: datum(k, jpeg=j)
+                                                       for k, j in enumerate(jpegs)}))
+    check_format(encoded)
+    assert encoded.fields["image"].kind == "image" and bytes(read(encoded, 2).image) == jpegs[2]
+    floats = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+    feats = LMDBSource(write_lmdb(tmp_path / "f", {b"a": datum(5, floats=floats), b"b": datum(6, floats=floats)}))
+    assert set(feats.fields) == {"float_data", "label"}
+    np.testing.assert_array_equal(read(feats, 1).fields["float_data"], floats)
+    pixels = textured(4, 3)
+    items = {b"%08d" % k: datum(k, pixels=pixels.transpose(2, 0, 1).copy()) for k in range(10)}
+    items[b"00000011"] = b"\xff\xfe not a datum"
+    items[b"00000012"] = datum(1, jpeg=jpegs[0])
+    mixed = LMDBSource(write_lmdb(tmp_path / "mixed", items), layout="caffe")
+    np.testing.assert_array_equal(read(mixed, 3).image, pixels[..., ::-1])
+    with pytest.raises(CorruptRecordError, match="not a Caffe Datum") as err:
+        read(mixed, 10)
+    assert err.value.index == "00000011"
+    with pytest.raises(CorruptRecordError, match="encoded Datum in an LMDB of raw ones"):
+        read(mixed, 11)
+
+
+def test_plain_images_and_unknown_layouts(tmp_path):
+    images = LMDBSource(write_lmdb(tmp_path / "img", {b"b": jpeg_bytes(8, 8), b"a": jpeg_bytes(9, 9)}))
+    assert images.fields == {"image": Field("image")} and images.name(0).endswith(":a")
+    junk = write_lmdb(tmp_path / "junk", {b"k": b"\x00\x01\x02"})
+    with pytest.raises(SourceError, match="pass layout=") as err:
+        LMDBSource(junk)
+    assert "columnar" in str(err.value) and "caffe" in str(err.value)
+    with pytest.raises(SourceError, match="not written by LMDBWriter"):
+        LMDBSource(junk, layout="ingest")
+    with pytest.raises(ConfigError, match="Unknown LMDB layout 'cafe'. Available"):
+        LMDBSource(junk, layout="cafe")
+    with pytest.raises(SourceError, match="empty"):
+        LMDBSource(write_lmdb(tmp_path / "empty", {}))
+    with pytest.raises(FileNotFoundError):
+        LMDBSource(tmp_path / "nope")
