@@ -59,36 +59,42 @@ def _index_of(shard: str) -> str:
 
 # -- framing ---------------------------------------------------------------------------------------
 
-def _chunk_header(buf: Any, pos: int, path: str, offset: int) -> tuple[int, int]:
-    """(cflag, length) of the chunk header at ``buf[pos:pos+8]``."""
-    if len(buf) - pos < _CHUNK_HEADER.size:
-        raise CorruptRecordError(f"truncated chunk header at byte {offset + pos}", path=path, offset=offset)
-    magic, lrec = _CHUNK_HEADER.unpack_from(buf, pos)
+def _chunk(pos: int, offset: int) -> str:
+    """Where a chunk is, when it is not the first of its record."""
+    return f" in the chunk at byte {offset + pos}" if pos else ""
+
+
+def _chunk_header(head: Any, path: str, offset: int, pos: int = 0, index: Any = None) -> tuple[int, int]:
+    """(cflag, length) of the chunk header ``head`` (8 bytes), ``pos`` bytes into the record at ``offset``."""
+    if len(head) < _CHUNK_HEADER.size:
+        raise CorruptRecordError(f"truncated chunk header{_chunk(pos, offset)}", path=path, index=index,
+                                 offset=offset)
+    magic, lrec = _CHUNK_HEADER.unpack_from(head)
     if magic != MAGIC:
-        raise CorruptRecordError(f"wrong magic 0x{magic:08x} at byte {offset + pos} (expected 0x{MAGIC:08x}): "
-                                 f"not a RecordIO record start", path=path, offset=offset)
+        raise CorruptRecordError(f"wrong magic 0x{magic:08x}{_chunk(pos, offset)} (expected 0x{MAGIC:08x}): not "
+                                 f"the start of a RecordIO record", path=path, index=index, offset=offset)
     return lrec >> 29, lrec & _LEN_MASK
 
 
-def _expect_flag(cflag: int, first: bool, path: str, offset: int, at: int) -> None:
+def _expect_flag(cflag: int, first: bool, path: str, offset: int, pos: int, index: Any = None) -> None:
     if cflag > 3 or (first and cflag not in (0, 1)) or (not first and cflag not in (2, 3)):
-        where = "first chunk" if first else "continuation chunk"
-        raise CorruptRecordError(f"continuation flag {cflag} cannot start a {where} (byte {at})",
-                                 path=path, offset=offset)
+        kind = "first chunk" if first else "continuation chunk"
+        raise CorruptRecordError(f"continuation flag {cflag} cannot start a {kind}{_chunk(pos, offset)}",
+                                 path=path, index=index, offset=offset)
 
 
-def unchunk(raw: Any, path: str, offset: int) -> tuple[bytes, int]:
+def unchunk(raw: Any, path: str, offset: int, index: Any = None) -> tuple[bytes, int]:
     """The data of the record at the start of ``raw`` (chunks joined, magic re-inserted) and the number of
     bytes it spans. Bytes after it are left alone (an index may skip records)."""
     buf = memoryview(raw).cast("B") if not isinstance(raw, (bytes, bytearray)) else raw
     parts, pos = [], 0
     while True:
-        cflag, length = _chunk_header(buf, pos, path, offset)
-        _expect_flag(cflag, not parts, path, offset, offset + pos)
+        cflag, length = _chunk_header(buf[pos:pos + _CHUNK_HEADER.size], path, offset, pos, index)
+        _expect_flag(cflag, not parts, path, offset, pos, index)
         start = pos + _CHUNK_HEADER.size
         if start + length > len(buf):
-            raise CorruptRecordError(f"chunk length {length} at byte {offset + pos} runs past the record's "
-                                     f"extent ({len(buf)} bytes)", path=path, offset=offset)
+            raise CorruptRecordError(f"chunk length {length}{_chunk(pos, offset)} runs past the record's extent "
+                                     f"({len(buf)} bytes)", path=path, index=index, offset=offset)
         parts.append(bytes(buf[start:start + length]))
         pos = start + _pad4(length)
         if cflag in (0, 3):
@@ -106,12 +112,12 @@ def scan(path: str) -> np.ndarray:
         while pos < size:
             f.seek(pos)
             head = f.read(_CHUNK_HEADER.size)
-            cflag, length = _chunk_header(head, 0, path, pos)
-            _expect_flag(cflag, first, path, offset, pos)
+            cflag, length = _chunk_header(head, path, offset, pos - offset)
+            _expect_flag(cflag, first, path, offset, pos - offset)
             end = pos + _CHUNK_HEADER.size + _pad4(length)
             if end > size:
-                raise CorruptRecordError(f"chunk length {length} at byte {pos} runs past the end of the file "
-                                         f"({size} bytes)", path=path, offset=offset)
+                raise CorruptRecordError(f"chunk length {length}{_chunk(pos - offset, offset)} runs past the end of "
+                                         f"the file ({size} bytes)", path=path, offset=offset)
             pos, first = end, cflag in (0, 3)
             if first:
                 entries.append((offset, pos - offset))
@@ -215,7 +221,7 @@ class RecordIOSource:
 
     def parse(self, i: int, raw: Any) -> Record:
         path, offset = self.shards[self._shard(i)], int(self._entries[i, 0])
-        data, _ = unchunk(raw, path, offset)
+        data, _ = unchunk(raw, path, offset, i)
         return unpack(data, path, i, offset)
 
     def labels(self) -> np.ndarray:
@@ -228,7 +234,7 @@ class RecordIOSource:
                         offset, size = (int(v) for v in self._entries[i])
                         f.seek(offset)
                         head = f.read(min(size, _CHUNK_HEADER.size + IR_HEADER.size))
-                        cflag, length = _chunk_header(head, 0, shard, offset)
+                        cflag, length = _chunk_header(head[:_CHUNK_HEADER.size], shard, offset, index=i)
                         if cflag == 0 and len(head) == _CHUNK_HEADER.size + IR_HEADER.size <= size \
                                 and length >= IR_HEADER.size:
                             flag, label, _, _ = IR_HEADER.unpack_from(head, _CHUNK_HEADER.size)

@@ -79,31 +79,32 @@ def frame(data: bytes) -> bytes:
                      masked_crc(data).to_bytes(4, "little")))
 
 
-def _header_length(head: Any, path: str, offset: int, check_crc: bool) -> int:
+def _header_length(head: Any, path: str, offset: int, check_crc: bool, index: Any = None) -> int:
     """The data length in a 12-byte record header, its CRC checked."""
     length = int.from_bytes(head[:8], "little")
     if check_crc and masked_crc(head[:8]) != int.from_bytes(head[8:12], "little"):
         raise CorruptRecordError("bad length CRC in the record header (not a TFRecord, or corrupt)",
-                                 path=path, offset=offset)
+                                 path=path, index=index, offset=offset)
     return length
 
 
-def unframe(raw: Any, path: str, offset: int, *, check_crc: bool = True) -> memoryview:
-    """The data of one whole framed record ``raw`` (exactly one record), framing and CRCs checked."""
+def unframe(raw: Any, path: str, offset: int, *, check_crc: bool = True, index: Any = None) -> memoryview:
+    """The data of one whole framed record ``raw`` (exactly one record), framing and CRCs checked; errors
+    name ``path``, sample ``index`` and ``offset``."""
     mv = memoryview(raw)
     if mv.ndim != 1 or mv.format not in ("B", "b", "c"):
         mv = mv.cast("B")
     if len(mv) < FRAMING:
         raise CorruptRecordError(f"truncated record: {len(mv)} bytes, a record has at least {FRAMING}",
-                                 path=path, offset=offset)
-    length = _header_length(mv, path, offset, check_crc)
+                                 path=path, index=index, offset=offset)
+    length = _header_length(mv, path, offset, check_crc, index)
     if length + FRAMING != len(mv):
         raise CorruptRecordError(f"record header says {length} data bytes but the index gives the record "
                                  f"{len(mv)} bytes ({len(mv) - FRAMING} of data): index and data disagree",
-                                 path=path, offset=offset)
+                                 path=path, index=index, offset=offset)
     data = mv[HEADER:HEADER + length]
     if check_crc and masked_crc(data) != int.from_bytes(mv[HEADER + length:], "little"):
-        raise CorruptRecordError("bad data CRC", path=path, offset=offset)
+        raise CorruptRecordError("bad data CRC", path=path, index=index, offset=offset)
     return data
 
 
@@ -316,7 +317,7 @@ class TFRecordSource:
         with open(self.shards[k], "rb") as f:
             f.seek(offset)
             raw = f.read(size)
-        return unframe(raw, self.shards[k], offset, check_crc=self.check_crc)
+        return unframe(raw, self.shards[k], offset, check_crc=self.check_crc, index=i)
 
     # -- seekable (uncompressed) -------------------------------------------------------------------
     def _seekable(self) -> None:
@@ -340,7 +341,7 @@ class TFRecordSource:
 
     def parse(self, i: int, raw: Any) -> Record:
         path, offset = self.shards[self._shard(i)], int(self._entries[i, 0])
-        data = unframe(raw, path, offset, check_crc=self.check_crc)
+        data = unframe(raw, path, offset, check_crc=self.check_crc, index=i)
         return to_record(parse_features(data, path, i, offset), self._spec, path, i, offset)
 
     def labels(self) -> np.ndarray:
@@ -355,7 +356,7 @@ class TFRecordSource:
                         for i in range(int(self._starts[k]), int(self._starts[k + 1])):
                             offset, size = (int(v) for v in self._entries[i])
                             f.seek(offset)
-                            data = unframe(f.read(size), shard, offset, check_crc=self.check_crc)
+                            data = unframe(f.read(size), shard, offset, check_crc=self.check_crc, index=i)
                             fmap = parse_features(data, shard, i, offset)
                             labels[i] = Extract(fmap, shard, i, offset).get(key, field)
             self._labels = labels
