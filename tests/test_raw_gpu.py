@@ -1,0 +1,129 @@
+"""Raw shards read straight into CUDA memory: KvikIO's path and the posix fallback (preadv into pinned memory +
+one copy) give the bytes that were written, for dense and padded layouts, shuffled and repeated indices,
+reads split into chunks, staged reads with uneven strides, and buffers with GPU work still queued on them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import requires_cuda, textured
+from ingest.formats import Field, Record
+from ingest.formats.raw import RawSource, RawWriter
+from ingest.io import READ_CHUNK, ByteReader
+
+pytestmark = [pytest.mark.gpu, requires_cuda]
+
+
+def kvikio_reader(**kw) -> ByteReader:
+    pytest.importorskip("kvikio")
+    pytest.importorskip("cupy")
+    return ByteReader("kvikio", **kw)
+
+
+def write(root, images, *, shards=1, align=4096, fields=None, extra=lambda i: {}) -> RawSource:
+    fields = fields or {"image": Field("pixels", None, "uint8"), "label": Field("int")}
+    per = -(-len(images) // shards)
+    for k in range(shards):
+        with RawWriter(root, f"s{k}", fields, align=align) as w:
+            for i in range(k * per, min(len(images), (k + 1) * per)):
+                w.add(Record(images[i], i % 5, extra(i)))
+    return RawSource(root)
+
+
+def images_of(n, h=16, w=16):
+    return [textured(h, w, seed=i) for i in range(n)]
+
+
+INDICES = {
+    "sequential": lambda n: np.arange(n),
+    "shuffled": lambda n: np.random.default_rng(0).permutation(n),
+    "repeats": lambda n: np.random.default_rng(1).integers(0, n, n),
+    "reversed": lambda n: np.arange(n)[::-1].copy(),
+}
+
+
+@pytest.mark.parametrize("align", [256, 4096])  # 768-byte samples: back to back (direct) or padded (staged)
+@pytest.mark.parametrize("order", sorted(INDICES))
+@pytest.mark.parametrize("io", ["kvikio", "posix"])
+def test_read_batch_into_cuda_equals_written_arrays(tmp_path, align, order, io):
+    images = images_of(48)
+    src = write(tmp_path, images, shards=3, align=align)
+    idx = INDICES[order](48)
+    reader = kvikio_reader(threads=4) if io == "kvikio" else ByteReader("posix", threads=4)
+    with reader:
+        out = src.read_batch(idx, src.batch_buffer(len(idx), "cuda"), reader)
+    assert out.is_cuda
+    assert np.array_equal(out.cpu().numpy(), np.stack([images[i] for i in idx]))
+
+
+def test_kvikio_and_posix_paths_give_identical_bytes(tmp_path):
+    images = [textured(64, 48, seed=i) for i in range(64)]
+    src = write(tmp_path, images, shards=2)
+    idx = np.random.default_rng(2).permutation(64)[:40]
+    with kvikio_reader(threads=8) as kv, ByteReader("posix", threads=8) as px:
+        a = src.read_batch(idx, src.batch_buffer(40, "cuda"), kv)
+        b = src.read_batch(idx, src.batch_buffer(40, "cuda"), px)
+        c = src.read_batch(idx, src.batch_buffer(40), px)
+    assert torch.equal(a, b) and torch.equal(a.cpu(), c)
+
+
+def test_kvikio_into_host_memory(tmp_path):
+    images = images_of(10)
+    src = write(tmp_path, images, align=4096)
+    with kvikio_reader(threads=2) as reader:
+        assert reader.path == "kvikio"
+        out = src.read_batch([9, 0, 5, 6], src.batch_buffer(4), reader)
+    assert np.array_equal(out.numpy(), np.stack([images[i] for i in (9, 0, 5, 6)]))
+
+
+def test_reads_longer_than_a_chunk_are_split(tmp_path):
+    images = images_of(120, 256, 256)  # 196608 bytes each: 120 back to back > READ_CHUNK
+    assert 120 * 196608 > READ_CHUNK
+    src = write(tmp_path, images)
+    with kvikio_reader(threads=4) as reader:
+        out = src.read_batch(np.arange(120), src.batch_buffer(120, "cuda"), reader)
+    assert np.array_equal(out.cpu().numpy(), np.stack(images))
+
+
+def test_staged_reads_with_uneven_strides(tmp_path):
+    # A caption of varying length after each image: neighbours are coalesced but not evenly spaced.
+    fields = {"image": Field("pixels", (16, 16, 3), "uint8"), "label": Field("int"), "caption": Field("text")}
+    images = images_of(30)
+    src = write(tmp_path, images, align=64, fields=fields, extra=lambda i: {"caption": "x" * (i * 37 % 300)})
+    idx = np.arange(30)
+    with kvikio_reader(threads=4) as reader:
+        out = src.read_batch(idx, src.batch_buffer(30, "cuda"), reader)
+    assert np.array_equal(out.cpu().numpy(), np.stack(images))
+
+
+def test_read_waits_for_work_queued_on_the_buffer(tmp_path):
+    images = images_of(8)
+    src = write(tmp_path, images)
+    out = src.batch_buffer(8, "cuda")
+    with kvikio_reader(threads=4) as reader:
+        torch.cuda._sleep(50_000_000)  # keep the stream busy, then a fill that must land before the read
+        out.fill_(7)
+        src.read_batch(np.arange(8), out, reader)
+    assert np.array_equal(out.cpu().numpy(), np.stack(images))
+
+
+def test_default_reader_takes_kvikio_for_device_tensors(tmp_path):
+    pytest.importorskip("kvikio")
+    images = images_of(6)
+    src = write(tmp_path, images)
+    out = src.read_batch([5, 1], src.batch_buffer(2, "cuda"))
+    assert src._handles.get("reader", lambda: None).device_path == "kvikio"
+    assert np.array_equal(out.cpu().numpy(), np.stack([images[5], images[1]]))
+    src.close()
+
+
+def test_float_arrays_to_the_gpu(tmp_path):
+    fields = {"image": Field("pixels"), "label": Field("int"), "emb": Field("array", (3, 5), "float32")}
+    embs = [np.random.default_rng(i).standard_normal((3, 5)).astype(np.float32) for i in range(9)]
+    src = write(tmp_path, [textured(8 + i, 8, seed=i) for i in range(9)], fields=fields,
+                extra=lambda i: {"emb": embs[i]})
+    with kvikio_reader() as reader:
+        out = src.read_batch([4, 8, 0], src.batch_buffer(3, "cuda", field="emb"), reader, field="emb")
+    assert out.dtype == torch.float32 and np.array_equal(out.cpu().numpy(), np.stack([embs[4], embs[8], embs[0]]))
