@@ -1,75 +1,148 @@
-"""Developer probe: where one native-engine batch spends its time, alone and beside a busy Python thread.
+"""Developer probe: which parts of a native-engine batch slow down beside a busy Python thread, and why.
 
-Usage: python tools/gil_probe.py [DATA_DIR]   (default: the JPEGs tools/decode_contention.py leaves in /dev/shm)
+Usage: python tools/gil_probe.py [--out FILE.json] [DATA_DIR]
+(default data: the JPEGs tools/decode_contention.py writes to /dev/shm/ingest-contention, made if absent)
 
-Splits `GpuDecoder.decode_batch` (256 images, headers given) into: the decode call and the wait (the two native
-calls that release the GIL, each followed by a re-acquire that waits up to a switch interval beside a busy
-thread) and everything else (per-image ctypes calls that keep the GIL, arena views). A busy thread should
-lengthen only the first two, by about one switch interval each, whatever the batch size.
+1. Steps of one `GpuDecoder.decode_batch` (256 images, headers given) and a few torch calls it makes, each
+   timed alone and beside a thread spinning on `sum(range(2000))`. A step that gives the GIL up (and so waits
+   a switch interval to get it back) shows up as milliseconds beside the busy thread.
+2. Where the decoding thread is while the busy thread runs: faulthandler dumps every thread's stack from its
+   own C thread every 2 ms (no GIL needed); the decoding thread's innermost frames are counted.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
+import faulthandler
 import json
-import sys
+import re
+import tempfile
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ingest.ops import _nvimgcodec as native
 from ingest.ops.decode import CpuDecoder
-from ingest.ops.decode_gpu import GpuDecoder
+from ingest.ops.decode_gpu import GpuDecoder, _rows
 
 
-class Timed:
-    """Wraps a library function, summing the time spent in it (GIL re-acquire included)."""
+class Busy:
+    def __init__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __init__(self, fn):
-        self.fn, self.total = fn, 0.0
+    def _run(self):
+        while not self._stop.is_set():
+            sum(range(2000))
 
-    def __call__(self, *args):
+    def __enter__(self):
+        self._thread.start()
+        time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def timed(fn, repeat: int = 3) -> float:
+    """Best of ``repeat`` runs of ``fn``, in ms."""
+    best = float("inf")
+    for _ in range(repeat):
         t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return round(best * 1e3, 3)
+
+
+def steps(gpu: GpuDecoder, datas, headers, stream) -> dict:
+    names = [str(i) for i in range(len(datas))]
+    arena = torch.empty(len(datas) * 300_000, dtype=torch.uint8, device="cuda")
+    size = 200 * 300 * 3
+    rows = _rows(arena, len(datas) * 100_000 - 300, 300)
+
+    def decode():
+        gpu.decode_batch(datas, names, stream=stream, headers=headers)
+        stream.synchronize()
+
+    def submit_only():  # the per-image ctypes calls, no decode
+        dec = gpu._decoders[0]
+        shapes = [(h.height, h.width) for h in headers]
+        addresses = (np.arange(len(datas)) * 300_000 + arena.data_ptr()).astype(np.uint64)
+        saved = dec.lib.DecoderDecode
+        dec.lib.DecoderDecode = lambda *args: 1
         try:
-            return self.fn(*args)
+            dec.submit(datas, [None] * len(datas), shapes, addresses, stream.cuda_stream).wait()
         finally:
-            self.total += time.perf_counter() - t
+            dec.lib.DecoderDecode = saved
 
-
-def steps(gpu: GpuDecoder, datas, headers, calls: dict[str, Timed], stream) -> dict[str, float]:
-    for c in calls.values():
-        c.total = 0.0
-    t = time.perf_counter()
-    gpu.decode_batch(datas, [str(i) for i in range(len(datas))], stream=stream, headers=headers)
-    stream.synchronize()
-    total = time.perf_counter() - t
-    out = {name: round(c.total * 1e3, 2) for name, c in calls.items()}
-    out["other_ms"] = round((total - sum(c.total for c in calls.values())) * 1e3, 2)
-    out["total_ms"] = round(total * 1e3, 2)
+    probes = {
+        "decode_batch": decode,
+        "submit_loop_no_decode": submit_only,
+        "256_slice_view": lambda: [arena[k * 300_000:k * 300_000 + size].view(200, 300, 3) for k in range(256)],
+        "256_slice": lambda: [arena[k * 300_000:k * 300_000 + size] for k in range(256)],
+        "256_rows_index": lambda: [rows[k * 100_000:k * 100_000 + 200 * 300:300, :300] for k in range(256)],
+        "1_split": lambda: torch.split(arena, 300_000),
+        "256_split_view": lambda: [t[:size].view(200, 300, 3) for t in torch.split(arena, 300_000)],
+        "1_empty_cuda": lambda: torch.empty(10_000_000, dtype=torch.uint8, device="cuda"),
+        "1_synchronize": stream.synchronize,
+        "1_device_ctx": lambda: torch.cuda.device(0).__enter__(),
+    }
+    out = {}
+    for name, fn in probes.items():
+        fn()
+        alone = timed(fn)
+        with Busy():
+            beside = timed(fn)
+        out[name] = {"alone_ms": alone, "beside_busy_ms": beside}
+        print(name, out[name], flush=True)
     return out
 
 
+def sample(gpu: GpuDecoder, datas, headers, stream, seconds: float = 2.0) -> list:
+    """Innermost frames of the decoding thread while a busy thread runs, most frequent first."""
+    names = [str(i) for i in range(len(datas))]
+    with tempfile.TemporaryFile("w+") as log, Busy():
+        faulthandler.dump_traceback_later(0.002, repeat=True, file=log)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            gpu.decode_batch(datas, names, stream=stream, headers=headers)
+            stream.synchronize()
+        faulthandler.cancel_dump_traceback_later()
+        log.seek(0)
+        text = log.read()
+    me = f"{threading.get_ident():#018x}"
+    counts = collections.Counter()
+    for block in re.split(r"\n(?=Thread 0x|Current thread 0x)", text):
+        if me in block.splitlines()[0]:
+            frames = [ln.strip() for ln in block.splitlines()[1:] if ln.strip().startswith("File")]
+            counts[" | ".join(frames[:2])] += 1
+    total = sum(counts.values()) or 1
+    return [{"share": round(c / total, 3), "frames": f} for f, c in counts.most_common(12)]
+
+
 def main() -> None:
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "/dev/shm/ingest-contention")
-    datas = [p.read_bytes() for p in sorted(folder.rglob("*.jpg"))[:256]]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("data", nargs="?", default="/dev/shm/ingest-contention")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    from decode_contention import make_data  # this folder, on sys.path when run as a script
+    datas = make_data(Path(args.data), 256)
     cpu = CpuDecoder(threads=2)
     headers = [cpu.probe_header(d, str(i))[1] for i, d in enumerate(datas)]
-    lib = native.load()
-    calls = {"decode_call_ms": Timed(lib.DecoderDecode), "wait_ms": Timed(lib.FutureWaitForAll)}
-    lib.DecoderDecode, lib.FutureWaitForAll = calls["decode_call_ms"], calls["wait_ms"]
     stream = torch.cuda.Stream()
     with GpuDecoder("cuda", cpu, engine="native") as gpu:
-        steps(gpu, datas, headers, calls, stream)
-        print(json.dumps({"alone": steps(gpu, datas, headers, calls, stream)}))
-        for interval in (0.005, 0.001):
-            sys.setswitchinterval(interval)
-            stop = threading.Event()
-            th = threading.Thread(target=lambda: [sum(range(2000)) for _ in iter(stop.is_set, True)])
-            th.start()
-            print(json.dumps({f"busy, switch interval {interval}": steps(gpu, datas, headers, calls, stream)}))
-            stop.set()
-            th.join()
+        result = {"nvimgcodec": native.version_string(native.load().version), "steps": steps(gpu, datas, headers,
+                                                                                             stream)}
+        result["samples_beside_busy"] = sample(gpu, datas, headers, stream)
+    for row in result["samples_beside_busy"]:
+        print(row)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
     cpu.close()
 
 

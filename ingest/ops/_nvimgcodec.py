@@ -4,9 +4,11 @@ Why not the Python binding: it releases the GIL once or more per image (code str
 wrapper), and beside any busy Python thread every re-acquire waits a switch interval, so a 256-image batch
 that decodes in 13 ms alone took seconds beside a training loop. Here the per-image calls (code stream,
 region view, image wrapper) go through :class:`ctypes.PyDLL`, which keeps the GIL: each is a few microseconds of
-native work. Only the batch decode and its wait go through :class:`ctypes.CDLL`, which releases it: a fixed
-number of GIL hand-offs per batch, whatever its size. Nothing calls back into Python (no debug messenger
-callback), so holding the GIL in a native call can never deadlock with nvImageCodec's threads.
+native work. Only the batch decode goes through :class:`ctypes.CDLL`, which releases it: one GIL hand-off per
+batch, whatever its size. The wait for its future keeps the GIL: nvimgcodecDecoderDecode returns once the
+host side of the batch is done (the wait then took 10 us on the H100), and every release costs a switch
+interval (5 ms) beside a busy Python thread. Nothing calls back into Python (no debug messenger callback), so
+holding the GIL in a native call can never deadlock with nvImageCodec's threads.
 
 Contract:
 
@@ -226,7 +228,7 @@ _FUNCTIONS = {
     "nvimgcodecImageCreate": ([_VP, _VP, _VP], False),
     "nvimgcodecImageDestroy": ([_VP], False),
     "nvimgcodecDecoderDecode": ([_VP, _VP, _VP, _I, _VP, _VP], True),
-    "nvimgcodecFutureWaitForAll": ([_VP], True),
+    "nvimgcodecFutureWaitForAll": ([_VP], False),
     "nvimgcodecFutureGetProcessingStatus": ([_VP, _VP, _VP], False),
     "nvimgcodecFutureDestroy": ([_VP], False),
 }
