@@ -126,9 +126,9 @@ class Warp:
         """The same map for label masks: nearest sampling (whole labels, no blending), fill 0."""
         return replace(self, interpolation="nearest", antialias=False, fill=(0.0,))
 
-    def repeated(self, counts: Sequence[int]) -> "Warp":
-        """Sample n's map ``counts[n]`` times in a row (one entry per mask of a sample)."""
-        idx = np.repeat(np.arange(len(counts)), counts)
+    def take(self, indices: Sequence[int]) -> "Warp":
+        """The maps of samples ``indices`` (repeats allowed: one entry per mask of a sample)."""
+        idx = np.asarray(indices, dtype=np.int64)
         return replace(self, matrix=self.matrix[idx], box=self.box[idx],
                        out_sizes=[self.out_sizes[k] for k in idx],
                        source_sizes=[self.source_sizes[k] for k in idx])

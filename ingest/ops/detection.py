@@ -32,13 +32,14 @@ def _translation(n: int, left: np.ndarray, top: np.ndarray) -> np.ndarray:
     return m
 
 
-def box_iou(boxes: np.ndarray, box: np.ndarray) -> np.ndarray:
-    """Intersection over union of each of ``boxes`` ``[K, 4]`` with one ``box`` (x0, y0, x1, y1)."""
-    w = np.clip(np.minimum(boxes[:, 2], box[2]) - np.maximum(boxes[:, 0], box[0]), 0, None)
-    h = np.clip(np.minimum(boxes[:, 3], box[3]) - np.maximum(boxes[:, 1], box[1]), 0, None)
+def box_iou(boxes: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """Intersection over union of ``boxes`` ``[..., 4]`` with ``other`` ``[..., 4]`` (x0, y0, x1, y1),
+    broadcast against each other."""
+    w = np.clip(np.minimum(boxes[..., 2], other[..., 2]) - np.maximum(boxes[..., 0], other[..., 0]), 0, None)
+    h = np.clip(np.minimum(boxes[..., 3], other[..., 3]) - np.maximum(boxes[..., 1], other[..., 1]), 0, None)
     inter = w * h
-    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    union = area + (box[2] - box[0]) * (box[3] - box[1]) - inter
+    union = ((boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+             + (other[..., 2] - other[..., 0]) * (other[..., 3] - other[..., 1]) - inter)
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
@@ -48,7 +49,7 @@ class RandomIoUCrop(GeometryOp):
 
     Per sample: pick a threshold from ``min_ious``; None keeps the image whole. Else try ``attempts`` crops:
     width and height each a uniform fraction in ``scale`` of the image's, width/height within ``aspect``, at a
-    uniform position; a crop qualifies when some box has its centre inside it and, among those, the best
+    uniform position (the attempts drawn at once, the first that qualifies taken); a crop qualifies when some box has its centre inside it and, among those, the best
     IoU with the crop is at least the threshold. The first that qualifies is taken and keeps only the boxes
     whose centre it holds. When none does, another threshold is picked, ``rounds`` times at most (torchvision
     loops until one works, which never ends for an image without boxes), then the image stays whole.
@@ -85,17 +86,20 @@ class RandomIoUCrop(GeometryOp):
             threshold = self.min_ious[int(rng.integers(len(self.min_ious)))]
             if threshold is None:
                 break
-            for _ in range(self.attempts):
-                r = s0 + (s1 - s0) * rng.random(2)
-                cw, ch = int(w * r[0]), int(h * r[1])
-                if cw == 0 or ch == 0 or not a0 <= cw / ch <= a1:
-                    continue
-                r = rng.random(2)
-                left, top = int((w - cw) * r[0]), int((h - ch) * r[1])
-                inside = (left < cx) & (cx < left + cw) & (top < cy) & (cy < top + ch)
-                crop = np.array([left, top, left + cw, top + ch], dtype=np.float64)
-                if inside.any() and box_iou(boxes[inside], crop).max() >= threshold:
-                    return top, left, ch, cw, 1
+            # All attempts of the round at once (the first that qualifies wins, as when tried in turn).
+            u = rng.random((self.attempts, 4))
+            cw = (w * (s0 + (s1 - s0) * u[:, 0])).astype(np.int64)
+            ch = (h * (s0 + (s1 - s0) * u[:, 1])).astype(np.int64)
+            left = ((w - cw) * u[:, 2]).astype(np.int64)
+            top = ((h - ch) * u[:, 3]).astype(np.int64)
+            shaped = (cw > 0) & (ch > 0) & (a0 * ch <= cw) & (cw <= a1 * ch)
+            crops = np.stack([left, top, left + cw, top + ch], axis=1).astype(np.float64)
+            inside = ((crops[:, :1] < cx) & (cx < crops[:, 2:3]) & (crops[:, 1:2] < cy) & (cy < crops[:, 3:]))
+            best = np.where(inside, box_iou(boxes[None], crops[:, None]), -1.0).max(axis=1, initial=-1.0)
+            ok = np.flatnonzero(shaped & (best >= threshold) & inside.any(axis=1))
+            if len(ok):
+                k = ok[0]
+                return int(top[k]), int(left[k]), int(ch[k]), int(cw[k]), 1
         return 0, 0, h, w, 0
 
     def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:

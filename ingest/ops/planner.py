@@ -113,18 +113,12 @@ class Plan:
 
     def warp_masks(self, masks: Sequence[Any]) -> list[torch.Tensor]:
         """Masks (one ``[K, H, W]`` uint8 array or tensor per sample, at the source size) through every
-        geometry stage with the images' own warps, sampled nearest (labels are never blended), fill 0. All
-        masks of a stage go in one batched resample (one CUDA launch when they are on CUDA)."""
+        geometry stage with the images' own warps, sampled nearest (labels are never blended), fill 0. On
+        CUDA all masks of a stage go in one launch; on CPU a sample's masks are one gather."""
         out = [torch.as_tensor(m) for m in masks]
         for stage in self.stages:
-            if stage.warp is None:
-                continue
-            counts = [int(m.shape[0]) for m in out]
-            flat = [plane[..., None] for m in out for plane in m.unbind(0)]  # [H, W, 1] views
-            warped = as_list(resample.warp(flat, stage.warp.for_masks().repeated(counts))) if flat else []
-            parts = np.cumsum([0] + counts).tolist()
-            out = [torch.stack(warped[a:b])[..., 0] if b > a else m.new_zeros((0,) + tuple(size))
-                   for a, b, m, size in zip(parts, parts[1:], out, stage.out_sizes)]
+            if stage.warp is not None:
+                out = _warp_masks(out, stage.warp.for_masks())
         return out
 
     def targets(self, targets: Sequence[dict[str, Any]], *, per_box: Sequence[str] = PER_BOX,
@@ -243,6 +237,23 @@ class _Boxes:
     def _select(self, masks: list[np.ndarray]) -> None:
         self.boxes = [b[m] for b, m in zip(self.boxes, masks)]
         self.index = [i[m] for i, m in zip(self.index, masks)]
+
+
+def _warp_masks(masks: list[torch.Tensor], w: Warp) -> list[torch.Tensor]:
+    """Each sample's ``[K, H, W]`` masks resampled by its map in ``w``."""
+    counts = [int(m.shape[0]) for m in masks]
+    out = [m.new_zeros((0,) + tuple(size)) for m, size in zip(masks, w.out_sizes)]
+    if not sum(counts):
+        return out
+    if masks[0].device.type == "cuda":  # every mask a 1-channel image of one ragged batch: one launch
+        owner = np.repeat(np.arange(len(masks)), counts)
+        planes = as_list(resample.warp([p[..., None] for m in masks for p in m.unbind(0)], w.take(owner)))
+        starts = np.cumsum([0] + counts).tolist()
+        return [torch.stack(planes[a:b])[..., 0] if b > a else o for a, b, o in zip(starts, starts[1:], out)]
+    for n, m in enumerate(masks):  # the sample's masks as the channels of one image: one gather
+        if counts[n]:
+            out[n] = as_list(resample.warp([m.permute(1, 2, 0)], w.take([n])))[0].permute(2, 0, 1).contiguous()
+    return out
 
 
 def _as_array(boxes: Any) -> np.ndarray:

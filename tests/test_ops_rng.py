@@ -1,0 +1,128 @@
+"""A sample's augmentation is keyed by (seed, epoch, dataset index): the same whatever batch it lands in,
+the batch size, the number of shards, a neighbour that failed, and the device that executes it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_image_folder, requires_cuda
+from ingest.formats import open_source
+from ingest.ops import ColorJitter, Flip, RandomIoUCrop, RandomResizedCrop, Rotate, ZoomOut, plan
+from ingest.pipeline import Failures, Pipeline
+from ingest.sampler import Sampler
+
+
+def ops():
+    return [ZoomOut(p=0.5), RandomIoUCrop(), RandomResizedCrop(32), Flip(vertical=True), Rotate((-10, 10)),
+            ColorJitter(0.3, 0.3, 0.3, 0.1, p=0.7)]
+
+
+def size_of(i: int) -> tuple[int, int]:
+    return 50 + (i * 37) % 200, 60 + (i * 53) % 180
+
+
+def boxes_of(i: int) -> np.ndarray:
+    h, w = size_of(i)
+    return np.array([[0.1 * w, 0.2 * h, 0.6 * w, 0.7 * h], [0.5 * w, 0.1 * h, 0.9 * w, 0.4 * h]])
+
+
+def params_by_index(plans, operations) -> dict[int, list]:
+    """Dataset index -> every op's drawn params for that sample, over the given batch plans."""
+    out = {}
+    for bp in plans:
+        idx = [int(i) for i in bp.indices]
+        p = plan(operations, [size_of(i) for i in idx], bp.sample_rngs(), boxes=[boxes_of(i) for i in idx])
+        for n, i in enumerate(idx):
+            out[i] = [np.asarray(params[n] if not isinstance(params, tuple) else [f[n] for f in params if f is not None])
+                      for _, params in p.drawn]
+    return out
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(all(np.array_equal(x, y) for x, y in zip(a[i], b[i])) for i in a)
+
+
+def test_params_depend_on_the_index_not_the_batch_or_shard():
+    operations = ops()
+    reference = params_by_index(Sampler(40, 40, shuffle=True, seed=3).batches(epoch=2), operations)
+    assert len(reference) == 40
+    for batch_size, shards in [(1, 1), (4, 1), (7, 2), (5, 3)]:
+        got = {}
+        for shard in range(shards):
+            sampler = Sampler(40, batch_size, shuffle=True, seed=3, shard_id=shard, num_shards=shards)
+            got.update(params_by_index(sampler.batches(epoch=2), operations))
+        assert same(got, reference), (batch_size, shards)
+    other_epoch = params_by_index(Sampler(40, 40, shuffle=True, seed=3).batches(epoch=3), operations)
+    other_seed = params_by_index(Sampler(40, 40, shuffle=True, seed=4).batches(epoch=2), operations)
+    crops = lambda d: np.array([d[i][2] for i in range(40)])  # noqa: E731 - RandomResizedCrop's regions
+    assert (crops(other_epoch) != crops(reference)).any(axis=1).mean() > 0.9
+    assert (crops(other_seed) != crops(reference)).any(axis=1).mean() > 0.9
+
+
+def test_params_survive_a_neighbour_dropping_out():
+    operations = ops()
+    bp = next(Sampler(12, 12, shuffle=True, seed=1).batches(epoch=0))
+    full = params_by_index([bp], operations)
+    keep = np.array([k for k in range(12) if k % 3 != 1])  # as the pipeline drops failed samples
+    survivors = params_by_index([replace(bp, indices=bp.indices[keep], is_pad=bp.is_pad[keep])], operations)
+    assert same(survivors, {i: full[i] for i in survivors}) and len(survivors) == 8
+
+
+def test_eager_calls_give_sample_k_the_same_draws_in_any_batch_size():
+    ims = [torch.randint(0, 256, (40 + 3 * k, 50, 3), dtype=torch.uint8) for k in range(6)]
+    op = RandomResizedCrop(16)
+    small, large = op(ims[:2], rng=5), op(ims, rng=5)
+    assert torch.equal(small, large[:2])
+    assert not torch.equal(op(ims, rng=6), large)
+
+
+def pipeline_images(pipe: Pipeline, batch_size: int, seed: int = 9) -> dict[int, torch.Tensor]:
+    out = {}
+    for bp in Sampler(len(pipe.source), batch_size, shuffle=True, seed=seed).batches(epoch=1):
+        batch = pipe.run(bp)
+        if batch is None:  # a batch of only the broken sample
+            continue
+        for i, im in zip(batch.indices.tolist(), batch.images):
+            out[i] = im.cpu()
+    return out
+
+
+def test_pipeline_output_per_index_ignores_batch_size_and_failed_neighbours(tmp_path):
+    root = make_image_folder(tmp_path / "d", {"a": 6, "b": 5})
+    (root / "b" / "9999.jpg").write_bytes(b"\xff\xd8 not a jpeg")  # fails at its header, in some batch
+    pipe = Pipeline(open_source(root), ops=[RandomResizedCrop(24), Flip(), ColorJitter(0.3)], num_threads=1)
+    pipe.failures = Failures(10, 12)
+    try:
+        alone, batched = pipeline_images(pipe, 1), pipeline_images(pipe, 5)
+    finally:
+        pipe.close()
+    assert len(alone) == len(batched) == 11 and alone.keys() == batched.keys()
+    assert all(torch.equal(alone[i], batched[i]) for i in alone)
+    assert len({tuple(im.flatten()[:64].tolist()) for im in alone.values()}) == 11  # every sample drew its own
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_cpu_and_cuda_pipelines_draw_the_same_params(tmp_path):
+    """The plan is drawn on the host from the per-sample generators, whatever executes it; the executed
+    images then agree within the warp kernel's tolerance against eager CPU ops (bilinear: <= 1 level)."""
+    root = make_image_folder(tmp_path / "d", {"a": 6, "b": 5}, size=(120, 150))
+    operations = [RandomResizedCrop(48), Flip(), ColorJitter(0.2)]
+    pipes = [Pipeline(open_source(root), ops=operations, device=d) for d in ("cpu", "cuda")]
+    try:
+        for bp in Sampler(11, 4, shuffle=True, seed=2).batches(epoch=0):
+            cpu_work, cuda_work = (p.read(bp) for p in pipes)
+            for (_, a), (_, b) in zip(cpu_work.ops_plan.drawn, cuda_work.ops_plan.drawn):
+                assert all(np.array_equal(x, y) for x, y in zip(a, b)) if isinstance(a, tuple) \
+                    else np.array_equal(a, b)
+        images = [pipeline_images(p, 4) for p in pipes]
+    finally:
+        for p in pipes:
+            p.close()
+    for i, im in images[0].items():
+        d = (im.to(torch.int32) - images[1][i].to(torch.int32)).abs()
+        assert d.max() <= 3 and d.float().mean() < 0.5  # decoders may differ by a level or two, then jitter
