@@ -37,10 +37,10 @@ def _valid_tfrecord(tmp: Path) -> bytes:
 
 
 def _valid_recordio(tmp: Path) -> bytes:
-    writer = RecordIOWriter(tmp, "seed", {"image": Field("image"), "labels": Field("floats")})
-    writer.add(Record(FAKE_JPEG, -1, {"labels": np.array([1, 2, 3], np.float32)}))
-    writer.add(Record(FAKE_JPEG[:8] + MAGIC_BYTES + FAKE_JPEG, -1, {"labels": np.array([4.0], np.float32)}))
-    writer.add(Record(MAGIC_BYTES * 3 + FAKE_JPEG[:5], -1, {"labels": np.array([5.0], np.float32)}))
+    writer = RecordIOWriter(tmp, "seed", {"image": Field("image"), "label_values": Field("floats")})
+    writer.add(Record(FAKE_JPEG, -1, {"label_values": np.array([1, 2, 3], np.float32)}))
+    writer.add(Record(FAKE_JPEG[:8] + MAGIC_BYTES + FAKE_JPEG, -1, {"label_values": np.array([4.0], np.float32)}))
+    writer.add(Record(MAGIC_BYTES * 3 + FAKE_JPEG[:5], -1, {"label_values": np.array([5.0], np.float32)}))
     writer.close()
     return (tmp / "seed.rec").read_bytes()
 

@@ -55,7 +55,7 @@ def test_round_trip_and_mxnet_layout(tmp_path):
     assert src.labels().tolist() == [r.label for r in records]
     for k, ((_, got), want) in enumerate(zip(iter_records(src), records)):
         assert got.image == want.image and got.label == want.label and got.fields["id"] == k
-        assert got.fields["labels"].tolist() == [float(want.label)]
+        assert got.fields["label_values"].tolist() == [float(want.label)]
     data = (tmp_path / "data.rec").read_bytes()
     heads = chunk_headers(data)
     assert [h[1] for h in heads] == [0] * 5                      # no magic inside: unsplit records
@@ -90,19 +90,19 @@ def test_records_holding_the_magic_are_split_and_joined(tmp_path):
 
 
 def test_multi_value_labels(tmp_path):
-    fields = {"image": Field("image"), "labels": Field("floats"), "id": Field("int")}
+    fields = {"image": Field("image"), "label_values": Field("floats"), "id": Field("int")}
     boxes = np.array([2, 5, 0.1, 0.2, 0.5, 0.6], dtype=np.float32)
-    records = [Record(jpeg_bytes(10, 10), -1, {"labels": boxes, "id": 90}),
-               Record(jpeg_bytes(11, 11), -1, {"labels": np.array([7.0], np.float32), "id": 91})]
+    records = [Record(jpeg_bytes(10, 10), -1, {"label_values": boxes, "id": 90}),
+               Record(jpeg_bytes(11, 11), -1, {"label_values": np.array([7.0], np.float32), "id": 91})]
     write(tmp_path, records, fields=fields)
     data = (tmp_path / "data.rec").read_bytes()
     # pack() with an array label: flag = its size, header label 0, the float32 labels before the image
     assert data[8:8 + 24 + 24] == struct.pack("<IfQQ", 6, 0.0, 90, 0) + boxes.tobytes()
     src = RecordIOSource(tmp_path / "data.rec")
     first, second = (r for _, r in iter_records(src))
-    assert first.label == -1 and first.fields["labels"].tolist() == boxes.tolist() and first.fields["id"] == 90
+    assert first.label == -1 and first.fields["label_values"].tolist() == boxes.tolist() and first.fields["id"] == 90
     assert first.image == records[0].image
-    assert second.label == 7 and second.fields["labels"].tolist() == [7.0]
+    assert second.label == 7 and second.fields["label_values"].tolist() == [7.0]
     assert src.labels().tolist() == [-1, 7]
 
 
@@ -111,7 +111,7 @@ def test_non_integral_label_is_not_a_class(tmp_path):
     (tmp_path / "x.rec").write_bytes(recordio.chunks(payload))
     src = RecordIOSource(tmp_path / "x.rec")
     rec = src.parse(0, read_location(src.locate(0)))
-    assert rec.label == -1 and rec.fields["labels"].tolist() == [0.25] and src.labels().tolist() == [-1]
+    assert rec.label == -1 and rec.fields["label_values"].tolist() == [0.25] and src.labels().tolist() == [-1]
 
 
 def test_writer_rejects_what_recordio_cannot_hold(tmp_path):
@@ -238,7 +238,7 @@ def test_realworld_im2rec(tmp_path, with_index):
 def test_loader_end_to_end(tmp_path):
     records = [Record(jpeg_bytes(24, 32, seed=i), i % 4) for i in range(7)]
     write(tmp_path, records)
-    loader = ingest.Loader(RecordIOSource(tmp_path / "data.rec"), batch_size=3, device="cpu")
+    loader = ingest.Loader(str(tmp_path / "data.rec"), batch_size=3, device="cpu")
     labels, count = [], 0
     for images, batch_labels in loader:
         count += len(images)

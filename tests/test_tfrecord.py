@@ -389,13 +389,23 @@ def test_realworld_tfx_gzip_directory():
 def test_loader_end_to_end(tmp_path):
     records = make_records(10, size=(24, 32))
     write(tmp_path, records)
-    loader = ingest.Loader(TFRecordSource(tmp_path / "part-0.tfrecord"), batch_size=4, device="cpu")
-    labels, count = [], 0
-    for images, batch_labels in loader:
-        count += len(images)
-        assert tuple(images[0].shape) == (24, 32, 3) or tuple(images[0].shape) == (3, 24, 32)
-        labels += batch_labels.tolist()
-    assert count == 10 and labels == [r.label for r in records]
+    loader = ingest.Loader(str(tmp_path / "part-0.tfrecord"), batch_size=4, device="cpu", output="dict")
+    labels, boxes = [], []
+    for batch in loader:
+        assert tuple(batch["images"].shape[1:]) in ((24, 32, 3), (3, 24, 32))
+        labels += batch["labels"].tolist()
+        boxes += [row[:n].tolist() for row, n in zip(batch["boxes"], batch["boxes_lengths"])]
+    assert labels == [r.label for r in records]
+    assert boxes == [pytest.approx(r.fields["boxes"].tolist()) for r in records]
+
+
+def test_loader_streams_gzip_shards(tmp_path):
+    records = make_records(9, size=(24, 32))
+    write(tmp_path, records[:5], stem="a", compression="gzip")
+    write(tmp_path, records[5:], stem="b", compression="gzip")
+    loader = ingest.Loader(str(tmp_path), batch_size=4, device="cpu", shuffle=True)
+    labels = [label for _, batch in loader for label in batch.tolist()]
+    assert sorted(labels) == sorted(r.label for r in records)
 
 
 @pytest.mark.skipif(not os.path.exists(TF_PYTHON), reason="no TensorFlow venv (set INGEST_TF_PYTHON)")

@@ -11,7 +11,7 @@ when ``flag > 0``, ``flag`` float32 labels, then the encoded image. Fields of a 
 
 - ``image``: the encoded image bytes (a record with none is a `CorruptRecordError`);
 - ``label`` (int): the header's label when ``flag == 0`` and it is a whole number, else -1;
-- ``labels`` (floats): every label as float32: ``[label]`` when ``flag == 0``, the ``flag`` values
+- ``label_values`` (floats): every label as float32: ``[label]`` when ``flag == 0``, the ``flag`` values
   otherwise (multi-value labels, detection boxes packed by im2rec);
 - ``id`` (int): the header's id (a uint64 seen as int64).
 
@@ -46,7 +46,7 @@ IR_HEADER = struct.Struct("<IfQQ")   # flag, label, id, id2
 _LEN_MASK = (1 << 29) - 1
 MAX_LENGTH = _LEN_MASK               # a chunk holds at most 2**29 - 1 bytes
 
-FIELDS = {"image": Field("image"), "label": Field("int"), "labels": Field("floats"), "id": Field("int")}
+FIELDS = {"image": Field("image"), "label": Field("int"), "label_values": Field("floats"), "id": Field("int")}
 
 
 def _pad4(n: int) -> int:
@@ -180,7 +180,8 @@ def unpack(data: bytes, path: str, index: Any, offset: int) -> Record:
     if not image:
         raise CorruptRecordError("record holds no image bytes after its IRHeader", path=path, index=index,
                                  offset=offset)
-    return Record(image, _class_label(flag, label), {"labels": labels, "id": int(np.uint64(rid).view(np.int64))})
+    fields = {"label_values": labels, "id": int(np.uint64(rid).view(np.int64))}
+    return Record(image, _class_label(flag, label), fields)
 
 
 def _class_label(flag: int, label: float) -> int:
@@ -273,7 +274,7 @@ def chunks(data: bytes) -> bytes:
 
 class RecordIOWriter:
     """Writes one shard ``<stem>.rec`` + ``<stem>.idx`` (keys 0, 1, ... in write order), records packed as
-    ``mxnet.recordio.pack`` does. Storable fields: ``image`` (encoded, required), ``label`` (int), ``labels``
+    ``mxnet.recordio.pack`` does. Storable fields: ``image`` (encoded, required), ``label`` (int), ``label_values``
     (floats: written as ``flag`` multi-value labels unless it holds exactly one value) and ``id`` (int;
     default: the key)."""
 
@@ -298,8 +299,8 @@ class RecordIOWriter:
         label = float(record.label) if "label" in self.fields else 0.0
         extra = b""
         flag = 0
-        if "labels" in self.fields:
-            values = np.asarray(record.fields["labels"], dtype="<f4").ravel()
+        if "label_values" in self.fields:
+            values = np.asarray(record.fields["label_values"], dtype="<f4").ravel()
             if values.size == 1:
                 label = float(values[0])
             else:

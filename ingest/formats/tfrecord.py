@@ -302,8 +302,7 @@ class TFRecordSource:
             try:
                 seq = _protos.SequenceExample.FromString(data)
             except ProtoDecodeError as err:
-                raise CorruptRecordError(f"not a tf.train.Example: {err}", path=shard, index=0, offset=offset) \
-                    from None
+                raise CorruptRecordError(f"not a tf.train.Example: {err}", path=shard, offset=offset) from None
             if len(seq.feature_lists.feature_list) and not sequence:
                 raise SourceError(f"{shard} holds tf.train.SequenceExample records (feature lists "
                                   f"{sorted(seq.feature_lists.feature_list)[:5]}); pass sequence=True to read "
