@@ -243,3 +243,58 @@ def test_unknown_format_names_the_valid_ones(image_folder):
         ingest.Loader([jpeg_bytes(8, 8)], batch_size=1, format="filetree")
     images, labels = next(iter(ingest.Loader(image_folder, batch_size=3, format="filetree")))
     assert labels.tolist() == [0, 0, 0]
+
+
+def _raw_dataset(root, n=10, shape=(24, 20, 3)):
+    from ingest.formats.raw import RawWriter, write_dataset_index
+    root.mkdir()
+    arrays = [textured(*shape[:2], seed=i) for i in range(n)]
+    fields = {"image": Field("pixels", shape=shape, dtype="uint8"), "label": Field("int")}
+    for k, part in enumerate((range(0, n // 2), range(n // 2, n))):
+        w = RawWriter(root, f"part-{k}", fields, classes=["a", "b", "c"])
+        for i in part:
+            w.add(Record(arrays[i], i % 3))
+        w.close()
+    write_dataset_index(root)
+    return arrays
+
+
+def test_raw_shards_are_read_directly_into_the_batch(tmp_path):
+    arrays = _raw_dataset(tmp_path / "raw")
+    loader = ingest.Loader(tmp_path / "raw", batch_size=4, output="dict", shuffle=True, seed=2)
+    batches = list(loader)
+    assert loader.stats()["decode_paths"] == {"none (raw, direct read)": 10}
+    seen = []
+    for b in batches:
+        for image, label, i in zip(b["images"], b["labels"].tolist(), b["indices"].tolist()):
+            assert torch.equal(image.permute(1, 2, 0), torch.from_numpy(arrays[i])) and label == i % 3
+            seen.append(i)
+    assert sorted(seen) == list(range(10)) and seen != list(range(10))
+
+
+def test_raw_direct_path_draws_what_the_parsed_path_draws(tmp_path):
+    """The same per-sample augmentation whether pixels come straight from the shard or through parse."""
+    arrays = _raw_dataset(tmp_path / "raw")
+    ops = [ingest.ops.RandomResizedCrop(12), ingest.ops.Flip(p=0.5)]
+    direct = list(ingest.Loader(tmp_path / "raw", batch_size=5, ops=ops, shuffle=True, seed=9))
+    parsed = list(ingest.Loader(_ListPixels(arrays), batch_size=5, ops=ops,
+                                shuffle=True, seed=9))
+    for (a, la), (b, lb) in zip(direct, parsed):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+class _ListPixels(Pixels):
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def __len__(self):
+        return len(self.arrays)
+
+    def locate(self, i):
+        return Location(f"px{check_index(i, len(self.arrays))}", data=b"\x00")
+
+    def parse(self, i, raw):
+        return Record(self.arrays[i], i % 3)
+
+    def labels(self):
+        return np.arange(len(self.arrays), dtype=np.int64) % 3

@@ -42,3 +42,18 @@ def test_pixel_sources_upload():
     images = next(iter(ingest.Loader(Pixels(), batch_size=4, device="cuda", output="dict")))["images"]
     for got, want in zip(images, Pixels().arrays):
         assert got.is_cuda and torch.equal(got.cpu(), torch.from_numpy(want))
+
+
+@pytest.mark.parametrize("io", ["auto", "posix"])
+def test_raw_shards_land_on_the_gpu_directly(tmp_path, io):
+    from test_fields import _raw_dataset
+    arrays = _raw_dataset(tmp_path / "raw")
+    loader = ingest.Loader(tmp_path / "raw", batch_size=4, device="cuda", output="dict", io=io,
+                           ops=[ingest.ops.Flip(p=1.0)])
+    seen = 0
+    for b in loader:
+        for image, i in zip(b["images"], b["indices"].tolist()):
+            assert image.is_cuda
+            assert torch.equal(image.permute(1, 2, 0).cpu(), torch.from_numpy(arrays[i][:, ::-1].copy()))
+            seen += 1
+    assert seen == 10 and loader.stats()["decode_paths"] == {"none (raw, direct read)": 10}
