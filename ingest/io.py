@@ -194,12 +194,16 @@ class ByteReader:
             for run in share:
                 path = paths[run.file]
                 fd = handles.get(("fd", path), lambda: os.open(path, os.O_RDONLY))
-                iovs, pos = [], 0
-                for r, start in zip(run.rows.tolist(), run.starts.tolist()):
-                    if start > pos:
-                        iovs.append(scratch[:start - pos])
-                    iovs.append(memoryview(rows[r]))
-                    pos = start + rows.shape[1]
+                if run.dense:
+                    first = int(run.rows[0])
+                    iovs = [memoryview(rows[first:first + len(run.rows)].reshape(-1))]
+                else:
+                    iovs, pos = [], 0
+                    for r, start in zip(run.rows.tolist(), run.starts.tolist()):
+                        if start > pos:
+                            iovs.append(scratch[:start - pos])
+                        iovs.append(memoryview(rows[r]))
+                        pos = start + rows.shape[1]
                 _check_read(_preadv_full(fd, iovs, run.offset), run, path)
 
         shares = [runs[t::self.threads] for t in range(min(self.threads, len(runs)))]
@@ -215,19 +219,24 @@ class ByteReader:
         row = flat.shape[1]
         dest = as_buffer(flat.reshape(-1))
         staged = [run for run in runs if not run.dense]
-        staging = torch.empty(sum(run.nbytes for run in staged), dtype=torch.uint8, device=flat.device)
-        stage = as_buffer(staging) if staged else None
+        if staged:
+            staging = torch.empty(sum(run.nbytes for run in staged), dtype=torch.uint8, device=flat.device)
+            stage = as_buffer(staging)
+        files: dict[int, object] = {}
         pending, at = [], 0
         for run in runs:
-            path = paths[run.file]
-            f = handles.get(("kvikio", path), lambda: self._kvikio.CuFile(path, "r"))
+            f = files.get(run.file)
+            if f is None:
+                path = paths[run.file]
+                f = files[run.file] = handles.get(("kvikio", path), lambda: self._kvikio.CuFile(path, "r"))
             if run.dense:
-                buf = dest[int(run.rows[0]) * row:int(run.rows[0]) * row + run.nbytes]
+                start = int(run.rows[0]) * row
+                buf = dest[start:start + run.nbytes]
             else:
                 buf, at = stage[at:at + run.nbytes], at + run.nbytes
-            pending.append((run, path, f.pread(buf, run.nbytes, run.offset)))
-        for run, path, future in pending:
-            _check_read(future.get(), run, path)
+            pending.append((run, f.pread(buf, run.nbytes, run.offset)))
+        for run, future in pending:
+            _check_read(future.get(), run, paths[run.file])
         at = 0
         for run in staged:
             _spread(staging[at:at + run.nbytes], run, flat)
@@ -306,13 +315,20 @@ def plan_runs(files: np.ndarray, offsets: np.ndarray, row: int, *, gap: int = CO
     piece = (o - o[first][seg]) // max(chunk, row)
     pos = np.arange(n) - first[seg]
     brk[1:] |= (piece[1:] != piece[:-1]) | (pos[1:] // MAX_RUN_ROWS != pos[:-1] // MAX_RUN_ROWS)
-    bounds = np.append(np.flatnonzero(brk), n).tolist()
+    starts = np.flatnonzero(brk)
+    lasts = np.append(starts[1:], n) - 1
+    # A run is dense when every neighbour pair in it is back to back in the file and in the batch.
+    apart = np.concatenate(([0], np.cumsum((np.diff(o) != row) | (np.diff(order) != 1))))
+    dense = (apart[lasts] == apart[starts]).tolist()
+    nbytes = (o[lasts] + row - o[starts]).tolist()
+    fl, ol = f.tolist(), o.tolist()
     runs = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        rows, starts = order[a:b], o[a:b] - o[a]
-        dense = bool(b - a == 1 or ((np.diff(starts) == row).all() and (np.diff(rows) == 1).all()))
-        runs.append(Run(int(f[a]), int(o[a]), int(starts[-1]) + row, rows, starts, dense))
+    for a, b, nb, d in zip(starts.tolist(), (lasts + 1).tolist(), nbytes, dense):
+        runs.append(Run(fl[a], ol[a], nb, order[a:b], o[a:b] - ol[a] if b - a > 1 else _ZERO, d))
     return runs
+
+
+_ZERO = np.zeros(1, dtype=np.int64)
 
 
 def _spread(span: torch.Tensor, run: Run, flat: torch.Tensor) -> None:

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from conftest import jpeg_bytes, textured
 from ingest.errors import ConfigError, CorruptRecordError, IngestError, SourceError
-from ingest.formats import Field, Record, check_format, detect, open_source
-from ingest.formats.raw import DATASET_INDEX, RawSource, RawWriter, write_dataset_index
+from ingest.formats import RAW_INDEX, Field, Record, check_format, detect, open_source
+from ingest.formats.raw import RawSource, RawWriter, write_dataset_index
 from ingest.io import ByteReader, plan_runs
 from ingest.ops.decode import CpuDecoder
 
@@ -139,6 +139,19 @@ def test_encoded_images_are_decoded_on_the_way_in(tmp_path):
     decoder = CpuDecoder(threads=1)
     for i, data in enumerate(jpegs):
         assert np.array_equal(src.parse(i, _read(src, i)).image, decoder.decode(data, "x"))
+
+
+def test_grayscale_pixels_without_labels(tmp_path):
+    images = [textured(6, 5 + i, seed=i)[:, :, 0].copy() for i in range(3)]  # [H, W] -> [H, W, 1]
+    with RawWriter(tmp_path, "g", {"image": Field("pixels")}) as w:
+        for im in images:
+            w.add(Record(im))
+    src = RawSource(tmp_path)
+    check_format(src)
+    assert src.labels().tolist() == [-1, -1, -1] and src.classes == []
+    for i, im in enumerate(images):
+        rec = src.parse(i, _read(src, i))
+        assert rec.image.shape == (*im.shape, 1) and np.array_equal(rec.image[:, :, 0], im) and rec.label == -1
 
 
 def test_writer_is_deterministic(tmp_path):
@@ -274,9 +287,10 @@ def test_dataset_paths(tmp_path):
     src = RawSource(root)
     assert src.classes == ["x", "y", "z"]
     assert [src.parse(i, _read(src, i)).image.tobytes() for i in range(3)] == [images[i].tobytes() for i in (6, 7, 8)]
-    assert detect(root) == "raw" and detect(root / DATASET_INDEX) == "raw"
-    assert len(open_source(root / DATASET_INDEX)) == 9
-    os.remove(root / DATASET_INDEX)
+    assert detect(root) == "raw" and detect(root / RAW_INDEX) == "raw"
+    assert len(open_source(root / RAW_INDEX)) == 9
+    os.remove(root / RAW_INDEX)
+    assert detect(root) == "raw" and detect(root / "part-000.raw") == "raw"
     assert len(RawSource(root)) == 9 and RawSource(root).name(0) == f"{root / 'part-000.raw'}:0"
     one = RawSource(root / "part-001.raw")
     assert len(one) == 3 and np.array_equal(one.read_batch([0], one.batch_buffer(1))[0].numpy(), images[3])
@@ -387,6 +401,28 @@ def test_bad_index_gives_a_typed_error_naming_the_file(tmp_path, case):
     with pytest.raises(CorruptRecordError, match=message) as err:
         RawSource(root)
     assert "part-000.raw" in err.value.path
+
+
+def test_ragged_shape_larger_than_the_file(tmp_path):
+    root = write_shards(tmp_path / "ds", [textured(8, 8 + i, seed=i) for i in range(3)])
+
+    def grow(meta):
+        meta["arrays"]["image.shape"] = encode_array(np.array([[8, 8, 3], [2**40, 2**40, 3], [8, 10, 3]]))
+    edit_index(index_of(root), grow)
+    with pytest.raises(CorruptRecordError, match="more than the file holds") as err:
+        RawSource(root)
+    assert err.value.index == 1 and err.value.offset == 4096
+
+
+def test_text_that_is_not_utf8(tmp_path):
+    with RawWriter(tmp_path, "t", {"image": Field("pixels"), "t": Field("text")}) as w:
+        w.add(Record(textured(4, 4), -1, {"t": "é"}))
+    src = RawSource(tmp_path)
+    raw = bytearray(_read(src, 0))
+    raw[64] = 0xFF  # the caption follows the 48 pixel bytes at the next 64-byte boundary
+    with pytest.raises(CorruptRecordError, match="'t' is not UTF-8") as err:
+        src.parse(0, bytes(raw))
+    assert err.value.offset == 64
 
 
 def test_misaligned_ragged_offsets(tmp_path):

@@ -33,7 +33,7 @@ FORMATS: dict[str, tuple[str, str, str | None]] = {
 #: Shard file endings -> format (longest first when matching).
 SUFFIXES = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".record": "tfrecord", ".tfrecord.gz": "tfrecord",
             ".tfrecords.gz": "tfrecord", ".record.gz": "tfrecord", ".rec": "recordio", ".tar": "wds",
-            ".tgz": "wds", ".tar.gz": "wds", ".json": "coco"}
+            ".tgz": "wds", ".tar.gz": "wds", ".json": "coco", ".raw": "raw", ".raw.json": "raw"}
 
 #: Name of the manifest the converter writes beside its shards (it names the format).
 MANIFEST = "manifest.json"
