@@ -37,7 +37,7 @@ def params_by_index(plans, operations) -> dict[int, list]:
         idx = [int(i) for i in bp.indices]
         p = plan(operations, [size_of(i) for i in idx], bp.sample_rngs(), boxes=[boxes_of(i) for i in idx])
         for n, i in enumerate(idx):
-            out[i] = [np.asarray(params[n] if not isinstance(params, tuple) else [f[n] for f in params if f is not None])
+            out[i] = [np.asarray([f[n] for f in params if f is not None] if isinstance(params, tuple) else params[n])
                       for _, params in p.drawn]
     return out
 

@@ -49,20 +49,15 @@ def bounds(m: np.ndarray, region: np.ndarray) -> np.ndarray:
     return np.stack([px.min(1), py.min(1), px.max(1), py.max(1)], axis=1)
 
 
-def map_boxes(steps: Steps, boxes: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Boxes (one ``[K, 4]`` float array per sample, in the op's input coords) in its output coords: the four
-    corners through the inverse map, their bounding box, clipped to the output image. Boxes wholly outside
-    come out empty (zero width or height); :func:`nonempty` finds them."""
-    counts = [len(b) for b in boxes]
-    if not sum(counts):
-        return [np.zeros((0, 4)) for _ in boxes]
-    owner = np.repeat(np.arange(len(boxes)), counts)
-    forward = np.linalg.inv(steps.matrix)[owner]
-    out = bounds(forward, np.concatenate([np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes]))
+def map_boxes(steps: Steps, boxes: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """Boxes ``[M, 4]`` of a batch (box m belongs to sample ``owner[m]``), in the op's input coords, in its
+    output coords: the four corners through the inverse map, their bounding box, clipped to the output
+    image. Boxes wholly outside come out empty (zero width or height); :func:`nonempty` finds them."""
+    out = bounds(np.linalg.inv(steps.matrix)[owner], boxes)
     hw = steps.out_sizes[owner].astype(np.float64)
     np.clip(out[:, 0::2], 0.0, hw[:, 1:], out=out[:, 0::2])
     np.clip(out[:, 1::2], 0.0, hw[:, :1], out=out[:, 1::2])
-    return np.split(out, np.cumsum(counts)[:-1])
+    return out
 
 
 def nonempty(boxes: np.ndarray, min_size: float = 0.0) -> np.ndarray:

@@ -13,8 +13,8 @@ The pipeline keys ``rngs[n]`` by ``(seed, epoch, dataset index)`` (``sampler.Bat
 sample's augmentation does not depend on the batch it lands in, the number of ranks, a resume or a
 neighbour that failed to decode; CPU and CUDA execute the same drawn numbers. ``op(images, rng=...)`` does
 both steps, with per-sample generators spawned from ``rng`` (a Generator or a seed): see :func:`per_sample`.
-``draw`` may also get the samples' boxes (``boxes=``, one ``[K, 4]`` array per sample): ops whose draws
-depend on them (an IoU-constrained crop) use them, others ignore them.
+An op whose draws depend on the samples' boxes (an IoU-constrained crop) sets ``uses_boxes`` and takes
+them as ``draw(sizes, rngs, boxes=...)``, one ``[K, 4]`` array per sample, mapped by the ops before it.
 
 An op declares what it outputs before it runs: :meth:`Op.out_sizes` (per sample, given the drawn params)
 and :meth:`Op.declare` (dtype and layout, an :class:`ImageSpec`), so the executor knows the batch it will
@@ -124,11 +124,13 @@ class Op:
 
     #: True for ops whose output size does not depend on the input size (the executor can preallocate).
     fixed_size: bool = False
+    #: True for ops whose :meth:`draw` takes the samples' boxes (``boxes=``).
+    uses_boxes: bool = False
     #: True for ops that are ``x * a + b`` per channel (:meth:`epilogue` gives a and b): the planner runs
     #: them as the epilogue of the warp before them.
     pointwise_affine: bool = False
 
-    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes: Sequence[np.ndarray] | None = None) -> Any:
+    def draw(self, sizes: Sequence[Size], rngs: Rngs) -> Any:
         """Per-sample random parameters for a batch of images of these sizes (sample n's from ``rngs[n]``
         only). Default: none."""
         return None

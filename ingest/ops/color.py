@@ -70,16 +70,18 @@ class ColorJitter(Op):
             raise ConfigError(f"`p` must be a probability in [0, 1], got {p!r}")
         self.p = float(p)
 
-    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes=None) -> JitterParams:
+    def draw(self, sizes: Sequence[Size], rngs: Rngs) -> JitterParams:
         ranges = [(self.brightness, 1.0), (self.contrast, 1.0), (self.saturation, 1.0), (self.hue, 0.0)]
         on = [r != (identity, identity) for r, identity in ranges]
-        rows = []
-        for rng in per_sample(rngs, len(sizes)):  # per sample: the coin, then each enabled factor in order
-            chosen = rng.random() < self.p if self.p < 1.0 else True
-            rows.append([rng.uniform(*r) if chosen else identity
-                         for (r, identity), enabled in zip(ranges, on) if enabled])
-        columns = iter(np.asarray(rows, dtype=np.float64).reshape(len(sizes), sum(on)).T)
-        return JitterParams(*(next(columns) if enabled else None for enabled in on))
+        # Per sample, one call: the coin, then a uniform number per adjustment (enabled or not).
+        u = np.array([rng.random(5) for rng in per_sample(rngs, len(sizes))]).reshape(-1, 5)
+        chosen = u[:, 0] < self.p
+
+        def factors(k: int) -> np.ndarray | None:
+            (lo, hi), identity = ranges[k]
+            return np.where(chosen, lo + (hi - lo) * u[:, k + 1], identity) if on[k] else None
+
+        return JitterParams(*(factors(k) for k in range(4)))
 
     def apply(self, images: Images, params: JitterParams) -> Images:
         ims = as_list(images)

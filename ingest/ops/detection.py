@@ -49,13 +49,15 @@ class RandomIoUCrop(GeometryOp):
 
     Per sample: pick a threshold from ``min_ious``; None keeps the image whole. Else try ``attempts`` crops:
     width and height each a uniform fraction in ``scale`` of the image's, width/height within ``aspect``, at a
-    uniform position (the attempts drawn at once, the first that qualifies taken); a crop qualifies when some box has its centre inside it and, among those, the best
-    IoU with the crop is at least the threshold. The first that qualifies is taken and keeps only the boxes
-    whose centre it holds. When none does, another threshold is picked, ``rounds`` times at most (torchvision
+    uniform position. A crop qualifies when some box has its centre inside it and, among those, the best IoU
+    with the crop is at least the threshold. The first that qualifies is taken (the attempts of a round are
+    drawn at once) and keeps only the boxes whose centre it holds. When none does, another threshold is picked, ``rounds`` times at most (torchvision
     loops until one works, which never ends for an image without boxes), then the image stays whole.
     Needs the boxes at draw time (``plan(..., boxes=...)``); without boxes no crop qualifies.
     Params: ``(N, 5)`` int64 (top, left, height, width, cropped).
     """
+
+    uses_boxes = True
 
     def __init__(self, min_ious: Sequence[float | None] = (None, 0.1, 0.3, 0.5, 0.7, 0.9), *,
                  scale: Sequence[float] = (0.3, 1.0), aspect: Sequence[float] = (0.5, 2.0),
@@ -108,13 +110,10 @@ class RandomIoUCrop(GeometryOp):
         return Steps(_translation(len(sizes), left, top), params[:, 2:4].astype(np.int64), crop,
                      np.zeros(len(sizes), dtype=bool))
 
-    def box_filter(self, boxes: Sequence[np.ndarray], params: np.ndarray) -> list[np.ndarray]:
-        out = []
-        for b, (top, left, ch, cw, cropped) in zip(boxes, params.tolist()):
-            cx, cy = (b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2
-            inside = (left < cx) & (cx < left + cw) & (top < cy) & (cy < top + ch)
-            out.append(inside if cropped else np.ones(len(b), dtype=bool))
-        return out
+    def box_filter(self, boxes: np.ndarray, owner: np.ndarray, params: np.ndarray) -> np.ndarray:
+        top, left, ch, cw, cropped = params[owner].T
+        cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
+        return (cropped == 0) | ((left < cx) & (cx < left + cw) & (top < cy) & (cy < top + ch))
 
     def _apply_cpu(self, images: Images, params: np.ndarray) -> Images:
         return stack_if_uniform([im[t:t + ch, l:l + cw]
@@ -133,7 +132,7 @@ class ZoomOut(GeometryOp):
         self.fill = _fill(fill)
         self.p = _probability(p)
 
-    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes=None) -> np.ndarray:
+    def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
         out = []
         for (h, w), rng in zip(sizes, per_sample(rngs, len(sizes))):
             if rng.random() >= self.p:

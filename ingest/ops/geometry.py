@@ -1,10 +1,11 @@
 """Geometry ops: Resize, CenterCrop, RandomResizedCrop, Flip (HorizontalFlip, VerticalFlip), Rotate.
 
 Each op is an affine map per sample from its output to its input, given for a whole batch by
-:meth:`GeometryOp.steps` (:class:`ingest.ops.affine.Steps`), which is also how boxes and masks follow it. On CPU, ``apply`` runs
-the op eagerly with torch's own kernels, so results match ``torchvision.transforms.v2.functional``:
-crop = slicing (a view, no copy), resize = ``interpolate`` on the uint8 image seen as a channels-last NCHW
-tensor (torch's fast uint8 path), flip = ``flip``, rotate = ``grid_sample`` with torchvision's fill rule.
+:meth:`GeometryOp.steps` (:class:`ingest.ops.affine.Steps`); boxes and masks follow it through that map.
+On CPU, ``apply`` runs the op eagerly with torch's own kernels, so results match
+``torchvision.transforms.v2.functional``: crop = slicing (a view, no copy), resize = ``interpolate`` on the
+uint8 image seen as a channels-last NCHW tensor (torch's fast uint8 path), flip = ``flip``, rotate =
+``grid_sample`` with torchvision's fill rule.
 On CUDA, ``apply`` composes the op into a :class:`~ingest.ops.affine.Warp` and runs the batched resample.
 
 Interpolation names: ``"bilinear"``, ``"bicubic"`` and ``"nearest"``. ``"nearest"`` takes the pixel that
@@ -130,9 +131,9 @@ class GeometryOp(Op):
         st = self._steps(np.asarray(sizes, dtype=np.int64).reshape(-1, 2), params)
         return st._replace(interpolation=self.interpolation, antialias=self.antialias, fill=self.fill)
 
-    def box_filter(self, boxes: Sequence[np.ndarray], params: Any) -> list[np.ndarray] | None:
-        """Which boxes (one ``[K, 4]`` array per sample, in input coords) the op keeps by its own rule, or
-        None: all of them (boxes are clipped to the output in any case, and empty ones dropped)."""
+    def box_filter(self, boxes: np.ndarray, owner: np.ndarray, params: Any) -> np.ndarray | None:
+        """Which boxes ``[M, 4]`` of the batch (in input coords; box m is sample ``owner[m]``'s) the op keeps
+        by its own rule, or None: all (boxes are clipped to the output in any case, and empty ones dropped)."""
         return None
 
     def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
@@ -262,8 +263,8 @@ class RandomResizedCrop(GeometryOp):
     width / height, drawn log-uniformly), then resize it to ``size``.
 
     The region is drawn by torchvision's ``RandomResizedCrop.get_params`` procedure (10 attempts, then the
-    central crop of the image clamped to ``ratio``), with numbers from the numpy Generator. Params: an
-    ``(N, 4)`` int64 array of (top, left, height, width).
+    central crop of the image clamped to ``ratio``), each sample's numbers from its own generator.
+    Params: an ``(N, 4)`` int64 array of (top, left, height, width).
     """
 
     fixed_size = True
@@ -277,32 +278,33 @@ class RandomResizedCrop(GeometryOp):
         self.interpolation = _interpolation(interpolation)
         self.antialias = bool(antialias)
 
-    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes=None) -> np.ndarray:
+    def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
         rngs = per_sample(rngs, len(sizes))
-        return np.array([self._region(int(h), int(w), rng) for (h, w), rng in zip(sizes, rngs)],
-                        dtype=np.int64).reshape(-1, 4)
-
-    def _region(self, h: int, w: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
-        """(top, left, height, width) for one image of ``h`` x ``w``."""
-        u = rng.random(20)  # 10 areas, then 10 aspects (what two rng.uniform(size=10) calls would give)
+        hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        h, w = hw[:, :1], hw[:, 1:]
+        # Per sample: 10 areas and 10 aspects (what two rng.uniform(size=10) calls would give), then, if an
+        # attempt fits, the position. The arithmetic runs on the whole batch.
+        u = np.array([rng.random(20) for rng in rngs]).reshape(-1, 20)
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        area = h * w * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:10])
-        aspect = np.exp(lo + (hi - lo) * u[10:])
+        area = h * w * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, :10])
+        aspect = np.exp(lo + (hi - lo) * u[:, 10:])
         cw = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # rint: ties to even, like round()
         ch = np.rint(np.sqrt(area / aspect)).astype(np.int64)
         ok = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
-        if ok.any():
-            k = int(ok.argmax())
-            ch_, cw_ = int(ch[k]), int(cw[k])
-            return int(rng.integers(0, h - ch_ + 1)), int(rng.integers(0, w - cw_ + 1)), ch_, cw_
+        rows, first = np.arange(len(hw)), ok.argmax(axis=1)
+        cw, ch = cw[rows, first], ch[rows, first]
+        h, w = hw[:, 0], hw[:, 1]
+        found = ok.any(axis=1)
         # Fallback: the whole image, narrowed to the nearest allowed aspect.
-        if w / h < self.ratio[0]:
-            cw_, ch_ = w, round(w / self.ratio[0])
-        elif w / h > self.ratio[1]:
-            cw_, ch_ = round(h * self.ratio[1]), h
-        else:
-            cw_, ch_ = w, h
-        return (h - ch_) // 2, (w - cw_) // 2, ch_, cw_
+        in_ratio = w / h
+        fw = np.where(in_ratio > self.ratio[1], np.rint(h * self.ratio[1]).astype(np.int64), w)
+        fh = np.where(in_ratio < self.ratio[0], np.rint(w / self.ratio[0]).astype(np.int64), h)
+        cw, ch = np.where(found, cw, fw), np.where(found, ch, fh)
+        top, left = (h - ch) // 2, (w - cw) // 2
+        for n in np.flatnonzero(found):
+            top[n] = rngs[n].integers(0, h[n] - ch[n] + 1)
+            left[n] = rngs[n].integers(0, w[n] - cw[n] + 1)
+        return np.stack([top, left, ch, cw], axis=1).astype(np.int64)
 
     def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
         oh, ow = self.size
@@ -337,7 +339,7 @@ class Flip(GeometryOp):
         self.horizontal = bool(horizontal)
         self.vertical = bool(vertical)
 
-    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes=None) -> np.ndarray:
+    def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
         coins = np.array([rng.random(2) for rng in per_sample(rngs, len(sizes))]).reshape(-1, 2) < self.p
         return coins & np.array([self.horizontal, self.vertical])
 
@@ -402,7 +404,7 @@ class Rotate(GeometryOp):
         self.fill = _fill(fill)
         self.interpolation = _interpolation(interpolation)
 
-    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes=None) -> np.ndarray:
+    def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
         if isinstance(self.angle, tuple):
             return np.array([rng.uniform(*self.angle) for rng in per_sample(rngs, len(sizes))], dtype=np.float64)
         return np.full(len(sizes), self.angle)

@@ -109,7 +109,7 @@ class Plan:
             for (op, params), steps in zip(stage.drawn, stage.steps):
                 tracked.follow(op, params, steps)
         tracked.prune(min_size)
-        return [_like(b, ref) for b, ref in zip(tracked.boxes, boxes)], tracked.keep()
+        return [_like(b, ref) for b, ref in zip(tracked.per_sample(), boxes)], tracked.keep()
 
     def warp_masks(self, masks: Sequence[Any]) -> list[torch.Tensor]:
         """Masks (one ``[K, H, W]`` uint8 array or tensor per sample, at the source size) through every
@@ -153,8 +153,8 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
 
     ``rngs``: one numpy Generator per sample (the pipeline's are keyed by seed, epoch and dataset index), or
     one Generator or seed to spawn them from. ``boxes`` (one ``[K, 4]`` ltrb array per sample, absolute
-    pixels) are needed only by ops whose draws depend on them (RandomIoUCrop); they are mapped through the
-    ops as they are drawn. Raises ConfigError when an op cannot take what the op before it outputs.
+    pixels) are needed only by ops whose draws depend on them (``uses_boxes``: RandomIoUCrop); they are
+    mapped through the ops as they are drawn. Raises ConfigError when an op cannot take what the op before it outputs.
     """
     sizes = [(int(h), int(w)) for h, w in sizes]
     rngs = per_sample(rngs, len(sizes))
@@ -164,7 +164,10 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
     stages: list[Stage] = []
     for op in ops:
         spec = op.declare(spec)
-        params = op.draw(cur, rngs, boxes=None if tracked is None else tracked.boxes)
+        if op.uses_boxes:
+            params = op.draw(cur, rngs, boxes=None if tracked is None else tracked.per_sample())
+        else:
+            params = op.draw(cur, rngs)
         drawn.append((op, params))
         last = stages[-1] if stages else None
         open_warp = last is not None and bool(last.steps) and last.epilogue is None
@@ -207,36 +210,40 @@ def run_ops(ops: Sequence[Op], images: Images, rng: Rngs = None, *, device_kind:
 # --------------------------------------------------------------------------------------------------
 
 class _Boxes:
-    """Boxes of a batch on their way through the ops, with the index of each among the input boxes."""
+    """A batch's boxes on their way through the ops: one ``[M, 4]`` array, the sample each belongs to and its
+    position among that sample's input boxes."""
 
     def __init__(self, boxes: list[np.ndarray], samples: int):
         if len(boxes) != samples:
             raise ValueError(f"got boxes for {len(boxes)} samples, the batch has {samples}")
-        self.boxes = boxes
-        self.index = [np.arange(len(b)) for b in boxes]
-        self.counts = [len(b) for b in boxes]
+        self.counts = np.array([len(b) for b in boxes], dtype=np.int64)
+        self.flat = np.concatenate(boxes) if len(boxes) else np.zeros((0, 4))
+        self.owner = np.repeat(np.arange(samples), self.counts)
+        self.index = np.arange(len(self.flat)) - np.repeat(np.cumsum(self.counts) - self.counts, self.counts)
+
+    def per_sample(self) -> list[np.ndarray]:
+        return np.split(self.flat, np.cumsum(np.bincount(self.owner, minlength=len(self.counts)))[:-1])
 
     def follow(self, op: GeometryOp, params: Any, steps: Steps) -> None:
         """Through one geometry op: its own filter, then the map, clip and the drop of empty boxes."""
-        chosen = op.box_filter(self.boxes, params)
+        chosen = op.box_filter(self.flat, self.owner, params)
         if chosen is not None:
             self._select(chosen)
-        self.boxes = map_boxes(steps, self.boxes)
-        self._select([nonempty(b) for b in self.boxes])
+        self.flat = map_boxes(steps, self.flat, self.owner)
+        self._select(nonempty(self.flat))
 
     def prune(self, min_size: float) -> None:
         if min_size > 0:
-            self._select([nonempty(b, min_size) for b in self.boxes])
+            self._select(nonempty(self.flat, min_size))
 
     def keep(self) -> list[np.ndarray]:
-        out = [np.zeros(n, dtype=bool) for n in self.counts]
-        for k, i in zip(out, self.index):
-            k[i] = True
-        return out
+        """Per sample, which of its input boxes are still here."""
+        kept = np.zeros(int(self.counts.sum()), dtype=bool)
+        kept[(np.cumsum(self.counts) - self.counts)[self.owner] + self.index] = True
+        return np.split(kept, np.cumsum(self.counts)[:-1])
 
-    def _select(self, masks: list[np.ndarray]) -> None:
-        self.boxes = [b[m] for b, m in zip(self.boxes, masks)]
-        self.index = [i[m] for i, m in zip(self.index, masks)]
+    def _select(self, mask: np.ndarray) -> None:
+        self.flat, self.owner, self.index = self.flat[mask], self.owner[mask], self.index[mask]
 
 
 def _warp_masks(masks: list[torch.Tensor], w: Warp) -> list[torch.Tensor]:
