@@ -1,14 +1,15 @@
 """MXNet RecordIO: chunk framing (split records, padding), IRHeader labels, .idx files used or built, the
-writer's bytes against the spec of dmlc-core / mxnet.recordio.pack, bad input, im2rec's files, the Loader.
-
-MXNet does not install here (no wheel for this Python): compatibility is checked against the specification,
-byte by byte, and against files im2rec wrote."""
+writer's bytes against the spec of dmlc-core / mxnet.recordio.pack, bad input, im2rec's files, the Loader,
+and (where a Python with MXNet is configured: INGEST_MX_PYTHON, or /tmp/mxvenv outside CI) MXNet itself."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from ingest.formats import recordio
 from ingest.formats.recordio import MAGIC, RecordIOSource, RecordIOWriter
 
 MAGIC_BYTES = struct.pack("<I", MAGIC)
+MX_PYTHON = os.environ.get("INGEST_MX_PYTHON") or ("" if os.environ.get("CI") else "/tmp/mxvenv/bin/python")
 
 
 def make_records(n: int, size=(20, 28)) -> list[Record]:
@@ -219,6 +221,7 @@ def test_bad_payloads(tmp_path, payload, message):
 
 # -- im2rec's files and the Loader ----------------------------------------------------------------------
 
+@pytest.mark.realworld
 @pytest.mark.parametrize("with_index", [True, False])
 def test_realworld_im2rec(tmp_path, with_index):
     root = realworld("mxnet_recordio") / "adaface_train"
@@ -244,3 +247,29 @@ def test_loader_end_to_end(tmp_path):
         count += len(images)
         labels += batch_labels.tolist()
     assert count == 7 and labels == [r.label for r in records]
+
+
+@pytest.mark.skipif(not (MX_PYTHON and os.path.exists(MX_PYTHON)), reason="no MXNet Python (INGEST_MX_PYTHON)")
+def test_mxnet_reads_what_the_writer_wrote_and_writes_the_same_bytes(tmp_path):
+    """tools/mx_crosscheck.py, run by MXNet's Python (a developer's check, not CI's): MXIndexedRecordIO + recordio.unpack (and MXRecordIO front
+    to back) read our file; MXNet re-packing the same payloads writes byte-identical .rec and .idx files."""
+    split = bytearray(jpeg_bytes(12, 12))
+    split[8:12] = split[40:44] = MAGIC_BYTES
+    boxes = np.array([4, 5, 1, 0.1, 0.2, 0.6, 0.7], np.float32)
+    records = [Record(jpeg_bytes(10, 14), 3, {"label_values": np.array([3.0], np.float32), "id": 0}),
+               Record(jpeg_bytes(16, 10, seed=1), -1, {"label_values": boxes, "id": 1}),
+               Record(bytes(split), 5, {"label_values": np.array([5.0], np.float32), "id": 2})]
+    fields = {"image": Field("image"), "label": Field("int"), "label_values": Field("floats"), "id": Field("int")}
+    write(tmp_path, records, stem="ours", fields=fields)
+    script = Path(__file__).resolve().parents[1] / "tools" / "mx_crosscheck.py"
+    out = subprocess.run([MX_PYTHON, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300)
+    if "No module named 'mxnet'" in out.stderr:
+        pytest.skip("MXNet is not installed in that Python")
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])["records"]
+    assert [r["flag"] for r in seen] == [0, 7, 0]
+    assert [r["label"] for r in seen] == [3.0, pytest.approx(boxes.tolist()), 5.0]
+    assert [r["id"] for r in seen] == [0, 1, 2]
+    assert [r["image_sha256"] for r in seen] == [hashlib.sha256(r.image).hexdigest() for r in records]
+    for suffix in (".rec", ".idx"):
+        assert (tmp_path / f"mx{suffix}").read_bytes() == (tmp_path / f"ours{suffix}").read_bytes()

@@ -26,7 +26,8 @@ from ingest.formats.tfrecord import TFRecordSource, TFRecordWriter, frame, maske
 
 FIELDS = {"image": Field("image"), "label": Field("int"), "boxes": Field("floats"), "caption": Field("text"),
           "weight": Field("float"), "mask": Field("array")}
-TF_PYTHON = os.environ.get("INGEST_TF_PYTHON", "/tmp/tfvenv/bin/python")
+#: A Python with TensorFlow for the cross-check (a developer's check, not CI's: TensorFlow takes long to start)
+TF_PYTHON = os.environ.get("INGEST_TF_PYTHON") or ("" if os.environ.get("CI") else "/tmp/tfvenv/bin/python")
 
 
 def make_records(n: int, size: tuple[int, int] | None = None) -> list[Record]:
@@ -341,6 +342,7 @@ def test_corrupt_gzip_streams(shard, tmp_path):
 
 # -- files written by TensorFlow and TFX ------------------------------------------------------------------
 
+@pytest.mark.realworld
 def test_realworld_object_detection_record():
     src = TFRecordSource(realworld("tfrecord") / "test.record")
     check_format(src)
@@ -356,6 +358,7 @@ def test_realworld_object_detection_record():
         assert ((rec.fields["image/object/bbox/ymax"] > 0) & (rec.fields["image/object/bbox/ymax"] <= 1)).all()
 
 
+@pytest.mark.realworld
 def test_realworld_tabular_and_sequence_examples():
     root = realworld("tfrecord")
     src = TFRecordSource(root / "example.tfrecord", features={"x_byte": "x_byte", "x_int": "x_int",
@@ -373,6 +376,7 @@ def test_realworld_tabular_and_sequence_examples():
     assert [rec.fields["x_int"][1] for _, rec in iter_records(seq)] == [10, 110, 210, 310]
 
 
+@pytest.mark.realworld
 def test_realworld_tfx_gzip_directory():
     src = TFRecordSource(realworld("tfrecord") / "tfx_penguin_gzip" / "Split-train")
     assert src.streamed and set(src.fields) == {"body_mass_g", "culmen_depth_mm", "culmen_length_mm",
@@ -408,10 +412,10 @@ def test_loader_streams_gzip_shards(tmp_path):
     assert sorted(labels) == sorted(r.label for r in records)
 
 
-@pytest.mark.skipif(not os.path.exists(TF_PYTHON), reason="no TensorFlow venv (set INGEST_TF_PYTHON)")
+@pytest.mark.skipif(not (TF_PYTHON and os.path.exists(TF_PYTHON)), reason="no TensorFlow Python (INGEST_TF_PYTHON)")
 def test_tensorflow_reads_what_the_writer_wrote(tmp_path):
     """tools/tf_crosscheck.py, run by TensorFlow's Python: TFRecordDataset + parse_single_example read our
-    shards (plain and GZIP), and TF-written shards read here the same."""
+    shards (plain and GZIP), and shards TF wrote (plain, GZIP, ZLIB) read here the same."""
     records = make_records(4)
     write(tmp_path, records)
     write(tmp_path, records, stem="gz", compression="gzip")
@@ -429,8 +433,14 @@ def test_tensorflow_reads_what_the_writer_wrote(tmp_path):
         assert seen[part]["labels"] == [r.label for r in records]
         assert seen[part]["captions"] == [r.fields["caption"] for r in records]
         assert seen[part]["image_sizes"] == [list(Image.open(io.BytesIO(r.image)).size[::-1]) for r in records]
-    tf_written = TFRecordSource(tmp_path / "tf_written.tfrecord", features=writer_spec(FIELDS))
-    for (_, got), want in zip(iter_records(tf_written), records):
-        assert got.image == want.image and got.label == want.label and got.fields["caption"] == want.fields["caption"]
-        np.testing.assert_array_equal(got.fields["boxes"], want.fields["boxes"])
+    for name in ("tf_written.tfrecord", "tf_written.tfrecord.gz", "tf_written_zlib.tfrecord"):
+        tf_written = TFRecordSource(tmp_path / name, features=writer_spec(FIELDS))
+        assert tf_written.streamed == (name != "tf_written.tfrecord")
+        got_all = [rec for _, rec in iter_records(tf_written)]
+        assert len(got_all) == len(records)
+        for got, want in zip(got_all, records):
+            assert got.image == want.image and got.label == want.label
+            assert got.fields["caption"] == want.fields["caption"]
+            np.testing.assert_array_equal(got.fields["boxes"], want.fields["boxes"])
+            np.testing.assert_array_equal(got.fields["mask"], want.fields["mask"])
     shutil.rmtree(tmp_path)

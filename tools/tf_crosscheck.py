@@ -3,8 +3,8 @@ e.g. ``/tmp/tfvenv/bin/python tools/tf_crosscheck.py DIR``; `tests/test_tfrecord
 
 Reads ``DIR/part-0.tfrecord`` and ``DIR/gz.tfrecord.gz`` (written by `ingest.formats.tfrecord.TFRecordWriter`
 with the test's fields) through ``tf.data.TFRecordDataset`` + ``tf.io.parse_single_example``, decodes the
-JPEGs with TensorFlow, and writes ``DIR/tf_written.tfrecord`` with ``tf.io.TFRecordWriter`` from what it parsed,
-for ingest to read back. Prints one JSON line: per file, labels, captions and decoded image sizes.
+JPEGs with TensorFlow, and writes what it parsed back with ``tf.io.TFRecordWriter`` as ``DIR/tf_written.tfrecord``,
+``DIR/tf_written.tfrecord.gz`` (GZIP) and ``DIR/tf_written_zlib.tfrecord`` (ZLIB), for ingest to read back. Prints one JSON line: per file, labels, captions and decoded image sizes.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def feature(kind: str, values) -> tf.train.Feature:
     return tf.train.Feature(**{f"{kind}_list": getattr(tf.train, f"{kind.capitalize()}List")(value=values)})
 
 
-def write(path: str, parsed: list) -> None:
-    with tf.io.TFRecordWriter(path) as w:
+def write(path: str, parsed: list, compression: str) -> None:
+    with tf.io.TFRecordWriter(path, tf.io.TFRecordOptions(compression_type=compression)) as w:
         for ex in parsed:
             features = {
                 "image/encoded": feature("bytes", [ex["image/encoded"].numpy()]),
@@ -67,7 +67,9 @@ def main(directory: str) -> None:
     for name, compression in (("part-0.tfrecord", ""), ("gz.tfrecord.gz", "GZIP")):
         out[name], parsed = read(os.path.join(directory, name), compression)
         if name == "part-0.tfrecord":
-            write(os.path.join(directory, "tf_written.tfrecord"), parsed)
+            for written, codec in (("tf_written.tfrecord", ""), ("tf_written.tfrecord.gz", "GZIP"),
+                                   ("tf_written_zlib.tfrecord", "ZLIB")):
+                write(os.path.join(directory, written), parsed, codec)
     print(json.dumps(out))
 
 
