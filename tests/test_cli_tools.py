@@ -115,6 +115,7 @@ def test_index_writes_what_the_writers_write(tmp_path, folder, capsys):
     ["convert", "{src}", "{tmp}/o", "--to", "tfrec"],
     ["convert", "{src}", "{tmp}/o", "--to", "raw", "--raw-size", "3"],
     ["convert", "{src}", "{tmp}/o", "--to", "tfrecord", "--shard-size", "1", "--shard-bytes", "1MB"],
+    ["convert", "{src}", "{tmp}/o", "--to", "wds", "-o", "compression=gzip"],
     ["inspect", "{missing}"],
     ["verify", "{missing}"],
     ["index", "{missing}"],

@@ -176,7 +176,7 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
     n = len(view)
     fields = transform.fields(fields_of(view.source))
     classes = [str(c) for c in view.source.classes]
-    options = dict(writer_options or {})
+    options = _writer_options(writer, to, dict(writer_options or {}))
     if "classes" in inspect.signature(writer).parameters and "classes" not in options:
         options["classes"] = classes
     if not sharded:
@@ -247,6 +247,17 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
     summary.failures = [tuple(f) for f in failures.items]
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _writer_options(writer: type, fmt: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` checked against the writer's keyword arguments (unknown names are refused)."""
+    params = inspect.signature(writer).parameters
+    accepted = [name for name, p in params.items() if p.kind == p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(f"the {fmt} writer has no option {', '.join(map(repr, unknown))}. "
+                          f"Available: {', '.join(accepted) or 'none'}")
+    return options
 
 
 def _previous_shards(dst: str, header: dict[str, Any], ranges: list[tuple[int, int]], stems: list[str],
