@@ -337,6 +337,21 @@ def test_cache_location_and_opt_out(basic, tmp_path, monkeypatch):
         open_coco(basic, cache=3)
 
 
+def test_a_damaged_or_unwritable_cache_costs_only_speed(basic, tmp_path, monkeypatch):
+    open_coco(basic, cache=tmp_path / "cache")
+    (cached,) = (tmp_path / "cache").iterdir()
+    (cached / "ann_box.npy").write_bytes(b"not an array")
+    parses = []
+    monkeypatch.setattr(coco, "_load_json", lambda path, real=coco._load_json: parses.append(path) or real(path))
+    assert fields(open_coco(basic, cache=tmp_path / "cache"), 0)["boxes"].tolist() == [[3, 4, 10, 5], [0, 0, 4, 4]]
+    assert parses == [str(basic)]
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the cache directory would go")
+    with pytest.warns(UserWarning, match="could not write the COCO annotation cache"):
+        unwritable = open_coco(basic, cache=blocker)
+    assert fields(pickle.loads(pickle.dumps(unwritable)), 1)["boxes"].tolist() == [[1, 2, 6, 8]]
+
+
 def test_pickled_source_maps_the_cache_instead_of_carrying_it(basic, tmp_path):
     source = open_coco(basic, cache=tmp_path / "cache", masks="masks")
     blob = pickle.dumps(source)
