@@ -67,11 +67,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--threads", default="1,2,4,8,16", help="KvikIO / reader thread counts to measure")
     p.add_argument("--seconds", type=float, default=3.0, help="timed window per measurement")
-    p.add_argument("--loader-workers", type=int, default=0, help="num_workers for the ingest.Loader case")
+    p.add_argument("--loader-workers", default="0", help="num_workers values for the ingest.Loader case, e.g. 0,4")
     p.add_argument("--dali", action="store_true", help="also run DALI's numpy reader (d) if DALI imports")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.threads = [int(t) for t in args.threads.split(",")]
+    args.loader_workers = [int(w) for w in args.loader_workers.split(",")]
     args.data = args.data or f"/dev/shm/ingest_raw_{args.n}_{args.size}"
     return args
 
@@ -323,6 +324,7 @@ def read_ops_rates(src: RawSource, args, report) -> dict:
     idx = batches(src, args, "random")
     threads = (report.get("read_batch") or {}).get("random", {}).get("threads") or max(args.threads)
     res: dict = {"ops": [repr(o) for o in ops], "threads": threads}
+    row = int(np.prod(src.fixed_shape))  # GB/s below: raw bytes read per second
     rng = np.random.default_rng(args.seed)
     with ByteReader("auto", threads=threads) as reader:
         buf = src.batch_buffer(args.batch, args.device)
@@ -331,10 +333,19 @@ def read_ops_rates(src: RawSource, args, report) -> dict:
             src.read_batch(idx[k % len(idx)], buf, reader)
             return run_ops(ops, buf, rng, device_kind=args.device)
         calls, secs = timed(serial, args)
-        res["serial"] = rates(calls * args.batch, 0, secs)
+        res["serial"] = rates(calls * args.batch, calls * args.batch * row, secs)
+
+        def op_by_op(k):  # each op's own __call__ (draw + apply), no fused warp
+            x = src.read_batch(idx[k % len(idx)], buf, reader)
+            for op in ops:
+                x = op(x, rng)
+            return x
+        calls, secs = timed(op_by_op, args)
+        res["serial_op_by_op"] = rates(calls * args.batch, calls * args.batch * row, secs)
         res["overlapped"] = overlapped(src, args, idx, ops, reader)
-    res["loader"] = loader_rate(args, ops)
-    cases = [res["serial"], res["overlapped"], res["loader"]]
+    for workers in args.loader_workers:
+        res[f"loader_workers{workers}"] = loader_rate(args, ops, workers)
+    cases = [v for v in res.values() if isinstance(v, dict)]
     res["images_per_s"] = max(c.get("images_per_s", 0) for c in cases)
     return res
 
@@ -382,15 +393,15 @@ def overlapped(src: RawSource, args, idx, ops, reader, ring: int = 4) -> dict:
                 ready.get(timeout=0.1)
             except queue.Empty:
                 pass
-    return rates(calls * args.batch, 0, secs)
+    return rates(calls * args.batch, calls * args.batch * args.size ** 2 * 3, secs)
 
 
-def loader_rate(args, ops) -> dict:
-    """``ingest.Loader`` over the raw dataset, where it takes one (else the error, recorded)."""
+def loader_rate(args, ops, workers: int) -> dict:
+    """``ingest.Loader`` over the raw dataset (``num_workers=workers``), where it takes one (else the error)."""
     try:
         import ingest
         loader = ingest.Loader(args.data, batch_size=args.batch, device=args.device, ops=ops, shuffle=True,
-                               num_workers=args.loader_workers)
+                               num_workers=workers)
         it = iter(loader)
 
         def step(k):
@@ -401,7 +412,10 @@ def loader_rate(args, ops) -> dict:
                 it = iter(loader)
                 return next(it)
         calls, secs = timed(step, args, warmup=3)
-        return rates(calls * args.batch, 0, secs)
+        stats = loader.stats()
+        loader.close()
+        return {**rates(calls * args.batch, calls * args.batch * args.size ** 2 * 3, secs),
+                "decode_paths": stats.get("decode_paths"), "read_path": stats.get("read_path")}
     except Exception as err:
         return {"error": f"{type(err).__name__}: {err}"[:500]}
 
@@ -439,7 +453,7 @@ def dali_numpy(src: RawSource, args, report) -> dict:
             p = pipe()
             p.build()
             calls, secs = timed(lambda k: p.run(), args, warmup=3)
-            res[f"reader_{device}"] = rates(calls * args.batch, 0, secs)
+            res[f"reader_{device}"] = rates(calls * args.batch, calls * args.batch * args.size ** 2 * 3, secs)
         except Exception as err:
             res[f"reader_{device}"] = {"error": f"{type(err).__name__}: {err}"[:500]}
     return res

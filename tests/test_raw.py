@@ -98,7 +98,8 @@ def test_ragged_fields_round_trip(tmp_path):
     images = [textured(10 + i, 7 + 2 * i, seed=i) for i in range(6)]
 
     def extra(i):
-        return {"caption": "ünïcode " * i, "blob": bytes(range(i * 3)), "boxes": [0.5 * i] * i, "tags": list(range(i)),
+        return {"caption": "ünïcode " * i, "blob": bytes(range(i * 3)), "boxes": [0.5 * i] * i,
+                "tags": list(range(i)),
                 "depth": np.full((i + 1, 2), i, np.float32), "weight": i / 4, "id": 10**12 + i}
 
     root = write_shards(tmp_path / "ds", images, shards=2, fields=fields, extra=extra)
@@ -490,7 +491,8 @@ def test_writer_rejects_bad_samples_and_keeps_the_shard_consistent(tmp_path):
     good = np.zeros((4, 4, 3), np.uint8)
     w.add(Record(good, 1, {"v": np.arange(3, dtype=np.int16), "t": "ok"}))
     bad = [
-        (Record(good.astype(np.float32), 0, {"v": np.zeros(3, np.int16), "t": ""}), "dtype float32, but the field holds uint8"),
+        (Record(good.astype(np.float32), 0, {"v": np.zeros(3, np.int16), "t": ""}),
+         "dtype float32, but the field holds uint8"),
         (Record(np.zeros((4, 5, 3), np.uint8), 0, {"v": np.zeros(3, np.int16), "t": ""}), "declared \\(4, 4, 3\\)"),
         (Record(good, 0, {"v": np.zeros((3, 1), np.int16), "t": ""}), "2 dims, but earlier samples have 1"),
         (Record(good, 0, {"v": np.zeros(3, np.int32), "t": ""}), "dtype int32, but the field holds int16"),

@@ -176,7 +176,8 @@ class Shard:
             if not isinstance(kind, str) or kind not in STORED and kind not in COLUMNS:
                 raise self._bad(f"field {name!r} has kind {kind!r}. Available: {', '.join([*STORED, *COLUMNS])}")
             if name == "image" and kind != "pixels" or name == "label" and kind != "int":
-                raise self._bad(f"field {name!r} must be of kind {'pixels' if name == 'image' else 'int'}, got {kind!r}")
+                want = "pixels" if name == "image" else "int"
+                raise self._bad(f"field {name!r} must be of kind {want}, got {kind!r}")
             self.kinds[name] = kind
             if kind in COLUMNS:
                 continue
