@@ -164,12 +164,13 @@ def test_summary_for_inspect(basic):
 def test_images_default_to_the_json_directory(tmp_path):
     path = write_coco(tmp_path, [ann(1, 1, [0, 0, 3, 3])])
     data = json.loads(path.read_text())
-    data["images"][0]["file_name"] = "img/000001.jpg"
+    data["images"][0]["file_name"] = "img/Zürich ünï.jpg"
+    os.rename(tmp_path / "img" / "000001.jpg", tmp_path / "img" / "Zürich ünï.jpg")
     moved = tmp_path / "instances.json"
     moved.write_text(json.dumps(data))
-    source = CocoSource(moved, cache=False)
-    assert source.name(0) == str(tmp_path / "img" / "000001.jpg")
-    assert read_location(source.locate(0)) == (tmp_path / "img" / "000001.jpg").read_bytes()
+    source = CocoSource(moved, cache=tmp_path)
+    assert source.name(0) == str(tmp_path / "img" / "Zürich ünï.jpg")
+    assert read_location(source.locate(0)) == (tmp_path / "img" / "Zürich ünï.jpg").read_bytes()
 
 
 def test_loader_batches_the_targets_padded(basic):
@@ -205,8 +206,11 @@ def good(aid=1, image_id=1):
     (ann(7, 1, [1, 1, 3, 5], segmentation={"size": [20, 30], "counts": "0 ~"}), "not valid COCO RLE"),
     (ann(7, 1, [1, 1, 3, 5], segmentation=[[1, 1, 5, 1, 5]]), "odd number of coordinates"),
     (ann(7, 1, [1, 1, 3, 5], segmentation=[[1, 1, 5, None, 5, 5]]), "must be finite numbers"),
+    (ann(7, 1, [1, 1, 3, 5], segmentation=[[1, 1, 5, "1.5", 5, 5]]), "must be finite numbers"),
+    (ann(7, 1, [1, 1, 3, 5], segmentation=[{"size": [20, 30], "counts": [600]}]), "must be a list of coordinates"),
     (ann(7, 1, [1, 1, 3, 5], iscrowd=2), "iscrowd must be 0 or 1"),
     (ann(7, 1, [1, 1, "3", 5]), "bbox must be 4 finite numbers"),
+    (ann(7, 1, [float("inf"), 1, 3, 5]), "coordinates must be finite numbers"),
     (ann(7, 1, [1, 1, 3, 5], area=-1), "area must be a number >= 0"),
 ])
 def test_a_bad_annotation_fails_its_image_only(tmp_path, bad, message):

@@ -65,6 +65,7 @@ import hashlib
 import json
 import math
 import os
+import reprlib
 import shutil
 import warnings
 from typing import Any, Iterable
@@ -75,7 +76,7 @@ from ..errors import ConfigError, CorruptRecordError, SourceError
 from .base import Field, Location, Record, check_index
 
 #: Version of the cache layout; bump it when the arrays change meaning.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 #: Segmentation kinds stored per annotation.
 NO_SEG, POLYGONS, RLE = 0, 1, 2
 BOX_FORMATS = ("xywh", "ltrb")
@@ -95,6 +96,15 @@ def _load_json(path: str) -> Any:
         raise SourceError(f"cannot read {path!r}: {err.strerror}", path=path) from err
     except (ValueError, UnicodeDecodeError) as err:
         raise SourceError(f"{path} is not valid JSON: {err}", path=path) from err
+
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+
+
+def _short(value: Any) -> str:
+    """A bounded repr of a value read from the file, for messages."""
+    return _repr.repr(value)
 
 
 def _is_number(v: Any) -> bool:
@@ -158,10 +168,10 @@ class _Builder:
         ids, files, widths, heights = [], [], [], []
         for k, im in enumerate(images):
             if type(im) is not dict or type(im.get("id")) is not int:
-                raise self._fail_open(f"images[{k}]", f"'id' must be an integer, got {_get(im, 'id')!r}")
+                raise self._fail_open(f"images[{k}]", f"'id' must be an integer, got {_short(_get(im, 'id'))}")
             name = im.get("file_name")
             if type(name) is not str or not name:
-                raise self._fail_open(f"images[{k}] (id {im['id']})", f"'file_name' must be a path, got {name!r}")
+                raise self._fail_open(f"images[{k}] (id {im['id']})", f"'file_name' must be a path, got {_short(name)}")
             ids.append(im["id"])
             files.append(name)
             widths.append(im.get("width"))
@@ -171,7 +181,7 @@ class _Builder:
         dup = self.img_id[1:][self.img_id[1:] == self.img_id[:-1]]
         if len(dup):
             raise self._fail_open("images", f"image id {int(dup[0])} appears more than once")
-        self.img_file = np.array(files, dtype=str)[order]
+        self.img_file, self.img_file_end = _pack([files[k] for k in order.tolist()])
         self.img_w = np.zeros(len(ids), dtype=np.int64)
         self.img_h = np.zeros(len(ids), dtype=np.int64)
         for j, k in enumerate(order.tolist()):
@@ -179,14 +189,15 @@ class _Builder:
             if type(w) is int and type(h) is int and w > 0 and h > 0:
                 self.img_w[j], self.img_h[j] = w, h
             else:
-                self.errors[j] = f"images[{k}] (id {ids[k]}): width and height must be integers > 0, got {w!r} x {h!r}"
+                self.errors[j] = (f"images[{k}] (id {ids[k]}): width and height must be integers > 0, got "
+                                  f"{_short(w)} x {_short(h)}")
         self.img_pos = dict(zip(self.img_id.tolist(), range(len(ids))))
 
     def _categories(self, cats: list) -> None:
         found: dict[int, str] = {}
         for k, c in enumerate(cats):
             if type(c) is not dict or type(c.get("id")) is not int:
-                raise self._fail_open(f"categories[{k}]", f"'id' must be an integer, got {_get(c, 'id')!r}")
+                raise self._fail_open(f"categories[{k}]", f"'id' must be an integer, got {_short(_get(c, 'id'))}")
             if c["id"] in found:
                 raise self._fail_open(f"categories[{k}]", f"category id {c['id']} appears more than once")
             name = c.get("name")
@@ -214,8 +225,8 @@ class _Builder:
             iid = a.get("image_id")
             j = img_pos.get(iid) if type(iid) is int else None
             if j is None:
-                raise self._fail_open(f"{self.ann_key}[{k}] (id {a.get('id')!r})",
-                                      f"image_id {iid!r} is not in images", self.ann_path)
+                raise self._fail_open(f"{self.ann_key}[{k}] (id {_short(a.get('id'))})",
+                                      f"image_id {_short(iid)} is not in images", self.ann_path)
             owner.append(j)
             i = a.get("id")
             aid.append(i if type(i) is int else -1)
@@ -252,11 +263,11 @@ class _Builder:
             if scored:
                 s = a.get("score")
                 score.append(s if _is_number(s) else 0.0)
-                problem = problem or (None if _is_number(s) else f"'score' must be a number, got {s!r}")
+                problem = problem or (None if _is_number(s) else f"'score' must be a number, got {_short(s)}")
             if cat[-1] < 0:
-                problem = problem or f"category_id {c!r} is not in categories"
+                problem = problem or f"category_id {_short(c)} is not in categories"
             if problem and j not in self.errors:
-                self.errors[j] = f"{self.ann_key}[{k}] (id {i!r}): {problem}"
+                self.errors[j] = f"{self.ann_key}[{k}] (id {_short(i)}): {problem}"
         self._finish(anns, owner, aid, cat, box, area, crowd, kind, plo, phi, rlo, rhi, score)
 
     def _finish(self, anns: list, owner: list, aid: list, cat: list, box: list, area: list, crowd: list,
@@ -275,7 +286,10 @@ class _Builder:
         self.seg_kind = np.array(kind, dtype=np.uint8)[order]
         self.part_lo, self.part_hi = (np.array(v, dtype=np.int64)[order] for v in (plo, phi))
         self.rle_lo, self.rle_hi = (np.array(v, dtype=np.int64)[order] for v in (rlo, rhi))
-        self.coords = np.array(self._coords, dtype=np.float64)
+        coords = np.array(self._coords)
+        if coords.dtype.kind not in "iuf":  # strings or nulls among the coordinates: NaN marks them below
+            coords = np.array([v if type(v) in NUMBER else np.nan for v in self._coords])
+        self.coords = coords.astype(np.float64)
         self.part_start = np.array(self._part_end, dtype=np.int64)
         self.rle = np.frombuffer(bytes(self._rle), dtype=np.uint8)
         bad = ~np.isfinite(np.array(box, dtype=np.float64).reshape(-1, 4)).all(1)
@@ -283,7 +297,7 @@ class _Builder:
         bad_parts = np.searchsorted(self.part_start, np.flatnonzero(~np.isfinite(self.coords)), side="right") - 1
         bad[np.searchsorted(np.array(plo, dtype=np.int64), bad_parts, side="right") - 1] = True
         for row in np.flatnonzero(bad).tolist():
-            self.errors.setdefault(owner[row], f"{self.ann_key}[{row}] (id {anns[row].get('id')!r}): "
+            self.errors.setdefault(owner[row], f"{self.ann_key}[{row}] (id {_short(anns[row].get('id'))}): "
                                                "coordinates must be finite numbers")
 
     def _bad_part(self, part: Any) -> str | None:
@@ -299,7 +313,7 @@ class _Builder:
         if not isinstance(seg, dict) or "counts" not in seg or "size" not in seg:
             return "segmentation must be polygons (a list of lists) or an RLE {'size', 'counts'}"
         if seg["size"] != [h, w]:
-            return f"RLE size {seg['size']!r} differs from the image's [height, width] [{h}, {w}]"
+            return f"RLE size {_short(seg['size'])} differs from the image's [height, width] [{h}, {w}]"
         counts = seg["counts"]
         if isinstance(counts, list):
             if not all(type(c) is int and c >= 0 for c in counts):
@@ -331,13 +345,14 @@ class _Builder:
             self.repairs["null_iscrowd"] += 1
             crowd = 0
         elif type(crowd) is not int or crowd not in (0, 1):
-            problem, crowd = f"iscrowd must be 0 or 1, got {crowd!r}", 0
+            problem, crowd = f"iscrowd must be 0 or 1, got {_short(crowd)}", 0
         if box is None and rle is not None:
             from pycocotools import mask as mask_utils
             self.repairs["null_bbox"] += 1
             box = mask_utils.toBbox(rle).tolist()
         if not (type(box) is list and len(box) == 4 and all(_is_number(v) for v in box)):
-            return [0.0] * 4, 0.0, crowd, problem or f"bbox must be 4 finite numbers [x, y, width, height], got {box!r}"
+            problem = problem or f"bbox must be 4 finite numbers [x, y, width, height], got {_short(box)}"
+            return [0.0] * 4, 0.0, crowd, problem
         if box[2] < 0 or box[3] < 0:
             problem = problem or (f"bbox {box} has a negative width or height (COCO boxes are [x, y, width, "
                                   "height]; is this [x1, y1, x2, y2]?)")
@@ -346,7 +361,7 @@ class _Builder:
             self.repairs["null_area"] += 1
             area = float(mask_utils.area(rle)) if rle is not None else box[2] * box[3]
         if not _is_number(area) or area < 0:
-            problem, area = problem or f"area must be a number >= 0, got {area!r}", 0.0
+            problem, area = problem or f"area must be a number >= 0, got {_short(area)}", 0.0
         return box, area, crowd, problem
 
     def _segment_rle(self, p0: int, r0: int, kind: int, h: int, w: int) -> dict:
@@ -358,18 +373,31 @@ class _Builder:
 
     def arrays(self) -> dict[str, np.ndarray]:
         err = sorted(self.errors)
-        return {**{n: getattr(self, n) for n in ARRAYS[:-3]}, "err_img": np.array(err, dtype=np.int64),
-                "err_msg": np.array([self.errors[j] for j in err], dtype=str),
+        return {**{n: getattr(self, n) for n in ARRAYS[:-4]}, "err_img": np.array(err, dtype=np.int64),
+                **dict(zip(("err_msg", "err_msg_end"), _pack([self.errors[j] for j in err]))),
                 "repairs": np.array([self.repairs[k] for k in REPAIR_KEYS], dtype=np.int64)}
 
 
-#: The arrays a parsed file becomes (and its cache holds), the last three being the per-image errors and the
-#: build-time repair counts.
-ARRAYS = ("img_id", "img_file", "img_w", "img_h", "ann_start", "ann_id", "ann_cat", "ann_box", "ann_area",
-          "ann_crowd", "ann_score", "seg_kind", "part_lo", "part_hi", "part_start", "coords", "rle_lo", "rle_hi",
-          "rle", "cat_id", "cat_name", "err_img", "err_msg", "repairs")
+#: The arrays a parsed file becomes (and its cache holds), the last four being the per-image errors and the
+#: build-time repair counts. Strings are packed as UTF-8 bytes plus end offsets (`_pack`).
+ARRAYS = ("img_id", "img_file", "img_file_end", "img_w", "img_h", "ann_start", "ann_id", "ann_cat", "ann_box",
+          "ann_area", "ann_crowd", "ann_score", "seg_kind", "part_lo", "part_hi", "part_start", "coords", "rle_lo",
+          "rle_hi", "rle", "cat_id", "cat_name", "err_img", "err_msg", "err_msg_end", "repairs")
 #: Build-time repair counters, in the order stored in the cache's ``repairs`` array.
 REPAIR_KEYS = ("null_iscrowd", "null_area", "null_bbox", "short_polygon_parts", "null_category_name")
+
+
+def _pack(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Strings as one UTF-8 byte buffer and the end offset of each (no fixed-width padding: one long file
+    name must not multiply the size of all of them)."""
+    encoded = [s.encode("utf-8", "surrogatepass") for s in strings]
+    ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), ends
+
+
+def _unpack(buf: np.ndarray, ends: np.ndarray, k: int) -> str:
+    start = int(ends[k - 1]) if k else 0
+    return buf[start:int(ends[k])].tobytes().decode("utf-8", "surrogatepass")
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -557,7 +585,8 @@ class CocoSource:
         self._img = np.flatnonzero(chosen)
         self._ann = np.flatnonzero(keep & chosen[owner])
         self._start = np.concatenate([[0], np.cumsum(per_image[self._img])]).astype(np.int64)
-        self._errors = {int(j): str(m) for j, m in zip(a["err_img"], a["err_msg"]) if chosen[j]}
+        self._errors = {int(j): _unpack(a["err_msg"], a["err_msg_end"], e)
+                        for e, j in enumerate(a["err_img"].tolist()) if chosen[j]}
         self.repairs.update(zip(REPAIR_KEYS, np.asarray(a["repairs"]).tolist()))
         self._targets(a, keep & chosen[owner], ltrb)
         self.classes = self._class_names(a)
@@ -638,7 +667,8 @@ class CocoSource:
         return Location(self.name(i))
 
     def name(self, i: int) -> str:
-        return os.path.join(self.root, str(self._a["img_file"][self._img[check_index(i, len(self._img))]]))
+        j = int(self._img[check_index(i, len(self._img))])
+        return os.path.join(self.root, _unpack(self._a["img_file"], self._a["img_file_end"], j))
 
     def labels(self) -> np.ndarray:
         return np.full(len(self._img), -1, dtype=np.int64)
