@@ -181,7 +181,7 @@ class Extract:
     def array(self, key: str, field: Field) -> np.ndarray:
         if field.kind == "pixels" or self.values(key, None)[0] == "bytes_list":
             dtype = np.dtype(np.uint8) if field.kind == "pixels" else self.dtype(key, field)
-            buf = bytes(self.single(key, "bytes_list"))
+            buf = bytearray(self.single(key, "bytes_list"))  # a writable copy: batches wrap it in tensors
             if len(buf) % dtype.itemsize:
                 raise self.error(key, f"{len(buf)} bytes are not a whole number of {dtype.name} items")
             arr = np.frombuffer(buf, dtype=dtype)

@@ -10,7 +10,8 @@ joins the chunks with the magic put back between them.
 when ``flag > 0``, ``flag`` float32 labels, then the encoded image. Fields of a sample:
 
 - ``image``: the encoded image bytes (a record with none is a `CorruptRecordError`);
-- ``label`` (int): the header's label when ``flag == 0`` and it is a whole number, else -1;
+- ``label`` (int): the header's label when ``flag == 0`` and it is a class index (a whole number from 0 to
+  2**31 - 1), else -1;
 - ``label_values`` (floats): every label as float32: ``[label]`` when ``flag == 0``, the ``flag`` values
   otherwise (multi-value labels, detection boxes packed by im2rec);
 - ``id`` (int): the header's id (a uint64 seen as int64).
@@ -186,7 +187,7 @@ def unpack(data: bytes, path: str, index: Any, offset: int) -> Record:
 
 def _class_label(flag: int, label: float) -> int:
     """The int label of a header: its label when single-valued and a whole number, else -1."""
-    if flag == 0 and math.isfinite(label) and label == int(label) and -1 <= label < 2 ** 31:
+    if flag == 0 and math.isfinite(label) and label == int(label) and 0 <= label < 2 ** 31:
         return int(label)
     return -1
 
@@ -236,8 +237,8 @@ class RecordIOSource:
                         f.seek(offset)
                         head = f.read(min(size, _CHUNK_HEADER.size + IR_HEADER.size))
                         cflag, length = _chunk_header(head[:_CHUNK_HEADER.size], shard, offset, index=i)
-                        if cflag == 0 and len(head) == _CHUNK_HEADER.size + IR_HEADER.size <= size \
-                                and length >= IR_HEADER.size:
+                        whole = len(head) == _CHUNK_HEADER.size + IR_HEADER.size and length >= IR_HEADER.size
+                        if cflag == 0 and whole:
                             flag, label, _, _ = IR_HEADER.unpack_from(head, _CHUNK_HEADER.size)
                             labels[i] = _class_label(flag, label)
                         else:  # split or short record: read it whole
