@@ -74,6 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.threads = [int(t) for t in args.threads.split(",")]
     args.loader_workers = [int(w) for w in args.loader_workers.split(",")]
     args.data = args.data or f"/dev/shm/ingest_raw_{args.n}_{args.size}"
+    args.batch = min(args.batch, args.n)
     return args
 
 
