@@ -152,6 +152,18 @@ def test_masks_need_a_segmentation(tmp_path):
         fields(open_coco(path, masks="masks"), 0)
 
 
+def test_pixel_masks_are_bounded(tmp_path, monkeypatch):
+    far = [[0, 0, 1e9, 0, 1e9, 5]]  # pycocotools would allocate ~5e9 boundary points for it
+    path = write_coco(tmp_path, [ann(5, 1, [0, 0, 3, 3], segmentation=far), ann(6, 2, [0, 0, 3, 3])])
+    assert fields(open_coco(path), 0)["boxes"].tolist() == [[0, 0, 3, 3]]
+    masks = open_coco(path, masks="masks")
+    with pytest.raises(CorruptRecordError, match="annotation id 5: polygon coordinates reach more than"):
+        fields(masks, 0)
+    monkeypatch.setattr(coco, "MAX_MASK_BYTES", 24 * 16 - 1)  # image 2 is 24 x 16
+    with pytest.raises(CorruptRecordError, match="1 masks of 24x16 would take more than 383 bytes"):
+        fields(masks, 1)
+
+
 def test_summary_for_inspect(basic):
     summary = open_coco(basic).summary()
     assert summary["images"] == 3 and summary["annotations"] == 3 and summary["categories"] == 2

@@ -56,7 +56,9 @@ whose ``image_id`` is not an image raises at open. Errors inside one image's ann
 width or height, unknown ``category_id``, RLE whose size differs from the image or whose counts do not sum
 to height x width, non-finite or odd-length polygons, missing image size) make that image's `parse` raise
 `CorruptRecordError` naming the JSON, the annotation's position and id, so the loader's failure budget
-decides; `summary` counts them. ``masks="masks"`` on an object without segmentation fails the same way.
+decides; `summary` counts them. With ``masks="masks"``, an object without segmentation, a polygon reaching
+more than an image size outside its image (pycocotools' rasteriser allocates in proportion to the extent)
+and masks of one image over `MAX_MASK_BYTES` fail the same way.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ NO_SEG, POLYGONS, RLE = 0, 1, 2
 BOX_FORMATS = ("xywh", "ltrb")
 #: JSON number types (bool excluded: ``type(True) is bool``).
 NUMBER = frozenset({int, float})
+#: Pixel masks of one image larger than this (objects x height x width bytes) fail it instead of allocating.
+MAX_MASK_BYTES = 1 << 31
 #: Largest category id usable as a label as it is (``contiguous_ids=False``): `classes` has one name per id.
 MAX_CLASS_ID = 1 << 20
 MASK_MODES = (None, "polygons", "masks")
@@ -337,10 +341,12 @@ class _Builder:
                      j: int) -> tuple[list, float, int, str | None]:
         """bbox, area and iscrowd that are null (repaired) or wrong (explained); returns them and the problem."""
         h, w = int(self.img_h[j]), int(self.img_w[j])
-        rle = None
+        rle, problem = None, None
         if kind != NO_SEG and h and (box is None or area is None):
-            rle = (self._segment_rle(p0, r0, kind, h, w))
-        problem = None
+            try:
+                rle = self._segment_rle(p0, r0, kind, h, w)
+            except ValueError as err:
+                problem = str(err)
         if crowd is None:
             self.repairs["null_iscrowd"] += 1
             crowd = 0
@@ -405,11 +411,24 @@ def _get(obj: Any, key: str) -> Any:
 
 
 def _polygon_rle(parts: list, h: int, w: int) -> dict:
-    """pycocotools' polygon rasterising (``annToRLE``: frPyObjects, then merge of the parts)."""
+    """pycocotools' polygon rasterising (``annToRLE``: frPyObjects, then merge of the parts). Raises
+    ValueError for coordinates that are not finite or lie more than an image size outside the image: the
+    rasteriser allocates memory in proportion to the polygon's extent."""
     from pycocotools import mask as mask_utils
     if not parts:
         return mask_utils.encode(np.zeros((h, w, 1), dtype=np.uint8, order="F"))[0]
-    return mask_utils.merge(mask_utils.frPyObjects(parts, h, w))
+    arrays = []
+    for part in parts:
+        try:
+            xy = np.asarray(part, dtype=np.float64).reshape(-1, 2)
+        except (TypeError, ValueError):
+            raise ValueError("polygon coordinates must be finite numbers") from None
+        if not np.isfinite(xy).all():
+            raise ValueError("polygon coordinates must be finite numbers")
+        if (xy.min(0) < (-w, -h)).any() or (xy.max(0) > (2 * w, 2 * h)).any():
+            raise ValueError(f"polygon coordinates reach more than an image size outside the {w}x{h} image")
+        arrays.append(xy.ravel().tolist())
+    return mask_utils.merge(mask_utils.frPyObjects(arrays, h, w))
 
 
 # -- the cache ---------------------------------------------------------------------------------------------
@@ -709,14 +728,20 @@ class CocoSource:
         """``annToMask`` of every object of image ``j``: [N, H, W] uint8."""
         from pycocotools import mask as mask_utils
         h, w = int(self._a["img_h"][j]), int(self._a["img_w"][j])
+        if len(anns) * h * w > MAX_MASK_BYTES:
+            raise CorruptRecordError(f"{len(anns)} masks of {h}x{w} would take more than {MAX_MASK_BYTES} bytes",
+                                     path=self.path, index=i)
         rles = []
         for ann in anns.tolist():
             kind = self._a["seg_kind"][ann]
             if kind == NO_SEG:
                 raise CorruptRecordError(f"annotation id {int(self._a['ann_id'][ann])} has no segmentation "
                                          "(masks='masks' needs one for every object)", path=self.path, index=i)
-            rles.append(self._rle(ann, h, w) if kind == RLE
-                        else _polygon_rle([p.tolist() for p in self._parts(ann)], h, w))
+            try:
+                rles.append(self._rle(ann, h, w) if kind == RLE else _polygon_rle(self._parts(ann), h, w))
+            except ValueError as err:
+                raise CorruptRecordError(f"annotation id {int(self._a['ann_id'][ann])}: {err}", path=self.path,
+                                         index=i) from None
         if not rles:
             return np.zeros((0, h, w), dtype=np.uint8)
         return np.ascontiguousarray(mask_utils.decode(rles).transpose(2, 0, 1))
