@@ -142,12 +142,17 @@ def test_fixed_length_lists_are_checked(tmp_path):
 
 
 def test_pixels_field_round_trip(tmp_path):
-    pixels = np.random.default_rng(0).integers(0, 255, (5, 7, 3), dtype=np.uint8)
-    write(tmp_path, [Record(pixels, 2)], fields={"image": Field("pixels"), "label": Field("int")})
+    pixels = [np.random.default_rng(k).integers(0, 255, (5, 7, 3), dtype=np.uint8) for k in range(3)]
+    write(tmp_path, [Record(p, k) for k, p in enumerate(pixels)],
+          fields={"image": Field("pixels"), "label": Field("int")})
     src = TFRecordSource(tmp_path / "part-0.tfrecord")
     assert src.fields == {"image": Field("pixels"), "label": Field("int")}
     check_format(src)
-    np.testing.assert_array_equal(src.parse(0, read_location(src.locate(0))).image, pixels)
+    np.testing.assert_array_equal(src.parse(1, read_location(src.locate(1))).image, pixels[1])
+    (images, labels), = ingest.Loader(src, batch_size=3, device="cpu")  # no decode: CHW uint8
+    assert labels.tolist() == [0, 1, 2]
+    for image, want in zip(images, pixels):
+        np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), want)
 
 
 # -- index files --------------------------------------------------------------------------------------
@@ -191,7 +196,8 @@ def test_shard_lists_globs_and_directories(tmp_path):
     records = make_records(7)
     for k in range(3):
         write(tmp_path, records[k * 3:(k + 1) * 3], stem=f"part-{k}")
-    (tmp_path / "README.txt").write_text("not a shard")
+    for other in ("README.txt", "records.md", "part-3.tfrecord.tmp", ".part-4.tfrecord"):
+        (tmp_path / other).write_bytes(b"not a shard")  # notes and partial writes are not shards
     by_dir = TFRecordSource(tmp_path)
     assert len(by_dir) == 7 and len(by_dir.shards) == 3
     assert len(TFRecordSource(str(tmp_path / "part-*.tfrecord"))) == 7

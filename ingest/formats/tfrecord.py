@@ -242,9 +242,14 @@ def iter_stream(path: str, compression: str = "auto", *, check_crc: bool = True)
 
 # -- the source ------------------------------------------------------------------------------------
 
+_NOT_SHARDS = (".idx", ".json", ".txt", ".md", ".tmp", ".part", ".partial")
+
+
 def _is_shard_name(name: str) -> bool:
+    """Whether a file in a dataset directory is a TFRecord shard: its name says 'record' and it is not an
+    index, a manifest, a note or a partial write."""
     low = name.lower()
-    return "record" in low and not low.endswith((".idx", ".json", ".txt")) and not low.startswith((".", "_"))
+    return "record" in low and not low.endswith(_NOT_SHARDS) and not low.startswith((".", "_"))
 
 
 class TFRecordSource:
