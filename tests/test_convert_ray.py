@@ -3,13 +3,13 @@ resumes a run that another runner started."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from conftest import make_image_folder
 
 from ingest.tools import convert as convert_mod
+from ingest.tools import manifest
 from ingest.tools.cli import main
 from ingest.tools.convert import convert
 
@@ -58,7 +58,7 @@ def test_ray_resumes_an_interrupted_run(local_ray, folder, tmp_path, monkeypatch
         m.setattr(convert_mod, "write_shard", dies_at_third)
         with pytest.raises(KeyboardInterrupt):
             convert(str(folder), str(out), to="wds", shard_size=4, progress=False)
-    assert len(json.loads((out / "manifest.partial.json").read_text())["shards"]) == 2
+    assert len(manifest.load(str(out))[0]["shards"]) == 2
     summary = convert(str(folder), str(out), to="wds", shard_size=4, resume=True, ray=True, progress=False)
     assert summary.resumed == 2 and summary.written == 18 - 8
     assert tree_bytes(out) == tree_bytes(tmp_path / "whole")

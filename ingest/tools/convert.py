@@ -8,8 +8,9 @@
    (`transform`), write it with the format's `Writer` into ``DST/.ingest-tmp/<stem>/``, hash the files. Jobs
    run in the driver (``workers=1``), in spawned worker processes (``workers=N``) or as Ray tasks
    (``ray=``, see `runners`).
-3. **Commit** (driver, in shard order). The files are renamed into DST and the shard is added to
-   ``manifest.partial.json`` (replaced atomically); the last commit writes ``manifest.json`` (`manifest`).
+3. **Commit** (driver, in shard order). The files are renamed into DST and the shard is appended to the
+   journal ``manifest.partial.jsonl``; at the end ``manifest.json`` is written and the journal removed
+   (`manifest`).
 
 Writers are deterministic, so the output is byte-identical whatever ran the jobs. ``resume=True`` keeps the
 shards a killed run committed (their sha256 checked again) and redoes the rest, giving the same bytes as an
@@ -214,6 +215,7 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
             for item in shard["failures"]:
                 failures.record(*item)
         committed = dict(kept)
+        journal = manifest.Journal(dst, header, [kept[k] for k in sorted(kept)])
         summary.resumed = len(kept)
         done = {"samples": sum(s["stop"] - s["start"] for s in kept.values()),
                 "bytes": sum(s["bytes"] for s in kept.values())}
@@ -226,8 +228,7 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
             committed[k] = shard
             done["samples"] += shard["stop"] - shard["start"]
             done["bytes"] += shard["bytes"]
-            manifest.write_atomic(os.path.join(dst, manifest.PARTIAL),
-                                  {**header, "shards": [committed[i] for i in sorted(committed)]})
+            journal.commit(shard)
             bar.update(done["samples"], len(committed), done["bytes"], force=True)
 
         todo = [(k, stems[k], *ranges[k]) for k in range(len(ranges)) if k not in kept]
@@ -239,8 +240,7 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
     shards = [committed[k] for k in range(len(ranges))]
     total = {"count": sum(s["count"] for s in shards), "bytes": sum(s["bytes"] for s in shards)}
     manifest.write_atomic(os.path.join(dst, manifest.MANIFEST), {**header, "shards": shards, **total})
-    if os.path.exists(os.path.join(dst, manifest.PARTIAL)):
-        os.remove(os.path.join(dst, manifest.PARTIAL))
+    journal.remove()
     shutil.rmtree(tmp, ignore_errors=True)
     summary.samples, summary.shards, summary.bytes = total["count"], len(shards), total["bytes"]
     summary.written = done["samples"] - written_from

@@ -1,7 +1,10 @@
 """The manifest `ingest convert` writes beside its shards, and the checks `verify` and ``--resume`` run on it.
 
 ``manifest.json`` (``formats.MANIFEST``) is written once the conversion is complete; while it runs, the
-committed shards are listed in ``manifest.partial.json``, replaced atomically after each shard. Both hold::
+committed shards are recorded in the journal ``manifest.partial.jsonl``: its first line is the header (the
+manifest without ``shards``), then one line per committed shard, appended and fsynced as each is committed
+(so a commit costs one short write, not a rewrite of every entry; a line cut short by a kill is ignored).
+The manifest holds::
 
     {"format": "tfrecord", "version": 1,
      "source": {"path": ..., "format": ..., "count": ...},
@@ -27,7 +30,7 @@ from typing import Any
 from ..formats import MANIFEST
 from ..formats.base import Field
 
-PARTIAL = "manifest.partial.json"
+PARTIAL = "manifest.partial.jsonl"
 VERSION = 1
 
 
@@ -61,14 +64,52 @@ def write_atomic(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+class Journal:
+    """The partial manifest of a running conversion: ``header`` and the ``shards`` already kept, written
+    afresh (atomically), then one line appended per `commit`."""
+
+    def __init__(self, directory: str, header: dict[str, Any], shards: list[dict[str, Any]]):
+        self.path = os.path.join(directory, PARTIAL)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(entry) + "\n" for entry in [header, *shards])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def commit(self, shard: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(shard) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def remove(self) -> None:
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
 def load(directory: str) -> tuple[dict[str, Any] | None, bool]:
-    """The manifest in ``directory`` and whether it is the final one (else the partial one, or None)."""
-    for name, final in ((MANIFEST, True), (PARTIAL, False)):
-        path = os.path.join(directory, name)
-        if os.path.exists(path):
-            with open(path) as f:
-                return json.load(f), final
-    return None, False
+    """The manifest in ``directory`` and whether it is the final one; else the journal of an unfinished run
+    as a manifest (its shards in order, the last entry of a stem winning), or None."""
+    path = os.path.join(directory, MANIFEST)
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f), True
+    path = os.path.join(directory, PARTIAL)
+    if not os.path.exists(path):
+        return None, False
+    with open(path) as f:
+        lines = f.read().split("\n")
+    entries = []
+    for line in lines:
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:   # the line a kill cut short (or the empty one after the last newline)
+            continue
+    if not entries:
+        return None, False
+    shards = {s["stem"]: s for s in entries[1:]}
+    return {**entries[0], "shards": sorted(shards.values(), key=lambda s: s["start"])}, False
 
 
 def sha256(path: str, chunk: int = 1 << 22) -> str:
