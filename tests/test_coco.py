@@ -17,7 +17,7 @@ from pycocotools.coco import COCO
 
 from ingest.errors import ConfigError, CorruptRecordError, SourceError
 from ingest.formats import check_format, read_location
-from ingest.formats import coco
+from ingest.formats import _coco_index as coco_index, coco
 from ingest.formats.coco import CocoSource
 
 from conftest import jpeg_bytes, realworld
@@ -311,8 +311,8 @@ def test_null_fields_are_repaired_like_pycocotools_would_compute_them(tmp_path):
 def test_rle_string_total_reads_pycocotools_strings(h, w, seed):
     mask = np.random.default_rng(seed).random((h, w)) < 0.4
     counts = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"]
-    assert coco.rle_string_total(counts) == h * w
-    assert coco.rle_string_total(counts + b"1") != h * w
+    assert coco_index.rle_string_total(counts) == h * w
+    assert coco_index.rle_string_total(counts + b"1") != h * w
 
 
 # -- the parse cache ---------------------------------------------------------------------------------------
@@ -324,7 +324,7 @@ def test_cache_is_used_then_invalidated(basic, tmp_path, monkeypatch):
 
     def no_parse(path):
         raise AssertionError("the JSON was parsed again")
-    monkeypatch.setattr(coco, "_load_json", no_parse)
+    monkeypatch.setattr(coco_index, "load_json", no_parse)
     again = open_coco(basic, cache=tmp_path / "cache", box_format="ltrb", skip_empty=True)  # options: no reparse
     assert len(again) == 2 and fields(again, 0)["boxes"].tolist()[0] == [3, 4, 13, 9]
     assert fields(first, 0)["image_id"] == 1
@@ -342,7 +342,7 @@ def test_cache_location_and_opt_out(basic, tmp_path, monkeypatch):
     open_coco(basic, cache=True)
     assert [p.name for p in basic.parent.iterdir() if p.name.endswith(".ingest-coco")]
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr(coco.os, "access", lambda *a, **k: False)  # the JSON's directory is read-only
+    monkeypatch.setattr(coco_index.os, "access", lambda *a, **k: False)  # the JSON's directory is read-only
     open_coco(basic, cache=True)
     assert len(list((tmp_path / "xdg" / "ingest").iterdir())) == 1
     monkeypatch.undo()
@@ -358,7 +358,8 @@ def test_a_damaged_or_unwritable_cache_costs_only_speed(basic, tmp_path, monkeyp
     (cached,) = (tmp_path / "cache").iterdir()
     (cached / "ann_box.npy").write_bytes(b"not an array")
     parses = []
-    monkeypatch.setattr(coco, "_load_json", lambda path, real=coco._load_json: parses.append(path) or real(path))
+    real = coco_index.load_json
+    monkeypatch.setattr(coco_index, "load_json", lambda path: parses.append(path) or real(path))
     assert fields(open_coco(basic, cache=tmp_path / "cache"), 0)["boxes"].tolist() == [[3, 4, 10, 5], [0, 0, 4, 4]]
     assert parses == [str(basic)]
     blocker = tmp_path / "blocker"
