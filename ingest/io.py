@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from . import defaults
-from .errors import ConfigError, CorruptRecordError
+from .errors import ConfigError, CorruptRecordError, SourceError
 from .formats.base import Location
 
 log = logging.getLogger("ingest")
@@ -76,7 +76,9 @@ class ByteReader:
     # -- batch reads into host memory -------------------------------------------------------------
     def read(self, locations: Sequence[Location]) -> list[np.ndarray | Exception]:
         """Bytes of every location, as uint8 views into one arena, in order. A location whose read fails
-        gives the exception as its value (the executor applies the failure budget)."""
+        gives its error as its value (the executor applies the failure budget): `SourceError` naming the
+        file when it cannot be opened or read (missing, no permission, a directory), `CorruptRecordError`
+        when it is shorter than the location says."""
         unknown = [k for k, loc in enumerate(locations) if loc.data is None and loc.length is None]
         sizes: list[int | Exception] = [0 if loc.data is not None else loc.length for loc in locations]
         for k, size in zip(unknown, self._pool.map(_size_of, [locations[k] for k in unknown])):
@@ -119,7 +121,7 @@ class ByteReader:
             else:
                 got = _pread_full(loc.path, out, loc.offset)
         except OSError as err:
-            return err
+            return read_error(loc, err)
         if got != out.nbytes:
             return CorruptRecordError(f"short read: {got} of {out.nbytes} bytes (file truncated?)",
                                       path=loc.path, offset=loc.offset)
@@ -256,7 +258,15 @@ def _size_of(loc: Location) -> int | Exception:
     try:
         return os.stat(loc.path).st_size - loc.offset
     except OSError as err:
-        return err
+        return read_error(loc, err)
+
+
+def read_error(loc: Location, err: OSError) -> SourceError:
+    """The typed error for a location that cannot be read, naming the file (and offset), chained from ``err``."""
+    where = f" at byte {loc.offset}" if loc.offset else ""
+    out = SourceError(f"{loc.path}: cannot read{where}: {err.strerror or err}", path=loc.path)
+    out.__cause__ = err
+    return out
 
 
 def _pread_full(path: str, out: np.ndarray, offset: int) -> int:

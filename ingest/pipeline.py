@@ -21,16 +21,19 @@ default) the first failure raises its own typed error (e.g. `DecodeError` naming
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from . import defaults
 from .errors import ConfigError, FailureBudgetExceeded, IngestError
 from .formats.base import Record, Source
 from .io import ByteReader
@@ -77,14 +80,21 @@ class _Work:
 
 
 class Failures:
-    """The failure budget: records each bad sample, raises when the budget is exceeded."""
+    """The failure budget: records each bad sample, raises when the budget is exceeded.
 
-    def __init__(self, max_failures: int | float, epoch_size: int):
+    ``max_failures``: an int counts samples; a float in [0, 1) is that share of ``epoch_size``, the number of
+    samples the epoch reads (padding included, a smaller last batch counted as it is), so 0.5 allows half of
+    them. ``epoch_size=None`` (a stream of unknown length) takes counts only."""
+
+    def __init__(self, max_failures: int | float, epoch_size: int | None):
         if isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)) or max_failures < 0:
             raise ConfigError(f"`max_failures` must be an int >= 0 or a fraction in [0, 1), got {max_failures!r}")
         if isinstance(max_failures, float):
             if max_failures >= 1:
                 raise ConfigError(f"a fractional `max_failures` must be < 1, got {max_failures}")
+            if epoch_size is None:
+                raise ConfigError(f"a fractional `max_failures` ({max_failures}) needs the epoch's length, which a "
+                                  "streamed iterator does not have: pass a count of samples instead")
             self.budget = int(max_failures * epoch_size)
         else:
             self.budget = max_failures
@@ -228,15 +238,18 @@ class Pipeline:
         return work
 
     def _replace_failures(self, work: _Work, images: list, rois, origins) -> list:
-        """Failed images become blank stand-ins of the expected size (the ops plan was drawn for them);
-        their rows are dropped after the ops run."""
+        """Failed images become blank stand-ins (the ops plan was drawn for them); their rows are dropped after
+        the ops run. A stand-in is never allocated at the probed size, which a tiny corrupt file can make huge:
+        on the CPU the warp is rescaled onto whatever arrives, so it takes the size of the plan's output; on the
+        GPU the warp reads each region 1:1 from its origin, so it takes the region (or the probed size where
+        the batch's other images are decoded whole)."""
         out = list(images)
         for k, im in enumerate(images):
             if not isinstance(im, BaseException):
                 continue
             self.failures.add(work.names[k], "decode", im)
             work.failed.append(k)
-            h, w = work.sizes[k]
+            h, w = work.sizes[k] if rois is not None else work.ops_plan.out_sizes[k]
             if rois is not None and rois[k] is not None:
                 x0, y0, x1, y1 = rois[k]
                 h, w = y1 - y0, x1 - x0
@@ -361,7 +374,14 @@ class StageStats:
 
 class Executor:
     """One epoch of a `Pipeline` on three stage threads. Iterate it for `Batch`es; `close()` (also on
-    garbage collection, ``break`` or an exception) stops every thread and leaves none behind."""
+    garbage collection, ``break`` or an exception) stops every thread and leaves none behind. Executors still
+    running when the interpreter exits are closed by an exit hook, before finalization: a stage thread left
+    inside a torch call while the interpreter finalizes aborts the process ("terminate called without an
+    active exception").
+
+    The ops stage runs its torch CPU ops on the ``ops_threads`` setting's intra-op threads (half the cores
+    unless set), not torch's default of every core: the decode pool keeps the cores busy meanwhile, and
+    OpenMP threads spinning beside it made the ops stage ~3x slower on 2 cores (see `ingest.defaults`)."""
 
     def __init__(self, pipeline: Pipeline, plans: Iterator[BatchPlan], *, prefetch: int = 2):
         self.pipeline = pipeline
@@ -370,17 +390,21 @@ class Executor:
         self._queues = [queue.Queue(prefetch) for _ in STAGES]
         self.stats = pipeline.stage_stats
         fns: list[Callable] = [pipeline.read, pipeline.decode, pipeline.transform]
+        threads = [None, None, defaults.ops_threads()]   # torch intra-op threads per stage (None: torch's)
         self._threads = []
         inputs = [iter(plans)] + self._queues[:-1]
         for k, name in enumerate(STAGES):
-            t = threading.Thread(target=self._run_stage, name=f"ingest-{name}",
-                                 args=(fns[k], inputs[k], self._queues[k], self.stats[k]), daemon=True)
+            t = threading.Thread(target=self._run_stage, name=f"ingest-{name}", daemon=True,
+                                 args=(fns[k], inputs[k], self._queues[k], self.stats[k], threads[k]))
             self._threads.append(t)
+        self._closed = False
+        CLOSE_AT_EXIT.add(self)
         for t in self._threads:
             t.start()
-        self._closed = False
 
-    def _run_stage(self, fn, source, out: queue.Queue, stats: StageStats) -> None:
+    def _run_stage(self, fn, source, out: queue.Queue, stats: StageStats, threads: int | None) -> None:
+        if threads is not None:
+            set_thread_torch_threads(threads)
         try:
             while not self._stop.is_set():
                 if isinstance(source, queue.Queue):
@@ -434,6 +458,7 @@ class Executor:
         if self._closed:
             return
         self._closed = True
+        CLOSE_AT_EXIT.discard(self)
         self._stop.set()
         for t in self._threads:
             if t is not threading.current_thread():
@@ -447,3 +472,26 @@ class Executor:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def set_thread_torch_threads(n: int) -> None:
+    """Run the calling thread's torch CPU ops on ``n`` intra-op threads, leaving other threads' counts alone.
+    torch keeps the count per thread (OpenMP's) but also records it as the count of threads that start using
+    torch later (the user's among them): that default is put back from a short-lived thread."""
+    default = torch.get_num_threads()
+    if n == default:
+        return
+    torch.set_num_threads(n)
+    restore = threading.Thread(target=torch.set_num_threads, args=(default,), name="ingest-threads")
+    restore.start()
+    restore.join()
+
+
+#: Executors and worker pools still open, closed by an exit hook (see `Executor`); each leaves on close().
+CLOSE_AT_EXIT: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for obj in list(CLOSE_AT_EXIT):
+        obj.close()

@@ -13,7 +13,7 @@ import torch
 
 from . import defaults
 from .errors import ConfigError
-from .formats.base import Location, Record, Source
+from .formats.base import Location, Record, Source, check_index
 from .formats.filetree import IMAGE_EXTENSIONS, FileTree
 from .formats.memory import MemorySource
 from .pipeline import STAGES, Batch, Executor, Failures, Pipeline, StageStats, resolve_device
@@ -40,12 +40,15 @@ class Loader:
     Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
     ``indices`` (dataset indices), ``is_pad`` (padding of the last batch) and ``targets``. Every ``iter()``
     starts the next epoch (or resumes the one `load_state_dict` points into). ``shard_id`` / ``num_shards``
-    default to the ``torch.distributed`` rank and world size when it is initialized.
+    default to the ``torch.distributed`` rank and world size when it is initialized. ``last_batch``: "drop",
+    "partial" or "pad" (see `ingest.sampler.Sampler`); by default "pad" when sharded, so that every rank gets
+    the same number of batches (like ``DistributedSampler``: repeated samples, marked in ``is_pad``), else
+    "partial".
     """
 
     def __init__(self, source: str | os.PathLike | Source | Sequence | Iterable, *, batch_size: int,
                  device: str | torch.device = "cpu", decode: str | None = None, ops: Sequence = (),
-                 shuffle: bool = False, seed: int = 0, last_batch: str = "partial",
+                 shuffle: bool = False, seed: int = 0, last_batch: str | None = None,
                  shard_id: int | None = None, num_shards: int | None = None, prefetch: int = 2,
                  num_threads: int | None = None, num_workers: int | None = None, max_failures: int | float = 0,
                  io: str | None = None, output: str = "tuple", extensions: Sequence[str] = IMAGE_EXTENSIONS):
@@ -55,6 +58,8 @@ class Loader:
             shard_id, num_shards = _distributed_rank()
         elif shard_id is None or num_shards is None:
             raise ConfigError("pass both `shard_id` and `num_shards`, or neither")
+        if last_batch is None:  # sharded: equal batch counts on every rank, or a DDP step waits forever
+            last_batch = "pad" if num_shards > 1 else "partial"
         self._stream = None
         if isinstance(source, (str, os.PathLike)):
             source = FileTree(source, extensions=extensions)
@@ -100,7 +105,8 @@ class Loader:
         self.output = output
         self.epoch = -1            # the epoch being (or last) iterated
         self._resume: tuple[int, int] | None = None
-        self._yielded = 0          # batches handed out in the current epoch
+        self._next = 0             # number of the batch after the last one handed out (the resume point)
+        self._run = 0              # counts iter() calls: an iterator of an older run ends at its next step
         self._finished = True
         self._executor: weakref.ref | None = None
         self._failures: Failures | None = None
@@ -122,29 +128,39 @@ class Loader:
             self._resume = None
         else:
             self.epoch, start = self.epoch + 1, 0
-        self._yielded, self._finished = start, False
+        self._next, self._finished = start, False
+        self._run += 1
         plans = self._stream.plans(self.sampler.batch_size, self.sampler.seed) if self._stream is not None else \
             self.sampler.batches(self.epoch, start)
-        epoch_size = len(self.sampler) * self.sampler.batch_size if self._stream is None else 0
-        self._failures = Failures(self.max_failures, epoch_size)
+        # A fractional budget is a share of the samples this epoch reads (None: unknown, for a stream).
+        self._failures = Failures(self.max_failures, self.sampler.samples(start) if self._stream is None else None)
         if self.num_workers:
             if self._pool is None:
                 self._pool = WorkerPool(self._spec, self.num_workers)
-            return self._iterate(self._pool.epoch(self.epoch, start, len(self.sampler), self._failures))
+            return self._iterate(self._pool.epoch(self.epoch, start, len(self.sampler), self._failures), self._run)
         self.pipeline.failures = self._failures
         executor = Executor(self.pipeline, plans, prefetch=self.prefetch)
         self._executor = weakref.ref(executor)
-        return self._iterate(executor)
+        return self._iterate(executor, self._run)
 
-    def _iterate(self, batches: Iterator[Batch]) -> Iterator:
+    def _iterate(self, batches: Iterator[Batch], run: int) -> Iterator:
+        """Deliver ``batches``; ends (StopIteration) at its next step once a newer ``iter()`` has started, with
+        or without worker processes."""
         try:
-            for batch in batches:
-                self._yielded += 1
+            while run == self._run:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    self._finished = True
+                    return
+                if run != self._run:
+                    return
+                self._next = batch.number + 1   # a batch dropped whole by the failure budget is not replayed
                 yield self._deliver(batch)
-            self._finished = True
         finally:
-            if isinstance(batches, Executor):
-                batches.close()
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
     def _deliver(self, batch: Batch):
         if batch.ready is not None:
@@ -173,12 +189,14 @@ class Loader:
             self._pool = None
 
     def __del__(self) -> None:
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            try:
+        try:
+            if getattr(self, "_executor", None) is not None:
+                self._close_executor()
+            pool = getattr(self, "_pool", None)
+            if pool is not None:
                 pool.close()
-            except Exception:  # noqa: BLE001 - interpreter shutdown
-                pass
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def __enter__(self) -> "Loader":
         return self
@@ -195,23 +213,39 @@ class Loader:
         elif self._finished:
             epoch, batch = self.epoch + 1, 0
         else:
-            epoch, batch = self.epoch, self._yielded
+            epoch, batch = self.epoch, self._next
         s = self.sampler
         return {"epoch": epoch, "batch": batch, "seed": s.seed, "shuffle": s.shuffle, "batch_size": s.batch_size,
                 "num_shards": s.num_shards, "shard_id": s.shard_id, "num_samples": s.n,
                 "last_batch": s.last_batch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next ``iter()`` resume where ``state`` (from `state_dict`) points. ConfigError, saying what
+        differs, when the state was saved by a loader of another configuration or points outside its epoch."""
+        if self._stream is not None:
+            raise ConfigError("a Loader over a streamed iterator cannot resume from a state_dict")
+        if not isinstance(state, dict):
+            raise ConfigError(f"`state` must be a dict from Loader.state_dict(), got {type(state).__name__}")
         s = self.sampler
         mine = {"seed": s.seed, "shuffle": s.shuffle, "batch_size": s.batch_size, "num_shards": s.num_shards,
                 "shard_id": s.shard_id, "num_samples": s.n, "last_batch": s.last_batch}
-        diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        missing = sorted(({"epoch", "batch"} | set(mine)) - set(state))
+        if missing:
+            raise ConfigError(f"checkpoint is missing {', '.join(missing)}: not a Loader.state_dict()")
+        diff = {k: (state[k], v) for k, v in mine.items() if state[k] != v}
         if diff:
             raise ConfigError("checkpoint does not match this loader (saved, current): "
                               + ", ".join(f"{k}={a!r}/{b!r}" for k, (a, b) in diff.items())
                               + "; resuming on a different configuration is not supported yet")
+        epoch, batch = state["epoch"], state["batch"]
+        for key, value, top in (("epoch", epoch, None), ("batch", batch, len(s))):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0 \
+                    or (top is not None and value > top):
+                bound = f"an int in [0, {top}] (this loader has {top} batches per epoch)" if top is not None \
+                    else "an int >= 0"
+                raise ConfigError(f"checkpoint `{key}` must be {bound}, got {value!r}")
         self._close_executor()
-        self._resume = (int(state["epoch"]), int(state["batch"]))
+        self._resume = (int(epoch), int(batch))
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -291,29 +325,46 @@ def _distributed_rank() -> tuple[int, int]:
 
 
 class _Stream:
-    """A Source over an iterator of encoded images or (image, label) pairs, consumed as it arrives."""
+    """A streamed source (see `ingest.formats.base`) of one shard: an iterable of encoded images or
+    ``(image, label)`` pairs, read in arrival order. `iter_shard` walks it from the start (a one-shot iterator
+    can be walked once); the Loader pulls it batch by batch through `plans` and reads each batch's items back
+    with `locate` / `parse` (dataset index = arrival position), holding only the batch being read."""
 
     classes: Sequence[str] = ()
+    streamed = True
+    shards = ("<stream>",)
 
-    def __init__(self, items: Iterator):
+    def __init__(self, items: Iterable):
         self._items = items
+        self._pending: Iterator | None = None   # what `plans` has not taken yet
         self._held: dict[int, tuple[Any, int]] = {}
         self._n = 0
 
+    def iter_shard(self, k: int, skip: int) -> Iterator[tuple[str, Record]]:
+        """``(name, record)`` of every item from position ``skip`` on."""
+        check_index(k, 1)
+        for i, item in enumerate(iter(self._items)):
+            if i >= skip:
+                image, label = _pair(item)
+                yield self.name(i), Record(image, label)
+
     def plans(self, batch_size: int, seed: int) -> Iterator[BatchPlan]:
+        if self._pending is None:
+            self._pending = iter(self._items)
         number = 0
         while True:
             start = self._n
-            for item in self._items:
-                image, label = item if isinstance(item, tuple) else (item, -1)
-                self._held[self._n] = (image, int(label))
+            self._held.clear()   # the read stage asks for the next plan once the last one is parsed
+            for item in self._pending:
+                self._held[self._n] = _pair(item)
                 self._n += 1
                 if self._n - start == batch_size:
                     break
             if self._n == start:
                 return
             idx = np.arange(start, self._n, dtype=np.int64)
-            yield BatchPlan(0, number, idx, np.zeros(len(idx), bool), np.random.SeedSequence([seed, 0, 0, number]))
+            yield BatchPlan(0, number, idx, np.zeros(len(idx), bool), np.random.SeedSequence([seed, 0, 0, number]),
+                            seed)
             number += 1
 
     def __len__(self) -> int:
@@ -323,10 +374,16 @@ class _Stream:
         return Location(self.name(i), data=self._held[i][0])
 
     def parse(self, i: int, raw) -> Record:
-        return Record(raw, self._held.pop(i)[1])
+        return Record(raw, self._held[i][1])
 
     def labels(self) -> np.ndarray:
-        return np.array([v[1] for v in self._held.values()], dtype=np.int64)
+        """Labels are known only as items stream by."""
+        return np.full(0, -1, dtype=np.int64)
 
     def name(self, i: int) -> str:
         return f"<stream item {i}>"
+
+
+def _pair(item: Any) -> tuple[Any, int]:
+    image, label = item if isinstance(item, tuple) else (item, -1)
+    return image, int(label)

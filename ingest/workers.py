@@ -14,14 +14,21 @@ consumer copies the batch into its own memory on a side stream, makes its stream
 sync) and drops the shared tensor once the copy has run, so the worker may reuse the memory and the user
 gets ordinary tensors that outlive the workers. Each worker runs its batches' stages one after the other
 on one thread (see `_run_epoch`).
+
+Lifetime: a worker exits on the pool's ``exit`` command (`WorkerPool.close`, also run by an exit hook for
+pools still open when the interpreter exits) and, failing that, within `_POLL` seconds of its parent's
+death (a ``kill -9`` of the training process): it watches its parent's pid, because nothing else would end
+it and on CUDA it holds a context.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import queue
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Iterator
@@ -30,7 +37,7 @@ import torch
 import torch.multiprocessing as mp
 
 from .errors import IngestError
-from .pipeline import Batch, Failures, Pipeline
+from .pipeline import CLOSE_AT_EXIT, Batch, Failures, Pipeline
 
 _POLL = 1.0  # seconds between liveness checks while waiting for a worker
 _MAX_SHARED = 4  # worker batches held until their copy has run
@@ -54,10 +61,12 @@ class WorkerPool:
         self._commands = [ctx.Queue() for _ in range(num_workers)]
         self._results = [ctx.Queue(maxsize=spec["prefetch"]) for _ in range(num_workers)]
         self._procs = [ctx.Process(target=_worker_main, name=f"ingest-worker-{w}", daemon=True,
-                                   args=(spec, w, num_workers, self._commands[w], self._results[w]))
+                                   args=(spec, w, num_workers, self._commands[w], self._results[w], os.getpid()))
                        for w in range(num_workers)]
         for p in self._procs:
             p.start()
+        self._closed = False
+        CLOSE_AT_EXIT.add(self)
         self._run = 0
         self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._shared: collections.deque = collections.deque()
@@ -74,6 +83,8 @@ class WorkerPool:
         held: list[Any] = [None] * self.num_workers   # a message read ahead of its turn
         done = [False] * self.num_workers
         for number in range(start, count):
+            if self._run != run:   # a newer epoch has started: this one is over
+                return
             w = number % self.num_workers
             if done[w]:
                 continue
@@ -132,6 +143,11 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop the running epoch and the workers."""
+        if self._closed:
+            return
+        self._closed = True
+        CLOSE_AT_EXIT.discard(self)
+        self._run += 1   # ends the running epoch's iterator at its next step
         for q in self._commands:
             q.put(("exit",))  # also ends a running epoch (see _stopped)
         deadline = time.monotonic() + 10
@@ -152,7 +168,8 @@ class WorkerPool:
             q.cancel_join_thread()
 
 
-def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, results) -> None:
+def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, results, parent: int) -> None:
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="ingest-parent-watch", daemon=True).start()
     torch.set_num_threads(1)
     pipeline = Pipeline(spec["source"], ops=spec["ops"], device=spec["device"], decode=spec["decode"],
                         io=spec["io"], num_threads=spec["num_threads"])
@@ -174,6 +191,13 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
                        stop_runs)
     finally:
         pipeline.close()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker process once ``parent`` is no longer its parent (it died; see the module docstring)."""
+    while os.getppid() == parent:
+        time.sleep(_POLL)
+    os._exit(1)
 
 
 def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, commands, results,

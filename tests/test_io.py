@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from ingest import defaults
-from ingest.errors import ConfigError, CorruptRecordError
+from ingest.errors import ConfigError, CorruptRecordError, SourceError
 from ingest.formats.base import Location
 from ingest.io import ByteReader, resolve_io
 
@@ -23,7 +23,8 @@ def test_errors_are_values_naming_file_and_offset(tmp_path):
     p.write_bytes(b"x" * 50)
     with ByteReader("posix") as r:
         missing, short = r.read([Location(str(tmp_path / "gone.jpg")), Location(str(p), 40, 20)])
-    assert isinstance(missing, FileNotFoundError) and "gone.jpg" in str(missing)
+    assert isinstance(missing, SourceError) and "gone.jpg: cannot read" in str(missing)
+    assert missing.path == str(tmp_path / "gone.jpg") and isinstance(missing.__cause__, FileNotFoundError)
     assert isinstance(short, CorruptRecordError)
     assert "short.bin" in str(short) and "at byte 40" in str(short) and "10 of 20" in str(short)
 

@@ -93,8 +93,10 @@ def test_shards_cover_dataset_with_pad(image_folder):
 def test_memory_source_and_stream():
     items = [jpeg_bytes(30 + i, 40, seed=i) for i in range(5)]
     loader = ingest.Loader(items, batch_size=2, ops=[Resize((8, 8))])
-    shapes = [x.shape for x, _ in loader]
-    assert shapes == [(2, 3, 8, 8), (2, 3, 8, 8), (1, 3, 8, 8)] or shapes == [(2, 8, 8, 3), (2, 8, 8, 3), (1, 8, 8, 3)]
+    batches = [x for x, _ in loader]
+    # uint8 without Normalize: an NCHW shape over NHWC memory (torch's channels_last), as the Loader documents
+    assert [tuple(x.shape) for x in batches] == [(2, 3, 8, 8), (2, 3, 8, 8), (1, 3, 8, 8)]
+    assert all(x.dtype == torch.uint8 and x.is_contiguous(memory_format=torch.channels_last) for x in batches)
     stream = ingest.Loader(((b, i) for i, b in enumerate(items)), batch_size=3, ops=[Resize((8, 8))])
     labels = [y.tolist() for _, y in stream]
     assert labels == [[0, 1, 2], [3, 4]]
@@ -131,7 +133,7 @@ def test_failure_budget_skips_and_reports(image_folder):
 def test_missing_file_is_reported(image_folder):
     loader = ingest.Loader(image_folder, batch_size=4, ops=train_ops())
     (image_folder / "emu" / "0000.jpg").unlink()
-    with pytest.raises(FileNotFoundError, match="0000.jpg"):
+    with pytest.raises(ingest.SourceError, match="0000.jpg: cannot read"):
         collect(loader)
 
 

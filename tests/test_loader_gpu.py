@@ -43,11 +43,24 @@ def test_cuda_matches_cpu_pipeline(folder, decode, workers):
     assert stats["read_path"] == "posix"
 
 
-def test_uint8_output_and_ragged_free_shapes(folder):
+def test_uint8_output_fixed_size(folder):
     loader = ingest.Loader(folder, batch_size=5, device="cuda", ops=[Resize((32, 48))], num_workers=0)
     x, y = next(iter(loader))
     assert x.shape == (5, 3, 32, 48) and x.dtype == torch.uint8 and x.is_cuda
     loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ragged_shapes_match_cpu(folder, workers):
+    ops = [Resize(32)]   # shorter side 32: the widths differ with the aspect ratios
+    cpu = next(iter(ingest.Loader(folder, batch_size=5, ops=ops)))[0]
+    with ingest.Loader(folder, batch_size=5, device="cuda", ops=ops, num_workers=workers) as loader:
+        gpu = next(iter(loader))[0]
+        assert isinstance(cpu, list) and len({tuple(t.shape) for t in cpu}) > 1, "the batch must be ragged"
+        assert isinstance(gpu, list) and [t.shape for t in gpu] == [t.shape for t in cpu]
+        for a, b in zip(gpu, cpu):
+            assert a.is_cuda and a.dtype == torch.uint8
+            assert (a.cpu().float() - b.float()).abs().mean() < 1.5
 
 
 @pytest.mark.parametrize("workers", [0, 2])

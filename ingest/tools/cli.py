@@ -12,20 +12,17 @@ import importlib
 import logging
 import sys
 
+from .. import __version__
 from ..errors import ConfigError, IngestError, SourceError
 
 #: Subcommand modules of `ingest.tools` (each has ``add_parser(subparsers)``, setting ``run`` on its args).
-TOOLS = ("convert", "index", "verify", "dataset_info")
+TOOLS = ("demo", "convert", "index", "verify", "dataset_info")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ingest", description="Training data from storage to the GPU.")
+    parser.add_argument("--version", action="version", version=f"ingest {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="make a small JPEG set, run the training pipeline on it, show the speed")
-    demo.add_argument("--out", default=".", help="where to write the PNG grid(s) (default: .)")
-    demo.add_argument("--per-class", type=int, default=24, help="images per class (4 classes)")
-    demo.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    demo.add_argument("-v", "--verbose", action="store_true")
     for tool in TOOLS:
         importlib.import_module(f".{tool}", __package__).add_parser(sub)
     try:
@@ -33,12 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:   # --help, or a usage error (argparse has printed it)
         return exit_.code if isinstance(exit_.code, int) else 2
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING, format="%(message)s")
-    if args.command == "demo":
-        from .demo import print_table, run
-        devices = None if args.device == "auto" else (args.device,)
-        rows = run(args.out, per_class=args.per_class, devices=devices)
-        print_table(rows)
-        return 0
     return _run_tool(args)
 
 

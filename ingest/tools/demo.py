@@ -1,11 +1,18 @@
 """`ingest demo`: make a small labeled JPEG set, run the training pipeline over it on the CPU (and the GPU
-when there is one), print what ran and how fast, and save a PNG grid of one augmented batch."""
+when there is one), print what ran and how fast, and save a PNG grid of one augmented batch.
+
+The speed is indicative: a few hundred small images on whatever else the machine runs. It is timed over whole
+epochs for at least `MIN_SECONDS` (never fewer than two epochs) after a warm-up epoch, which keeps it within
+a few percent between runs; `benchmarks/` holds the measurements to quote.
+"""
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,6 +21,38 @@ from PIL import Image, ImageDraw, ImageFilter
 CLASSES = ("circles", "stripes", "squares", "rings")
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+MIN_SECONDS = 3.0   # timed window (whole epochs) per device
+
+#: What each column of the table means (printed under it).
+COLUMNS = {
+    "device": "where the batches end up",
+    "decode": "decoder: cpu (libjpeg-turbo / Pillow threads) or mixed (nvImageCodec on the GPU)",
+    "decode paths": "images per decode path (gpu, gpu-roi: region only, cpu, cpu-fallback)",
+    "read path": "how file bytes were read (posix: os.preadv; kvikio)",
+    "img/s": "images per second through the whole pipeline, indicative (see `ingest.tools.demo`)",
+    "batch": "shape and dtype of one batch of images",
+    "grid": "PNG of the first augmented batch, normalization undone",
+}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("demo", help="make a small JPEG set, run the training pipeline on it, show the speed",
+                       description="Make a small labeled JPEG set in a temporary directory, run the training "
+                                   "pipeline (RandomResizedCrop 160, flip, normalize) over it on the CPU (and "
+                                   "the GPU when there is one), print what ran and an indicative speed, and "
+                                   "save a PNG grid of one augmented batch.")
+    p.add_argument("--out", default=".", help="where to write the PNG grid(s) (default: .)")
+    p.add_argument("--per-class", type=int, default=24, help="images per class (4 classes; default: 24)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(run=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`ingest demo`: run and print the table; errors (ConfigError) reach the CLI as one line."""
+    rows = run(args.out, per_class=args.per_class, devices=None if args.device == "auto" else (args.device,))
+    print_table(rows)
+    return 0
 
 
 def make_dataset(root: Path, per_class: int = 24, seed: int = 0) -> Path:
@@ -64,14 +103,21 @@ def _grid(images: torch.Tensor, path: Path, cols: int = 8) -> None:
     Image.fromarray(canvas).save(path)
 
 
-def run(out: Path | None = None, per_class: int = 24, batch_size: int = 32, epochs: int = 2,
+def run(out: Path | None = None, per_class: int = 24, batch_size: int = 32, min_seconds: float = MIN_SECONDS,
         devices: tuple[str, ...] | None = None) -> list[dict]:
+    """One row per device (see `COLUMNS`). ConfigError for a bad ``per_class`` or an unavailable device,
+    before any work."""
     import ingest
+    from ingest.errors import ConfigError
     from ingest.ops import Flip, Normalize, RandomResizedCrop
 
+    if isinstance(per_class, bool) or not isinstance(per_class, int) or per_class < 1:
+        raise ConfigError(f"`per_class` (--per-class) must be an int >= 1, got {per_class!r}")
+    devices = devices or (("cpu", "cuda") if torch.cuda.is_available() else ("cpu",))
+    if "cuda" in devices and not torch.cuda.is_available():
+        raise ConfigError("--device cuda, but CUDA is not available here; use --device cpu")
     out = Path(out or ".")
     out.mkdir(parents=True, exist_ok=True)
-    devices = devices or (("cpu", "cuda") if torch.cuda.is_available() else ("cpu",))
     rows = []
     with tempfile.TemporaryDirectory(prefix="ingest-demo-") as tmp:
         root = make_dataset(Path(tmp) / "train", per_class)
@@ -84,10 +130,11 @@ def run(out: Path | None = None, per_class: int = 24, batch_size: int = 32, epoc
                     first = first if first is not None else images
                 if device == "cuda":
                     torch.cuda.synchronize()
-                t0, n = time.perf_counter(), 0
-                for _ in range(epochs):
+                t0, n, epochs = time.perf_counter(), 0, 0
+                while epochs < 2 or time.perf_counter() - t0 < min_seconds:
                     for images, labels in loader:
                         n += len(labels)
+                    epochs += 1
                 if device == "cuda":
                     torch.cuda.synchronize()
                 rate = n / (time.perf_counter() - t0)
@@ -103,8 +150,13 @@ def run(out: Path | None = None, per_class: int = 24, batch_size: int = 32, epoc
 
 
 def print_table(rows: list[dict]) -> None:
+    """The rows as a table, then what each column means."""
     cols = list(rows[0])
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for r in rows:
         print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)))
+    print()
+    width = max(len(c) for c in cols)
+    for c in cols:
+        print(f"  {c.ljust(width)}  {COLUMNS.get(c, '')}")
