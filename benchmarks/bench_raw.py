@@ -308,7 +308,18 @@ def read_batch_rates(src: RawSource, args, report) -> dict:
         res["posix_fallback_random"] = {**rates(calls * args.batch, calls * args.batch * row, secs),
                                         "threads": max(args.threads)}
     res["read_path"] = ios[0]
+    res["plan_ms_random"] = plan_ms(src, args)
     return res
+
+
+def plan_ms(src: RawSource, args) -> float:
+    """Mean host time (ms) to group one shuffled batch into reads (`ingest.io.plan_runs`): per-batch overhead."""
+    from ingest.io import plan_runs
+    idx = batches(src, args, "random")[:50]
+    t0 = time.perf_counter()
+    for b in idx:
+        plan_runs(*src.ranges(b), int(np.prod(src.fixed_shape)))
+    return round((time.perf_counter() - t0) / len(idx) * 1e3, 3)
 
 
 # -- (c) reads + GPU ops -----------------------------------------------------------------------------

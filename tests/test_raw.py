@@ -200,6 +200,16 @@ def test_read_batch_default_reader_and_pickling(tmp_path):
     clone.close()
 
 
+def test_ranges_say_where_each_sample_is(tmp_path):
+    src = RawSource(write_shards(tmp_path / "ds", fixed_images(7), shards=2))
+    files, offsets = src.ranges([6, 0, -4])
+    assert files.tolist() == [1, 0, 0] and offsets.tolist() == [4096 * 2, 0, 4096 * 3]
+    for i, f, o in zip([6, 0, 3], files, offsets):
+        assert (src.paths[f], o) == (src.locate(i).path, src.locate(i).offset)
+    with pytest.raises(IndexError):
+        src.ranges([7])
+
+
 def test_read_batch_rejects_wrong_buffers_and_indices(tmp_path):
     src = RawSource(write_shards(tmp_path / "ds", fixed_images(4)))
     for bad in (torch.empty(3, 16, 12, 3, dtype=torch.uint8), torch.empty(2, 16, 12, 3, dtype=torch.float32),

@@ -286,7 +286,9 @@ class RawSource:
 
     CPU path: ``locate(i)`` is the sample's byte span, ``parse(i, raw)`` returns numpy views of it
     (``image`` [H, W, C] uint8, arrays, str, bytes; columns from the index). Fast path:
-    ``read_batch(indices, out)`` reads a fixed-shape field of a batch straight into ``out``.
+    ``read_batch(indices, out)`` reads a fixed-shape field of a batch straight into ``out``
+    (``batch_buffer(n, device)`` makes one); ``ranges(indices)`` says where those bytes are (shard numbers
+    into ``paths``, offsets) for a reader of one's own.
 
     Opening reads every shard index and checks it against its data file (CorruptRecordError naming the file,
     sample and offset for anything past the end, misaligned or inconsistent; SourceError for shards that
@@ -442,12 +444,8 @@ class RawSource:
         Samples that are neighbours in a shard are read together; files stay open per process. A CUDA ``out``
         must not be in use by queued GPU work (see `ByteReader.read_rows`); the reads are complete on return."""
         shape = self._fixed(field)
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(idx) and (idx.min() < -self._count or idx.max() >= self._count):
-            bad = idx[(idx < -self._count) | (idx >= self._count)][0]
-            raise IndexError(f"sample index {int(bad)} out of range for a source of {self._count} samples")
-        idx = np.where(idx < 0, idx + self._count, idx)
-        want = (len(idx), *shape)
+        files, offsets = self.ranges(indices, field)
+        want = (len(offsets), *shape)
         dtype = DTYPES[self._dtypes[field]]
         if tuple(out.shape) != want or out.dtype != dtype or not out.is_contiguous():
             raise ConfigError(f"`out` must be a contiguous {list(want)} {dtype} tensor, got "
@@ -455,8 +453,19 @@ class RawSource:
         if reader is None:
             from ..io import ByteReader
             reader = self._handles.get("reader", ByteReader)
-        reader.read_rows(self.paths, self._file[idx], self._offsets[field][idx], out, handles=self._handles)
+        reader.read_rows(self.paths, files, offsets, out, handles=self._handles)
         return out
+
+    def ranges(self, indices: Sequence[int] | np.ndarray, field: str = "image") -> tuple[np.ndarray, np.ndarray]:
+        """Where ``field`` of each sample of ``indices`` is: (shard numbers into ``paths``, byte offsets), both
+        int64 arrays; negative indices count from the end. Raises IndexError outside the dataset."""
+        self._stored_field(field)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < -self._count or idx.max() >= self._count):
+            bad = idx[(idx < -self._count) | (idx >= self._count)][0]
+            raise IndexError(f"sample index {int(bad)} out of range for a source of {self._count} samples")
+        idx = np.where(idx < 0, idx + self._count, idx)
+        return self._file[idx].astype(np.int64), self._offsets[field][idx]
 
     def close(self) -> None:
         """Close the files (and the default reader) this process opened."""
