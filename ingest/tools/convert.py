@@ -21,6 +21,7 @@ default 0 the first one stops the conversion, naming it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -111,7 +112,9 @@ def write_shard(job: Job, stem: str, start: int, stop: int) -> dict[str, Any]:
             _tick()
             if err is not None:
                 failures.append([name, stage, f"{type(err).__name__}: {err}"])
-                if job.stop_on_failure:
+                if job.stop_on_failure:   # the driver fails the conversion on it; the shard is never committed
+                    with contextlib.suppress(IngestError, ValueError, OSError):
+                        writer.close()
                     return {"stem": stem, "start": start, "stop": stop, "count": 0, "bytes": 0, "files": [],
                             "failures": failures}
         files = [manifest.file_entry(directory, name) for name in writer.close()]
@@ -145,6 +148,17 @@ def plan_shards(n: int, *, shard_size: int | None = None, shard_bytes: int | Non
     return ranges
 
 
+@dataclass
+class Plan:
+    """What a conversion will write: the job shared by all shards, the shards' stems and source ranges, and
+    the manifest header (everything that decides the bytes)."""
+
+    job: Job
+    stems: list[str]
+    ranges: list[tuple[int, int]]
+    header: dict[str, Any]
+
+
 def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, shard_size: int | None = None,
             shard_bytes: int | str | None = None, workers: int = 1, max_side: int | None = None,
             quality: int | None = None, raw_size: tuple[int, int] | None = None, max_failures: int | float = 0,
@@ -152,25 +166,47 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
             writer_options: dict[str, Any] | None = None, source_options: dict[str, Any] | None = None,
             progress: bool = True) -> Summary:
     """Convert the dataset at ``src`` into format ``to`` under directory ``dst``; see the module docstring.
-    ``ray``: False (local), True (``ray.init()``: RAY_ADDRESS or a local Ray) or a cluster address."""
-    from .runners import make_runner
-
+    ``ray``: False (local), True (``ray.init()``: the cluster at RAY_ADDRESS, else a new local Ray) or a
+    cluster address (``"auto"``, ``"ray://head:10001"``)."""
     started = time.perf_counter()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"`workers` must be >= 1, got {workers}")
+    Failures(max_failures, 0)   # validate now
+    plan = plan_conversion(src, dst, to=to, source_format=source_format, shard_size=shard_size,
+                           shard_bytes=shard_bytes, transform=Transform(max_side, quality,
+                                                               None if raw_size is None else tuple(raw_size)),
+                           prefix=prefix, writer_options=writer_options, source_options=source_options,
+                           stop_on_failure=max_failures == 0)
+    kept = _previous_shards(dst, plan, resume)
+    shutil.rmtree(plan.job.tmp, ignore_errors=True)
+    os.makedirs(plan.job.tmp)
+    from .runners import make_runner   # runners imports this module
+    runner = make_runner(plan.job, workers=workers, ray=ray)
+    bar = Progress(len(plan.job.view), len(plan.ranges), enabled=progress)
+    try:
+        summary = _run(plan, dst, kept, runner, Failures(max_failures, len(plan.job.view)), bar)
+    finally:
+        runner.close()
+        bar.close()
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, shard_size: int | None,
+                    shard_bytes: int | str | None, transform: Transform, prefix: str,
+                    writer_options: dict[str, Any] | None, source_options: dict[str, Any] | None,
+                    stop_on_failure: bool) -> Plan:
+    """Open the source and cut it into shards (see the module docstring); validates every option."""
     writer = writer_class(to)
     if shard_size is not None and shard_bytes is not None:
         raise ConfigError("give `shard_size` or `shard_bytes`, not both")
     if shard_size is not None and (isinstance(shard_size, bool) or shard_size < 1):
         raise ConfigError(f"`shard_size` must be >= 1, got {shard_size}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"`workers` must be >= 1, got {workers}")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", prefix):
         raise ConfigError(f"`prefix` must be a plain file name (letters, digits, _.-), got {prefix!r}")
-    Failures(max_failures, 0)   # validate now
-    transform = Transform(max_side, quality, tuple(raw_size) if raw_size else None)
     sharded = getattr(writer, "sharded", True)
     if shard_size is None and sharded:
         shard_bytes = parse_bytes(shard_bytes if shard_bytes is not None else DEFAULT_SHARD_BYTES)
-
     source_format = source_format or detect(src)
     view = SourceView(open_source(src, format=source_format, **(source_options or {})),
                       sizes=sharded and shard_size is None and transform.raw_size is None)
@@ -182,71 +218,59 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
         options["classes"] = classes
     if not sharded:
         ranges = [(0, n)]
-    elif transform.raw_size is not None and shard_size is None:
+    elif transform.raw_size is not None and shard_size is None:   # every sample has the same, known size
         ranges = plan_shards(n, shard_bytes=shard_bytes, sizes=np.full(n, int(np.prod(fields["image"].shape))))
     else:
         ranges = plan_shards(n, shard_size=shard_size, shard_bytes=shard_bytes, sizes=view.sizes)
     width = max(5, len(str(len(ranges))))
     stems = [f"{prefix}-{k:0{width}d}-of-{len(ranges):0{width}d}" for k in range(len(ranges))]
-
     header = {"format": to, "version": manifest.VERSION,
               "source": {"path": os.fspath(src) if isinstance(src, (str, os.PathLike)) else str(src),
                          "format": source_format, "count": n},
               "options": {"shard_size": shard_size, "shard_bytes": None if shard_size else shard_bytes,
-                          "max_side": max_side, "quality": quality,
-                          "raw_size": list(raw_size) if raw_size else None, "prefix": prefix,
+                          "max_side": transform.max_side, "quality": transform.quality,
+                          "raw_size": list(transform.raw_size) if transform.raw_size else None, "prefix": prefix,
                           "writer": {k: v for k, v in options.items() if k != "classes"}},
               "fields": manifest.fields_json(fields), "classes": classes}
-    kept = _previous_shards(dst, header, ranges, stems, resume)
-    tmp = os.path.join(dst, TMP_DIR)
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    job = Job(view, to, fields, options, transform, os.path.join(dst, TMP_DIR), stop_on_failure)
+    return Plan(job, stems, ranges, header)
 
-    job = Job(view, to, fields, options, transform, tmp, stop_on_failure=max_failures == 0)
-    failures = Failures(max_failures, n)
-    bar = Progress(n, len(ranges), enabled=progress)
-    summary = Summary()
-    runner = make_runner(job, workers=workers, ray=ray)
-    try:
-        if kept:
-            bad = runner.map(check_shard, [(dst, kept[k]) for k in sorted(kept)])
-            kept = {k: s for (k, s), problems in zip(sorted(kept.items()), bad) if not problems}
-        for shard in kept.values():
-            for item in shard["failures"]:
-                failures.record(*item)
-        committed = dict(kept)
-        journal = manifest.Journal(dst, header, [kept[k] for k in sorted(kept)])
-        summary.resumed = len(kept)
-        done = {"samples": sum(s["stop"] - s["start"] for s in kept.values()),
-                "bytes": sum(s["bytes"] for s in kept.values())}
-        written_from = done["samples"]
 
-        def commit(k: int, shard: dict[str, Any]) -> None:
-            for item in shard["failures"]:
-                failures.record(*item)
-            _move_files(os.path.join(tmp, shard["stem"]), dst, shard["files"])
-            committed[k] = shard
-            done["samples"] += shard["stop"] - shard["start"]
-            done["bytes"] += shard["bytes"]
-            journal.commit(shard)
-            bar.update(done["samples"], len(committed), done["bytes"], force=True)
+def _run(plan: Plan, dst: str, kept: dict[int, dict[str, Any]], runner: Any, failures: Failures,
+         bar: Progress) -> Summary:
+    """Check the kept shards, run the others, commit all in order, write the manifest."""
+    if kept:
+        bad = runner.map(check_shard, [(dst, kept[k]) for k in sorted(kept)])
+        kept = {k: s for (k, s), problems in zip(sorted(kept.items()), bad) if not problems}
+    for shard in kept.values():
+        for item in shard["failures"]:
+            failures.record(*item)
+    committed = dict(kept)
+    journal = manifest.Journal(dst, plan.header, [kept[k] for k in sorted(kept)])
+    done = {"samples": sum(s["stop"] - s["start"] for s in kept.values()),
+            "bytes": sum(s["bytes"] for s in kept.values())}
 
-        todo = [(k, stems[k], *ranges[k]) for k in range(len(ranges)) if k not in kept]
-        runner.run_in_order(todo, commit, lambda seen: bar.update(done["samples"] + seen, len(committed),
-                                                                   done["bytes"]))
-    finally:
-        runner.close()
-        bar.close()
-    shards = [committed[k] for k in range(len(ranges))]
+    def commit(k: int, shard: dict[str, Any]) -> None:
+        for item in shard["failures"]:
+            failures.record(*item)   # raises past the budget, before anything of this shard is committed
+        _move_files(os.path.join(plan.job.tmp, shard["stem"]), dst, shard["files"])
+        committed[k] = shard
+        done["samples"] += shard["stop"] - shard["start"]
+        done["bytes"] += shard["bytes"]
+        journal.commit(shard)
+        bar.update(done["samples"], len(committed), done["bytes"], force=True)
+
+    todo = [(k, plan.stems[k], *plan.ranges[k]) for k in range(len(plan.ranges)) if k not in kept]
+    resumed_samples = done["samples"]
+    runner.run_in_order(todo, commit, lambda seen: bar.update(done["samples"] + seen, len(committed),
+                                                               done["bytes"]))
+    shards = [committed[k] for k in range(len(plan.ranges))]
     total = {"count": sum(s["count"] for s in shards), "bytes": sum(s["bytes"] for s in shards)}
-    manifest.write_atomic(os.path.join(dst, manifest.MANIFEST), {**header, "shards": shards, **total})
+    manifest.write_atomic(os.path.join(dst, manifest.MANIFEST), {**plan.header, "shards": shards, **total})
     journal.remove()
-    shutil.rmtree(tmp, ignore_errors=True)
-    summary.samples, summary.shards, summary.bytes = total["count"], len(shards), total["bytes"]
-    summary.written = done["samples"] - written_from
-    summary.failures = [tuple(f) for f in failures.items]
-    summary.seconds = time.perf_counter() - started
-    return summary
+    shutil.rmtree(plan.job.tmp, ignore_errors=True)
+    return Summary(samples=total["count"], written=done["samples"] - resumed_samples, shards=len(shards),
+                   bytes=total["bytes"], resumed=len(kept), failures=[tuple(f) for f in failures.items])
 
 
 def _writer_options(writer: type, fmt: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -260,10 +284,10 @@ def _writer_options(writer: type, fmt: str, options: dict[str, Any]) -> dict[str
     return options
 
 
-def _previous_shards(dst: str, header: dict[str, Any], ranges: list[tuple[int, int]], stems: list[str],
-                     resume: bool) -> dict[int, dict[str, Any]]:
+def _previous_shards(dst: str, plan: Plan, resume: bool) -> dict[int, dict[str, Any]]:
     """The shards an earlier run committed to ``dst`` that this one may keep (``resume``), by shard index.
     Refuses a non-empty ``dst`` without ``resume``, and a ``dst`` written with other settings."""
+    header, ranges, stems = plan.header, plan.ranges, plan.stems
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise ConfigError(f"output {dst!r} exists and is not a directory")
     os.makedirs(dst, exist_ok=True)
@@ -350,8 +374,10 @@ def add_parser(sub: Any) -> None:
                            f"{DEFAULT_SHARD_BYTES // 10**6}MB; a format written as one file, LMDB, ignores it)")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--ray", nargs="?", const=True, default=False, metavar="ADDRESS",
-                   help="run the shard jobs on a Ray cluster (ADDRESS, or RAY_ADDRESS / a local Ray when "
-                        "omitted); SRC and DST must be on storage every node sees at the same path")
+                   help="run the shard jobs as Ray tasks: on the cluster at ADDRESS ('auto': the one this "
+                        "machine belongs to; 'ray://head:10001': Ray Client), at RAY_ADDRESS when omitted, else on "
+                        "a new local Ray. SRC and DST must be on storage every node sees at the same path, and "
+                        "ingest must be installed on every node")
     p.add_argument("--max-side", type=int, metavar="S",
                    help="resize images whose longer side exceeds S to S and re-encode them as JPEG")
     p.add_argument("--quality", type=int, metavar="Q", help="re-encode every image as JPEG at quality Q (1-100)")

@@ -154,9 +154,9 @@ class PoolRunner(Runner):
 
 
 class RayRunner(Runner):
-    """Runs one Ray task per shard on the cluster at ``address`` (None: ``ray.init()``'s own choice:
-    ``RAY_ADDRESS``, a running local cluster, or a new local one), up to two per cluster CPU in flight.
-    A Ray already initialized in this process (e.g. by the caller) is used as it is."""
+    """Runs one Ray task per shard on the cluster at ``address`` (None: ``ray.init()``'s own choice: the
+    cluster at ``RAY_ADDRESS``, else a new local one), up to two per cluster CPU in flight. A Ray already
+    initialized in this process (e.g. by the caller) is used as it is."""
 
     def __init__(self, job: "convert.Job", address: str | None):
         try:
