@@ -63,6 +63,7 @@ and masks of one image over `MAX_MASK_BYTES` fail the same way.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import warnings
@@ -107,6 +108,10 @@ class CocoSource:
         (compressed RLE) get pycocotools' ``area`` and, without a bbox, ``toBbox``; keypoint results get the
         keypoints' extent as box and area. Every result is ``iscrowd = 0``; a ``scores`` field is added.
         ``options`` are the constructor's; ``images`` defaults to the ground truth's directory."""
+        allowed = set(inspect.signature(cls.__init__).parameters) - {"self", "annotations"}
+        if set(options) - allowed:
+            raise ConfigError(f"Unknown option(s) {', '.join(sorted(set(options) - allowed))}. "
+                              f"Available: {', '.join(sorted(allowed))}")
         self = cls.__new__(cls)
         path, gt = os.fspath(results), os.fspath(ground_truth)
         options.setdefault("images", os.path.dirname(os.path.abspath(gt)))
