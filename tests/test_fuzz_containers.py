@@ -26,21 +26,23 @@ def _tar(fmt=tarfile.PAX_FORMAT) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=fmt) as tf:
         for name, data in [("d/a.jpg", jpeg_bytes(8, 8)), ("d/a.cls", b"3"), ("d/a.seg.png", b"x" * 700),
-                           ("b" * 120 + ".txt", "é".encode()), ("c.json", b"{}"), ("c.cls", b"1")]:
+                           ("d" * 60 + "/" + "e" * 60 + ".txt", "é".encode()), ("c.json", b"{}"), ("c.cls", b"1")]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     return out.getvalue()
 
 
-TARS = [_tar(tarfile.PAX_FORMAT), _tar(tarfile.GNU_FORMAT)]
+#: The long name takes a pax record, a GNU long-name member, or the ustar prefix field (read by the fast path).
+TARS = [_tar(tarfile.PAX_FORMAT), _tar(tarfile.GNU_FORMAT), _tar(tarfile.USTAR_FORMAT)]
 
 
-def mutated(data: bytes):
-    """Bytes flipped, spans overwritten, and the whole cut or extended."""
+def mutated(data: bytes, *, cut: bool = True):
+    """Bytes flipped, and the whole cut or extended (``cut=False``: flips only, the length kept)."""
     n = len(data)
     flip = st.tuples(st.integers(0, n - 1), st.integers(1, 255))
-    return st.tuples(st.lists(flip, max_size=6), st.integers(0, n + 600), st.binary(max_size=600)).map(
+    end = st.integers(0, n + 600) if cut else st.just(n)
+    return st.tuples(st.lists(flip, max_size=6 if cut else 2), end, st.binary(max_size=600)).map(
         lambda t: _apply(data, *t))
 
 
@@ -161,3 +163,45 @@ def test_caffe_datum_parsing(caffe_db, data):
     except IngestError:
         return
     assert record.image.shape[2] == 3 and record.image.size == len(Datum.FromString(data).data)
+
+
+def test_fast_scan_reads_plain_headers(shard_dir):
+    path = shard_dir / "plain.tar"
+    path.write_bytes(TARS[2])
+    with open(path, "rb") as f:
+        fast = tarindex.fast_scan(f, str(path), len(TARS[2]))
+    assert fast == list(tarindex.scan(io.BytesIO(TARS[2]), str(path), size=len(TARS[2])))
+    assert fast[3].name == "d" * 60 + "/" + "e" * 60 + ".txt" and fast[1].data == b"3"
+
+
+@FUZZ
+@given(st.sampled_from(TARS).flatmap(lambda t: st.one_of(mutated(t), mutated(t, cut=False))))
+def test_fast_scan_agrees_with_tarfile(shard_dir, data):
+    """Where the header fast path reads a file, `tarfile` reads the same members (or both refuse it)."""
+    path = shard_dir / "fast.tar"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        try:
+            fast = tarindex.fast_scan(f, str(path), len(data))
+        except IngestError as err:
+            fast = type(err)
+    if fast is None:
+        return
+    try:
+        slow = list(tarindex.scan(io.BytesIO(data), str(path), size=len(data)))
+    except IngestError as err:
+        slow = type(err)
+    assert fast == slow
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="ab./_J", max_size=14))
+def test_member_keys_follow_webdataset(name):
+    """Keys and extensions as webdataset's tariterators split them (its regex and metadata rules)."""
+    from webdataset.tariterators import base_plus_ext, meta_prefix, meta_suffix
+    import re
+    skipped = ("/" not in name and name.startswith(meta_prefix) and name.endswith(meta_suffix)) or \
+        re.match(r"__[^/]*__($|/)", name)
+    key, ext = (None, None) if skipped else base_plus_ext(name)
+    expected = None if key is None else (key, ext.lower())
+    assert tarindex.split_key(name) == expected

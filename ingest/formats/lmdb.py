@@ -326,6 +326,7 @@ class LMDBSource:
         self.fields = dict(first.fields)
         self.classes = list(getattr(first, "classes", []))
         self._starts = np.concatenate([[0], np.cumsum([db.count for db in self._dbs])]).astype(np.int64)
+        self._envs = ProcessLocal()   # this source's view of the shared environments (no lookup per read)
         self._labels: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -337,7 +338,8 @@ class LMDBSource:
         return self._dbs[k], k, i - int(self._starts[k])
 
     def _get(self, k: int, keys: list[bytes]) -> list[bytes | None]:
-        with environment(self._dbs[k].path).begin() as txn:   # values are copied out (bytes), valid after the transaction
+        env = self._envs.get(k, lambda: environment(self._dbs[k].path))
+        with env.begin() as txn:   # values are copied out (bytes), valid after the transaction
             return [txn.get(key) if key else None for key in keys]
 
     def locate(self, i: int) -> Location | tuple[Location, ...]:

@@ -7,12 +7,14 @@ header it cannot parse; the scan does not: whatever follows the last member must
 end-of-archive marker, else the header there is reported (bad checksum, garbage, a truncated file). A member
 whose data runs past the end of the file, a sparse member and a name that escapes the shard root (absolute,
 or with a ``..`` component) are typed errors too. Reads are chunked, so a corrupt size field never makes a
-large allocation.
+large allocation. Building an index first reads plain headers (no long names, pax records or sparse files)
+with `fast_scan`, ~5x less CPU than `tarfile`, and hands anything else, damage included, to the `tarfile`
+scan; property tests check that both find the same members.
 
 **Grouping** (webdataset's rules, `webdataset.tariterators`): only regular files count; names starting with a
 ``__...__`` component (metadata) and names without a dot in their base name are skipped. The key is the path
 up to the first dot of the base name, the extension everything after it, lower-cased (``a/b.seg.png`` -> key
-``a/b``, extension ``seg.png``). Consecutive members with the same key form one sample; an extension seen
+``a/b``, extension ``seg.png``; a base name starting with a dot follows webdataset's pattern: `split_key`). Consecutive members with the same key form one sample; an extension seen
 twice in one sample is an error.
 
 **Index file** ``<shard>.idx`` (e.g. ``train-0001.tar.idx``), JSON::
@@ -33,7 +35,7 @@ import os
 import re
 import tarfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Iterator
 
 import numpy as np
@@ -47,7 +49,6 @@ INT_EXTENSIONS = ("cls", "cls2", "class", "index", "inx", "id", "count")
 _SMALL = 64                       # bytes: integer members at most this long are read during the scan
 _CHUNK = 1 << 20                  # bytes per read: bounds what a corrupt size field can allocate
 _META = re.compile(r"__[^/]*__($|/)")
-_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 
 
 def index_path(shard: str) -> str:
@@ -56,13 +57,21 @@ def index_path(shard: str) -> str:
 
 
 def split_key(name: str) -> tuple[str, str] | None:
-    """WebDataset's ``(key, extension)`` of a member name (extension lower-cased), or None to skip it."""
-    if _META.match(name) or (name.startswith("__") and name.endswith("__")):
+    """WebDataset's ``(key, extension)`` of a member name (extension lower-cased), or None to skip it: the
+    result of webdataset's ``^((?:.*/|)[^.]+)[.]([^/]*)$`` and its metadata rules, without the regex's
+    backtracking cost."""
+    if name.startswith("__") and _META.match(name):
         return None
-    match = _KEY.match(name)
-    if not match:
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot < 0:
         return None
-    return match.group(1), match.group(2).lower()
+    if dot == slash + 1:
+        # A base name starting with a dot: the pattern's key then reaches back over the last directory
+        # ("a/.x.jpg" -> key "a/"), which must have no dot itself.
+        if slash < 0 or "." in name[name.rfind("/", 0, slash) + 1:slash]:
+            return None
+    return name[:dot], name[dot + 1:].lower()
 
 
 @dataclass
@@ -105,6 +114,8 @@ class _Tracked:
 
 def escapes(name: str) -> bool:
     """True for a member name that leaves the shard root (absolute, a drive, or a ``..`` component)."""
+    if ".." not in name and ":" not in name and not name.startswith(("/", "\\")):
+        return False
     return name.startswith("/") or name.startswith("\\") or ".." in re.split(r"[/\\]", name) or \
         bool(re.match(r"^[A-Za-z]:", name))
 
@@ -136,8 +147,7 @@ def scan(f: IO[bytes], path: str, *, size: int | None = None, read_all: bool = F
                                          f"{info.offset_data}, past the end of the file ({size} bytes)",
                                          path=path, offset=info.offset)
             member = last = Member(info.name, info.offset, info.offset_data, info.size)
-            key = split_key(info.name)
-            if read_all or (key and key[1] in INT_EXTENSIONS and info.size <= _SMALL):
+            if read_all or _small_int_member(info.name, info.size):
                 data = tf.extractfile(info).read()
                 if len(data) != info.size:
                     raise CorruptRecordError(f"member {info.name!r} is truncated ({len(data)} of {info.size} "
@@ -189,7 +199,6 @@ class TarIndex:
     sizes: np.ndarray
     ints: np.ndarray
     tar_size: int = 0
-    skipped: int = field(default=0)   # regular members skipped by the grouping rules
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -232,19 +241,10 @@ def group(members: Iterator[Member], path: str) -> Iterator[tuple[str, list[tupl
 def build(path: str) -> TarIndex:
     """Scan the tar at ``path`` and group its members (see the module docstring)."""
     keys, starts, exts, offsets, sizes, ints = [], [0], [], [], [], []
-    skipped = 0
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        members = scan(f, path, size=size)
-
-        def counted():
-            nonlocal skipped
-            for m in members:
-                if split_key(m.name) is None:
-                    skipped += 1
-                yield m
-
-        for key, parts in group(counted(), path):
+        members = fast_scan(f, path, size)
+        for key, parts in group(iter(members) if members is not None else scan(f, path, size=size), path):
             keys.append(key)
             for ext, m in parts:
                 exts.append(ext)
@@ -254,7 +254,87 @@ def build(path: str) -> TarIndex:
                 ints.append(NO_INT if value is None else value)
             starts.append(len(exts))
     return TarIndex(keys, np.array(starts, np.int64), exts, np.array(offsets, np.int64),
-                    np.array(sizes, np.int64), np.array(ints, np.int64), size, skipped)
+                    np.array(sizes, np.int64), np.array(ints, np.int64), size)
+
+
+def _octal(field: bytes) -> int:
+    """A header number field read as `tarfile` reads it (ValueError where it would refuse it, and for the
+    base-256 form, left to `tarfile`)."""
+    if field[0] in (0o200, 0o377):
+        raise ValueError("base-256 number")
+    return int(field.split(b"\0", 1)[0].decode("ascii").strip() or "0", 8)
+
+
+def _small_int_member(name: str, size: int) -> bool:
+    key = split_key(name)
+    return key is not None and key[1] in INT_EXTENSIONS and size <= _SMALL
+
+
+def fast_scan(f: IO[bytes], path: str, size: int) -> list[Member] | None:
+    """The members of a plain tar (v7, ustar or GNU headers without long names, pax records or sparse
+    files) read straight from its header blocks: the same members `scan` finds, several times faster.
+    Returns None when a header needs more or is damaged: `scan` then reads the file with `tarfile` (which
+    also words the error). Checksums are verified together, before any member is trusted."""
+    if size == 0:
+        return None   # tarfile refuses an empty file
+    members: list[Member] = []
+    heads: list[bytes] = []
+    plain: set[bytes] = set()     # mode/uid/gid/mtime/device fields already seen to be plain numbers
+    pos, fd, end_marker = 0, f.fileno(), False
+    while pos < size:
+        block = os.pread(fd, 2 * tarfile.BLOCKSIZE, pos)
+        head = block[:tarfile.BLOCKSIZE]
+        if len(head) < tarfile.BLOCKSIZE:
+            return None
+        if not head.strip(b"\0"):
+            end_marker = True
+            break
+        kind = head[156:157]
+        numbers = head[100:124] + head[136:148] + head[329:345]
+        try:
+            if numbers not in plain:
+                for a in (0, 8, 16, 24, 36, 44):
+                    _octal(numbers[a:a + (12 if a == 24 else 8)])
+                plain.add(numbers)
+            length = _octal(head[124:136])
+            name = head[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            prefix = head[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        except ValueError:
+            return None
+        if kind not in (b"0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"\0"):
+            return None
+        heads.append(head)
+        if prefix:
+            name = prefix + "/" + name
+        data = pos + tarfile.BLOCKSIZE
+        if not (kind in (b"0", b"7") or (kind == b"\0" and not name.endswith("/"))):   # not a regular file
+            pos = data
+            continue
+        pos = data + -(-length // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        if pos > size:
+            return None
+        small = block[tarfile.BLOCKSIZE:tarfile.BLOCKSIZE + length] if _small_int_member(name, length) else None
+        members.append(Member(name, data - tarfile.BLOCKSIZE, data, length, small))
+    if heads and not _checksums_ok(heads):
+        return None
+    for m in members:
+        if escapes(m.name):
+            raise CorruptRecordError(f"member name {m.name!r} escapes the shard root", path=path, offset=m.header)
+    if end_marker:
+        _check_end(_Tracked(f), pos, path)
+    return members
+
+
+def _checksums_ok(heads: list[bytes]) -> bool:
+    """Every header's stored checksum equals the unsigned byte sum with the checksum field as spaces (the
+    rare signed-sum writers are left to `tarfile`)."""
+    blocks = np.frombuffer(b"".join(heads), np.uint8).reshape(len(heads), tarfile.BLOCKSIZE)
+    sums = blocks.sum(1, dtype=np.int64) - blocks[:, 148:156].sum(1, dtype=np.int64) + 8 * 32
+    try:
+        stored = np.array([_octal(h[148:156]) for h in heads], np.int64)
+    except ValueError:
+        return False
+    return bool(np.array_equal(sums, stored))
 
 
 def save(index: TarIndex, path: str) -> None:
