@@ -136,6 +136,14 @@ def test_non_empty_output_needs_resume(folder, tmp_path, capsys):
     assert "--resume" in capsys.readouterr().err
 
 
+def test_ray_not_installed_is_one_line(folder, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)   # import ray -> ImportError
+    assert main(["convert", str(folder), str(tmp_path / "o"), "--to", "tfrecord", "--ray", "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'ingest[ray]'" in err[0]
+    assert not (tmp_path / "o").exists()
+
+
 def test_help_texts(capsys):
     for tool, words in (("convert", "--shard-bytes"), ("index", "tfrecord2idx"), ("verify", "--decode"),
                         ("inspect", "histogram")):

@@ -171,19 +171,21 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
     started = time.perf_counter()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"`workers` must be >= 1, got {workers}")
+    if workers > 1 and ray not in (False, None):
+        raise ConfigError("give `workers` or `ray`, not both: on Ray the cluster's CPUs set the parallelism")
     Failures(max_failures, 0)   # validate now
     plan = plan_conversion(src, dst, to=to, source_format=source_format, shard_size=shard_size,
                            shard_bytes=shard_bytes, transform=Transform(max_side, quality,
                                                                None if raw_size is None else tuple(raw_size)),
                            prefix=prefix, writer_options=writer_options, source_options=source_options,
                            stop_on_failure=max_failures == 0)
-    kept = _previous_shards(dst, plan, resume)
-    shutil.rmtree(plan.job.tmp, ignore_errors=True)
-    os.makedirs(plan.job.tmp)
     from .runners import make_runner   # runners imports this module
     runner = make_runner(plan.job, workers=workers, ray=ray)
     bar = Progress(len(plan.job.view), len(plan.ranges), enabled=progress)
     try:
+        kept = _previous_shards(dst, plan, resume)
+        shutil.rmtree(plan.job.tmp, ignore_errors=True)
+        os.makedirs(plan.job.tmp)
         summary = _run(plan, dst, kept, runner, Failures(max_failures, len(plan.job.view)), bar)
     finally:
         runner.close()
