@@ -302,8 +302,8 @@ def test_null_fields_are_repaired_like_pycocotools_would_compute_them(tmp_path):
     assert got["area"][0] == mask_utils.area(rle) and got["iscrowd"].tolist() == [0]
     np.testing.assert_array_equal(got["masks"][0], mask_utils.decode(rle))
     assert source.classes == ["__background__", "1"]
-    assert source.repairs == {**source.repairs, "null_iscrowd": 1, "null_area": 1, "null_bbox": 1,
-                              "short_polygon_parts": 1, "null_category_name": 1}
+    assert source.repairs == {"clipped_boxes": 0, "empty_boxes_dropped": 0, "null_iscrowd": 1, "null_area": 1,
+                              "null_bbox": 1, "short_polygon_parts": 1, "null_category_name": 1}
 
 
 @settings(max_examples=60, deadline=None)
