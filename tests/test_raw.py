@@ -155,6 +155,32 @@ def test_grayscale_pixels_without_labels(tmp_path):
         assert rec.image.shape == (*im.shape, 1) and np.array_equal(rec.image[:, :, 0], im) and rec.label == -1
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_arrays_round_trip(tmp_path_factory, data):
+    root = tmp_path_factory.mktemp("arrays")
+    dtype = data.draw(st.sampled_from(["bool", "uint8", "int16", "uint32", "int64", "float16", "float64"]))
+    ndim = data.draw(st.integers(0, 3))
+    shapes = st.lists(st.integers(0, 5), min_size=ndim, max_size=ndim).map(tuple)
+    fixed = data.draw(st.booleans())
+    n = data.draw(st.integers(1, 6))
+    shape_list = [data.draw(shapes)] * n if fixed else [data.draw(shapes) for _ in range(n)]
+    rng = np.random.default_rng(data.draw(st.integers(0, 99)))
+    arrays = [(rng.standard_normal(s) * 100).astype(dtype) for s in shape_list]
+    align = data.draw(st.sampled_from([1, 8, 4096]))
+    with RawWriter(root, "a", {"x": Field("array")}, align=align) as w:
+        for a in arrays:
+            w.add(Record(None, -1, {"x": a}))
+    src = RawSource(root)
+    check_format(src)
+    for i, a in enumerate(arrays):
+        got = src.parse(i, _read(src, i)).fields["x"]
+        assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
+    if len(set(shape_list)) == 1:
+        out = src.read_batch(np.arange(n)[::-1], src.batch_buffer(n, field="x"), field="x")
+        assert np.array_equal(out.numpy(), np.stack(arrays[::-1]))
+
+
 def test_writer_is_deterministic(tmp_path):
     images = [textured(9, 5 + i, seed=i) for i in range(4)]
     a = write_shards(tmp_path / "a", images)

@@ -123,7 +123,7 @@ class RawWriter:
             self._offsets[k].append(pos)
             self._shapes[k].extend(arr.shape)
             self._file.write(bytes(pos - self._end))
-            self._file.write(memoryview(arr).cast("B"))
+            self._file.write(arr.reshape(-1).view(np.uint8))
             self._end = pos = pos + arr.nbytes
         for k, v in columns:
             self._columns[k].append(v)
@@ -198,7 +198,7 @@ class RawWriter:
             self._ndim[name] = arr.ndim
         if arr.ndim != self._ndim[name]:
             raise self._bad(name, f"{arr.ndim} dims, but earlier samples have {self._ndim[name]}")
-        return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        return arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)  # keeps 0-d arrays 0-d
 
     def _column(self, name: str, record: Record) -> Any:
         try:
@@ -224,8 +224,8 @@ class RawWriter:
     # -- the index ---------------------------------------------------------------------------------
     def _index(self, size: int) -> dict[str, Any]:
         n = self._count
-        offsets = {k: np.frombuffer(self._offsets[k], np.int64) for k in self._stored}
-        shapes = {k: np.frombuffer(self._shapes[k], np.int64).reshape(n, self._ndim[k] or 0)
+        offsets = {k: np.array(self._offsets[k], np.int64) for k in self._stored}
+        shapes = {k: np.array(self._shapes[k], np.int64).reshape(n, self._ndim[k] or 0)
                   for k in self._stored}
         fixed = {k: bool(n) and (shapes[k] == shapes[k][0]).all() for k in self._stored}
         fields = []
@@ -240,7 +240,7 @@ class RawWriter:
                   for k, v in self._columns.items()}
         first = offsets[self._stored[0]]
         stride = int(first[1] - first[0]) if n > 1 else _align_up(self._end, self.align)
-        if n and all(fixed.values()) and all((offsets[k] == np.arange(n) * stride + offsets[k][0]).all()
+        if n and stride > 0 and all(fixed.values()) and all((offsets[k] == np.arange(n) * stride + offsets[k][0]).all()
                                               for k in self._stored):
             layout = {"stride": stride, "offsets": {k: int(offsets[k][0]) for k in self._stored}}
         else:
