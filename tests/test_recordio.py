@@ -116,6 +116,25 @@ def test_non_integral_label_is_not_a_class(tmp_path):
     assert rec.label == -1 and rec.fields["label_values"].tolist() == [0.25] and src.labels().tolist() == [-1]
 
 
+@pytest.mark.parametrize("with_index", [True, False])
+def test_a_meta_header_record_is_not_a_sample(tmp_path, with_index):
+    """InsightFace's .rec files start with IRHeader(flag=2, label=[first id record, end]) and no image."""
+    records = make_records(3)
+    write(tmp_path, records)
+    body = (tmp_path / "data.rec").read_bytes()
+    meta = recordio.chunks(recordio.IR_HEADER.pack(2, 0.0, 0, 0) + np.array([1, 4], "<f4").tobytes())
+    (tmp_path / "data.rec").write_bytes(meta + body)
+    if with_index:
+        (tmp_path / "data.idx").write_text("".join(f"{k}\t{o}\n" for k, o in
+                                                   enumerate([0] + [len(meta) + o for o in offsets_of(body)])))
+    else:
+        os.remove(tmp_path / "data.idx")
+    src = RecordIOSource(tmp_path / "data.rec")
+    assert len(src) == 3 and src.meta[str(tmp_path / "data.rec")].tolist() == [1.0, 4.0]
+    assert [r.image for _, r in iter_records(src)] == [r.image for r in records]
+    check_format(src)
+
+
 def test_writer_rejects_what_recordio_cannot_hold(tmp_path):
     with pytest.raises(ConfigError, match="cannot store fields \\['caption'\\]"):
         RecordIOWriter(tmp_path, "x", {"image": Field("image"), "caption": Field("text")})
@@ -143,8 +162,12 @@ def rec(tmp_path) -> Path:
     return tmp_path / "data.rec"
 
 
+def offsets_of(data: bytes) -> list[int]:
+    return [h[0] for h in chunk_headers(data)]
+
+
 def offsets(path: Path) -> list[int]:
-    return [h[0] for h in chunk_headers(path.read_bytes())]
+    return offsets_of(path.read_bytes())
 
 
 def test_wrong_magic(rec):

@@ -197,18 +197,42 @@ def _class_label(flag: int, label: float) -> int:
 class RecordIOSource:
     """Samples of MXNet RecordIO files: ``path`` is a ``.rec`` file, a list or glob of them, or a directory
     (its ``*.rec`` files). ``index``: the ``.idx`` file(s) (a path, a list aligned with the files, or a
-    directory); default ``<name>.idx`` beside each ``<name>.rec`` where present. ``classes``: class names."""
+    directory); default ``<name>.idx`` beside each ``<name>.rec`` where present. ``classes``: class names.
+
+    A file whose first record holds labels and no image (the meta header InsightFace's face datasets start
+    with, e.g. identity ranges) does not count it as a sample: its labels are in ``meta[file]``."""
 
     fields = FIELDS
 
     def __init__(self, path: str | os.PathLike | Sequence[str], *, index: Any = None, classes: Sequence[str] = ()):
         self.shards = resolve_shards(path, lambda name: name.lower().endswith(".rec"), "RecordIO")
         self.classes = list(classes)
-        tables = [read_index(idx, shard) if idx else scan(shard)
+        self.meta: dict[str, np.ndarray] = {}
+        tables = [self._without_meta(shard, read_index(idx, shard) if idx else scan(shard))
                   for shard, idx in zip(self.shards, resolve_indexes(index, self.shards, _index_of))]
         self._entries = np.concatenate(tables)
         self._starts = np.cumsum([0] + [len(t) for t in tables])
         self._labels: np.ndarray | None = None
+
+    def _without_meta(self, shard: str, table: np.ndarray) -> np.ndarray:
+        """``table`` less its first record when that is a meta header (labels, no image)."""
+        if not len(table):
+            return table
+        offset, size = (int(v) for v in table[0])
+        with open(shard, "rb") as f:
+            f.seek(offset)
+            raw = f.read(size)
+        try:
+            data, _ = unchunk(raw, shard, offset)
+        except CorruptRecordError:
+            return table  # reported when the sample is read
+        if len(data) < IR_HEADER.size:
+            return table
+        flag = IR_HEADER.unpack_from(data)[0]
+        if flag == 0 or len(data) != IR_HEADER.size + 4 * flag:
+            return table
+        self.meta[shard] = np.frombuffer(data, dtype="<f4", count=flag, offset=IR_HEADER.size).astype(np.float32)
+        return table[1:]
 
     def __len__(self) -> int:
         return len(self._entries)
