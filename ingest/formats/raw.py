@@ -8,8 +8,9 @@ skipping decode. JPEG bitstreams must visit the host for nvJPEG anyway; raw pixe
   the block of O_DIRECT and GDS); its stored fields follow in field order (``image`` first), each at a
   multiple of `FIELD_ALIGN` bytes inside the sample; the file is zero-padded to a multiple of ``align``.
   256x256x3 uint8 samples (48 blocks each) lie back to back with no padding at all.
-- ``<stem>.raw.json``: the shard's index. The data file is the index's name less ``.json``, so the two can
-  be renamed together (the converter writes them under a temporary stem).
+- ``<stem>.raw.json``: the shard's index. It names no file: the data file is the index's name less
+  ``.json``, so the two can be moved and renamed together (the converter writes them in a temporary
+  directory and renames them into place).
 
 A dataset is a directory of shards. Its shards, in order: those listed by ``ingest-raw.json``
 (`formats.RAW_INDEX`: ``{"format": "ingest-raw", "version": 1, "shards": ["a.raw.json", ...]}``, written by
