@@ -298,3 +298,10 @@ class _ListPixels(Pixels):
 
     def labels(self):
         return np.arange(len(self.arrays), dtype=np.int64) % 3
+
+
+def test_tfx_shard_names_are_tfrecords(tmp_path):
+    split = tmp_path / "Split-train"
+    split.mkdir()
+    (split / "data_tfrecord-00000-of-00001.gz").write_bytes(b"")
+    assert detect(split) == "tfrecord"

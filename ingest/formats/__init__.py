@@ -67,6 +67,8 @@ def _suffix_format(path: str) -> str | None:
     for suffix in sorted(SUFFIXES, key=len, reverse=True):
         if low.endswith(suffix):
             return SUFFIXES[suffix]
+    if "tfrecord" in os.path.basename(low):  # TFX: data_tfrecord-00000-of-00001.gz
+        return "tfrecord"
     return None
 
 
