@@ -263,3 +263,17 @@ def test_resume_after_a_real_kill(tmp_path):
     summary = convert(str(src), str(out), resume=True, **args)
     assert summary.resumed == kept and summary.samples == 60
     assert tree_bytes(out) == tree_bytes(tmp_path / "whole")
+
+
+def test_streamed_source_read_in_ranges(folder, tmp_path):
+    """GZIP TFRecords can only be streamed: output shards that start inside a source shard skip into it."""
+    writable("tfrecord")
+    gz = tmp_path / "gz"
+    convert(str(folder), str(gz), to="tfrecord", shard_size=5, writer_options={"compression": "gzip"},
+            progress=False)
+    assert len(list(gz.glob("*.tfrecord.gz"))) == 5 and not list(gz.glob("*.idx"))
+    out = tmp_path / "back"
+    summary = convert(str(gz), str(out), to="filetree", shard_size=4, progress=False)
+    assert summary.shards == 6
+    expected = [(r.label, bytes(r.image)) for _, r in iter_records(FileTree(folder))]
+    assert [(r.label, bytes(r.image)) for _, r in iter_records(open_source(str(out)))] == expected

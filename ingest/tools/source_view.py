@@ -35,7 +35,7 @@ class SourceView:
                 for _, record in source.iter_shard(k, 0):
                     n += 1
                     if sizes:
-                        sizes_list.append(_nbytes(record.image))
+                        sizes_list.append(_record_nbytes(record))
                 counts.append(n)
             self._bounds = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
             if sizes:
@@ -87,9 +87,13 @@ class SourceView:
 
 
 def _nbytes(value: Any) -> int:
-    if value is None:
-        return 0
-    return memoryview(value).nbytes if not isinstance(value, np.ndarray) else value.nbytes
+    return value.nbytes if isinstance(value, np.ndarray) else memoryview(value).nbytes
+
+
+def _record_nbytes(record: Record) -> int:
+    """Bytes a parsed sample holds in its byte-like and array fields (the image among them)."""
+    values = (record.image, *record.fields.values())
+    return sum(_nbytes(v) for v in values if isinstance(v, (bytes, bytearray, memoryview, np.ndarray)))
 
 
 def _stored_size(loc: Location | tuple[Location, ...]) -> int:
