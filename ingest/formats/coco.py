@@ -42,7 +42,9 @@ drops iscrowd objects [``skip_crowd``].
 **Cache.** The JSON is parsed once into numpy arrays (segmentation packed as offsets into flat buffers),
 saved as ``.npy`` files in a hidden directory next to the JSON when that directory is writable, else under
 ``$XDG_CACHE_HOME/ingest`` (``~/.cache/ingest``); ``cache=<dir>`` picks the place, ``cache=False`` turns it
-off. Later opens memory-map the arrays; a JSON of another size or mtime is parsed again.
+off. Later opens memory-map the arrays; a JSON of another size or mtime is parsed again. A pickled source
+(sent to a worker process) carries its per-object targets and re-maps the cache; without a cache it
+carries every parsed array.
 
 **Repairs** (counted in `repairs`, one warning per open): boxes reaching outside their image are clipped
 to it; boxes of zero width or height after clipping are dropped with their object (torchvision's detectors
