@@ -415,6 +415,17 @@ def test_shifted_warp_on_region_of_interest_decode():
     assert diff(roi, full).max() <= 1 and diff(roi, full).float().mean() < 0.3
 
 
+def test_plan_without_a_leading_warp_takes_whole_images():
+    """The GPU decoder reports origins (0, 0) when it was given no regions; a plan starting with a colour op
+    then runs as if none were given, and refuses real regions (it cannot map them)."""
+    ims = ragged(3, seed=23)
+    p = plan([ColorJitter(0.3), RandomResizedCrop(24), Flip()], sizes_of(ims), 4)
+    assert p.warp is None and p.stages[1].warp is not None
+    assert torch.equal(p.execute(ims, origins=[(0, 0)] * 3), p.execute(ims))
+    with pytest.raises(ValueError, match="starts with geometry"):
+        p.execute(ims, origins=[(0, 0), (2, 0), (0, 0)])
+
+
 def test_rescaled_warp_on_downscaled_sources():
     big = [image(240, 320, 21), image(200, 150, 22)]
     p = plan([RandomResizedCrop(48, scale=(0.5, 1.0)), Flip()], sizes_of(big), np.random.default_rng(2))

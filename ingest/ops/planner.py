@@ -45,8 +45,6 @@ class Stage:
     def run(self, images: Images, origins: Sequence[tuple[int, int]] | None = None,
             scales: float | Sequence[float] | None = None) -> Images:
         if self.warp is None:
-            if origins is not None:
-                raise ValueError("`origins` (region-of-interest decode) needs a plan that starts with geometry")
             (op, params), = self.drawn
             return op.apply(images, params)
         ims = as_list(images)
@@ -92,10 +90,15 @@ class Plan:
         ``origins`` = (x0, y0) per sample when the decoder returned only a region of each source (from
         ``warp.roi()``); ``scales`` = decoded/probed size factor when it also downscaled (inferred from the
         sizes when neither is given). On CPU, images of the planned sizes run op by op eagerly
-        (torchvision-exact); anything else runs the composed warps.
+        (torchvision-exact); anything else runs the composed warps. Without a leading warp the images must be
+        whole (origins all (0, 0)).
         """
+        if origins is not None and self.warp is None:
+            if any(tuple(o) != (0, 0) for o in origins):
+                raise ValueError("`origins` (region-of-interest decode) need a plan that starts with geometry")
+            origins = None
         for k, stage in enumerate(self.stages):
-            images = stage.run(images, origins, scales) if k == 0 else stage.run(images)
+            images = stage.run(images, origins, scales) if k == 0 and stage.warp is not None else stage.run(images)
         return images
 
     def map_boxes(self, boxes: Sequence[Any], *, min_size: float = 0.0) -> tuple[list[Any], list[np.ndarray]]:
