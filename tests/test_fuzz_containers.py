@@ -162,7 +162,8 @@ def test_caffe_datum_parsing(caffe_db, data):
         record = caffe_db.parse(0, data)
     except IngestError:
         return
-    assert record.image.shape[2] == 3 and record.image.size == len(Datum.FromString(data).data)
+    d = Datum.FromString(data)
+    assert record.image.shape == (d.height, d.width, d.channels) and record.image.size == len(d.data)
 
 
 def test_fast_scan_reads_plain_headers(shard_dir):
