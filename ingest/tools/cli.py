@@ -29,12 +29,13 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:   # --help, or a usage error (argparse has printed it)
         return exit_.code if isinstance(exit_.code, int) else 2
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING, format="%(message)s")
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(message)s")
     return _run_tool(args)
 
 
 def _run_tool(args: argparse.Namespace) -> int:
-    """Run a dataset tool; its errors become one line on stderr and an exit status."""
+    """Run a subcommand; its errors become one line on stderr and an exit status."""
     try:
         return args.run(args)
     except (ConfigError, SourceError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:
