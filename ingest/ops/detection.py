@@ -43,6 +43,16 @@ def box_iou(boxes: np.ndarray, other: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
+def _padded(boxes: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample ``[K, 4]`` boxes as one ``(N, max K, 4)`` array and its ``(N, max K)`` validity mask."""
+    counts = [len(b) for b in boxes]
+    out = np.zeros((len(boxes), max(counts, default=0), 4))
+    valid = np.arange(out.shape[1]) < np.array(counts, dtype=np.int64).reshape(-1, 1)
+    for n, b in enumerate(boxes):
+        out[n, :counts[n]] = np.asarray(b, dtype=np.float64).reshape(-1, 4)
+    return out, valid
+
+
 class RandomIoUCrop(GeometryOp):
     """SSD's random crop whose boxes overlap it enough (torchvision's ``RandomIoUCrop``, DALI's
     ``random_bbox_crop``).
@@ -77,32 +87,47 @@ class RandomIoUCrop(GeometryOp):
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes: Sequence[np.ndarray] | None = None) -> np.ndarray:
         rngs = per_sample(rngs, len(sizes))
-        boxes = [np.zeros((0, 4))] * len(sizes) if boxes is None else boxes
-        return np.array([self._region(int(h), int(w), np.asarray(b, dtype=np.float64).reshape(-1, 4), rng)
-                         for (h, w), b, rng in zip(sizes, boxes, rngs)], dtype=np.int64).reshape(-1, 5)
-
-    def _region(self, h: int, w: int, boxes: np.ndarray, rng: np.random.Generator) -> tuple[int, ...]:
-        cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
-        (s0, s1), (a0, a1) = self.scale, self.aspect
+        hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        out = np.concatenate([np.zeros_like(hw), hw, np.zeros_like(hw[:, :1])], axis=1)  # whole images
+        padded, valid = _padded([np.zeros((0, 4))] * len(hw) if boxes is None else boxes)
+        open_ = np.arange(len(hw))  # samples still looking for a crop
         for _ in range(self.rounds):
-            threshold = self.min_ious[int(rng.integers(len(self.min_ious)))]
-            if threshold is None:
+            # Per sample, a threshold and the round's attempts, from its own generator; arithmetic batch-wide.
+            picks = [self.min_ious[int(rngs[n].integers(len(self.min_ious)))] for n in open_]
+            trying = np.array([t is not None for t in picks], dtype=bool)
+            open_ = open_[trying]
+            if not len(open_):
                 break
-            # All attempts of the round at once (the first that qualifies wins, as when tried in turn).
-            u = rng.random((self.attempts, 4))
-            cw = (w * (s0 + (s1 - s0) * u[:, 0])).astype(np.int64)
-            ch = (h * (s0 + (s1 - s0) * u[:, 1])).astype(np.int64)
-            left = ((w - cw) * u[:, 2]).astype(np.int64)
-            top = ((h - ch) * u[:, 3]).astype(np.int64)
-            shaped = (cw > 0) & (ch > 0) & (a0 * ch <= cw) & (cw <= a1 * ch)
-            crops = np.stack([left, top, left + cw, top + ch], axis=1).astype(np.float64)
-            inside = ((crops[:, :1] < cx) & (cx < crops[:, 2:3]) & (crops[:, 1:2] < cy) & (cy < crops[:, 3:]))
-            best = np.where(inside, box_iou(boxes[None], crops[:, None]), -1.0).max(axis=1, initial=-1.0)
-            ok = np.flatnonzero(shaped & (best >= threshold) & inside.any(axis=1))
-            if len(ok):
-                k = ok[0]
-                return int(top[k]), int(left[k]), int(ch[k]), int(cw[k]), 1
-        return 0, 0, h, w, 0
+            threshold = np.array([t for t in picks if t is not None])
+            u = np.stack([rngs[n].random((self.attempts, 4)) for n in open_])
+            top, left, ch, cw = self._attempts(hw[open_], padded[open_], valid[open_], threshold, u)
+            found = ch > 0
+            out[open_[found]] = np.stack([top, left, ch, cw, np.ones_like(ch)], axis=1)[found]
+            open_ = open_[~found]
+        return out
+
+    def _attempts(self, hw: np.ndarray, boxes: np.ndarray, valid: np.ndarray, threshold: np.ndarray,
+                  u: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The first qualifying crop (top, left, height, width) per sample of a round, height 0 where none
+        qualifies. ``u``: (S, attempts, 4) uniform numbers; ``boxes`` (S, K, 4), ``valid`` (S, K)."""
+        (s0, s1), (a0, a1) = self.scale, self.aspect
+        h, w = hw[:, :1], hw[:, 1:]
+        cw = (w * (s0 + (s1 - s0) * u[..., 0])).astype(np.int64)
+        ch = (h * (s0 + (s1 - s0) * u[..., 1])).astype(np.int64)
+        left = ((w - cw) * u[..., 2]).astype(np.int64)
+        top = ((h - ch) * u[..., 3]).astype(np.int64)
+        shaped = (cw > 0) & (ch > 0) & (a0 * ch <= cw) & (cw <= a1 * ch)
+        crops = np.stack([left, top, left + cw, top + ch], axis=-1).astype(np.float64)[:, :, None]  # S, A, 1, 4
+        cx = ((boxes[..., 0] + boxes[..., 2]) / 2)[:, None]  # S, 1, K
+        cy = ((boxes[..., 1] + boxes[..., 3]) / 2)[:, None]
+        inside = (valid[:, None] & (crops[..., 0] < cx) & (cx < crops[..., 2])
+                  & (crops[..., 1] < cy) & (cy < crops[..., 3]))  # S, A, K
+        best = np.where(inside, box_iou(boxes[:, None], crops), -1.0).max(axis=2, initial=-1.0)
+        ok = shaped & inside.any(axis=2) & (best >= threshold[:, None])
+        first = ok.argmax(axis=1)
+        rows = np.arange(len(hw))
+        hit = ok[rows, first]
+        return (top[rows, first], left[rows, first], np.where(hit, ch[rows, first], 0), cw[rows, first])
 
     def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
         top, left, ch, cw = (params[:, k].astype(np.float64) for k in range(4))
