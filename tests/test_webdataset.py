@@ -366,3 +366,14 @@ def test_npy_member_checked_before_allocation(tmp_path):
     for i in range(3):
         with pytest.raises(CorruptRecordError, match=r"\.npy"):
             src.parse(i, read_location(src.locate(i)))
+
+
+def test_indexed_label_is_not_read_again(tmp_path):
+    records = make_records(3)
+    write_shard(tmp_path, "s", records, fields={"image": Field("image"), "label": Field("int")})
+    src = WebDatasetSource(tmp_path / "s.tar")
+    locs = src.locate(1)
+    assert len(locs) == 1 and locs[0].length == len(records[1].image)
+    assert src.parse(1, read_location(locs)).label == records[1].label
+    only = WebDatasetSource(tmp_path / "s.tar", fields={"label": "cls"})   # the only field: read as usual
+    assert len(only.locate(1)) == 1 and only.parse(1, read_location(only.locate(1))).label == 1

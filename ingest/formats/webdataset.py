@@ -22,7 +22,7 @@ sample that lacks a declared field is a `CorruptRecordError` when parsed (skippe
 
 **Random access** (plain ``.tar``): ``locate(i)`` returns one `Location` per member the declared fields
 need, from the shard's index (`tarindex.open_index`: ``<shard>.idx`` when present, else a scan;
-``write_index=True`` saves it). **Streamed** (``.tgz``/``.tar.gz``, or ``stream=True``): the shards are read
+``write_index=True`` saves it); a ``cls`` label the index holds is taken from it, not read again. **Streamed** (``.tgz``/``.tar.gz``, or ``stream=True``): the shards are read
 front to back through ``iter_shard(k, skip)`` (see `ingest.stream`).
 """
 
@@ -247,29 +247,35 @@ class WebDatasetSource:
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
         return k, i - int(self._starts[k])
 
-    def _chosen(self, k: int, j: int) -> list[tuple[str, int | None]]:
-        """For each declared field: (name, member number in the shard, or None when missing)."""
+    def _chosen(self, k: int, j: int) -> list[tuple[str, int | None, bool]]:
+        """For each declared field: (name, member number in the shard or None when missing, whether its bytes
+        are read). A label the index already holds is not read again, unless it is the only field."""
         ix = self._indexes[k]
         by_ext = {ix.exts[m]: m for m in ix.members(j)}
-        return [(name, next((by_ext[e] for e in exts if e in by_ext), None)) for name, exts in self._exts.items()]
+        chosen = [(name, next((by_ext[e] for e in exts if e in by_ext), None)) for name, exts in self._exts.items()]
+        indexed = len(chosen) > 1 and dict(chosen).get("label") is not None and \
+            ix.ints[dict(chosen)["label"]] != tarindex.NO_INT
+        return [(name, m, m is not None and not (indexed and name == "label")) for name, m in chosen]
 
     def locate(self, i: int) -> tuple[Location, ...]:
         k, j = self._find(i)
         ix, path = self._indexes[k], self.shards[k]
-        return tuple(Location(path, int(ix.offsets[m]), int(ix.sizes[m])) for _, m in self._chosen(k, j)
-                     if m is not None)
+        return tuple(Location(path, int(ix.offsets[m]), int(ix.sizes[m])) for _, m, read in self._chosen(k, j)
+                     if read)
 
     def parse(self, i: int, raw: Any) -> Record:
         k, j = self._find(i)
-        chosen = self._chosen(k, j)
         raws = iter(raw if isinstance(raw, tuple) else (raw,))
         ix = self._indexes[k]
         values = {}
-        for name, m in chosen:
+        for name, m, read in self._chosen(k, j):
             if m is None:
                 raise CorruptRecordError(f"sample {ix.keys[j]!r} has no member for field {name!r} "
                                          f"(extensions {', '.join(self._exts[name])})", path=self.shards[k],
                                          index=i)
+            if not read:
+                values[name] = int(ix.ints[m])
+                continue
             values[name] = decode_member(ix.exts[m], next(raws), path=self.shards[k],
                                          where=f"member {ix.keys[j]}.{ix.exts[m]} at byte {ix.offsets[m]}")
         return _record(values)
@@ -282,7 +288,7 @@ class WebDatasetSource:
             if "label" in self._exts:
                 for k, ix in enumerate(self._indexes):
                     for j in range(len(ix)):
-                        m = dict(self._chosen(k, j))["label"]
+                        m = next(m for name, m, _ in self._chosen(k, j) if name == "label")
                         if m is not None:
                             labels[self._starts[k] + j] = self._label_value(k, m)
             self._labels = labels
