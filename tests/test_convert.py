@@ -277,3 +277,25 @@ def test_streamed_source_read_in_ranges(folder, tmp_path):
     assert summary.shards == 6
     expected = [(r.label, bytes(r.image)) for _, r in iter_records(FileTree(folder))]
     assert [(r.label, bytes(r.image)) for _, r in iter_records(open_source(str(out)))] == expected
+
+
+@pytest.mark.realworld
+@pytest.mark.parametrize("sub", ["tfrecord/test.record", "mxnet_recordio/adaface_train/train.rec",
+                                 "lmdb/mmocr_rec_toy/imgs.lmdb", "lmdb/caffe_verifycode/test_lmdb",
+                                 "webdataset/sample.tgz", "coco/tiny_coco_train2017"])
+def test_files_written_by_other_tools_convert(sub, tmp_path):
+    """Files TensorFlow, im2rec, mmocr, Caffe, webdataset and COCO wrote convert with every sample and label."""
+    from conftest import realworld
+    writable("tfrecord")
+    src = str(realworld(sub))
+    source = open_source(src)
+    expected = [(r.label, r.image) for _, r in iter_records(source)]
+    summary = convert(src, str(tmp_path / "out"), to="tfrecord", shard_size=16, progress=False)
+    assert summary.samples == len(expected) > 0 and not summary.failures
+    got = [(r.label, r.image) for _, r in iter_records(open_source(str(tmp_path / "out")))]
+    assert [label for label, _ in got] == [label for label, _ in expected]
+    for (_, a), (_, b) in zip(got, expected):
+        if isinstance(b, np.ndarray):
+            np.testing.assert_array_equal(a, b)
+        else:
+            assert bytes(a) == bytes(b)
