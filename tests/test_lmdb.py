@@ -204,6 +204,22 @@ def test_declared_kind_mismatch_and_metadata_checks(tmp_path):
         LMDBSource(stray)
 
 
+def test_several_databases_and_data_file_path(tmp_path):
+    records = make_records(7)
+    fields = {"image": Field("image"), "label": Field("int")}
+    write(tmp_path, records[:3], stem="a", fields=fields)
+    write(tmp_path, records[3:], stem="b", fields=fields)
+    both = LMDBSource(tmp_path)
+    check_format(both)
+    assert len(both) == 7 and both.labels().tolist() == [r.label for r in records]
+    assert both.name(3).endswith("b.lmdb:000000000") and bytes(read(both, 6).image) == records[6].image
+    single = LMDBSource(tmp_path / "b.lmdb" / "data.mdb")
+    assert len(single) == 4 and bytes(read(single, 0).image) == records[3].image
+    write(tmp_path, records[:1], stem="c", fields={"image": Field("image")})
+    with pytest.raises(SourceError, match="different fields"):
+        LMDBSource(tmp_path)
+
+
 def test_writer_refuses_existing_database(tmp_path):
     write(tmp_path, make_records(1), fields={"image": Field("image")})
     with pytest.raises(ConfigError, match="already holds"):
@@ -240,14 +256,17 @@ def test_reader_threads_and_spawned_processes(tmp_path):
 
 
 # -- other tools' layouts written here -------------------------------------------------------------
-def test_columnar_int_labels_and_missing_keys(tmp_path):
+def test_columnar_keys_numeric_text_and_missing_keys(tmp_path):
     items = {b"num-samples": b"3"}
     for n in (1, 2, 3):
         items[b"image-%09d" % n] = jpeg_bytes(10, 10, seed=n)
-        items[b"label-%09d" % n] = b"%d" % (n * 2)
-    src = LMDBSource(write_lmdb(tmp_path / "ok", items))
+        items[b"label-%09d" % n] = b"%03d" % (n * 2)          # numbers to recognise, not class labels
+        items[b"bbox-%09d" % n] = b"\x00\xff"
+    src = LMDBSource(write_lmdb(tmp_path / "ok", items), layout="columnar")
     check_format(src)
-    assert src.fields["label"].kind == "int" and src.labels().tolist() == [2, 4, 6]
+    assert {k: f.kind for k, f in src.fields.items()} == {"image": "image", "text": "text", "bbox": "bytes"}
+    assert [read(src, i).fields["text"] for i in range(3)] == ["002", "004", "006"]
+    assert (src.labels() == -1).all() and read(src, 2).fields["bbox"] == b"\x00\xff"
     del items[b"image-000000002"]
     gap = LMDBSource(write_lmdb(tmp_path / "gap", items))
     assert len(gap) == 3

@@ -1,6 +1,7 @@
 """LMDB databases: `LMDBSource` reads ours and other tools' layouts, `LMDBWriter` writes ours.
 
-Opening is read-only and lock-free (``lock=False``: read-only media work, and no reader table to size), with
+Opening is read-only and lock-free (``lock=False``: read-only media work, and no reader table to size; a
+database being written meanwhile by another process is not supported), with
 OS read-ahead off (random access), once per process (`ProcessLocal`: worker processes reopen it, the source
 pickles as paths and keys only). Each ``locate`` runs its own read transaction and copies the values out, so
 reader threads need no coordination and a returned value never points into a closed transaction. Keys are
@@ -14,9 +15,9 @@ listed once, in LMDB's (byte) order, by one cursor pass, and kept packed.
   of every sample, int64 little-endian (so ``labels()`` reads one value).
 - ``columnar`` -- mmocr / CRNN text-recognition style: ``<prefix>-<number>`` keys, one prefix per field
   (``image-000000001`` -> JPEG, ``label-000000001`` -> text), plus an optional ``num-samples`` that must
-  agree. Prefix ``image``/``img`` holding images is the ``image`` field; ``label`` values that are all
-  integers are the ``label``, text ones the ``text`` field; any other prefix is a field of that name
-  (image, text or bytes, by its first values).
+  agree. Prefix ``image``/``img`` is the ``image`` field; ``label`` is the ``text`` field (the
+  transcription, kept as text even when it looks like a number); any other prefix is a field of that name
+  (image, text or bytes, by its first values). Samples are the numbers in numeric order.
 - ``caffe`` -- Caffe ``Datum`` protobufs (``convert_imageset``: keys ``%08d_<path>``). ``encoded=true``:
   the image bytes (kind ``image``); ``encoded=false``: raw ``uint8`` C x H x W planes, returned as decoded
   pixels ``[H, W, C]`` (kind ``pixels``) in **RGB** order: Caffe stores OpenCV's BGR, so the channels are
@@ -199,13 +200,11 @@ class _Db:
         return True
 
     def _column_field(self, prefix: str, values: list[bytes]) -> tuple[str, str]:
+        if prefix in ("image", "img"):
+            return "image", "image"   # values that do not decode fail there, naming their key
+        if prefix == "label":         # a transcription, even when it looks like a number ("007")
+            return ("label_text" if "text" in self.fields else "text"), "text"
         images = all(image_extension(v) for v in values)
-        if prefix in ("image", "img") and images:
-            return "image", "image"
-        if prefix == "label":
-            if all(_is_int(v) for v in values):
-                return "label", "int"
-            return "text", "text"
         return prefix, "image" if images else "text" if all(_is_text(v) for v in values) else "bytes"
 
     def _caffe(self, keys: list[bytes], first: Any) -> None:
@@ -243,10 +242,6 @@ class _Db:
         if field.kind == "image":
             return raw
         data = bytes(raw)
-        if field.kind == "int":
-            if not _is_int(data):
-                raise CorruptRecordError(f"label {data[:40]!r} is not an integer", path=self.path, index=name)
-            return int(data)
         if field.kind == "text":
             try:
                 return data.decode("utf-8")
@@ -256,7 +251,7 @@ class _Db:
         return data
 
     def _parse_datum(self, raw: Any, name: str) -> Record:
-        datum = _datum(bytes(raw))
+        datum = _datum(bytes(raw), sniff=False)
         if datum is None:
             raise CorruptRecordError("value is not a Caffe Datum (protobuf parse failed or sizes disagree)",
                                      path=self.path, index=name)
@@ -279,8 +274,9 @@ class _Db:
         return Record(np.ascontiguousarray(planes[order].transpose(1, 2, 0)), label)
 
 
-def _datum(value: bytes) -> Any:
-    """``value`` as a Caffe Datum whose sizes agree with its payload, else None."""
+def _datum(value: bytes, *, sniff: bool = True) -> Any:
+    """``value`` as a Caffe Datum whose sizes agree with its payload, else None. ``sniff``: an encoded
+    Datum's data must start like a known image format (telling the layout apart from other bytes)."""
     datum = Datum()
     try:
         datum.ParseFromString(value)
@@ -289,7 +285,7 @@ def _datum(value: bytes) -> Any:
     c, h, w = datum.channels, datum.height, datum.width
     if datum.HasField("data"):
         if datum.encoded:
-            return datum if image_extension(datum.data) else None
+            return datum if datum.data and (image_extension(datum.data) or not sniff) else None
         return datum if c > 0 and h > 0 and w > 0 and len(datum.data) == c * h * w else None
     return datum if c > 0 and h > 0 and w > 0 and len(datum.float_data) == c * h * w else None
 
