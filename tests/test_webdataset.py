@@ -377,3 +377,19 @@ def test_indexed_label_is_not_read_again(tmp_path):
     assert src.parse(1, read_location(locs)).label == records[1].label
     only = WebDatasetSource(tmp_path / "s.tar", fields={"label": "cls"})   # the only field: read as usual
     assert len(only.locate(1)) == 1 and only.parse(1, read_location(only.locate(1))).label == 1
+
+
+def test_pixels_image_and_classes_from_a_converter_manifest(tmp_path):
+    fields = {"image": Field("pixels"), "label": Field("int")}
+    pixels = textured(5, 7, seed=3)
+    write_shard(tmp_path, "s", [Record(pixels, 1), Record(pixels[::-1].copy(), 0)], fields=fields)
+    (tmp_path / "manifest.json").write_text('{"format": "wds", "classes": ["cat", "dog"]}')
+    src = WebDatasetSource(tmp_path)
+    check_format(src)
+    assert src.classes == ["cat", "dog"] and src._exts["image"] == ("png",)   # pixels stored as PNG
+    from PIL import Image
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(bytes(read(src, 0).image)))), pixels)
+
+
+def read(src, i):
+    return src.parse(i, read_location(src.locate(i)))

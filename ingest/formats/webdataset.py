@@ -31,6 +31,7 @@ from __future__ import annotations
 import glob
 import gzip
 import io
+import json
 import os
 import tarfile
 import zlib
@@ -39,7 +40,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
-from . import tarindex
+from . import MANIFEST, tarindex
 from .base import Field, Location, Record, check_index
 from .filetree import image_extension
 
@@ -91,6 +92,18 @@ def _shards(path: Any) -> list[str]:
         if not os.path.isfile(s):
             raise FileNotFoundError(f"tar shard {s!r} does not exist")
     return shards
+
+
+def _manifest_classes(path: Any) -> list[str]:
+    """Class names from the manifest `ingest convert` writes beside its shards (tars have no place for them)."""
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+        return []
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            classes = json.load(f).get("classes", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(c) for c in classes] if isinstance(classes, list) else []
 
 
 def gunzip(data: bytes, *, path: str, where: str) -> bytes:
@@ -198,7 +211,8 @@ class WebDatasetSource:
     """Samples of WebDataset tar shards. ``path``: a tar file, a directory of them, a glob or a list.
     ``fields``: field name -> member extension(s) (None: inferred, see the module docstring).
     ``stream``: read front to back (default: only gzipped shards). ``write_index``: save each shard's index
-    beside it when it had to be built."""
+    beside it when it had to be built. Class names come from the ``manifest.json`` of an ``ingest convert``
+    output directory (tars have no place for them), else there are none."""
 
     def __init__(self, path: Any, *, fields: Mapping[str, str | Sequence[str]] | None = None,
                  stream: bool | None = None, write_index: bool = False):
@@ -207,7 +221,7 @@ class WebDatasetSource:
         if stream is False and any(gzipped):
             raise ConfigError("gzipped tars cannot be read at offsets; leave `stream` unset or True")
         self.streamed = bool(stream) or any(gzipped)
-        self.classes: list[str] = []
+        self.classes = _manifest_classes(path)
         self._indexes: list[tarindex.TarIndex] = []
         if not self.streamed:
             self._indexes = [tarindex.open_index(s, write=write_index) for s in self.shards]
@@ -386,6 +400,8 @@ class WebDatasetWriter:
             return (ext[1:] if name == "image" else f"{safe}.{ext[1:]}"), data
         if name == "label":
             return "cls", str(int(value)).encode()
+        if name == "image":   # decoded pixels
+            return WRITE_EXTENSIONS[field.kind], _encode(field.kind, value)
         ext = safe if kind_of(safe) == field.kind and safe not in ("image", "label") \
             else f"{safe}.{WRITE_EXTENSIONS[field.kind]}"
         return ext, _encode(field.kind, value)
