@@ -208,6 +208,8 @@ def test_streamed_gzip_shard(tmp_path):
     assert items[0][0].endswith("s.tar.gz:000000002")
     with pytest.raises(TypeError, match="streamed"):
         len(src)
+    os.link(tmp_path / "s.tar.gz", tmp_path / "misnamed.tar")   # gzip data under a plain name
+    assert WebDatasetSource(tmp_path / "misnamed.tar").streamed
     plain = WebDatasetSource(tmp_path / "s.tar", stream=True)
     assert [r.label for _, r in plain.iter_shard(0)] == [r.label for r in records]
     with pytest.raises(ConfigError, match="gzipped"):

@@ -23,7 +23,8 @@ sample that lacks a declared field is a `CorruptRecordError` when parsed (skippe
 **Random access** (plain ``.tar``): ``locate(i)`` returns one `Location` per member the declared fields
 need, from the shard's index (`tarindex.open_index`: ``<shard>.idx`` when present, else a scan;
 ``write_index=True`` saves it); a ``cls`` label the index holds is taken from it, not read again. **Streamed** (``.tgz``/``.tar.gz``, or ``stream=True``): the shards are read
-front to back through ``iter_shard(k, skip)`` (see `ingest.stream`).
+front to back through ``iter_shard(k, skip)`` (see `ingest.stream`); a shard is taken as gzipped by its
+magic bytes, so a gzipped tar named ``.tar`` streams too.
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ def _shards(path: Any) -> list[str]:
         if not os.path.isfile(s):
             raise FileNotFoundError(f"tar shard {s!r} does not exist")
     return shards
+
+
+def _gzipped(shard: str) -> bool:
+    """True for a gzip-compressed shard, by its magic bytes (whatever its name says)."""
+    with open(shard, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
 
 
 def _manifest_classes(path: Any) -> list[str]:
@@ -217,7 +224,7 @@ class WebDatasetSource:
     def __init__(self, path: Any, *, fields: Mapping[str, str | Sequence[str]] | None = None,
                  stream: bool | None = None, write_index: bool = False):
         self.shards = _shards(path)
-        gzipped = [s.lower().endswith(GZIP_SUFFIXES) for s in self.shards]
+        gzipped = [_gzipped(s) for s in self.shards]
         if stream is False and any(gzipped):
             raise ConfigError("gzipped tars cannot be read at offsets; leave `stream` unset or True")
         self.streamed = bool(stream) or any(gzipped)
@@ -325,7 +332,7 @@ class WebDatasetSource:
     def _stream_samples(self, k: int) -> Iterator[tuple[str, list[tuple[str, tarindex.Member]]]]:
         path = self.shards[k]
         with open(path, "rb") as f:
-            if path.lower().endswith(GZIP_SUFFIXES):
+            if _gzipped(path):
                 with gzip.GzipFile(fileobj=f) as gz:
                     yield from tarindex.group(tarindex.scan(gz, path, read_all=True), path)
             else:
