@@ -120,10 +120,13 @@ def _write_in_worker(stem: str, start: int, stop: int) -> dict:
 
 
 class PoolRunner(Runner):
-    """Runs jobs in ``workers`` spawned processes, two jobs per process in flight."""
+    """Runs jobs in ``workers`` processes, two jobs per process in flight. The processes fork from a server
+    process that has imported ingest (and torch) once, instead of each importing it again (spawn); the server
+    has run no threads, so forking it is safe."""
 
     def __init__(self, job: "convert.Job", workers: int):
-        ctx = multiprocessing.get_context("spawn")
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([convert.__name__])
         self._counter = ctx.Value("q", 0)
         self._pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                          initargs=(job, self._counter))
