@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from ..errors import ConfigError
 from . import convert
