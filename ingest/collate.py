@@ -42,6 +42,8 @@ def collate(name: str, field: Field, values: Sequence[Any], *, decode: Callable[
             arrays = [np.asarray(v, dtype=dtype).reshape(-1) for v in values]
             return _padded(name, arrays, PAD[kind], fixed=field.shape is not None)
         if kind == "array":
+            if values and all(isinstance(v, torch.Tensor) for v in values):  # e.g. masks warped on the GPU
+                return _padded_tensors(name, list(values), PAD[kind])
             arrays = [np.asarray(v) for v in values]
             return _padded(name, arrays, PAD[kind], fixed=False)
         if kind in ("image", "pixels"):
@@ -75,6 +77,23 @@ def _padded(name: str, arrays: list[np.ndarray], pad: Any, *, fixed: bool) -> di
     for k, a in enumerate(arrays):
         out[k, :len(a)] = a
     return {name: torch.from_numpy(out), f"{name}_lengths": lengths}
+
+
+def _padded_tensors(name: str, tensors: list[torch.Tensor], pad: Any) -> dict[str, torch.Tensor]:
+    """`_padded` for tensors that stay on their device."""
+    lengths = torch.tensor([t.shape[0] if t.dim() else 1 for t in tensors], dtype=torch.int64)
+    if all(t.shape == tensors[0].shape for t in tensors):
+        out = {name: torch.stack(tensors)}
+        if tensors[0].dim():
+            out[f"{name}_lengths"] = lengths
+        return out
+    if len({tuple(t.shape[1:]) for t in tensors}) != 1:
+        raise ValueError(f"shapes {sorted({tuple(t.shape) for t in tensors})} differ beyond the first dimension")
+    ref = tensors[0]
+    out = torch.full((len(tensors), int(lengths.max()), *ref.shape[1:]), pad, dtype=ref.dtype, device=ref.device)
+    for k, t in enumerate(tensors):
+        out[k, :len(t)] = t
+    return {name: out, f"{name}_lengths": lengths}
 
 
 def to_device(fields: dict[str, Any], device: torch.device) -> dict[str, Any]:
