@@ -110,7 +110,8 @@ def test_streamed_gzip_mutated(data):
 
 
 @FUZZ
-@given(st.sampled_from(["jpg", "cls", "txt", "json", "npy", "float", "txt.gz", "npy.gz", "mp"]), st.binary(max_size=300))
+@given(st.sampled_from(["jpg", "cls", "txt", "json", "npy", "float", "txt.gz", "npy.gz", "mp"]),
+       st.binary(max_size=300))
 def test_member_decoders(ext, data):
     try:
         decode_member(ext, data, path="fuzz.tar", where="member")

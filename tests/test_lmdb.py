@@ -113,7 +113,8 @@ FIELDS = {"image": Field("image"), "label": Field("int"), "caption": Field("text
 def make_records(n):
     rng = np.random.default_rng(0)
     return [Record(jpeg_bytes(20 + i % 7, 24, seed=i), i % 3,
-                   {"caption": f"caption {i} ü", "box": rng.random(i % 4).astype(np.float32), "ids": list(range(i % 5)),
+                   {"caption": f"caption {i} ü", "box": rng.random(i % 4).astype(np.float32),
+                    "ids": list(range(i % 5)),
                     "emb": rng.random((2, 3)).astype(np.float16), "blob": bytes([i % 256]) * (i % 3),
                     "score": i / 3, "thumb": textured(4, 5, seed=i)}) for i in range(n)]
 

@@ -100,7 +100,8 @@ FIELDS = {"image": Field("image"), "label": Field("int"), "json": Field("text"),
 def make_records(n, seed=0):
     rng = np.random.default_rng(seed)
     return [Record(jpeg_bytes(24 + i % 5, 32, seed=seed + i), int(i % 4),
-                   {"json": f'{{"i": {i}}}', "caption": f"sample {i} é", "emb": rng.random((3, i % 3 + 1)).astype(np.float32),
+                   {"json": f'{{"i": {i}}}', "caption": f"sample {i} é",
+                    "emb": rng.random((3, i % 3 + 1)).astype(np.float32),
                     "raw": bytes([i, 0, 255]), "mask": textured(6, 5 + i % 2, seed=i)[..., :1], "score": i / 7})
             for i in range(n)]
 

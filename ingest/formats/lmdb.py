@@ -1,18 +1,19 @@
 """LMDB databases: `LMDBSource` reads ours and other tools' layouts, `LMDBWriter` writes ours.
 
-Opening is read-only and lock-free (``lock=False``: read-only media work, and no reader table to size; a
-database being written meanwhile by another process is not supported), with
-OS read-ahead off (random access), once per process (`ProcessLocal`: worker processes reopen it, the source
-pickles as paths and keys only). Each ``locate`` runs its own read transaction and copies the values out, so
-reader threads need no coordination and a returned value never points into a closed transaction. Keys are
-listed once, in LMDB's (byte) order, by one cursor pass, and kept packed.
+Opening is read-only and lock-free (``lock=False``: read-only media work and there is no reader table to
+size; a database that another process writes meanwhile is not supported), with OS read-ahead off (random
+access), once per process: py-lmdb allows one environment per database file per process, so sources share
+them (`environment`, keyed by the file's identity; pickled sources carry paths and keys only and reopen in
+their worker). Each ``locate`` runs its own read transaction and copies the values out, so reader threads
+need no coordination and a returned value never points into a closed transaction. Keys are listed once, in
+LMDB's (byte) order, by one cursor pass, and kept packed.
 
 **Layouts** (``layout="auto"`` tells them apart from the keys and the first values):
 
-- ``ingest`` -- ours, written by `LMDBWriter` (values: framed records, `_framed`): key ``b"%09d" % i``
-  per sample; ``__meta__``: JSON ``{"format": "ingest-lmdb", "version": 1, "count": n, "fields": [{"name", "kind",
-  "shape", "dtype"}, ...] (the order of the framed record), "classes": [...], "content_sha256": ...}``; ``__labels__``: the ``label``
-  of every sample, int64 little-endian (so ``labels()`` reads one value).
+- ``ingest`` -- ours, written by `LMDBWriter`: key ``b"%09d" % i`` per sample holding a framed record
+  (`_framed`); ``__meta__``: JSON ``{"format": "ingest-lmdb", "version": 1, "count": n, "fields":
+  [{"name", "kind", "shape", "dtype"}, ...] (in record order), "classes": [...], "content_sha256": ...}``;
+  ``__labels__``: every sample's ``label``, int64 little-endian (``labels()`` reads one value).
 - ``columnar`` -- mmocr / CRNN text-recognition style: ``<prefix>-<number>`` keys, one prefix per field
   (``image-000000001`` -> JPEG, ``label-000000001`` -> text), plus an optional ``num-samples`` that must
   agree. Prefix ``image``/``img`` is the ``image`` field; ``label`` is the ``text`` field (the

@@ -14,8 +14,8 @@ scan; property tests check that both find the same members.
 **Grouping** (webdataset's rules, `webdataset.tariterators`): only regular files count; names starting with a
 ``__...__`` component (metadata) and names without a dot in their base name are skipped. The key is the path
 up to the first dot of the base name, the extension everything after it, lower-cased (``a/b.seg.png`` -> key
-``a/b``, extension ``seg.png``; a base name starting with a dot follows webdataset's pattern: `split_key`). Consecutive members with the same key form one sample; an extension seen
-twice in one sample is an error.
+``a/b``, extension ``seg.png``; a base name starting with a dot follows webdataset's pattern: `split_key`).
+Consecutive members with the same key form one sample; an extension seen twice in one sample is an error.
 
 **Index file** ``<shard>.idx`` (e.g. ``train-0001.tar.idx``), JSON::
 

@@ -22,9 +22,11 @@ sample that lacks a declared field is a `CorruptRecordError` when parsed (skippe
 
 **Random access** (plain ``.tar``): ``locate(i)`` returns one `Location` per member the declared fields
 need, from the shard's index (`tarindex.open_index`: ``<shard>.idx`` when present, else a scan;
-``write_index=True`` saves it); a ``cls`` label the index holds is taken from it, not read again. **Streamed** (``.tgz``/``.tar.gz``, or ``stream=True``): the shards are read
-front to back through ``iter_shard(k, skip)`` (see `ingest.stream`); a shard is taken as gzipped by its
-magic bytes, so a gzipped tar named ``.tar`` streams too.
+``write_index=True`` saves it); a ``cls`` label the index holds is taken from it, not read again.
+
+**Streamed** (``.tgz``/``.tar.gz``, or ``stream=True``): the shards are read front to back through
+``iter_shard(k, skip)`` (see `ingest.stream`); a shard is taken as gzipped by its magic bytes, so a gzipped
+tar named ``.tar`` streams too.
 """
 
 from __future__ import annotations
@@ -273,10 +275,10 @@ class WebDatasetSource:
         are read). A label the index already holds is not read again, unless it is the only field."""
         ix = self._indexes[k]
         by_ext = {ix.exts[m]: m for m in ix.members(j)}
-        chosen = [(name, next((by_ext[e] for e in exts if e in by_ext), None)) for name, exts in self._exts.items()]
-        indexed = len(chosen) > 1 and dict(chosen).get("label") is not None and \
-            ix.ints[dict(chosen)["label"]] != tarindex.NO_INT
-        return [(name, m, m is not None and not (indexed and name == "label")) for name, m in chosen]
+        chosen = {name: next((by_ext[e] for e in exts if e in by_ext), None) for name, exts in self._exts.items()}
+        label = chosen.get("label")
+        indexed = len(chosen) > 1 and label is not None and ix.ints[label] != tarindex.NO_INT
+        return [(name, m, m is not None and not (indexed and name == "label")) for name, m in chosen.items()]
 
     def locate(self, i: int) -> tuple[Location, ...]:
         k, j = self._find(i)
@@ -291,9 +293,7 @@ class WebDatasetSource:
         values = {}
         for name, m, read in self._chosen(k, j):
             if m is None:
-                raise CorruptRecordError(f"sample {ix.keys[j]!r} has no member for field {name!r} "
-                                         f"(extensions {', '.join(self._exts[name])})", path=self.shards[k],
-                                         index=i)
+                raise self._missing(ix.keys[j], name, self.shards[k], i)
             if not read:
                 values[name] = int(ix.ints[m])
                 continue
@@ -350,12 +350,15 @@ class WebDatasetSource:
             for name, exts in self._exts.items():
                 ext = next((e for e in exts if e in by_ext), None)
                 if ext is None:
-                    raise CorruptRecordError(f"sample {key!r} has no member for field {name!r} (extensions "
-                                             f"{', '.join(exts)})", path=path, index=j)
+                    raise self._missing(key, name, path, j)
                 member = by_ext[ext]
                 values[name] = decode_member(ext, member.data, path=path,
                                              where=f"member {member.name} at byte {member.offset}")
             yield f"{path}:{key}", _record(values)
+
+    def _missing(self, key: str, name: str, path: str, index: int) -> CorruptRecordError:
+        return CorruptRecordError(f"sample {key!r} has no member for field {name!r} (extensions "
+                                  f"{', '.join(self._exts[name])})", path=path, index=index)
 
     def __repr__(self) -> str:
         size = "streamed" if self.streamed else f"{len(self)} samples"
