@@ -42,8 +42,7 @@ def inspect_dataset(path: str, *, source_format: str | None = None, sample: int 
                           **({"dtype": f.dtype} if f.dtype else {})} for name, f in fields.items()},
         "classes": len(source.classes)}
     picks = np.unique(np.linspace(0, n - 1, min(sample, n)).astype(np.int64)) if n else np.zeros(0, np.int64)
-    labels = _labels(source, view)
-    info["labels"] = _histogram(labels, list(source.classes)) if "label" in fields else None
+    info["labels"] = _histogram(_labels(source, view), list(source.classes)) if "label" in fields else None
     info["images"] = _image_stats(view, picks, fields) if "image" in fields else None
     info["shards"] = _shards(path, source)
     return info
