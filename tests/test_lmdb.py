@@ -243,7 +243,7 @@ def _read_labels(src, indices):
     return [read(src, i).label for i in indices]
 
 
-def test_reader_threads_and_spawned_processes(tmp_path):
+def test_reader_threads_and_processes(tmp_path):
     records = make_records(40)
     write(tmp_path, records, fields={"image": Field("image"), "label": Field("int")})
     src = LMDBSource(tmp_path / "db.lmdb")
@@ -252,6 +252,8 @@ def test_reader_threads_and_spawned_processes(tmp_path):
         images = list(pool.map(lambda i: bytes(read(src, i).image), range(40)))
     assert images == [r.image for r in records]
     with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_read_labels, (src, range(40))) == expected
+    with multiprocessing.get_context("fork").Pool(1) as pool:    # the parent's environment is not reused
         assert pool.apply(_read_labels, (src, range(40))) == expected
     assert _read_labels(src, range(40)) == expected
 
