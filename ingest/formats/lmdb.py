@@ -4,7 +4,7 @@ Opening is read-only and lock-free (``lock=False``: read-only media work and the
 size; a database that another process writes meanwhile is not supported), with OS read-ahead off (random
 access), once per process: py-lmdb allows one environment per database file per process, so sources share
 them (`environment`, keyed by the file's identity; pickled sources carry paths and keys only and reopen in
-their worker). Each ``locate`` runs its own read transaction and copies the values out, so reader threads
+their worker; a forked worker closes what it inherited and opens its own). Each ``locate`` runs its own read transaction and copies the values out, so reader threads
 need no coordination and a returned value never points into a closed transaction. Keys are listed once, in
 LMDB's (byte) order, by one cursor pass, and kept packed.
 
@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 import lmdb as _lmdb
@@ -66,10 +67,31 @@ def _open_env(path: str) -> Any:
         raise SourceError(f"cannot open LMDB {path!r}: {err}", path=path) from err
 
 
-#: Environments of this process. LMDB allows one open environment per file per process, so every source
-#: (and every pickled copy of one) shares them; keyed by the data file's identity, so a database replaced at
-#: the same path is opened afresh.
-_ENVS = ProcessLocal()
+class _Environments:
+    """The environments of this process. py-lmdb allows one open environment per database file per process,
+    so every source (and every pickled copy of one) shares them, keyed by the data file's identity (a
+    database replaced at the same path is opened afresh). A forked child closes the ones it inherited before
+    opening its own: with ``lock=False`` and read-only, that releases nothing the parent holds."""
+
+    def __init__(self):
+        self._pid, self._envs, self._lock = os.getpid(), {}, threading.Lock()
+
+    def get(self, key: Any, path: str) -> Any:
+        if self._pid != os.getpid():
+            inherited, self._envs = self._envs, {}
+            self._pid, self._lock = os.getpid(), threading.Lock()
+            for env in inherited.values():
+                env.close()
+        env = self._envs.get(key)
+        if env is None:
+            with self._lock:
+                env = self._envs.get(key)
+                if env is None:
+                    env = self._envs[key] = _open_env(path)
+        return env
+
+
+_ENVS = _Environments()
 
 
 def environment(path: str) -> Any:
@@ -79,7 +101,7 @@ def environment(path: str) -> Any:
         st = os.stat(data)
     except OSError as err:
         raise SourceError(f"cannot open LMDB {path!r}: {err.strerror}", path=path) from err
-    return _ENVS.get((os.path.realpath(data), st.st_dev, st.st_ino), lambda: _open_env(path))
+    return _ENVS.get((os.path.realpath(data), st.st_dev, st.st_ino), path)
 
 
 class _Keys:
