@@ -22,6 +22,7 @@ default) the first failure raises its own typed error (e.g. `DecodeError` naming
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import queue
 import threading
@@ -34,8 +35,9 @@ import numpy as np
 import torch
 
 from . import defaults
-from .errors import ConfigError, FailureBudgetExceeded, IngestError
-from .formats.base import Record, Source
+from .errors import ConfigError, CorruptRecordError, FailureBudgetExceeded, IngestError
+from .collate import collate, to_device
+from .formats.base import Location, Record, Source, fields_of
 from .io import ByteReader
 from .ops import planner
 from .ops.base import stack_if_uniform
@@ -45,18 +47,19 @@ from .sampler import BatchPlan
 log = logging.getLogger("ingest")
 
 DECODE = ("mixed", "cpu")
-STAGES = ("read", "decode", "ops")  # what Pipeline.read, .decode and .transform do, in order
+STAGES = ("read", "decode", "ops")
+PER_BOX = ("categories", "labels", "iscrowd", "area", "scores")  # what Pipeline.read, .decode and .transform do, in order
 
 
 @dataclass
 class Batch:
     """What the executor hands the consumer. ``images`` and ``labels`` are on the loader's device."""
 
-    images: torch.Tensor
+    images: torch.Tensor | list[torch.Tensor] | None   # None when the source has no image field
     labels: torch.Tensor
     indices: torch.Tensor                      # int64 dataset indices (CPU)
     is_pad: torch.Tensor                       # bool (CPU): True where the sample only pads the last batch
-    targets: list[dict[str, Any]] = field(default_factory=list)
+    fields: dict[str, Any] = field(default_factory=dict)   # every other declared field, collated by kind
     ready: torch.cuda.Event | None = None      # recorded on the ops stream after the batch is complete
     number: int = 0                            # batch number within the epoch (this shard)
 
@@ -160,6 +163,23 @@ class Pipeline:
         if decode == "mixed":
             from .ops.decode_gpu import GpuDecoder
             self.gpu = GpuDecoder(self.device, self.cpu)
+        self.fields = fields_of(source)
+        image = self.fields.get("image")
+        self.image_kind = image.kind if image is not None else None   # "image", "pixels" or None
+        self.extra_fields = {k: f for k, f in self.fields.items() if k not in ("image", "label")}
+        # Raw shards of one pixel shape (and nothing else to parse) skip parse and decode.
+        self.direct = (self.image_kind == "pixels" and not self.extra_fields
+                       and getattr(source, "fixed_shape", None) is not None and hasattr(source, "read_batch"))
+        self._labels = source.labels() if self.direct else None
+        # Detection: a "boxes" field (ltrb or xywh, absolute or relative, as the source says) follows the
+        # geometry ops; the per-box fields (the source's `per_box`, else those of `PER_BOX` it has) are
+        # pruned with their boxes, and "masks" are warped like the image.
+        self.boxes = "boxes" in self.extra_fields and self.image_kind is not None
+        self.box_format = getattr(source, "box_format", "ltrb")
+        self.box_relative = bool(getattr(source, "relative", False))
+        self.per_box = list(getattr(source, "per_box", None) or
+                            [k for k in PER_BOX if k in self.extra_fields and self.extra_fields[k].kind != "array"])
+        self.box_ops = self.boxes and any(getattr(op, "uses_boxes", False) for op in self.ops)
         self.stage_stats = [StageStats(name) for name in STAGES]  # over every epoch
         self.decode_paths: dict[str, int] = {}
         self.failures = Failures(0, 0)
@@ -167,9 +187,10 @@ class Pipeline:
     # -- stage 1: read ------------------------------------------------------------------------
     def read(self, plan: BatchPlan) -> _Work:
         """Read and parse a batch's samples; unreadable ones are dropped through the failure budget."""
+        if self.direct:
+            return self._read_direct(plan)
         idx = [int(i) for i in plan.indices]
-        locations = [self.source.locate(i) for i in idx]
-        raws = self.reader.read(locations)
+        raws = self._read_raw(idx)
         keep, records, names = [], [], []
         for k, (i, raw) in enumerate(zip(idx, raws)):
             name = self.source.name(i)
@@ -186,13 +207,59 @@ class Pipeline:
             names.append(name)
         return self._plan(_Work(plan, names, plan.indices[keep], plan.is_pad[keep], records))
 
+    def _read_direct(self, plan: BatchPlan) -> _Work:
+        """Fixed-shape decoded pixels (raw shards) read straight into one ``[B, H, W, C]`` tensor on the
+        output device (KvikIO: GPUDirect Storage where the host has it), with no parse and no decode."""
+        idx = plan.indices
+        # On the decode stream (idle here): KvikIO writes outside torch's streams, so the read first waits for
+        # the work queued on the current stream, which must not be the training loop's.
+        with torch.cuda.stream(self.decode_stream) if self.decode_stream is not None else _nothing():
+            out = self.source.batch_buffer(len(idx), self.device, pin_memory=False)
+            self.source.read_batch(idx, out, self.reader)
+        labels = self._labels[idx] if len(self._labels) else np.full(len(idx), -1, dtype=np.int64)
+        work = _Work(plan, [self.source.name(int(i)) for i in idx], idx, plan.is_pad,
+                     [Record(None, int(label)) for label in labels])
+        work.sizes, work.headers = [tuple(out.shape[1:3])] * len(idx), [None] * len(idx)
+        work.images = out
+        if self.device.type == "cuda":
+            out.record_stream(self.ops_stream)  # allocated on the decode stream, used and freed on the ops stream
+            work.ready = torch.cuda.Event()
+            work.ready.record(self.decode_stream)
+        self.decode_paths["none (raw, direct read)"] = self.decode_paths.get("none (raw, direct read)", 0) + len(idx)
+        if len(idx):
+            work.ops_plan = planner.plan(self.ops, work.sizes, plan.sample_rngs())
+        return work
+
+    def _read_raw(self, idx: list[int]) -> list:
+        """Bytes of each sample: one buffer, or a tuple of buffers for a sample of several byte ranges
+        (all ranges of a batch go to the reader in one call)."""
+        located = [self.source.locate(i) for i in idx]
+        flat: list[Location] = []
+        for loc in located:
+            flat.extend(loc if isinstance(loc, tuple) else (loc,))
+        got = iter(self.reader.read(flat))
+        raws = []
+        for loc in located:
+            if not isinstance(loc, tuple):
+                raws.append(next(got))
+                continue
+            parts = tuple(next(got) for _ in loc)
+            bad = [p for p in parts if isinstance(p, BaseException)]
+            raws.append(bad[0] if bad else parts)
+        return raws
+
     def _plan(self, work: _Work) -> _Work:
-        """Image sizes from the headers, then every op's random parameters (which tell the GPU decoder the
-        region of each image to decode). Done in the read stage, which has time to spare."""
+        """Image sizes from the headers (or the pixel arrays), then every op's random parameters (which tell
+        the GPU decoder the region of each image to decode). Done in the read stage, which has time to spare."""
+        if self.image_kind is None:
+            return work
         sizes, headers, keep = [], [], []
         for k, (record, name) in enumerate(zip(work.records, work.names)):
             try:
-                size, header = self.cpu.probe_header(record.image, name)
+                if self.image_kind == "pixels":
+                    size, header = _pixel_size(record.image, name), None
+                else:
+                    size, header = self.cpu.probe_header(record.image, name)
             except IngestError as err:
                 self.failures.add(name, "decode", err)
                 continue
@@ -205,16 +272,26 @@ class Pipeline:
         if work.records:
             # One generator per sample still in the batch, keyed by (seed, epoch, dataset index).
             rngs = replace(work.plan, indices=work.indices, is_pad=work.is_pad).sample_rngs()
-            work.ops_plan = planner.plan(self.ops, sizes, rngs)
+            boxes = None
+            if self.box_ops:
+                boxes = [self._to_ltrb(r.fields["boxes"], size) for r, size in zip(work.records, sizes)]
+            work.ops_plan = planner.plan(self.ops, sizes, rngs, boxes=boxes)
         return work
 
     # -- stage 2: decode ----------------------------------------------------------------------
     def decode(self, work: _Work) -> _Work:
         """Decode the batch: nvImageCodec on the decode stream (regions only, where the plan crops), or the
         CPU pool (then uploaded when the device is CUDA)."""
-        if not work.records:
+        if not work.records or self.image_kind is None or self.direct:
             return work
         datas = [r.image for r in work.records]
+        if self.image_kind == "pixels":
+            images = [torch.from_numpy(np.ascontiguousarray(d)) for d in datas]
+            if self.device.type == "cuda":
+                images, work.ready = _upload(images, self.device, self.decode_stream)
+            self.decode_paths["none (pixels)"] = self.decode_paths.get("none (pixels)", 0) + len(images)
+            work.images = images
+            return work
         if self.gpu is not None:
             warp = work.ops_plan.warp
             rois = warp.roi() if warp is not None else None
@@ -264,13 +341,19 @@ class Pipeline:
     def transform(self, work: _Work) -> Batch | None:
         if not work.records:
             return None  # every sample of the batch failed (and the budget allowed it)
-        labels = torch.from_numpy(np.array([r.label for r in work.records], dtype=np.int64))
+        failed = set(work.failed)
+        keep = [k for k in range(len(work.records)) if k not in failed]
+        names = [work.names[k] for k in keep]
+        labels = torch.from_numpy(np.array([work.records[k].label for k in keep], dtype=np.int64))
         if self.ops_stream is not None:
             with torch.cuda.stream(self.ops_stream):
                 if work.ready is not None:
                     self.ops_stream.wait_event(work.ready)
-                images = self._execute(work)
+                images = _select_rows(self._execute(work), keep, failed)
+                values = self._targets(work)
+                fields = self._collate([values[k] for k in keep], names)
                 labels = labels.pin_memory().to(self.device, non_blocking=True)
+                fields = to_device(fields, self.device)
                 ready = torch.cuda.Event()
                 ready.record(self.ops_stream)
             # Decoded images may be views of nvImageCodec memory, freed in order on the decode stream(s)
@@ -279,21 +362,56 @@ class Pipeline:
             if self.gpu is not None:
                 self.gpu.hold_until(ready)
         else:
-            images, ready = self._execute(work), None
-        indices = torch.from_numpy(np.ascontiguousarray(work.indices))
-        is_pad = torch.from_numpy(np.ascontiguousarray(work.is_pad))
-        targets = [r.fields for r in work.records]
-        if work.failed:
-            failed = set(work.failed)
-            keep = [k for k in range(len(work.records)) if k not in failed]
-            sel = torch.tensor(keep, dtype=torch.long)
-            images = images[sel.to(images.device)] if isinstance(images, torch.Tensor) else [images[k] for k in keep]
-            labels = labels[sel.to(labels.device)]
-            indices, is_pad = indices[sel], is_pad[sel]
-            targets = [targets[k] for k in keep]
-        return Batch(images, labels, indices, is_pad, targets, ready, work.plan.number)
+            images, ready = _select_rows(self._execute(work), keep, failed), None
+            values = self._targets(work)
+            fields = self._collate([values[k] for k in keep], names)
+        indices = torch.from_numpy(np.ascontiguousarray(work.indices[keep]))
+        is_pad = torch.from_numpy(np.ascontiguousarray(work.is_pad[keep]))
+        return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)
+
+    def _collate(self, values: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+        """Every field other than image and label, batched by kind (`ingest.collate`)."""
+        out: dict[str, Any] = {}
+        for name, spec in self.extra_fields.items():
+            out.update(collate(name, spec, [v[name] for v in values], names=names, decode=self.cpu.decode))
+        return out
+
+    # -- detection targets ---------------------------------------------------------------------
+    def _targets(self, work: _Work) -> list[dict[str, Any]]:
+        """Each sample's other fields; with boxes, moved by the batch's geometry: boxes mapped (in the source's
+        box format), masks warped like the image (on the ops' device), per-box fields pruned with their boxes."""
+        values = [r.fields for r in work.records]
+        if not self.boxes or work.ops_plan is None:
+            return values
+        ltrb = [dict(v, boxes=self._to_ltrb(v["boxes"], size)) for v, size in zip(values, work.sizes)]
+        if "masks" in self.extra_fields and self.device.type == "cuda":
+            for v in ltrb:
+                v["masks"] = torch.as_tensor(v["masks"]).to(self.device, non_blocking=True)
+        mapped = work.ops_plan.targets(ltrb, per_box=self.per_box)
+        for v, size in zip(mapped, work.ops_plan.out_sizes):
+            v["boxes"] = self._from_ltrb(v["boxes"], size)
+        return mapped
+
+    def _to_ltrb(self, boxes: Any, size: tuple[int, int]) -> np.ndarray:
+        """Boxes in the source's format as ltrb absolute pixels of an image of ``size`` (height, width)."""
+        b = np.array(boxes, dtype=np.float64).reshape(-1, 4)
+        if self.box_relative:
+            b *= (size[1], size[0], size[1], size[0])
+        if self.box_format == "xywh":
+            b[:, 2:] += b[:, :2]
+        return b
+
+    def _from_ltrb(self, boxes: Any, size: tuple[int, int]) -> np.ndarray:
+        b = np.array(boxes, dtype=np.float64).reshape(-1, 4)
+        if self.box_format == "xywh":
+            b[:, 2:] -= b[:, :2]
+        if self.box_relative:
+            b /= (size[1], size[0], size[1], size[0])
+        return b.astype(np.float32)
 
     def _execute(self, work: _Work):
+        if self.image_kind is None:
+            return None
         images = work.ops_plan.execute(work.images, origins=work.origins)
         if isinstance(images, list):
             images = stack_if_uniform(images)
@@ -322,6 +440,29 @@ class Pipeline:
 def _select(work: _Work, keep: list[int]) -> _Work:
     return _Work(work.plan, [work.names[k] for k in keep], work.indices[keep], work.is_pad[keep],
                  [work.records[k] for k in keep])
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
+
+
+def _pixel_size(pixels: Any, name: str) -> tuple[int, int]:
+    """(height, width) of a decoded ``[H, W, C]`` uint8 sample."""
+    shape = getattr(pixels, "shape", None)
+    if shape is None or len(shape) != 3 or getattr(pixels, "dtype", None) != np.uint8:
+        raise CorruptRecordError(f"expected uint8 pixels [H, W, C], got {getattr(pixels, 'dtype', type(pixels))} "
+                                 f"{tuple(shape) if shape is not None else ''}", path=name)
+    return int(shape[0]), int(shape[1])
+
+
+def _select_rows(images: Any, keep: list[int], failed: set[int]) -> Any:
+    """The rows of a batch (tensor or list) whose samples did not fail."""
+    if not failed or images is None:
+        return images
+    if isinstance(images, torch.Tensor):
+        return images[torch.tensor(keep, dtype=torch.long, device=images.device)]
+    return [images[k] for k in keep]
 
 
 def _upload(images: list[torch.Tensor], device: torch.device, stream: torch.cuda.Stream):

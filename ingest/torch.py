@@ -13,11 +13,13 @@ import torch
 
 from . import defaults
 from .errors import ConfigError
-from .formats.base import Location, Record, Source, check_index
+from .formats import detect, open_source
+from .formats.base import Location, Record, Source, check_index, fields_of
 from .formats.filetree import IMAGE_EXTENSIONS, FileTree
 from .formats.memory import MemorySource
 from .pipeline import STAGES, Batch, Executor, Failures, Pipeline, StageStats, resolve_device
 from .sampler import BatchPlan, Sampler
+from .stream import DEFAULT_BUFFER, StreamedSource
 from .workers import WorkerPool
 
 OUTPUTS = ("tuple", "dict")
@@ -26,9 +28,14 @@ OUTPUTS = ("tuple", "dict")
 class Loader:
     """Batches of augmented images and labels as tensors on ``device``.
 
-    ``source``: a dataset root in ImageFolder layout, any `ingest.formats.Source`, a list of encoded images
-    (bytes / uint8 arrays), or an iterator of encoded images or ``(image, label)`` pairs (streamed in
-    arrival order: no shuffle, sharding or ``len``).
+    ``source``: a dataset path — an ImageFolder root, an LMDB directory, ``*.tfrecord``/``*.record`` (also
+    ``.gz``), ``*.rec``, ``*.tar``/``*.tgz`` shards (a file, a glob, a directory of shards or a list of paths),
+    a raw-shard index, a COCO ``instances_*.json``, or a converter output directory; the format is detected
+    from the path (`ingest.formats.detect`), ``format=`` overrides it and ``reader_options`` go to its reader
+    (e.g. a TFRecord feature spec). Or any `ingest.formats.Source`, a list of encoded images (bytes / uint8
+    arrays), or an iterator of encoded images or ``(image, label)`` pairs (streamed in arrival order: no
+    shuffle, sharding or ``len``). Compressed record files are streamed (`ingest.stream`): shard order
+    shuffled, then a ``shuffle_buffer``-record buffer.
 
     ``num_workers``: 0 runs the pipeline on threads of this process; W > 0 runs W copies of it in worker
     processes (batch b on worker b % W, each with ``num_threads`` or cores / W decode threads), which keeps
@@ -38,7 +45,8 @@ class Loader:
     forked), so a script that iterates such a loader needs the usual ``if __name__ == "__main__":`` guard.
 
     Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
-    ``indices`` (dataset indices), ``is_pad`` (padding of the last batch) and ``targets``. Every ``iter()``
+    every other field the source declares (collated by kind, see `ingest.collate`), ``indices`` (dataset
+    indices) and ``is_pad`` (padding of the last batch). Every ``iter()``
     starts the next epoch (or resumes the one `load_state_dict` points into). ``shard_id`` / ``num_shards``
     default to the ``torch.distributed`` rank and world size when it is initialized. ``last_batch``: "drop",
     "partial" or "pad" (see `ingest.sampler.Sampler`); by default "pad" when sharded, so that every rank gets
@@ -51,7 +59,9 @@ class Loader:
                  shuffle: bool = False, seed: int = 0, last_batch: str | None = None,
                  shard_id: int | None = None, num_shards: int | None = None, prefetch: int = 2,
                  num_threads: int | None = None, num_workers: int | None = None, max_failures: int | float = 0,
-                 io: str | None = None, output: str = "tuple", extensions: Sequence[str] = IMAGE_EXTENSIONS):
+                 io: str | None = None, output: str = "tuple", extensions: Sequence[str] = IMAGE_EXTENSIONS,
+                 format: str | None = None, reader_options: dict[str, Any] | None = None,
+                 shuffle_buffer: int = DEFAULT_BUFFER):
         if output not in OUTPUTS:
             raise ConfigError(f"Unknown output {output!r}. Available: {', '.join(OUTPUTS)}")
         if shard_id is None and num_shards is None:
@@ -61,8 +71,13 @@ class Loader:
         if last_batch is None:  # sharded: equal batch counts on every rank, or a DDP step waits forever
             last_batch = "pad" if num_shards > 1 else "partial"
         self._stream = None
-        if isinstance(source, (str, os.PathLike)):
-            source = FileTree(source, extensions=extensions)
+        if _is_path(source):
+            fmt = format or detect(source)
+            source = FileTree(source, extensions=extensions) if fmt == "filetree" and not reader_options else \
+                open_source(source, fmt, **(reader_options or {}))
+        elif format is not None or reader_options is not None:
+            raise ConfigError("`format` and `reader_options` apply when `source` is a path; got a "
+                              f"{type(source).__name__}")
         elif isinstance(source, (list, tuple)):
             source = MemorySource(source)
         elif not isinstance(source, Source) and isinstance(source, Iterable):
@@ -70,8 +85,18 @@ class Loader:
                 raise ConfigError("a streamed iterator cannot be shuffled or sharded; pass a list instead")
             self._stream = _Stream(iter(source))
             source = self._stream
-        elif not isinstance(source, Source):
+        elif not isinstance(source, Source) and not getattr(source, "streamed", False):
             raise ConfigError(f"`source` must be a path, a Source, a list or an iterable, got {type(source).__name__}")
+        self._streamed: StreamedSource | None = None
+        if self._stream is None and getattr(source, "streamed", False):  # GZIP TFRecords, gzipped tars
+            source = self._streamed = StreamedSource(source, buffer_size=shuffle_buffer)
+        fields = fields_of(source)
+        if output == "tuple" and "image" not in fields:
+            raise ConfigError(f"this source has no image field (fields: {', '.join(fields)}); "
+                              "use output='dict'")
+        clash = set(fields) & {"images", "labels", "indices", "is_pad"}
+        if clash:
+            raise ConfigError(f"field names {sorted(clash)} clash with the loader's own outputs")
         self.source = source
         self.sampler = Sampler(len(source) if self._stream is None else 0, batch_size, shuffle=shuffle,
                                seed=seed, shard_id=shard_id, num_shards=num_shards, last_batch=last_batch)
@@ -90,8 +115,8 @@ class Loader:
             num_workers = min(4, max(1, (os.cpu_count() or 1) // 4)) if self.device.type == "cuda" else 0
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"`num_workers` must be an int >= 0, got {num_workers!r}")
-        if self._stream is not None:
-            num_workers = 0  # a streamed iterator is read where it lives
+        if self._stream is not None or self._streamed is not None:
+            num_workers = 0  # a stream is read where it lives
         self.num_workers = num_workers
         self.pipeline: Pipeline | None = None
         self._pool: WorkerPool | None = None
@@ -130,8 +155,12 @@ class Loader:
             self.epoch, start = self.epoch + 1, 0
         self._next, self._finished = start, False
         self._run += 1
-        plans = self._stream.plans(self.sampler.batch_size, self.sampler.seed) if self._stream is not None else \
-            self.sampler.batches(self.epoch, start)
+        if self._stream is not None:
+            plans = self._stream.plans(self.sampler.batch_size, self.sampler.seed)
+        elif self._streamed is not None:
+            plans = self._streamed.plans(self.sampler, self.epoch, start)
+        else:
+            plans = self.sampler.batches(self.epoch, start)
         # A fractional budget is a share of the samples this epoch reads (None: unknown, for a stream).
         self._failures = Failures(self.max_failures, self.sampler.samples(start) if self._stream is None else None)
         if self.num_workers:
@@ -166,12 +195,12 @@ class Loader:
         if batch.ready is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(batch.ready)
-            for t in (batch.images, batch.labels):
+            for t in _cuda_tensors((batch.images, batch.labels, batch.fields)):
                 t.record_stream(stream)
         if self.output == "tuple":
             return batch.images, batch.labels
-        return {"images": batch.images, "labels": batch.labels, "indices": batch.indices,
-                "is_pad": batch.is_pad, "targets": batch.targets}
+        return {"images": batch.images, "labels": batch.labels, **batch.fields, "indices": batch.indices,
+                "is_pad": batch.is_pad}
 
     def _close_executor(self) -> None:
         executor = self._executor() if self._executor is not None else None
@@ -317,6 +346,27 @@ class GenericIterator:
         self._it = iter(self.loader)
 
 
+def _is_path(source: Any) -> bool:
+    """A dataset path, or a list of shard paths (a list of bytes is in-memory images)."""
+    if isinstance(source, (str, os.PathLike)):
+        return True
+    return isinstance(source, (list, tuple)) and bool(source) and all(isinstance(p, (str, os.PathLike))
+                                                                      for p in source)
+
+
+def _cuda_tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The CUDA tensors in a batch value (tensors, lists, tuples and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _cuda_tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _cuda_tensors(v)
+
+
 def _distributed_rank() -> tuple[int, int]:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
@@ -387,3 +437,22 @@ class _Stream:
 def _pair(item: Any) -> tuple[Any, int]:
     image, label = item if isinstance(item, tuple) else (item, -1)
     return image, int(label)
+
+
+def detection_targets(batch: dict[str, Any], *, boxes: str = "boxes", labels: str = "categories") -> list[dict]:
+    """A detection batch (``output="dict"``) as torchvision's detection targets: one dict per image with
+    ``boxes`` (float ``[K, 4]``, the source's box format: ask the reader for ``box_format="ltrb"``, which
+    torchvision models expect), ``labels`` (int64 ``[K]``, from the ``labels`` field) and, where the batch has
+    them, ``masks``, ``iscrowd``, ``area`` and ``image_id``; padding removed with ``<field>_lengths``."""
+    counts = batch[f"{boxes}_lengths"].tolist() if f"{boxes}_lengths" in batch else \
+        [batch[boxes].shape[1]] * batch[boxes].shape[0]
+    out = []
+    for n, k in enumerate(counts):
+        target = {"boxes": batch[boxes][n, :k].float(), "labels": batch[labels][n, :k].long()}
+        for name in ("masks", "iscrowd", "area"):
+            if name in batch:
+                target[name] = batch[name][n, :k]
+        if "image_id" in batch:
+            target["image_id"] = batch["image_id"][n]
+        out.append(target)
+    return out

@@ -43,6 +43,17 @@ _POLL = 1.0  # seconds between liveness checks while waiting for a worker
 _MAX_SHARED = 4  # worker batches held until their copy has run
 
 
+def _clone(value: Any) -> Any:
+    """A copy of the CUDA tensors in a batch value (a tensor, a list of tensors or a dict of such)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone() if value.is_cuda else value
+    if isinstance(value, list):
+        return [_clone(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    return value
+
+
 class RemoteTraceback(Exception):
     """The traceback of an exception raised in a worker process (chained as the cause)."""
 
@@ -126,16 +137,16 @@ class WorkerPool:
         """Copy a batch shared by a worker into this process's memory on the side stream (see the module
         docstring). The shared tensors are kept until their copy has run, checked without blocking; only
         past `_MAX_SHARED` pending copies does this wait for the oldest."""
-        if self._side is None or not batch.images.is_cuda:
+        if self._side is None or not batch.labels.is_cuda:
             return batch
         with torch.cuda.stream(self._side):
-            images, labels = batch.images.clone(), batch.labels.clone()
+            images, labels, fields = _clone(batch.images), batch.labels.clone(), _clone(batch.fields)
             done = torch.cuda.Event()
             done.record(self._side)
         self._shared.append((batch, done))
         while self._shared and (len(self._shared) > _MAX_SHARED or self._shared[0][1].query()):
             self._shared.popleft()[1].synchronize()
-        return Batch(images, labels, batch.indices, batch.is_pad, batch.targets, done, batch.number)
+        return Batch(images, labels, batch.indices, batch.is_pad, fields, done, batch.number)
 
     def _stop_current(self) -> None:
         for q in self._commands:

@@ -23,7 +23,7 @@ class Rich:
     classes = ["a", "b", "c"]
     fields = {"image": Field("image"), "label": Field("int"), "score": Field("float"),
               "tags": Field("ints"), "coords": Field("floats", shape=(2,)), "caption": Field("text"),
-              "blob": Field("bytes"), "boxes": Field("array", dtype="float32"), "thumb": Field("image")}
+              "blob": Field("bytes"), "points": Field("array", dtype="float32"), "thumb": Field("image")}
 
     def __init__(self, n: int = 10):
         self.n = n
@@ -41,7 +41,7 @@ class Rich:
         image, thumb = raw
         return Record(bytes(image), i % 3, {
             "score": i / 2, "tags": list(range(i % 4)), "coords": [i, -i], "caption": f"sample {i}",
-            "blob": bytes([i]), "boxes": np.full((i % 3, 4), i, dtype=np.float32), "thumb": bytes(thumb)})
+            "blob": bytes([i]), "points": np.full((i % 3, 4), i, dtype=np.float32), "thumb": bytes(thumb)})
 
     def labels(self):
         return np.arange(self.n, dtype=np.int64) % 3
@@ -65,15 +65,15 @@ def test_every_kind_is_collated():
     assert batch["coords"].tolist() == [[0, 0], [1, -1], [2, -2], [3, -3]] and "coords_lengths" not in batch
     assert batch["caption"] == ["sample 0", "sample 1", "sample 2", "sample 3"]
     assert batch["blob"] == [b"\x00", b"\x01", b"\x02", b"\x03"]
-    assert batch["boxes"].shape == (4, 2, 4) and batch["boxes_lengths"].tolist() == [0, 1, 2, 0]
-    assert torch.equal(batch["boxes"][2], torch.full((2, 4), 2.0))
+    assert batch["points"].shape == (4, 2, 4) and batch["points_lengths"].tolist() == [0, 1, 2, 0]
+    assert torch.equal(batch["points"][2], torch.full((2, 4), 2.0))
     assert batch["thumb"].shape == (4, 8, 8, 3) and batch["thumb"].dtype == torch.uint8
     assert batch["indices"].tolist() == [0, 1, 2, 3]
 
 
 def test_collate_rejects_mismatched_arrays_with_typed_error():
-    with pytest.raises(ingest.CorruptRecordError, match="boxes"):
-        collate("boxes", Field("array"), [np.zeros((2, 4)), np.zeros((2, 5))], decode=None, names=["a", "b"])
+    with pytest.raises(ingest.CorruptRecordError, match="points"):
+        collate("points", Field("array"), [np.zeros((2, 4)), np.zeros((2, 5))], decode=None, names=["a", "b"])
 
 
 class Tabular:
