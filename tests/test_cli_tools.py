@@ -116,6 +116,8 @@ def test_index_writes_what_the_writers_write(tmp_path, folder, capsys):
     ["convert", "{src}", "{tmp}/o", "--to", "raw", "--raw-size", "3"],
     ["convert", "{src}", "{tmp}/o", "--to", "tfrecord", "--shard-size", "1", "--shard-bytes", "1MB"],
     ["convert", "{src}", "{tmp}/o", "--to", "wds", "-o", "compression=gzip"],
+    ["convert", "{src}", "{tmp}/o", "--to", "tfrecord", "-s", "nope=1"],
+    ["convert", "{src}", "{tmp}/o", "--to", "tfrecord", "--drop", "boxes"],
     ["inspect", "{missing}"],
     ["verify", "{missing}"],
     ["index", "{missing}"],

@@ -299,3 +299,17 @@ def test_files_written_by_other_tools_convert(sub, tmp_path):
             np.testing.assert_array_equal(a, b)
         else:
             assert bytes(a) == bytes(b)
+
+
+def test_dropped_fields_and_a_writer_that_refuses_the_fields(folder, tmp_path):
+    writable("tfrecord")
+    out = tmp_path / "nolabel"
+    convert(str(folder), str(out), to="tfrecord", drop_fields=["label"], progress=False)
+    source = open_source(str(out))
+    assert set(source.fields) == {"image"} and set(source.labels()) == {-1}
+    assert json.loads((out / "manifest.json").read_text())["fields"] == {"image": {"kind": "image"}}
+    with pytest.raises(ConfigError, match="needs a 'label' field"):
+        convert(str(out), str(tmp_path / "tree"), to="filetree", progress=False)
+    assert not (tmp_path / "tree").exists()   # refused before anything was written
+    with pytest.raises(ConfigError, match="cannot be dropped"):
+        convert(str(folder), str(tmp_path / "x"), to="tfrecord", drop_fields=["image"], progress=False)

@@ -148,6 +148,8 @@ class FileTreeWriter:
         extra = sorted(set(fields) - {"image", "label"})
         if extra:
             raise ConfigError(f"a file tree holds only 'image' and 'label'; the source also has {', '.join(extra)}")
+        if "label" not in fields:
+            raise ConfigError("a file tree needs a 'label' field: the label names each sample's class directory")
         if "image" not in fields or fields["image"].kind != "image":
             raise ConfigError("a file tree holds encoded images; the source's 'image' field is "
                               f"{fields['image'].kind if 'image' in fields else 'missing'}")

@@ -28,15 +28,16 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError, IngestError
-from ..formats import detect, fields_of, open_source, writer_class
-from ..formats.base import Field
+from ..formats import detect, fields_of, open_source, reader_class, writer_class
+from ..formats.base import Field, Record
 from ..ops.decode import CpuDecoder
 from ..pipeline import Failures
 from . import manifest
@@ -103,7 +104,7 @@ def write_shard(job: Job, stem: str, start: int, stop: int) -> dict[str, Any]:
             if err is None:
                 stage = "transform"
                 try:
-                    record = job.transform.apply(record, name, decoder)
+                    record = _project(job.transform.apply(record, name, decoder), job.fields)
                     stage = "write"
                     writer.add(record)
                     count += 1
@@ -123,6 +124,22 @@ def write_shard(job: Job, stem: str, start: int, stop: int) -> dict[str, Any]:
             decoder.close()
     return {"stem": stem, "start": start, "stop": stop, "count": count,
             "bytes": sum(f["bytes"] for f in files), "files": files, "failures": failures}
+
+
+def _output_fields(fields: dict[str, Field], drop: Sequence[str]) -> dict[str, Field]:
+    """``fields`` less those named in ``drop`` (which must exist; 'image' cannot be dropped)."""
+    missing = sorted(set(drop) - set(fields))
+    if missing:
+        raise ConfigError(f"cannot drop fields {missing}: the source has {', '.join(fields)}")
+    if "image" in drop:
+        raise ConfigError("the 'image' field cannot be dropped")
+    return {name: f for name, f in fields.items() if name not in drop}
+
+
+def _project(record: Record, fields: dict[str, Field]) -> Record:
+    """The record holding only the declared ``fields`` (the label -1 when 'label' is not one of them)."""
+    return Record(record.image, record.label if "label" in fields else -1,
+                  {k: v for k, v in record.fields.items() if k in fields})
 
 
 def check_shard(dst: str, shard: dict[str, Any]) -> list[str]:
@@ -164,9 +181,9 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
             quality: int | None = None, raw_size: tuple[int, int] | None = None, max_failures: int | float = 0,
             resume: bool = False, ray: bool | str = False, prefix: str = "shard",
             writer_options: dict[str, Any] | None = None, source_options: dict[str, Any] | None = None,
-            progress: bool = True) -> Summary:
+            drop_fields: Sequence[str] = (), progress: bool = True) -> Summary:
     """Convert the dataset at ``src`` into format ``to`` under directory ``dst``; see the module docstring.
-    ``ray``: False (local), True (``ray.init()``: the cluster at RAY_ADDRESS, else a new local Ray) or a
+    ``drop_fields``: source fields not to write (any but 'image'). ``ray``: False (local), True (``ray.init()``: the cluster at RAY_ADDRESS, else a new local Ray) or a
     cluster address (``"auto"``, ``"ray://head:10001"``)."""
     started = time.perf_counter()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -178,7 +195,7 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
                            shard_bytes=shard_bytes, transform=Transform(max_side, quality,
                                                                None if raw_size is None else tuple(raw_size)),
                            prefix=prefix, writer_options=writer_options, source_options=source_options,
-                           stop_on_failure=max_failures == 0)
+                           drop_fields=tuple(drop_fields), stop_on_failure=max_failures == 0)
     from .runners import make_runner   # runners imports this module
     runner = make_runner(plan.job, workers=workers, ray=ray)
     bar = Progress(len(plan.job.view), len(plan.ranges), enabled=progress)
@@ -197,7 +214,7 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
 def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, shard_size: int | None,
                     shard_bytes: int | str | None, transform: Transform, prefix: str,
                     writer_options: dict[str, Any] | None, source_options: dict[str, Any] | None,
-                    stop_on_failure: bool) -> Plan:
+                    drop_fields: Sequence[str], stop_on_failure: bool) -> Plan:
     """Open the source and cut it into shards (see the module docstring); validates every option."""
     writer = writer_class(to)
     if shard_size is not None and shard_bytes is not None:
@@ -210,14 +227,18 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
     if shard_size is None and sharded:
         shard_bytes = parse_bytes(shard_bytes if shard_bytes is not None else DEFAULT_SHARD_BYTES)
     source_format = source_format or detect(src)
-    view = SourceView(open_source(src, format=source_format, **(source_options or {})),
+    source_options = _check_options(reader_class(source_format), f"{source_format} reader",
+                                    dict(source_options or {}))
+    view = SourceView(open_source(src, format=source_format, **source_options),
                       sizes=sharded and shard_size is None and transform.raw_size is None)
     n = len(view)
-    fields = transform.fields(fields_of(view.source))
+    fields = _output_fields(transform.fields(fields_of(view.source)), drop_fields)
     classes = [str(c) for c in view.source.classes]
-    options = _writer_options(writer, to, dict(writer_options or {}))
+    options = _check_options(writer, f"{to} writer", dict(writer_options or {}))
     if "classes" in inspect.signature(writer).parameters and "classes" not in options:
         options["classes"] = classes
+    with tempfile.TemporaryDirectory() as scratch:   # a writer refusing these fields fails here, not in a job
+        writer(scratch, "probe", fields, **options).close()
     if not sharded:
         ranges = [(0, n)]
     elif transform.raw_size is not None and shard_size is None:   # every sample has the same, known size
@@ -232,7 +253,8 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
               "options": {"shard_size": shard_size, "shard_bytes": None if shard_size else shard_bytes,
                           "max_side": transform.max_side, "quality": transform.quality,
                           "raw_size": list(transform.raw_size) if transform.raw_size else None, "prefix": prefix,
-                          "writer": {k: v for k, v in options.items() if k != "classes"}},
+                          "drop_fields": sorted(drop_fields), "reader": _jsonable(source_options),
+                          "writer": _jsonable({k: v for k, v in options.items() if k != "classes"})},
               "fields": manifest.fields_json(fields), "classes": classes}
     job = Job(view, to, fields, options, transform, os.path.join(dst, TMP_DIR), stop_on_failure)
     return Plan(job, stems, ranges, header)
@@ -275,13 +297,18 @@ def _run(plan: Plan, dst: str, kept: dict[int, dict[str, Any]], runner: Any, fai
                    bytes=total["bytes"], resumed=len(kept), failures=[tuple(f) for f in failures.items])
 
 
-def _writer_options(writer: type, fmt: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` checked against the writer's keyword arguments (unknown names are refused)."""
-    params = inspect.signature(writer).parameters
+def _jsonable(options: dict[str, Any]) -> Any:
+    """Options as the manifest records them (values JSON cannot hold by their repr)."""
+    return json.loads(json.dumps(options, default=repr, sort_keys=True))
+
+
+def _check_options(cls: type, what: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` checked against the keyword-only arguments of ``cls`` (unknown names are refused)."""
+    params = inspect.signature(cls).parameters
     accepted = [name for name, p in params.items() if p.kind == p.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise ConfigError(f"the {fmt} writer has no option {', '.join(map(repr, unknown))}. "
+        raise ConfigError(f"the {what} has no option {', '.join(map(repr, unknown))}. "
                           f"Available: {', '.join(accepted) or 'none'}")
     return options
 
@@ -393,6 +420,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--prefix", default="shard", help="shard file name prefix (default shard)")
     p.add_argument("-o", "--option", dest="options", type=_option, action="append", default=[],
                    metavar="KEY=VALUE", help="writer option (JSON value or string), e.g. -o compression=gzip")
+    p.add_argument("-s", "--source-option", dest="source_options", type=_option, action="append", default=[],
+                   metavar="KEY=VALUE", help="reader option, e.g. -s images=train2017/ for COCO, "
+                                             "-s compression=gzip for TFRecords")
+    p.add_argument("--drop", dest="drop_fields", default="", metavar="FIELD,...",
+                   help="source fields not to write (e.g. --drop boxes,area to make a file tree of a COCO set)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=run)
 
@@ -412,4 +444,5 @@ def _convert_args(args: Any) -> Summary:
                    shard_bytes=args.shard_bytes, workers=args.workers, max_side=args.max_side,
                    quality=args.quality, raw_size=args.raw_size, max_failures=args.max_failures,
                    resume=args.resume, ray=args.ray, prefix=args.prefix, writer_options=dict(args.options),
-                   progress=not args.quiet)
+                   source_options=dict(args.source_options),
+                   drop_fields=[f for f in args.drop_fields.split(",") if f], progress=not args.quiet)
