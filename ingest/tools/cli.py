@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from .. import __version__
@@ -38,6 +39,9 @@ def _run_tool(args: argparse.Namespace) -> int:
     """Run a subcommand; its errors become one line on stderr and an exit status."""
     try:
         return args.run(args)
+    except BrokenPipeError:   # output piped into e.g. `head`, which stopped reading: nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # so exiting flushes nowhere
+        return 141
     except (ConfigError, SourceError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:
         print(f"ingest {args.command}: error: {err}", file=sys.stderr)
         return 2
