@@ -396,3 +396,23 @@ def test_pixels_image_and_classes_from_a_converter_manifest(tmp_path):
 
 def read(src, i):
     return src.parse(i, read_location(src.locate(i)))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_reads_what_webdataset_tarwriter_wrote(tmp_path, compress):
+    path = str(tmp_path / ("w.tar.gz" if compress else "w.tar"))
+    samples = [{"__key__": f"dir/s{i}", "jpg": jpeg_bytes(9, 9, seed=i), "cls": i % 3, "txt": f"t{i}",
+                "npy": np.arange(i + 1, dtype=np.int16)} for i in range(5)]
+    with webdataset.TarWriter(path, compress=compress) as sink:
+        for sample in samples:
+            sink.write(sample)
+    src = WebDatasetSource(path)
+    assert src.streamed == compress
+    assert {k: f.kind for k, f in src.fields.items()} == {"image": "image", "label": "int", "txt": "text",
+                                                          "npy": "array"}
+    got = read_all(src)
+    assert list(got) == [s["__key__"] for s in samples]
+    for sample, record in zip(samples, got.values()):
+        assert bytes(record.image) == sample["jpg"] and record.label == sample["cls"]
+        assert record.fields["txt"] == sample["txt"]
+        np.testing.assert_array_equal(record.fields["npy"], sample["npy"])
