@@ -229,7 +229,9 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
     source_format = source_format or detect(src)
     source_options = _check_options(reader_class(source_format), f"{source_format} reader",
                                     dict(source_options or {}))
-    view = SourceView(open_source(src, format=source_format, **source_options),
+    # absolute paths: jobs may run where the working directory differs (Ray workers, other nodes)
+    where = os.path.abspath(src) if isinstance(src, (str, os.PathLike)) else src
+    view = SourceView(open_source(where, format=source_format, **source_options),
                       sizes=sharded and shard_size is None and transform.raw_size is None)
     n = len(view)
     fields = _output_fields(transform.fields(fields_of(view.source)), drop_fields)
@@ -256,7 +258,7 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
                           "drop_fields": sorted(drop_fields), "reader": _jsonable(source_options),
                           "writer": _jsonable({k: v for k, v in options.items() if k != "classes"})},
               "fields": manifest.fields_json(fields), "classes": classes}
-    job = Job(view, to, fields, options, transform, os.path.join(dst, TMP_DIR), stop_on_failure)
+    job = Job(view, to, fields, options, transform, os.path.join(os.path.abspath(dst), TMP_DIR), stop_on_failure)
     return Plan(job, stems, ranges, header)
 
 
