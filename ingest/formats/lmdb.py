@@ -320,8 +320,8 @@ def _paths(path: Any) -> list[str]:
     if os.path.isfile(path) or os.path.exists(os.path.join(path, "data.mdb")):
         return [path]
     if os.path.isdir(path):   # a converter output: one or more <stem>.lmdb directories
-        found = sorted(e.path for e in os.scandir(path)
-                       if e.is_dir() and os.path.exists(os.path.join(e.path, "data.mdb")))
+        found = sorted(e.path for e in os.scandir(path) if e.is_dir() and not e.name.startswith(".")
+                       and os.path.exists(os.path.join(e.path, "data.mdb")))
         if found:
             return found
         raise SourceError(f"{path!r} holds no LMDB (no data.mdb in it or its subdirectories)", path=path)
