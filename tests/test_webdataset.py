@@ -181,6 +181,20 @@ def test_index_is_used_and_stale_index_rebuilt(tmp_path, monkeypatch):
     assert err.value.path == index
 
 
+def test_explicit_index_files(tmp_path):
+    write_shard(tmp_path, "a", make_records(2))
+    write_shard(tmp_path, "b", make_records(3))
+    moved = str(tmp_path / "b-index.json")
+    os.rename(tmp_path / "b.tar.idx", moved)
+    src = WebDatasetSource(tmp_path / "b.tar", index=moved)
+    assert len(src) == 3 and src.labels().tolist() == [0, 1, 2]
+    with pytest.raises(CorruptRecordError, match="another size") as err:
+        WebDatasetSource(tmp_path / "a.tar", index=moved)
+    assert err.value.path == moved
+    with pytest.raises(ConfigError, match="2 index files for 1 shards"):
+        WebDatasetSource(tmp_path / "a.tar", index=[moved, moved])
+
+
 def test_write_index_option_and_shard_sets(tmp_path):
     for k in range(3):
         write_shard(tmp_path, f"s{k}", make_records(3 + k, seed=k), fields={"image": Field("image"),

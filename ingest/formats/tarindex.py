@@ -379,13 +379,19 @@ def load(path: str, tar_size: int) -> TarIndex | None:
     return index
 
 
-def open_index(shard: str, *, write: bool = False) -> TarIndex:
+def open_index(shard: str, *, write: bool = False, path: str | None = None) -> TarIndex:
     """The index of ``shard``: loaded from ``<shard>.idx`` when it is there and matches, else built by a
-    scan (and saved when ``write``)."""
+    scan (and saved when ``write``). ``path``: an index file to use instead, which must match the shard."""
     try:
         tar_size = os.stat(shard).st_size
     except OSError as err:
         raise FileNotFoundError(f"tar shard {shard!r} cannot be read: {err.strerror}") from err
+    if path is not None:
+        index = load(path, tar_size)
+        if index is None:
+            raise CorruptRecordError(f"index made for a tar of another size, not {shard!r} ({tar_size} bytes)",
+                                     path=path)
+        return index
     saved = index_path(shard)
     if os.path.exists(saved):
         index = load(saved, tar_size)

@@ -83,8 +83,8 @@ def _shards(path: Any) -> list[str]:
     else:
         path = os.fspath(path)
         if os.path.isdir(path):
-            shards = sorted(e.path for e in os.scandir(path)
-                            if e.is_file() and e.name.lower().endswith((".tar",) + GZIP_SUFFIXES))
+            shards = sorted(e.path for e in os.scandir(path) if e.is_file() and not e.name.startswith(".")
+                            and e.name.lower().endswith((".tar",) + GZIP_SUFFIXES))
         elif any(c in path for c in "*?[") and not os.path.exists(path):
             shards = sorted(glob.glob(path))
         else:
@@ -219,13 +219,19 @@ def infer_fields(samples: Sequence[Sequence[str]]) -> dict[str, tuple[str, ...]]
 class WebDatasetSource:
     """Samples of WebDataset tar shards. ``path``: a tar file, a directory of them, a glob or a list.
     ``fields``: field name -> member extension(s) (None: inferred, see the module docstring).
+    ``index``: index file(s), one per shard, to use instead of ``<shard>.idx`` (they must match).
     ``stream``: read front to back (default: only gzipped shards). ``write_index``: save each shard's index
     beside it when it had to be built. Class names come from the ``manifest.json`` of an ``ingest convert``
     output directory (tars have no place for them), else there are none."""
 
     def __init__(self, path: Any, *, fields: Mapping[str, str | Sequence[str]] | None = None,
-                 stream: bool | None = None, write_index: bool = False):
+                 index: str | os.PathLike | Sequence[str | os.PathLike] | None = None, stream: bool | None = None,
+                 write_index: bool = False):
         self.shards = _shards(path)
+        indexes = [None] * len(self.shards) if index is None else \
+            [os.fspath(index)] if isinstance(index, (str, os.PathLike)) else [os.fspath(p) for p in index]
+        if len(indexes) != len(self.shards):
+            raise ConfigError(f"`index` names {len(indexes)} index files for {len(self.shards)} shards")
         gzipped = [_gzipped(s) for s in self.shards]
         if stream is False and any(gzipped):
             raise ConfigError("gzipped tars cannot be read at offsets; leave `stream` unset or True")
@@ -233,7 +239,7 @@ class WebDatasetSource:
         self.classes = _manifest_classes(path)
         self._indexes: list[tarindex.TarIndex] = []
         if not self.streamed:
-            self._indexes = [tarindex.open_index(s, write=write_index) for s in self.shards]
+            self._indexes = [tarindex.open_index(s, write=write_index, path=p) for s, p in zip(self.shards, indexes)]
             counts = [len(ix) for ix in self._indexes]
             self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         if fields is None:
