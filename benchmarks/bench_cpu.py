@@ -2,6 +2,8 @@
 
   ingest      ingest.Loader(device="cpu", decode="cpu", num_threads=--threads)
   dataloader  torch DataLoader(num_workers=--threads) + torchvision ImageFolder + PIL transforms
+  ingest_all_threads  (only with --only) ingest with INGEST_OPS_THREADS = cores: the ops thread on torch's
+              default intra-op threads, as before the ops_threads setting (see `ingest.defaults`)
 
 Both run RandomResizedCrop(224) -> horizontal flip p=0.5 -> float32 NCHW normalised with ImageNet mean/std,
 shuffled, dropping the last partial batch. Each is timed in the loop a user writes, ``for x, y in loader``
@@ -33,7 +35,8 @@ sys.path.insert(0, str(HERE))
 
 import bench_gpu as bg  # noqa: E402 - shared helpers: builders, batch check, host/version/dataset info
 
-VARIANTS = ("ingest", "dataloader")
+VARIANTS = ("ingest", "dataloader", "ingest_all_threads")
+DEFAULT_VARIANTS = VARIANTS[:2]
 TARGET = 1.5  # ingest / DataLoader
 
 
@@ -51,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-batches", type=int, default=3)
     p.add_argument("--min-batches", type=int, default=5)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--only", default=None, help="comma-separated subset of: ingest, dataloader")
+    p.add_argument("--only", default=None, help="comma-separated subset of: " + ", ".join(VARIANTS)
+                   + " (default: ingest, dataloader)")
     p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -72,7 +76,8 @@ def main(argv=None) -> int:
                                       workers=os.cpu_count(), photo_dirs=args.photos)
         print(f"[bench_cpu] made {made['n']} files, mean {made['mean_bytes'] / 1e3:.1f} KB in {made['seconds']} s")
     args.data = str(Path(args.data).resolve())
-    variants = [v for v in VARIANTS if not args.only or v in {s.strip() for s in args.only.split(",")}]
+    variants = [v for v in VARIANTS if v in ({s.strip() for s in args.only.split(",")} if args.only
+                                             else DEFAULT_VARIANTS)]
     if not variants:
         raise SystemExit(f"--only {args.only!r} names no variant. Available: {', '.join(VARIANTS)}")
     out = Path(args.out).resolve()
@@ -96,20 +101,24 @@ def main(argv=None) -> int:
             if best is None or (res.get("img_s") or 0) > (best.get("img_s") or 0):
                 report["results"][v] = res
         report["rounds"].append({v: row[v].get("img_s") for v in row})
-    i, d = (report["results"].get(v, {}).get("img_s") for v in VARIANTS)
+    i, d = (report["results"].get(v, {}).get("img_s") for v in DEFAULT_VARIANTS)
     ratio = round(i / d, 3) if i and d else None
     per_round = [round(x["ingest"] / x["dataloader"], 3) for x in report["rounds"]
                  if x.get("ingest") and x.get("dataloader")]
     report["derived"] = {"ingest_over_dataloader": ratio, "per_round": per_round, "target": TARGET,
                          "target_met": ratio is not None and ratio >= TARGET}
+    a = report["results"].get("ingest_all_threads", {}).get("img_s")
+    if a and d:
+        report["derived"]["ingest_all_threads_over_dataloader"] = round(a / d, 3)
     report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
+    report["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]  # other jobs on the machine
     out.write_text(json.dumps(report, indent=1, default=str))
     print(f"\n{report['host']['cpu']} ({report['host']['affinity']} cores) | {report['dataset']['n']} files, "
           f"mean {report['dataset']['mean_bytes'] / 1e3:.1f} KB | batch {args.batch}, {args.threads} threads/workers")
     for v in VARIANTS:
         res = report["results"].get(v)
         if res:
-            print(f"  {v:<11} {bg._fmt(res.get('img_s')):>8} img/s   rounds {[x.get(v) for x in report['rounds']]}"
+            print(f"  {v:<18} {bg._fmt(res.get('img_s')):>8} img/s   rounds {[x.get(v) for x in report['rounds']]}"
                   + (f"  ERROR {res['error'][:120]}" if res.get("error") else ""))
     print(f"  ingest / DataLoader = {ratio} (per round {per_round}; target >= {TARGET})")
     print(f"[bench_cpu] wrote {out} ({report['wall_seconds']} s)")
@@ -125,7 +134,8 @@ def run_child(variant: str, args) -> dict:
            "--warmup-batches", str(args.warmup_batches), "--min-batches", str(args.min_batches)]
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as log:
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        env = dict(os.environ, INGEST_OPS_THREADS=str(os.cpu_count())) if variant == "ingest_all_threads" else None
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
         try:
             rc = p.wait(timeout=args.seconds + args.warmup_seconds + 120)
         except subprocess.TimeoutExpired:
@@ -171,7 +181,7 @@ def child(args) -> int:
     ns = argparse.Namespace(data=args.data, batch=args.batch, threads=args.threads, workers=args.threads)
     try:
         t0 = time.perf_counter()
-        feed = bg.build_ingest(ns, dev, "cpu") if args.child == "ingest" else bg.build_dataloader(ns, dev)
+        feed = bg.build_dataloader(ns, dev) if args.child == "dataloader" else bg.build_ingest(ns, dev, "cpu")
         loader = feed.iterable
         # Warm-up (thread pools, worker processes), timed from the start so the first batch shows too.
         n, _, _, _ = timed_loop(loader, args.warmup_seconds, args.warmup_batches, t_start=t0)
