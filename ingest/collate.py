@@ -103,7 +103,7 @@ def to_device(fields: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
     def move(v):
         if isinstance(v, torch.Tensor):
-            return v.pin_memory().to(device, non_blocking=True)
+            return v if v.is_cuda else v.pin_memory().to(device, non_blocking=True)
         if isinstance(v, list) and v and all(isinstance(t, torch.Tensor) for t in v):
             return [move(t) for t in v]
         return v
