@@ -190,8 +190,7 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
         while True:
             cmd = commands.get()
             if cmd[0] == "exit":
-                results.cancel_join_thread()  # what is still buffered for the parent is not wanted
-                return
+                break
             if cmd[0] == "stop":
                 stop_runs.add(cmd[1])
                 continue
@@ -202,6 +201,11 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
                        stop_runs)
     finally:
         pipeline.close()
+    # What is still buffered for the parent is not wanted, and an interpreter exit could find the queue's
+    # feeder thread inside torch's tensor sharing, which aborts the process ("terminate called ..."): leave now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _exit_with_parent(parent: int) -> None:

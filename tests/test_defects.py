@@ -104,6 +104,31 @@ def test_loader_left_mid_epoch_exits_cleanly(tmp_path):
         assert res.stdout.strip() == "done"
 
 
+WORKER_EXIT_SCRIPT = """
+    import atexit, sys
+    procs = []
+    atexit.register(lambda: print("exit codes", [p.exitcode for p in procs], flush=True))  # after ingest's hook
+    import ingest
+    from ingest.ops import RandomResizedCrop
+
+    if __name__ == "__main__":
+        L = ingest.Loader(sys.argv[1], batch_size=4, num_workers=2, ops=[RandomResizedCrop(64)])
+        it = iter(L)
+        next(it); next(it)
+        procs.extend(L._pool._procs)
+"""
+
+
+def test_worker_loader_left_mid_epoch_exits_cleanly(image_folder, tmp_path):
+    script = tmp_path / "left.py"
+    script.write_text(textwrap.dedent(WORKER_EXIT_SCRIPT))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, str(script), str(image_folder)], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert res.returncode == 0 and "terminate called" not in res.stderr, res.stderr[-2000:]
+    assert "exit codes [0, 0]" in res.stdout   # the workers ended themselves, neither killed nor aborted
+
+
 # -- 2: workers exit when their parent is killed ---------------------------------------------------------
 
 ORPHAN_SCRIPT = """
