@@ -3,6 +3,7 @@ whatever ran it and after a resume; sharding, re-encoding, the failure budget an
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -313,3 +314,16 @@ def test_dropped_fields_and_a_writer_that_refuses_the_fields(folder, tmp_path):
     assert not (tmp_path / "tree").exists()   # refused before anything was written
     with pytest.raises(ConfigError, match="cannot be dropped"):
         convert(str(folder), str(tmp_path / "x"), to="tfrecord", drop_fields=["image"], progress=False)
+
+
+def test_a_second_conversion_into_the_same_directory_is_refused(folder, tmp_path):
+    writable("tfrecord")
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / convert_mod.LOCK, "w") as held:   # as a running conversion holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(ConfigError, match="another conversion"):
+            convert(str(folder), str(out), to="tfrecord", progress=False)
+    (out / convert_mod.LOCK).unlink()
+    convert(str(folder), str(out), to="tfrecord", progress=False)
+    assert not (out / convert_mod.LOCK).exists()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import inspect
 import json
 import os
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -47,6 +48,8 @@ from .transform import Transform
 
 #: Temporary directory inside DST where jobs write their shards before the commit renames them.
 TMP_DIR = ".ingest-tmp"
+#: Lock file a running conversion holds in DST.
+LOCK = ".ingest-lock"
 #: Shard size when neither ``shard_size`` nor ``shard_bytes`` is given.
 DEFAULT_SHARD_BYTES = 256 * 10**6
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
@@ -200,10 +203,11 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
     runner = make_runner(plan.job, workers=workers, ray=ray)
     bar = Progress(len(plan.job.view), len(plan.ranges), enabled=progress)
     try:
-        kept = _previous_shards(dst, plan, resume)
-        shutil.rmtree(plan.job.tmp, ignore_errors=True)
-        os.makedirs(plan.job.tmp)
-        summary = _run(plan, dst, kept, runner, Failures(max_failures, len(plan.job.view)), bar)
+        with _exclusive(dst):
+            kept = _previous_shards(dst, plan, resume)
+            shutil.rmtree(plan.job.tmp, ignore_errors=True)
+            os.makedirs(plan.job.tmp)
+            summary = _run(plan, dst, kept, runner, Failures(max_failures, len(plan.job.view)), bar)
     finally:
         runner.close()
         bar.close()
@@ -315,16 +319,32 @@ def _check_options(cls: type, what: str, options: dict[str, Any]) -> dict[str, A
     return options
 
 
+@contextlib.contextmanager
+def _exclusive(dst: str) -> Iterator[None]:
+    """Create ``dst`` and hold its lock file for the conversion: a second conversion into the same directory
+    fails at once instead of interleaving its shards."""
+    if os.path.exists(dst) and not os.path.isdir(dst):
+        raise ConfigError(f"output {dst!r} exists and is not a directory")
+    os.makedirs(dst, exist_ok=True)
+    path = os.path.join(dst, LOCK)
+    with open(path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"another conversion is writing into {dst!r} (it holds {path})") from None
+        try:
+            yield
+        finally:
+            os.remove(path)
+
+
 def _previous_shards(dst: str, plan: Plan, resume: bool) -> dict[int, dict[str, Any]]:
     """The shards an earlier run committed to ``dst`` that this one may keep (``resume``), by shard index.
     Refuses a non-empty ``dst`` without ``resume``, and a ``dst`` written with other settings."""
     header, ranges, stems = plan.header, plan.ranges, plan.stems
-    if os.path.exists(dst) and not os.path.isdir(dst):
-        raise ConfigError(f"output {dst!r} exists and is not a directory")
-    os.makedirs(dst, exist_ok=True)
     previous, _ = manifest.load(dst)
     if not resume:
-        if any(e != TMP_DIR for e in os.listdir(dst)):
+        if any(e not in (TMP_DIR, LOCK) for e in os.listdir(dst)):
             raise ConfigError(f"output directory {dst!r} is not empty; pass --resume to finish an interrupted "
                               "conversion there, or choose an empty directory")
         return {}
