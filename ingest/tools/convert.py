@@ -6,8 +6,8 @@
    writer is not sharded (``Writer.sharded = False``, e.g. one LMDB) gets one shard.
 2. **Write** (jobs). Each shard is one job: read its range of source samples, re-encode if asked
    (`transform`), write it with the format's `Writer` into ``DST/.ingest-tmp/<stem>/``, hash the files. Jobs
-   run in the driver (``workers=1``), in spawned worker processes (``workers=N``) or as Ray tasks
-   (``ray=``, see `runners`).
+   run in the driver (``workers=1``), in worker processes (``workers=N``) or as Ray tasks (``ray=``, see
+   `runners`). DST holds a lock file (``.ingest-lock``) while a conversion runs.
 3. **Commit** (driver, in shard order). The files are renamed into DST and the shard is appended to the
    journal ``manifest.partial.jsonl``; at the end ``manifest.json`` is written and the journal removed
    (`manifest`).
