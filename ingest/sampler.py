@@ -4,10 +4,10 @@ last-batch policy, and a resumable position.
 The order of an epoch is a pure function of ``(seed, epoch)``: a permutation of the whole dataset drawn
 from ``numpy.random.SeedSequence([seed, epoch])`` (stable across machines and numpy versions). Rank ``r`` of
 ``num_shards`` takes every ``num_shards``-th element of it starting at ``r``, so shards are disjoint and
-together hold every sample. Batch ``b`` of a shard is a slice of that list, so the position to resume from is
-just ``(epoch, b)``. Because the global order does not depend on the number of shards, a checkpoint's global
-position (``b * batch_size * num_shards`` samples into the epoch's permutation) stays meaningful when resuming
-on a different number of GPUs; remapping it is the one missing piece for that.
+together hold every sample, and after every rank's first ``b`` batches exactly a prefix of the global order
+has been delivered (`Sampler.position`). That prefix does not depend on the number of shards, which is what
+makes resume elastic: a checkpoint taken on N ranks resumes on M by skipping the prefix (``offset``) and
+sharding the rest of the epoch over the M ranks; later epochs are ordinary M-rank epochs.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ConfigError
+from .random import SampleRandom
 
 LAST_BATCH = ("drop", "partial", "pad")
 
@@ -35,11 +36,11 @@ class BatchPlan:
     def rng(self) -> np.random.Generator:
         return np.random.Generator(np.random.PCG64(self.seed))
 
-    def sample_rngs(self) -> list[np.random.Generator]:
-        """One generator per sample, keyed by ``(seed, epoch, dataset index)`` only: a sample's random
-        augmentation does not depend on the batch size, the number of shards, a resume or its neighbours."""
-        return [np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.root, self.epoch, int(i)])))
-                for i in self.indices]
+    def sample_rngs(self) -> SampleRandom:
+        """The batch's per-sample random source, sample n keyed by ``(seed, epoch, dataset index)`` only: a
+        sample's random augmentation does not depend on the batch size, the number of shards, a resume or
+        its neighbours (:mod:`ingest.random`)."""
+        return SampleRandom.keyed(self.root, self.epoch, self.indices)
 
 
 class Sampler:
@@ -67,40 +68,57 @@ class Sampler:
         self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
         self.shard_id, self.num_shards, self.last_batch = shard_id, num_shards, last_batch
 
-    def shard_length(self, shard_id: int | None = None) -> int:
+    def shard_length(self, shard_id: int | None = None, offset: int = 0) -> int:
+        """Samples of shard ``shard_id`` (default: this one) in an epoch whose first ``offset`` samples of the
+        global order were delivered before (an elastic resume, see `position`)."""
         s = self.shard_id if shard_id is None else shard_id
-        return len(range(s, self.n, self.num_shards))
+        return len(range(offset + s, self.n, self.num_shards))
 
     def __len__(self) -> int:
         """Batches per epoch for this shard."""
-        bs = self.batch_size
-        if self.last_batch == "drop":
-            return (self.n // self.num_shards) // bs
-        if self.last_batch == "pad":
-            return -(-(-(-self.n // self.num_shards)) // bs)
-        return -(-self.shard_length() // bs)
+        return self.num_batches()
 
-    def samples(self, start: int = 0) -> int:
+    def num_batches(self, offset: int = 0) -> int:
+        """Batches for this shard in an epoch that starts ``offset`` samples into its global order."""
+        bs, m = self.batch_size, self.n - offset
+        if self.last_batch == "drop":
+            return (m // self.num_shards) // bs
+        if self.last_batch == "pad":
+            return -(-(-(-m // self.num_shards)) // bs)
+        return -(-self.shard_length(offset=offset) // bs)
+
+    def samples(self, start: int = 0, offset: int = 0) -> int:
         """How many samples (padding included) batches ``start`` .. end of an epoch hold for this shard."""
-        count = len(self)
+        count = self.num_batches(offset)
         if start >= count:
             return 0
-        total = self.shard_length() if self.last_batch == "partial" else count * self.batch_size
+        total = self.shard_length(offset=offset) if self.last_batch == "partial" else count * self.batch_size
         return total - start * self.batch_size
 
-    def order(self, epoch: int) -> np.ndarray:
-        """This shard's dataset indices for ``epoch``, in order."""
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The epoch's global order (every shard's samples): a pure function of (seed, epoch)."""
         if self.shuffle:
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch])))
-            perm = rng.permutation(self.n)
-        else:
-            perm = np.arange(self.n, dtype=np.int64)
-        return perm[self.shard_id::self.num_shards].astype(np.int64)
+            return rng.permutation(self.n).astype(np.int64)
+        return np.arange(self.n, dtype=np.int64)
 
-    def batches(self, epoch: int, start: int = 0):
-        """Yield the epoch's `BatchPlan`s from batch number ``start`` on."""
-        order = self.order(epoch)
-        count = len(self)
+    def order(self, epoch: int, offset: int = 0) -> np.ndarray:
+        """This shard's dataset indices for ``epoch``, in order: every ``num_shards``-th element of the global
+        order from position ``offset + shard_id``."""
+        return self.permutation(epoch)[offset + self.shard_id::self.num_shards]
+
+    def position(self, batch: int, offset: int = 0) -> int:
+        """Samples of the global order delivered once every shard has delivered ``batch`` batches of an epoch
+        that started at ``offset``: shards take turns through the global order, so that is a prefix of it.
+        Synchronous data-parallel training has every rank at the same batch, so rank 0's position says what
+        the whole job has consumed, whatever the number of ranks."""
+        return min(self.n, offset + batch * self.batch_size * self.num_shards)
+
+    def batches(self, epoch: int, start: int = 0, offset: int = 0):
+        """Yield the epoch's `BatchPlan`s from batch number ``start`` on; ``offset``: samples of the global
+        order already delivered (by a run with another number of shards) that this epoch skips."""
+        order = self.order(epoch, offset)
+        count = self.num_batches(offset)
         bs = self.batch_size
         if self.last_batch == "pad" and len(order):
             need = count * bs

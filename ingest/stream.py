@@ -88,20 +88,21 @@ class StreamedSource:
         for j in rng.permutation(len(buffer)):
             yield buffer[j]
 
-    def plans(self, sampler: Sampler, epoch: int, start: int = 0) -> Iterator[BatchPlan]:
+    def plans(self, sampler: Sampler, epoch: int, start: int = 0, offset: int = 0) -> Iterator[BatchPlan]:
         """This rank's batches of ``epoch`` from batch ``start`` on, shaped by ``sampler`` (built over
-        ``len(self)`` records). A batch's records are held until the next batch is planned."""
+        ``len(self)`` records), skipping the first ``offset`` records of the global sequence (an elastic
+        resume). A batch's records are held until the next batch is planned."""
         world, rank, bs = sampler.num_shards, sampler.shard_id, sampler.batch_size
         stripe = ((index, name, record) for g, (index, name, record) in
                   enumerate(self.global_order(epoch, shuffle=sampler.shuffle, seed=sampler.seed))
-                  if g % world == rank)
+                  if g >= offset and (g - offset) % world == rank)
         first: list[tuple[int, str, Record]] = []   # the rank's first samples, repeated to pad
         skip = start * bs
         for _ in range(skip):
             item = next(stripe, None)
             if item is not None and len(first) < bs:
                 first.append(item)
-        for plan in sampler.batches(epoch, start):
+        for plan in sampler.batches(epoch, start, offset):
             items = []
             for pad in plan.is_pad:
                 item = None if pad else next(stripe, None)

@@ -129,7 +129,8 @@ class Loader:
                                      num_threads=num_threads)
         self.output = output
         self.epoch = -1            # the epoch being (or last) iterated
-        self._resume: tuple[int, int] | None = None
+        self._resume: tuple[int, int, int] | None = None   # (epoch, batch, offset) for the next iter()
+        self._offset = 0           # samples of the epoch's global order delivered before a resize (elastic)
         self._next = 0             # number of the batch after the last one handed out (the resume point)
         self._run = 0              # counts iter() calls: an iterator of an older run ends at its next step
         self._finished = True
@@ -144,29 +145,30 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` run ``epoch`` from its start (like DistributedSampler.set_epoch)."""
-        self._resume = (int(epoch), 0)
+        self._resume = (int(epoch), 0, 0)
 
     def __iter__(self) -> Iterator:
         self._close_executor()
         if self._resume is not None:
-            self.epoch, start = self._resume
+            self.epoch, start, self._offset = self._resume
             self._resume = None
         else:
-            self.epoch, start = self.epoch + 1, 0
+            self.epoch, start, self._offset = self.epoch + 1, 0, 0
         self._next, self._finished = start, False
         self._run += 1
         if self._stream is not None:
             plans = self._stream.plans(self.sampler.batch_size, self.sampler.seed)
         elif self._streamed is not None:
-            plans = self._streamed.plans(self.sampler, self.epoch, start)
+            plans = self._streamed.plans(self.sampler, self.epoch, start, self._offset)
         else:
-            plans = self.sampler.batches(self.epoch, start)
+            plans = self.sampler.batches(self.epoch, start, self._offset)
         # A fractional budget is a share of the samples this epoch reads (None: unknown, for a stream).
-        self._failures = Failures(self.max_failures, self.sampler.samples(start) if self._stream is None else None)
+        self._failures = Failures(self.max_failures, self.sampler.samples(start, self._offset) if self._stream is None else None)
         if self.num_workers:
             if self._pool is None:
                 self._pool = WorkerPool(self._spec, self.num_workers)
-            return self._iterate(self._pool.epoch(self.epoch, start, len(self.sampler), self._failures), self._run)
+            return self._iterate(self._pool.epoch(self.epoch, start, self.sampler.num_batches(self._offset),
+                                                  self._failures, self._offset), self._run)
         self.pipeline.failures = self._failures
         executor = Executor(self.pipeline, plans, prefetch=self.prefetch)
         self._executor = weakref.ref(executor)
@@ -236,45 +238,61 @@ class Loader:
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the next batch comes from. Save it with the model; `load_state_dict` resumes exactly there,
-        with the same order and the same augmentation randomness as an uninterrupted run."""
+        with the same order and the same augmentation randomness as an uninterrupted run, on this number of
+        ranks or another (``position``: samples of the epoch's global order delivered by all ranks)."""
         if self._resume is not None:
-            epoch, batch = self._resume
+            epoch, batch, offset = self._resume
         elif self._finished:
-            epoch, batch = self.epoch + 1, 0
+            epoch, batch, offset = self.epoch + 1, 0, 0
         else:
-            epoch, batch = self.epoch, self._next
+            epoch, batch, offset = self.epoch, self._next, self._offset
         s = self.sampler
-        return {"epoch": epoch, "batch": batch, "seed": s.seed, "shuffle": s.shuffle, "batch_size": s.batch_size,
-                "num_shards": s.num_shards, "shard_id": s.shard_id, "num_samples": s.n,
-                "last_batch": s.last_batch}
+        return {"epoch": epoch, "batch": batch, "offset": offset, "position": s.position(batch, offset),
+                "seed": s.seed, "shuffle": s.shuffle, "batch_size": s.batch_size, "num_shards": s.num_shards,
+                "shard_id": s.shard_id, "num_samples": s.n, "last_batch": s.last_batch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next ``iter()`` resume where ``state`` (from `state_dict`) points. ConfigError, saying what
-        differs, when the state was saved by a loader of another configuration or points outside its epoch."""
+        """Make the next ``iter()`` resume where ``state`` (from `state_dict`, usually rank 0's) points.
+
+        With the same number of ranks, batch size and last-batch policy every rank resumes at the saved batch
+        of its own shard. Otherwise (elastic resume: N ranks saved, M resume) the rest of the epoch is the
+        part of its global order not yet delivered, ``state["position"]`` on, sharded over this loader's ranks,
+        each sample once; later epochs are those of an uninterrupted run of this configuration. ConfigError,
+        saying what differs, when the state comes from another dataset, seed or shuffle, or points outside
+        its epoch."""
         if self._stream is not None:
             raise ConfigError("a Loader over a streamed iterator cannot resume from a state_dict")
         if not isinstance(state, dict):
             raise ConfigError(f"`state` must be a dict from Loader.state_dict(), got {type(state).__name__}")
         s = self.sampler
-        mine = {"seed": s.seed, "shuffle": s.shuffle, "batch_size": s.batch_size, "num_shards": s.num_shards,
-                "shard_id": s.shard_id, "num_samples": s.n, "last_batch": s.last_batch}
-        missing = sorted(({"epoch", "batch"} | set(mine)) - set(state))
+        order = {"seed": s.seed, "shuffle": s.shuffle, "num_samples": s.n}   # what the global order depends on
+        layout = {"batch_size": s.batch_size, "num_shards": s.num_shards, "last_batch": s.last_batch}
+        missing = sorted(({"epoch", "batch"} | set(order) | set(layout)) - set(state))
         if missing:
             raise ConfigError(f"checkpoint is missing {', '.join(missing)}: not a Loader.state_dict()")
-        diff = {k: (state[k], v) for k, v in mine.items() if state[k] != v}
+        diff = {k: (state[k], v) for k, v in order.items() if state[k] != v}
         if diff:
-            raise ConfigError("checkpoint does not match this loader (saved, current): "
-                              + ", ".join(f"{k}={a!r}/{b!r}" for k, (a, b) in diff.items())
-                              + "; resuming on a different configuration is not supported yet")
-        epoch, batch = state["epoch"], state["batch"]
-        for key, value, top in (("epoch", epoch, None), ("batch", batch, len(s))):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0 \
-                    or (top is not None and value > top):
-                bound = f"an int in [0, {top}] (this loader has {top} batches per epoch)" if top is not None \
-                    else "an int >= 0"
-                raise ConfigError(f"checkpoint `{key}` must be {bound}, got {value!r}")
+            raise ConfigError("checkpoint comes from another dataset order (saved, current): "
+                              + ", ".join(f"{k}={a!r}/{b!r}" for k, (a, b) in diff.items()))
+        for key in ("epoch", "batch", "offset", "position"):
+            value = state.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ConfigError(f"checkpoint `{key}` must be an int >= 0, got {value!r}")
+        epoch, batch, offset = int(state["epoch"]), int(state["batch"]), int(state.get("offset", 0))
+        if offset > s.n:
+            raise ConfigError(f"checkpoint `offset` {offset} is past the {s.n} samples of an epoch")
+        saved = Sampler(s.n, state["batch_size"], shuffle=s.shuffle, seed=s.seed, num_shards=state["num_shards"],
+                        last_batch=state["last_batch"])
+        top = saved.num_batches(offset)
+        if batch > top:
+            raise ConfigError(f"checkpoint `batch` must be an int in [0, {top}] (its loader had {top} batches "
+                              f"in that epoch), got {batch}")
         self._close_executor()
-        self._resume = (int(epoch), int(batch))
+        if all(state[k] == v for k, v in layout.items()):
+            self._resume = (epoch, batch, offset)
+        else:
+            position = saved.position(batch, offset)
+            self._resume = (epoch, 0, position) if position < s.n else (epoch + 1, 0, 0)
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

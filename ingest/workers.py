@@ -83,14 +83,15 @@ class WorkerPool:
         self._shared: collections.deque = collections.deque()
         self.stats: list[dict[str, Any]] = [{} for _ in range(num_workers)]
 
-    def epoch(self, epoch: int, start: int, count: int, failures: Failures) -> Iterator[Batch]:
-        """Batches ``start .. count-1`` of ``epoch``, in order. Failures the workers report are added to
-        ``failures``, which raises when the budget is exceeded."""
+    def epoch(self, epoch: int, start: int, count: int, failures: Failures, offset: int = 0) -> Iterator[Batch]:
+        """Batches ``start .. count-1`` of ``epoch`` (that skips the first ``offset`` samples of its global
+        order: `Sampler.batches`), in order. Failures the workers report are added to ``failures``, which
+        raises when the budget is exceeded."""
         self._stop_current()
         self._run += 1
         run = self._run
         for q in self._commands:
-            q.put(("epoch", run, epoch, start))
+            q.put(("epoch", run, epoch, start, offset))
         held: list[Any] = [None] * self.num_workers   # a message read ahead of its turn
         done = [False] * self.num_workers
         for number in range(start, count):
@@ -194,11 +195,11 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
             if cmd[0] == "stop":
                 stop_runs.add(cmd[1])
                 continue
-            _, run, epoch, start = cmd
+            _, run, epoch, start, offset = cmd
             if run in stop_runs:
                 continue
-            _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, commands, results,
-                       stop_runs)
+            _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, offset, commands,
+                       results, stop_runs)
     finally:
         pipeline.close()
     # What is still buffered for the parent is not wanted, and an interpreter exit could find the queue's
@@ -215,7 +216,7 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, commands, results,
+def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, offset, commands, results,
                stop_runs) -> None:
     """This worker's share of an epoch, each batch read, decoded and transformed in turn on this thread:
     inside a worker, overlapping the stages on threads costs more (GIL contention with nvImageCodec) than
@@ -224,7 +225,7 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
     pipeline.failures = Failures(0 if spec["max_failures"] == 0 else sys.maxsize, 0)
     sent = 0
     try:
-        for plan in sampler.batches(epoch, start):
+        for plan in sampler.batches(epoch, start, offset):
             if plan.number % num_workers != worker:
                 continue
             if _stopped(run, commands, stop_runs):

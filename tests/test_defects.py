@@ -291,7 +291,7 @@ def test_unreadable_files_give_source_errors(image_folder):
 def test_load_state_dict_validates_the_position(image_folder):
     loader = ingest.Loader(image_folder, batch_size=4)
     state = loader.state_dict()
-    for key, bad, says in (("batch", 999, "in \\[0, 6\\]"), ("batch", -1, "batch"), ("epoch", -2, ">= 0"),
+    for key, bad, says in (("batch", 999, "in \\[0, 6\\]"), ("batch", -1, ">= 0"), ("epoch", -2, ">= 0"),
                            ("epoch", "1", ">= 0")):
         with pytest.raises(ConfigError, match=f"`{key}`.*{says}"):
             loader.load_state_dict({**state, key: bad})
