@@ -23,7 +23,7 @@ from ingest.errors import ConfigError
 from ingest.ops import (CenterCrop, ColorJitter, Flip, HorizontalFlip, Normalize, RandomResizedCrop, Resize,
                         Rotate, VerticalFlip, compose, plan, run_ops)
 from ingest.ops.affine import Warp, identity
-from ingest.ops.base import sizes_of
+from ingest.ops.base import per_sample, sizes_of
 from ingest.ops.color import _apply_flat
 from ingest.ops.resample import reference, warp
 
@@ -308,9 +308,9 @@ def test_plan_stages_and_draws_once_per_sample_in_op_order():
     ops = [RandomResizedCrop(32), Flip(), Normalize(**IMAGENET)]
     sizes = [(100, 120), (80, 60)]
     p = plan(ops, sizes, np.random.default_rng(7))
-    rngs = np.random.default_rng(7).spawn(2)  # what plan spawns from a single generator: one per sample
+    rngs = per_sample(np.random.default_rng(7), 2)  # what plan keys the samples by, from a generator
     assert np.array_equal(p.drawn[0][1], ops[0].draw(sizes, rngs))
-    assert np.array_equal(p.drawn[1][1], ops[1].draw([(32, 32)] * 2, rngs))  # the same generators, continued
+    assert np.array_equal(p.drawn[1][1], ops[1].draw([(32, 32)] * 2, rngs))  # the same source, continued
     (stage,) = p.stages
     assert stage.epilogue is ops[2] and [o for o, _ in stage.drawn] == ops[:2] and p.out_sizes == [(32, 32)] * 2
     assert p.output.dtype == torch.float32 and p.output.layout == "NCHW"
@@ -575,3 +575,16 @@ def test_kernel_source_fused_normalize(kernel_on_cpu, dtype, layout):
     assert a.dtype == dtype and a.shape == b.shape
     step = 1.0 if dtype == torch.uint8 else 1.01 / min(IMAGENET["std"])  # one level apart, at most
     assert (a.float() - b.float()).abs().max() <= step + (0.02 if dtype == torch.bfloat16 else 0.002)
+
+
+def test_kernel_source_on_a_batch_tensor_matches_its_list(kernel_on_cpu):
+    """A fixed-size batch goes to the kernel as one tensor (pointers computed, not read per image)."""
+    from ingest.ops import _warp_kernel
+    from ingest.ops.resample import _setup
+
+    batch = torch.stack(ragged(6, seed=5, lo=64, hi=65))[:, 3:60, 2:, :]  # strided: a crop of each image
+    p = plan([RandomResizedCrop(24), Flip()], sizes_of(batch), 4)
+    setup = _setup(p.warp, sizes_of(batch))
+    a, b = (_warp_kernel.pack(x, p.warp.out_sizes, setup, (0.0,) * 3, None) for x in (batch, list(batch.unbind(0))))
+    assert np.array_equal(a.buf, b.buf)
+    assert torch.equal(kernel_on_cpu(batch, p.warp), kernel_on_cpu(list(batch.unbind(0)), p.warp))

@@ -19,6 +19,7 @@ from conftest import requires_cuda
 from ingest.errors import ConfigError
 from ingest.ops import (CenterCrop, ColorJitter, Flip, Normalize, PadTo, RandomIoUCrop, RandomResizedCrop, Resize,
                         Rotate, ZoomOut, plan)
+from ingest.ops.base import per_sample
 from ingest.ops.detection import box_iou
 
 TOL = 1e-3
@@ -260,7 +261,7 @@ def test_masks_follow_the_image(ops):
     boxes = [np.array([[10.0, 20, 70, 80], [50, 5, 150, 60]]), np.array([[0.0, 0, 45, 90]]), np.zeros((0, 4))]
     boxes[2] = np.array([[30.0, 40, 90, 140], [0, 0, 20, 20], [70, 100, 100, 150]])
     made = [rectangles(s, b) for s, b in zip(sizes, boxes)]
-    p = plan(ops, sizes, rng.spawn(3), boxes=boxes)
+    p = plan(ops, sizes, rng, boxes=boxes)
     images = p.execute([im for im, _ in made])
     masks = p.warp_masks([m for _, m in made])
     for n, (image, mask) in enumerate(zip(images, masks)):
@@ -330,9 +331,9 @@ def test_iou_crop_draws_see_boxes_mapped_by_the_ops_before():
     sizes = [(200, 300)] * 4
     boxes = [np.array([[0.0, 0, 60, 60]])] * 4
     flipped = [np.array([[240.0, 0, 300, 60]])] * 4
-    p = plan([Flip(p=1.0), RandomIoUCrop(min_ious=(0.1,))], sizes, np.random.default_rng(3).spawn(4), boxes=boxes)
-    rngs = np.random.default_rng(3).spawn(4)
-    Flip(p=1.0).draw(sizes, rngs)  # the same generators, advanced as the plan's were
+    p = plan([Flip(p=1.0), RandomIoUCrop(min_ious=(0.1,))], sizes, 3, boxes=boxes)
+    rngs = per_sample(3, 4)
+    Flip(p=1.0).draw(sizes, rngs)  # the same source, advanced as the plan's was
     crops = p.drawn[1][1]
     assert np.array_equal(crops, RandomIoUCrop(min_ious=(0.1,)).draw(sizes, rngs, boxes=flipped))
     assert crops[:, 4].all() and (crops[:, 1] + crops[:, 3] > 270).all()  # each holds the flipped box's centre

@@ -11,8 +11,9 @@ import torch
 
 from conftest import make_image_folder, requires_cuda
 from ingest.formats import open_source
-from ingest.ops import ColorJitter, Flip, RandomIoUCrop, RandomResizedCrop, Rotate, ZoomOut, plan
+from ingest.ops import ColorJitter, Flip, RandomIoUCrop, RandomResizedCrop, Rotate, ZoomOut, per_sample, plan
 from ingest.pipeline import Failures, Pipeline
+from ingest.random import SampleRandom
 from ingest.sampler import Sampler
 
 
@@ -126,3 +127,79 @@ def test_cpu_and_cuda_pipelines_draw_the_same_params(tmp_path):
     for i, im in images[0].items():
         d = (im.to(torch.int32) - images[1][i].to(torch.int32)).abs()
         assert d.max() <= 3 and d.float().mean() < 0.5  # decoders may differ by a level or two, then jitter
+
+
+# The batch random source itself.
+
+def test_sample_random_rows_depend_only_on_the_key():
+    indices = np.array([7, 3, 12345678901, 0, 7])
+    batch = SampleRandom.keyed(11, 4, indices)
+    a, b, c = batch.random(6), batch.uniform(-2.0, np.arange(5.0), 3), batch.integers(0, indices + 1)
+    for n, i in enumerate(indices):
+        alone = SampleRandom.keyed(11, 4, [i])  # the same sample in a batch of its own
+        assert np.array_equal(alone.random(6)[0], a[n]) and np.array_equal(alone.uniform(-2.0, n, 3)[0], b[n])
+        assert alone.integers(0, i + 1)[0] == c[n]
+    assert np.array_equal(a[0], a[4]) and not np.array_equal(a[0], a[1])  # a repeated index: a padding sample
+    again = SampleRandom.keyed(11, 4, indices)
+    assert np.array_equal(again.random(6), a) and not np.array_equal(again.random(6), a)  # calls advance
+    for other in (SampleRandom.keyed(12, 4, indices), SampleRandom.keyed(11, 5, indices),
+                  SampleRandom.keyed(11 + (1 << 64), 4, indices)):
+        assert (other.random(6) != a).all()
+
+
+def test_sample_random_take_and_spawn():
+    src = SampleRandom.keyed(1, 0, np.arange(10))
+    child = src.spawn()
+    rows = np.array([8, 2, 5])
+    assert np.array_equal(child.take(rows).random(4), child.random(4)[rows])  # a subset draws its rows' numbers
+    after = src.random(3)
+    fresh = SampleRandom.keyed(1, 0, np.arange(10))
+    fresh.spawn()
+    assert np.array_equal(fresh.random(3), after)  # the child's draws leave the parent's stream alone
+    assert not np.isin(child.random(4), after).any()
+
+
+def test_sample_random_numbers_are_uniform():
+    src = SampleRandom.keyed(0, 0, np.arange(20000))
+    u = src.random(8)
+    assert u.min() >= 0.0 and u.max() < 1.0
+    counts = np.histogram(u, bins=64, range=(0, 1))[0]
+    expected = u.size / 64
+    assert ((counts - expected) ** 2 / expected).sum() < 120  # chi-square, 63 degrees of freedom
+    assert abs(np.corrcoef(u[:, 0], u[:, 1])[0, 1]) < 0.03  # positions of one call
+    assert abs(np.corrcoef(u[:-1, 0], u[1:, 0])[0, 1]) < 0.03  # neighbouring indices
+    assert abs(np.corrcoef(u[:, 0], src.random(1)[:, 0])[0, 1]) < 0.03  # successive calls
+    high = np.arange(1, 20001) % 7 + 1
+    k = src.integers(0, high)
+    assert (k >= 0).all() and (k < high).all()
+    assert np.array_equal(np.unique(k[high == 7]), np.arange(7))
+    with pytest.raises(ValueError):
+        src.integers(0, np.zeros(20000, dtype=np.int64))
+    with pytest.raises(ValueError):
+        SampleRandom.keyed(0, 0, [-1])
+
+
+def test_eager_sources_accept_seeds_and_generators_only():
+    assert np.array_equal(per_sample(3, 5).random(2)[:2], per_sample(3, 2).random(2))
+    a, b = per_sample(np.random.default_rng(1), 4).random(), per_sample(np.random.default_rng(1), 4).random()
+    assert np.array_equal(a, b)
+    src = SampleRandom.keyed(0, 0, np.arange(4))
+    assert per_sample(src, 4) is src
+    with pytest.raises(ValueError):
+        per_sample(src, 3)
+    with pytest.raises(TypeError):
+        per_sample(np.random.default_rng(0).spawn(4), 4)
+
+
+def test_iou_crop_draws_of_a_sample_ignore_its_neighbours():
+    """RandomIoUCrop retries per sample for a data-dependent number of rounds: a sample's crop must still
+    be the one it draws alone, whichever neighbours stop early."""
+    op = RandomIoUCrop()
+    idx = np.arange(64)
+    sizes = [size_of(int(i)) for i in idx]
+    boxes = [boxes_of(int(i)) if i % 5 else np.zeros((0, 4)) for i in idx]  # some never qualify
+    batch = op.draw(sizes, SampleRandom.keyed(2, 1, idx), boxes=boxes)
+    assert batch[:, 4].any() and not batch[:, 4].all()
+    for n in range(0, 64, 7):
+        alone = op.draw([sizes[n]], SampleRandom.keyed(2, 1, idx[n:n + 1]), boxes=[boxes[n]])
+        assert np.array_equal(alone[0], batch[n])

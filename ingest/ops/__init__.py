@@ -12,7 +12,7 @@ The flow, one module per step::
 
 Images::
 
-    p = plan(ops, sizes, rngs)          # sizes: probed (h, w); rngs: one numpy Generator per sample
+    p = plan(ops, sizes, rngs)          # sizes: probed (h, w); rngs: the batch's SampleRandom (or a seed)
     p.warp.roi()                        # before decoding: the source region each image needs (or p.warp None)
     out = p.execute(images, origins=)   # decoded [H, W, C] uint8 batch (ragged list or [N, H, W, C])
     p.out_sizes, p.output               # declared before running: sizes, dtype and layout (None: [H, W, C])

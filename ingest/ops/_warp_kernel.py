@@ -252,20 +252,25 @@ class Packed(NamedTuple):
     grid: tuple[int, int, int]
 
 
-def pack(images: list[torch.Tensor], out_sizes: Sequence[tuple[int, int]], setup, fill: Sequence[float],
-         coefficients: tuple[Sequence[float], Sequence[float]] | None) -> Packed:
-    """The per-sample argument arrays for ``images`` ([H, W, C] uint8, any strides, C <= 4); ``setup`` is
-    the geometry from :func:`ingest.ops.resample._setup`."""
+def pack(images: torch.Tensor | list[torch.Tensor], out_sizes: Sequence[tuple[int, int]], setup,
+         fill: Sequence[float], coefficients: tuple[Sequence[float], Sequence[float]] | None) -> Packed:
+    """The per-sample argument arrays for ``images`` (an ``[N, H, W, C]`` uint8 tensor, or a list of
+    ``[H, W, C]`` ones; any strides, C <= 4); ``setup`` is the geometry from
+    :func:`ingest.ops.resample._setup`. A batch tensor's source pointers are computed, not read per image."""
     n, c = len(images), images[0].shape[2]
     out_hw = np.asarray(out_sizes, dtype=np.int64).reshape(n, 2)
     count = out_hw[:, 0] * out_hw[:, 1] * c
     buf = np.zeros(16 * (2 * n + 1), dtype=np.int64)
     ip = buf[:16 * n].reshape(n, 16)
     fp = buf[16 * n:].view(np.float64).reshape(n + 1, 16)
-    for k, im in enumerate(images):
-        ip[k, 0] = im.data_ptr()
-        ip[k, 2:4] = im.shape[:2]
-        ip[k, 4:7] = im.stride()
+    if isinstance(images, torch.Tensor):
+        step = images.stride(0) * images.element_size()
+        ip[:, 0] = images.data_ptr() + step * np.arange(n, dtype=np.int64)
+        ip[:, 2:4] = images.shape[1:3]
+        ip[:, 4:7] = images.stride()[1:]
+    else:
+        ip[:, 0] = [im.data_ptr() for im in images]
+        ip[:, 2:7] = [im.shape[:2] + im.stride() for im in images]
     ip[:, 1] = np.concatenate([[0], np.cumsum(count)[:-1]])
     ip[:, 7:11] = setup.taps
     ip[:, 11:13] = out_hw
@@ -294,7 +299,7 @@ def views(out: torch.Tensor, packed: Packed, nchw: bool) -> torch.Tensor | list[
                                                             packed.out_hw.tolist())]
 
 
-def launch(images: list[torch.Tensor], out_sizes: Sequence[tuple[int, int]], setup, interpolation: str,
+def launch(images: torch.Tensor | list[torch.Tensor], out_sizes: Sequence[tuple[int, int]], setup, interpolation: str,
            fill: Sequence[float], coefficients: tuple[Sequence[float], Sequence[float]] | None,
            dtype: torch.dtype, nchw: bool) -> torch.Tensor | list[torch.Tensor]:
     """Run the warp kernel on CUDA ``images`` on the current torch stream; returns the output as

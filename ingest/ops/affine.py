@@ -19,7 +19,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .base import Size
+from .base import Size, size_list
 
 
 class Steps(NamedTuple):
@@ -115,7 +115,7 @@ class Warp:
         m[:, 0, :] *= s[:, :1]
         m[:, 1, :] *= s[:, 1:]
         return replace(self, matrix=m, box=self.box * np.concatenate([s, s], axis=1),
-                       source_sizes=[(int(h), int(w)) for h, w in arrived])
+                       source_sizes=size_list(arrived))
 
     def for_masks(self) -> "Warp":
         """The same map for label masks: nearest sampling (whole labels, no blending), fill 0."""
@@ -164,14 +164,16 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
             fill = st.fill
         m = m @ st.matrix
         cur = st.out_sizes
-    return Warp(m, [(int(h), int(w)) for h, w in cur], box,
+    return Warp(m, size_list(cur), box,
                 interpolation=resampler.interpolation if resampler else "nearest",
                 antialias=resampler.antialias if resampler else False,
                 fill=fill if fill is not None else (0.0,),
-                source_sizes=[(int(h), int(w)) for h, w in src])
+                source_sizes=size_list(src))
 
 
 def identity(sizes: Sequence[Size]) -> Warp:
     """The warp that copies each image as it is (to run only an epilogue)."""
-    box = np.array([[0.0, 0.0, w, h] for h, w in sizes]).reshape(-1, 4)
-    return Warp(eye(len(sizes)), list(sizes), box, "nearest", False, (0.0,), list(sizes))
+    hw = np.asarray(sizes, dtype=np.float64).reshape(-1, 2)
+    box = np.zeros((len(hw), 4))
+    box[:, 2], box[:, 3] = hw[:, 1], hw[:, 0]
+    return Warp(eye(len(hw)), size_list(sizes), box, "nearest", False, (0.0,), size_list(sizes))

@@ -4,15 +4,19 @@ A batch of images is either a fixed-size uint8 tensor ``[N, H, W, C]`` or a *rag
 uint8 tensors (what a decoder returns), all on one device. Every op is batched and takes either form, on
 CPU or CUDA, and returns a batch on the same device.
 
-Randomness is split from execution, and drawn **per sample**::
+Randomness is split from execution, and drawn **per sample** for the whole batch at once::
 
-    params = op.draw(sizes, rngs)       # rngs[n] is sample n's generator: sample n's params come from it alone
+    params = op.draw(sizes, rngs)       # rngs: a SampleRandom; row n of each draw is sample n's alone
     out    = op.apply(images, params)   # deterministic execution on the images' device
 
-The pipeline keys ``rngs[n]`` by ``(seed, epoch, dataset index)`` (``sampler.BatchPlan.sample_rngs``), so a
-sample's augmentation does not depend on the batch it lands in, the number of ranks, a resume or a
-neighbour that failed to decode; CPU and CUDA execute the same drawn numbers. ``op(images, rng=...)`` does
-both steps, with per-sample generators spawned from ``rng`` (a Generator or a seed): see :func:`per_sample`.
+:class:`~ingest.random.SampleRandom` is a counter-based source: sample n's numbers are a pure function
+of its key and the draw call, computed for all samples in a few numpy operations. The pipeline keys sample n
+by ``(seed, epoch, dataset index)`` (``sampler.BatchPlan.sample_rngs``), so a sample's augmentation does not
+depend on the batch it lands in, the number of ranks, a resume or a neighbour that failed to decode; CPU and
+CUDA execute the same drawn numbers. An op makes the same draw calls for every batch (see
+:mod:`ingest.random`). ``op(images, rng=...)`` does both steps, with samples keyed from ``rng`` (a
+Generator or a seed): see :func:`per_sample`.
+
 An op whose draws depend on the samples' boxes (an IoU-constrained crop) sets ``uses_boxes`` and takes
 them as ``draw(sizes, rngs, boxes=...)``, one ``[K, 4]`` array per sample, mapped by the ops before it.
 
@@ -30,10 +34,11 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..random import SampleRandom
 
 Size = tuple[int, int]  # (height, width)
 Images = torch.Tensor | list[torch.Tensor]
-Rngs = Sequence[np.random.Generator] | np.random.Generator | int | None
+Rngs = SampleRandom | np.random.Generator | int | None
 
 
 @dataclass(frozen=True)
@@ -57,17 +62,28 @@ class ImageSpec:
 PIXELS = ImageSpec()
 
 
-def per_sample(rngs: Rngs, n: int) -> list[np.random.Generator]:
-    """``n`` per-sample generators: ``rngs`` itself when it is a sequence of ``n`` Generators; else children
-    spawned from a Generator, a seed (int) or fresh entropy (None). Child k of a seed is the same whatever
-    ``n`` is, so an eager call gives sample k the same draws in any batch size."""
-    if isinstance(rngs, (list, tuple)):
-        if len(rngs) != n or not all(isinstance(r, np.random.Generator) for r in rngs):
-            raise ValueError(f"expected one numpy Generator per sample ({n}), got {len(rngs)} items")
-        return list(rngs)
-    if not isinstance(rngs, np.random.Generator):
-        rngs = np.random.default_rng(rngs)
-    return rngs.spawn(n)
+def per_sample(rngs: Rngs, n: int) -> SampleRandom:
+    """The random source of ``n`` samples: ``rngs`` itself when it is a :class:`SampleRandom` of ``n``
+    samples; else samples ``0..n-1`` keyed from a seed (int), a numpy Generator (one number drawn from it)
+    or fresh entropy (None). Sample k's key does not depend on ``n``, so an eager call gives sample k the
+    same draws in any batch size."""
+    if isinstance(rngs, SampleRandom):
+        if len(rngs) != n:
+            raise ValueError(f"the random source has {len(rngs)} samples, the batch has {n}")
+        return rngs
+    if rngs is None:
+        rngs = np.random.default_rng()
+    if isinstance(rngs, np.random.Generator):
+        rngs = int(rngs.integers(0, 1 << 63))
+    if isinstance(rngs, bool) or not isinstance(rngs, (int, np.integer)):
+        raise TypeError(f"expected a SampleRandom, a numpy Generator, a seed or None, got {type(rngs).__name__}")
+    return SampleRandom.eager(int(rngs), n)
+
+
+def size_list(sizes: Sequence[Size] | np.ndarray) -> list[Size]:
+    """``(height, width)`` int pairs from an ``(N, 2)`` array or a sequence of pairs, as a list of tuples
+    (through one ``tolist``: no Python int conversion per sample)."""
+    return list(map(tuple, np.asarray(sizes, dtype=np.int64).reshape(-1, 2).tolist()))
 
 
 def as_list(images: Images) -> list[torch.Tensor]:
@@ -131,8 +147,8 @@ class Op:
     pointwise_affine: bool = False
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> Any:
-        """Per-sample random parameters for a batch of images of these sizes (sample n's from ``rngs[n]``
-        only). Default: none."""
+        """Per-sample random parameters for a batch of images of these sizes (sample n's from row n of
+        ``rngs``' draws only). Default: none."""
         return None
 
     def apply(self, images: Images, params: Any) -> Images:

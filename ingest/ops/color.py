@@ -74,7 +74,7 @@ class ColorJitter(Op):
         ranges = [(self.brightness, 1.0), (self.contrast, 1.0), (self.saturation, 1.0), (self.hue, 0.0)]
         on = [r != (identity, identity) for r, identity in ranges]
         # Per sample, one call: the coin, then a uniform number per adjustment (enabled or not).
-        u = np.array([rng.random(5) for rng in per_sample(rngs, len(sizes))]).reshape(-1, 5)
+        u = per_sample(rngs, len(sizes)).random(5)
         chosen = u[:, 0] < self.p
 
         def factors(k: int) -> np.ndarray | None:

@@ -90,16 +90,19 @@ class RandomIoUCrop(GeometryOp):
         hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
         out = np.concatenate([np.zeros_like(hw), hw, np.zeros_like(hw[:, :1])], axis=1)  # whole images
         padded, valid = _padded([np.zeros((0, 4))] * len(hw) if boxes is None else boxes)
+        # NaN stands for None (no crop); a round's draws come from a child stream of its own, taken for the
+        # samples still open, so a sample's draws do not depend on which others are.
+        choices = np.array([np.nan if t is None else t for t in self.min_ious])
+        rounds = rngs.spawn()
         open_ = np.arange(len(hw))  # samples still looking for a crop
         for _ in range(self.rounds):
-            # Per sample, a threshold and the round's attempts, from its own generator; arithmetic batch-wide.
-            picks = [self.min_ious[int(rngs[n].integers(len(self.min_ious)))] for n in open_]
-            trying = np.array([t is not None for t in picks], dtype=bool)
-            open_ = open_[trying]
+            rng = rounds.spawn().take(open_)
+            threshold = choices[rng.integers(0, len(choices))]
+            u = rng.random(self.attempts * 4).reshape(-1, self.attempts, 4)
+            trying = ~np.isnan(threshold)
+            open_, threshold, u = open_[trying], threshold[trying], u[trying]
             if not len(open_):
                 break
-            threshold = np.array([t for t in picks if t is not None])
-            u = np.stack([rngs[n].random((self.attempts, 4)) for n in open_])
             top, left, ch, cw = self._attempts(hw[open_], padded[open_], valid[open_], threshold, u)
             found = ch > 0
             out[open_[found]] = np.stack([top, left, ch, cw, np.ones_like(ch)], axis=1)[found]
@@ -158,16 +161,12 @@ class ZoomOut(GeometryOp):
         self.p = _probability(p)
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
-        out = []
-        for (h, w), rng in zip(sizes, per_sample(rngs, len(sizes))):
-            if rng.random() >= self.p:
-                out.append((0, 0, h, w))
-                continue
-            r = self.ratio[0] + rng.random() * (self.ratio[1] - self.ratio[0])
-            ch, cw = int(h * r), int(w * r)
-            u = rng.random(2)
-            out.append((int((cw - w) * u[0]), int((ch - h) * u[1]), ch, cw))
-        return np.array(out, dtype=np.int64).reshape(-1, 4)
+        hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        u = per_sample(rngs, len(hw)).random(4)  # the coin, the ratio, the position x and y
+        r = np.where(u[:, 0] < self.p, self.ratio[0] + u[:, 1] * (self.ratio[1] - self.ratio[0]), 1.0)
+        ch, cw = (hw[:, 0] * r).astype(np.int64), (hw[:, 1] * r).astype(np.int64)
+        left, top = ((cw - hw[:, 1]) * u[:, 2]).astype(np.int64), ((ch - hw[:, 0]) * u[:, 3]).astype(np.int64)
+        return np.stack([left, top, ch, cw], axis=1)
 
     def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
         left, top = -params[:, 0].astype(np.float64), -params[:, 1].astype(np.float64)

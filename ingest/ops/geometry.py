@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from . import resample
 from .affine import Steps, compose, eye
-from .base import Images, Op, Rngs, Size, as_list, fill_for, pad_crop, per_sample, sizes_of, stack_if_uniform
+from .base import Images, Op, Rngs, Size, as_list, fill_for, pad_crop, per_sample, size_list, sizes_of, stack_if_uniform
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 _TORCH_MODE = {"nearest": "nearest-exact", "bilinear": "bilinear", "bicubic": "bicubic"}
@@ -137,13 +137,12 @@ class GeometryOp(Op):
         return None
 
     def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
-        return [(int(h), int(w)) for h, w in self.steps(sizes, params).out_sizes]
+        return size_list(self.steps(sizes, params).out_sizes)
 
     def apply(self, images: Images, params: Any) -> Images:
-        ims = as_list(images)
-        if not ims:
+        if not len(images):
             return images
-        if ims[0].device.type == "cpu":
+        if images[0].device.type == "cpu":
             return self._apply_cpu(images, params)
         sizes = sizes_of(images)
         return resample.warp(images, compose([self.steps(sizes, params)], sizes))
@@ -205,8 +204,25 @@ class Resize(GeometryOp):
                 new_short, new_long = int(self.max_size * new_short / new_long), self.max_size
         return (new_long, new_short) if width <= height else (new_short, new_long)
 
+    def _output_sizes(self, sizes: np.ndarray) -> np.ndarray:
+        """:meth:`output_size` of every row of ``sizes`` (N, 2), vectorized with the same float64 arithmetic."""
+        if self.size is not None:
+            return np.tile(np.array([self.size], dtype=np.int64), (len(sizes), 1))
+        h, w = sizes[:, 0], sizes[:, 1]
+        portrait = w <= h
+        short, long = np.where(portrait, w, h), np.where(portrait, h, w)
+        if self.longer is not None:
+            new_short, new_long = (self.longer * short / long).astype(np.int64), np.full_like(long, self.longer)
+        else:
+            new_short, new_long = np.full_like(short, self.shorter), (self.shorter * long / short).astype(np.int64)
+            if self.max_size is not None:
+                cap = new_long > self.max_size
+                new_short = np.where(cap, (self.max_size * new_short / new_long).astype(np.int64), new_short)
+                new_long = np.where(cap, self.max_size, new_long)
+        return np.stack([np.where(portrait, new_long, new_short), np.where(portrait, new_short, new_long)], axis=1)
+
     def _steps(self, sizes: np.ndarray, params: Any) -> Steps:
-        out = np.array([self.output_size(int(h), int(w)) for h, w in sizes], dtype=np.int64).reshape(-1, 2)
+        out = self._output_sizes(sizes)
         m = eye(len(sizes))
         m[:, 0, 0] = sizes[:, 1] / out[:, 1]
         m[:, 1, 1] = sizes[:, 0] / out[:, 0]
@@ -236,7 +252,7 @@ class CenterCrop(GeometryOp):
     @staticmethod
     def _offset(n: np.ndarray, c: int) -> np.ndarray:
         # torchvision pads (c - n) // 2 before, then anchors at round((padded - c) / 2) (ties to even).
-        centred = np.array([int(round((v - c) / 2.0)) for v in n.tolist()], dtype=np.int64)
+        centred = np.rint((n - c) / 2.0).astype(np.int64)
         return np.where(c > n, -((c - n) // 2), centred)
 
     def _steps(self, sizes: np.ndarray, params: Any) -> Steps:
@@ -263,7 +279,7 @@ class RandomResizedCrop(GeometryOp):
     width / height, drawn log-uniformly), then resize it to ``size``.
 
     The region is drawn by torchvision's ``RandomResizedCrop.get_params`` procedure (10 attempts, then the
-    central crop of the image clamped to ``ratio``), each sample's numbers from its own generator.
+    central crop of the image clamped to ``ratio``), each sample's numbers from its own stream.
     Params: an ``(N, 4)`` int64 array of (top, left, height, width).
     """
 
@@ -282,9 +298,8 @@ class RandomResizedCrop(GeometryOp):
         rngs = per_sample(rngs, len(sizes))
         hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
         h, w = hw[:, :1], hw[:, 1:]
-        # Per sample: 10 areas and 10 aspects (what two rng.uniform(size=10) calls would give), then, if an
-        # attempt fits, the position. The arithmetic runs on the whole batch.
-        u = np.array([rng.random(20) for rng in rngs]).reshape(-1, 20)
+        # Per sample: 10 areas and 10 aspects, then the position (used if an attempt fits).
+        u, at = rngs.random(20), rngs.random(2)
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         area = h * w * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, :10])
         aspect = np.exp(lo + (hi - lo) * u[:, 10:])
@@ -300,10 +315,8 @@ class RandomResizedCrop(GeometryOp):
         fw = np.where(in_ratio > self.ratio[1], np.rint(h * self.ratio[1]).astype(np.int64), w)
         fh = np.where(in_ratio < self.ratio[0], np.rint(w / self.ratio[0]).astype(np.int64), h)
         cw, ch = np.where(found, cw, fw), np.where(found, ch, fh)
-        top, left = (h - ch) // 2, (w - cw) // 2
-        for n in np.flatnonzero(found):
-            top[n] = rngs[n].integers(0, h[n] - ch[n] + 1)
-            left[n] = rngs[n].integers(0, w[n] - cw[n] + 1)
+        top = np.where(found, (at[:, 0] * (h - ch + 1)).astype(np.int64), (h - ch) // 2)
+        left = np.where(found, (at[:, 1] * (w - cw + 1)).astype(np.int64), (w - cw) // 2)
         return np.stack([top, left, ch, cw], axis=1).astype(np.int64)
 
     def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
@@ -340,7 +353,7 @@ class Flip(GeometryOp):
         self.vertical = bool(vertical)
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
-        coins = np.array([rng.random(2) for rng in per_sample(rngs, len(sizes))]).reshape(-1, 2) < self.p
+        coins = per_sample(rngs, len(sizes)).random(2) < self.p
         return coins & np.array([self.horizontal, self.vertical])
 
     def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
@@ -406,7 +419,7 @@ class Rotate(GeometryOp):
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
         if isinstance(self.angle, tuple):
-            return np.array([rng.uniform(*self.angle) for rng in per_sample(rngs, len(sizes))], dtype=np.float64)
+            return per_sample(rngs, len(sizes)).uniform(*self.angle)
         return np.full(len(sizes), self.angle)
 
     @staticmethod

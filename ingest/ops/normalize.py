@@ -17,7 +17,7 @@ import torch
 from ..errors import ConfigError
 from . import _warp_kernel, resample
 from .affine import identity
-from .base import ImageSpec, Images, Op, as_list, sizes_of
+from .base import ImageSpec, Images, Op, sizes_of
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
 LAYOUTS = ("NCHW", "NHWC")
@@ -88,12 +88,12 @@ class Normalize(Op):
         return ImageSpec(self.dtype, self.layout)
 
     def apply(self, images: Images, params: Any = None) -> Images:
-        ims = as_list(images)
-        if not ims:
+        if not len(images):
             return images
-        epilogue = self.epilogue(ims[0].shape[-1])
-        if ims[0].device.type == "cuda" and _warp_kernel.available():  # one launch, ragged or not
+        first = images[0]
+        epilogue = self.epilogue(first.shape[-1])
+        if first.device.type == "cuda" and _warp_kernel.available():  # one launch, ragged or not
             return resample.warp(images, identity(sizes_of(images)), epilogue=epilogue)
         if isinstance(images, torch.Tensor):
             return resample.finish(images, epilogue)
-        return [resample.finish(im[None], epilogue)[0] for im in ims]
+        return [resample.finish(im[None], epilogue)[0] for im in images]

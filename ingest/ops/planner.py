@@ -1,7 +1,7 @@
 """The planner: draw a batch's random parameters once, per sample, and split its ops into stages.
 
 :func:`plan` walks the ops in order on the probed sizes (no pixels needed): each op draws sample n's
-parameters from ``rngs[n]`` (and sees the samples' boxes, as mapped so far, when given), declares what it
+parameters from row n of the batch's random source (and sees the samples' boxes, as mapped so far, when given), declares what it
 outputs, and joins a stage. Every run of consecutive geometry ops becomes one stage executed as one
 :class:`~ingest.ops.affine.Warp` (with a following pointwise-affine op, Normalize, as its epilogue); every
 other op is a stage of its own. The first stage's warp is known before decoding: ``Plan.warp.roi()`` tells
@@ -23,7 +23,7 @@ import torch
 from ..errors import ConfigError
 from . import resample
 from .affine import Steps, Warp, compose, map_boxes, nonempty
-from .base import PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, per_sample, sizes_of
+from .base import PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, per_sample, size_list, sizes_of
 from .geometry import GeometryOp
 
 #: Per-box target fields that :meth:`Plan.targets` prunes together with the boxes (COCO's names).
@@ -47,11 +47,11 @@ class Stage:
         if self.warp is None:
             (op, params), = self.drawn
             return op.apply(images, params)
-        ims = as_list(images)
-        if not ims:
+        if not len(images):
             return images
+        first = images[0]
         sizes = sizes_of(images)
-        if ims[0].device.type == "cpu" and origins is None and scales is None and sizes == self.in_sizes:
+        if first.device.type == "cpu" and origins is None and scales is None and sizes == self.in_sizes:
             for op, params in self.drawn:  # op by op with torch's kernels: torchvision's results
                 images = op.apply(images, params)
             return self.epilogue.apply(images, None) if self.epilogue else images
@@ -60,7 +60,7 @@ class Stage:
             w = w.shifted(origins).rescaled(sizes, 1.0 if scales is None else scales)
         elif scales is not None or sizes != self.in_sizes:
             w = w.rescaled(sizes, scales)
-        epilogue = self.epilogue.epilogue(ims[0].shape[-1]) if self.epilogue else None
+        epilogue = self.epilogue.epilogue(first.shape[-1]) if self.epilogue else None
         return resample.warp(images, w, epilogue=epilogue)
 
 
@@ -154,47 +154,52 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
          boxes: Sequence[Any] | None = None) -> Plan:
     """Draw every op's params in op order, once, for sources of ``sizes``, and stage the ops.
 
-    ``rngs``: one numpy Generator per sample (the pipeline's are keyed by seed, epoch and dataset index), or
-    one Generator or seed to spawn them from. ``boxes`` (one ``[K, 4]`` ltrb array per sample, absolute
+    ``rngs``: the batch's :class:`~ingest.random.SampleRandom` (the pipeline's keys samples by seed, epoch
+    and dataset index), or a Generator or seed to key samples ``0..n-1`` from (:func:`~.base.per_sample`).
+    Ops draw on the sizes as an ``(N, 2)`` int64 array. ``boxes`` (one ``[K, 4]`` ltrb array per sample, absolute
     pixels) are needed only by ops whose draws depend on them (``uses_boxes``: RandomIoUCrop); they are
     mapped through the ops as they are drawn. Raises ConfigError when an op cannot take what the op before it outputs.
     """
-    sizes = [(int(h), int(w)) for h, w in sizes]
+    hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)  # ops draw on arrays, stages keep lists
+    sizes = size_list(hw)
     rngs = per_sample(rngs, len(sizes))
     tracked = None if boxes is None else _Boxes([_as_array(b) for b in boxes], len(sizes))
     spec, cur = PIXELS, sizes
     drawn: list[tuple[Op, Any]] = []
     stages: list[Stage] = []
+    warp_inputs: dict[int, np.ndarray] = {}  # stage number -> its input sizes as an array
     for op in ops:
         spec = op.declare(spec)
         if op.uses_boxes:
-            params = op.draw(cur, rngs, boxes=None if tracked is None else tracked.per_sample())
+            params = op.draw(hw, rngs, boxes=None if tracked is None else tracked.per_sample())
         else:
-            params = op.draw(cur, rngs)
+            params = op.draw(hw, rngs)
         drawn.append((op, params))
         last = stages[-1] if stages else None
         open_warp = last is not None and bool(last.steps) and last.epilogue is None
         if isinstance(op, GeometryOp):
-            steps = op.steps(cur, params)
+            steps = op.steps(hw, params)
             if tracked is not None:
                 tracked.follow(op, params, steps)
-            out = [(int(h), int(w)) for h, w in steps.out_sizes]
+            out = size_list(steps.out_sizes)
             if open_warp:
                 last.drawn.append((op, params))
                 last.steps.append(steps)
                 last.out_sizes = out
             else:
+                warp_inputs[len(stages)] = hw
                 stages.append(Stage([(op, params)], cur, out, [steps]))
-            cur = out
+            cur, hw = out, steps.out_sizes
             continue
         if op.pointwise_affine and open_warp:
             last.epilogue = op
         else:
             stages.append(Stage([(op, params)], cur, op.out_sizes(cur, params)))
-        cur = stages[-1].out_sizes
-    for stage in stages:
+            cur = stages[-1].out_sizes
+            hw = np.asarray(cur, dtype=np.int64).reshape(-1, 2)
+    for k, stage in enumerate(stages):
         if stage.steps:
-            stage.warp = compose(stage.steps, stage.in_sizes)
+            stage.warp = compose(stage.steps, warp_inputs[k])
     return Plan(sizes, drawn, stages, list(cur), spec)
 
 

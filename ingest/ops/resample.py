@@ -101,21 +101,23 @@ def warp(images: Images, w: Warp, *, epilogue: Epilogue | None = None) -> Images
     a list. On CUDA with CuPy and at most 4 channels this is one kernel launch on the current torch
     stream; otherwise :func:`reference`.
     """
-    ims = as_list(images)
-    if not ims:
+    if not len(images):
         return images
-    first = ims[0]
-    if any(im.dim() != 3 or im.dtype != torch.uint8 or im.device != first.device
-           or im.shape[2] != first.shape[2] for im in ims):
+    first = images[0]
+    if isinstance(images, torch.Tensor):  # one check for the whole batch, no view per image
+        if images.dim() != 4 or images.dtype != torch.uint8:
+            raise ValueError("warp takes [N, H, W, C] uint8 batches or lists of [H, W, C] uint8 images")
+    elif any(im.dim() != 3 or im.dtype != torch.uint8 or im.device != first.device
+             or im.shape[2] != first.shape[2] for im in images):
         raise ValueError("warp takes [H, W, C] uint8 images with one channel count, all on one device")
-    setup = _setup(w, sizes_of(ims))
+    setup = _setup(w, sizes_of(images))
     fill = _fill_values(w.fill, first.shape[2])
     if first.device.type == "cuda" and first.shape[2] <= 4 and _warp_kernel.available():
-        return _warp_kernel.launch(ims, w.out_sizes, setup, w.interpolation, fill,
+        return _warp_kernel.launch(images, w.out_sizes, setup, w.interpolation, fill,
                                    epilogue[:2] if epilogue else None,
                                    epilogue.dtype if epilogue else torch.uint8,
                                    epilogue is not None and epilogue.layout == "NCHW")
-    return _reference(ims, w, setup, fill, epilogue)
+    return _reference(as_list(images), w, setup, fill, epilogue)
 
 
 def reference(images: Images, w: Warp, *, epilogue: Epilogue | None = None) -> Images:
