@@ -90,7 +90,7 @@ def test_torchvision_faster_rcnn_trains_on_a_batch(tmp_path):
 
 def test_real_coco_masks_follow_a_resize():
     root = realworld("coco/tiny_coco_train2017")
-    src = CocoSource(root / "instances_train2017_small.json", images=root / "train_2017_small", masks="masks",
+    src = CocoSource(root / "instances_train2017_small.json", images=root / "train_2017_small", masks="masks", cache=False,
                      box_format="ltrb")
     batch = next(iter(ingest.Loader(src, batch_size=2, output="dict", ops=[Resize((128, 128))])))
     assert batch["masks"].shape[2:] == (128, 128)

@@ -399,10 +399,8 @@ def _cache_dir(paths: list[str], cache: Any) -> str | None:
     """Where the arrays parsed from ``paths`` are kept (None: no cache)."""
     if cache is False or cache is None:
         return None
-    if cache is True:
-        root = os.path.dirname(os.path.abspath(paths[0]))
-        if not os.access(root, os.W_OK):
-            root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ingest")
+    if cache is True:  # never beside the user's data: a dataset directory is often shared or read-only
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ingest")
     elif isinstance(cache, (str, os.PathLike)):
         root = os.fspath(cache)
     else:

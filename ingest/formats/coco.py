@@ -40,9 +40,8 @@ pixels [``size_threshold``], ``image_ids`` keeps a subset [``image_ids``], ``inc
 drops iscrowd objects [``skip_crowd``].
 
 **Cache.** The JSON is parsed once into numpy arrays (segmentation packed as offsets into flat buffers),
-saved as ``.npy`` files in a hidden directory next to the JSON when that directory is writable, else under
-``$XDG_CACHE_HOME/ingest`` (``~/.cache/ingest``); ``cache=<dir>`` picks the place, ``cache=False`` turns it
-off. Later opens memory-map the arrays; a JSON of another size or mtime is parsed again. A pickled source
+saved as ``.npy`` files under ``$XDG_CACHE_HOME/ingest`` (``~/.cache/ingest``; never beside the JSON, whose
+directory may be shared or read-only); ``cache=<dir>`` picks the place, ``cache=False`` turns it off. Later opens memory-map the arrays; a JSON of another size or mtime is parsed again. A pickled source
 (sent to a worker process) carries its per-object targets and re-maps the cache; without a cache it
 carries every parsed array.
 
