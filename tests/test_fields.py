@@ -305,3 +305,11 @@ def test_tfx_shard_names_are_tfrecords(tmp_path):
     split.mkdir()
     (split / "data_tfrecord-00000-of-00001.gz").write_bytes(b"")
     assert detect(split) == "tfrecord"
+
+
+def test_converted_datasets_keep_their_class_names(image_folder, tmp_path):
+    from ingest.tools.cli import main
+    for fmt in ("tfrecord", "recordio", "wds"):
+        assert main(["convert", str(image_folder), str(tmp_path / fmt), "--to", fmt]) == 0
+        loader = ingest.Loader(tmp_path / fmt, batch_size=4)
+        assert list(loader.source.classes) == ["cat", "dog", "emu"], fmt

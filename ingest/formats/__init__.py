@@ -112,8 +112,14 @@ def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
     """Open the dataset at ``path`` with format ``format`` (detected from the path when None); ``options``
     go to the reader (e.g. a TFRecord feature spec)."""
     fmt = format or detect(path)
-    cls = reader_class(fmt)
-    return cls(path, **options)
+    source = reader_class(fmt)(path, **options)
+    manifest = os.path.join(os.fspath(path), MANIFEST) if isinstance(path, (str, os.PathLike)) else None
+    if manifest and os.path.isfile(manifest) and not list(getattr(source, "classes", ()) or ()):
+        with open(manifest) as f:   # the converter keeps the class names where the format has no place
+            classes = json.load(f).get("classes") or []
+        if classes:
+            source.classes = list(classes)
+    return source
 
 
 __all__ = ["Location", "Record", "Source", "Field", "KINDS", "DEFAULT_FIELDS", "ProcessLocal", "check_format",
