@@ -45,11 +45,12 @@ def box_iou(boxes: np.ndarray, other: np.ndarray) -> np.ndarray:
 
 def _padded(boxes: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample ``[K, 4]`` boxes as one ``(N, max K, 4)`` array and its ``(N, max K)`` validity mask."""
-    counts = [len(b) for b in boxes]
-    out = np.zeros((len(boxes), max(counts, default=0), 4))
-    valid = np.arange(out.shape[1]) < np.array(counts, dtype=np.int64).reshape(-1, 1)
-    for n, b in enumerate(boxes):
-        out[n, :counts[n]] = np.asarray(b, dtype=np.float64).reshape(-1, 4)
+    arrays = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes]
+    counts = np.array([len(b) for b in arrays], dtype=np.int64)
+    out = np.zeros((len(arrays), int(counts.max(initial=0)), 4))
+    valid = np.arange(out.shape[1]) < counts[:, None]
+    if arrays:
+        out[valid] = np.concatenate(arrays)  # row-major order of the mask: sample by sample, box by box
     return out, valid
 
 
@@ -94,7 +95,7 @@ class RandomIoUCrop(GeometryOp):
         # samples still open, so a sample's draws do not depend on which others are.
         choices = np.array([np.nan if t is None else t for t in self.min_ious])
         rounds = rngs.spawn()
-        open_ = np.arange(len(hw))  # samples still looking for a crop
+        open_ = np.flatnonzero(valid.any(axis=1))  # samples still looking for a crop (none without boxes)
         for _ in range(self.rounds):
             rng = rounds.spawn().take(open_)
             threshold = choices[rng.integers(0, len(choices))]
@@ -120,13 +121,21 @@ class RandomIoUCrop(GeometryOp):
         left = ((w - cw) * u[..., 2]).astype(np.int64)
         top = ((h - ch) * u[..., 3]).astype(np.int64)
         shaped = (cw > 0) & (ch > 0) & (a0 * ch <= cw) & (cw <= a1 * ch)
-        crops = np.stack([left, top, left + cw, top + ch], axis=-1).astype(np.float64)[:, :, None]  # S, A, 1, 4
-        cx = ((boxes[..., 0] + boxes[..., 2]) / 2)[:, None]  # S, 1, K
-        cy = ((boxes[..., 1] + boxes[..., 3]) / 2)[:, None]
-        inside = (valid[:, None] & (crops[..., 0] < cx) & (cx < crops[..., 2])
-                  & (crops[..., 1] < cy) & (cy < crops[..., 3]))  # S, A, K
-        best = np.where(inside, box_iou(boxes[:, None], crops), -1.0).max(axis=2, initial=-1.0)
-        ok = shaped & inside.any(axis=2) & (best >= threshold[:, None])
+        # Boxes (S, K, 1) against crops (S, 1, A), one coordinate array each (attempts innermost: numpy's fast
+        # loop); box_iou's arithmetic, counted only where the crop holds the box's centre.
+        x0, y0 = left[:, None].astype(np.float64), top[:, None].astype(np.float64)
+        x1, y1 = x0 + cw[:, None], y0 + ch[:, None]
+        bx0, by0, bx1, by1 = (boxes[..., k, None] for k in range(4))
+        cx, cy = (bx0 + bx1) / 2, (by0 + by1) / 2
+        inside = valid[..., None] & (x0 < cx) & (cx < x1) & (y0 < cy) & (cy < y1)  # S, K, A
+        inter = (np.clip(np.minimum(bx1, x1) - np.maximum(bx0, x0), 0, None)
+                 * np.clip(np.minimum(by1, y1) - np.maximum(by0, y0), 0, None))
+        union = (bx1 - bx0) * (by1 - by0) + (cw * ch)[:, None].astype(np.float64) - inter
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iou = np.where(union > 0, inter / union, 0.0)
+        best = np.where(inside, iou, -1.0).max(axis=1, initial=-1.0)  # S, A
+        inside = inside.any(axis=1)
+        ok = shaped & inside & (best >= threshold[:, None])
         first = ok.argmax(axis=1)
         rows = np.arange(len(hw))
         hit = ok[rows, first]
