@@ -41,11 +41,11 @@ def test_inspect(tf_dir, capsys):
     out = capsys.readouterr().out
     assert "tfrecord, 12 records, 3 shards" in out
     assert "image (image), label (int)" in out
-    assert "      2: 5" in out and "      0: 4" in out and "      1: 3" in out   # label histogram, largest first
+    assert "      2 emu: 5" in out and "      0 cat: 4" in out and "      1 dog: 3" in out   # largest first, named
     assert "height 48..6" in out and "jpg 12" in out
     assert main(["inspect", str(tf_dir), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["records"] == 12 and info["labels"]["top"][0] == {"label": 2, "count": 5}
+    assert info["records"] == 12 and info["labels"]["top"][0] == {"label": 2, "count": 5, "class": "emu"}
     assert info["images"]["sampled"] == 12 and info["shards"]["from"] == "manifest"
 
 
