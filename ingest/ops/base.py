@@ -147,8 +147,9 @@ class Op:
     pointwise_affine: bool = False
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> Any:
-        """Per-sample random parameters for a batch of images of these sizes (sample n's from row n of
-        ``rngs``' draws only). Default: none."""
+        """Per-sample random parameters for a batch of images of these sizes (the planner passes an ``(N, 2)``
+        int64 array) from ``rngs`` (:func:`per_sample` turns it into a :class:`SampleRandom`): sample n's
+        from row n of the draws only, with the same draw calls for every batch. Default: none."""
         return None
 
     def apply(self, images: Images, params: Any) -> Images:
