@@ -82,8 +82,11 @@ def per_sample(rngs: Rngs, n: int) -> SampleRandom:
 
 def size_list(sizes: Sequence[Size] | np.ndarray) -> list[Size]:
     """``(height, width)`` int pairs from an ``(N, 2)`` array or a sequence of pairs, as a list of tuples
-    (through one ``tolist``: no Python int conversion per sample)."""
-    return list(map(tuple, np.asarray(sizes, dtype=np.int64).reshape(-1, 2).tolist()))
+    (through one ``tolist``: no Python int conversion per sample; one tuple repeated when all are equal)."""
+    hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    if len(hw) and (hw == hw[0]).all():
+        return [tuple(hw[0].tolist())] * len(hw)
+    return list(map(tuple, hw.tolist()))
 
 
 def as_list(images: Images) -> list[torch.Tensor]:
