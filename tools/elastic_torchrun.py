@@ -3,8 +3,8 @@
 jobs (gathered over torch.distributed) must cover the dataset exactly once. Used on a 2-GPU machine:
 
     python tools/elastic_torchrun.py make --data /dev/shm/el --n 1000
-    torchrun --nproc_per_node 2 tools/elastic_torchrun.py run --data /dev/shm/el --steps 3 --save /dev/shm/s21.pt --log /dev/shm/a21.json
-    torchrun --nproc_per_node 1 tools/elastic_torchrun.py run --data /dev/shm/el --load /dev/shm/s21.pt --log /dev/shm/b21.json
+    torchrun --nproc_per_node 2 tools/elastic_torchrun.py run --data /dev/shm/el --steps 3 --save /dev/shm/s21.pt --record /dev/shm/a21.json
+    torchrun --nproc_per_node 1 tools/elastic_torchrun.py run --data /dev/shm/el --load /dev/shm/s21.pt --record /dev/shm/b21.json
     python tools/elastic_torchrun.py check --n 1000 --logs /dev/shm/a21.json /dev/shm/b21.json --out result.json
 """
 
@@ -51,7 +51,7 @@ def run(args) -> None:
     dist.all_gather_object(everyone, {"rank": rank, "indices": got, "steps": steps,
                                       "device": torch.cuda.get_device_name(), "state": state})
     if rank == 0:
-        with open(args.log, "w") as f:
+        with open(args.record, "w") as f:
             json.dump({"world": world, "ranks": everyone}, f)
     dist.destroy_process_group()
 
@@ -82,7 +82,7 @@ def main() -> int:
     r.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: the whole epoch)")
     r.add_argument("--save", help="write rank 0's state_dict here")
     r.add_argument("--load", help="resume from this state_dict")
-    r.add_argument("--log", required=True)
+    r.add_argument("--record", required=True)
     c = sub.add_parser("check")
     c.add_argument("--n", type=int, required=True)
     c.add_argument("--logs", nargs="+", required=True)
