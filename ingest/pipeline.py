@@ -80,6 +80,7 @@ class _Work:
     origins: list[tuple[int, int]] | None = None
     failed: list[int] = field(default_factory=list)   # positions whose decode failed (dummy image in place)
     ready: torch.cuda.Event | None = None
+    labels: np.ndarray | None = None                  # the batch's labels when known without records
 
 
 class Failures:
@@ -217,8 +218,8 @@ class Pipeline:
             out = self.source.batch_buffer(len(idx), self.device, pin_memory=False)
             self.source.read_batch(idx, out, self.reader)
         labels = self._labels[idx] if len(self._labels) else np.full(len(idx), -1, dtype=np.int64)
-        work = _Work(plan, [self.source.name(int(i)) for i in idx], idx, plan.is_pad,
-                     [Record(None, int(label)) for label in labels])
+        # No per-sample Python objects: names are made only if a message needs one, records are all alike.
+        work = _Work(plan, _Names(self.source, idx), idx, plan.is_pad, [_NO_FIELDS] * len(idx), labels=labels)
         work.sizes, work.headers = [tuple(out.shape[1:3])] * len(idx), [None] * len(idx)
         work.images = out
         if self.device.type == "cuda":
@@ -343,8 +344,9 @@ class Pipeline:
             return None  # every sample of the batch failed (and the budget allowed it)
         failed = set(work.failed)
         keep = [k for k in range(len(work.records)) if k not in failed]
-        names = [work.names[k] for k in keep]
-        labels = torch.from_numpy(np.array([work.records[k].label for k in keep], dtype=np.int64))
+        names = [work.names[k] for k in keep] if self.extra_fields else []   # for messages about fields
+        labels = torch.from_numpy(work.labels[keep] if work.labels is not None else
+                                  np.array([work.records[k].label for k in keep], dtype=np.int64))
         if self.ops_stream is not None:
             with torch.cuda.stream(self.ops_stream):
                 if work.ready is not None:
@@ -440,6 +442,22 @@ class Pipeline:
 def _select(work: _Work, keep: list[int]) -> _Work:
     return _Work(work.plan, [work.names[k] for k in keep], work.indices[keep], work.is_pad[keep],
                  [work.records[k] for k in keep])
+
+
+_NO_FIELDS = Record(None)
+
+
+class _Names:
+    """The names of a batch's samples, made on demand (only messages need them)."""
+
+    def __init__(self, source: Source, indices: np.ndarray):
+        self.source, self.indices = source, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: int) -> str:
+        return self.source.name(int(self.indices[k]))
 
 
 @contextlib.contextmanager
