@@ -163,3 +163,14 @@ def test_installed_entry_point(folder, tmp_path):
     assert run.returncode == 0, run.stderr
     assert "12 samples in 1 shards" in run.stdout
     assert json.loads((out / "manifest.json").read_text())["count"] == 12
+
+
+def test_inspect_an_annotation_file(capsys, tmp_path, monkeypatch):
+    from conftest import realworld
+    root = realworld("coco/tiny_coco_train2017")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["inspect", str(root / "instances_train2017_small.json"),
+                 "-s", f"images={root / 'train_2017_small'}"]) == 0
+    out = capsys.readouterr().out
+    assert "annotations: 16 images, 197 annotations, 80 categories, 1 crowd" in out
+    assert "objects per category: person 33" in out and "jpg 16" in out

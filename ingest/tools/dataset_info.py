@@ -18,21 +18,25 @@ from ..errors import IngestError
 from ..formats import MANIFEST, detect, fields_of, open_source
 from ..formats.filetree import image_extension
 from ..ops.decode import CpuDecoder
+from .convert import _option
 from .progress import human_bytes
 from .source_view import SourceView
 
 #: Records whose image headers are read for the size statistics, by default.
+
 SAMPLE = 500
 #: Classes shown in the label histogram.
 TOP = 10
 
 
-def inspect_dataset(path: str, *, source_format: str | None = None, sample: int = SAMPLE) -> dict[str, Any]:
-    """A JSON-able description of the dataset at ``path`` (see the module docstring)."""
+def inspect_dataset(path: str, *, source_format: str | None = None, sample: int = SAMPLE,
+                    source_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON-able description of the dataset at ``path`` (see the module docstring); ``source_options`` go
+    to the reader (e.g. ``images=`` for a COCO file)."""
     if not os.path.exists(path) and not any(c in path for c in "*?["):
         raise FileNotFoundError(f"path {path!r} does not exist")
     fmt = source_format or detect(path)
-    source = open_source(path, format=fmt)
+    source = open_source(path, format=fmt, **(source_options or {}))
     view = SourceView(source)
     n = len(view)
     fields = fields_of(source)
@@ -45,7 +49,19 @@ def inspect_dataset(path: str, *, source_format: str | None = None, sample: int 
     info["labels"] = _histogram(_labels(source, view), list(source.classes)) if "label" in fields else None
     info["images"] = _image_stats(view, picks, fields) if "image" in fields else None
     info["shards"] = _shards(path, source)
+    if callable(getattr(source, "summary", None)):   # COCO: images, annotations, categories, crowd
+        info["annotations"] = _jsonable(source.summary())
     return info
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 def _labels(source: Any, view: SourceView) -> np.ndarray:
@@ -156,6 +172,13 @@ def describe(info: dict[str, Any]) -> str:
                      + ", ".join(f"{k} {v}" for k, v in sorted(images["types"].items())))
     if images is not None and images["unreadable"]:
         lines.append(f"  {images['unreadable']} sampled images unreadable (ingest verify --decode names them)")
+    notes = info.get("annotations")
+    if notes:
+        lines.append("annotations: " + ", ".join(f"{notes[k]} {k}" for k in ("images", "annotations", "categories",
+                                                                         "crowd") if k in notes))
+        per = sorted((notes.get("per_category") or {}).items(), key=lambda kv: -kv[1])[:TOP]
+        if per:
+            lines.append("  objects per category: " + ", ".join(f"{k} {v}" for k, v in per))
     return "\n".join(lines)
 
 
@@ -171,11 +194,14 @@ def add_parser(sub: Any) -> None:
                    help="format (default: detected from PATH)")
     p.add_argument("--sample", type=int, default=SAMPLE, metavar="N",
                    help=f"records whose image headers are read (default {SAMPLE})")
+    p.add_argument("-s", "--source-option", dest="source_options", type=_option, action="append", default=[],
+                   metavar="KEY=VALUE", help="reader option, e.g. -s images=train2017/ for a COCO file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(run=run)
 
 
 def run(args: Any) -> int:
-    info = inspect_dataset(args.path, source_format=args.source_format, sample=max(args.sample, 0))
+    info = inspect_dataset(args.path, source_format=args.source_format, sample=max(args.sample, 0),
+                           source_options=dict(args.source_options))
     print(json.dumps(info, indent=1) if args.json else describe(info))
     return 0
