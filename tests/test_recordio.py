@@ -56,7 +56,7 @@ def test_round_trip_and_mxnet_layout(tmp_path):
     check_format(src)
     assert src.labels().tolist() == [r.label for r in records]
     for k, ((_, got), want) in enumerate(zip(iter_records(src), records)):
-        assert got.image == want.image and got.label == want.label and got.fields["id"] == k
+        assert bytes(got.image) == want.image and got.label == want.label and got.fields["id"] == k
         assert got.fields["label_values"].tolist() == [float(want.label)]
     data = (tmp_path / "data.rec").read_bytes()
     heads = chunk_headers(data)
@@ -87,7 +87,7 @@ def test_records_holding_the_magic_are_split_and_joined(tmp_path):
     for src in (with_idx, scanned):
         assert len(src) == 3
         got = [r for _, r in iter_records(src)]
-        assert [r.image for r in got] == [r.image for r in records] and [r.label for r in got] == [1, 2, 3]
+        assert [bytes(r.image) for r in got] == [r.image for r in records] and [r.label for r in got] == [1, 2, 3]
     assert [scanned.locate(i) for i in range(3)] == [with_idx.locate(i) for i in range(3)]
 
 
@@ -103,7 +103,7 @@ def test_multi_value_labels(tmp_path):
     src = RecordIOSource(tmp_path / "data.rec")
     first, second = (r for _, r in iter_records(src))
     assert first.label == -1 and first.fields["label_values"].tolist() == boxes.tolist() and first.fields["id"] == 90
-    assert first.image == records[0].image
+    assert bytes(first.image) == records[0].image
     assert second.label == 7 and second.fields["label_values"].tolist() == [7.0]
     assert src.labels().tolist() == [-1, 7]
 
@@ -131,7 +131,7 @@ def test_a_meta_header_record_is_not_a_sample(tmp_path, with_index):
         os.remove(tmp_path / "data.idx")
     src = RecordIOSource(tmp_path / "data.rec")
     assert len(src) == 3 and src.meta[str(tmp_path / "data.rec")].tolist() == [1.0, 4.0]
-    assert [r.image for _, r in iter_records(src)] == [r.image for r in records]
+    assert [bytes(r.image) for _, r in iter_records(src)] == [r.image for r in records]
     check_format(src)
 
 
@@ -296,3 +296,21 @@ def test_mxnet_reads_what_the_writer_wrote_and_writes_the_same_bytes(tmp_path):
     assert [r["image_sha256"] for r in seen] == [hashlib.sha256(r.image).hexdigest() for r in records]
     for suffix in (".rec", ".idx"):
         assert (tmp_path / f"mx{suffix}").read_bytes() == (tmp_path / f"ours{suffix}").read_bytes()
+
+
+def test_header_edge_values_and_buffer_types(tmp_path):
+    """The unsplit-record path reads what the general one does: a uint64 id above 2**63 becomes a negative
+    int64, NaN / infinite / negative labels are no class, and a numpy buffer parses like bytes."""
+    image = jpeg_bytes(8, 8)
+    heads = [(0, 3.0, 2 ** 64 - 5), (0, float("nan"), 1), (0, float("inf"), 2), (0, -1.0, 2 ** 63)]
+    (tmp_path / "x.rec").write_bytes(b"".join(recordio.chunks(struct.pack("<IfQQ", *h, 0) + image)
+                                              for h in heads))
+    src = RecordIOSource(tmp_path / "x.rec")
+    got = [src.parse(i, np.frombuffer(read_location(src.locate(i)), np.uint8)) for i in range(len(heads))]
+    assert [r.label for r in got] == [3, -1, -1, -1] == src.labels().tolist()
+    assert [r.fields["id"] for r in got] == [-5, 1, 2, -2 ** 63]
+    assert all(r.image.dtype == np.uint8 and r.image.tobytes() == image for r in got)
+    raw = bytearray(read_location(src.locate(0)))
+    raw[4:8] = struct.pack("<I", len(raw))   # the chunk length runs past the record's extent
+    with pytest.raises(CorruptRecordError, match="runs past the record's extent"):
+        src.parse(0, np.frombuffer(bytes(raw), np.uint8))

@@ -450,3 +450,22 @@ def test_tensorflow_reads_what_the_writer_wrote(tmp_path):
             np.testing.assert_array_equal(got.fields["boxes"], want.fields["boxes"])
             np.testing.assert_array_equal(got.fields["mask"], want.fields["mask"])
     shutil.rmtree(tmp_path)
+
+
+def test_one_value_features_that_are_not_one_value(tmp_path):
+    """Features read as one value (image, int) holding none, two or an empty image are typed errors."""
+    image = jpeg_bytes(8, 8)
+    rows = [example_bytes(image__encoded=("bytes", [image]), image__class__label=("int64", [0])),
+            example_bytes(image__encoded=("bytes", [image]), image__class__label=("int64", [1, 2])),
+            example_bytes(image__encoded=("bytes", [b""]), image__class__label=("int64", [3])),
+            example_bytes(image__encoded=("bytes", [image, image]), image__class__label=("int64", [4])),
+            example_bytes(image__encoded=("bytes", [image]), image__class__label=("int64", []))]
+    path = tmp_path / "x.tfrecord"
+    path.write_bytes(b"".join(frame(r) for r in rows))
+    src = TFRecordSource(path)
+    first = src.parse(0, np.frombuffer(read_location(src.locate(0)), np.uint8))
+    assert first.image == image and first.label == 0
+    for i, message in [(1, "'image/class/label': holds 2 values"), (2, "'image/encoded': empty image"),
+                       (3, "'image/encoded': holds 2 values"), (4, "'image/class/label': holds 0 values")]:
+        with pytest.raises(CorruptRecordError, match=f"sample {i}.*{message}"):
+            src.parse(i, read_location(src.locate(i)))

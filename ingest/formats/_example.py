@@ -207,9 +207,36 @@ def parse_features(data: Any, path: str, index: Any, offset: int) -> Any:
         raise CorruptRecordError(f"not a tf.train.Example: {err}", path=path, index=index, offset=offset) from None
 
 
+#: Kinds read as one value of a list, without `Extract`'s checks when the feature holds exactly one value.
+_ONE_VALUE = {"image": "bytes_list", "bytes": "bytes_list", "int": "int64_list", "float": "float_list"}
+
+
+def _one_value(fmap: Any, key: str, kind: str) -> Any:
+    """The value of a one-value feature in the common well-formed case (a non-empty image, bytes, an int or a
+    float: exactly one value in the list of its kind), else None. A oneof holds one list at most, so one value
+    in the list asked for also proves the feature's type; any other case takes `Extract`'s path, which reads
+    it or names the problem."""
+    feat = fmap.get(key)
+    if feat is None:
+        return None
+    vals = getattr(feat, _ONE_VALUE[kind]).value
+    if len(vals) != 1:
+        return None
+    value = vals[0]
+    return None if kind == "image" and not value else value
+
+
+def field_value(fmap: Any, key: str, field: Field, path: str, index: Any, offset: int) -> Any:
+    """The value of ``field`` (feature ``key``) in a record's feature map; errors name path, sample, offset
+    and key."""
+    value = _one_value(fmap, key, field.kind) if field.kind in _ONE_VALUE else None
+    if value is None:
+        value = Extract(fmap, path, index, offset).get(key, field)
+    return value
+
+
 def to_record(fmap: Any, spec: Mapping[str, tuple[str, Field]], path: str, index: Any, offset: int) -> Record:
-    ex = Extract(fmap, path, index, offset)
-    values = {name: ex.get(key, field) for name, (key, field) in spec.items()}
+    values = {name: field_value(fmap, key, field, path, index, offset) for name, (key, field) in spec.items()}
     return Record(values.pop("image", None), values.pop("label", -1), values)
 
 

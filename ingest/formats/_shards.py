@@ -1,13 +1,18 @@
 """Helpers shared by the shard-file readers (TFRecord, RecordIO): resolving a dataset path into shard files
-and their index files, and bounded reads that never trust a length field further than the file goes."""
+and their index files, the per-record table that locates a sample without searching, and bounded reads that
+never trust a length field further than the file goes."""
 
 from __future__ import annotations
 
 import glob
 import os
+from array import array
 from typing import Callable, Sequence
 
+import numpy as np
+
 from ..errors import CorruptRecordError, SourceError
+from .base import Location, check_index
 
 #: Read size used when a length field cannot be checked against a file size (compressed streams).
 CHUNK = 1 << 20
@@ -109,3 +114,37 @@ def read_exact(f, n: int, path: str, offset: int, what: str) -> bytes:
         raise CorruptRecordError(f"truncated {what}: expected {n} bytes, found {len(data)}", path=path,
                                  offset=offset)
     return data
+
+
+class RecordTable:
+    """Where every record of a set of shards is: the ``[N_k, 2]`` ``(offset, size)`` tables of ``shards``,
+    concatenated. Each sample's shard number, offset and size sit in flat `array.array` columns, so finding
+    sample ``i`` is three list-speed lookups (no search, no numpy scalar per call), at 20 bytes a sample,
+    and the table pickles as a few byte strings."""
+
+    def __init__(self, shards: Sequence[str], tables: Sequence[np.ndarray]):
+        counts = [len(t) for t in tables]
+        entries = np.concatenate(tables).astype(np.int64) if tables else np.zeros((0, 2), np.int64)
+        self.shards = list(shards)
+        self.starts = [0, *np.cumsum(counts).tolist()]   # samples of shard k: starts[k]:starts[k + 1]
+        self.shard_of = array("i", np.repeat(np.arange(len(counts), dtype=np.intc), counts).tobytes())
+        self.offsets = array("q", np.ascontiguousarray(entries[:, 0]).tobytes())
+        self.sizes = array("q", np.ascontiguousarray(entries[:, 1]).tobytes())
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def index(self, i: int) -> int:
+        """``i`` validated and normalized as `check_index` does (a plain in-range int passes straight)."""
+        if type(i) is int and 0 <= i < len(self.offsets):
+            return i
+        return check_index(i, len(self.offsets))
+
+    def path(self, i: int) -> str:
+        """The shard file of sample ``i``."""
+        return self.shards[self.shard_of[i]]
+
+    def location(self, i: int) -> Location:
+        """The byte range of sample ``i``; IndexError outside the table."""
+        i = self.index(i)
+        return Location(self.shards[self.shard_of[i]], self.offsets[i], self.sizes[i])

@@ -9,7 +9,8 @@ joins the chunks with the magic put back between them.
 **Payload** (``mxnet.recordio.pack``): an ``IRHeader`` ``struct '<IfQQ'`` (flag, label, id, id2), then,
 when ``flag > 0``, ``flag`` float32 labels, then the encoded image. Fields of a sample:
 
-- ``image``: the encoded image bytes (a record with none is a `CorruptRecordError`);
+- ``image``: the encoded image bytes, a uint8 array viewing the buffer read (a record with none is a
+  `CorruptRecordError`);
 - ``label`` (int): the header's label when ``flag == 0`` and it is a class index (a whole number from 0 to
   2**31 - 1), else -1;
 - ``label_values`` (floats): every label as float32: ``[label]`` when ``flag == 0``, the ``flag`` values
@@ -29,7 +30,6 @@ back by MXNet's readers.
 
 from __future__ import annotations
 
-import math
 import os
 import struct
 from typing import Any, Mapping, Sequence
@@ -37,8 +37,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError, CorruptRecordError
-from ._shards import read_index_rows, resolve_indexes, resolve_shards
-from .base import Field, Location, Record, check_index
+from ._shards import RecordTable, read_index_rows, resolve_indexes, resolve_shards
+from .base import Field, Location, Record
 
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = MAGIC.to_bytes(4, "little")
@@ -82,6 +82,20 @@ def _expect_flag(cflag: int, first: bool, path: str, offset: int, pos: int, inde
         kind = "first chunk" if first else "continuation chunk"
         raise CorruptRecordError(f"continuation flag {cflag} cannot start a {kind}{_chunk(pos, offset)}",
                                  path=path, index=index, offset=offset)
+
+
+def single_chunk(raw: Any) -> memoryview | None:
+    """The data of the common record, one unsplit chunk (flag 0) that fits ``raw``, as a view (no copy);
+    None for anything else: split records and damage go through `unchunk`, which joins or reports them."""
+    buf = memoryview(raw)
+    if buf.ndim != 1 or buf.format != "B":
+        buf = buf.cast("B")
+    if len(buf) < _CHUNK_HEADER.size:
+        return None
+    magic, lrec = _CHUNK_HEADER.unpack_from(buf)
+    if magic != MAGIC or lrec > _LEN_MASK or _CHUNK_HEADER.size + lrec > len(buf):
+        return None
+    return buf[_CHUNK_HEADER.size:_CHUNK_HEADER.size + lrec]
 
 
 def unchunk(raw: Any, path: str, offset: int, index: Any = None) -> tuple[bytes, int]:
@@ -163,8 +177,9 @@ def _write_index_file(index_path: str, offsets: Any) -> None:
 
 # -- payload ---------------------------------------------------------------------------------------
 
-def unpack(data: bytes, path: str, index: Any, offset: int) -> Record:
-    """A record's payload (IRHeader, labels, image) as a `Record` with the fields in `FIELDS`."""
+def unpack(data: Any, path: str, index: Any, offset: int) -> Record:
+    """A record's payload (IRHeader, labels, image; bytes or a byte view) as a `Record` with the fields in
+    `FIELDS`; the image is a uint8 array viewing ``data`` (no copy: the read buffer stays with the sample)."""
     if len(data) < IR_HEADER.size:
         raise CorruptRecordError(f"record of {len(data)} bytes is shorter than the {IR_HEADER.size}-byte IRHeader",
                                  path=path, index=index, offset=offset)
@@ -173,21 +188,22 @@ def unpack(data: bytes, path: str, index: Any, offset: int) -> Record:
         raise CorruptRecordError(f"IRHeader flag {flag} promises more float labels than the record holds",
                                  path=path, index=index, offset=offset)
     start = IR_HEADER.size + 4 * flag
+    if start == len(data):
+        raise CorruptRecordError("record holds no image bytes after its IRHeader", path=path, index=index,
+                                 offset=offset)
     if flag:
         labels = np.frombuffer(data, dtype="<f4", count=flag, offset=IR_HEADER.size).astype(np.float32)
     else:
-        labels = np.array([label], dtype=np.float32)
-    image = data[start:]
-    if not image:
-        raise CorruptRecordError("record holds no image bytes after its IRHeader", path=path, index=index,
-                                 offset=offset)
-    fields = {"label_values": labels, "id": int(np.uint64(rid).view(np.int64))}
-    return Record(image, _class_label(flag, label), fields)
+        labels = np.array((label,), dtype=np.float32)
+    rid -= (rid >> 63) << 64   # the uint64 id seen as int64
+    image = np.frombuffer(data, dtype=np.uint8, offset=start)
+    return Record(image, _class_label(flag, label), {"label_values": labels, "id": rid})
 
 
 def _class_label(flag: int, label: float) -> int:
-    """The int label of a header: its label when single-valued and a whole number, else -1."""
-    if flag == 0 and math.isfinite(label) and label == int(label) and 0 <= label < 2 ** 31:
+    """The int label of a header: its label when single-valued and a whole number, else -1 (NaN and
+    infinities fail the range test)."""
+    if flag == 0 and 0 <= label < 2 ** 31 and label == int(label):
         return int(label)
     return -1
 
@@ -210,8 +226,7 @@ class RecordIOSource:
         self.meta: dict[str, np.ndarray] = {}
         tables = [self._without_meta(shard, read_index(idx, shard) if idx else scan(shard))
                   for shard, idx in zip(self.shards, resolve_indexes(index, self.shards, _index_of))]
-        self._entries = np.concatenate(tables)
-        self._starts = np.cumsum([0] + [len(t) for t in tables])
+        self._table = RecordTable(self.shards, tables)
         self._labels: np.ndarray | None = None
 
     def _without_meta(self, shard: str, table: np.ndarray) -> np.ndarray:
@@ -235,29 +250,28 @@ class RecordIOSource:
         return table[1:]
 
     def __len__(self) -> int:
-        return len(self._entries)
-
-    def _shard(self, i: int) -> int:
-        return int(np.searchsorted(self._starts, i, side="right")) - 1
+        return len(self._table)
 
     def locate(self, i: int) -> Location:
-        i = check_index(i, len(self._entries))
-        offset, size = self._entries[i]
-        return Location(self.shards[self._shard(i)], int(offset), int(size))
+        return self._table.location(i)
 
     def parse(self, i: int, raw: Any) -> Record:
-        path, offset = self.shards[self._shard(i)], int(self._entries[i, 0])
-        data, _ = unchunk(raw, path, offset, i)
+        table = self._table
+        path, offset = table.path(i), table.offsets[i]
+        data = single_chunk(raw)
+        if data is None:
+            data, _ = unchunk(raw, path, offset, i)
         return unpack(data, path, i, offset)
 
     def labels(self) -> np.ndarray:
         """Every sample's label, from the IRHeaders (one small read per record), cached after the first call."""
         if self._labels is None:
-            labels = np.empty(len(self._entries), dtype=np.int64)
+            table = self._table
+            labels = np.empty(len(table), dtype=np.int64)
             for k, shard in enumerate(self.shards):
                 with open(shard, "rb") as f:
-                    for i in range(int(self._starts[k]), int(self._starts[k + 1])):
-                        offset, size = (int(v) for v in self._entries[i])
+                    for i in range(table.starts[k], table.starts[k + 1]):
+                        offset, size = table.offsets[i], table.sizes[i]
                         f.seek(offset)
                         head = f.read(min(size, _CHUNK_HEADER.size + IR_HEADER.size))
                         cflag, length = _chunk_header(head[:_CHUNK_HEADER.size], shard, offset, index=i)
@@ -272,8 +286,8 @@ class RecordIOSource:
         return self._labels
 
     def name(self, i: int) -> str:
-        i = check_index(i, len(self._entries))
-        return f"{self.shards[self._shard(i)]}:{int(self._entries[i, 0])}"
+        i = self._table.index(i)
+        return f"{self._table.path(i)}:{self._table.offsets[i]}"
 
     def __repr__(self) -> str:
         return f"RecordIOSource({len(self.shards)} files, {len(self)} records)"

@@ -42,6 +42,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import struct
 import zlib
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -51,15 +52,17 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import _protos
-from ._example import Extract, image_format, infer_spec, normalize_spec, parse_features, put, to_record, writer_spec
-from ._shards import CHUNK, read_exact, read_index_rows, resolve_indexes, resolve_shards
-from .base import Field, Location, Record, check_index
+from ._example import field_value, image_format, infer_spec, normalize_spec, parse_features, put, to_record, writer_spec
+from ._shards import CHUNK, RecordTable, read_exact, read_index_rows, resolve_indexes, resolve_shards
+from .base import Field, Location, Record
 
 HEADER = 12      # uint64 length + uint32 masked CRC of it
 FOOTER = 4       # uint32 masked CRC of the data
 FRAMING = HEADER + FOOTER
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
+_HEAD = struct.Struct("<QI")   # length, masked CRC of the length
+_FOOT = struct.Struct("<I")    # masked CRC of the data
 
 _COMPRESSIONS = ("auto", "none", "gzip", "zlib")
 
@@ -92,18 +95,22 @@ def unframe(raw: Any, path: str, offset: int, *, check_crc: bool = True, index: 
     """The data of one whole framed record ``raw`` (exactly one record), framing and CRCs checked; errors
     name ``path``, sample ``index`` and ``offset``."""
     mv = memoryview(raw)
-    if mv.ndim != 1 or mv.format not in ("B", "b", "c"):
+    if mv.ndim != 1 or mv.format != "B":
         mv = mv.cast("B")
-    if len(mv) < FRAMING:
-        raise CorruptRecordError(f"truncated record: {len(mv)} bytes, a record has at least {FRAMING}",
+    size = len(mv)
+    if size < FRAMING:
+        raise CorruptRecordError(f"truncated record: {size} bytes, a record has at least {FRAMING}",
                                  path=path, index=index, offset=offset)
-    length = _header_length(mv, path, offset, check_crc, index)
-    if length + FRAMING != len(mv):
+    length, length_crc = _HEAD.unpack_from(mv)
+    if check_crc and masked_crc(mv[:8]) != length_crc:
+        raise CorruptRecordError("bad length CRC in the record header (not a TFRecord, or corrupt)",
+                                 path=path, index=index, offset=offset)
+    if length + FRAMING != size:
         raise CorruptRecordError(f"record header says {length} data bytes but the index gives the record "
-                                 f"{len(mv)} bytes ({len(mv) - FRAMING} of data): index and data disagree",
+                                 f"{size} bytes ({size - FRAMING} of data): index and data disagree",
                                  path=path, index=index, offset=offset)
-    data = mv[HEADER:HEADER + length]
-    if check_crc and masked_crc(data) != int.from_bytes(mv[HEADER + length:], "little"):
+    data = mv[HEADER:size - FOOTER]
+    if check_crc and masked_crc(data) != _FOOT.unpack_from(mv, size - FOOTER)[0]:
         raise CorruptRecordError("bad data CRC", path=path, index=index, offset=offset)
     return data
 
@@ -276,13 +283,12 @@ class TFRecordSource:
         if self.streamed:
             if index is not None:
                 raise ConfigError("`index` cannot be used with compressed TFRecords (they are read streamed)")
-            self._entries = self._starts = None
+            self._table = None
         else:
             indexes = resolve_indexes(index, self.shards, lambda shard: shard + ".idx")
             tables = [read_index(idx, s) if idx else scan(s, check_crc=self.check_crc)
                       for s, idx in zip(self.shards, indexes)]
-            self._entries = np.concatenate(tables) if tables else np.zeros((0, 2), np.int64)
-            self._starts = np.cumsum([0] + [len(t) for t in tables])
+            self._table = RecordTable(self.shards, tables)
         first = self._first_record(sequence)
         self._spec = normalize_spec(features, first) if features is not None else \
             (infer_spec(first) if first is not None else {})
@@ -297,9 +303,9 @@ class TFRecordSource:
                 data = next((d for _, d in iter_stream(shard, self._compression[k], check_crc=self.check_crc)),
                             None)
                 offset = 0
-            elif self._starts[k + 1] > self._starts[k]:
-                offset = int(self._entries[self._starts[k], 0])
-                data = self._read_data(k, int(self._starts[k]))
+            elif self._table.starts[k + 1] > self._table.starts[k]:
+                offset = self._table.offsets[self._table.starts[k]]
+                data = self._read_data(k, self._table.starts[k])
             else:
                 continue
             if data is None:
@@ -317,7 +323,7 @@ class TFRecordSource:
         return None
 
     def _read_data(self, k: int, i: int) -> memoryview:
-        offset, size = (int(v) for v in self._entries[i])
+        offset, size = self._table.offsets[i], self._table.sizes[i]
         with open(self.shards[k], "rb") as f:
             f.seek(offset)
             raw = f.read(size)
@@ -332,19 +338,15 @@ class TFRecordSource:
     def __len__(self) -> int:
         if self.streamed:
             raise TypeError("a compressed (streamed) TFRecord source has no length until it is read")
-        return len(self._entries)
-
-    def _shard(self, i: int) -> int:
-        return int(np.searchsorted(self._starts, i, side="right")) - 1
+        return len(self._table)
 
     def locate(self, i: int) -> Location:
         self._seekable()
-        i = check_index(i, len(self._entries))
-        offset, size = self._entries[i]
-        return Location(self.shards[self._shard(i)], int(offset), int(size))
+        return self._table.location(i)
 
     def parse(self, i: int, raw: Any) -> Record:
-        path, offset = self.shards[self._shard(i)], int(self._entries[i, 0])
+        self._seekable()
+        path, offset = self._table.path(i), self._table.offsets[i]
         data = unframe(raw, path, offset, check_crc=self.check_crc, index=i)
         return to_record(parse_features(data, path, i, offset), self._spec, path, i, offset)
 
@@ -352,24 +354,25 @@ class TFRecordSource:
         """Every sample's label (int64, -1 without a label field): parses every record once, then cached."""
         self._seekable()
         if self._labels is None:
-            labels = np.full(len(self._entries), -1, dtype=np.int64)
+            table = self._table
+            labels = np.full(len(table), -1, dtype=np.int64)
             if "label" in self._spec:
                 key, field = self._spec["label"]
                 for k, shard in enumerate(self.shards):
                     with open(shard, "rb") as f:
-                        for i in range(int(self._starts[k]), int(self._starts[k + 1])):
-                            offset, size = (int(v) for v in self._entries[i])
+                        for i in range(table.starts[k], table.starts[k + 1]):
+                            offset, size = table.offsets[i], table.sizes[i]
                             f.seek(offset)
                             data = unframe(f.read(size), shard, offset, check_crc=self.check_crc, index=i)
                             fmap = parse_features(data, shard, i, offset)
-                            labels[i] = Extract(fmap, shard, i, offset).get(key, field)
+                            labels[i] = field_value(fmap, key, field, shard, i, offset)
             self._labels = labels
         return self._labels
 
     def name(self, i: int) -> str:
         self._seekable()
-        i = check_index(i, len(self._entries))
-        return f"{self.shards[self._shard(i)]}:{int(self._entries[i, 0])}"
+        i = self._table.index(i)
+        return f"{self._table.path(i)}:{self._table.offsets[i]}"
 
     # -- streamed (compressed) ---------------------------------------------------------------------
     def iter_shard(self, k: int, skip: int = 0) -> Iterator[tuple[str, Record]]:
