@@ -111,28 +111,33 @@ def _value(kind: str, view: memoryview, bad) -> Any:
 
 
 def decode(raw: Any, fields: Mapping[str, Field], *, path: str, key: str) -> dict[str, Any]:
-    """The declared fields' values of the framed record ``raw`` (any buffer)."""
-    view = memoryview(raw).cast("B")
+    """The declared fields' values of the framed record ``raw`` (any buffer); an image is a uint8 view."""
+    view = memoryview(raw)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
 
     def bad(message: str, offset: int | None = None) -> CorruptRecordError:
         return CorruptRecordError(message, path=path, index=key, offset=offset)
 
-    if bytes(view[:4]) != MAGIC:
+    if view[:4] != MAGIC:
         raise bad(f"not an ingest framed record (starts {bytes(view[:8])!r}, expected {MAGIC!r})")
-    at, values = 4, {}
+    at, size, values = 4, len(view), {}
     for name, field in fields.items():
-        if len(view) - at < _HEAD.size:
+        kind = field.kind
+        if size - at < _HEAD.size:
             raise bad(f"record ends before field {name!r}", at)
         code, length = _HEAD.unpack_from(view, at)
-        if code != KIND_CODES[field.kind]:
-            raise bad(f"field {name!r} is stored as kind code {code}, declared {field.kind!r} "
-                      f"({KIND_CODES[field.kind]})", at)
+        if code != KIND_CODES[kind]:
+            raise bad(f"field {name!r} is stored as kind code {code}, declared {kind!r} ({KIND_CODES[kind]})", at)
         at += _HEAD.size
-        if length > len(view) - at:
-            raise bad(f"field {name!r} claims {length} bytes, {len(view) - at} left", at)
-        values[name] = _value(field.kind, view[at:at + length],
-                              lambda msg, _at=at, _name=name: bad(f"field {_name!r}: {msg}", _at))
+        if length > size - at:
+            raise bad(f"field {name!r} claims {length} bytes, {size - at} left", at)
+        if kind == "image":
+            values[name] = np.frombuffer(view, dtype=np.uint8, count=length, offset=at)
+        else:
+            values[name] = _value(kind, view[at:at + length],
+                                  lambda msg, _at=at, _name=name: bad(f"field {_name!r}: {msg}", _at))
         at += length
-    if at != len(view):
-        raise bad(f"{len(view) - at} bytes after the last declared field", at)
+    if at != size:
+        raise bad(f"{size - at} bytes after the last declared field", at)
     return values

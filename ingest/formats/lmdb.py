@@ -34,6 +34,7 @@ same keys and values (`content_checksum`, also stored in ``__meta__`` and checke
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -344,17 +345,18 @@ class LMDBSource:
                                   f"({sorted(first.fields)} vs {sorted(db.fields)})", path=db.path)
         self.fields = dict(first.fields)
         self.classes = list(getattr(first, "classes", []))
-        self._starts = np.concatenate([[0], np.cumsum([db.count for db in self._dbs])]).astype(np.int64)
+        self._starts = [0, *np.cumsum([db.count for db in self._dbs]).tolist()]   # samples of LMDB k from here
         self._envs = ProcessLocal()   # this source's view of the shared environments (no lookup per read)
         self._labels: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return self._starts[-1]
 
     def _find(self, i: int) -> tuple[_Db, int, int]:
-        i = check_index(i, len(self))
-        k = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return self._dbs[k], k, i - int(self._starts[k])
+        if not (type(i) is int and 0 <= i < self._starts[-1]):
+            i = check_index(i, self._starts[-1])
+        k = bisect.bisect_right(self._starts, i) - 1 if len(self._dbs) > 1 else 0
+        return self._dbs[k], k, i - self._starts[k]
 
     def _get(self, k: int, keys: list[bytes]) -> list[bytes | None]:
         env = self._envs.get(k, lambda: environment(self._dbs[k].path))
@@ -365,6 +367,8 @@ class LMDBSource:
         db, k, j = self._find(i)
         keys = db.sample_keys(j)
         values = self._get(k, keys)
+        if len(keys) == 1 and values[0] is not None:
+            return Location(f"{db.path}:{self._key_name(db, j)}", data=values[0])
         locs = []
         for key, value in zip(keys, values):
             if value is None and db.layout != "columnar":
@@ -389,8 +393,8 @@ class LMDBSource:
                 if db.layout == "ingest":
                     parts.append(db.labels)
                 elif "label" in db.fields:
-                    parts.append(np.array([self.parse(int(self._starts[k]) + j,
-                                                      _unwrap(self.locate(int(self._starts[k]) + j))).label
+                    first = self._starts[k]
+                    parts.append(np.array([self.parse(first + j, _unwrap(self.locate(first + j))).label
                                            for j in range(db.count)], dtype=np.int64))
                 else:
                     parts.append(np.full(db.count, -1, dtype=np.int64))
@@ -398,6 +402,8 @@ class LMDBSource:
         return self._labels
 
     def _key_name(self, db: _Db, j: int) -> str:
+        if db.layout == "ingest":
+            return "%09d" % j   # the key b"%09d" % j, as text
         return db.sample_keys(j)[0].decode("ascii", "backslashreplace")
 
     def name(self, i: int) -> str:

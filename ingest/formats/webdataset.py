@@ -38,6 +38,7 @@ import json
 import os
 import tarfile
 import zlib
+from array import array
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -216,6 +217,41 @@ def infer_fields(samples: Sequence[Sequence[str]]) -> dict[str, tuple[str, ...]]
     return out
 
 
+class _Members:
+    """Which tar member each declared field of each sample reads, for every shard at once: per field a flat
+    `array.array` of global member numbers (-1: the sample lacks it), the members' byte ranges and
+    extensions, and each sample's shard, so ``locate``/``parse`` look values up instead of grouping a
+    sample's members on every call. Built with numpy from the shard indexes when the source opens."""
+
+    def __init__(self, indexes: Sequence[tarindex.TarIndex], exts: Mapping[str, tuple[str, ...]]):
+        counts = [len(ix) for ix in indexes]
+        self.starts = [0, *np.cumsum(counts).tolist()]          # samples of shard k: starts[k]:starts[k + 1]
+        self.shard_of = array("i", np.repeat(np.arange(len(indexes), dtype=np.intc), counts).tobytes())
+        self.exts = [e for ix in indexes for e in ix.exts]
+        self.offsets = array("q", np.concatenate([ix.offsets for ix in indexes]).astype(np.int64).tobytes())
+        self.sizes = array("q", np.concatenate([ix.sizes for ix in indexes]).astype(np.int64).tobytes())
+        ints = np.concatenate([ix.ints for ix in indexes]).astype(np.int64)
+        columns = {name: [] for name in exts}
+        base = 0
+        for ix in indexes:
+            sample_of = np.repeat(np.arange(len(ix)), np.diff(ix.starts))
+            names = np.array(ix.exts, dtype=object)
+            for name, alternatives in exts.items():
+                column = np.full(len(ix), -1, np.int64)
+                for ext in reversed(alternatives):   # the first alternative present wins
+                    found = np.flatnonzero(names == ext)
+                    column[sample_of[found]] = found + base
+                columns[name].append(column)
+            base += len(ix.exts)
+        merged = {name: np.concatenate(parts) for name, parts in columns.items()}
+        self.columns = {name: array("q", column.tobytes()) for name, column in merged.items()}
+        label = merged.get("label")
+        # A label the index holds is not read again, unless it is the only field.
+        known = np.full(len(self.shard_of), tarindex.NO_INT, np.int64) if label is None or len(exts) == 1 else \
+            np.where(label >= 0, ints[np.maximum(label, 0)], tarindex.NO_INT)
+        self.label_ints = array("q", known.tobytes())
+
+
 class WebDatasetSource:
     """Samples of WebDataset tar shards. ``path``: a tar file, a directory of them, a glob or a list.
     ``fields``: field name -> member extension(s) (None: inferred, see the module docstring).
@@ -240,8 +276,6 @@ class WebDatasetSource:
         self._indexes: list[tarindex.TarIndex] = []
         if not self.streamed:
             self._indexes = [tarindex.open_index(s, write=write_index, path=p) for s, p in zip(self.shards, indexes)]
-            counts = [len(ix) for ix in self._indexes]
-            self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         if fields is None:
             self._exts = infer_fields(self._first_samples())
         else:
@@ -249,6 +283,12 @@ class WebDatasetSource:
         if not self._exts:
             raise SourceError(f"no fields found in the first samples of {self.shards[0]!r}",
                               path=self.shards[0])
+        if not self.streamed:
+            self._members = _Members(self._indexes, self._exts)
+            # (field name, its member column, whether its bytes need no decoding: images, not gzipped)
+            self._plan = [(name, self._members.columns[name],
+                           kind_of(exts[0]) == "image" and not any(e.endswith(".gz") for e in exts))
+                          for name, exts in self._exts.items()]
         self.fields = {name: Field(kind_of(exts[0])) for name, exts in self._exts.items()}
         self._labels: np.ndarray | None = None
 
@@ -267,44 +307,49 @@ class WebDatasetSource:
     def __len__(self) -> int:
         if self.streamed:
             raise TypeError("a streamed WebDataset source has no length (see ingest.stream)")
-        return int(self._starts[-1])
+        return len(self._members.shard_of)
 
-    def _find(self, i: int) -> tuple[int, int]:
+    def _index(self, i: int) -> int:
         if self.streamed:
             raise TypeError("a streamed WebDataset source is read with iter_shard(), not at offsets")
-        i = check_index(i, len(self))
-        k = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return k, i - int(self._starts[k])
+        if type(i) is int and 0 <= i < len(self._members.shard_of):
+            return i
+        return check_index(i, len(self))
 
-    def _chosen(self, k: int, j: int) -> list[tuple[str, int | None, bool]]:
-        """For each declared field: (name, member number in the shard or None when missing, whether its bytes
-        are read). A label the index already holds is not read again, unless it is the only field."""
-        ix = self._indexes[k]
-        by_ext = {ix.exts[m]: m for m in ix.members(j)}
-        chosen = {name: next((by_ext[e] for e in exts if e in by_ext), None) for name, exts in self._exts.items()}
-        label = chosen.get("label")
-        indexed = len(chosen) > 1 and label is not None and ix.ints[label] != tarindex.NO_INT
-        return [(name, m, m is not None and not (indexed and name == "label")) for name, m in chosen.items()]
+    def _key(self, i: int) -> tuple[str, str]:
+        """(shard path, sample key) of sample ``i``."""
+        k = self._members.shard_of[i]
+        return self.shards[k], self._indexes[k].keys[i - self._members.starts[k]]
 
     def locate(self, i: int) -> tuple[Location, ...]:
-        k, j = self._find(i)
-        ix, path = self._indexes[k], self.shards[k]
-        return tuple(Location(path, int(ix.offsets[m]), int(ix.sizes[m])) for _, m, read in self._chosen(k, j)
-                     if read)
+        i = self._index(i)
+        mem = self._members
+        path, offsets, sizes = self.shards[mem.shard_of[i]], mem.offsets, mem.sizes
+        locs = []
+        for name, column, _ in self._plan:
+            m = column[i]
+            if m >= 0 and not (name == "label" and mem.label_ints[i] != tarindex.NO_INT):
+                locs.append(Location(path, offsets[m], sizes[m]))
+        return tuple(locs)
 
     def parse(self, i: int, raw: Any) -> Record:
-        k, j = self._find(i)
+        i = self._index(i)
+        mem = self._members
         raws = iter(raw if isinstance(raw, tuple) else (raw,))
-        ix = self._indexes[k]
         values = {}
-        for name, m, read in self._chosen(k, j):
-            if m is None:
-                raise self._missing(ix.keys[j], name, self.shards[k], i)
-            if not read:
-                values[name] = int(ix.ints[m])
-                continue
-            values[name] = decode_member(ix.exts[m], next(raws), path=self.shards[k],
-                                         where=f"member {ix.keys[j]}.{ix.exts[m]} at byte {ix.offsets[m]}")
+        for name, column, plain in self._plan:
+            m = column[i]
+            if m < 0:
+                path, key = self._key(i)
+                raise self._missing(key, name, path, i)
+            if name == "label" and mem.label_ints[i] != tarindex.NO_INT:
+                values[name] = mem.label_ints[i]
+            elif plain:
+                values[name] = next(raws)
+            else:
+                path, key = self._key(i)
+                values[name] = decode_member(mem.exts[m], next(raws), path=path,
+                                             where=f"member {key}.{mem.exts[m]} at byte {mem.offsets[m]}")
         return _record(values)
 
     def labels(self) -> np.ndarray:
@@ -313,26 +358,27 @@ class WebDatasetSource:
         if self._labels is None:
             labels = np.full(len(self), -1, dtype=np.int64)
             if "label" in self._exts:
-                for k, ix in enumerate(self._indexes):
-                    for j in range(len(ix)):
-                        m = next(m for name, m, _ in self._chosen(k, j) if name == "label")
-                        if m is not None:
-                            labels[self._starts[k] + j] = self._label_value(k, m)
+                mem = self._members
+                column = np.frombuffer(mem.columns["label"], np.int64)
+                ints = np.concatenate([ix.ints for ix in self._indexes]).astype(np.int64)
+                known = (column >= 0) & (ints[np.maximum(column, 0)] != tarindex.NO_INT)
+                labels[known] = ints[column[known]]
+                for i in np.flatnonzero((column >= 0) & ~known).tolist():
+                    labels[i] = self._label_value(i, column[i])
             self._labels = labels
         return self._labels
 
-    def _label_value(self, k: int, m: int) -> int:
-        ix = self._indexes[k]
-        if ix.ints[m] != tarindex.NO_INT:
-            return int(ix.ints[m])
-        with open(self.shards[k], "rb") as f:
-            f.seek(int(ix.offsets[m]))
-            data = f.read(int(ix.sizes[m]))
-        return decode_member(ix.exts[m], data, path=self.shards[k], where=f"label member at byte {ix.offsets[m]}")
+    def _label_value(self, i: int, m: int) -> int:
+        """The label member ``m`` of sample ``i`` read from its shard (one the scan did not hold)."""
+        mem, path = self._members, self.shards[self._members.shard_of[i]]
+        with open(path, "rb") as f:
+            f.seek(mem.offsets[m])
+            data = f.read(mem.sizes[m])
+        return decode_member(mem.exts[m], data, path=path, where=f"label member at byte {mem.offsets[m]}")
 
     def name(self, i: int) -> str:
-        k, j = self._find(i)
-        return f"{self.shards[k]}:{self._indexes[k].keys[j]}"
+        path, key = self._key(self._index(i))
+        return f"{path}:{key}"
 
     # -- streaming ---------------------------------------------------------------------------------
     def _stream_samples(self, k: int) -> Iterator[tuple[str, list[tuple[str, tarindex.Member]]]]:
