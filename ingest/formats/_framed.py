@@ -25,6 +25,7 @@ MAGIC = b"IGR1"
 KIND_CODES = {"image": 1, "pixels": 2, "int": 3, "float": 4, "ints": 5, "floats": 6, "text": 7, "bytes": 8,
               "array": 9}
 _HEAD = struct.Struct("<BQ")
+_INT = struct.Struct("<q")
 _LIST_DTYPES = {"ints": "<i8", "floats": "<f4"}
 
 
@@ -134,6 +135,8 @@ def decode(raw: Any, fields: Mapping[str, Field], *, path: str, key: str) -> dic
             raise bad(f"field {name!r} claims {length} bytes, {size - at} left", at)
         if kind == "image":
             values[name] = np.frombuffer(view, dtype=np.uint8, count=length, offset=at)
+        elif kind == "int" and length == _INT.size:
+            values[name] = _INT.unpack_from(view, at)[0]
         else:
             values[name] = _value(kind, view[at:at + length],
                                   lambda msg, _at=at, _name=name: bad(f"field {_name!r}: {msg}", _at))

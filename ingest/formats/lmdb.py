@@ -239,6 +239,10 @@ class _Db:
         else:
             self.fields = {"float_data": Field("array", dtype="float32"), "label": Field("int")}
 
+    def environment(self) -> Any:
+        """This LMDB's environment in this process."""
+        return environment(self.path)
+
     # -- per sample ------------------------------------------------------------------------------
     def sample_keys(self, i: int) -> list[bytes]:
         if self.layout == "ingest":
@@ -359,23 +363,23 @@ class LMDBSource:
         return self._dbs[k], k, i - self._starts[k]
 
     def _get(self, k: int, keys: list[bytes]) -> list[bytes | None]:
-        env = self._envs.get(k, lambda: environment(self._dbs[k].path))
+        env = self._envs.get(k, self._dbs[k].environment)
         with env.begin() as txn:   # values are copied out (bytes), valid after the transaction
             return [txn.get(key) if key else None for key in keys]
 
     def locate(self, i: int) -> Location | tuple[Location, ...]:
         db, k, j = self._find(i)
-        keys = db.sample_keys(j)
-        values = self._get(k, keys)
-        if len(keys) == 1 and values[0] is not None:
-            return Location(f"{db.path}:{self._key_name(db, j)}", data=values[0])
-        locs = []
-        for key, value in zip(keys, values):
-            if value is None and db.layout != "columnar":
+        if db.layout != "columnar":   # one key per sample
+            key = b"%09d" % j if db.layout == "ingest" else db.keys[j]
+            with self._envs.get(k, db.environment).begin() as txn:
+                value = txn.get(key)   # copied out (bytes), valid after the transaction
+            if value is None:
                 raise CorruptRecordError(f"key {key!r} is missing", path=db.path, index=i)
-            locs.append(Location(f"{db.path}:{key.decode('ascii', 'backslashreplace')}",
-                                 data=value if value is not None else b""))
-        return locs[0] if len(locs) == 1 else tuple(locs)
+            return Location(f"{db.path}:{key.decode('ascii', 'backslashreplace')}", data=value)
+        keys = db.sample_keys(j)   # columnar: one key per field, b"" (and so no value) where missing
+        locs = tuple(Location(f"{db.path}:{key.decode('ascii', 'backslashreplace')}", data=value or b"")
+                     for key, value in zip(keys, self._get(k, keys)))
+        return locs[0] if len(locs) == 1 else locs
 
     def parse(self, i: int, raw: Any) -> Record:
         db, _, j = self._find(i)
