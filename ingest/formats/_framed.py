@@ -134,7 +134,7 @@ def decode(raw: Any, fields: Mapping[str, Field], *, path: str, key: str) -> dic
         if length > size - at:
             raise bad(f"field {name!r} claims {length} bytes, {size - at} left", at)
         if kind == "image":
-            values[name] = np.frombuffer(view, dtype=np.uint8, count=length, offset=at)
+            values[name] = np.frombuffer(view, np.uint8, length, at)   # positional: keywords parse slowly
         elif kind == "int" and length == _INT.size:
             values[name] = _INT.unpack_from(view, at)[0]
         else:

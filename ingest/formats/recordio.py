@@ -44,6 +44,7 @@ MAGIC = 0xCED7230A
 _MAGIC_BYTES = MAGIC.to_bytes(4, "little")
 _CHUNK_HEADER = struct.Struct("<II")
 IR_HEADER = struct.Struct("<IfQQ")   # flag, label, id, id2
+_FIRST = struct.Struct("<IIIfQQ")    # a chunk header and the IRHeader after it
 _LEN_MASK = (1 << 29) - 1
 MAX_LENGTH = _LEN_MASK               # a chunk holds at most 2**29 - 1 bytes
 
@@ -191,12 +192,15 @@ def unpack(data: Any, path: str, index: Any, offset: int) -> Record:
     if start == len(data):
         raise CorruptRecordError("record holds no image bytes after its IRHeader", path=path, index=index,
                                  offset=offset)
-    if flag:
-        labels = np.frombuffer(data, dtype="<f4", count=flag, offset=IR_HEADER.size).astype(np.float32)
-    else:
-        labels = np.array((label,), dtype=np.float32)
+    labels = np.frombuffer(data, "<f4", flag, IR_HEADER.size).astype(np.float32) if flag else None
+    return _record(np.frombuffer(data, np.uint8, -1, start), flag, label, rid, labels)
+
+
+def _record(image: np.ndarray, flag: int, label: float, rid: int, labels: np.ndarray | None) -> Record:
+    """The `Record` of a checked payload: ``labels`` holds the ``flag`` float labels (None when flag is 0)."""
+    if labels is None:
+        labels = np.array((label,), np.float32)
     rid -= (rid >> 63) << 64   # the uint64 id seen as int64
-    image = np.frombuffer(data, dtype=np.uint8, offset=start)
     return Record(image, _class_label(flag, label), {"label_values": labels, "id": rid})
 
 
@@ -256,9 +260,17 @@ class RecordIOSource:
         return self._table.location(i)
 
     def parse(self, i: int, raw: Any) -> Record:
+        buf = memoryview(raw)
+        if buf.ndim != 1 or buf.format != "B":
+            buf = buf.cast("B")
+        if len(buf) > _FIRST.size:   # the common record: one unsplit chunk, one label, then the image
+            magic, lrec, flag, label, rid, _ = _FIRST.unpack_from(buf)
+            end = _CHUNK_HEADER.size + lrec
+            if magic == MAGIC and lrec <= _LEN_MASK and _FIRST.size < end <= len(buf) and flag == 0:
+                return _record(np.frombuffer(buf, np.uint8, end - _FIRST.size, _FIRST.size), 0, label, rid, None)
         table = self._table
-        path, offset = table.path(i), table.offsets[i]
-        data = single_chunk(raw)
+        path, offset = table.shards[table.shard_of[i]], table.offsets[i]
+        data = single_chunk(buf)
         if data is None:
             data, _ = unchunk(raw, path, offset, i)
         return unpack(data, path, i, offset)
