@@ -211,28 +211,22 @@ def parse_features(data: Any, path: str, index: Any, offset: int) -> Any:
 _ONE_VALUE = {"image": "bytes_list", "bytes": "bytes_list", "int": "int64_list", "float": "float_list"}
 
 
-def _one_value(fmap: Any, key: str, kind: str) -> Any:
-    """The value of a one-value feature in the common well-formed case (a non-empty image, bytes, an int or a
-    float: exactly one value in the list of its kind), else None. A oneof holds one list at most, so one value
-    in the list asked for also proves the feature's type; any other case takes `Extract`'s path, which reads
-    it or names the problem."""
-    feat = fmap.get(key)
-    if feat is None:
-        return None
-    vals = getattr(feat, _ONE_VALUE[kind]).value
-    if len(vals) != 1:
-        return None
-    value = vals[0]
-    return None if kind == "image" and not value else value
-
-
 def field_value(fmap: Any, key: str, field: Field, path: str, index: Any, offset: int) -> Any:
     """The value of ``field`` (feature ``key``) in a record's feature map; errors name path, sample, offset
-    and key."""
-    value = _one_value(fmap, key, field.kind) if field.kind in _ONE_VALUE else None
-    if value is None:
-        value = Extract(fmap, path, index, offset).get(key, field)
-    return value
+    and key. The common well-formed one-value feature (a non-empty image, bytes, an int or a float: exactly
+    one value in the list of its kind) is read directly: a oneof holds one list at most, so one value in the
+    list asked for also proves the feature's type. Every other case takes `Extract`'s path, which reads it
+    or names the problem."""
+    kind = field.kind
+    if kind in _ONE_VALUE:
+        feat = fmap.get(key)
+        if feat is not None:
+            vals = getattr(feat, _ONE_VALUE[kind]).value
+            if len(vals) == 1:
+                value = vals[0]
+                if value or kind != "image":
+                    return value
+    return Extract(fmap, path, index, offset).get(key, field)
 
 
 def to_record(fmap: Any, spec: Mapping[str, tuple[str, Field]], path: str, index: Any, offset: int) -> Record:

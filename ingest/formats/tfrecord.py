@@ -345,8 +345,10 @@ class TFRecordSource:
         return self._table.location(i)
 
     def parse(self, i: int, raw: Any) -> Record:
-        self._seekable()
-        path, offset = self._table.path(i), self._table.offsets[i]
+        table = self._table
+        if table is None:
+            self._seekable()
+        path, offset = table.shards[table.shard_of[i]], table.offsets[i]
         data = unframe(raw, path, offset, check_crc=self.check_crc, index=i)
         return to_record(parse_features(data, path, i, offset), self._spec, path, i, offset)
 
