@@ -350,10 +350,13 @@ def test_corrupt_gzip_streams(shard, tmp_path):
 
 @pytest.mark.realworld
 def test_realworld_object_detection_record():
-    src = TFRecordSource(realworld("tfrecord") / "test.record")
+    path = realworld("tfrecord") / "test.record"
+    assert {"image", "boxes", "categories"} == set(TFRecordSource(path).fields)   # the OD API layout inferred
+    keys = ["image/width", "image/height", "image/object/class/label"] + \
+        [f"image/object/bbox/{k}" for k in ("xmin", "ymin", "xmax", "ymax")]
+    src = TFRecordSource(path, features={"image": "image/encoded", **{k: k for k in keys}})   # the raw keys
     check_format(src)
     assert len(src) == 40
-    assert {"image", "image/object/bbox/xmin", "image/object/class/label", "image/height"} <= set(src.fields)
     for name, rec in iter_records(src):
         with Image.open(io.BytesIO(rec.image)) as im:
             assert im.format == "JPEG"

@@ -24,6 +24,18 @@ LABEL_KEYS = ("image/class/label", "label", "image/label", "class", "cls", "targ
 #: Feature keys `TFRecordWriter` uses for the two special fields (others: the field name).
 WRITE_KEYS = {"image": "image/encoded", "label": "image/class/label"}
 _PIXELS_KEY = "image/raw"
+#: The TensorFlow Object Detection API layout of a detection sample: the per-object coordinates, normalized
+#: to [0, 1] by ``image/width`` and ``image/height``, in the order of an ltrb box.
+OD_BOX_KEYS = ("image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax", "image/object/bbox/ymax")
+OD_SIZE_KEYS = ("image/height", "image/width")
+#: The spec key of the 'boxes' field read from (written to) `OD_BOX_KEYS` and `OD_SIZE_KEYS`.
+OD_BOXES = "image/object/bbox"
+#: The image id: a decimal string, as the OD API's ``create_coco_tf_record`` writes it.
+OD_SOURCE_ID = "image/source_id"
+OD_CLASS_TEXT = "image/object/class/text"
+#: Detection fields -> their OD API keys (the names `CocoSource` gives its fields).
+OD_KEYS = {"boxes": OD_BOXES, "categories": "image/object/class/label", "iscrowd": "image/object/is_crowd",
+           "area": "image/object/area", "image_id": OD_SOURCE_ID}
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
 _LIST = {"image": "bytes_list", "pixels": "bytes_list", "text": "bytes_list", "bytes": "bytes_list",
          "int": "int64_list", "ints": "int64_list", "float": "float_list", "floats": "float_list"}
@@ -92,7 +104,10 @@ def infer_spec(first: Any) -> dict[str, tuple[str, Field]]:
         if kinds.get(key) == "int64_list" and one(key):
             spec["label"] = (key, Field("int"))
             break
+    spec.update(_infer_detection(kinds, first))
     taken = {key for key, _ in spec.values()}
+    if "boxes" in spec:
+        taken |= set(OD_BOX_KEYS) | set(OD_SIZE_KEYS)
     siblings = {k + suffix for k in shaped for suffix in ("/shape", "/dtype")}
     for key, kind in sorted(kinds.items()):
         if key in taken or key in siblings:
@@ -103,6 +118,26 @@ def infer_spec(first: Any) -> dict[str, tuple[str, Field]]:
             spec[key] = (key, Field("floats"))
         elif key in shaped:
             spec[key] = (key, Field("array" if key + "/dtype" in kinds else "pixels"))
+    return spec
+
+
+def _infer_detection(kinds: Mapping[str, str], first: Any) -> dict[str, tuple[str, Field]]:
+    """The detection fields of a record in the Object Detection API layout (none without ``bbox/xmin``):
+    boxes, categories, iscrowd and area where their keys are present, image_id where ``image/source_id``
+    holds a decimal id (some writers put a file name there)."""
+    def holds(key: str, list_kind: str) -> bool:   # an image without objects may hold empty, untyped lists
+        return key in kinds and kinds[key] in (list_kind, None)
+
+    if not all(holds(k, "float_list") for k in OD_BOX_KEYS) or any(kinds.get(k) != "int64_list" for k in OD_SIZE_KEYS):
+        return {}
+    spec = {"boxes": (OD_BOXES, Field("array", dtype="float32"))}
+    for name, kind, list_kind in (("categories", "ints", "int64_list"), ("iscrowd", "ints", "int64_list"),
+                                  ("area", "floats", "float_list")):
+        if holds(OD_KEYS[name], list_kind):
+            spec[name] = (OD_KEYS[name], Field(kind))
+    ids = first[OD_SOURCE_ID].bytes_list.value if kinds.get(OD_SOURCE_ID) == "bytes_list" else ()
+    if len(ids) == 1 and bytes(ids[0]).isdigit():
+        spec["image_id"] = (OD_SOURCE_ID, Field("int"))
     return spec
 
 
@@ -157,6 +192,13 @@ class Extract:
 
     def get(self, key: str, field: Field) -> Any:
         kind = field.kind
+        if key == OD_BOXES:
+            return self.od_boxes()
+        if key == OD_SOURCE_ID and kind == "int":
+            text = bytes(self.single(key, "bytes_list"))
+            if not text.isdigit():
+                raise self.error(key, f"{text[:40]!r} is not an integer image id")
+            return int(text)
         if kind in ("image", "bytes"):
             value = bytes(self.single(key, "bytes_list"))
             if kind == "image" and not value:
@@ -177,6 +219,16 @@ class Extract:
                 raise self.error(key, f"holds {arr.size} values, expected {field.shape[0]}")
             return arr
         return self.array(key, field)
+
+    def od_boxes(self) -> np.ndarray:
+        """``[N, 4]`` float32 ltrb boxes in pixels from the normalized OD API coordinates."""
+        coords = [np.asarray(self.values(k, "float_list")[1], dtype=np.float64) for k in OD_BOX_KEYS]
+        if len({len(c) for c in coords}) != 1:
+            raise self.error(OD_BOXES, f"coordinate lists of different lengths {[len(c) for c in coords]}")
+        height, width = (int(self.single(k, "int64_list")) for k in OD_SIZE_KEYS)
+        if height <= 0 or width <= 0:
+            raise self.error("image/height", f"image size {height}x{width} cannot scale normalized boxes")
+        return (np.stack(coords, axis=1).reshape(-1, 4) * (width, height, width, height)).astype(np.float32)
 
     def array(self, key: str, field: Field) -> np.ndarray:
         if field.kind == "pixels" or self.values(key, None)[0] == "bytes_list":
@@ -250,9 +302,13 @@ def writer_spec(fields: Mapping[str, Field], keys: Mapping[str, str] | None = No
     if unknown:
         raise ConfigError(f"`keys` names fields that are not declared: {sorted(unknown)}")
 
+    detection = "boxes" in fields and fields["boxes"].kind == "array" and "image" in fields
+
     def default(name: str, field: Field) -> str:
         if name == "image" and field.kind == "pixels":
             return _PIXELS_KEY
+        if detection and name in OD_KEYS:
+            return OD_KEYS[name]
         return WRITE_KEYS.get(name, name)
 
     return {name: (keys.get(name) or default(name, field), field) for name, field in fields.items()}
@@ -263,7 +319,9 @@ def put(fmap: Any, key: str, field: Field, value: Any) -> None:
     kind = field.kind
     if value is None:
         raise ConfigError(f"field for key {key!r} is None")
-    if kind in ("image", "bytes"):
+    if key == OD_SOURCE_ID and kind == "int":
+        fmap[key].bytes_list.value.append(str(int(value)).encode("ascii"))
+    elif kind in ("image", "bytes"):
         fmap[key].bytes_list.value.append(bytes(value))
     elif kind == "text":
         fmap[key].bytes_list.value.append(str(value).encode("utf-8"))
@@ -280,3 +338,21 @@ def put(fmap: Any, key: str, field: Field, value: Any) -> None:
         fmap[key + "/shape"].int64_list.value.extend(arr.shape)
         if kind == "array":
             fmap[key + "/dtype"].bytes_list.value.append(arr.dtype.name.encode("ascii"))
+
+
+def put_boxes(fmap: Any, boxes: Any, size: tuple[int, int], box_format: str, relative: bool) -> None:
+    """Set the OD API box features of ``boxes`` ([N, 4], ``box_format`` 'ltrb' or 'xywh', in pixels or,
+    ``relative``, divided by the image's width and height) for an image of ``size`` (height, width)."""
+    b = np.array(boxes, dtype=np.float64)
+    if b.size % 4 or (b.ndim != 2 and b.size):
+        raise ConfigError(f"boxes must have shape [N, 4], got {b.shape}")
+    b = b.reshape(-1, 4)
+    if box_format == "xywh":
+        b[:, 2:] += b[:, :2]
+    height, width = size
+    if not relative:
+        b /= (width, height, width, height)
+    for k, key in enumerate(OD_BOX_KEYS):
+        fmap[key].float_list.value.extend(b[:, k].tolist())
+    fmap["image/height"].int64_list.value.append(height)
+    fmap["image/width"].int64_list.value.append(width)

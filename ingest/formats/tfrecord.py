@@ -30,6 +30,15 @@ length: one record says nothing about the others). Byte-string features other th
 inferred (a single record cannot tell one string from a per-object list): name them in a spec.
 A missing feature or one of the wrong type is a `CorruptRecordError` naming the file, offset and key.
 
+**Detection** (the TensorFlow Object Detection API layout): a record holding ``image/object/bbox/xmin``,
+``ymin``, ``xmax``, ``ymax`` (floats normalized to [0, 1]) and ``image/height``/``image/width`` is read with a
+``boxes`` field: ``[N, 4]`` float32 ltrb boxes in pixels (the source says ``box_format = "ltrb"``,
+``relative = False``, so the pipeline's box-aware ops move them), ``categories`` from
+``image/object/class/label``, ``iscrowd`` from ``image/object/is_crowd``, ``area`` from ``image/object/area``
+where present, and ``image_id`` from ``image/source_id`` when that holds a decimal id (the OD API's COCO
+converter writes it so; other writers put a file name there, which is then not read). Name the raw keys in
+a spec to read them as they are. `TFRecordWriter` writes this layout for a sample with a ``boxes`` field.
+
 ``tf.train.SequenceExample`` files: their context features are read with ``sequence=True`` (the feature
 lists are not read); without it, such a file raises `SourceError` saying so.
 
@@ -48,11 +57,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import crc32c
 import numpy as np
+from PIL import Image
 from google.protobuf.message import DecodeError as ProtoDecodeError
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import _protos
-from ._example import field_value, image_format, infer_spec, normalize_spec, parse_features, put, to_record, writer_spec
+from ._example import (OD_BOXES, OD_CLASS_TEXT, field_value, image_format, infer_spec, normalize_spec, parse_features,
+                       put, put_boxes, to_record, writer_spec)
 from ._shards import CHUNK, RecordTable, read_exact, read_index_rows, resolve_indexes, resolve_shards
 from .base import Field, Location, Record
 
@@ -293,6 +304,8 @@ class TFRecordSource:
         self._spec = normalize_spec(features, first) if features is not None else \
             (infer_spec(first) if first is not None else {})
         self.fields = {name: field for name, (_, field) in self._spec.items()}
+        if self._spec.get("boxes", ("",))[0] == OD_BOXES:   # Object Detection API boxes read as ltrb pixels
+            self.box_format, self.relative = "ltrb", False
         self._labels: np.ndarray | None = None
 
     def _first_record(self, sequence: bool) -> Any:
@@ -399,16 +412,25 @@ class TFRecordWriter:
 
     Feature keys: ``keys`` maps field names to keys; by default 'image' -> ``image/encoded`` (plus
     ``image/format``; pixels -> ``image/raw`` plus ``image/raw/shape``), 'label' -> ``image/class/label``,
-    any other field -> its name. Kinds map to lists as `TFRecordSource` reads them: int/ints -> int64_list,
+    any other field -> its name; with an image and a ``boxes`` array, the detection fields take the Object
+    Detection API keys (module docstring): the boxes, in ``box_format`` ('ltrb' or 'xywh', in pixels or,
+    ``relative``, divided by the image size) are written as ltrb coordinates normalized by the image's
+    stored size (its header's, or a pixel array's shape) with ``image/height`` and ``image/width``,
+    ``image_id`` as the decimal string ``image/source_id`` and, given ``classes``, each category's name as
+    ``image/object/class/text`` (its id where ``classes`` has no name for it). Kinds map to lists as `TFRecordSource` reads them: int/ints -> int64_list,
     float/floats -> float_list, image/bytes/text -> one bytes value, pixels/array -> the raw little-endian
     bytes plus ``<key>/shape`` (and ``<key>/dtype`` for arrays). Maps are serialized deterministically, so
     the same records give the same bytes. `writer_spec` gives the ``features`` spec that reads them back.
     """
 
     def __init__(self, directory: str | os.PathLike, stem: str, fields: Mapping[str, Field], *,
-                 keys: Mapping[str, str] | None = None, compression: str | None = None):
+                 keys: Mapping[str, str] | None = None, compression: str | None = None,
+                 classes: Sequence[str] = (), box_format: str = "ltrb", relative: bool = False):
         if compression not in (None, "gzip"):
             raise ConfigError(f"Unknown compression {compression!r}. Available: None, gzip")
+        if box_format not in ("ltrb", "xywh"):
+            raise ConfigError(f"`box_format` must be 'ltrb' or 'xywh', got {box_format!r}")
+        self.classes, self.box_format, self.relative = [str(c) for c in classes], box_format, bool(relative)
         bad = [n for n, f in fields.items() if not isinstance(f, Field)]
         if bad:
             raise ConfigError(f"fields must map names to Field, got {bad}")
@@ -431,13 +453,24 @@ class TFRecordWriter:
                 value = record.get(name)
             except KeyError:
                 raise ConfigError(f"record has no field {name!r} (declared: {sorted(self.fields)})") from None
+            if self._keys[name] == OD_BOXES:
+                put_boxes(fmap, value, _image_size(record.image, self.fields["image"].kind),
+                          self.box_format, self.relative)
+                continue
             put(fmap, self._keys[name], field, value)
+            if self.classes and name == "categories" and self._keys[name] == "image/object/class/label":
+                fmap[OD_CLASS_TEXT].bytes_list.value.extend(self._class_text(value))
             if name == "image" and field.kind == "image" and self._keys[name] == "image/encoded":
                 fmap["image/format"].bytes_list.value.append(image_format(bytes(value[:12])))
         data = frame(example.SerializeToString(deterministic=True))
         self._file.write(data)
         self._entries.append((self._offset, len(data)))
         self._offset += len(data)
+
+    def _class_text(self, categories: Any) -> list[bytes]:
+        """The class name of each category id (the id itself where ``classes`` has no name for it)."""
+        ids = np.atleast_1d(np.asarray(categories, dtype=np.int64)).tolist()
+        return [(self.classes[c] if 0 <= c < len(self.classes) else str(c)).encode("utf-8") for c in ids]
 
     def close(self) -> list[str]:
         """Finish the shard (and write its index); returns the file names written."""
@@ -451,3 +484,16 @@ class TFRecordWriter:
 
     def _written(self) -> list[str]:
         return [self._name] if self._compressed else [self._name, self._name + ".idx"]
+
+
+def _image_size(image: Any, kind: str) -> tuple[int, int]:
+    """``(height, width)`` of a record's image as stored (pixels: its array; encoded: the header's size, EXIF
+    orientation not applied, as COCO's and the OD API's image sizes are), to normalize its boxes."""
+    if kind == "pixels":
+        shape = np.shape(image)
+        return int(shape[0]), int(shape[1])
+    try:
+        with Image.open(io.BytesIO(bytes(image))) as img:
+            return img.height, img.width
+    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        raise ConfigError(f"cannot read the size of the image to normalize its boxes: {err}") from None

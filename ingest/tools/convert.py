@@ -241,8 +241,11 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
     fields = _output_fields(transform.fields(fields_of(view.source)), drop_fields)
     classes = [str(c) for c in view.source.classes]
     options = _check_options(writer, f"{to} writer", dict(writer_options or {}))
-    if "classes" in inspect.signature(writer).parameters and "classes" not in options:
-        options["classes"] = classes
+    described = {"classes": classes, "box_format": getattr(view.source, "box_format", "ltrb"),
+                 "relative": bool(getattr(view.source, "relative", False))}   # what a writer may need to know
+    for name, value in described.items():
+        if name in inspect.signature(writer).parameters and name not in options:
+            options[name] = value
     with tempfile.TemporaryDirectory() as scratch:   # a writer refusing these fields fails here, not in a job
         writer(scratch, "probe", fields, **options).close()
     if not sharded:
