@@ -134,3 +134,21 @@ def test_realworld_object_detection_record_gives_boxes():
         assert (boxes >= 0).all() and (boxes[:, 2] <= w + 1e-3).all() and (boxes[:, 3] <= h + 1e-3).all()
         assert boxes[:, 2].max() > 1 and set(rec.fields["categories"].tolist()) == {1}
 
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])   # RecordIO refuses these fields, by name
+def test_formats_that_store_boxes_as_given_keep_their_box_format(tmp_path, fmt):
+    """A COCO xywh source packed where box values are stored as they are reads back as xywh (the manifest
+    says so), so the box-aware ops move the boxes the same as from the JSON."""
+    import ingest
+    from ingest.ops import Flip
+    from ingest.tools.cli import main
+    path = _coco(tmp_path)
+    assert main(["convert", str(path), str(tmp_path / fmt), "--to", fmt, "-s", f"images={tmp_path / 'img'}",
+                 "-q"]) == 0
+    packed = open_source(tmp_path / fmt)
+    assert (packed.box_format, packed.relative) == ("xywh", False)
+    kw = dict(batch_size=3, output="dict", ops=[Flip(p=1.0)])
+    a = next(iter(ingest.Loader(CocoSource(path, images=tmp_path / "img", cache=False), **kw)))
+    b = next(iter(ingest.Loader(tmp_path / fmt, **kw)))
+    assert np.allclose(a["boxes"].numpy(), b["boxes"].numpy(), atol=1e-3)

@@ -114,11 +114,14 @@ def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
     fmt = format or detect(path)
     source = reader_class(fmt)(path, **options)
     manifest = os.path.join(os.fspath(path), MANIFEST) if isinstance(path, (str, os.PathLike)) else None
-    if manifest and os.path.isfile(manifest) and not list(getattr(source, "classes", ()) or ()):
-        with open(manifest) as f:   # the converter keeps the class names where the format has no place
-            classes = json.load(f).get("classes") or []
-        if classes:
-            source.classes = list(classes)
+    if manifest and os.path.isfile(manifest):
+        with open(manifest) as f:   # the converter keeps what the format has no place for
+            meta = json.load(f)
+        if meta.get("classes") and not list(getattr(source, "classes", ()) or ()):
+            source.classes = list(meta["classes"])
+        if meta.get("boxes") and "boxes" in fields_of(source):   # how the stored box values read (xywh, relative)
+            source.box_format = meta["boxes"]["box_format"]
+            source.relative = bool(meta["boxes"]["relative"])
     return source
 
 

@@ -265,6 +265,9 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
                           "drop_fields": sorted(drop_fields), "reader": _jsonable(source_options),
                           "writer": _jsonable({k: v for k, v in options.items() if k != "classes"})},
               "fields": manifest.fields_json(fields), "classes": classes}
+    if "boxes" in fields and "box_format" not in inspect.signature(writer).parameters:
+        # The format stores box values as they are: say how to read them (open_source applies it).
+        header["boxes"] = {k: described[k] for k in ("box_format", "relative")}
     job = Job(view, to, fields, options, transform, os.path.join(os.path.abspath(dst), TMP_DIR), stop_on_failure)
     return Plan(job, stems, ranges, header)
 
