@@ -47,8 +47,8 @@ from .sampler import BatchPlan
 log = logging.getLogger("ingest")
 
 DECODE = ("mixed", "cpu")
-STAGES = ("read", "decode", "ops")
-PER_BOX = ("categories", "labels", "iscrowd", "area", "scores")  # what Pipeline.read, .decode and .transform do, in order
+STAGES = ("read", "decode", "ops")  # what Pipeline.read, .decode and .transform do, in order
+PER_BOX = ("categories", "labels", "iscrowd", "area", "scores")  # per-box fields pruned with their boxes
 
 
 @dataclass
@@ -81,6 +81,7 @@ class _Work:
     failed: list[int] = field(default_factory=list)   # positions whose decode failed (dummy image in place)
     ready: torch.cuda.Event | None = None
     labels: np.ndarray | None = None                  # the batch's labels when known without records
+    boxes: list[np.ndarray] | None = None             # each sample's boxes as absolute ltrb (detection)
 
 
 class Failures:
@@ -273,10 +274,9 @@ class Pipeline:
         if work.records:
             # One generator per sample still in the batch, keyed by (seed, epoch, dataset index).
             rngs = replace(work.plan, indices=work.indices, is_pad=work.is_pad).sample_rngs()
-            boxes = None
-            if self.box_ops:
-                boxes = [self._to_ltrb(r.fields["boxes"], size) for r, size in zip(work.records, sizes)]
-            work.ops_plan = planner.plan(self.ops, sizes, rngs, boxes=boxes)
+            if self.boxes:
+                work.boxes = [self._to_ltrb(r.fields["boxes"], size) for r, size in zip(work.records, sizes)]
+            work.ops_plan = planner.plan(self.ops, sizes, rngs, boxes=work.boxes if self.box_ops else None)
         return work
 
     # -- stage 2: decode ----------------------------------------------------------------------
@@ -385,7 +385,7 @@ class Pipeline:
         values = [r.fields for r in work.records]
         if not self.boxes or work.ops_plan is None:
             return values
-        ltrb = [dict(v, boxes=self._to_ltrb(v["boxes"], size)) for v, size in zip(values, work.sizes)]
+        ltrb = [dict(v, boxes=b) for v, b in zip(values, work.boxes)]
         if "masks" in self.extra_fields and self.device.type == "cuda":
             for v in ltrb:
                 v["masks"] = torch.as_tensor(v["masks"]).to(self.device, non_blocking=True)
