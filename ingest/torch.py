@@ -15,7 +15,7 @@ from . import defaults
 from .errors import ConfigError
 from .formats import detect, open_source
 from .formats.base import Location, Record, Source, check_index, fields_of
-from .formats.filetree import IMAGE_EXTENSIONS, FileTree
+from .formats.filetree import IMAGE_EXTENSIONS
 from .formats.memory import MemorySource
 from .pipeline import STAGES, Batch, Executor, Failures, Pipeline, StageStats, resolve_device
 from .sampler import BatchPlan, Sampler
@@ -73,8 +73,10 @@ class Loader:
         self._stream = None
         if _is_path(source):
             fmt = format or detect(source)
-            source = FileTree(source, extensions=extensions) if fmt == "filetree" and not reader_options else \
-                open_source(source, fmt, **(reader_options or {}))
+            options = dict(reader_options or {})
+            if fmt == "filetree":
+                options.setdefault("extensions", extensions)
+            source = open_source(source, fmt, **options)
         elif format is not None or reader_options is not None:
             raise ConfigError("`format` and `reader_options` apply when `source` is a path; got a "
                               f"{type(source).__name__}")
