@@ -401,7 +401,7 @@ def test_pixels_image_and_classes_from_a_converter_manifest(tmp_path):
     pixels = textured(5, 7, seed=3)
     write_shard(tmp_path, "s", [Record(pixels, 1), Record(pixels[::-1].copy(), 0)], fields=fields)
     (tmp_path / "manifest.json").write_text('{"format": "wds", "classes": ["cat", "dog"]}')
-    src = WebDatasetSource(tmp_path)
+    src = open_source(tmp_path)
     check_format(src)
     assert src.classes == ["cat", "dog"] and src._exts["image"] == ("png",)   # pixels stored as PNG
     from PIL import Image

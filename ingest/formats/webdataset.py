@@ -34,7 +34,6 @@ from __future__ import annotations
 import glob
 import gzip
 import io
-import json
 import os
 import tarfile
 import zlib
@@ -44,7 +43,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
-from . import MANIFEST, tarindex
+from . import tarindex
 from .base import Field, Location, Record, check_index
 from .filetree import image_extension
 
@@ -102,18 +101,6 @@ def _gzipped(shard: str) -> bool:
     """True for a gzip-compressed shard, by its magic bytes (whatever its name says)."""
     with open(shard, "rb") as f:
         return f.read(2) == b"\x1f\x8b"
-
-
-def _manifest_classes(path: Any) -> list[str]:
-    """Class names from the manifest `ingest convert` writes beside its shards (tars have no place for them)."""
-    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
-        return []
-    try:
-        with open(os.path.join(path, MANIFEST)) as f:
-            classes = json.load(f).get("classes", [])
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [str(c) for c in classes] if isinstance(classes, list) else []
 
 
 def gunzip(data: bytes, *, path: str, where: str) -> bytes:
@@ -272,7 +259,7 @@ class WebDatasetSource:
         if stream is False and any(gzipped):
             raise ConfigError("gzipped tars cannot be read at offsets; leave `stream` unset or True")
         self.streamed = bool(stream) or any(gzipped)
-        self.classes = _manifest_classes(path)
+        self.classes: list[str] = []   # tars hold none; open_source takes a converter manifest's
         self._indexes: list[tarindex.TarIndex] = []
         if not self.streamed:
             self._indexes = [tarindex.open_index(s, write=write_index, path=p) for s, p in zip(self.shards, indexes)]
