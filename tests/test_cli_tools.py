@@ -174,3 +174,9 @@ def test_inspect_an_annotation_file(capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     assert "annotations: 16 images, 197 annotations, 80 categories, 1 crowd" in out
     assert "objects per category: person 33" in out and "jpg 16" in out
+
+
+def test_an_unknown_reader_option_is_one_line(tf_dir, capsys):
+    assert main(["inspect", str(tf_dir), "-s", "bogus=1"]) == 2
+    err = capsys.readouterr().err
+    assert "has no option 'bogus'" in err and "Traceback" not in err

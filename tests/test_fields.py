@@ -313,3 +313,8 @@ def test_converted_datasets_keep_their_class_names(image_folder, tmp_path):
         assert main(["convert", str(image_folder), str(tmp_path / fmt), "--to", fmt]) == 0
         loader = ingest.Loader(tmp_path / fmt, batch_size=4)
         assert list(loader.source.classes) == ["cat", "dog", "emu"], fmt
+
+
+def test_an_unknown_reader_option_names_the_valid_ones(image_folder):
+    with pytest.raises(ConfigError, match="filetree reader has no option 'bogus'. Available: extensions"):
+        ingest.Loader(image_folder, batch_size=2, reader_options={"bogus": 1})

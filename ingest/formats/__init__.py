@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import inspect
 import json
 import os
 from typing import Any, Sequence
@@ -108,11 +109,23 @@ def detect(path: str | os.PathLike | Sequence[str]) -> str:
     return fmt
 
 
+def check_options(cls: type, what: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` checked against the keyword-only arguments of ``cls`` (unknown names are refused)."""
+    params = inspect.signature(cls).parameters
+    accepted = [name for name, p in params.items() if p.kind == p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(f"the {what} has no option {', '.join(map(repr, unknown))}. "
+                          f"Available: {', '.join(accepted) or 'none'}")
+    return options
+
+
 def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
     """Open the dataset at ``path`` with format ``format`` (detected from the path when None); ``options``
-    go to the reader (e.g. a TFRecord feature spec)."""
+    go to the reader (e.g. a TFRecord feature spec); an option the reader does not take is a ConfigError."""
     fmt = format or detect(path)
-    source = reader_class(fmt)(path, **options)
+    cls = reader_class(fmt)
+    source = cls(path, **check_options(cls, f"{fmt} reader", options))
     manifest = os.path.join(os.fspath(path), MANIFEST) if isinstance(path, (str, os.PathLike)) else None
     if manifest and os.path.isfile(manifest):
         with open(manifest) as f:   # the converter keeps what the format has no place for
@@ -127,5 +140,5 @@ def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
 
 __all__ = ["Location", "Record", "Source", "Field", "KINDS", "DEFAULT_FIELDS", "ProcessLocal", "check_format",
            "fields_of", "iter_records", "read_location", "FileTree", "FileList", "MemorySource",
-           "IMAGE_EXTENSIONS", "FORMATS", "detect", "open_source", "reader_class", "writer_class", "MANIFEST",
-           "RAW_INDEX"]
+           "IMAGE_EXTENSIONS", "FORMATS", "check_options", "detect", "open_source", "reader_class", "writer_class",
+           "MANIFEST", "RAW_INDEX"]
