@@ -27,6 +27,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFilter
 
 from .convert import _size_hw
+from .progress import human_bytes
 
 CLASSES = ("circles", "stripes", "squares", "rings")
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -256,7 +257,7 @@ def run_formats(root: Path, work: Path, *, raw_size: tuple[int, int] = (64, 64),
             got = _labels(loader)
             rate = _rate(loader, device, min_seconds)
             stats = loader.stats()
-        rows.append({"format": fmt, "on disk": f"{len(files)} files, {_size(sum(f.stat().st_size for f in files))}",
+        rows.append({"format": fmt, "on disk": f"{len(files)} files, {human_bytes(sum(f.stat().st_size for f in files))}",
                      "read back": f"{len(got)}/{len(want)}", "labels agree": "yes" if got == want else "no",
                      "img/s": round(rate, 1), "decode path": ",".join(stats["decode_paths"]),
                      "read path": stats["read_path"]})
@@ -266,14 +267,6 @@ def run_formats(root: Path, work: Path, *, raw_size: tuple[int, int] = (64, 64),
 def _labels(loader: Any) -> list[int]:
     """Every label of one epoch of ``loader``, in order."""
     return [label for _, labels in loader for label in labels.tolist()]
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB"):
-        if n < 1000 or unit == "MB":
-            return f"{n:,} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 # -- detection -------------------------------------------------------------------------------------------

@@ -47,12 +47,6 @@ def fields_json(fields: dict[str, Field]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def fields_from_json(data: dict[str, dict[str, Any]]) -> dict[str, Field]:
-    """Inverse of `fields_json`."""
-    return {name: Field(e["kind"], tuple(e["shape"]) if "shape" in e else None, e.get("dtype"))
-            for name, e in data.items()}
-
-
 def write_atomic(path: str, data: dict[str, Any]) -> None:
     """Write JSON to ``path`` through a temporary file and a rename (readers never see half a file)."""
     tmp = f"{path}.tmp"

@@ -71,12 +71,8 @@ def write_index(fmt: str, shard: str) -> tuple[str, int]:
         path = tfrecord.write_index(shard)
         return path, len(tfrecord.read_index(path, shard))
     if fmt == "recordio":
-        entries = recordio.scan(shard)
-        path = index_file(fmt, shard)
-        with open(path + ".tmp", "w") as f:
-            f.writelines(f"{key}\t{int(offset)}\n" for key, (offset, _) in enumerate(entries))
-        os.replace(path + ".tmp", path)
-        return path, len(entries)
+        path = recordio.write_index(shard, index_file(fmt, shard))
+        return path, len(recordio.read_index(path, shard))
     index = tarindex.build(shard)
     path = tarindex.index_path(shard)
     tarindex.save(index, path)
