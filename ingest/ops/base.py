@@ -62,6 +62,13 @@ class ImageSpec:
 PIXELS = ImageSpec()
 
 
+def probability(p: Any) -> float:
+    """``p`` validated as a probability in [0, 1] (a ConfigError naming it otherwise)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ConfigError(f"`p` must be a probability in [0, 1], got {p!r}")
+    return float(p)
+
+
 def per_sample(rngs: Rngs, n: int) -> SampleRandom:
     """The random source of ``n`` samples: ``rngs`` itself when it is a :class:`SampleRandom` of ``n``
     samples; else samples ``0..n-1`` keyed from a seed (int), a numpy Generator (one number drawn from it)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .base import Images, Op, Rngs, Size, as_list, per_sample
+from .base import Images, Op, Rngs, Size, as_list, per_sample, probability
 
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision's (ITU-R 601) luma weights
 _HUE_OFFSETS = torch.tensor([[5.0], [3.0], [1.0]])  # r, g, b in the closed-form HSV -> RGB
@@ -66,9 +66,7 @@ class ColorJitter(Op):
         self.contrast = _factor_range("contrast", contrast, center=1.0, bound=(0.0, math.inf))
         self.saturation = _factor_range("saturation", saturation, center=1.0, bound=(0.0, math.inf))
         self.hue = _factor_range("hue", hue, center=0.0, bound=(-0.5, 0.5))
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ConfigError(f"`p` must be a probability in [0, 1], got {p!r}")
-        self.p = float(p)
+        self.p = probability(p)
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> JitterParams:
         ranges = [(self.brightness, 1.0), (self.contrast, 1.0), (self.saturation, 1.0), (self.hue, 0.0)]

@@ -15,14 +15,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from .affine import Steps, eye
-from .base import Images, Rngs, Size, as_list, pad_crop, per_sample, stack_if_uniform
+from .base import Images, Rngs, Size, as_list, pad_crop, per_sample, probability, stack_if_uniform
 from .geometry import GeometryOp, _fill, _positive_int, _range, _size_pair
-
-
-def _probability(p: Any) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-        raise ConfigError(f"`p` must be a probability in [0, 1], got {p!r}")
-    return float(p)
 
 
 def _translation(n: int, left: np.ndarray, top: np.ndarray) -> np.ndarray:
@@ -167,7 +161,7 @@ class ZoomOut(GeometryOp):
         if self.ratio[0] < 1.0:
             raise ConfigError(f"`ratio` must be >= 1 (a canvas at least the image's size), got {ratio!r}")
         self.fill = _fill(fill)
-        self.p = _probability(p)
+        self.p = probability(p)
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
         hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from . import resample
 from .affine import Steps, compose, eye
-from .base import Images, Op, Rngs, Size, as_list, fill_for, pad_crop, per_sample, size_list, sizes_of, stack_if_uniform
+from .base import (Images, Op, Rngs, Size, as_list, fill_for, pad_crop, per_sample, probability, size_list, sizes_of,
+                   stack_if_uniform)
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 _TORCH_MODE = {"nearest": "nearest-exact", "bilinear": "bilinear", "bicubic": "bicubic"}
@@ -193,16 +194,7 @@ class Resize(GeometryOp):
 
     def output_size(self, height: int, width: int) -> Size:
         """The (height, width) an image of this size is resized to."""
-        if self.size is not None:
-            return self.size
-        short, long = (width, height) if width <= height else (height, width)
-        if self.longer is not None:
-            new_short, new_long = int(self.longer * short / long), self.longer
-        else:
-            new_short, new_long = self.shorter, int(self.shorter * long / short)
-            if self.max_size is not None and new_long > self.max_size:
-                new_short, new_long = int(self.max_size * new_short / new_long), self.max_size
-        return (new_long, new_short) if width <= height else (new_short, new_long)
+        return tuple(self._output_sizes(np.array([[height, width]], dtype=np.int64))[0].tolist())
 
     def _output_sizes(self, sizes: np.ndarray) -> np.ndarray:
         """:meth:`output_size` of every row of ``sizes`` (N, 2), vectorized with the same float64 arithmetic."""
@@ -344,11 +336,9 @@ class Flip(GeometryOp):
     one-axis forms (torchvision's ``RandomHorizontalFlip``, ``RandomVerticalFlip``)."""
 
     def __init__(self, p: float = 0.5, *, horizontal: bool = True, vertical: bool = False):
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ConfigError(f"`p` must be a probability in [0, 1], got {p!r}")
         if not (horizontal or vertical):
             raise ConfigError("Flip needs `horizontal=True` or `vertical=True` (or both)")
-        self.p = float(p)
+        self.p = probability(p)
         self.horizontal = bool(horizontal)
         self.vertical = bool(vertical)
 
