@@ -65,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=None, help="batch size (default 256; 16 with --dry-run)")
     p.add_argument("--threads", type=int, default=None, help="ingest/DALI threads (default 16)")
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: --threads)")
+    p.add_argument("--ingest-workers", type=int, default=None,
+                   help="ingest Loader num_workers (default: the Loader's own default)")
     p.add_argument("--seconds", type=float, default=None, help="timed window per loader (default 10)")
     p.add_argument("--train-seconds", type=float, default=None, help="timed training window (default 10; 0 = skip e)")
     p.add_argument("--decode-seconds", type=float, default=None, help="timed window per decode-only case (5)")
@@ -225,13 +227,17 @@ def derive(results: dict) -> dict:
     a, b, c, d = (g(LOADERS[k], "img_s") for k in "abcd")
     dec = results.get("decode_only", {}).get("decode", {})
     raw = max([v.get("img_s") or 0 for k, v in dec.items() if k.startswith("nvimgcodec")] or [0]) or None
-    ing_dec = max([v.get("img_s") or 0 for k, v in dec.items() if k.startswith("ingest_gpu")] or [0]) or None
+    ing_dec = max([v.get("img_s") or 0 for k, v in dec.items() if k in ("ingest_gpu_1thr", "ingest_gpu_2thr")]
+                  or [0]) or None
     synth = g("synthetic", "train", "img_s")
     r = {
         "a_over_d": _ratio(a, d), "a_over_c": _ratio(a, c), "b_over_d": _ratio(b, d), "b_over_c": _ratio(b, c),
         "d_over_c": _ratio(d, c),
         "a_over_f_raw": _ratio(a, raw), "f_ingest_decoder_over_f_raw": _ratio(ing_dec, raw),
         "f_raw_nvimgcodec_img_s": raw,
+        "f_beside_busy_over_alone": _ratio(_get(dec, "ingest_gpu_beside_busy", "img_s"), ing_dec),
+        "f_beside_busy_loader_interval_over_alone": _ratio(
+            _get(dec, "ingest_gpu_beside_busy_loader_interval", "img_s"), ing_dec),
     }
     # Device-wide first: ingest's worker processes are other PIDs, which a per-process figure would miss.
     for m in ("device_peak_mb", "pid_peak_mb"):
@@ -466,7 +472,7 @@ def build_ingest(args, dev, decode: str) -> Feed:
     ops = [RandomResizedCrop(224), Flip(p=0.5),
            Normalize(mean=MEAN, std=STD, dtype=torch.float32, layout="NCHW")]
     loader = ingest.Loader(args.data, batch_size=args.batch, device=str(dev), decode=decode, ops=ops,
-                           shuffle=True, seed=0, prefetch=2, last_batch="drop")
+                           shuffle=True, seed=0, prefetch=2, last_batch="drop", num_workers=args.ingest_workers)
     return Feed(loader, lambda b: (b[0], b[1]), stats=loader.stats, close=getattr(loader, "close", None))
 
 
@@ -668,6 +674,9 @@ def decode_variant(args, dev, res, flush) -> None:
              ("nvimgcodec_2thr", lambda: nvimgcodec_case(batches, dev, args, 2)),
              ("ingest_gpu_1thr", lambda: ingest_gpu_case(batches, dev, args, 1)),
              ("ingest_gpu_2thr", lambda: ingest_gpu_case(batches, dev, args, 2)),
+             ("ingest_gpu_beside_busy", lambda: beside_busy(ingest_gpu_case, batches, dev, args, None)),
+             ("ingest_gpu_beside_busy_loader_interval",
+              lambda: beside_busy(ingest_gpu_case, batches, dev, args, "loader")),
              ("ingest_cpu", lambda: ingest_cpu_case(batches, args))]
     for name, case in cases:
         try:
@@ -776,6 +785,50 @@ def ingest_gpu_case(batches, dev, args, threads: int) -> dict:
     for obj in (gpu, cpu):
         if hasattr(obj, "close"):
             obj.close()
+    return r
+
+
+class Busy:
+    """A thread spinning on pure Python (a stand-in for a training loop's Python side); counts iterations."""
+
+    def __init__(self):
+        self.count, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            sum(range(2000))
+            self.count += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def beside_busy(case, batches, dev, args, interval) -> dict:
+    """``case`` run while a busy pure-Python thread shares the GIL. ``interval``: None keeps CPython's switch
+    interval (5 ms); "loader" uses the one an in-process CUDA loader sets (ingest's switch_interval_us)."""
+    old = sys.getswitchinterval()
+    if interval == "loader":
+        from ingest import defaults
+        us = defaults.get("switch_interval_us")
+        if us:
+            sys.setswitchinterval(min(old, us / 1e6))
+    applied = sys.getswitchinterval()
+    try:
+        with Busy() as busy:
+            t0 = time.perf_counter()
+            r = case(batches, dev, args, 1)
+            spin = busy.count / (time.perf_counter() - t0)
+    finally:
+        sys.setswitchinterval(old)
+    with Busy() as busy:  # its rate alone, for how much the decode held it back
+        time.sleep(1.0)
+    r.update(switch_interval_s=applied, busy_thread_progress=round(spin / max(busy.count, 1), 3))
     return r
 
 

@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -381,7 +382,8 @@ class Pipeline:
     # -- detection targets ---------------------------------------------------------------------
     def _targets(self, work: _Work) -> list[dict[str, Any]]:
         """Each sample's other fields; with boxes, moved by the batch's geometry: boxes mapped (in the source's
-        box format), masks warped like the image (on the ops' device), per-box fields pruned with their boxes."""
+        box format), masks warped like the image (on the ops' device), polygons moved and clipped like the boxes
+        (relative ones stay relative), per-box fields pruned with their boxes."""
         values = [r.fields for r in work.records]
         if not self.boxes or work.ops_plan is None:
             return values
@@ -389,9 +391,16 @@ class Pipeline:
         if "masks" in self.extra_fields and self.device.type == "cuda":
             for v in ltrb:
                 v["masks"] = torch.as_tensor(v["masks"]).to(self.device, non_blocking=True)
+        # Polygons (COCO's JSON text) follow the boxes: relative coordinates as pixels while they move.
+        relative = self.box_relative and "polygons" in self.extra_fields
+        if relative:
+            for v, (h, w) in zip(ltrb, work.ops_plan.sizes):
+                v["polygons"] = planner.scale_polygons(v["polygons"], w, h)
         mapped = work.ops_plan.targets(ltrb, per_box=self.per_box)
         for v, size in zip(mapped, work.ops_plan.out_sizes):
             v["boxes"] = self._from_ltrb(v["boxes"], size)
+            if relative:
+                v["polygons"] = planner.scale_polygons(v["polygons"], 1 / size[1], 1 / size[0])
         return mapped
 
     def _to_ltrb(self, boxes: Any, size: tuple[int, int]) -> np.ndarray:
@@ -558,6 +567,9 @@ class Executor:
             self._threads.append(t)
         self._closed = False
         CLOSE_AT_EXIT.add(self)
+        self._fast_switch = pipeline.device.type == "cuda"
+        if self._fast_switch:
+            SWITCH_INTERVAL.acquire()
         for t in self._threads:
             t.start()
 
@@ -625,6 +637,8 @@ class Executor:
         for q in self._queues:
             while not q.empty():
                 q.get_nowait()
+        if self._fast_switch:
+            SWITCH_INTERVAL.release()
 
     def __del__(self) -> None:
         try:
@@ -645,6 +659,37 @@ def set_thread_torch_threads(n: int) -> None:
     restore.start()
     restore.join()
 
+
+class SwitchInterval:
+    """CPython's switch interval, lowered to the ``switch_interval_us`` setting while at least one user holds
+    it (in-process CUDA executors: see `ingest.defaults` for why) and put back when the last one lets go,
+    unless the program changed it meanwhile."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved: float | None = None   # the interval before the first user
+        self._set: float | None = None     # the interval we set, if any
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._users += 1
+            if self._users > 1:
+                return
+            self._saved, self._set = sys.getswitchinterval(), None
+            wanted = defaults.get("switch_interval_us") / 1e6
+            if 0 < wanted < self._saved:
+                sys.setswitchinterval(wanted)
+                self._set = sys.getswitchinterval()
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._set is not None and sys.getswitchinterval() == self._set:
+                sys.setswitchinterval(self._saved)
+
+
+SWITCH_INTERVAL = SwitchInterval()
 
 #: Executors and worker pools still open, closed by an exit hook (see `Executor`); each leaves on close().
 CLOSE_AT_EXIT: "weakref.WeakSet[Any]" = weakref.WeakSet()

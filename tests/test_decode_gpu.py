@@ -119,15 +119,19 @@ def test_rgb_coded_jpegs_stay_on_the_cpu():
 
 
 def test_arena_rows_index_to_each_image():
-    """The native engine's per-image tensors: plain indexing of one strided view of the batch arena."""
+    """The native engine's per-image tensors: plain indexing of one strided arena, each image contiguous
+    at its own start, every byte of every image inside the arena's storage."""
     shapes = [(5, 7), (3, 2), (4, 9), (1, 1)]
     starts = [0, 768, 1536, 2304]  # `_ALIGN` apart, as the engine places them
-    arena = torch.randint(0, 256, (2304 + 3 + 3 * 9,), dtype=torch.uint8)
-    rows = decode_gpu._rows(arena, 2304 // 3 + 1, 9)
+    rows = decode_gpu._rows(3072 // 3, 9, torch.device("cpu"))
+    flat = torch.arange(rows.untyped_storage().nbytes(), dtype=torch.int64) % 251
+    rows.as_strided((rows.untyped_storage().nbytes(),), (1,)).copy_(flat)
+    base = rows.data_ptr()
     for (h, w), start in zip(shapes, starts):
         image = rows[start // 3:start // 3 + h * w:w, :w]
-        assert torch.equal(image, arena[start:start + h * w * 3].view(h, w, 3))
-        assert image.is_contiguous() and image.data_ptr() == arena.data_ptr() + start
+        assert image.is_contiguous() and image.data_ptr() == base + start
+        assert torch.equal(image.reshape(-1), (torch.arange(start, start + h * w * 3) % 251).to(torch.uint8))
+    assert rows.untyped_storage().nbytes() >= 3072
 
 
 def test_option_errors():

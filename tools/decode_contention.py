@@ -30,6 +30,9 @@ from ingest.ops import _nvimgcodec as native
 from ingest.ops.decode import CpuDecoder
 from ingest.ops.decode_gpu import GpuDecoder
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_gpu import Busy  # noqa: E402 - the benchmark's busy thread, so both measure the same thing
+
 
 def _photos() -> list[np.ndarray]:
     try:
@@ -66,27 +69,6 @@ def make_data(folder: Path, count: int) -> list[bytes]:
     photos = _photos()
     with Pool(min(16, os.cpu_count() or 1)) as pool:
         return pool.map(_make_one, [(i, photos) for i in range(count)], chunksize=16)
-
-
-class Busy:
-    """A thread spinning on pure Python; counts its iterations."""
-
-    def __init__(self):
-        self.count, self._stop = 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            sum(range(2000))
-            self.count += 1
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 def busy_rate(seconds: float = 1.0) -> float:

@@ -17,6 +17,7 @@ import collections
 import faulthandler
 import json
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -29,24 +30,8 @@ from ingest.ops import _nvimgcodec as native
 from ingest.ops.decode import CpuDecoder
 from ingest.ops.decode_gpu import GpuDecoder, _rows
 
-
-class Busy:
-    def __init__(self):
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            sum(range(2000))
-
-    def __enter__(self):
-        self._thread.start()
-        time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_gpu import Busy  # noqa: E402 - the benchmark's busy thread, so both measure the same thing
 
 
 def timed(fn, repeat: int = 3) -> float:
@@ -61,9 +46,9 @@ def timed(fn, repeat: int = 3) -> float:
 
 def steps(gpu: GpuDecoder, datas, headers, stream) -> dict:
     names = [str(i) for i in range(len(datas))]
-    arena = torch.empty(len(datas) * 300_000, dtype=torch.uint8, device="cuda")
     size = 200 * 300 * 3
-    rows = _rows(arena, len(datas) * 100_000 - 300, 300)
+    rows = _rows(len(datas) * 100_000 - 300, 300, torch.device("cuda"))
+    arena = rows.as_strided((len(datas) * 300_000 - 900,), (1,))
 
     def decode():
         gpu.decode_batch(datas, names, stream=stream, headers=headers)

@@ -57,6 +57,7 @@ _ORIENTATION_TAG = 0x0112
 _JPEG_SOI = b"\xff\xd8\xff"
 _SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0-7: no length field
+_HEADER_MARKERS = _SOF_MARKERS | {0xE1, 0xEE}  # the segments read_jpeg_header looks into (APP1, APP14)
 _MARKER = re.compile(rb"\xff+([^\x00\xff])")                  # fill bytes, then a marker code
 _XMP_PREFIX = b"http://ns.adobe.com/xap/1.0/\x00"
 _XMP_ORIENTATION = re.compile(rb'tiff:Orientation(?:="|>)([0-9])')
@@ -263,16 +264,23 @@ def read_jpeg_header(buf: memoryview) -> JpegHeader | None:
     frame = None
     exif_orientation = xmp_orientation = None
     adobe_transform = component_ids = None
-    pos = 2
-    while (match := _MARKER.search(buf, pos)) is not None:
-        marker, pos = match.group(1)[0], match.end()
+    pos, size = 2, len(buf)
+    while pos + 1 < size:
+        if buf[pos] == 0xFF and buf[pos + 1] not in (0x00, 0xFF):  # the usual case: the next marker is here
+            marker, pos = buf[pos + 1], pos + 2
+        elif (match := _MARKER.search(buf, pos)) is not None:       # fill bytes or junk before it
+            marker, pos = match.group(1)[0], match.end()
+        else:
+            break
         if marker in _STANDALONE_MARKERS:
             continue
-        if marker in (0xD9, 0xDA) or pos + 2 > len(buf):  # EOI or SOS: no more header segments
+        if marker in (0xD9, 0xDA) or pos + 2 > size:  # EOI or SOS: no more header segments
             break
-        length = int.from_bytes(buf[pos:pos + 2], "big")
-        segment = buf[pos + 2:pos + length]
-        pos += length
+        length = (buf[pos] << 8) | buf[pos + 1]
+        start, pos = pos + 2, pos + length
+        if marker not in _HEADER_MARKERS:  # tables (DQT, DHT, ...) and other application data: skipped
+            continue
+        segment = buf[start:pos]
         if marker in _SOF_MARKERS and frame is None and len(segment) >= 6:
             precision, height, width, components = struct.unpack_from(">BHHB", segment)
             frame = (height, width, components, precision, marker)
