@@ -16,7 +16,8 @@ boxes         array float32 [N, 4]    ``[x, y, w, h]`` (``box_format="xywh"``, C
 categories    ints [N]                category: 1..C in sorted category-id order (``contiguous_ids=True``;
                                       0 is left to the background) or the file's category ids
 iscrowd       ints [N]                COCO's iscrowd flag (0 or 1)
-area          floats [N]              COCO's ``area`` (of the segmentation, not of the box)
+area          floats [N]              COCO's ``area`` (of the segmentation, not of the box; the geometry ops
+                                      prune it with its box and leave its value: `ingest.ops.planner`)
 masks         array uint8 [N, H, W]   with ``masks="masks"``: pycocotools' ``annToMask`` of each object
 polygons      text                    with ``masks="polygons"``: a JSON list with one entry per object: its
                                       polygons ``[[x, y, x, y, ...], ...]`` (relative with ``relative=True``),
@@ -24,6 +25,13 @@ polygons      text                    with ``masks="polygons"``: a JSON list wit
                                       objects, or null when the object has no segmentation
 scores        floats [N]              only for results files (`CocoSource.results`)
 ============  ======================  =====================================================================
+
+**Frame.** Boxes, polygons and masks are in pixels of the image as displayed, EXIF orientation applied: the
+frame the Loader decodes to (its CPU and GPU decoders orient), the one annotation tools that show a photo
+upright save (labelme, RectLabel) and the one detectron2's ``read_image`` assumes. A file annotated
+on the stored pixels of an EXIF-rotated photo (by a tool that ignores the tag) does not fit it: its
+``width`` and ``height`` then disagree with the decoded size. The geometry ops move boxes, masks and
+polygons with the image (`ingest.ops.planner`), and ``ingest convert --max-side`` rescales them with it.
 
 `classes` lists category names by label: ``classes[0] == "__background__"`` and, with the file's own ids, gaps are
 named ``"N/A"`` (torchvision's COCO category list has the same shape). Samples are the images sorted by id.

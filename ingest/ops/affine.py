@@ -6,7 +6,8 @@ torchvision's absolute XYXY boxes are. A geometry op on a batch is :class:`Steps
 mapping a point of the op's OUTPUT to the point of its INPUT it samples, ``[x_in, y_in, 1]^T = M @ [x_out,
 y_out, 1]^T``, plus its output size and what its resample needs. Images are resampled *backwards* through
 the matrix (:class:`Warp`, executed by :mod:`ingest.ops.resample`); boxes are mapped *forwards* through its
-inverse (:func:`map_boxes`).
+inverse (:func:`map_boxes`); polygon vertices go the same way (:func:`map_points`) and are clipped to each op's
+output (:func:`clip_polygons`).
 
 :func:`compose` turns a run of Steps into one :class:`Warp`; :meth:`Warp.shifted` and :meth:`Warp.rescaled`
 fit it to what a decoder actually returned (a region of interest, a DCT-downscaled image).
@@ -58,6 +59,79 @@ def map_boxes(steps: Steps, boxes: np.ndarray, owner: np.ndarray) -> np.ndarray:
     np.clip(out[:, 0::2], 0.0, hw[:, 1:], out=out[:, 0::2])
     np.clip(out[:, 1::2], 0.0, hw[:, :1], out=out[:, 1::2])
     return out
+
+
+def map_points(steps: Steps, points: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """Points ``[M, 2]`` (x, y) of a batch (point m belongs to sample ``owner[m]``), in the op's input coords,
+    in its output coords: through the inverse map, as box corners go."""
+    a = np.linalg.inv(steps.matrix)[owner]
+    x, y = points[:, 0], points[:, 1]
+    return np.stack([a[:, 0, 0] * x + a[:, 0, 1] * y + a[:, 0, 2], a[:, 1, 0] * x + a[:, 1, 1] * y + a[:, 1, 2]], 1)
+
+
+#: Polygon parts whose area is at most this (square pixels) are degenerate: a line or a point after clipping.
+MIN_POLYGON_AREA = 1e-9
+
+
+def clip_polygons(points: np.ndarray, part: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Polygons clipped to their images: Sutherland-Hodgman against the four sides of ``[0, W] x [0, H]``,
+    all parts at once. ``points`` ``[M, 2]`` are the vertices of every part in order, ``part[m]`` the part of
+    vertex m (equal values contiguous), ``sizes`` ``[M, 2]`` the (height, width) to clip vertex m's part to.
+    Returns the clipped vertices and their parts; a part wholly outside has none left. A clipped polygon
+    that is not convex may keep zero-width slivers along the border (Sutherland-Hodgman's known artefact),
+    which cover no area."""
+    for axis, side in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        limit = sizes[:, 1 - axis].astype(np.float64)
+        d = -points[:, axis] if side == 0 else points[:, axis] - limit   # inside where d <= 0
+        points, part, sizes = _clip_half_plane(points, part, sizes, d)
+    return points, part
+
+
+def _previous(part: np.ndarray) -> np.ndarray:
+    """Index of each vertex's predecessor in its part (the first vertex's is the part's last)."""
+    n = len(part)
+    first = np.flatnonzero(np.r_[True, part[1:] != part[:-1]]) if n else np.zeros(0, dtype=np.int64)
+    prev = np.arange(n) - 1
+    prev[first] = np.r_[first[1:], n] - 1
+    return prev
+
+
+def _clip_half_plane(points: np.ndarray, part: np.ndarray, extra: np.ndarray,
+                     d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One Sutherland-Hodgman pass: the parts clipped to where ``d`` (a signed distance, affine in the
+    vertex) is <= 0. For each edge (previous vertex -> vertex): the crossing point if it crosses, then the
+    vertex if it is inside. ``extra`` rows follow their vertex."""
+    if not len(points):
+        return points, part, extra
+    prev = _previous(part)
+    inside = d <= 0
+    cross = inside != inside[prev]
+    dp = d[prev]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(cross, dp / np.where(cross, dp - d, 1.0), 0.0)
+    crossing = points[prev] + t[:, None] * (points - points[prev])
+    emit = np.stack([cross, inside], 1)                      # per vertex: (crossing point, vertex)
+    rows = np.repeat(np.arange(len(points)), emit.sum(1))
+    return np.stack([crossing, points], 1)[emit], part[rows], extra[rows]
+
+
+def polygon_parts_kept(points: np.ndarray, part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The vertices of the parts that are still polygons: consecutive repeated vertices removed (clipping
+    makes them where a vertex lies on a side), then parts of fewer than 3 vertices or of area at most
+    `MIN_POLYGON_AREA` dropped. Returns (points, part)."""
+    if not len(points):
+        return points, part
+    same = (points == points[_previous(part)]).all(1)
+    points, part = points[~same], part[~same]
+    if not len(points):
+        return points, part
+    prev = _previous(part)
+    cross = points[prev, 0] * points[:, 1] - points[:, 0] * points[prev, 1]   # shoelace terms
+    ids, index, count = np.unique(part, return_inverse=True, return_counts=True)
+    area = np.abs(np.bincount(index, weights=cross, minlength=len(ids))) / 2
+    good = (count >= 3) & (area > MIN_POLYGON_AREA)
+    keep = good[index]
+    return points[keep], part[keep]
 
 
 def nonempty(boxes: np.ndarray, min_size: float = 0.0) -> np.ndarray:

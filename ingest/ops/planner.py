@@ -8,12 +8,20 @@ other op is a stage of its own. The first stage's warp is known before decoding:
 the GPU decoder which region of each image to decode.
 
 The same plan then moves everything that belongs to the images: :meth:`Plan.execute` the pixels,
-:meth:`Plan.map_boxes` the boxes, :meth:`Plan.warp_masks` the masks, and :meth:`Plan.targets` a whole
-detection target (boxes mapped, masks warped, per-box fields pruned with their boxes) in one call.
+:meth:`Plan.map_boxes` the boxes, :meth:`Plan.warp_masks` the masks, :meth:`Plan.map_polygons` polygon
+segmentations, and :meth:`Plan.targets` a whole detection target (boxes mapped, masks warped, polygons moved and
+clipped, per-box fields pruned with their boxes) in one call.
+
+**area** is pruned with its boxes and otherwise left as the source gave it (COCO's area of the segmentation
+in the original image), as torchvision's ``transforms.v2`` and detectron2 leave it: it is what COCOeval uses
+to bucket objects into small, medium and large, a property of the annotation rather than of one augmented
+view, and after a crop it could not be recomputed for objects without a segmentation. Training losses do not
+read it. Recompute it from the mapped boxes or polygons where a view's own area is wanted.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -22,7 +30,7 @@ import torch
 
 from ..errors import ConfigError
 from . import resample
-from .affine import Steps, Warp, compose, map_boxes, nonempty
+from .affine import Steps, Warp, clip_polygons, compose, map_boxes, map_points, nonempty, polygon_parts_kept
 from .base import PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, per_sample, size_list, sizes_of
 from .geometry import GeometryOp
 
@@ -124,21 +132,62 @@ class Plan:
                 out = _warp_masks(out, stage.warp.for_masks())
         return out
 
+    def map_polygons(self, segmentations: Sequence[Sequence[Any]]) -> list[list[Any]]:
+        """Segmentations (per sample, one entry per object, in COCO's forms and absolute pixels of the
+        source: a list of polygon parts ``[x0, y0, x1, y1, ...]``, an RLE ``{"size": [h, w], "counts": ...}``
+        or None) through every geometry op, as the image goes. Each vertex is mapped through the op's map
+        and each part clipped to the op's output (Sutherland-Hodgman), op by op as boxes are; parts left
+        with fewer than 3 vertices or no area are dropped (an object may be left with ``[]``). An RLE is
+        decoded, warped like a mask (nearest) and encoded again for the output size (compressed, counts a
+        str); its size must be the sample's source size. None stays None. Returns new lists."""
+        if len(segmentations) != len(self.sizes):
+            raise ValueError(f"got segmentations for {len(segmentations)} samples, the batch has {len(self.sizes)}")
+        out = [list(objs) for objs in segmentations]
+        geometry = [steps for stage in self.stages for steps in stage.steps]
+        if not geometry:
+            return out
+        _Parts(out).follow(geometry)
+        if any(isinstance(o, dict) for objs in out for o in objs):
+            self._warp_rles(out)
+        return out
+
+    def _warp_rles(self, segmentations: list[list[Any]]) -> None:
+        """Every RLE entry of ``segmentations`` (in place) warped like a mask and encoded again."""
+        from pycocotools import mask as mask_utils
+        planes = []
+        for n, objs in enumerate(segmentations):
+            h, w = self.sizes[n]
+            rles = [_rle(o, (h, w), n) for o in objs if isinstance(o, dict)]
+            planes.append(np.ascontiguousarray(mask_utils.decode(rles).transpose(2, 0, 1)) if rles
+                          else np.zeros((0, h, w), dtype=np.uint8))
+        for objs, warped in zip(segmentations, self.warp_masks(planes)):
+            if not len(warped):
+                continue
+            encoded = iter(mask_utils.encode(np.asfortranarray(warped.cpu().numpy().transpose(1, 2, 0))))
+            for j, o in enumerate(objs):
+                if isinstance(o, dict):
+                    rle = next(encoded)
+                    objs[j] = {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+
     def targets(self, targets: Sequence[dict[str, Any]], *, per_box: Sequence[str] = PER_BOX,
                 min_size: float = 0.0) -> list[dict[str, Any]]:
         """Detection targets (one dict per sample) through the plan, in one call: ``boxes`` (``[K, 4]`` ltrb,
-        absolute pixels) mapped, ``masks`` (``[K, H, W]`` uint8) pruned and warped, and the ``per_box`` fields
-        (``labels``, ``iscrowd``, ``area`` by default: arrays, tensors or lists of length K) pruned with
-        their boxes. Other fields pass unchanged (``area`` is pruned, not rescaled: it stays COCO's). A
-        sample without ``boxes`` keeps its fields; its masks are still warped."""
+        absolute pixels) mapped, ``masks`` (``[K, H, W]`` uint8) pruned and warped, ``polygons`` (one COCO
+        segmentation per box, as :meth:`map_polygons` takes them, or that list as JSON text, which comes
+        back as JSON text) pruned and moved, and the ``per_box`` fields (``labels``, ``iscrowd``, ``area`` by
+        default: arrays, tensors or lists of length K) pruned with their boxes. Other fields pass unchanged;
+        ``area`` is pruned, not recomputed (see the module docstring). A sample without ``boxes`` keeps its
+        fields; its masks and polygons are still moved."""
         boxes = [t.get("boxes") for t in targets]
         mapped, keep = self.map_boxes([np.zeros((0, 4)) if b is None else b for b in boxes], min_size=min_size)
         out = []
         for t, b, new, k in zip(targets, boxes, mapped, keep):
             d = dict(t)
+            if "polygons" in d:
+                d["polygons"] = _segmentation_list(d["polygons"])
             if b is not None:
                 d["boxes"] = new
-                for name in [*per_box, "masks"]:
+                for name in [*per_box, "masks", "polygons"]:
                     if name in d:
                         d[name] = _take(d[name], k, name)
             out.append(d)
@@ -147,6 +196,11 @@ class Plan:
                 raise ValueError("`masks` must be given for every sample of the batch or for none")
             for d, m in zip(out, self.warp_masks([d["masks"] for d in out])):
                 d["masks"] = m
+        if any("polygons" in d for d in out):
+            moved = self.map_polygons([d.get("polygons", []) for d in out])
+            for t, d, p in zip(targets, out, moved):
+                if "polygons" in d:
+                    d["polygons"] = _like_segmentation(p, t["polygons"])
         return out
 
 
@@ -252,6 +306,89 @@ class _Boxes:
 
     def _select(self, mask: np.ndarray) -> None:
         self.flat, self.owner, self.index = self.flat[mask], self.owner[mask], self.index[mask]
+
+
+class _Parts:
+    """The polygon parts of a batch's segmentations on their way through the ops: all vertices in one
+    ``[M, 2]`` array, the part of each, and each part's sample and (object, position in the object)."""
+
+    def __init__(self, segmentations: list[list[Any]]):
+        self.segmentations = segmentations
+        coords, where = [], []
+        for n, objs in enumerate(segmentations):
+            for j, obj in enumerate(objs):
+                if isinstance(obj, (list, tuple)):
+                    for part in obj:
+                        coords.append(_vertices(part, n, j))
+                        where.append((n, j))
+        self.where = where
+        self.owner = np.array([n for n, _ in where], dtype=np.int64)
+        self.part = np.repeat(np.arange(len(coords)), [len(c) for c in coords])
+        self.points = np.concatenate(coords) if coords else np.zeros((0, 2))
+
+    def follow(self, geometry: Sequence[Steps]) -> None:
+        """Through every op's map and clip, then written back into the segmentations (as lists of floats)."""
+        points, part = self.points, self.part
+        for steps in geometry:
+            points = map_points(steps, points, self.owner[part])
+            points, part = clip_polygons(points, part, steps.out_sizes[self.owner[part]])
+        points, part = polygon_parts_kept(points, part)
+        for n, j in self.where:
+            self.segmentations[n][j] = []
+        starts = np.flatnonzero(np.r_[True, part[1:] != part[:-1]]) if len(part) else np.zeros(0, dtype=np.int64)
+        for lo, hi in zip(starts.tolist(), np.r_[starts[1:], len(part)].tolist()):
+            n, j = self.where[int(part[lo])]
+            self.segmentations[n][j].append(points[lo:hi].ravel().tolist())
+
+
+def _vertices(part: Any, sample: int, obj: int) -> np.ndarray:
+    """A polygon part ``[x0, y0, x1, y1, ...]`` as ``[P, 2]`` float64."""
+    try:
+        a = np.asarray(part, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"sample {sample}, object {obj}: a polygon part must be a list of numbers") from err
+    if a.ndim != 1 or len(a) % 2 or not np.isfinite(a).all():
+        raise ValueError(f"sample {sample}, object {obj}: a polygon part must be a flat list of an even "
+                         f"number of finite coordinates, got shape {a.shape}")
+    return a.reshape(-1, 2)
+
+
+def _rle(obj: dict, size: tuple[int, int], sample: int) -> dict:
+    """An RLE segmentation as pycocotools' ``decode`` takes it; its size must be ``size`` (height, width)."""
+    from pycocotools import mask as mask_utils
+    if list(obj.get("size", ())) != list(size) or "counts" not in obj:
+        raise ValueError(f"sample {sample}: an RLE segmentation must have counts and the image's size "
+                         f"{list(size)}, got size {obj.get('size')}")
+    counts = obj["counts"]
+    if isinstance(counts, list):   # uncompressed
+        return mask_utils.frPyObjects(obj, *size)
+    return {"size": list(size), "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
+
+
+def _segmentation_list(value: Any) -> list[Any]:
+    """A per-object segmentation list, from itself or its JSON text."""
+    objs = json.loads(value) if isinstance(value, (str, bytes)) else value
+    if not isinstance(objs, (list, tuple)):
+        raise ValueError(f"polygons must be a list with one segmentation per object, got {type(objs).__name__}")
+    return list(objs)
+
+
+def scale_polygons(value: Any, sx: float, sy: float) -> Any:
+    """Per-object segmentations (a list, or its JSON text) with every polygon vertex's x multiplied by
+    ``sx`` and y by ``sy`` (relative coordinates to pixels and back, or a plain resize); RLEs and None as
+    they are. Returns the type given."""
+    objs = _segmentation_list(value)
+    scale = np.array([sx, sy], dtype=np.float64)
+    out = [[(_vertices(part, 0, j) * scale).ravel().tolist() for part in obj] if isinstance(obj, (list, tuple))
+           else obj for j, obj in enumerate(objs)]
+    return _like_segmentation(out, value)
+
+
+def _like_segmentation(objs: list[Any], ref: Any) -> Any:
+    """``objs`` as JSON text (str or bytes) when ``ref`` was, else as the list."""
+    if isinstance(ref, str):
+        return json.dumps(objs)
+    return json.dumps(objs).encode("utf-8") if isinstance(ref, bytes) else objs
 
 
 def _warp_masks(masks: list[torch.Tensor], w: Warp) -> list[torch.Tensor]:
