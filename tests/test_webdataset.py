@@ -206,7 +206,7 @@ def test_write_index_option_and_shard_sets(tmp_path):
     assert src.name(3).endswith("s1.tar:000000000")
     assert len(WebDatasetSource(str(tmp_path / "s*.tar"))) == 12
     assert len(WebDatasetSource([tmp_path / "s2.tar", tmp_path / "s0.tar"])) == 8
-    with pytest.raises(SourceError, match="no tar shards"):
+    with pytest.raises(SourceError, match="no tar shard files match"):
         WebDatasetSource(str(tmp_path / "nothing*.tar"))
 
 

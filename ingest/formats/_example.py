@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 
 from ..errors import ConfigError, CorruptRecordError
 from . import _protos
+from ._images import image_type
 from .base import Field, Record
 
 #: Keys tried in order for the image of a record without a spec (TF-slim / Inception / Object Detection API,
@@ -36,7 +37,6 @@ OD_CLASS_TEXT = "image/object/class/text"
 #: Detection fields -> their OD API keys (the names `CocoSource` gives its fields).
 OD_KEYS = {"boxes": OD_BOXES, "categories": "image/object/class/label", "iscrowd": "image/object/is_crowd",
            "area": "image/object/area", "image_id": OD_SOURCE_ID}
-_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
 _LIST = {"image": "bytes_list", "pixels": "bytes_list", "text": "bytes_list", "bytes": "bytes_list",
          "int": "int64_list", "ints": "int64_list", "float": "float_list", "floats": "float_list"}
 
@@ -97,7 +97,7 @@ def infer_spec(first: Any) -> dict[str, tuple[str, Field]]:
             if key in shaped and key + "/dtype" not in kinds:
                 spec["image"] = (key, Field("pixels"))
                 break
-            if bytes(first[key].bytes_list.value[0][:8]).startswith(_IMAGE_MAGIC):
+            if image_type(first[key].bytes_list.value[0]) is not None:
                 spec["image"] = (key, Field("image"))
                 break
     for key in LABEL_KEYS:
@@ -284,14 +284,6 @@ def field_value(fmap: Any, key: str, field: Field, path: str, index: Any, offset
 def to_record(fmap: Any, spec: Mapping[str, tuple[str, Field]], path: str, index: Any, offset: int) -> Record:
     values = {name: field_value(fmap, key, field, path, index, offset) for name, (key, field) in spec.items()}
     return Record(values.pop("image", None), values.pop("label", -1), values)
-
-
-def image_format(data: bytes) -> bytes:
-    for magic, name in ((b"\xff\xd8\xff", b"jpeg"), (b"\x89PNG", b"png"), (b"GIF8", b"gif"), (b"BM", b"bmp"),
-                        (b"II*\x00", b"tiff"), (b"MM\x00*", b"tiff")):
-        if data.startswith(magic):
-            return name
-    return b"webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else b""
 
 
 def writer_spec(fields: Mapping[str, Field], keys: Mapping[str, str] | None = None) -> dict[str, tuple[str, Field]]:

@@ -1,6 +1,7 @@
-"""Helpers shared by the shard-file readers (TFRecord, RecordIO): resolving a dataset path into shard files
-and their index files, the per-record table that locates a sample without searching, and bounded reads that
-never trust a length field further than the file goes."""
+"""Helpers shared by the shard-file readers (TFRecord, RecordIO, WebDataset tars) and the index tools:
+resolving a dataset path into shard files and their index files, telling a gzipped shard by its magic bytes,
+the per-record table that locates a sample without searching, and bounded reads that never trust a length
+field further than the file goes."""
 
 from __future__ import annotations
 
@@ -16,12 +17,21 @@ from .base import Location, check_index
 
 #: Read size used when a length field cannot be checked against a file size (compressed streams).
 CHUNK = 1 << 20
+#: The first two bytes of every gzip stream (RFC 1952).
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def gzipped(path: str) -> bool:
+    """True for a gzip-compressed file, by its magic bytes (whatever its name says)."""
+    with open(path, "rb") as f:
+        return f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
 
 
 def resolve_shards(path: str | os.PathLike | Sequence[str | os.PathLike], accept: Callable[[str], bool],
                    what: str) -> list[str]:
-    """The shard files of ``path``: one file, a list of files, a glob, or a directory (its files whose name
-    ``accept`` takes, sorted; subdirectories are not searched). Raises FileNotFoundError or SourceError."""
+    """The shard files of ``path``: one file, a list of files, a glob (every file it matches), or a
+    directory (its files whose name ``accept`` takes, hidden ones excepted, sorted; subdirectories are not
+    searched). ``what`` names the shards in messages. Raises FileNotFoundError or SourceError."""
     if not isinstance(path, (str, os.PathLike)):
         shards = [os.fspath(p) for p in path]
         if not shards:
@@ -32,7 +42,8 @@ def resolve_shards(path: str | os.PathLike | Sequence[str | os.PathLike], accept
         return shards
     path = os.fspath(path)
     if os.path.isdir(path):
-        shards = sorted(os.path.join(path, e.name) for e in os.scandir(path) if e.is_file() and accept(e.name))
+        shards = sorted(os.path.join(path, e.name) for e in os.scandir(path)
+                        if e.is_file() and not e.name.startswith(".") and accept(e.name))
         if not shards:
             raise SourceError(f"no {what} files in directory {path!r}", path=path)
         return shards

@@ -9,6 +9,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import ConfigError, SourceError
+from ._images import image_extension
 from .base import Location, Record, check_index
 
 #: Extensions recognised as images by default (lower case, with the dot).
@@ -119,19 +120,6 @@ def _walk_images(directory: str, exts: tuple[str, ...]) -> list[tuple[str, int]]
         raise SourceError(f"cannot list {err.filename or directory!r}: {err.strerror}",
                           path=err.filename or directory) from err
     return found
-
-
-#: Leading bytes -> file extension, for naming written images by what they are.
-_MAGIC = ((b"\xff\xd8\xff", ".jpg"), (b"\x89PNG\r\n\x1a\n", ".png"), (b"GIF87a", ".gif"), (b"GIF89a", ".gif"),
-          (b"BM", ".bmp"), (b"II*\x00", ".tif"), (b"MM\x00*", ".tif"), (b"P6", ".ppm"), (b"P5", ".pgm"))
-
-
-def image_extension(data) -> str | None:
-    """The file extension of encoded image bytes, sniffed from their magic number (None if unknown)."""
-    head = bytes(memoryview(data).cast("B")[:12])
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return ".webp"
-    return next((ext for magic, ext in _MAGIC if head.startswith(magic)), None)
 
 
 class FileTreeWriter:

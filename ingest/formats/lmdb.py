@@ -50,7 +50,7 @@ from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import _framed
 from ._protos import Datum
 from .base import Field, Location, ProcessLocal, Record, check_index
-from .filetree import image_extension
+from ._images import image_extension
 
 LAYOUTS = ("auto", "ingest", "columnar", "caffe", "images")
 META_KEY, LABELS_KEY = b"__meta__", b"__labels__"

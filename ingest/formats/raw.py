@@ -57,6 +57,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import RAW_INDEX
 from ._raw_index import (COLUMNS, DATA_SUFFIX, DEFAULT_ALIGN, DTYPES, FIELD_ALIGN, FORMAT, INDEX_SUFFIX, STORED,
@@ -267,10 +268,9 @@ def write_dataset_index(directory: str | os.PathLike, shards: Sequence[str] | No
     if classes is not None:
         data["classes"] = list(classes)
     path = os.path.join(directory, RAW_INDEX)
-    with open(path + ".tmp", "w") as f:
+    with atomic_write(path) as f:
         json.dump(data, f, indent=1)
         f.write("\n")
-    os.replace(path + ".tmp", path)
     return path
 
 

@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError
 from ._shards import RecordTable, read_index_rows, resolve_indexes, resolve_shards
 from .base import Field, Location, Record
@@ -53,6 +54,16 @@ FIELDS = {"image": Field("image"), "label": Field("int"), "label_values": Field(
 
 def _pad4(n: int) -> int:
     return (n + 3) & ~3
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether a file in a dataset directory is a RecordIO shard (``.rec``)."""
+    return name.lower().endswith(".rec")
+
+
+def find_shards(path: str | os.PathLike | Sequence[str]) -> list[str]:
+    """The ``.rec`` files at ``path``: a file, a list, a glob or a directory (`_shards.resolve_shards`)."""
+    return resolve_shards(path, is_shard_name, "RecordIO")
 
 
 def _index_of(shard: str) -> str:
@@ -170,10 +181,8 @@ def write_index(shard: str, index_path: str | None = None) -> str:
 
 
 def _write_index_file(index_path: str, offsets: Any) -> None:
-    tmp = index_path + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic_write(index_path) as f:
         f.writelines(f"{key}\t{int(offset)}\n" for key, offset in enumerate(offsets))
-    os.replace(tmp, index_path)
 
 
 # -- payload ---------------------------------------------------------------------------------------
@@ -225,7 +234,7 @@ class RecordIOSource:
     fields = FIELDS
 
     def __init__(self, path: str | os.PathLike | Sequence[str], *, index: Any = None, classes: Sequence[str] = ()):
-        self.shards = resolve_shards(path, lambda name: name.lower().endswith(".rec"), "RecordIO")
+        self.shards = find_shards(path)
         self.classes = list(classes)
         self.meta: dict[str, np.ndarray] = {}
         tables = [self._without_meta(shard, read_index(idx, shard) if idx else scan(shard))

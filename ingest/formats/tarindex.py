@@ -40,6 +40,7 @@ from typing import IO, Iterator
 
 import numpy as np
 
+from .._atomic import atomic_write
 from ..errors import CorruptRecordError
 
 INDEX_FORMAT = "ingest-tar-index"
@@ -343,11 +344,9 @@ def save(index: TarIndex, path: str) -> None:
            "starts": index.starts.tolist(), "exts": index.exts, "offsets": index.offsets.tolist(),
            "sizes": index.sizes.tolist(),
            "ints": [None if v == NO_INT else int(v) for v in index.ints.tolist()]}
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic_write(path) as f:
         json.dump(doc, f, separators=(",", ":"))
         f.write("\n")
-    os.replace(tmp, path)
 
 
 def load(path: str, tar_size: int) -> TarIndex | None:

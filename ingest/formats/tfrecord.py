@@ -60,11 +60,14 @@ import numpy as np
 from PIL import Image
 from google.protobuf.message import DecodeError as ProtoDecodeError
 
+from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import _protos
-from ._example import (OD_BOXES, OD_CLASS_TEXT, field_value, image_format, infer_spec, normalize_spec, parse_features,
-                       put, put_boxes, to_record, writer_spec)
-from ._shards import CHUNK, RecordTable, read_exact, read_index_rows, resolve_indexes, resolve_shards
+from ._example import (OD_BOXES, OD_CLASS_TEXT, field_value, infer_spec, normalize_spec, parse_features, put, put_boxes,
+                       to_record, writer_spec)
+from ._images import image_type
+from ._shards import (CHUNK, GZIP_MAGIC, RecordTable, read_exact, read_index_rows, resolve_indexes,
+                      resolve_shards)
 from .base import Field, Location, Record
 
 HEADER = 12      # uint64 length + uint32 masked CRC of it
@@ -171,10 +174,8 @@ def write_index(shard: str, index_path: str | None = None, *, check_crc: bool = 
 
 
 def _write_index_file(index_path: str, entries: Any) -> None:
-    tmp = index_path + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic_write(index_path) as f:
         f.writelines(f"{int(o)} {int(s)}\n" for o, s in entries)
-    os.replace(tmp, index_path)
 
 
 # -- compressed streams ----------------------------------------------------------------------------
@@ -218,7 +219,7 @@ def _compression(path: str, compression: str) -> str:
         head = f.read(HEADER)
     if not head or (len(head) == HEADER and masked_crc(head[:8]) == int.from_bytes(head[8:], "little")):
         return "none"
-    if head[:2] == b"\x1f\x8b" or path.lower().endswith(".gz"):
+    if head.startswith(GZIP_MAGIC) or path.lower().endswith(".gz"):
         return "gzip"
     if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
         return "zlib"
@@ -263,11 +264,16 @@ def iter_stream(path: str, compression: str = "auto", *, check_crc: bool = True)
 _NOT_SHARDS = (".idx", ".json", ".txt", ".md", ".tmp", ".part", ".partial")
 
 
-def _is_shard_name(name: str) -> bool:
+def is_shard_name(name: str) -> bool:
     """Whether a file in a dataset directory is a TFRecord shard: its name says 'record' and it is not an
     index, a manifest, a note or a partial write."""
     low = name.lower()
     return "record" in low and not low.endswith(_NOT_SHARDS) and not low.startswith((".", "_"))
+
+
+def find_shards(path: str | os.PathLike | Sequence[str]) -> list[str]:
+    """The TFRecord shards at ``path``: a file, a list, a glob or a directory (`_shards.resolve_shards`)."""
+    return resolve_shards(path, is_shard_name, "TFRecord")
 
 
 class TFRecordSource:
@@ -286,7 +292,7 @@ class TFRecordSource:
         compression = str(compression).lower()
         if compression not in _COMPRESSIONS:
             raise ConfigError(f"Unknown compression {compression!r}. Available: {', '.join(_COMPRESSIONS)}")
-        self.shards = resolve_shards(path, _is_shard_name, "TFRecord")
+        self.shards = find_shards(path)
         self.check_crc = bool(check_crc)
         self.classes = list(classes)
         self._compression = [_compression(s, compression) for s in self.shards]
@@ -461,7 +467,7 @@ class TFRecordWriter:
             if self.classes and name == "categories" and self._keys[name] == "image/object/class/label":
                 fmap[OD_CLASS_TEXT].bytes_list.value.extend(self._class_text(value))
             if name == "image" and field.kind == "image" and self._keys[name] == "image/encoded":
-                fmap["image/format"].bytes_list.value.append(image_format(bytes(value[:12])))
+                fmap["image/format"].bytes_list.value.append((image_type(value) or "").encode())
         data = frame(example.SerializeToString(deterministic=True))
         self._file.write(data)
         self._entries.append((self._offset, len(data)))

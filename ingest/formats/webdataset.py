@@ -31,7 +31,6 @@ tar named ``.tar`` streams too.
 
 from __future__ import annotations
 
-import glob
 import gzip
 import io
 import os
@@ -44,13 +43,14 @@ import numpy as np
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import tarindex
+from ._shards import gzipped, resolve_shards
 from .base import Field, Location, Record, check_index
-from .filetree import image_extension
+from ._images import image_extension
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
 LABEL_EXTENSIONS = ("cls", "cls2", "class", "index", "inx", "id", "count")
 TEXT_EXTENSIONS = ("txt", "text", "transcript", "json", "jsn")
-GZIP_SUFFIXES = (".tgz", ".tar.gz")
+TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")
 #: Decompressed size above which a ``.gz`` member is refused (a gzip bomb must not exhaust memory).
 MAX_GUNZIP = 1 << 30
 _SCAN_SAMPLES = 16   # samples looked at to declare fields when none are given
@@ -77,30 +77,14 @@ def _field_name(ext: str) -> str:
     return base.rsplit(".", 1)[0] if "." in base else base
 
 
-def _shards(path: Any) -> list[str]:
-    if not isinstance(path, (str, os.PathLike)):
-        shards = [os.fspath(p) for p in path]
-    else:
-        path = os.fspath(path)
-        if os.path.isdir(path):
-            shards = sorted(e.path for e in os.scandir(path) if e.is_file() and not e.name.startswith(".")
-                            and e.name.lower().endswith((".tar",) + GZIP_SUFFIXES))
-        elif any(c in path for c in "*?[") and not os.path.exists(path):
-            shards = sorted(glob.glob(path))
-        else:
-            shards = [path]
-    if not shards:
-        raise SourceError(f"no tar shards found at {path!r}", path=str(path))
-    for s in shards:
-        if not os.path.isfile(s):
-            raise FileNotFoundError(f"tar shard {s!r} does not exist")
-    return shards
+def is_shard_name(name: str) -> bool:
+    """Whether a file in a dataset directory is a tar shard (``.tar``, ``.tgz``, ``.tar.gz``)."""
+    return name.lower().endswith(TAR_SUFFIXES)
 
 
-def _gzipped(shard: str) -> bool:
-    """True for a gzip-compressed shard, by its magic bytes (whatever its name says)."""
-    with open(shard, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
+def find_shards(path: Any) -> list[str]:
+    """The tar shards at ``path``: a file, a list, a glob or a directory (`_shards.resolve_shards`)."""
+    return resolve_shards(path, is_shard_name, "tar shard")
 
 
 def gunzip(data: bytes, *, path: str, where: str) -> bytes:
@@ -250,15 +234,15 @@ class WebDatasetSource:
     def __init__(self, path: Any, *, fields: Mapping[str, str | Sequence[str]] | None = None,
                  index: str | os.PathLike | Sequence[str | os.PathLike] | None = None, stream: bool | None = None,
                  write_index: bool = False):
-        self.shards = _shards(path)
+        self.shards = find_shards(path)
         indexes = [None] * len(self.shards) if index is None else \
             [os.fspath(index)] if isinstance(index, (str, os.PathLike)) else [os.fspath(p) for p in index]
         if len(indexes) != len(self.shards):
             raise ConfigError(f"`index` names {len(indexes)} index files for {len(self.shards)} shards")
-        gzipped = [_gzipped(s) for s in self.shards]
-        if stream is False and any(gzipped):
+        compressed = [gzipped(s) for s in self.shards]
+        if stream is False and any(compressed):
             raise ConfigError("gzipped tars cannot be read at offsets; leave `stream` unset or True")
-        self.streamed = bool(stream) or any(gzipped)
+        self.streamed = bool(stream) or any(compressed)
         self.classes: list[str] = []   # tars hold none; open_source takes a converter manifest's
         self._indexes: list[tarindex.TarIndex] = []
         if not self.streamed:
@@ -371,7 +355,7 @@ class WebDatasetSource:
     def _stream_samples(self, k: int) -> Iterator[tuple[str, list[tuple[str, tarindex.Member]]]]:
         path = self.shards[k]
         with open(path, "rb") as f:
-            if _gzipped(path):
+            if gzipped(path):
                 with gzip.GzipFile(fileobj=f) as gz:
                     yield from tarindex.group(tarindex.scan(gz, path, read_all=True), path)
             else:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import IngestError
 from ..formats import MANIFEST, detect, fields_of, open_source
-from ..formats.filetree import image_extension
+from ..formats._images import image_extension
 from ..ops.decode import CpuDecoder
 from .convert import _option
 from .progress import human_bytes

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ..errors import IngestError, SourceError
+from ..formats._shards import gzipped
 from . import shardfiles
 
 
@@ -29,7 +30,7 @@ def run(args: Any) -> int:
     pairs = [pair for path in args.paths for pair in _shards(path, args.source_format)]
     bad = 0
     for fmt, shard in pairs:
-        if shardfiles.compressed(shard):
+        if gzipped(shard):
             print(f"{shard}: skipped: compressed shards are streamed and have no index")
             continue
         try:

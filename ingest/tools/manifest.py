@@ -27,6 +27,7 @@ import json
 import os
 from typing import Any
 
+from .._atomic import atomic_write
 from ..formats import MANIFEST
 from ..formats.base import Field
 
@@ -49,13 +50,9 @@ def fields_json(fields: dict[str, Field]) -> dict[str, dict[str, Any]]:
 
 def write_atomic(path: str, data: dict[str, Any]) -> None:
     """Write JSON to ``path`` through a temporary file and a rename (readers never see half a file)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    with atomic_write(path) as f:
         json.dump(data, f, indent=1)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class Journal:
@@ -64,12 +61,8 @@ class Journal:
 
     def __init__(self, directory: str, header: dict[str, Any], shards: list[dict[str, Any]]):
         self.path = os.path.join(directory, PARTIAL)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
+        with atomic_write(self.path) as f:
             f.writelines(json.dumps(entry) + "\n" for entry in [header, *shards])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
 
     def commit(self, shard: dict[str, Any]) -> None:
         with open(self.path, "a") as f:

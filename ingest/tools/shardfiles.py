@@ -8,53 +8,27 @@ no index.
 
 from __future__ import annotations
 
-import glob
+import importlib
 import os
 
 import numpy as np
 
 from ..errors import SourceError
-from ..formats import MANIFEST, detect
+from ..formats import FORMATS, detect
+from ..formats._shards import gzipped
 
 INDEXED = ("tfrecord", "recordio", "wds")
-_TAR = (".tar", ".tar.gz", ".tgz")
-
-
-def _is_shard(name: str, fmt: str) -> bool:
-    low = name.lower()
-    if fmt == "tfrecord":
-        from ..formats import tfrecord
-        return tfrecord._is_shard_name(name)
-    if fmt == "recordio":
-        return low.endswith(".rec")
-    return low.endswith(_TAR)
-
-
-def compressed(path: str) -> bool:
-    """True for a shard that can only be streamed (gzip)."""
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
 
 
 def shard_files(path: str, fmt: str | None = None) -> list[tuple[str, str]]:
-    """``(format, file)`` of every indexable shard at ``path`` (a shard file, a glob or a directory; ``fmt``
-    overrides detection). Empty for a dataset of another format. Raises FileNotFoundError / SourceError."""
-    if any(c in path for c in "*?[") and not os.path.exists(path):
-        files = sorted(p for p in glob.glob(path) if os.path.isfile(p))
-        if not files:
-            raise FileNotFoundError(f"no files match {path!r}")
-        return [pair for f in files for pair in shard_files(f, fmt)]
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"path {path!r} does not exist")
+    """``(format, file)`` of every indexable shard at ``path`` (a shard file, a glob or a directory, found as
+    the format's reader finds them: its ``find_shards``; ``fmt`` overrides detection). Empty for a dataset of
+    another format. Raises FileNotFoundError / SourceError."""
     fmt = fmt or detect(path)
     if fmt not in INDEXED:
         return []
-    if os.path.isfile(path):
-        return [(fmt, path)]
-    files = sorted(e.path for e in os.scandir(path) if e.is_file() and e.name != MANIFEST and _is_shard(e.name, fmt))
-    if not files:
-        raise SourceError(f"no {fmt} shard files in {path!r}", path=path)
-    return [(fmt, f) for f in files]
+    module = importlib.import_module(f"..formats.{FORMATS[fmt][0]}", __package__)
+    return [(fmt, shard) for shard in module.find_shards(path)]
 
 
 def index_file(fmt: str, shard: str) -> str:
@@ -65,7 +39,7 @@ def index_file(fmt: str, shard: str) -> str:
 def write_index(fmt: str, shard: str) -> tuple[str, int]:
     """Write the index of one shard (replacing any); returns (index path, records or samples indexed)."""
     from ..formats import recordio, tarindex, tfrecord
-    if compressed(shard):
+    if gzipped(shard):
         raise SourceError(f"{shard} is compressed: it can only be streamed and has no index", path=shard)
     if fmt == "tfrecord":
         path = tfrecord.write_index(shard)
@@ -83,7 +57,7 @@ def check_index(fmt: str, shard: str) -> str | None:
     """What is wrong with the index file of ``shard`` (None: it matches the data, or there is none)."""
     from ..formats import recordio, tarindex, tfrecord
     path = index_file(fmt, shard)
-    if not os.path.isfile(path) or compressed(shard):
+    if not os.path.isfile(path) or gzipped(shard):
         return None
     if fmt == "tfrecord":
         saved, actual = tfrecord.read_index(path, shard), tfrecord.scan(shard)

@@ -1,0 +1,45 @@
+"""Encoded image types told by their leading bytes: the one table every format and tool uses to recognize an
+image, name its file (a WebDataset member, a file tree file) or state its type (TFRecord's ``image/format``,
+``inspect``'s image types).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: ``(name, file extension, leading bytes)``, the bytes as ``(offset, bytes)`` pairs that must all match.
+#: Names are the ``image/format`` values TensorFlow's converters write.
+IMAGE_TYPES = (
+    ("jpeg", ".jpg", ((0, b"\xff\xd8\xff"),)),
+    ("png", ".png", ((0, b"\x89PNG\r\n\x1a\n"),)),
+    ("gif", ".gif", ((0, b"GIF87a"),)),
+    ("gif", ".gif", ((0, b"GIF89a"),)),
+    ("webp", ".webp", ((0, b"RIFF"), (8, b"WEBP"))),
+    ("bmp", ".bmp", ((0, b"BM"),)),
+    ("tiff", ".tif", ((0, b"II*\x00"),)),
+    ("tiff", ".tif", ((0, b"MM\x00*"),)),
+    ("ppm", ".ppm", ((0, b"P6"),)),
+    ("pgm", ".pgm", ((0, b"P5"),)),
+)
+_HEAD = max(offset + len(magic) for _, _, parts in IMAGE_TYPES for offset, magic in parts)
+
+
+def _match(data: Any) -> tuple[str, str] | None:
+    """``(name, extension)`` of the `IMAGE_TYPES` row whose leading bytes ``data`` (any bytes-like) has."""
+    head = bytes(memoryview(data).cast("B")[:_HEAD])
+    for name, ext, parts in IMAGE_TYPES:
+        if all(head[offset:offset + len(magic)] == magic for offset, magic in parts):
+            return name, ext
+    return None
+
+
+def image_type(data: Any) -> str | None:
+    """The type of encoded image bytes (``"jpeg"``, ``"png"``, ``"webp"``, ...), None if unknown."""
+    found = _match(data)
+    return found[0] if found else None
+
+
+def image_extension(data: Any) -> str | None:
+    """The file extension of encoded image bytes (``".jpg"``, ``".png"``, ...), None if unknown."""
+    found = _match(data)
+    return found[1] if found else None
