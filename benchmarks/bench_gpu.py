@@ -178,12 +178,20 @@ def _better(new: dict, old: dict | None) -> bool:
 
 
 def run_child(key: str, args, argfile: Path, log: Path) -> dict:
-    fd, res_path = tempfile.mkstemp(suffix=f".{key}.json")
-    os.close(fd)
-    cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--child", key, "--child-out", res_path]
+    cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--child", key]
     env = dict(os.environ, INGEST_BENCH_ARGS=str(argfile), PYTHONUNBUFFERED="1")
     budget = (args.warmup_seconds + args.seconds + 2 * args.train_seconds + args.warmup_seconds
               + 6 * args.decode_seconds + 180)
+    return run_json_child(cmd, env, budget, log, CHILDREN[key])
+
+
+def run_json_child(cmd: list[str], env: dict, budget: float, log: Path, variant: str) -> dict:
+    """Run ``cmd --child-out FILE`` in a session of its own, output to ``log``, and return the JSON it wrote to
+    FILE with ``variant``, ``child_seconds``, ``log`` and, when it crashed or ran past ``budget`` seconds,
+    ``error``. Its whole process group is killed at the end (a hung child, leftover worker processes)."""
+    fd, res_path = tempfile.mkstemp(suffix=f".{variant}.json")
+    os.close(fd)
+    cmd = [*cmd, "--child-out", res_path]
     t0 = time.perf_counter()
     with open(log, "w") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -202,7 +210,7 @@ def run_child(key: str, args, argfile: Path, log: Path) -> dict:
         res = {}
     finally:
         Path(res_path).unlink(missing_ok=True)
-    res.setdefault("variant", CHILDREN[key])
+    res.setdefault("variant", variant)
     res["child_seconds"] = round(time.perf_counter() - t0, 1)
     res["log"] = str(log)
     if rc != 0 and not res.get("error"):
@@ -236,8 +244,8 @@ def derive(results: dict) -> dict:
         "a_over_f_raw": _ratio(a, raw), "f_ingest_decoder_over_f_raw": _ratio(ing_dec, raw),
         "f_raw_nvimgcodec_img_s": raw,
         "f_beside_busy_over_alone": _ratio(_get(dec, "ingest_gpu_beside_busy", "img_s"), ing_dec),
-        "f_beside_busy_loader_interval_over_alone": _ratio(
-            _get(dec, "ingest_gpu_beside_busy_loader_interval", "img_s"), ing_dec),
+        "f_beside_busy_switch_500us_over_alone": _ratio(
+            _get(dec, "ingest_gpu_beside_busy_switch_500us", "img_s"), ing_dec),
     }
     # Device-wide first: ingest's worker processes are other PIDs, which a per-process figure would miss.
     for m in ("device_peak_mb", "pid_peak_mb"):
@@ -392,28 +400,40 @@ def child_main(args) -> int:
     saved = json.loads(Path(os.environ["INGEST_BENCH_ARGS"]).read_text())
     key, out_path = args.child, args.child_out
     args = argparse.Namespace(**{**saved, "child": key, "child_out": out_path})
-    res: dict = {"variant": CHILDREN[key]}
 
-    def flush():
-        Path(out_path).write_text(json.dumps(res, default=str))
-
-    try:
+    def run(dev, res, flush):
         import torch
-        dev = torch.device("cpu" if args.dry_run else "cuda")
-        if dev.type == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError("CUDA is not available (use --dry-run on a machine without a GPU)")
-            torch.zeros(1, device=dev)
-            torch.cuda.synchronize()
-            res["device_name"] = torch.cuda.get_device_name(dev)
         torch.backends.cudnn.benchmark = True
-        res["torch"] = torch.__version__
         if key in LOADERS:
             loader_variant(key, args, dev, res, flush)
         elif key == "s":
             synthetic_variant(args, dev, res, flush)
         elif key == "f":
             decode_variant(args, dev, res, flush)
+
+    return run_in_child(CHILDREN[key], out_path, args.dry_run, run)
+
+
+def run_in_child(variant: str, out_path: str, dry_run: bool, run) -> int:
+    """The child's side of `run_json_child`: ``run(dev, res, flush)`` on a fresh CUDA context (the CPU for a dry
+    run), every figure in ``res``; an exception is recorded as ``error`` with its traceback. Then the process
+    ends without teardown."""
+    res: dict = {"variant": variant}
+
+    def flush():
+        Path(out_path).write_text(json.dumps(res, default=str))
+
+    try:
+        import torch
+        dev = torch.device("cpu" if dry_run else "cuda")
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("CUDA is not available (use --dry-run on a machine without a GPU)")
+            torch.zeros(1, device=dev)
+            torch.cuda.synchronize()
+            res["device_name"] = torch.cuda.get_device_name(dev)
+        res["torch"] = torch.__version__
+        run(dev, res, flush)
     except BaseException as err:  # noqa: BLE001 - recorded in the JSON, the other variants go on
         res["error"] = f"{type(err).__name__}: {err}"
         res["traceback"] = traceback.format_exc()[-4000:]
@@ -675,8 +695,8 @@ def decode_variant(args, dev, res, flush) -> None:
              ("ingest_gpu_1thr", lambda: ingest_gpu_case(batches, dev, args, 1)),
              ("ingest_gpu_2thr", lambda: ingest_gpu_case(batches, dev, args, 2)),
              ("ingest_gpu_beside_busy", lambda: beside_busy(ingest_gpu_case, batches, dev, args, None)),
-             ("ingest_gpu_beside_busy_loader_interval",
-              lambda: beside_busy(ingest_gpu_case, batches, dev, args, "loader")),
+             ("ingest_gpu_beside_busy_switch_500us",
+              lambda: beside_busy(ingest_gpu_case, batches, dev, args, 0.0005)),
              ("ingest_cpu", lambda: ingest_cpu_case(batches, args))]
     for name, case in cases:
         try:
@@ -810,14 +830,12 @@ class Busy:
 
 
 def beside_busy(case, batches, dev, args, interval) -> dict:
-    """``case`` run while a busy pure-Python thread shares the GIL. ``interval``: None keeps CPython's switch
-    interval (5 ms); "loader" uses the one an in-process CUDA loader sets (ingest's switch_interval_us)."""
+    """``case`` run while a busy pure-Python thread shares the GIL. ``interval``: CPython's switch interval
+    meanwhile, in seconds (None: leave it, 5 ms unless the program changed it). Each GIL hand-off costs up to
+    one interval beside the busy thread."""
     old = sys.getswitchinterval()
-    if interval == "loader":
-        from ingest import defaults
-        us = defaults.get("switch_interval_us")
-        if us:
-            sys.setswitchinterval(min(old, us / 1e6))
+    if interval is not None:
+        sys.setswitchinterval(interval)
     applied = sys.getswitchinterval()
     try:
         with Busy() as busy:

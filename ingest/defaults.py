@@ -9,7 +9,6 @@
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (4 on CUDA, 0 on CPU) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
-| switch_interval_us | INGEST_SWITCH_INTERVAL_US | 500 | CPython's thread switch interval while a CUDA loader runs in this process (0: leave it) |
 
 ``ops_threads``: torch runs a thread's CPU ops on every core by default, but beside the decode pool that
 oversubscribes the cores, and OpenMP threads spin while they wait: on 2 cores the ops of a 128-image batch
@@ -21,13 +20,6 @@ threaded loader ran 176 against 256 img/s. Decoding and these ops cost about the
 warning; it refuses twice that): a file of a few hundred bytes can claim 16000 x 16000 pixels, whose decode
 buffer alone is 768 MB. Raise it for larger real images (a 100 MP photo has ~1e8 pixels). Pillow's own refusal
 at twice its limit still applies to what Pillow decodes (non-JPEG files and JPEGs libjpeg-turbo refuses).
-
-``switch_interval_us``: a loader running in the training process shares the GIL with the training loop. When
-a thread gives the GIL up (every torch op does, and so does every read and the batch decode) it waits for it
-to come back, and a thread holding it keeps it for up to the switch interval (``sys.setswitchinterval``, 5 ms by
-default) before it must let go: each hand-off between the loader's threads and the training loop can cost
-5 ms. While an in-process CUDA loader iterates, the interval is lowered to this value (only lowered, never
-raised) and put back when the last such loader stops; a value the program sets meanwhile is left as it is.
 """
 
 from __future__ import annotations
@@ -72,7 +64,6 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),
     "ops_threads": ("INGEST_OPS_THREADS", "auto", _integer("ops_threads", 1, words=("auto",))),
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),
-    "switch_interval_us": ("INGEST_SWITCH_INTERVAL_US", 500, _integer("switch_interval_us", 0)),
 }
 _values: dict[str, Any] = {}
 

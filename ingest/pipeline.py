@@ -25,7 +25,6 @@ import atexit
 import contextlib
 import logging
 import queue
-import sys
 import threading
 import time
 import weakref
@@ -567,9 +566,6 @@ class Executor:
             self._threads.append(t)
         self._closed = False
         CLOSE_AT_EXIT.add(self)
-        self._fast_switch = pipeline.device.type == "cuda"
-        if self._fast_switch:
-            SWITCH_INTERVAL.acquire()
         for t in self._threads:
             t.start()
 
@@ -637,8 +633,6 @@ class Executor:
         for q in self._queues:
             while not q.empty():
                 q.get_nowait()
-        if self._fast_switch:
-            SWITCH_INTERVAL.release()
 
     def __del__(self) -> None:
         try:
@@ -659,37 +653,6 @@ def set_thread_torch_threads(n: int) -> None:
     restore.start()
     restore.join()
 
-
-class SwitchInterval:
-    """CPython's switch interval, lowered to the ``switch_interval_us`` setting while at least one user holds
-    it (in-process CUDA executors: see `ingest.defaults` for why) and put back when the last one lets go,
-    unless the program changed it meanwhile."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved: float | None = None   # the interval before the first user
-        self._set: float | None = None     # the interval we set, if any
-
-    def acquire(self) -> None:
-        with self._lock:
-            self._users += 1
-            if self._users > 1:
-                return
-            self._saved, self._set = sys.getswitchinterval(), None
-            wanted = defaults.get("switch_interval_us") / 1e6
-            if 0 < wanted < self._saved:
-                sys.setswitchinterval(wanted)
-                self._set = sys.getswitchinterval()
-
-    def release(self) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._set is not None and sys.getswitchinterval() == self._set:
-                sys.setswitchinterval(self._saved)
-
-
-SWITCH_INTERVAL = SwitchInterval()
 
 #: Executors and worker pools still open, closed by an exit hook (see `Executor`); each leaves on close().
 CLOSE_AT_EXIT: "weakref.WeakSet[Any]" = weakref.WeakSet()

@@ -122,16 +122,3 @@ def test_worker_processes_on_cuda_match_threads(folder):
         assert torch.equal(la.cpu(), lb)
         assert torch.equal(a.cpu(), b)   # same plan, same kernels: identical
 
-
-def test_in_process_cuda_loader_lowers_the_switch_interval_while_it_runs(folder):
-    import sys
-    old = sys.getswitchinterval()
-    with ingest.defaults.set(switch_interval_us=700):
-        loader = ingest.Loader(folder, batch_size=4, device="cuda", ops=[Resize((32, 32))], num_workers=0)
-        it = iter(loader)
-        next(it)
-        assert sys.getswitchinterval() == pytest.approx(0.0007)
-        for _ in it:
-            pass
-        loader.close()
-    assert sys.getswitchinterval() == pytest.approx(old)
