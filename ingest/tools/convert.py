@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -267,6 +267,8 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
     if "boxes" in fields and "box_format" not in inspect.signature(writer).parameters:
         # The format stores box values as they are: say how to read them (open_source applies it).
         header["boxes"] = {k: described[k] for k in ("box_format", "relative")}
+    # Resizing moves the boxes and polygons unless they are relative to the image size.
+    transform = replace(transform, relative=described["relative"])
     job = Job(view, to, fields, options, transform, os.path.join(os.path.abspath(dst), TMP_DIR), stop_on_failure)
     return Plan(job, stems, ranges, header)
 

@@ -1,6 +1,6 @@
 """Optional per-sample re-encoding for `ingest convert`: ``max_side`` / ``quality`` (JPEG out) and
-``raw_size`` (decoded pixels out, for raw shards). Only the ``image`` field is transformed; other fields pass
-through as they are.
+``raw_size`` (decoded pixels out, for raw shards). The ``image`` field is transformed, and the annotations
+that are in its pixels follow it (below); other fields pass through as they are.
 
 - ``max_side=S``: an image whose longer side exceeds S is decoded (EXIF orientation applied), resized with
   antialiasing so that its longer side is S (aspect kept, ingest's `Resize(longer=S)`) and re-encoded as JPEG;
@@ -10,20 +10,32 @@ through as they are.
 - ``raw_size=(H, W)``: every image is decoded and resized to exactly H x W: the field becomes ``pixels``
   (uint8 [H, W, 3]), what raw shards hold so that training skips decoding.
 
+**Annotations follow the pixels.** When an image changes size, the detection fields the COCO reader gives
+(by name) are moved with it, by sx = new width / old width and sy = new height / old height: ``boxes``
+(absolute ones, any box format; relative ones stay), ``area`` (times sx * sy), ``polygons`` (each absolute
+vertex scaled, relative ones stay; RLE entries resized nearest and encoded again) and ``masks`` (resized
+nearest). Resizing samples pixel centres as the Loader's ``Resize`` does for masks (the same warp), so reading
+the packed data gives what reading the source through ``Resize`` gives. The old size is the decoded one,
+EXIF orientation applied: annotations are read in the displayed frame, as the Loader reads them (see the
+coco module), and a re-encoded image carries no orientation tag, so they stay in it.
+
 All of it is deterministic (libjpeg-turbo via simplejpeg, torch's CPU resize), so a conversion gives the same
 bytes on any machine with the same library versions.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simplejpeg
 import torch
 
-from ..errors import ConfigError, DecodeError
+from ..errors import ConfigError, CorruptRecordError, DecodeError
 from ..formats.base import Field, Record
+from ..ops import planner
 from ..ops.decode import CpuDecoder
 from ..ops.geometry import Resize, resize_image
 
@@ -38,6 +50,7 @@ class Transform:
     max_side: int | None = None
     quality: int | None = None
     raw_size: tuple[int, int] | None = None
+    relative: bool = False   # the source's boxes and polygons are relative to the image size (they stay)
 
     def __post_init__(self):
         if self.max_side is not None and (isinstance(self.max_side, bool) or self.max_side < 1):
@@ -83,14 +96,65 @@ class Transform:
             pixels = decoder.decode(image, name)
         else:
             pixels = decoder.decode(image, name)
+        before = pixels.shape[:2]
         if self.raw_size is not None:
-            out = _resize(pixels, tuple(self.raw_size))
+            out = pixels = _resize(pixels, tuple(self.raw_size))
         else:
             if self.max_side is not None and max(pixels.shape[:2]) > self.max_side:
                 pixels = _resize(pixels, Resize(longer=self.max_side).output_size(*pixels.shape[:2]))
             out = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=self.quality or DEFAULT_QUALITY,
                                          colorspace="RGB", colorsubsampling="420")
-        return Record(out, record.label, dict(record.fields))
+        fields = dict(record.fields)
+        if pixels.shape[:2] != before:
+            fields = resized_targets(fields, before, pixels.shape[:2], relative=self.relative, name=name)
+        return Record(out, record.label, fields)
+
+
+def resized_targets(fields: dict[str, Any], before: tuple[int, int], after: tuple[int, int], *,
+                    relative: bool = False, name: str = "") -> dict[str, Any]:
+    """The detection fields of an image resized from ``before`` to ``after`` (height, width) moved with it
+    (module docstring); other fields as they are. A mask or RLE not of the ``before`` size, or a malformed
+    field, raises CorruptRecordError naming ``name``."""
+    sx, sy = after[1] / before[1], after[0] / before[0]
+    out = dict(fields)
+    try:
+        if "boxes" in out and not relative:
+            out["boxes"] = _scaled(out["boxes"], [sx, sy, sx, sy], (-1, 4))
+        if "area" in out:
+            out["area"] = _scaled(out["area"], sx * sy, (-1,))
+        if "masks" not in out and "polygons" not in out:
+            return out
+        resize = planner.plan([Resize(tuple(after))], [tuple(before)])
+        if "masks" in out:
+            masks = np.asarray(out["masks"])
+            if masks.ndim != 3 or masks.shape[1:] != tuple(before):
+                raise ValueError(f"masks of shape {masks.shape} do not fit the image of {before[0]}x{before[1]}")
+            out["masks"] = resize.warp_masks([masks])[0].numpy()
+        if "polygons" in out:
+            out["polygons"] = _resized_polygons(out["polygons"], resize, 1.0 if relative else sx,
+                                                1.0 if relative else sy)
+    except ValueError as err:
+        raise CorruptRecordError(str(err), path=name) from err
+    return out
+
+
+def _scaled(values: Any, scale: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``values`` times ``scale``, in their float dtype (float32 for others)."""
+    a = np.asarray(values)
+    dtype = a.dtype if np.issubdtype(a.dtype, np.floating) else np.float32
+    return (a.astype(np.float64).reshape(shape) * scale).astype(dtype)
+
+
+def _resized_polygons(value: Any, resize: planner.Plan, sx: float, sy: float) -> Any:
+    """The polygons field (JSON text or list) with its vertices scaled and its RLEs warped by ``resize``."""
+    objs = planner.scale_polygons(json.loads(value) if isinstance(value, (str, bytes)) else value, sx, sy)
+    if any(isinstance(o, dict) for o in objs):
+        rles = resize.map_polygons([[o if isinstance(o, dict) else None for o in objs]])[0]
+        objs = [r if isinstance(o, dict) else o for o, r in zip(objs, rles)]
+    if isinstance(value, (str, bytes)):
+        text = json.dumps(objs)
+        return text.encode("utf-8") if isinstance(value, bytes) else text
+    return objs
 
 
 def _rgb(pixels: np.ndarray, name: str) -> np.ndarray:
