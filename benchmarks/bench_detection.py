@@ -1,0 +1,555 @@
+"""COCO-style detection loading on one GPU: ingest vs NVIDIA DALI vs torchvision (issue 8).
+
+Measured: images per second that each loader delivers to a consumer that takes every batch's images, boxes
+and labels in the loader's own batched form: ingest and DALI a list of GPU images (each padded to its own
+size) plus boxes [B, K, 4] and labels [B, K] padded on the GPU, torchvision lists of per-image tensors
+moved to the GPU. Timed over a window after a warm-up (>= --warmup-batches and >= --warmup-seconds, which
+also drains what the loader queued while starting), ended by a device synchronise. Every variant runs in
+its own subprocess (a fresh CUDA context; a crash, a hang or a missing DALI is recorded as that variant's
+``error`` and the others go on). Shuffled, batch 32, last partial batch dropped; epoch restarts fall
+inside the window.
+
+The same augmentation everywhere, the SSD/Detectron recipe: IoU-constrained random crop (no-crop or a
+minimum IoU of 0, .1, .3, .5, .7, .9; scale 0.3-1; aspect 0.5-2; 50 attempts), horizontal flip p=0.5,
+resize shorter side 800 capped at longer side 1333 (bilinear, antialiased), pad bottom/right to a multiple
+of 32 (per image). Output uint8 images, boxes ltrb.
+
+  ingest       ingest.Loader(instances.json, decode="mixed", device="cuda", ops=[RandomIoUCrop, Flip,
+               Resize(800, max_size=1333), PadTo(multiple=32)], output="dict"), its default worker processes;
+               the check splits targets with `ingest.torch.detection_targets`
+  ingest_w0    the same with num_workers=0 (one process)
+  dali         DALI: readers.coco(ltrb, ratio) -> random_bbox_crop (cpu) -> decoders.image(mixed) -> slice
+               -> flip + bb_flip (coin_flip) -> resize(resize_shorter=800, max_size=1333) -> pad(align 32,
+               per image); boxes and labels padded (pad, -1); DALIRaggedIterator (images a list)
+  dali_roi     the same with the crop fused into the decode (decoders.image_slice: DALI's fastest form)
+  torchvision  CocoDetection + wrap_dataset_for_transforms_v2 + transforms.v2 (ToImage, RandomIoUCrop,
+               RandomHorizontalFlip, Resize(800, max_size=1333), SanitizeBoundingBoxes), padding in the
+               collate, DataLoader with --workers processes, pin_memory, images and targets moved to the GPU
+
+Each variant's ``check`` describes its first batch (image shapes and layout, pixel mean, box count, boxes
+inside their image, label range), so a pipeline that is fast because it is wrong shows. DALI's boxes are
+relative (``ratio=True``: random_bbox_crop and bb_flip need them so, and a resize leaves them unchanged).
+
+Data: ``--make-data DIR --from JPEG_TREE --n N`` links the first N JPEGs of an ImageFolder tree
+(benchmarks/make_data.py; made there first when JPEG_TREE is absent) into DIR/images and writes
+DIR/instances.json: real sizes from the JPEG headers, 3-7 random boxes per image (COCO's 80 non-contiguous
+category ids, polygon = the box), deterministic from --seed. Skipped when DIR exists (it is built under a
+temporary name and renamed, so a present DIR is complete).
+
+On the device (DALI on PYTHONPATH, see ../shared/device; torchvision's CocoDetection needs pycocotools):
+
+    python3 benchmarks/bench_detection.py --make-data /dev/shm/coco10k --from /dev/shm/ingest_bench_20k --n 10000
+    python3 benchmarks/bench_detection.py --data /dev/shm/coco10k --out $OUT/bench_detection.json
+
+Estimated 2-3 minutes with the defaults (8 s windows, five variants; not yet run on the device). Here, without a GPU:
+
+    python benchmarks/bench_detection.py --dry-run --out /tmp/det.json   # tiny CPU run of the code paths
+
+The dry run runs DALI's graph on DALI's CPU backend where DALI is importable, else records it unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_gpu  # noqa: E402 - the shared environment, memory and output helpers
+
+#: COCO 2017's 80 category ids (1..90 with gaps), so contiguous-id remapping is exercised as on COCO.
+COCO_IDS = tuple(i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68, 69, 71, 83))
+MIN_IOUS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)   # plus "no crop"
+CROP_SCALE, CROP_ASPECT, CROP_ATTEMPTS = (0.3, 1.0), (0.5, 2.0), 50
+SHORTER, MAX_SIZE, ALIGN = 800, 1333, 32
+AUGMENTATION = (f"IoU crop (no crop or min IoU {list(MIN_IOUS)}, scale {list(CROP_SCALE)}, aspect "
+                f"{list(CROP_ASPECT)}, {CROP_ATTEMPTS} attempts), horizontal flip p=0.5, resize shorter "
+                f"{SHORTER} max {MAX_SIZE} (bilinear, antialias), pad bottom/right to a multiple of {ALIGN}; uint8")
+PIPELINES = {
+    "ingest": "Loader(instances.json, box_format=ltrb, decode=mixed, device=cuda, ops=[RandomIoUCrop, Flip(0.5), "
+              "Resize(800, max_size=1333), PadTo(multiple=32)], output=dict, default num_workers) + detection_targets",
+    "ingest_w0": "as ingest, num_workers=0",
+    "dali": "readers.coco(ltrb, ratio, skip_empty, random_shuffle) -> random_bbox_crop(cpu) -> decoders.image(mixed) "
+            "-> slice -> coin_flip: flip + bb_flip -> resize(resize_shorter=800, max_size=1333) -> "
+            "pad(HW, align 32, per image) -> DALIRaggedIterator lists",
+    "dali_roi": "as dali, the crop fused into the decode: decoders.image_slice(mixed)",
+    "torchvision": "CocoDetection + wrap_dataset_for_transforms_v2 + v2 [ToImage, RandomIoUCrop, RandomHorizontalFlip, "
+                   "Resize(800, max_size=1333), SanitizeBoundingBoxes], pad in collate, DataLoader(--workers, "
+                   "pin_memory, fork), .to(cuda, non_blocking)",
+}
+VARIANTS = tuple(PIPELINES)
+DRY_JPEGS = Path(tempfile.gettempdir()) / "ingest_bench_det_dry_jpegs"
+DRY_DATA = Path(tempfile.gettempdir()) / "ingest_bench_det_dry"
+
+
+# ==================================================================================================
+# Data: a COCO-shaped set over an existing JPEG tree
+
+
+def _image_size(path: str) -> tuple[int, int]:
+    from PIL import Image
+    with Image.open(path) as im:  # reads the header only
+        return im.size
+
+
+def make_coco(out: str, source: str, n: int, *, seed: int = 0, workers: int | None = None) -> dict:
+    """Link the first ``n`` images of the ImageFolder tree ``source`` into ``out``/images and write
+    ``out``/instances.json (see the module docstring). Returns the set's statistics."""
+    import numpy as np
+    out = os.path.abspath(out)
+    files = bench_gpu.list_files(source)
+    if len(files) < n:
+        raise SystemExit(f"--from {source} holds {len(files)} images, fewer than --n {n}")
+    files = files[:n]
+    t0 = time.perf_counter()
+    with mp.get_context("fork").Pool(workers or os.cpu_count() or 1) as pool:
+        sizes = pool.map(_image_size, files, chunksize=max(1, n // (8 * (workers or os.cpu_count() or 1))))
+    tmp = f"{out}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(os.path.join(tmp, "images"))
+    rng = np.random.default_rng(seed)
+    images, annotations, linked = [], [], "hard links"
+    for i, (path, (w, h)) in enumerate(zip(files, sizes)):
+        name = f"{i:06d}{os.path.splitext(path)[1].lower()}"
+        dst = os.path.join(tmp, "images", name)
+        try:
+            os.link(path, dst)
+        except OSError:  # another file system, or links not allowed: a symlink reads the same
+            os.symlink(os.path.abspath(path), dst)
+            linked = "symlinks"
+        images.append({"id": i + 1, "file_name": name, "width": w, "height": h})
+        k = int(rng.integers(3, 8))
+        u = rng.random((k, 4))
+        bw, bh = np.floor((0.05 + 0.45 * u[:, 0]) * w * 100) / 100, np.floor((0.05 + 0.45 * u[:, 1]) * h * 100) / 100
+        x, y = np.floor(u[:, 2] * (w - bw) * 100) / 100, np.floor(u[:, 3] * (h - bh) * 100) / 100
+        cats = rng.choice(COCO_IDS, size=k)
+        for j in range(k):
+            x0, y0, x1, y1 = float(x[j]), float(y[j]), round(float(x[j] + bw[j]), 2), round(float(y[j] + bh[j]), 2)
+            annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": int(cats[j]),
+                                "bbox": [x0, y0, float(bw[j]), float(bh[j])], "area": round(float(bw[j] * bh[j]), 2),
+                                "iscrowd": 0, "segmentation": [[x0, y0, x1, y0, x1, y1, x0, y1]]})
+    doc = {"info": {"description": f"bench_detection.py: {n} images of {source}, random boxes, seed {seed}"},
+           "licenses": [], "images": images, "annotations": annotations,
+           "categories": [{"id": c, "name": f"class_{c}", "supercategory": "none"} for c in COCO_IDS]}
+    with open(os.path.join(tmp, "instances.json"), "w") as f:
+        json.dump(doc, f)
+    os.rename(tmp, out)
+    stats = coco_stats(out)
+    stats.update(source=os.path.abspath(source), seed=seed, linked=linked, seconds=round(time.perf_counter() - t0, 1))
+    return stats
+
+
+def coco_stats(root: str) -> dict:
+    doc = json.loads(Path(root, "instances.json").read_text())
+    ims = doc["images"]
+    sizes = [os.path.getsize(os.path.join(root, "images", im["file_name"])) for im in ims]
+    n = max(len(ims), 1)
+    return {"path": root, "n": len(ims), "annotations": len(doc["annotations"]),
+            "boxes_per_image": round(len(doc["annotations"]) / n, 2), "categories": len(doc["categories"]),
+            "mean_width": round(sum(im["width"] for im in ims) / n, 1),
+            "mean_height": round(sum(im["height"] for im in ims) / n, 1),
+            "mean_bytes": round(sum(sizes) / n, 1), "total_mb": round(sum(sizes) / 2 ** 20, 1)}
+
+
+def ensure_data(out: str, source: str, n: int, seed: int, workers: int | None) -> None:
+    if os.path.exists(os.path.join(out, "instances.json")):
+        print(f"[bench_detection] {out} exists: kept", flush=True)
+        return
+    if not os.path.isdir(source):
+        import make_data
+        print(f"[bench_detection] {source} is absent: making {n} JPEGs there (make_data.py)", flush=True)
+        make_data.make_dataset(source, n=n, classes=min(100, n), seed=seed, workers=workers)
+    stats = make_coco(out, source, n, seed=seed, workers=workers)
+    print(f"[bench_detection] made {out}: {json.dumps(stats)}", flush=True)
+
+
+# ==================================================================================================
+# Parent: runs each variant in a subprocess, derives ratios, prints, writes JSON
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--data", help="a COCO-shaped set made by --make-data (DIR/instances.json, DIR/images)")
+    p.add_argument("--out", help="JSON file to write (logs go next to it)")
+    p.add_argument("--make-data", metavar="DIR", help="make a COCO-shaped set at DIR (from --from) and exit "
+                                                      "unless --out is given")
+    p.add_argument("--from", dest="source", metavar="JPEG_TREE", default="/dev/shm/ingest_bench_20k",
+                   help="ImageFolder JPEG tree for --make-data (made by make_data.py when absent)")
+    p.add_argument("--n", type=int, default=10000, help="images in --make-data's set (default 10000)")
+    p.add_argument("--seed", type=int, default=0, help="--make-data's seed (default 0)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 32; 4 with --dry-run)")
+    p.add_argument("--threads", type=int, default=None, help="DALI threads (default 16); ingest picks its own")
+    p.add_argument("--workers", type=int, default=None, help="torchvision DataLoader workers (default 16)")
+    p.add_argument("--seconds", type=float, default=None, help="timed window per variant (default 8)")
+    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up (default 3)")
+    p.add_argument("--warmup-batches", type=int, default=None, help="minimum warm-up batches (default 10)")
+    p.add_argument("--min-batches", type=int, default=None, help="the timed window holds at least this many (20)")
+    p.add_argument("--max-batches", type=int, default=100000)
+    p.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(VARIANTS)}")
+    p.add_argument("--dry-run", action="store_true", help="CPU only, tiny sizes; makes a tiny set if --data is absent")
+    p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--child-args", help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    dry = a.dry_run
+    defaults = dict(batch=4 if dry else 32, threads=2 if dry else 16, workers=2 if dry else 16,
+                    seconds=1.5 if dry else 8.0, warmup_seconds=0.3 if dry else 3.0,
+                    warmup_batches=1 if dry else 10, min_batches=2 if dry else 20)
+    for k, v in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if min(a.batch, a.threads, a.workers, a.n) < 1:
+        p.error(f"`--batch`, `--threads`, `--workers` and `--n` must be >= 1, got {a.batch}, {a.threads}, "
+                f"{a.workers}, {a.n}")
+    if a.out is None and a.make_data is None and a.child is None:
+        p.error("--out is required (unless only --make-data is asked for)")
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return child_main(args)
+    if args.make_data:
+        ensure_data(args.make_data, args.source, args.n, args.seed, None)
+        if args.out is None:
+            return 0
+        args.data = args.data or args.make_data
+    if args.data is None or not Path(args.data, "instances.json").is_file():
+        if not args.dry_run:
+            print(f"--data {args.data!r} holds no instances.json (make one with --make-data)", file=sys.stderr)
+            return 2
+        args.data = args.data or str(DRY_DATA)
+        if not Path(args.data, "instances.json").is_file():
+            import make_data
+            if not DRY_JPEGS.is_dir():
+                make_data.make_dataset(str(DRY_JPEGS), n=24, classes=2, seed=0, workers=2)
+            make_coco(args.data, str(DRY_JPEGS), 24, seed=0, workers=2)
+    args.data = str(Path(args.data).resolve())
+    out = Path(args.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    logdir = out.parent / (out.stem + "_logs")
+    logdir.mkdir(exist_ok=True)
+    chosen = _chosen(args.only)
+    config = {k: v for k, v in vars(args).items() if not k.startswith("child") and k not in ("make_data", "source")}
+    config["augmentation"] = AUGMENTATION
+    config["pipelines"] = {k: PIPELINES[k] for k in chosen}
+    report = {"benchmark": "bench_detection", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "dry_run": args.dry_run, "argv": sys.argv[1:], "host": bench_gpu.host_info(), "versions": versions(),
+              "dataset": coco_stats(args.data), "config": config, "results": {}}
+    argfile = logdir / "args.json"
+    argfile.write_text(json.dumps(vars(args)))
+    t_all = time.perf_counter()
+    for name in chosen:
+        print(f"[bench_detection] {name} ...", flush=True)
+        res = run_child(name, args, argfile, logdir / f"{name}.log")
+        report["results"][name] = res
+        print(f"[bench_detection]   {_one_line(res)}", flush=True)
+        report["derived"] = derive(report["results"])
+        report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
+        bench_gpu._write(out, report)
+    report["device"] = next((r["device_name"] for r in report["results"].values() if r.get("device_name")),
+                            "cpu (dry run)" if args.dry_run else bench_gpu._nvidia_smi_name())
+    report["derived"] = derive(report["results"])
+    report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
+    bench_gpu._write(out, report)
+    print_table(report)
+    print(f"[bench_detection] wrote {out} ({report['wall_seconds']} s)")
+    return 0
+
+
+def versions() -> dict:
+    from importlib import metadata
+    out = bench_gpu.versions()
+    try:
+        out["pycocotools"] = metadata.version("pycocotools")
+    except metadata.PackageNotFoundError:
+        out["pycocotools"] = None
+    return out
+
+
+def _chosen(only: str | None) -> list[str]:
+    if not only:
+        return list(VARIANTS)
+    keys = {k.strip() for k in only.split(",") if k.strip()}
+    unknown = keys - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"Unknown variant(s) {sorted(unknown)} in --only. Available: {', '.join(VARIANTS)}")
+    return [k for k in VARIANTS if k in keys]
+
+
+def run_child(name: str, args, argfile: Path, log: Path) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-args", str(argfile)]
+    return bench_gpu.run_json_child(cmd, dict(os.environ, PYTHONUNBUFFERED="1"),
+                                    args.warmup_seconds + args.seconds + 120, log, name)
+
+
+def derive(results: dict) -> dict:
+    g = lambda name: (results.get(name) or {}).get("img_s")  # noqa: E731
+    r = bench_gpu._ratio
+    best_dali = max(g("dali") or 0, g("dali_roi") or 0) or None
+    out = {"ingest_over_dali": r(g("ingest"), g("dali")), "ingest_over_dali_roi": r(g("ingest"), g("dali_roi")),
+           "ingest_over_dali_best": r(g("ingest"), best_dali),
+           "ingest_over_torchvision": r(g("ingest"), g("torchvision")),
+           "dali_over_torchvision": r(g("dali"), g("torchvision")),
+           "ingest_w0_over_dali": r(g("ingest_w0"), g("dali")), "ingest_w0_over_ingest": r(g("ingest_w0"), g("ingest"))}
+    if out["ingest_over_dali_best"] is not None:
+        out["target_met"] = out["ingest_over_dali_best"] >= 1.0   # issue 8: >= 1.0x DALI in the same run
+    return out
+
+
+def _one_line(res: dict) -> str:
+    if res.get("error"):
+        return f"ERROR {res['error'][:300]}"
+    c = res.get("check") or {}
+    return (f"{res.get('img_s')} img/s; first batch: {c.get('images')} images {c.get('shapes', [])[:2]}..., "
+            f"{c.get('boxes')} boxes, inside {c.get('boxes_inside')} ({res.get('child_seconds')} s)")
+
+
+def print_table(report: dict) -> None:
+    ds, cfg = report["dataset"], report["config"]
+    print(f"\n{report.get('device')}  |  {ds.get('n')} images, {ds.get('boxes_per_image')} boxes each, mean "
+          f"{(ds.get('mean_bytes') or 0) / 1e3:.1f} KB  |  batch {cfg['batch']}, DALI threads {cfg['threads']}, "
+          f"DataLoader workers {cfg['workers']}")
+    print(f"{'variant':<13}{'img/s':>9}{'batches':>9}{'peak MB':>9}{'boxes/img':>11}  check / note")
+    for name, res in report["results"].items():
+        c = res.get("check") or {}
+        mem = (res.get("memory") or {}).get("device_peak_mb")
+        note = ("ERROR " + res["error"][:70].replace("\n", " ")) if res.get("error") else \
+            f"inside={c.get('boxes_inside')} aligned={c.get('aligned')} {c.get('layout')}"
+        per = round(c["boxes"] / c["images"], 2) if c.get("images") else None
+        print(f"{name:<13}{bench_gpu._fmt(res.get('img_s')):>9}{bench_gpu._fmt(res.get('batches')):>9}"
+              f"{bench_gpu._fmt(mem):>9}{bench_gpu._fmt(per, 2):>11}  {note}")
+    print("ratios: " + ", ".join(f"{k}={v}" for k, v in report["derived"].items() if v is not None))
+
+
+# ==================================================================================================
+# Child: one variant
+
+
+def child_main(args) -> int:
+    saved = json.loads(Path(args.child_args).read_text())
+    name = args.child
+    args = argparse.Namespace(**{**saved, "child": name, "child_out": args.child_out})
+    return bench_gpu.run_in_child(name, args.child_out, args.dry_run,
+                                  lambda dev, res, flush: run_variant(name, args, dev, res, flush))
+
+
+def run_variant(name: str, args, dev, res: dict, flush) -> None:
+    mem = bench_gpu.MemSampler(dev)
+    res["memory"] = {"method": mem.describe()}
+    build = {"ingest": lambda: build_ingest(args, dev, workers=None),
+             "ingest_w0": lambda: build_ingest(args, dev, workers=0),
+             "dali": lambda: build_dali(args, dev, roi=False), "dali_roi": lambda: build_dali(args, dev, roi=True),
+             "torchvision": lambda: build_torchvision(args, dev)}[name]
+    t0 = time.perf_counter()
+    if name != "torchvision":
+        mem.start()
+    loader = build()
+    mem.start()   # after the DataLoader forked its workers (a no-op when already running)
+    gen = loader.endless()
+    res["build_seconds"] = round(time.perf_counter() - t0, 3)
+    res.update(loader.info)
+
+    t0 = time.perf_counter()
+    images, targets = next(gen)
+    bench_gpu.sync(dev)
+    res["first_batch_seconds"] = round(time.perf_counter() - t0, 3)
+    res["check"] = describe_batch(images, loader.per_image(targets), relative=loader.relative_boxes)
+    flush()
+    n, tw = 1, time.perf_counter()
+    while n < args.warmup_batches or time.perf_counter() - tw < args.warmup_seconds:
+        next(gen)
+        n += 1
+    bench_gpu.sync(dev)
+    res["warmup_batches"] = n
+
+    n, count, t0 = 0, 0, time.perf_counter()
+    while True:
+        images, targets = next(gen)
+        n += 1
+        count += len(images)
+        el = time.perf_counter() - t0
+        if (el >= args.seconds and n >= args.min_batches) or n >= args.max_batches:
+            break
+    bench_gpu.sync(dev)
+    el = time.perf_counter() - t0
+    res.update(img_s=round(count / el, 1), batches=n, images=count, seconds=round(el, 3))
+    mem.stop()
+    res["memory"].update(mem.result())
+    if loader.stats is not None:
+        try:
+            res["loader_stats"] = loader.stats()
+        except Exception as err:  # noqa: BLE001
+            res["loader_stats"] = f"stats() failed: {type(err).__name__}: {err}"
+    flush()
+    if loader.close is not None:
+        loader.close()
+
+
+def feed(iterable, adapt, per_image, *, relative_boxes=False, info=None, **kw) -> bench_gpu.Feed:
+    """bench_gpu's Feed: epochs of raw batches, ``adapt`` taking one to (images, targets) on the device in the
+    loader's own batched form (what the timed loop touches); plus ``per_image`` (targets -> one
+    ``{"boxes", "labels"}`` dict per image, for the first batch's check), whether boxes are relative, and
+    what to record."""
+    f = bench_gpu.Feed(iterable, adapt, **kw)
+    f.per_image, f.relative_boxes, f.info = per_image, relative_boxes, info or {}
+    return f
+
+
+def describe_batch(images, targets, *, relative: bool) -> dict:
+    """Shapes, layout and pixel mean of one batch's images, and whether its boxes lie inside their images:
+    a pipeline that is fast because it is wrong shows here."""
+    import torch
+    ims = list(images)
+    chw = ims[0].dim() == 3 and ims[0].shape[0] == 3 and ims[0].shape[-1] != 3
+    hw = [tuple(im.shape[1:]) if chw else tuple(im.shape[:2]) for im in ims]
+    inside, total, labels = True, 0, []
+    for (h, w), t in zip(hw, targets):
+        b = t["boxes"].float().cpu()
+        total += len(b)
+        labels += t["labels"].reshape(-1).tolist()
+        if len(b):
+            lim = torch.tensor([1.0, 1.0, 1.0, 1.0]) if relative else torch.tensor([w, h, w, h], dtype=torch.float32)
+            ok = (b >= -1e-3).all() and (b <= lim + 1e-3).all() and (b[:, 2] > b[:, 0]).all() and (b[:, 3] > b[:, 1]).all()
+            inside = inside and bool(ok)
+    return {"images": len(ims), "layout": "CHW" if chw else "HWC", "dtype": str(ims[0].dtype),
+            "device": str(ims[0].device), "shapes": [list(s) for s in hw[:4]],
+            "min_hw": [min(s[0] for s in hw), min(s[1] for s in hw)],
+            "max_hw": [max(s[0] for s in hw), max(s[1] for s in hw)],
+            "aligned": all(h % ALIGN == 0 and w % ALIGN == 0 for h, w in hw),
+            "pixel_mean": round(float(sum(im.float().mean() for im in ims) / len(ims)), 2),
+            "boxes": total, "boxes_relative": relative, "boxes_inside": inside,
+            "boxes_device": str(targets[0]["boxes"].device) if targets else None,
+            "labels_min": min(labels) if labels else None, "labels_max": max(labels) if labels else None}
+
+
+# -- the loaders -------------------------------------------------------------------------------------
+
+
+def build_ingest(args, dev, workers: int | None) -> bench_gpu.Feed:
+    import ingest
+    from ingest.ops import Flip, PadTo, RandomIoUCrop, Resize
+    from ingest.torch import detection_targets
+    ops = [RandomIoUCrop(min_ious=(None, *MIN_IOUS), scale=CROP_SCALE, aspect=CROP_ASPECT, attempts=CROP_ATTEMPTS),
+           Flip(p=0.5), Resize(SHORTER, max_size=MAX_SIZE), PadTo(multiple=ALIGN)]
+    loader = ingest.Loader(os.path.join(args.data, "instances.json"),
+                           reader_options={"images": os.path.join(args.data, "images"), "box_format": "ltrb"},
+                           batch_size=args.batch, device=str(dev), decode="mixed" if dev.type == "cuda" else "cpu",
+                           ops=ops, shuffle=True, seed=0, output="dict", last_batch="drop", num_workers=workers)
+    info = {"num_workers": loader.num_workers}
+    if dev.type != "cuda":
+        info["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
+
+    def adapt(batch):  # images, and boxes [B, K, 4] / categories [B, K] padded, with boxes_lengths [B]
+        return batch["images"], {k: batch[k] for k in ("boxes", "categories", "boxes_lengths")}
+
+    return feed(loader, adapt, detection_targets, stats=loader.stats, close=loader.close, info=info)
+
+
+def build_dali(args, dev, roi: bool) -> bench_gpu.Feed:
+    """DALI's pipeline; on a dry run (no GPU), where DALI is importable, the same graph on DALI's CPU backend
+    (cpu decode, ``device_id=None``), which checks every operator argument."""
+    cuda = dev.type == "cuda"
+    decode = "mixed" if cuda else "cpu"
+    try:
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.pytorch import DALIRaggedIterator, LastBatchPolicy
+    except Exception as err:  # noqa: BLE001 - ImportError, or a missing shared library (OSError/RuntimeError)
+        raise RuntimeError(f"unavailable: {type(err).__name__}: {err}") from err
+
+    @pipeline_def
+    def detection(root: str, annotations: str):
+        jpegs, bboxes, labels = fn.readers.coco(file_root=root, annotations_file=annotations, ltrb=True, ratio=True,
+                                                skip_empty=True, random_shuffle=True, name="Reader")
+        anchor, shape, bboxes, labels = fn.random_bbox_crop(
+            bboxes, labels, device="cpu", aspect_ratio=list(CROP_ASPECT), thresholds=list(MIN_IOUS),
+            scaling=list(CROP_SCALE), bbox_layout="xyXY", allow_no_crop=True, num_attempts=CROP_ATTEMPTS)
+        if roi:
+            images = fn.decoders.image_slice(jpegs, anchor, shape, device=decode, output_type=types.RGB)
+        else:
+            images = fn.decoders.image(jpegs, device=decode, output_type=types.RGB)
+            images = fn.slice(images, anchor, shape, out_of_bounds_policy="trim_to_shape")
+        flip = fn.random.coin_flip(probability=0.5)
+        images = fn.flip(images, horizontal=flip)
+        bboxes = fn.bb_flip(bboxes, ltrb=True, horizontal=flip)
+        images = fn.resize(images, resize_shorter=SHORTER, max_size=MAX_SIZE)
+        # shape (1, 1) is a minimum: each image padded to its own multiple of 32, not to the batch's largest
+        images = fn.pad(images, axis_names="HW", align=[ALIGN, ALIGN], shape=[1, 1])
+        bboxes = fn.pad(bboxes, fill_value=-1.0, axes=[0])   # [B, K, 4] and [B, K] padded with -1, as ingest's
+        labels = fn.pad(labels, fill_value=-1, axes=[0])
+        return (images, bboxes.gpu(), labels.gpu()) if cuda else (images, bboxes, labels)
+
+    pipe = detection(root=os.path.join(args.data, "images"), annotations=os.path.join(args.data, "instances.json"),
+                     batch_size=args.batch, num_threads=args.threads, device_id=(dev.index or 0) if cuda else None, seed=0,
+                     prefetch_queue_depth=2)
+    pipe.build()
+    dense = DALIRaggedIterator.DENSE_TAG
+    it = DALIRaggedIterator([pipe], ["images", "boxes", "labels"],
+                            output_types=[DALIRaggedIterator.SPARSE_LIST_TAG, dense, dense],
+                            reader_name="Reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+
+    def adapt(batch):  # a list of images; boxes and labels padded
+        b = batch[0]
+        return b["images"], {"boxes": b["boxes"], "labels": b["labels"]}
+
+    def per_image(t):
+        labels = t["labels"].reshape(t["labels"].shape[0], -1)
+        return [{"boxes": t["boxes"][n, :k], "labels": labels[n, :k]} for n, k in enumerate((labels >= 0).sum(1).tolist())]
+
+    info = {"threads": args.threads} if cuda else {"threads": args.threads, "note": "dry run: DALI's CPU backend"}
+    return feed(it, adapt, per_image, relative_boxes=True, first_iter=it, info=info)
+
+
+def build_torchvision(args, dev) -> bench_gpu.Feed:
+    import torch
+    from torchvision import datasets
+    from torchvision.transforms import v2
+    tf = v2.Compose([
+        v2.ToImage(),
+        v2.RandomIoUCrop(min_scale=CROP_SCALE[0], max_scale=CROP_SCALE[1], min_aspect_ratio=CROP_ASPECT[0],
+                         max_aspect_ratio=CROP_ASPECT[1], sampler_options=[*MIN_IOUS, 1.0], trials=CROP_ATTEMPTS),
+        v2.RandomHorizontalFlip(p=0.5),
+        v2.Resize(SHORTER, max_size=MAX_SIZE, antialias=True),
+        v2.SanitizeBoundingBoxes(),
+    ])
+    ds = datasets.CocoDetection(os.path.join(args.data, "images"), os.path.join(args.data, "instances.json"),
+                                transforms=tf)
+    ds = datasets.wrap_dataset_for_transforms_v2(ds, target_keys={"boxes", "labels"})
+    cuda = dev.type == "cuda"
+    dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
+                                     collate_fn=pad_collate, pin_memory=cuda, drop_last=True, persistent_workers=True,
+                                     prefetch_factor=2, multiprocessing_context="fork")
+    first = iter(dl)  # forks the workers now, before the memory sampler thread starts
+
+    def adapt(batch):
+        images = [im.to(dev, non_blocking=cuda) for im, _ in batch]
+        return images, [{"boxes": t["boxes"].to(dev, non_blocking=cuda), "labels": t["labels"].to(dev, non_blocking=cuda)}
+                        for _, t in batch]
+
+    return feed(dl, adapt, lambda targets: targets, first_iter=first, info={"workers": args.workers})
+
+
+def pad_collate(batch):
+    """Pad each image bottom/right to a multiple of ALIGN (its boxes stay put); the batch stays a list of
+    (image [3, H, W] uint8, {"boxes", "labels"}), as torchvision's detection references collate."""
+    import torch
+    import torch.nn.functional as F
+    out = []
+    for image, target in batch:
+        h, w = image.shape[-2:]
+        image = F.pad(image.as_subclass(torch.Tensor), (0, -w % ALIGN, 0, -h % ALIGN))
+        out.append((image, {"boxes": target["boxes"].as_subclass(torch.Tensor), "labels": target["labels"]}))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
