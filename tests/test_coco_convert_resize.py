@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import encode, textured
+from conftest import encode, realworld, textured
 from PIL import Image
 from pycocotools import mask as mask_utils
 from test_polygons import _uncompressed
@@ -174,7 +174,7 @@ def test_relative_coordinates_stay(tmp_path):
         want = src.parse(i, None).fields
         np.testing.assert_array_equal(got["boxes"], want["boxes"])
         g, w = json.loads(got["polygons"]), json.loads(want["polygons"])
-        assert g[:2] == w[:2]                        # relative polygons as they were
+        _same(g[:2], w[:2])                          # relative polygons as they were
         assert g[2]["size"] != w[2]["size"]          # the RLE is pixels: resized
 
 
@@ -187,3 +187,20 @@ def test_masks_that_do_not_fit_the_image_fail_the_sample():
     # a small image keeps its bytes and its annotations
     small = Transform(max_side=100).apply(record, "x.jpg", CpuDecoder(threads=1))
     assert small.image is data and small.fields["masks"].shape == (1, 30, 30)
+
+
+@pytest.mark.realworld
+def test_realworld_subset_packed_at_max_side_reads_like_the_json_resized(tmp_path):
+    root = realworld("coco/tiny_coco_train2017")
+    options = {"images": str(root / "train_2017_small"), "masks": "polygons"}
+    convert(str(root / "instances_train2017_small.json"), str(tmp_path / "out"), to="wds", max_side=320,
+            source_options=options, progress=False)
+    kw = {"batch_size": 1, "output": "dict", "shuffle": False}
+    src = CocoSource(root / "instances_train2017_small.json", cache=False, **options)
+    want = _samples(ingest.Loader(src, ops=[Resize(longer=320)], **kw))   # every image is larger than 320
+    got = _samples(ingest.Loader(tmp_path / "out", **kw))
+    assert len(got) == len(want) == 16
+    for g, w in zip(got, want):
+        assert g["images"].shape == w["images"].shape
+        np.testing.assert_allclose(g["boxes"], w["boxes"], atol=1e-3)
+        _same(g["polygons"], w["polygons"])   # 196 polygons and the crowd RLE

@@ -12,10 +12,10 @@ that are in its pixels follow it (below); other fields pass through as they are.
 
 **Annotations follow the pixels.** When an image changes size, the detection fields the COCO reader gives
 (by name) are moved with it, by sx = new width / old width and sy = new height / old height: ``boxes``
-(absolute ones, any box format; relative ones stay), ``area`` (times sx * sy), ``polygons`` (each absolute
-vertex scaled, relative ones stay; RLE entries resized nearest and encoded again) and ``masks`` (resized
-nearest). Resizing samples pixel centres as the Loader's ``Resize`` does for masks (the same warp), so reading
-the packed data gives what reading the source through ``Resize`` gives. The old size is the decoded one,
+(absolute ones, any box format; relative ones stay), ``area`` (times sx * sy), ``polygons`` (vertices scaled
+and parts clipped to the image, relative ones staying relative; RLE entries resized nearest and encoded
+again) and ``masks`` (resized nearest). Masks and polygons go through the Loader's own ``Resize`` code, so
+reading the packed data gives what reading the source through ``Resize`` gives. The old size is the decoded one,
 EXIF orientation applied: annotations are read in the displayed frame, as the Loader reads them (see the
 coco module), and a re-encoded image carries no orientation tag, so they stay in it.
 
@@ -25,7 +25,6 @@ bytes on any machine with the same library versions.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,9 +129,14 @@ def resized_targets(fields: dict[str, Any], before: tuple[int, int], after: tupl
             if masks.ndim != 3 or masks.shape[1:] != tuple(before):
                 raise ValueError(f"masks of shape {masks.shape} do not fit the image of {before[0]}x{before[1]}")
             out["masks"] = resize.warp_masks([masks])[0].numpy()
-        if "polygons" in out:
-            out["polygons"] = _resized_polygons(out["polygons"], resize, 1.0 if relative else sx,
-                                                1.0 if relative else sy)
+        if "polygons" in out:   # as the Loader moves them through a Resize
+            value = out["polygons"]
+            if relative:
+                value = planner.scale_polygons(value, before[1], before[0])
+            value = resize.targets([{"polygons": value}])[0]["polygons"]
+            if relative:
+                value = planner.scale_polygons(value, 1 / after[1], 1 / after[0])
+            out["polygons"] = value
     except ValueError as err:
         raise CorruptRecordError(str(err), path=name) from err
     return out
@@ -143,18 +147,6 @@ def _scaled(values: Any, scale: Any, shape: tuple[int, ...]) -> np.ndarray:
     a = np.asarray(values)
     dtype = a.dtype if np.issubdtype(a.dtype, np.floating) else np.float32
     return (a.astype(np.float64).reshape(shape) * scale).astype(dtype)
-
-
-def _resized_polygons(value: Any, resize: planner.Plan, sx: float, sy: float) -> Any:
-    """The polygons field (JSON text or list) with its vertices scaled and its RLEs warped by ``resize``."""
-    objs = planner.scale_polygons(json.loads(value) if isinstance(value, (str, bytes)) else value, sx, sy)
-    if any(isinstance(o, dict) for o in objs):
-        rles = resize.map_polygons([[o if isinstance(o, dict) else None for o in objs]])[0]
-        objs = [r if isinstance(o, dict) else o for o, r in zip(objs, rles)]
-    if isinstance(value, (str, bytes)):
-        text = json.dumps(objs)
-        return text.encode("utf-8") if isinstance(value, bytes) else text
-    return objs
 
 
 def _rgb(pixels: np.ndarray, name: str) -> np.ndarray:
