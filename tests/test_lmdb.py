@@ -10,13 +10,15 @@ from concurrent.futures import ThreadPoolExecutor
 import lmdb
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError as ProtoDecodeError
+from hypothesis import given, settings, strategies as st
 
 import ingest
 from ingest.errors import ConfigError, CorruptRecordError, DecodeError, FailureBudgetExceeded, SourceError
 from ingest.formats import check_format, open_source, read_location
 from ingest.formats._protos import Datum
 from ingest.formats.base import Field, Record
-from ingest.formats.lmdb import LMDBSource, LMDBWriter, content_checksum, environment, verify
+from ingest.formats.lmdb import LMDBSource, LMDBWriter, content_checksum, datum_label, environment, verify
 from conftest import jpeg_bytes, realworld, textured
 
 
@@ -331,3 +333,59 @@ def test_plain_images_and_unknown_layouts(tmp_path):
         LMDBSource(write_lmdb(tmp_path / "empty", {}))
     with pytest.raises(FileNotFoundError):
         LMDBSource(tmp_path / "nope")
+
+
+# -- Caffe labels() without parsing the image ------------------------------------------------------------
+def full_labels(src):
+    return [read(src, i).label for i in range(len(src))]
+
+
+def test_realworld_caffe_labels_agree_with_the_full_parse():
+    path = realworld("lmdb") / "caffe_verifycode" / "test_lmdb"
+    src = LMDBSource(path)
+    raw = raw_items(path)
+    assert src.labels().tolist() == full_labels(src) == [Datum.FromString(raw[k]).label for k in sorted(raw)]
+
+
+def test_caffe_labels_agree_with_the_full_parse(tmp_path):
+    pixels = textured(5, 4).transpose(2, 0, 1).copy()
+    values = [datum(label, pixels=pixels) for label in (0, 7, -1, -5, 2**31 - 1, -2**31, 300)]
+    values.append(Datum(channels=3, height=5, width=4, data=pixels.tobytes()).SerializeToString())  # no label
+    values.append(datum(3, pixels=pixels) + Datum(label=9).SerializeToString())   # repeated: the last wins
+    values.append(b"\x28\x04" + datum(8, pixels=pixels))   # a label before the data too: the last wins
+    src = LMDBSource(write_lmdb(tmp_path / "raw", {b"%08d" % k: v for k, v in enumerate(values)}))
+    assert src.fields["image"].kind == "pixels"
+    assert src.labels().tolist() == full_labels(src) == [0, 7, -1, -5, 2**31 - 1, -2**31, 300, -1, 9, 8]
+    floats = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+    feats = LMDBSource(write_lmdb(tmp_path / "f", {b"a": datum(-3, floats=floats), b"b": datum(6, floats=floats)}))
+    assert feats.labels().tolist() == full_labels(feats) == [-3, 6]
+    jpegs = {b"%08d_x.jpg" % k: datum(k * 11, jpeg=jpeg_bytes(6, 6, seed=k)) for k in range(4)}
+    encoded = LMDBSource(write_lmdb(tmp_path / "enc", jpegs))
+    assert encoded.labels().tolist() == full_labels(encoded) == [0, 11, 22, 33]
+
+
+def test_caffe_labels_of_a_value_that_is_no_datum_name_its_key(tmp_path):
+    pixels = textured(4, 3).transpose(2, 0, 1).copy()
+    items = {b"%08d" % k: datum(k, pixels=pixels) for k in range(9)}
+    items[b"00000009"] = datum(1, pixels=pixels)[:-3]   # truncated inside the data
+    src = LMDBSource(write_lmdb(tmp_path / "bad", items), layout="caffe")
+    with pytest.raises(CorruptRecordError, match="not a Caffe Datum") as err:
+        src.labels()
+    assert err.value.index == "00000009"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(
+    st.binary(max_size=40),
+    st.builds(lambda label, data, cut, tail: (Datum(label=label, data=data, channels=3).SerializeToString()
+                                              + tail)[:cut],
+              st.integers(-2**31, 2**31 - 1), st.binary(max_size=300), st.integers(0, 400), st.binary(max_size=8))))
+def test_datum_label_is_the_full_parse_label_or_defers_to_it(value):
+    label = datum_label(value)
+    try:
+        parsed = Datum.FromString(value)
+    except ProtoDecodeError:
+        assert label is None   # damage is left to the full parse, which names it
+        return
+    if label is not None:
+        assert label == (parsed.label if parsed.HasField("label") else -1)

@@ -157,17 +157,24 @@ class ProcessLocal:
     """Handles (open files, LMDB environments, KvikIO handles) opened on first use in the process that uses
     them, shared by its threads, and never pickled: ``get(key, opener)`` returns the handle for ``key``,
     opening it with ``opener()`` once per process. A source keeps one as an attribute; pickling it (to send
-    the source to a worker process) gives an empty one."""
+    the source to a worker process) gives an empty one. A forked child never uses the parent's handles: it
+    drops them, and with ``close_inherited`` also closes them with ``close`` (for handles a library allows
+    only one of per process, such as LMDB environments)."""
 
-    def __init__(self, close: Callable[[Any], None] | None = None):
+    def __init__(self, close: Callable[[Any], None] | None = None, *, close_inherited: bool = False):
         self._pid = os.getpid()
         self._handles: dict[Any, Any] = {}
         self._lock = threading.Lock()
         self._close = close
+        self._close_inherited = close_inherited and close is not None
 
     def get(self, key: Any, opener: Callable[[], Any]) -> Any:
         if self._pid != os.getpid():  # inherited through fork: never use the parent's handles
+            inherited = self._handles
             self._pid, self._handles, self._lock = os.getpid(), {}, threading.Lock()
+            if self._close_inherited:
+                for h in inherited.values():
+                    self._close(h)
         handle = self._handles.get(key)
         if handle is None:
             with self._lock:
@@ -183,10 +190,10 @@ class ProcessLocal:
                 self._close(h)
 
     def __getstate__(self):
-        return {"close": self._close}
+        return {"close": self._close, "close_inherited": self._close_inherited}
 
     def __setstate__(self, state):
-        self.__init__(state["close"])
+        self.__init__(state["close"], close_inherited=state["close_inherited"])
 
 
 def read_location(loc: Location | tuple[Location, ...]) -> Any:

@@ -3,10 +3,11 @@
 Opening is read-only and lock-free (``lock=False``: read-only media work and there is no reader table to
 size; a database that another process writes meanwhile is not supported), with OS read-ahead off (random
 access), once per process: py-lmdb allows one environment per database file per process, so sources share
-them (`environment`, keyed by the file's identity; pickled sources carry paths and keys only and reopen in
-their worker; a forked worker closes what it inherited and opens its own). Each ``locate`` runs its own read transaction and copies the values out, so reader threads
-need no coordination and a returned value never points into a closed transaction. Keys are listed once, in
-LMDB's (byte) order, by one cursor pass, and kept packed.
+them (`environment`: a `ProcessLocal` keyed by the file's identity; pickled sources carry paths and keys only
+and reopen in their worker; a forked worker closes what it inherited and opens its own). Each ``locate`` runs
+its own read transaction and copies the values out, so reader threads need no coordination and a returned
+value never points into a closed transaction. Keys are listed once, in LMDB's (byte) order, by one cursor
+pass, and kept packed.
 
 **Layouts** (``layout="auto"`` tells them apart from the keys and the first values):
 
@@ -39,7 +40,6 @@ import hashlib
 import json
 import os
 import re
-import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 import lmdb as _lmdb
@@ -68,31 +68,12 @@ def _open_env(path: str) -> Any:
         raise SourceError(f"cannot open LMDB {path!r}: {err}", path=path) from err
 
 
-class _Environments:
-    """The environments of this process. py-lmdb allows one open environment per database file per process,
-    so every source (and every pickled copy of one) shares them, keyed by the data file's identity (a
-    database replaced at the same path is opened afresh). A forked child closes the ones it inherited before
-    opening its own: with ``lock=False`` and read-only, that releases nothing the parent holds."""
-
-    def __init__(self):
-        self._pid, self._envs, self._lock = os.getpid(), {}, threading.Lock()
-
-    def get(self, key: Any, path: str) -> Any:
-        if self._pid != os.getpid():
-            inherited, self._envs = self._envs, {}
-            self._pid, self._lock = os.getpid(), threading.Lock()
-            for env in inherited.values():
-                env.close()
-        env = self._envs.get(key)
-        if env is None:
-            with self._lock:
-                env = self._envs.get(key)
-                if env is None:
-                    env = self._envs[key] = _open_env(path)
-        return env
-
-
-_ENVS = _Environments()
+#: The environments of this process. py-lmdb allows one open environment per database file per process, so
+#: every source (and every pickled copy of one) shares them, keyed by the data file's identity (a database
+#: replaced at the same path is opened afresh). A forked child closes the ones it inherited before opening its
+#: own (py-lmdb refuses a second one for the same file): read-only with ``lock=False``, that releases nothing
+#: the parent holds.
+_ENVS = ProcessLocal(_lmdb.Environment.close, close_inherited=True)
 
 
 def environment(path: str) -> Any:
@@ -102,7 +83,7 @@ def environment(path: str) -> Any:
         st = os.stat(data)
     except OSError as err:
         raise SourceError(f"cannot open LMDB {path!r}: {err.strerror}", path=path) from err
-    return _ENVS.get((os.path.realpath(data), st.st_dev, st.st_ino), path)
+    return _ENVS.get((os.path.realpath(data), st.st_dev, st.st_ino), lambda: _open_env(path))
 
 
 class _Keys:
@@ -243,6 +224,26 @@ class _Db:
         """This LMDB's environment in this process."""
         return environment(self.path)
 
+    def caffe_labels(self) -> np.ndarray:
+        """The label of every Datum, in one read transaction over the values in place (no copies); a value
+        `datum_label` cannot walk is parsed in full, which names its problem."""
+        labels = np.empty(self.count, np.int64)
+        n = 0
+        with self.environment().begin(buffers=True) as txn:
+            for value in txn.cursor().iternext(keys=False, values=True):
+                if n == self.count:   # more keys than when opened
+                    n += 1
+                    break
+                label = datum_label(value)
+                if label is None:
+                    label = self._parse_datum(bytes(value), self.keys[n].decode("ascii", "backslashreplace")).label
+                labels[n] = label
+                n += 1
+        if n != self.count:
+            raise SourceError(f"LMDB {self.path!r} changed while being read ({self.count} keys when it was opened)",
+                              path=self.path)
+        return labels
+
     # -- per sample ------------------------------------------------------------------------------
     def sample_keys(self, i: int) -> list[bytes]:
         if self.layout == "ingest":
@@ -318,6 +319,64 @@ def _datum(value: bytes, *, sniff: bool = True) -> Any:
     return datum if c > 0 and h > 0 and w > 0 and len(datum.float_data) == c * h * w else None
 
 
+def _varint(buf: Any, pos: int) -> tuple[int, int]:
+    """The protobuf varint at ``buf[pos]`` and the position after it. IndexError when it runs past the end,
+    ValueError when it is longer than 10 bytes or overflows 64 bits (as the protobuf parser refuses it)."""
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if result >> 64:
+                raise ValueError("varint overflows 64 bits")
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def datum_label(value: Any) -> int | None:
+    """The ``label`` (field 5, int32) of a serialized Caffe Datum, by walking its top-level fields and
+    skipping the others by their lengths (the image data is never touched, so the cost does not grow with
+    the image): what a full parse gives (-1 when absent, the last occurrence winning, the varint's low 32
+    bits as a signed int32). None when ``value`` is not a plain sequence of fields (truncated, a group, a bad
+    wire type or field number): the full parse then decides. It checks nothing else: `LMDBSource.parse`
+    does. Single-byte varints (tags, small values) are read inline."""
+    label, pos, end = None, 0, len(value)
+    try:
+        while pos < end:
+            key = value[pos]
+            pos += 1
+            if key >= 0x80:
+                key, pos = _varint(value, pos - 1)
+            wire = key & 7
+            if key < 8 or key >> 32:   # field number 0, or past 2**29 - 1
+                return None
+            if wire == 2:
+                length = value[pos]
+                pos += 1
+                if length >= 0x80:
+                    length, pos = _varint(value, pos - 1)
+                pos += length
+            elif wire == 0:
+                v = value[pos]
+                pos += 1
+                if v >= 0x80:
+                    v, pos = _varint(value, pos - 1)
+                if key == 0x28:   # field 5, varint
+                    label = v
+            elif wire == 5 or wire == 1:
+                pos += 4 if wire == 5 else 8
+            else:
+                return None
+    except (IndexError, ValueError):
+        return None
+    if pos != end:
+        return None
+    return -1 if label is None else (label & 0xFFFFFFFF) - ((label & 0x80000000) << 1)
+
+
 def _paths(path: Any) -> list[str]:
     if not isinstance(path, (str, os.PathLike)):
         return [os.fspath(p) for p in path]
@@ -389,17 +448,16 @@ class LMDBSource:
         return db.parse(j, raws, self._key_name(db, j))
 
     def labels(self) -> np.ndarray:
-        """Every sample's label. Ours: stored; columnar: one read of the label keys; Caffe: one pass over
-        every Datum (done once, on the first call)."""
+        """Every sample's label (-1: none). Ours: stored; Caffe: the label field of every Datum, read in one
+        cursor pass without parsing the rest (`datum_label`; done once, on the first call); other layouts
+        have no class label."""
         if self._labels is None:
             parts = []
-            for k, db in enumerate(self._dbs):
+            for db in self._dbs:
                 if db.layout == "ingest":
                     parts.append(db.labels)
-                elif "label" in db.fields:
-                    first = self._starts[k]
-                    parts.append(np.array([self.parse(first + j, _unwrap(self.locate(first + j))).label
-                                           for j in range(db.count)], dtype=np.int64))
+                elif db.layout == "caffe":
+                    parts.append(db.caffe_labels())
                 else:
                     parts.append(np.full(db.count, -1, dtype=np.int64))
             self._labels = np.concatenate(parts) if parts else np.zeros(0, np.int64)
