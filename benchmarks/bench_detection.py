@@ -109,8 +109,9 @@ def make_coco(out: str, source: str, n: int, *, seed: int = 0, workers: int | No
         raise SystemExit(f"--from {source} holds {len(files)} images, fewer than --n {n}")
     files = files[:n]
     t0 = time.perf_counter()
-    with mp.get_context("fork").Pool(workers or os.cpu_count() or 1) as pool:
-        sizes = pool.map(_image_size, files, chunksize=max(1, n // (8 * (workers or os.cpu_count() or 1))))
+    workers = workers or os.cpu_count() or 1
+    with mp.get_context("fork").Pool(workers) as pool:
+        sizes = pool.map(_image_size, files, chunksize=max(1, n // (8 * workers)))
     tmp = f"{out}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(os.path.join(tmp, "images"))
@@ -158,15 +159,16 @@ def coco_stats(root: str) -> dict:
             "mean_bytes": round(sum(sizes) / n, 1), "total_mb": round(sum(sizes) / 2 ** 20, 1)}
 
 
-def ensure_data(out: str, source: str, n: int, seed: int, workers: int | None) -> None:
+def ensure_data(out: str, source: str, n: int, seed: int) -> None:
+    """--make-data: the COCO set at ``out`` over the JPEG tree ``source`` (made first when absent), all cores."""
     if os.path.exists(os.path.join(out, "instances.json")):
         print(f"[bench_detection] {out} exists: kept", flush=True)
         return
     if not os.path.isdir(source):
         import make_data
         print(f"[bench_detection] {source} is absent: making {n} JPEGs there (make_data.py)", flush=True)
-        make_data.make_dataset(source, n=n, classes=min(100, n), seed=seed, workers=workers)
-    stats = make_coco(out, source, n, seed=seed, workers=workers)
+        make_data.make_dataset(source, n=n, classes=min(100, n), seed=seed)
+    stats = make_coco(out, source, n, seed=seed)
     print(f"[bench_detection] made {out}: {json.dumps(stats)}", flush=True)
 
 
@@ -219,7 +221,7 @@ def main(argv=None) -> int:
     if args.child:
         return child_main(args)
     if args.make_data:
-        ensure_data(args.make_data, args.source, args.n, args.seed, None)
+        ensure_data(args.make_data, args.source, args.n, args.seed)
         if args.out is None:
             return 0
         args.data = args.data or args.make_data
