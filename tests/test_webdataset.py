@@ -430,3 +430,20 @@ def test_reads_what_webdataset_tarwriter_wrote(tmp_path, compress):
         assert bytes(record.image) == sample["jpg"] and record.label == sample["cls"]
         assert record.fields["txt"] == sample["txt"]
         np.testing.assert_array_equal(record.fields["npy"], sample["npy"])
+
+
+@pytest.mark.parametrize("key_prefix", ["", "données/" + "d" * 120 + "/"])   # the long one needs pax headers
+def test_writer_index_is_the_one_ingest_index_builds(tmp_path, key_prefix):
+    from ingest.tools.cli import main
+    fields = {**FIELDS, "count": Field("int"), "Note": Field("text"), "empty": Field("bytes")}
+    records = make_records(7)
+    for i, r in enumerate(records):
+        r.fields.update({"count": 10**i - 3, "Note": "x" * i, "empty": b""})
+    write_shard(tmp_path, "s", records, fields=fields, key_prefix=key_prefix)
+    written = (tmp_path / "s.tar.idx").read_bytes()
+    os.remove(tmp_path / "s.tar.idx")
+    assert main(["index", str(tmp_path / "s.tar")]) == 0
+    assert (tmp_path / "s.tar.idx").read_bytes() == written
+    index = tarindex.load(str(tmp_path / "s.tar.idx"), os.path.getsize(tmp_path / "s.tar"))
+    assert index.keys[1] == f"{key_prefix}000000001" and "note.txt" in index.exts   # keys, names as read back
+    assert int(index.ints[index.exts.index("count")]) == 10**0 - 3

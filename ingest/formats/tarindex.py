@@ -241,19 +241,25 @@ def group(members: Iterator[Member], path: str) -> Iterator[tuple[str, list[tupl
 
 def build(path: str) -> TarIndex:
     """Scan the tar at ``path`` and group its members (see the module docstring)."""
-    keys, starts, exts, offsets, sizes, ints = [], [0], [], [], [], []
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         members = fast_scan(f, path, size)
-        for key, parts in group(iter(members) if members is not None else scan(f, path, size=size), path):
-            keys.append(key)
-            for ext, m in parts:
-                exts.append(ext)
-                offsets.append(m.offset)
-                sizes.append(m.size)
-                value = parse_int(m.data) if m.data is not None else None
-                ints.append(NO_INT if value is None else value)
-            starts.append(len(exts))
+        return from_members(iter(members) if members is not None else scan(f, path, size=size), path, size)
+
+
+def from_members(members: Iterator[Member], path: str, size: int) -> TarIndex:
+    """The index of the tar at ``path`` (``size`` bytes) holding the regular ``members``, in archive order;
+    a member's ``data``, where given, is kept as its integer value when it is a small integer member."""
+    keys, starts, exts, offsets, sizes, ints = [], [0], [], [], [], []
+    for key, parts in group(members, path):
+        keys.append(key)
+        for ext, m in parts:
+            exts.append(ext)
+            offsets.append(m.offset)
+            sizes.append(m.size)
+            value = parse_int(m.data) if m.data is not None and _small_int_member(m.name, m.size) else None
+            ints.append(NO_INT if value is None else value)
+        starts.append(len(exts))
     return TarIndex(keys, np.array(starts, np.int64), exts, np.array(offsets, np.int64),
                     np.array(sizes, np.int64), np.array(ints, np.int64), size)
 

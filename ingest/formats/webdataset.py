@@ -421,6 +421,7 @@ class WebDatasetWriter:
         self.path = os.path.join(os.fspath(directory), stem + ".tar")
         self._tar = tarfile.open(self.path, "w", format=tarfile.PAX_FORMAT)
         self._count = 0
+        self._members: list[tarindex.Member] = []   # as written, for the index
 
     def _member(self, name: str, field: Field, value: Any) -> tuple[str, bytes]:
         safe = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
@@ -446,13 +447,20 @@ class WebDatasetWriter:
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = \
                 len(data), 0, 0o644, 0, 0, "", ""
+            header = self._tar.offset
             self._tar.addfile(info, io.BytesIO(data))
+            # the data ends where the tar now stands, less its padding to whole blocks (whatever headers came)
+            offset = self._tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+            kept = data if kind_of(ext) == "int" else None   # an integer the index holds (no image bytes kept)
+            self._members.append(tarindex.Member(info.name, header, offset, len(data), kept))
         self._count += 1
 
     def close(self) -> list[str]:
-        """Finish the tar, write its index; the names of both files."""
+        """Finish the tar and write its index, from the member offsets recorded while writing (the index
+        `tarindex.build` would make by scanning the tar); the names of both files."""
         self._tar.close()
-        tarindex.save(tarindex.build(self.path), tarindex.index_path(self.path))
+        index = tarindex.from_members(iter(self._members), self.path, os.path.getsize(self.path))
+        tarindex.save(index, tarindex.index_path(self.path))
         return [self.stem + ".tar", self.stem + ".tar.idx"]
 
 
