@@ -101,10 +101,10 @@ def _clip_half_plane(points: np.ndarray, part: np.ndarray, extra: np.ndarray,
     """One Sutherland-Hodgman pass: the parts clipped to where ``d`` (a signed distance, affine in the
     vertex) is <= 0. For each edge (previous vertex -> vertex): the crossing point if it crosses, then the
     vertex if it is inside. ``extra`` rows follow their vertex."""
-    if not len(points):
+    inside = d <= 0
+    if inside.all():   # the common case: nothing on the far side (also every empty batch)
         return points, part, extra
     prev = _previous(part)
-    inside = d <= 0
     cross = inside != inside[prev]
     dp = d[prev]
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -1,9 +1,12 @@
 """Geometry ops of detection pipelines: RandomIoUCrop (SSD's crop), ZoomOut (paste onto a larger canvas),
 PadTo (pad to a size or a multiple: letterbox, or Detectron's bottom-right padding to a multiple of 32).
 
-Like every geometry op they are per-sample affine maps (:meth:`GeometryOp.steps`), so boxes and masks
-follow them through :class:`ingest.ops.planner.Plan` and they fuse with the resizes and flips around them
-into one warp. Resize with ``max_size`` (``Resize(800, max_size=1333)``: shorter side 800 unless the longer
+Like every geometry op they are per-sample affine maps (:meth:`GeometryOp.steps`), so boxes, masks and
+polygon segmentations follow them through :class:`ingest.ops.planner.Plan` (boxes and polygons mapped and
+clipped to each op's output, masks warped nearest, an object's fields pruned with its box) and they fuse
+with the resizes and flips around them into one warp. COCO's ``area`` is pruned with its box but keeps the
+source's value, as in torchvision's ``transforms.v2``: it is the annotation's size that COCOeval buckets
+objects by, not the augmented view's (see the planner's docstring). Resize with ``max_size`` (``Resize(800, max_size=1333)``: shorter side 800 unless the longer
 would pass 1333) and Flip (horizontal and vertical) live in :mod:`ingest.ops.geometry`.
 """
 
