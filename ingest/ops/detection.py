@@ -6,8 +6,10 @@ polygon segmentations follow them through :class:`ingest.ops.planner.Plan` (boxe
 clipped to each op's output, masks warped nearest, an object's fields pruned with its box) and they fuse
 with the resizes and flips around them into one warp. COCO's ``area`` is pruned with its box but keeps the
 source's value, as in torchvision's ``transforms.v2``: it is the annotation's size that COCOeval buckets
-objects by, not the augmented view's (see the planner's docstring). Resize with ``max_size`` (``Resize(800, max_size=1333)``: shorter side 800 unless the longer
-would pass 1333) and Flip (horizontal and vertical) live in :mod:`ingest.ops.geometry`.
+objects by, not the augmented view's (see the planner's docstring).
+
+Resize with ``max_size`` (``Resize(800, max_size=1333)``: shorter side 800 unless the longer would pass 1333)
+and Flip (horizontal and vertical) live in :mod:`ingest.ops.geometry`.
 """
 
 from __future__ import annotations
