@@ -3,6 +3,7 @@ verify finds in damaged datasets, what index writes."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -47,6 +48,27 @@ def test_inspect(tf_dir, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["records"] == 12 and info["labels"]["top"][0] == {"label": 2, "count": 5, "class": "emu"}
     assert info["images"]["sampled"] == 12 and info["shards"]["from"] == "manifest"
+
+
+def test_inspect_reads_a_streamed_dataset_once_and_describes_it_as_the_seekable_one(tf_dir, tmp_path, monkeypatch):
+    from ingest.tools.dataset_info import inspect_dataset
+    gz = tmp_path / "gz"
+    gz.mkdir()
+    for shard in sorted(tf_dir.glob("*.tfrecord")):
+        (gz / (shard.name + ".gz")).write_bytes(gzip.compress(shard.read_bytes()))
+    shutil.copy(tf_dir / "manifest.json", gz)   # the class names
+    passes = []
+    iter_shard = tfrecord.TFRecordSource.iter_shard
+    monkeypatch.setattr(tfrecord.TFRecordSource, "iter_shard", lambda self, k, skip=0: passes.append(k) or
+                        iter_shard(self, k, skip))
+    for sample in (500, 5):
+        passes.clear()
+        streamed = inspect_dataset(str(gz), sample=sample)
+        assert sorted(passes) == [0, 1, 2]   # each shard decompressed once
+        seekable = inspect_dataset(str(tf_dir), sample=sample)
+        for key in ("records", "fields", "labels", "images"):
+            assert streamed[key] == seekable[key], key
+    assert streamed["images"]["sampled"] == 5 and streamed["labels"]["distinct"] == 3
 
 
 def test_verify_clean_then_damaged(tf_dir, capsys):

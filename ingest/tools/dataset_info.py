@@ -2,6 +2,9 @@
 histogram, image size statistics (from image headers, on an evenly spaced sample of records, no decoding)
 and its shards (count and bytes, from the converter's manifest when there is one).
 
+A streamed source (GZIP TFRecords, gzipped tars) is read once: the pass counts the records, takes every
+label and the header facts of every image (kept compactly), and the sample is picked from them after.
+
 (The module is not called ``inspect`` so that running a file of this folder as a script never shadows the
 standard library module of that name.)
 """
@@ -10,12 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from array import array
+from typing import Any, Optional
 
 import numpy as np
 
 from ..errors import IngestError
-from ..formats import MANIFEST, detect, fields_of, open_source
+from ..formats import MANIFEST, detect, fields_of, iter_records, open_source
 from ..formats._images import image_extension
 from ..ops.decode import CpuDecoder
 from .convert import _option
@@ -23,7 +27,6 @@ from .progress import human_bytes
 from .source_view import SourceView
 
 #: Records whose image headers are read for the size statistics, by default.
-
 SAMPLE = 500
 #: Classes shown in the label histogram.
 TOP = 10
@@ -37,17 +40,22 @@ def inspect_dataset(path: str, *, source_format: str | None = None, sample: int 
         raise FileNotFoundError(f"path {path!r} does not exist")
     fmt = source_format or detect(path)
     source = open_source(path, format=fmt, **(source_options or {}))
-    view = SourceView(source)
-    n = len(view)
     fields = fields_of(source)
+    images = "image" in fields
+    pixels = images and fields["image"].kind == "pixels"
+    if getattr(source, "streamed", False):
+        n, labels, rows = _read_stream(source, images, pixels, sample)
+    else:
+        n = len(source)
+        labels = source.labels() if "label" in fields else None
+        rows = _picked_rows(SourceView(source), _picks(n, sample), pixels) if images else []
     info: dict[str, Any] = {
         "path": path, "format": fmt, "records": n,
         "fields": {name: {"kind": f.kind, **({"shape": list(f.shape)} if f.shape else {}),
                           **({"dtype": f.dtype} if f.dtype else {})} for name, f in fields.items()},
         "classes": len(source.classes)}
-    picks = np.unique(np.linspace(0, n - 1, min(sample, n)).astype(np.int64)) if n else np.zeros(0, np.int64)
-    info["labels"] = _histogram(_labels(source, view), list(source.classes)) if "label" in fields else None
-    info["images"] = _image_stats(view, picks, fields) if "image" in fields else None
+    info["labels"] = _histogram(labels, list(source.classes)) if "label" in fields else None
+    info["images"] = _image_stats(rows) if "image" in fields else None
     info["shards"] = _shards(path, source)
     if callable(getattr(source, "summary", None)):   # COCO: images, annotations, categories, crowd
         info["annotations"] = _jsonable(source.summary())
@@ -64,12 +72,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _labels(source: Any, view: SourceView) -> np.ndarray:
-    if not view.streamed:
-        return source.labels()
-    return np.array([r.label for _, r, err in view.read(0, len(view)) if err is None], dtype=np.int64)
-
-
 def _histogram(labels: np.ndarray, classes: list[str]) -> dict[str, Any]:
     known = labels[labels >= 0]
     values, counts = np.unique(known, return_counts=True)
@@ -80,29 +82,60 @@ def _histogram(labels: np.ndarray, classes: list[str]) -> dict[str, Any]:
             "min_count": int(counts.min()) if len(counts) else 0, "max_count": int(counts.max()) if len(counts) else 0}
 
 
-def _image_stats(view: SourceView, picks: np.ndarray, fields: dict) -> dict[str, Any]:
-    """Sizes (from headers) and types of the images of the picked records."""
-    heights, widths, nbytes, types, bad = [], [], [], {}, 0
+#: What the size statistics know of one image: (height, width, stored bytes, type), None when unreadable.
+Row = Optional[tuple[int, int, int, str]]
+
+
+def _picks(n: int, sample: int) -> np.ndarray:
+    """``sample`` evenly spaced record numbers of ``n`` (all of them when ``n`` is smaller)."""
+    return np.unique(np.linspace(0, n - 1, min(sample, n)).astype(np.int64)) if n else np.zeros(0, np.int64)
+
+
+def _image_row(decoder: CpuDecoder, pixels: bool, name: str, record: Any) -> Row:
+    """A record's image size (from its header), bytes and type."""
+    image = record.image
+    if pixels:
+        array = np.asarray(image)
+        return array.shape[0], array.shape[1], array.nbytes, "pixels"
+    try:
+        (h, w), _ = decoder.probe_header(image, name)
+    except IngestError:
+        return None
+    return h, w, memoryview(image).nbytes, (image_extension(image) or ".unknown").lstrip(".")
+
+
+def _picked_rows(view: SourceView, picks: np.ndarray, pixels: bool) -> list[Row]:
+    """The rows of the records at ``picks`` of a seekable source, read one by one."""
     with CpuDecoder(threads=1) as decoder:
-        for name, record, err in _picked(view, picks):
-            if err is not None:
-                bad += 1
-                continue
-            image = record.image
-            try:
-                if fields["image"].kind == "pixels":
-                    h, w = np.asarray(image).shape[:2]
-                    kind = "pixels"
-                else:
-                    (h, w), _ = decoder.probe_header(image, name)
-                    kind = (image_extension(image) or ".unknown").lstrip(".")
-            except IngestError:
-                bad += 1
-                continue
-            heights.append(h)
-            widths.append(w)
-            nbytes.append(np.asarray(image).nbytes if kind == "pixels" else memoryview(image).nbytes)
-            types[kind] = types.get(kind, 0) + 1
+        return [None if err is not None else _image_row(decoder, pixels, name, record)
+                for i in picks.tolist() for name, record, err in view.read(i, i + 1)]
+
+
+def _read_stream(source: Any, images: bool, pixels: bool, sample: int) -> tuple[int, np.ndarray, list[Row]]:
+    """One pass over a streamed source: its record count, every label, and (``images``) the rows of the
+    records `_picks` chooses (every record's row is kept, as numbers, until the count is known)."""
+    labels, sizes, types, kinds = array("q"), array("q"), array("H"), ["unreadable"]
+    with CpuDecoder(threads=1) as decoder:
+        for name, record in iter_records(source):
+            labels.append(record.label)
+            if images:
+                row = _image_row(decoder, pixels, name, record) or (0, 0, 0, "unreadable")
+                sizes.extend(row[:3])
+                if row[3] not in kinds:
+                    kinds.append(row[3])
+                types.append(kinds.index(row[3]))
+    n = len(labels)
+    picks = _picks(n, sample).tolist() if images else []
+    rows = [None if types[i] == 0 else (*sizes[3 * i:3 * i + 3], kinds[types[i]]) for i in picks]
+    return n, np.frombuffer(labels, np.int64) if n else np.zeros(0, np.int64), rows
+
+
+def _image_stats(rows: list[Row]) -> dict[str, Any]:
+    """Sizes (from headers) and types of the sampled images."""
+    readable = [row for row in rows if row is not None]
+    types: dict[str, int] = {}
+    for _, _, _, kind in readable:
+        types[kind] = types.get(kind, 0) + 1
 
     def stats(values: list[int]) -> dict[str, float]:
         if not values:
@@ -111,20 +144,9 @@ def _image_stats(view: SourceView, picks: np.ndarray, fields: dict) -> dict[str,
         return {"min": int(a.min()), "median": float(np.median(a)), "mean": round(float(a.mean()), 1),
                 "max": int(a.max())}
 
-    return {"sampled": len(heights), "unreadable": bad, "height": stats(heights), "width": stats(widths),
-            "bytes": stats(nbytes), "types": types}
-
-
-def _picked(view: SourceView, picks: np.ndarray):
-    """The records at ``picks`` (seekable: read one by one; streamed: one pass)."""
-    if view.streamed:
-        wanted = set(int(i) for i in picks)
-        for i, item in enumerate(view.read(0, len(view))):
-            if i in wanted:
-                yield item
-        return
-    for i in picks:
-        yield from view.read(int(i), int(i) + 1)
+    return {"sampled": len(readable), "unreadable": len(rows) - len(readable),
+            "height": stats([r[0] for r in readable]), "width": stats([r[1] for r in readable]),
+            "bytes": stats([r[2] for r in readable]), "types": types}
 
 
 def _shards(path: str, source: Any) -> dict[str, Any]:
