@@ -8,7 +8,7 @@ from __future__ import annotations
 import glob
 import os
 from array import array
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -159,3 +159,13 @@ class RecordTable:
         """The byte range of sample ``i``; IndexError outside the table."""
         i = self.index(i)
         return Location(self.shards[self.shard_of[i]], self.offsets[i], self.sizes[i])
+
+    def read_each(self, head: int | None = None) -> Iterator[tuple[int, str, int, bytes]]:
+        """``(i, shard, offset, bytes)`` of every record in order, each read whole or, given ``head``, its
+        first ``head`` bytes (fewer when the record is shorter); one open file per shard."""
+        for k, shard in enumerate(self.shards):
+            with open(shard, "rb") as f:
+                for i in range(self.starts[k], self.starts[k + 1]):
+                    offset, size = self.offsets[i], self.sizes[i]
+                    f.seek(offset)
+                    yield i, shard, offset, f.read(size if head is None else min(size, head))

@@ -353,18 +353,14 @@ def datum_label(value: Any) -> int | None:
             wire = key & 7
             if key < 8 or key >> 32:   # field number 0, or past 2**29 - 1
                 return None
-            if wire == 2:
-                length = value[pos]
-                pos += 1
-                if length >= 0x80:
-                    length, pos = _varint(value, pos - 1)
-                pos += length
-            elif wire == 0:
+            if wire == 0 or wire == 2:   # a varint: the value, or the length of what follows
                 v = value[pos]
                 pos += 1
                 if v >= 0x80:
                     v, pos = _varint(value, pos - 1)
-                if key == 0x28:   # field 5, varint
+                if wire == 2:
+                    pos += v
+                elif key == 0x28:   # field 5, varint
                     label = v
             elif wire == 5 or wire == 1:
                 pos += 4 if wire == 5 else 8

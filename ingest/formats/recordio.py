@@ -39,7 +39,7 @@ import numpy as np
 from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError
 from ._shards import RecordTable, read_index_rows, resolve_indexes, resolve_shards
-from .base import Field, Location, Record
+from .base import Field, Location, Record, read_location
 
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = MAGIC.to_bytes(4, "little")
@@ -287,22 +287,15 @@ class RecordIOSource:
     def labels(self) -> np.ndarray:
         """Every sample's label, from the IRHeaders (one small read per record), cached after the first call."""
         if self._labels is None:
-            table = self._table
-            labels = np.empty(len(table), dtype=np.int64)
-            for k, shard in enumerate(self.shards):
-                with open(shard, "rb") as f:
-                    for i in range(table.starts[k], table.starts[k + 1]):
-                        offset, size = table.offsets[i], table.sizes[i]
-                        f.seek(offset)
-                        head = f.read(min(size, _CHUNK_HEADER.size + IR_HEADER.size))
-                        cflag, length = _chunk_header(head[:_CHUNK_HEADER.size], shard, offset, index=i)
-                        whole = len(head) == _CHUNK_HEADER.size + IR_HEADER.size and length >= IR_HEADER.size
-                        if cflag == 0 and whole:
-                            flag, label, _, _ = IR_HEADER.unpack_from(head, _CHUNK_HEADER.size)
-                            labels[i] = _class_label(flag, label)
-                        else:  # split or short record: read it whole
-                            f.seek(offset)
-                            labels[i] = self.parse(i, f.read(size)).label
+            labels = np.empty(len(self._table), dtype=np.int64)
+            for i, shard, offset, head in self._table.read_each(_CHUNK_HEADER.size + IR_HEADER.size):
+                cflag, length = _chunk_header(head[:_CHUNK_HEADER.size], shard, offset, index=i)
+                whole = len(head) == _CHUNK_HEADER.size + IR_HEADER.size and length >= IR_HEADER.size
+                if cflag == 0 and whole:
+                    flag, label, _, _ = IR_HEADER.unpack_from(head, _CHUNK_HEADER.size)
+                    labels[i] = _class_label(flag, label)
+                else:  # split or short record: read it whole
+                    labels[i] = self.parse(i, read_location(self._table.location(i))).label
             self._labels = labels
         return self._labels
 

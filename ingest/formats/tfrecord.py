@@ -379,14 +379,9 @@ class TFRecordSource:
             labels = np.full(len(table), -1, dtype=np.int64)
             if "label" in self._spec:
                 key, field = self._spec["label"]
-                for k, shard in enumerate(self.shards):
-                    with open(shard, "rb") as f:
-                        for i in range(table.starts[k], table.starts[k + 1]):
-                            offset, size = table.offsets[i], table.sizes[i]
-                            f.seek(offset)
-                            data = unframe(f.read(size), shard, offset, check_crc=self.check_crc, index=i)
-                            fmap = parse_features(data, shard, i, offset)
-                            labels[i] = field_value(fmap, key, field, shard, i, offset)
+                for i, shard, offset, raw in table.read_each():
+                    data = unframe(raw, shard, offset, check_crc=self.check_crc, index=i)
+                    labels[i] = field_value(parse_features(data, shard, i, offset), key, field, shard, i, offset)
             self._labels = labels
         return self._labels
 
