@@ -425,8 +425,10 @@ class Pipeline:
         images = work.ops_plan.execute(work.images, origins=work.origins)
         if isinstance(images, list):
             images = stack_if_uniform(images)
-        if isinstance(images, torch.Tensor) and work.ops_plan.output.layout is None:
-            images = images.permute(0, 3, 1, 2)  # no op chose a layout: NCHW shape over NHWC memory
+        if work.ops_plan.output.layout is None:  # no op chose a layout: CHW shapes over HWC memory, as torch has it
+            if isinstance(images, torch.Tensor):
+                return images.permute(0, 3, 1, 2)
+            return [im.permute(2, 0, 1) for im in images]   # ragged: a list, each image laid out as in a batch
         return images
 
     # -- eager use --------------------------------------------------------------------------

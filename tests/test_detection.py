@@ -75,7 +75,7 @@ def test_torchvision_faster_rcnn_trains_on_a_batch(tmp_path):
     path = _coco(tmp_path, n=2)
     src = CocoSource(path, images=tmp_path / "img", box_format="ltrb")
     loader = ingest.Loader(src, batch_size=2, output="dict",
-                           ops=[Resize(64, max_size=96), PadTo(32), ingest.ops.Normalize(mean=[0.0] * 3,
+                           ops=[Resize(64, max_size=96), PadTo(multiple=32), ingest.ops.Normalize(mean=[0.0] * 3,
                                                                                          std=[255.0] * 3)])
     batch = next(iter(loader))
     targets = ingest.torch.detection_targets(batch)

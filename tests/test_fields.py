@@ -135,9 +135,9 @@ class Pixels:
 def test_pixel_sources_skip_decode():
     loader = ingest.Loader(Pixels(), batch_size=4, output="dict")
     batch = next(iter(loader))
-    assert isinstance(batch["images"], list)  # ragged sizes stay a list
+    assert isinstance(batch["images"], list)  # ragged sizes stay a list, each image CHW as in a stacked batch
     for i, im in enumerate(batch["images"]):
-        assert torch.equal(im, torch.from_numpy(Pixels().arrays[i]))
+        assert torch.equal(im, torch.from_numpy(Pixels().arrays[i]).permute(2, 0, 1))
     assert loader.stats()["decode_paths"] == {"none (pixels)": 4}
     fixed = next(iter(ingest.Loader(Pixels(), batch_size=4, ops=[ingest.ops.CenterCrop(8)])))[0]
     want = torchvision.transforms.functional.center_crop(torch.from_numpy(Pixels().arrays[1]).permute(2, 0, 1), 8)
