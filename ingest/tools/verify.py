@@ -53,7 +53,7 @@ def verify(path: str, *, source_format: str | None = None, decode: bool = False,
 
     fmt = source_format or detect(path)
     listed = _check_manifest(path, problem) if os.path.isdir(path) else None
-    parts = [(f, p) for f, p in shardfiles.shard_files(path, fmt)] if fmt in shardfiles.INDEXED else [(fmt, path)]
+    parts = shardfiles.shard_files(path, fmt) or [(fmt, path)]   # indexed formats: shard by shard
     decoder = CpuDecoder() if decode else None
     try:
         for part_fmt, part in parts:
