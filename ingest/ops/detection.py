@@ -57,8 +57,8 @@ class RandomIoUCrop(GeometryOp):
     """SSD's random crop whose boxes overlap it enough (torchvision's ``RandomIoUCrop``, DALI's
     ``random_bbox_crop``).
 
-    Per sample: pick a threshold from ``min_ious``; None keeps the image whole. Else try ``attempts`` crops:
-    width and height each a uniform fraction in ``scale`` of the image's, width/height within ``aspect``, at a
+    Per sample: pick a threshold from ``min_ious`` (the default set is SSD's and torchvision's); None keeps the
+    image whole, 0 takes any crop holding a box centre. Else try ``attempts`` crops: width and height each a uniform fraction in ``scale`` of the image's, width/height within ``aspect``, at a
     uniform position. A crop qualifies when some box has its centre inside it and, among those, the best IoU
     with the crop is at least the threshold. The first that qualifies is taken (the attempts of a round are
     drawn at once) and keeps only the boxes whose centre it holds. When none does, another threshold is picked, ``rounds`` times at most (torchvision
@@ -69,7 +69,7 @@ class RandomIoUCrop(GeometryOp):
 
     uses_boxes = True
 
-    def __init__(self, min_ious: Sequence[float | None] = (None, 0.1, 0.3, 0.5, 0.7, 0.9), *,
+    def __init__(self, min_ious: Sequence[float | None] = (None, 0.0, 0.1, 0.3, 0.5, 0.7, 0.9), *,
                  scale: Sequence[float] = (0.3, 1.0), aspect: Sequence[float] = (0.5, 2.0),
                  attempts: int = 40, rounds: int = 10):
         if not (isinstance(min_ious, (tuple, list)) and min_ious and all(
