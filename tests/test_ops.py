@@ -96,7 +96,17 @@ def test_resize_sizes_match_torchvision():
     for h, w in rng.integers(1, 2000, (200, 2)):
         for op, tv in ops:
             expect = tuple(TF.resize(torch.empty(0, int(h), int(w), dtype=torch.uint8), **tv).shape[-2:])
+            expect = tuple(max(1, v) for v in expect)  # torchvision rounds a sliver to 0 rows; we keep one
             assert op.output_size(int(h), int(w)) == expect, (h, w, op)
+
+
+def test_resize_of_a_sliver_keeps_one_row():
+    """Where the arithmetic rounds the short side to 0 (torchvision then fails), one row or column is kept."""
+    assert Resize(800, max_size=1333).output_size(1, 2000) == (1, 1333)
+    assert Resize(800, max_size=1333).output_size(3000, 1) == (1333, 1)
+    assert Resize(longer=100).output_size(1, 500) == (1, 100)
+    out = Resize(800, max_size=1333)([image(1, 2000)])[0]
+    assert tuple(out.shape[:2]) == (1, 1333)
 
 
 @pytest.mark.parametrize("size", [(64, 64), (101, 30), (150, 200), (31, 200), 57])

@@ -211,6 +211,7 @@ class Resize(GeometryOp):
                 cap = new_long > self.max_size
                 new_short = np.where(cap, (self.max_size * new_short / new_long).astype(np.int64), new_short)
                 new_long = np.where(cap, self.max_size, new_long)
+        new_short = np.maximum(new_short, 1)  # a sliver (1 x 2000 at max_size 1333) keeps one row, not none
         return np.stack([np.where(portrait, new_long, new_short), np.where(portrait, new_short, new_long)], axis=1)
 
     def _steps(self, sizes: np.ndarray, params: Any) -> Steps:
