@@ -57,12 +57,17 @@ def resolve_io(io: str | None) -> tuple[str, str]:
 
 
 class ByteReader:
-    """Reads batches of byte ranges into one host arena per batch (pinned if ``pin=True``)."""
+    """Reads batches of byte ranges into one host arena per batch: pinned if ``pin=True``; in shared memory if
+    ``shared=True`` (a reader process's, handed to the training process without a copy: `last_arena` is the
+    latest arena's tensor)."""
 
-    def __init__(self, io: str | None = None, *, threads: int | None = None, pin: bool = False):
+    def __init__(self, io: str | None = None, *, threads: int | None = None, pin: bool = False,
+                 shared: bool = False):
         self.path, self.device_path = resolve_io(io)
         self.threads = threads or defaults.get("io_threads")
         self.pin = pin
+        self.shared = shared
+        self.last_arena: torch.Tensor | None = None
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ingest-io")
         if "kvikio" in (self.path, self.device_path):
             import kvikio
@@ -109,6 +114,9 @@ class ByteReader:
 
     def _arena(self, nbytes: int) -> np.ndarray:
         # A fresh buffer per batch: the previous batch's views may still be in use by the decoder.
+        if self.shared:
+            self.last_arena = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+            return self.last_arena.numpy()
         if self.pin and nbytes:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
         return np.empty(nbytes, dtype=np.uint8)

@@ -150,12 +150,14 @@ class Pipeline:
     """Per-batch work of each stage, with no threads of its own."""
 
     def __init__(self, source: Source, *, ops: Sequence = (), device: str | torch.device = "cpu",
-                 decode: str | None = None, io: str | None = None, num_threads: int | None = None):
+                 decode: str | None = None, io: str | None = None, num_threads: int | None = None,
+                 shared_reads: bool = False):
         self.source = source
         self.ops = list(ops)
         self.device, self.decode_kind = resolve_device(device, decode)
         decode = self.decode_kind
-        self.reader = ByteReader(io, pin=decode == "mixed")
+        # shared_reads: a reader process's pipeline, whose read stage hands its batches to another process
+        self.reader = ByteReader(io, pin=decode == "mixed", shared=shared_reads)
         self.cpu = CpuDecoder(threads=num_threads)
         self.gpu = None
         self.decode_stream = self.ops_stream = None
@@ -552,13 +554,16 @@ class Executor:
     unless set), not torch's default of every core: the decode pool keeps the cores busy meanwhile, and
     OpenMP threads spinning beside it made the ops stage ~3x slower on 2 cores (see `ingest.defaults`)."""
 
-    def __init__(self, pipeline: Pipeline, plans: Iterator[BatchPlan], *, prefetch: int = 2):
+    def __init__(self, pipeline: Pipeline, plans: Iterator[BatchPlan], *, prefetch: int = 2,
+                 read: Callable[[BatchPlan], _Work] | None = None):
         self.pipeline = pipeline
         self.prefetch = prefetch
         self._stop = threading.Event()
         self._queues = [queue.Queue(prefetch) for _ in STAGES]
         self.stats = pipeline.stage_stats
-        fns: list[Callable] = [pipeline.read, pipeline.decode, pipeline.transform]
+        # ``read``: what the read stage does instead of `Pipeline.read` (reader processes: receive the batch)
+        self._read = read
+        fns: list[Callable] = [read or pipeline.read, pipeline.decode, pipeline.transform]
         threads = [None, None, defaults.ops_threads()]   # torch intra-op threads per stage (None: torch's)
         self._threads = []
         inputs = [iter(plans)] + self._queues[:-1]
@@ -629,6 +634,8 @@ class Executor:
         self._closed = True
         CLOSE_AT_EXIT.discard(self)
         self._stop.set()
+        if hasattr(self._read, "close"):
+            self._read.close()   # a read stage waiting on other processes stops waiting
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 
 from . import defaults
-from .errors import ConfigError
+from .errors import ConfigError, IngestError
 from .formats import detect, open_source
 from .formats.base import Location, Record, Source, check_index, fields_of
 from .formats.filetree import IMAGE_EXTENSIONS
@@ -20,6 +21,7 @@ from .formats.memory import MemorySource
 from .pipeline import STAGES, Batch, Executor, Failures, Pipeline, StageStats, resolve_device
 from .sampler import BatchPlan, Sampler
 from .stream import DEFAULT_BUFFER, StreamedSource
+from .workers import STAGES as WORKER_STAGES
 from .workers import WorkerPool
 
 OUTPUTS = ("tuple", "dict")
@@ -37,12 +39,15 @@ class Loader:
     shuffle, sharding or ``len``). Compressed record files are streamed (`ingest.stream`): shard order
     shuffled, then a ``shuffle_buffer``-record buffer.
 
-    ``num_workers``: 0 runs the pipeline on threads of this process; W > 0 runs W copies of it in worker
-    processes (batch b on worker b % W, each with ``num_threads`` or cores / W decode threads), which keeps
-    the GPU decoder clear of this process's GIL (see `ingest.workers`). Default (None): the
-    ``num_workers`` setting of `ingest.defaults`, "auto" unless set: 4 on CUDA (fewer under 16 cores; on an
-    H200 one worker reached 6.8k img/s and four 20.7k), 0 on CPU. Workers are spawned (CUDA cannot be
-    forked), so a script that iterates such a loader needs the usual ``if __name__ == "__main__":`` guard.
+    ``num_workers``: 0 runs the pipeline on threads of this process; W > 0 adds W worker processes (batch b
+    on worker b % W; see `ingest.workers`). ``worker_stages`` says what they run: "read" (reading, parsing,
+    header probes and drawing the augmentation: CPU work, no CUDA context) with decode and ops on this
+    process's threads and its one CUDA context, or "all" (each worker runs the whole pipeline, with
+    ``num_threads`` or cores / W decode threads, and on CUDA its own context). "auto" (the default) takes
+    "read" for GPU decoding of encoded images and "all" otherwise. Default ``num_workers`` (None): the
+    ``num_workers`` setting of `ingest.defaults`, "auto" unless set: 4 on CUDA (fewer under 16 cores), 0 on
+    CPU. Workers are spawned (CUDA cannot be forked), so a script that iterates such a loader needs the
+    usual ``if __name__ == "__main__":`` guard.
 
     Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
     every other field the source declares (collated by kind, see `ingest.collate`), ``indices`` (dataset
@@ -61,7 +66,7 @@ class Loader:
                  num_threads: int | None = None, num_workers: int | None = None, max_failures: int | float = 0,
                  io: str | None = None, output: str = "tuple", extensions: Sequence[str] = IMAGE_EXTENSIONS,
                  format: str | None = None, reader_options: dict[str, Any] | None = None,
-                 shuffle_buffer: int = DEFAULT_BUFFER):
+                 shuffle_buffer: int = DEFAULT_BUFFER, worker_stages: str = "auto"):
         if output not in OUTPUTS:
             raise ConfigError(f"Unknown output {output!r}. Available: {', '.join(OUTPUTS)}")
         if shard_id is None and num_shards is None:
@@ -122,13 +127,22 @@ class Loader:
         self.num_workers = num_workers
         self.pipeline: Pipeline | None = None
         self._pool: WorkerPool | None = None
+        if worker_stages not in ("auto", *WORKER_STAGES):
+            raise ConfigError(f"Unknown worker_stages {worker_stages!r}. Available: auto, "
+                              f"{', '.join(WORKER_STAGES)}")
+        if not num_workers or worker_stages != "all":
+            self.pipeline = Pipeline(source, ops=self.ops, device=self.device, decode=self.decode, io=io,
+                                     num_threads=num_threads)
+        self.worker_stages = None
+        if num_workers:
+            self.worker_stages = self._worker_stages(worker_stages)
+            if self.worker_stages == "all" and self.pipeline is not None:
+                self.pipeline.close()
+                self.pipeline = None
         worker_threads = num_threads or max(1, (os.cpu_count() or 1) // max(num_workers, 1))
         self._spec = dict(source=source, ops=self.ops, device=str(self.device), decode=self.decode, io=io,
                           num_threads=worker_threads, sampler=self.sampler, prefetch=prefetch,
-                          max_failures=max_failures)
-        if not num_workers:
-            self.pipeline = Pipeline(source, ops=self.ops, device=self.device, decode=self.decode, io=io,
-                                     num_threads=num_threads)
+                          max_failures=max_failures, stages=self.worker_stages)
         self.output = output
         self.epoch = -1            # the epoch being (or last) iterated
         self._resume: tuple[int, int, int] | None = None   # (epoch, batch, offset) for the next iter()
@@ -139,7 +153,23 @@ class Loader:
         self._executor: weakref.ref | None = None
         self._failures: Failures | None = None
 
-    # -- iteration ------------------------------------------------------------------------
+    def _worker_stages(self, asked: str) -> str:
+        """What worker processes run: "all" stages (each process its own pipeline and, on CUDA, its own context),
+        or only "read" (read, parse, probe, plan: CPU work, no CUDA), decode and ops then running here. "auto"
+        takes "read" where this process decodes on the GPU: its one CUDA context does all the GPU work, and the
+        per-file Python work stays off its GIL. "read" needs encoded images read through the host (not raw
+        shards read straight into the batch)."""
+        if asked == "all":
+            return asked
+        p = self.pipeline
+        readable = p.image_kind == "image" and not p.direct
+        if asked == "read" and not readable:
+            raise ConfigError("worker_stages='read' needs a source of encoded images; this one has "
+                              f"{p.image_kind or 'no'} images{' read straight to the device' if p.direct else ''}: "
+                              "use worker_stages='all' or num_workers=0")
+        if asked == "auto":
+            return "read" if readable and p.decode_kind == "mixed" else "all"
+        return asked    # -- iteration ------------------------------------------------------------------------
     def __len__(self) -> int:
         if self._stream is not None:
             raise TypeError("a Loader over a streamed iterator has no length")
@@ -166,13 +196,18 @@ class Loader:
             plans = self.sampler.batches(self.epoch, start, self._offset)
         # A fractional budget is a share of the samples this epoch reads (None: unknown, for a stream).
         self._failures = Failures(self.max_failures, self.sampler.samples(start, self._offset) if self._stream is None else None)
+        read = None
         if self.num_workers:
             if self._pool is None:
                 self._pool = WorkerPool(self._spec, self.num_workers)
-            return self._iterate(self._pool.epoch(self.epoch, start, self.sampler.num_batches(self._offset),
-                                                  self._failures, self._offset), self._run)
+            count = self.sampler.num_batches(self._offset)
+            if self.worker_stages == "all":
+                return self._iterate(self._pool.epoch(self.epoch, start, count, self._failures, self._offset),
+                                     self._run)
+            stop = threading.Event()
+            read = _Received(self._pool.epoch(self.epoch, start, count, self._failures, self._offset, stop), stop)
         self.pipeline.failures = self._failures
-        executor = Executor(self.pipeline, plans, prefetch=self.prefetch)
+        executor = Executor(self.pipeline, plans, prefetch=self.prefetch, read=read)
         self._executor = weakref.ref(executor)
         return self._iterate(executor, self._run)
 
@@ -300,27 +335,47 @@ class Loader:
     def stats(self) -> dict[str, Any]:
         """Which read and decode paths ran, per-stage busy seconds and queue occupancy, failures (summed over
         worker processes, if any)."""
+        reports = [r for r in (self._pool.stats if self._pool else []) if r]
+        totals = [StageStats(name) for name in STAGES]
+        paths, read_path = {}, reports[0]["read_path"] if reports else None
+        for r in reports:
+            for t in totals:
+                busy, batches, occupancy = r["stages"][t.name]
+                t.busy, t.batches, t.occupancy = t.busy + busy, t.batches + batches, t.occupancy + occupancy
+            for k, v in r["decode_paths"].items():
+                paths[k] = paths.get(k, 0) + v
+        stages = {t.name: t.as_dict(self.prefetch) for t in totals}
+        out: dict[str, Any] = {}
         if self.pipeline is not None:
+            if reports:   # reader processes: their read stage (summed), then this process's stages
+                out["worker_read"] = stages["read"]
             stages = {s.name: s.as_dict(self.prefetch) for s in self.pipeline.stage_stats}
-            paths, read_path = dict(self.pipeline.decode_paths), self.pipeline.reader.path
-        else:
-            reports = [r for r in (self._pool.stats if self._pool else []) if r]
-            totals = [StageStats(name) for name in STAGES]
-            paths, read_path = {}, reports[0]["read_path"] if reports else None
-            for r in reports:
-                for t in totals:
-                    busy, batches, occupancy = r["stages"][t.name]
-                    t.busy, t.batches, t.occupancy = t.busy + busy, t.batches + batches, t.occupancy + occupancy
-                for k, v in r["decode_paths"].items():
-                    paths[k] = paths.get(k, 0) + v
-            stages = {t.name: t.as_dict(self.prefetch) for t in totals}
+            paths = dict(self.pipeline.decode_paths)
+            read_path = read_path or self.pipeline.reader.path
         return {"read_path": read_path, "decode": self.decode, "decode_paths": paths, "device": str(self.device),
-                "workers": self.num_workers, "stages": stages,
+                "workers": self.num_workers, "worker_stages": self.worker_stages, "stages": stages, **out,
                 "failures": list(self._failures.items) if self._failures else []}
 
     def __repr__(self) -> str:
         return (f"Loader({self.source!r}, batch_size={self.sampler.batch_size}, device='{self.device}', "
                 f"decode='{self.decode}', num_workers={self.num_workers}, ops={self.ops!r})")
+
+
+class _Received:
+    """The read stage when worker processes read: the next batch they sent (in plan order). `close` (the
+    executor's) ends a wait for one."""
+
+    def __init__(self, works: Iterator, stop: threading.Event):
+        self.works, self.stop = works, stop
+
+    def __call__(self, plan: BatchPlan):
+        work = next(self.works, None)
+        if work is not None and work.plan.number != plan.number:
+            raise IngestError(f"reader processes sent batch {work.plan.number} where {plan.number} was due")
+        return work
+
+    def close(self) -> None:
+        self.stop.set()
 
 
 class GenericIterator:

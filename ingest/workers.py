@@ -1,6 +1,13 @@
-"""Worker processes: ``Loader(num_workers=W)`` runs W copies of the threaded pipeline in processes of their
-own, batch ``b`` of an epoch going to worker ``b % W`` (DataLoader's scheme), and hands the batches over in
-order.
+"""Worker processes: ``Loader(num_workers=W)`` runs W processes, batch ``b`` of an epoch going to worker
+``b % W`` (DataLoader's scheme), and hands the batches over in order. What a worker runs (``stages``):
+
+- ``"read"`` (the CUDA default with GPU decode): the read stage only (read, parse, probe the headers, draw the
+  augmentation), into one shared-memory arena per batch; the training process receives the batch's `_Work`
+  (the arena's handle and each sample's range in it, no copy of the bytes) and runs decode and ops on its
+  own threads and its one CUDA context. The per-file Python work leaves the training process's GIL, and no
+  second CUDA context time-slices the GPU or holds memory.
+- ``"all"``: the whole pipeline per worker (for CPU decode with Python-heavy ops), batches coming back as
+  below.
 
 Why processes: nvImageCodec's Python binding (0.9) gives up and retakes the GIL for every image it parses,
 decodes or returns. On the H200, a 256-image batch decoded in 9.7 ms alone and in 2.5 s next to one busy
@@ -33,11 +40,18 @@ import time
 import traceback
 from typing import Any, Iterator
 
+from dataclasses import dataclass, replace
+
+import numpy as np
 import torch
 import torch.multiprocessing as mp
 
 from .errors import IngestError
-from .pipeline import CLOSE_AT_EXIT, Batch, Failures, Pipeline
+from .pipeline import CLOSE_AT_EXIT, Batch, Failures, Pipeline, _Work
+
+#: What worker processes run: every stage (batches come back on the GPU), or only the read stage (read,
+#: parse, probe, plan: CPU work that never touches CUDA; decode and ops then run in the training process).
+STAGES = ("all", "read")
 
 _POLL = 1.0  # seconds between liveness checks while waiting for a worker
 _MAX_SHARED = 4  # worker batches held until their copy has run
@@ -66,6 +80,9 @@ class WorkerPool:
     sampler, ...). `epoch()` yields the batches of one epoch in order."""
 
     def __init__(self, spec: dict[str, Any], num_workers: int):
+        if spec.get("stages", "all") not in STAGES:
+            raise ValueError(f"unknown worker stages {spec['stages']!r}")
+        self.stages = spec.get("stages", "all")
         ctx = mp.get_context("spawn")
         self.num_workers = num_workers
         self.device = torch.device(spec["device"])
@@ -79,14 +96,16 @@ class WorkerPool:
         self._closed = False
         CLOSE_AT_EXIT.add(self)
         self._run = 0
-        self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" and self.stages == "all" else None
         self._shared: collections.deque = collections.deque()
         self.stats: list[dict[str, Any]] = [{} for _ in range(num_workers)]
 
-    def epoch(self, epoch: int, start: int, count: int, failures: Failures, offset: int = 0) -> Iterator[Batch]:
+    def epoch(self, epoch: int, start: int, count: int, failures: Failures, offset: int = 0,
+              stop: threading.Event | None = None) -> Iterator[Batch | _Work]:
         """Batches ``start .. count-1`` of ``epoch`` (that skips the first ``offset`` samples of its global
-        order: `Sampler.batches`), in order. Failures the workers report are added to ``failures``, which
-        raises when the budget is exceeded."""
+        order: `Sampler.batches`), in order: `Batch`es, or with ``stages="read"`` the read stage's `_Work` of
+        every batch (its bytes in shared memory). Failures the workers report are added to ``failures``, which
+        raises when the budget is exceeded. Setting ``stop`` ends the iterator while it waits."""
         self._stop_current()
         self._run += 1
         run = self._run
@@ -100,25 +119,29 @@ class WorkerPool:
             w = number % self.num_workers
             if done[w]:
                 continue
-            msg = held[w] if held[w] is not None else self._receive(w, run, failures)
+            msg = held[w] if held[w] is not None else self._receive(w, run, failures, stop)
             held[w] = None
+            if msg is None:   # stopped
+                return
             if msg[0] == "end":
                 done[w] = True
                 continue
             batch = msg[2]
-            if batch.number != number:   # every sample of `number` failed: the worker skipped it
+            if _number(batch) != number:   # every sample of `number` failed: the worker skipped it
                 held[w] = msg
                 continue
             yield batch
 
-    def _receive(self, w: int, run: int, failures: Failures):
+    def _receive(self, w: int, run: int, failures: Failures, stop: threading.Event | None = None):
         """The next message of worker ``w`` for ``run`` (older runs' messages are dropped); the failures
-        and stats it reports are taken in here, once."""
+        and stats it reports are taken in here, once. None once ``stop`` is set."""
         while True:
             try:
                 with torch.cuda.stream(self._side) if self._side is not None else contextlib.nullcontext():
-                    msg = self._results[w].get(timeout=_POLL)
+                    msg = self._results[w].get(timeout=_POLL if stop is None else 0.05)
             except queue.Empty:
+                if stop is not None and stop.is_set():
+                    return None
                 if not self._procs[w].is_alive():
                     raise IngestError(f"ingest worker {w} died (exit code {self._procs[w].exitcode})") from None
                 continue
@@ -131,7 +154,7 @@ class WorkerPool:
                 for name, stage, reason in msg[3]:
                     failures.record(name, stage, reason)
                 self.stats[w] = msg[4]
-                msg = ("batch", run, self._own(msg[2]))
+                msg = ("batch", run, self._own(msg[2]) if self.stages == "all" else unpack_work(msg[2]))
             return msg
 
     def _own(self, batch: Batch) -> Batch:
@@ -183,8 +206,12 @@ class WorkerPool:
 def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, results, parent: int) -> None:
     threading.Thread(target=_exit_with_parent, args=(parent,), name="ingest-parent-watch", daemon=True).start()
     torch.set_num_threads(1)
-    pipeline = Pipeline(spec["source"], ops=spec["ops"], device=spec["device"], decode=spec["decode"],
-                        io=spec["io"], num_threads=spec["num_threads"])
+    if spec.get("stages", "all") == "read":   # CPU only: this process never touches CUDA
+        pipeline = Pipeline(spec["source"], ops=spec["ops"], device="cpu", decode="cpu", io=spec["io"],
+                            num_threads=spec["num_threads"], shared_reads=True)
+    else:
+        pipeline = Pipeline(spec["source"], ops=spec["ops"], device=spec["device"], decode=spec["decode"],
+                            io=spec["io"], num_threads=spec["num_threads"])
     sampler = spec["sampler"]
     stop_runs: set[int] = set()
     try:
@@ -230,12 +257,17 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
                 continue
             if _stopped(run, commands, stop_runs):
                 return
-            batch = pipeline.run(plan)   # the default stream (the IPC event's) waits for the batch
+            if spec.get("stages", "all") == "read":
+                pipeline.reader.last_arena = None
+                batch = pack_work(pipeline.stage_stats[0].timed(pipeline.read, plan), pipeline.reader.last_arena)
+            else:
+                batch = pipeline.run(plan)   # the default stream (the IPC event's) waits for the batch
             items = pipeline.failures.items[sent:]
             sent += len(items)
             if batch is None:
                 continue
-            batch.ready = None
+            if isinstance(batch, Batch):
+                batch.ready = None
             stats = {"stages": {s.name: (s.busy, s.batches, s.occupancy) for s in pipeline.stage_stats},
                      "decode_paths": dict(pipeline.decode_paths), "read_path": pipeline.reader.path}
             results.put(("batch", run, batch, items, stats))
@@ -263,3 +295,44 @@ def _stopped(run: int, commands, stop_runs: set[int]) -> bool:
     for cmd in pending:
         commands.put(cmd)
     return run in stop_runs or any(cmd[0] == "exit" for cmd in pending)
+
+
+# -- the read stage's batches across processes ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _InArena:
+    """A sample's bytes as a range of its batch's shared arena (replaced by a view of it on arrival)."""
+
+    start: int
+    length: int
+
+
+def pack_work(work: _Work, arena: torch.Tensor | None) -> tuple[_Work, torch.Tensor | None]:
+    """``work`` ready to cross to the training process: every record image that is a view of ``arena`` (the
+    batch's shared-memory read buffer) becomes its range in it, so only the arena's handle travels, not the
+    bytes. Anything else (bytes a source held in memory, several ranges of one sample) is pickled as is."""
+    if arena is None or not arena.numel() or not work.records:
+        return work, None
+    base, end = arena.data_ptr(), arena.data_ptr() + arena.numel()
+    records = []
+    for r in work.records:
+        im = r.image
+        if isinstance(im, np.ndarray) and im.dtype == np.uint8 and im.ndim == 1 and base <= im.ctypes.data < end:
+            r = replace(r, image=_InArena(im.ctypes.data - base, im.nbytes))
+        records.append(r)
+    return replace(work, records=records), arena
+
+
+def unpack_work(payload: tuple[_Work, torch.Tensor | None]) -> _Work:
+    """The inverse of `pack_work`: ranges of the arena become views of it (which keep it alive)."""
+    work, arena = payload
+    if arena is not None:
+        flat = arena.numpy()
+        work.records = [replace(r, image=flat[r.image.start:r.image.start + r.image.length])
+                        if isinstance(r.image, _InArena) else r for r in work.records]
+    return work
+
+
+def _number(item: Batch | _Work) -> int:
+    return item.number if isinstance(item, Batch) else item.plan.number

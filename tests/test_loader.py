@@ -2,6 +2,7 @@
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -48,11 +49,13 @@ def test_same_seed_same_batches_and_epochs_differ(image_folder):
     assert not all(torch.equal(a, b) for (a, _), (b, _) in zip(e0, e1))
 
 
-def test_resume_mid_epoch_matches_uninterrupted(image_folder):
+@pytest.mark.parametrize("workers", [{}, {"num_workers": 2, "worker_stages": "read"}])
+def test_resume_mid_epoch_matches_uninterrupted(image_folder, workers):
     kw = dict(batch_size=4, ops=train_ops(), shuffle=True, seed=1)
     ref = ingest.Loader(image_folder, **kw)
     collect(ref)                 # epoch 0
     full = collect(ref)          # epoch 1
+    kw.update(workers)
     run = ingest.Loader(image_folder, **kw)
     collect(run)
     it = iter(run)
@@ -186,11 +189,13 @@ def test_config_errors(image_folder):
             ingest.Loader(image_folder, batch_size=2, device="cuda")
 
 
-def test_worker_processes_match_threads_and_survive_epochs(image_folder):
+@pytest.mark.parametrize("stages", ["all", "read"])
+def test_worker_processes_match_threads_and_survive_epochs(image_folder, stages):
     kw = dict(batch_size=4, ops=train_ops(), shuffle=True, seed=5)
     ref = ingest.Loader(image_folder, **kw)
     ref_epochs = [collect(ref), collect(ref)]
-    with ingest.Loader(image_folder, num_workers=2, **kw) as loader:
+    with ingest.Loader(image_folder, num_workers=2, worker_stages=stages, **kw) as loader:
+        assert loader.worker_stages == stages
         first = collect(loader)
         it = iter(loader)          # epoch 1, abandoned after one batch
         next(it)
@@ -204,25 +209,34 @@ def test_worker_processes_match_threads_and_survive_epochs(image_folder):
         stats = loader.stats()
         assert stats["workers"] == 2 and stats["decode_paths"]["cpu"] >= 2 * 21
         assert stats["stages"]["decode"]["batches"] >= 12
+        if stages == "read":   # the workers only read: their read stage is reported beside this process's
+            assert stats["worker_read"]["batches"] >= 12 and stats["worker_stages"] == "read"
 
 
-def test_worker_errors_reach_the_caller(image_folder):
+@pytest.mark.parametrize("stages", ["all", "read"])
+@pytest.mark.parametrize("cut", [300, 30])   # a truncated scan fails the decode; no frame header, the probe
+def test_worker_errors_reach_the_caller(image_folder, stages, cut):
     bad = image_folder / "emu" / "0004.jpg"
-    bad.write_bytes(bad.read_bytes()[:300])
-    with ingest.Loader(image_folder, batch_size=4, ops=train_ops(), num_workers=2) as loader:
+    bad.write_bytes(bad.read_bytes()[:cut])
+    kw = dict(batch_size=4, ops=train_ops(), num_workers=2, worker_stages=stages)
+    with ingest.Loader(image_folder, **kw) as loader:
         with pytest.raises(DecodeError) as e:
             collect(loader)
-        assert "0004.jpg" in str(e.value) and "Traceback" in str(e.value.__cause__)
-    with ingest.Loader(image_folder, batch_size=4, ops=train_ops(), num_workers=2, max_failures=1) as loader:
+        assert "0004.jpg" in str(e.value)
+        if stages == "all" or cut == 30:   # raised in a worker: its traceback comes along
+            assert "Traceback" in str(e.value.__cause__)
+    with ingest.Loader(image_folder, max_failures=1, **kw) as loader:
         assert sum(len(y) for _, y in loader) == 20
         assert [f[0].rsplit("/", 1)[-1] for f in loader.stats()["failures"]] == ["0004.jpg"]
     with pytest.raises(ConfigError, match="`num_workers` must be an int >= 0"):
         ingest.Loader(image_folder, batch_size=4, num_workers=-1)
 
 
-def test_closing_workers_mid_epoch_is_prompt(image_folder):
+@pytest.mark.parametrize("stages", ["all", "read"])
+def test_closing_workers_mid_epoch_is_prompt(image_folder, stages):
     import time
-    loader = ingest.Loader(image_folder, batch_size=2, ops=train_ops(), num_workers=2, prefetch=1)
+    loader = ingest.Loader(image_folder, batch_size=2, ops=train_ops(), num_workers=2, prefetch=1,
+                           worker_stages=stages)
     it = iter(loader)
     next(it)
     procs = list(loader._pool._procs)
@@ -230,3 +244,35 @@ def test_closing_workers_mid_epoch_is_prompt(image_folder):
     loader.close()
     assert time.perf_counter() - t0 < 8, "workers should stop at the next batch, not be killed on a timeout"
     assert procs and all(p.exitcode == 0 for p in procs)  # exited by themselves, not terminated
+
+
+def test_read_stage_batches_cross_processes_as_arena_ranges():
+    from ingest.formats.base import Record
+    from ingest.pipeline import _Work
+    from ingest.sampler import BatchPlan
+    from ingest.workers import _InArena, pack_work, unpack_work
+    arena = torch.arange(100, dtype=torch.uint8)
+    flat = arena.numpy()
+    outside = np.frombuffer(b"held in memory", dtype=np.uint8)
+    plan = BatchPlan(epoch=0, number=3, indices=np.arange(3), is_pad=np.zeros(3, bool), seed=np.random.SeedSequence(0))
+    work = _Work(plan, ["a", "b", "c"], plan.indices, plan.is_pad,
+                 [Record(flat[10:30], 1), Record(outside, 2), Record(flat[60:61], 3)])
+    packed, shared = pack_work(work, arena)
+    assert shared is arena
+    assert [r.image for r in packed.records[::2]] == [_InArena(10, 20), _InArena(60, 1)]
+    assert packed.records[1].image is outside   # not in the arena: travels by value
+    back = unpack_work((packed, arena.clone()))
+    for got, want in zip(back.records, work.records):
+        assert np.array_equal(got.image, want.image) and got.label == want.label
+    assert pack_work(work, None) == (work, None)
+
+
+def test_worker_stages_choices(image_folder):
+    assert ingest.Loader(image_folder, batch_size=4, num_workers=1).worker_stages == "all"   # CPU decode: auto
+    assert ingest.Loader(image_folder, batch_size=4).worker_stages is None
+    with pytest.raises(ConfigError, match="Unknown worker_stages 'decode'. Available: auto, all, read"):
+        ingest.Loader(image_folder, batch_size=4, num_workers=1, worker_stages="decode")
+    from test_fields import Pixels   # a source of decoded pixels: nothing for a reader process to hand over
+    with pytest.raises(ConfigError, match="worker_stages='read' needs a source of encoded images; this one has "
+                                          "pixels images"):
+        ingest.Loader(Pixels(), batch_size=2, num_workers=1, worker_stages="read", output="dict")
