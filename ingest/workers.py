@@ -154,7 +154,8 @@ class WorkerPool:
                 for name, stage, reason in msg[3]:
                     failures.record(name, stage, reason)
                 self.stats[w] = msg[4]
-                msg = ("batch", run, self._own(msg[2]) if self.stages == "all" else unpack_work(msg[2]))
+                msg = ("batch", run, self._own(msg[2]) if self.stages == "all" else
+                       unpack_work(msg[2], pin=self.device.type == "cuda"))
             return msg
 
     def _own(self, batch: Batch) -> Batch:
@@ -184,16 +185,10 @@ class WorkerPool:
         CLOSE_AT_EXIT.discard(self)
         self._run += 1   # ends the running epoch's iterator at its next step
         for q in self._commands:
-            q.put(("exit",))  # also ends a running epoch (see _stopped)
+            q.put(("exit",))  # also ends a running epoch, and a wait on a full queue (see _stopped, _send)
         deadline = time.monotonic() + 10
-        while any(p.is_alive() for p in self._procs) and time.monotonic() < deadline:
-            for q in self._results:  # keep taking what workers still put, so none blocks on a full queue
-                try:
-                    q.get(timeout=0.01)
-                except queue.Empty:
-                    pass
-                except Exception:  # noqa: BLE001 - a batch whose worker already left cannot be unpickled
-                    pass
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
         for p in self._procs:
             if p.is_alive():
                 p.terminate()
@@ -270,13 +265,29 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
                 batch.ready = None
             stats = {"stages": {s.name: (s.busy, s.batches, s.occupancy) for s in pipeline.stage_stats},
                      "decode_paths": dict(pipeline.decode_paths), "read_path": pipeline.reader.path}
-            results.put(("batch", run, batch, items, stats))
-        results.put(("end", run))
+            if not _send(results, ("batch", run, batch, items, stats), run, commands, stop_runs):
+                return
+        _send(results, ("end", run), run, commands, stop_runs)
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, re-raised there
+        text = traceback.format_exc()
         try:
-            results.put(("error", run, exc, traceback.format_exc()))
+            _send(results, ("error", run, exc, text), run, commands, stop_runs)
         except Exception:  # noqa: BLE001 - the exception does not pickle: send its text
-            results.put(("error", run, IngestError(f"{type(exc).__name__}: {exc}"), traceback.format_exc()))
+            _send(results, ("error", run, IngestError(f"{type(exc).__name__}: {exc}"), text), run, commands,
+                  stop_runs)
+
+
+def _send(results, msg, run: int, commands, stop_runs: set[int]) -> bool:
+    """Put ``msg`` for the parent, waiting while its queue is full; False (not sent) once ``run`` must end. The
+    parent never reads to make room when it stops a run or closes the pool: a read could wait forever on a
+    message another worker left half written when it exited."""
+    while True:
+        try:
+            results.put(msg, timeout=0.1)
+            return True
+        except queue.Full:
+            if _stopped(run, commands, stop_runs):
+                return False
 
 
 def _stopped(run: int, commands, stop_runs: set[int]) -> bool:
@@ -324,10 +335,13 @@ def pack_work(work: _Work, arena: torch.Tensor | None) -> tuple[_Work, torch.Ten
     return replace(work, records=records), arena
 
 
-def unpack_work(payload: tuple[_Work, torch.Tensor | None]) -> _Work:
-    """The inverse of `pack_work`: ranges of the arena become views of it (which keep it alive)."""
+def unpack_work(payload: tuple[_Work, torch.Tensor | None], pin: bool = False) -> _Work:
+    """The inverse of `pack_work`: ranges of the arena become views of it (which keep it alive). ``pin``: of a
+    pinned copy of it instead (one copy; the GPU decoder reads pinned bitstreams faster)."""
     work, arena = payload
     if arena is not None:
+        if pin:
+            arena = torch.empty(arena.shape, dtype=torch.uint8, pin_memory=True).copy_(arena)
         flat = arena.numpy()
         work.records = [replace(r, image=flat[r.image.start:r.image.start + r.image.length])
                         if isinstance(r.image, _InArena) else r for r in work.records]
