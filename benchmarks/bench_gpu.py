@@ -2,7 +2,8 @@
 
 Variants (each runs in its own subprocess: a fresh CUDA context, and one crash cannot take the others down):
 
-  a  ingest, decode="mixed" (nvImageCodec on the GPU), device cuda
+  a  ingest, decode="mixed" (nvImageCodec on the GPU), device cuda, the Loader's default workers
+  r  the same with worker_stages="read": worker processes only read (no CUDA), decode and ops in this process
   b  ingest, decode="cpu", device cuda (CPU decode, upload, GPU augmentation)
   c  torch DataLoader + torchvision ImageFolder + PIL transforms, --workers processes, pin_memory, .cuda()
   d  DALI: readers.file -> decoders.image_random_crop(mixed) -> resize 224 -> crop_mirror_normalize(float, CHW)
@@ -47,9 +48,10 @@ REPO = HERE.parent
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 NUM_CLASSES = 100
-LOADERS = {"a": "ingest_mixed", "b": "ingest_cpu_decode", "c": "torch_dataloader", "d": "dali_mixed"}
+LOADERS = {"a": "ingest_mixed", "r": "ingest_mixed_reader_procs", "b": "ingest_cpu_decode",
+           "c": "torch_dataloader", "d": "dali_mixed"}
 CHILDREN = {**LOADERS, "f": "decode_only", "s": "synthetic"}
-ORDER = "abcdsf"
+ORDER = "arbcdsf"
 IMAGE_EXT = (".jpg", ".jpeg", ".png")
 
 
@@ -65,6 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=None, help="batch size (default 256; 16 with --dry-run)")
     p.add_argument("--threads", type=int, default=None, help="ingest/DALI threads (default 16)")
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: --threads)")
+    p.add_argument("--model", default="resnet18", help="torchvision model trained in (e) (default resnet18)")
     p.add_argument("--ingest-workers", type=int, default=None,
                    help="ingest Loader num_workers (default: the Loader's own default)")
     p.add_argument("--seconds", type=float, default=None, help="timed window per loader (default 10)")
@@ -164,7 +167,7 @@ def _chosen(only: str | None) -> list[str]:
     keys = {k.strip() for k in only.split(",") if k.strip()}
     unknown = keys - set(CHILDREN) - {"e", "g"}
     if unknown:
-        raise SystemExit(f"Unknown variant(s) {sorted(unknown)} in --only. Available: a, b, c, d, e, f, g, s")
+        raise SystemExit(f"Unknown variant(s) {sorted(unknown)} in --only. Available: a, b, c, d, e, f, g, r, s")
     if "e" in keys:
         keys.add("s")
     return [k for k in ORDER if k in keys]
@@ -254,6 +257,10 @@ def derive(results: dict) -> dict:
             r["mem_a_over_d"], r["mem_method"] = _ratio(ma, md), m
             break
     ta, tc, td = (g(LOADERS[k], "train", "img_s") for k in "acd")
+    rr, tr = g(LOADERS["r"], "img_s"), g(LOADERS["r"], "train", "img_s")
+    mr, md = g(LOADERS["r"], "memory", "device_peak_mb"), g(LOADERS["d"], "memory", "device_peak_mb")
+    r.update({"r_over_d": _ratio(rr, d), "train_r_over_d": _ratio(tr, td), "mem_r_over_d": _ratio(mr, md),
+              "train_r_over_a": _ratio(tr, ta)})
     r.update({"train_a_over_d": _ratio(ta, td), "train_a_over_c": _ratio(ta, tc),
               "train_a_over_synthetic": _ratio(ta, synth), "train_d_over_synthetic": _ratio(td, synth),
               "train_c_over_synthetic": _ratio(tc, synth)})
@@ -485,14 +492,15 @@ class Feed:
             it = iter(self.iterable)
 
 
-def build_ingest(args, dev, decode: str) -> Feed:
+def build_ingest(args, dev, decode: str, stages: str | None = None) -> Feed:
     import torch
     import ingest
     from ingest.ops import Flip, Normalize, RandomResizedCrop
     ops = [RandomResizedCrop(224), Flip(p=0.5),
            Normalize(mean=MEAN, std=STD, dtype=torch.float32, layout="NCHW")]
     loader = ingest.Loader(args.data, batch_size=args.batch, device=str(dev), decode=decode, ops=ops,
-                           shuffle=True, seed=0, prefetch=2, last_batch="drop", num_workers=args.ingest_workers)
+                           shuffle=True, seed=0, prefetch=2, last_batch="drop", num_workers=args.ingest_workers,
+                           **({} if stages is None else {"worker_stages": stages}))
     return Feed(loader, lambda b: (b[0], b[1]), stats=loader.stats, close=getattr(loader, "close", None))
 
 
@@ -542,10 +550,11 @@ def loader_variant(key, args, dev, res, flush) -> None:
     mem = MemSampler(dev)
     res["memory"] = {"method": mem.describe()}
     build = {"a": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu"),
+             "r": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu", stages="read"),
              "b": lambda: build_ingest(args, dev, "cpu"),
              "c": lambda: build_dataloader(args, dev),
              "d": lambda: build_dali(args, dev)}[key]
-    if key == "a" and dev.type != "cuda":
+    if key in "ar" and dev.type != "cuda":
         res["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
     t0 = time.perf_counter()
     if key != "c":
@@ -613,10 +622,11 @@ def describe_batch(x, y, batch: int) -> dict:
 # -- training (e) and its synthetic upper bound ----------------------------------------------------
 
 
-def make_step(dev):
+def make_step(dev, args):
     import torch
     import torchvision
-    model = torchvision.models.resnet18(num_classes=NUM_CLASSES).to(dev).to(memory_format=torch.channels_last)
+    model = getattr(torchvision.models, args.model)(num_classes=NUM_CLASSES)
+    model = model.to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
     amp = dev.type == "cuda"
@@ -637,7 +647,7 @@ def make_step(dev):
 
 
 def train_phase(gen, args, dev) -> dict:
-    step, dtype = make_step(dev)
+    step, dtype = make_step(dev, args)
     k, tw = 0, time.perf_counter()
     while k < 5 or time.perf_counter() - tw < args.warmup_seconds:
         x, y = next(gen)
@@ -658,7 +668,7 @@ def train_phase(gen, args, dev) -> dict:
     el = time.perf_counter() - t0
     return {"img_s": round(steps * x.shape[0] / el, 1), "data_wait_frac": round(wait / el, 4), "steps": steps,
             "seconds": round(el, 3), "warmup_steps": k, "amp_dtype": dtype, "final_loss": round(float(loss), 4),
-            "model": f"resnet18(num_classes={NUM_CLASSES}), channels_last, SGD"}
+            "model": f"{args.model}(num_classes={NUM_CLASSES}), channels_last, SGD"}
 
 
 def synthetic_variant(args, dev, res, flush) -> None:

@@ -40,11 +40,11 @@ class Loader:
     shuffled, then a ``shuffle_buffer``-record buffer.
 
     ``num_workers``: 0 runs the pipeline on threads of this process; W > 0 adds W worker processes (batch b
-    on worker b % W; see `ingest.workers`). ``worker_stages`` says what they run: "read" (reading, parsing,
-    header probes and drawing the augmentation: CPU work, no CUDA context) with decode and ops on this
-    process's threads and its one CUDA context, or "all" (each worker runs the whole pipeline, with
-    ``num_threads`` or cores / W decode threads, and on CUDA its own context). "auto" (the default) takes
-    "read" for GPU decoding of encoded images and "all" otherwise. Default ``num_workers`` (None): the
+    on worker b % W; see `ingest.workers`). ``worker_stages`` says what they run: "all" (the default, "auto": each
+    worker runs the whole pipeline, with ``num_threads`` or cores / W decode threads, and on CUDA its own
+    context) or "read" (reading, parsing, header probes and drawing the augmentation: CPU work, no CUDA
+    context) with decode and ops on this process's threads and its one CUDA context: about a quarter of the
+    GPU memory, but the decode and ops share the training loop's GIL (see docs/design.md). Default ``num_workers`` (None): the
     ``num_workers`` setting of `ingest.defaults`, "auto" unless set: 4 on CUDA (fewer under 16 cores), 0 on
     CPU. Workers are spawned (CUDA cannot be forked), so a script that iterates such a loader needs the
     usual ``if __name__ == "__main__":`` guard.
@@ -130,15 +130,14 @@ class Loader:
         if worker_stages not in ("auto", *WORKER_STAGES):
             raise ConfigError(f"Unknown worker_stages {worker_stages!r}. Available: auto, "
                               f"{', '.join(WORKER_STAGES)}")
-        if not num_workers or worker_stages != "all":
+        # "auto" is "all": "read" trained slower beside ResNet-18 on an H100, at a quarter of the GPU memory
+        # (docs/design.md), so it is a choice to make, not the default, until it trains faster.
+        self.worker_stages = ("all" if worker_stages == "auto" else worker_stages) if num_workers else None
+        if self.worker_stages != "all":   # this process runs the pipeline, or its decode and ops
             self.pipeline = Pipeline(source, ops=self.ops, device=self.device, decode=self.decode, io=io,
                                      num_threads=num_threads)
-        self.worker_stages = None
-        if num_workers:
-            self.worker_stages = self._worker_stages(worker_stages)
-            if self.worker_stages == "all" and self.pipeline is not None:
-                self.pipeline.close()
-                self.pipeline = None
+        if self.worker_stages == "read":
+            self._check_read_stage()
         worker_threads = num_threads or max(1, (os.cpu_count() or 1) // max(num_workers, 1))
         self._spec = dict(source=source, ops=self.ops, device=str(self.device), decode=self.decode, io=io,
                           num_threads=worker_threads, sampler=self.sampler, prefetch=prefetch,
@@ -153,23 +152,16 @@ class Loader:
         self._executor: weakref.ref | None = None
         self._failures: Failures | None = None
 
-    def _worker_stages(self, asked: str) -> str:
-        """What worker processes run: "all" stages (each process its own pipeline and, on CUDA, its own context),
-        or only "read" (read, parse, probe, plan: CPU work, no CUDA), decode and ops then running here. "auto"
-        takes "read" where this process decodes on the GPU: its one CUDA context does all the GPU work, and the
-        per-file Python work stays off its GIL. "read" needs encoded images read through the host (not raw
-        shards read straight into the batch)."""
-        if asked == "all":
-            return asked
+    def _check_read_stage(self) -> None:
+        """Read-only workers hand over encoded images read through the host (not raw shards read straight into
+        the batch, nor decoded pixels)."""
         p = self.pipeline
-        readable = p.image_kind == "image" and not p.direct
-        if asked == "read" and not readable:
+        if p.image_kind != "image" or p.direct:
             raise ConfigError("worker_stages='read' needs a source of encoded images; this one has "
                               f"{p.image_kind or 'no'} images{' read straight to the device' if p.direct else ''}: "
                               "use worker_stages='all' or num_workers=0")
-        if asked == "auto":
-            return "read" if readable and p.decode_kind == "mixed" else "all"
-        return asked    # -- iteration ------------------------------------------------------------------------
+
+    # -- iteration ------------------------------------------------------------------------
     def __len__(self) -> int:
         if self._stream is not None:
             raise TypeError("a Loader over a streamed iterator has no length")

@@ -1,13 +1,12 @@
 """Worker processes: ``Loader(num_workers=W)`` runs W processes, batch ``b`` of an epoch going to worker
 ``b % W`` (DataLoader's scheme), and hands the batches over in order. What a worker runs (``stages``):
 
-- ``"read"`` (the CUDA default with GPU decode): the read stage only (read, parse, probe the headers, draw the
+- ``"read"``: the read stage only (read, parse, probe the headers, draw the
   augmentation), into one shared-memory arena per batch; the training process receives the batch's `_Work`
   (the arena's handle and each sample's range in it, no copy of the bytes) and runs decode and ops on its
   own threads and its one CUDA context. The per-file Python work leaves the training process's GIL, and no
   second CUDA context time-slices the GPU or holds memory.
-- ``"all"``: the whole pipeline per worker (for CPU decode with Python-heavy ops), batches coming back as
-  below.
+- ``"all"`` (the default): the whole pipeline per worker, batches coming back as below.
 
 Why processes: nvImageCodec's Python binding (0.9) gives up and retakes the GIL for every image it parses,
 decodes or returns. On the H200, a 256-image batch decoded in 9.7 ms alone and in 2.5 s next to one busy

@@ -107,14 +107,14 @@ def test_posix_read_into_device(tmp_path):
         assert np.array_equal(dev.cpu().numpy(), data[50:150])
 
 
-@pytest.mark.parametrize("stages", ["auto", "all"])
+@pytest.mark.parametrize("stages", ["read", "all"])
 def test_worker_processes_on_cuda_match_threads(folder, stages):
     ops = [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)]
     kw = dict(batch_size=4, device="cuda", ops=ops, shuffle=True, seed=4)
     ref = [(x.cpu(), y.cpu()) for x, y in ingest.Loader(folder, **kw)]
     with ingest.Loader(folder, num_workers=2, worker_stages=stages, **kw) as loader:
-        # the CUDA default: workers read, parse and plan; decode and ops run here, on this process's context
-        assert loader.worker_stages == ("read" if stages == "auto" else "all")
+        # "read": workers read, parse and plan; decode and ops run here, on this process's one CUDA context
+        assert loader.worker_stages == stages
         for _ in range(2):   # the workers persist across epochs
             got = [(x, y) for x, y in loader]
         loader.set_epoch(0)

@@ -384,12 +384,13 @@ def gpu_decodable(buf: memoryview, max_pixels: int, header: JpegHeader | None = 
 
 def clip_roi(roi: Roi | None, height: int, width: int) -> Roi | None:
     """``roi`` clipped to a ``height`` x ``width`` image; None when there is no region worth decoding alone
-    (none given, empty after clipping, or the whole image)."""
+    (none given, empty after clipping, or the whole image). Called per image: plain comparisons, no loops."""
     if roi is None:
         return None
-    x0, y0, x1, y1 = (int(v) for v in roi)
-    x0, y0, x1, y1 = max(0, x0), max(0, y0), min(width, x1), min(height, y1)
-    if x1 <= x0 or y1 <= y0 or (x0, y0, x1, y1) == (0, 0, width, height):
+    x0, y0, x1, y1 = roi
+    x0, y0 = (int(x0) if x0 > 0 else 0), (int(y0) if y0 > 0 else 0)
+    x1, y1 = (int(x1) if x1 < width else width), (int(y1) if y1 < height else height)
+    if x1 <= x0 or y1 <= y0 or (x0 == 0 and y0 == 0 and x1 == width and y1 == height):
         return None
     return x0, y0, x1, y1
 
