@@ -18,6 +18,7 @@ of 32 (per image). Output uint8 images, boxes ltrb.
                Resize(800, max_size=1333), PadTo(multiple=32)], output="dict"), its default worker processes;
                the check splits targets with `ingest.torch.detection_targets`
   ingest_w0    the same with num_workers=0 (one process)
+  ingest_read  the same with worker_stages="read" (workers only read; one CUDA context)
   dali         DALI: readers.coco(ltrb, ratio) -> random_bbox_crop (cpu) -> decoders.image(mixed) -> slice
                -> flip + bb_flip (coin_flip) -> resize(resize_shorter=800, max_size=1333) -> pad(align 32,
                per image); boxes and labels padded (pad, -1); DALIRaggedIterator (images a list)
@@ -76,6 +77,7 @@ PIPELINES = {
     "ingest": "Loader(instances.json, box_format=ltrb, decode=mixed, device=cuda, ops=[RandomIoUCrop, Flip(0.5), "
               "Resize(800, max_size=1333), PadTo(multiple=32)], output=dict, default num_workers) + detection_targets",
     "ingest_w0": "as ingest, num_workers=0",
+    "ingest_read": "as ingest, worker_stages='read' (workers read and plan; decode and ops in this process)",
     "dali": "readers.coco(ltrb, ratio, skip_empty, random_shuffle) -> random_bbox_crop(cpu) -> decoders.image(mixed) "
             "-> slice -> coin_flip: flip + bb_flip -> resize(resize_shorter=800, max_size=1333) -> "
             "pad(HW, align 32, per image) -> DALIRaggedIterator lists",
@@ -302,7 +304,8 @@ def derive(results: dict) -> dict:
            "ingest_over_dali_best": r(g("ingest"), best_dali),
            "ingest_over_torchvision": r(g("ingest"), g("torchvision")),
            "dali_over_torchvision": r(g("dali"), g("torchvision")),
-           "ingest_w0_over_dali": r(g("ingest_w0"), g("dali")), "ingest_w0_over_ingest": r(g("ingest_w0"), g("ingest"))}
+           "ingest_w0_over_dali": r(g("ingest_w0"), g("dali")), "ingest_w0_over_ingest": r(g("ingest_w0"), g("ingest")),
+           "ingest_read_over_dali": r(g("ingest_read"), g("dali"))}
     if out["ingest_over_dali_best"] is not None:
         out["target_met"] = out["ingest_over_dali_best"] >= 1.0   # issue 8: >= 1.0x DALI in the same run
     return out
@@ -350,6 +353,7 @@ def run_variant(name: str, args, dev, res: dict, flush) -> None:
     res["memory"] = {"method": mem.describe()}
     build = {"ingest": lambda: build_ingest(args, dev, workers=None),
              "ingest_w0": lambda: build_ingest(args, dev, workers=0),
+             "ingest_read": lambda: build_ingest(args, dev, workers=None, stages="read"),
              "dali": lambda: build_dali(args, dev, roi=False), "dali_roi": lambda: build_dali(args, dev, roi=True),
              "torchvision": lambda: build_torchvision(args, dev)}[name]
     t0 = time.perf_counter()
@@ -437,7 +441,7 @@ def describe_batch(images, targets, *, relative: bool) -> dict:
 # -- the loaders -------------------------------------------------------------------------------------
 
 
-def build_ingest(args, dev, workers: int | None) -> bench_gpu.Feed:
+def build_ingest(args, dev, workers: int | None, stages: str = "auto") -> bench_gpu.Feed:
     import ingest
     from ingest.ops import Flip, PadTo, RandomIoUCrop, Resize
     from ingest.torch import detection_targets
@@ -446,8 +450,9 @@ def build_ingest(args, dev, workers: int | None) -> bench_gpu.Feed:
     loader = ingest.Loader(os.path.join(args.data, "instances.json"),
                            reader_options={"images": os.path.join(args.data, "images"), "box_format": "ltrb"},
                            batch_size=args.batch, device=str(dev), decode="mixed" if dev.type == "cuda" else "cpu",
-                           ops=ops, shuffle=True, seed=0, output="dict", last_batch="drop", num_workers=workers)
-    info = {"num_workers": loader.num_workers}
+                           ops=ops, shuffle=True, seed=0, output="dict", last_batch="drop", num_workers=workers,
+                           worker_stages=stages)
+    info = {"num_workers": loader.num_workers, "worker_stages": loader.worker_stages}
     if dev.type != "cuda":
         info["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
 
