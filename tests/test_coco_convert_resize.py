@@ -136,10 +136,11 @@ def test_packed_boxes_and_area_follow_the_resize(tmp_path, to):
         np.testing.assert_allclose(g["boxes"], r["boxes"] * [ow / W, oh / H, ow / W, oh / H], atol=1e-3)
 
 
-@pytest.mark.parametrize("to", ["lmdb", "wds"])
+@pytest.mark.parametrize("to", ["lmdb", "wds", "tfrecord"])
 def test_packed_polygons_and_rles_follow_the_resize(tmp_path, to):
     path = _dataset(tmp_path)
-    options = {"masks": "polygons"}
+    # TFRecords hold boxes the Object Detection API's way and read them back as ltrb: compare in ltrb
+    options = {"masks": "polygons", **({"box_format": "ltrb"} if to == "tfrecord" else {})}
     _convert(path, tmp_path, to, options)
     got, raw = _compare(path, tmp_path / "out", tmp_path, options, ("polygons",))
     for g, r in zip(got, raw):
@@ -152,10 +153,11 @@ def test_packed_polygons_and_rles_follow_the_resize(tmp_path, to):
         assert rle["size"] == [oh, ow]
 
 
-def test_packed_masks_follow_the_resize(tmp_path):
+@pytest.mark.parametrize("to", ["lmdb", "tfrecord"])
+def test_packed_masks_follow_the_resize(tmp_path, to):
     path = _dataset(tmp_path)
-    options = {"masks": "masks"}
-    _convert(path, tmp_path, "lmdb", options)
+    options = {"masks": "masks", **({"box_format": "ltrb"} if to == "tfrecord" else {})}
+    _convert(path, tmp_path, to, options)
     got, _ = _compare(path, tmp_path / "out", tmp_path, options, ("masks",))
     for g in got:
         assert tuple(g["masks"].shape[1:]) == tuple(g["images"].shape[-2:]) and g["masks"].sum() > 0

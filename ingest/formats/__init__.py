@@ -19,6 +19,7 @@ from .base import (DEFAULT_FIELDS, KINDS, Field, Location, ProcessLocal, Record,
                    iter_records, read_location)
 from .filetree import IMAGE_EXTENSIONS, FileList, FileTree
 from .memory import MemorySource
+from ._example import writer_spec
 
 #: format name -> (module, reader class, writer class or None)
 FORMATS: dict[str, tuple[str, str, str | None]] = {
@@ -125,11 +126,20 @@ def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
     go to the reader (e.g. a TFRecord feature spec); an option the reader does not take is a ConfigError."""
     fmt = format or detect(path)
     cls = reader_class(fmt)
-    source = cls(path, **check_options(cls, f"{fmt} reader", options))
+    check_options(cls, f"{fmt} reader", options)
     manifest = os.path.join(os.fspath(path), MANIFEST) if isinstance(path, (str, os.PathLike)) else None
+    meta = None
     if manifest and os.path.isfile(manifest):
         with open(manifest) as f:   # the converter keeps what the format has no place for
             meta = json.load(f)
+        if fmt == "tfrecord" and "features" not in options and meta.get("fields"):
+            # Every field as written (text and per-object lists cannot be inferred from a record)
+            fields = {name: Field(f["kind"], tuple(f["shape"]) if f.get("shape") is not None else None,
+                                  f.get("dtype")) for name, f in meta["fields"].items()}
+            keys = (meta.get("options", {}).get("writer") or {}).get("keys")
+            options = dict(options, features=writer_spec(fields, keys if isinstance(keys, dict) else None))
+    source = cls(path, **options)
+    if meta is not None:
         if meta.get("classes") and not list(getattr(source, "classes", ()) or ()):
             source.classes = list(meta["classes"])
         if meta.get("boxes") and "boxes" in fields_of(source):   # how the stored box values read (xywh, relative)
