@@ -392,10 +392,7 @@ def run_variant(name: str, args, dev, res: dict, flush) -> None:
     mem.stop()
     res["memory"].update(mem.result())
     if loader.stats is not None:
-        try:
-            res["loader_stats"] = loader.stats()
-        except Exception as err:  # noqa: BLE001
-            res["loader_stats"] = f"stats() failed: {type(err).__name__}: {err}"
+        res["loader_stats"] = bench_gpu.loader_stats(loader.stats)
     flush()
     if loader.close is not None:
         loader.close()

@@ -591,10 +591,7 @@ def loader_variant(key, args, dev, res, flush) -> None:
     mem.stop()
     res["memory"].update(mem.result())
     if feed.stats is not None:
-        try:
-            res["loader_stats"] = feed.stats()
-        except Exception as err:  # noqa: BLE001
-            res["loader_stats"] = f"stats() failed: {type(err).__name__}: {err}"
+        res["loader_stats"] = loader_stats(feed.stats)
     flush()
 
     if args.train_seconds > 0:
@@ -605,6 +602,14 @@ def loader_variant(key, args, dev, res, flush) -> None:
         flush()
     if feed.close is not None:
         feed.close()
+
+
+def loader_stats(stats) -> dict | str:
+    """A loader's ``stats()`` for the JSON, or why it failed (recorded, the run goes on)."""
+    try:
+        return stats()
+    except Exception as err:  # noqa: BLE001
+        return f"stats() failed: {type(err).__name__}: {err}"
 
 
 def describe_batch(x, y, batch: int) -> dict:

@@ -40,12 +40,12 @@ class Loader:
     shuffled, then a ``shuffle_buffer``-record buffer.
 
     ``num_workers``: 0 runs the pipeline on threads of this process; W > 0 adds W worker processes (batch b
-    on worker b % W; see `ingest.workers`). ``worker_stages`` says what they run: "all" (the default, "auto": each
-    worker runs the whole pipeline, with ``num_threads`` or cores / W decode threads, and on CUDA its own
-    context) or "read" (reading, parsing, header probes and drawing the augmentation: CPU work, no CUDA
-    context) with decode and ops on this process's threads and its one CUDA context: about a quarter of the
-    GPU memory, but the decode and ops share the training loop's GIL (see docs/design.md). Default ``num_workers`` (None): the
-    ``num_workers`` setting of `ingest.defaults`, "auto" unless set: 4 on CUDA (fewer under 16 cores), 0 on
+    on worker b % W; see `ingest.workers`). ``worker_stages`` says what they run: "all" (the default,
+    "auto": each worker runs the whole pipeline, with ``num_threads`` or cores / W decode threads, and on
+    CUDA its own context) or "read" (reading, parsing, header probes and drawing the augmentation: CPU work,
+    no CUDA context) with decode and ops on this process's threads and its one CUDA context: about a quarter
+    of the GPU memory, but the decode and ops share the training loop's GIL (see docs/design.md). Default
+    ``num_workers`` (None): the ``num_workers`` setting of `ingest.defaults`, "auto" unless set: 4 on CUDA (fewer under 16 cores), 0 on
     CPU. Workers are spawned (CUDA cannot be forked), so a script that iterates such a loader needs the
     usual ``if __name__ == "__main__":`` guard.
 

@@ -1,8 +1,8 @@
 """Worker processes: ``Loader(num_workers=W)`` runs W processes, batch ``b`` of an epoch going to worker
 ``b % W`` (DataLoader's scheme), and hands the batches over in order. What a worker runs (``stages``):
 
-- ``"read"``: the read stage only (read, parse, probe the headers, draw the
-  augmentation), into one shared-memory arena per batch; the training process receives the batch's `_Work`
+- ``"read"``: the read stage only (read, parse, probe the headers, draw the augmentation), into one
+  shared-memory arena per batch; the training process receives the batch's `_Work`
   (the arena's handle and each sample's range in it, no copy of the bytes) and runs decode and ops on its
   own threads and its one CUDA context. The per-file Python work leaves the training process's GIL, and no
   second CUDA context time-slices the GPU or holds memory.
@@ -37,9 +37,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Iterator
-
 from dataclasses import dataclass, replace
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -79,9 +78,7 @@ class WorkerPool:
     sampler, ...). `epoch()` yields the batches of one epoch in order."""
 
     def __init__(self, spec: dict[str, Any], num_workers: int):
-        if spec.get("stages", "all") not in STAGES:
-            raise ValueError(f"unknown worker stages {spec['stages']!r}")
-        self.stages = spec.get("stages", "all")
+        self.stages = spec["stages"]   # one of STAGES (the Loader checked it)
         ctx = mp.get_context("spawn")
         self.num_workers = num_workers
         self.device = torch.device(spec["device"])
@@ -200,7 +197,7 @@ class WorkerPool:
 def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, results, parent: int) -> None:
     threading.Thread(target=_exit_with_parent, args=(parent,), name="ingest-parent-watch", daemon=True).start()
     torch.set_num_threads(1)
-    if spec.get("stages", "all") == "read":   # CPU only: this process never touches CUDA
+    if spec["stages"] == "read":   # CPU only: this process never touches CUDA
         pipeline = Pipeline(spec["source"], ops=spec["ops"], device="cpu", decode="cpu", io=spec["io"],
                             num_threads=spec["num_threads"], shared_reads=True)
     else:
@@ -251,7 +248,7 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
                 continue
             if _stopped(run, commands, stop_runs):
                 return
-            if spec.get("stages", "all") == "read":
+            if spec["stages"] == "read":
                 pipeline.reader.last_arena = None
                 batch = pack_work(pipeline.stage_stats[0].timed(pipeline.read, plan), pipeline.reader.last_arena)
             else:
