@@ -6,6 +6,7 @@
 | io              | INGEST_IO               | auto    | byte-range reads: auto (KvikIO with CUDA, else posix), kvikio, posix |
 | io_threads      | INGEST_IO_THREADS       | 8       | threads issuing reads (and KvikIO's own thread pool)  |
 | decode_threads  | INGEST_DECODE_THREADS   | cores   | CPU decode / CPU op threads                           |
+| gpu_decoders    | INGEST_GPU_DECODERS     | 1       | nvImageCodec decoders sharing each batch, one thread each |
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (4 on CUDA, 0 on CPU) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
@@ -61,6 +62,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "io": ("INGEST_IO", "auto", _choice("io", ("auto", "kvikio", "posix"))),
     "io_threads": ("INGEST_IO_THREADS", 8, _integer("io_threads", 1)),
     "decode_threads": ("INGEST_DECODE_THREADS", os.cpu_count() or 1, _integer("decode_threads", 1)),
+    "gpu_decoders": ("INGEST_GPU_DECODERS", 1, _integer("gpu_decoders", 1)),
     "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),
     "ops_threads": ("INGEST_OPS_THREADS", "auto", _integer("ops_threads", 1, words=("auto",))),
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),

@@ -40,7 +40,7 @@ from .collate import collate, to_device
 from .formats.base import Location, Record, Source, fields_of
 from .io import ByteReader
 from .ops import planner
-from .ops.base import stack_if_uniform
+from .ops.base import ImageArena, stack_if_uniform
 from .ops.decode import CpuDecoder
 from .sampler import BatchPlan
 
@@ -166,7 +166,7 @@ class Pipeline:
             self.ops_stream = torch.cuda.Stream(self.device)
         if decode == "mixed":
             from .ops.decode_gpu import GpuDecoder
-            self.gpu = GpuDecoder(self.device, self.cpu)
+            self.gpu = GpuDecoder(self.device, self.cpu, threads=defaults.get("gpu_decoders"))
         self.fields = fields_of(source)
         image = self.fields.get("image")
         self.image_kind = image.kind if image is not None else None   # "image", "pixels" or None
@@ -323,6 +323,8 @@ class Pipeline:
         on the CPU the warp is rescaled onto whatever arrives, so it takes the size of the plan's output; on the
         GPU the warp reads each region 1:1 from its origin, so it takes the region (or the probed size where
         the batch's other images are decoded whole)."""
+        if isinstance(images, ImageArena):  # the GPU decoder returns one only when every image decoded
+            return images
         out = list(images)
         for k, im in enumerate(images):
             if not isinstance(im, BaseException):

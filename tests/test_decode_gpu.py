@@ -118,20 +118,28 @@ def test_rgb_coded_jpegs_stay_on_the_cpu():
     assert gpu_decodable(as_buffer(ycc, "ycc"), 2**28) is not None
 
 
-def test_arena_rows_index_to_each_image():
-    """The native engine's per-image tensors: plain indexing of one strided arena, each image contiguous
-    at its own start, every byte of every image inside the arena's storage."""
-    shapes = [(5, 7), (3, 2), (4, 9), (1, 1)]
-    starts = [0, 768, 1536, 2304]  # `_ALIGN` apart, as the engine places them
-    rows = decode_gpu._rows(3072 // 3, 9, torch.device("cpu"))
-    flat = torch.arange(rows.untyped_storage().nbytes(), dtype=torch.int64) % 251
-    rows.as_strided((rows.untyped_storage().nbytes(),), (1,)).copy_(flat)
-    base = rows.data_ptr()
-    for (h, w), start in zip(shapes, starts):
-        image = rows[start // 3:start // 3 + h * w:w, :w]
-        assert image.is_contiguous() and image.data_ptr() == base + start
-        assert torch.equal(image.reshape(-1), (torch.arange(start, start + h * w * 3) % 251).to(torch.uint8))
-    assert rows.untyped_storage().nbytes() >= 3072
+def test_image_arena_is_a_sequence_of_views_and_the_warp_reads_it_in_place():
+    """The native engine's batch: each image contiguous at its own offset of one buffer; the warp's kernel
+    arguments (pointers, sizes, strides) come from the arrays and equal those of the per-image views."""
+    from ingest.ops import _warp_kernel, resample
+    from ingest.ops.base import ImageArena, as_list, sizes_of
+    from ingest.ops.geometry import Resize
+    from ingest.ops.planner import plan
+    hw = np.array([(5, 7), (3, 2), (4, 9), (1, 1)])
+    offsets = np.array([0, 768, 1536, 2304])  # `_ALIGN` apart, as the engine places them
+    storage = (torch.arange(3072) % 251).to(torch.uint8)
+    arena = ImageArena(storage, offsets, hw)
+    assert len(arena) == 4 and sizes_of(arena) == [tuple(x) for x in hw.tolist()]
+    for image, (h, w), start in zip(arena, hw.tolist(), offsets.tolist()):
+        assert image.shape == (h, w, 3) and image.is_contiguous()
+        assert image.data_ptr() == storage.data_ptr() + start
+        assert torch.equal(image.reshape(-1), storage[start:start + h * w * 3])
+    assert [im.shape for im in arena[1:3]] == [im.shape for im in as_list(arena)[1:3]]
+    warp = plan([Resize((2, 3))], sizes_of(arena), 0).warp
+    setup = resample._setup(warp, sizes_of(arena))
+    packed, by_views = (_warp_kernel.pack(x, warp.out_sizes, setup, (0, 0, 0), None) for x in (arena, as_list(arena)))
+    assert np.array_equal(packed.buf, by_views.buf)
+    assert torch.equal(resample.warp(arena, warp), resample.warp(as_list(arena), warp))
 
 
 def test_option_errors():

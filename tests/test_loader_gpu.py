@@ -125,3 +125,18 @@ def test_worker_processes_on_cuda_match_threads(folder, stages):
         assert torch.equal(la.cpu(), lb)
         assert torch.equal(a.cpu(), b)   # same plan, same kernels: identical
 
+
+
+def test_two_gpu_decoders_match_one(folder):
+    """gpu_decoders=2: each half of a batch decoded by its own nvImageCodec decoder on its own thread (the
+    compiled loop), into the same arena: the batches are identical to one decoder's."""
+    ops = [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)]
+    kw = dict(batch_size=8, device="cuda", ops=ops, shuffle=True, seed=5, num_workers=0)
+    ref = [(x.cpu(), y.cpu()) for x, y in ingest.Loader(folder, **kw)]
+    with ingest.defaults.set(gpu_decoders=2):
+        loader = ingest.Loader(folder, **kw)
+        got = [(x.cpu(), y.cpu()) for x, y in loader]
+    assert loader.stats()["decode_paths"].get("gpu-roi", 0) + loader.stats()["decode_paths"].get("gpu", 0) == 19
+    assert len(got) == len(ref) == 3
+    for (a, la), (b, lb) in zip(got, ref):
+        assert torch.equal(la, lb) and torch.equal(a, b)

@@ -159,18 +159,52 @@ def test_unknown_engine_is_rejected():
 
 
 @pytest.fixture(scope="module")
-def host_decoder():
+def module_decoder():
     lib = native.load(str(LIBRARY))
     decoder = native.BatchDecoder(lib, native.DEVICE_CPU_ONLY, backends=["CPU_ONLY"])
     yield decoder
     decoder.close()
 
 
+@pytest.fixture(params=["compiled", "ctypes"])
+def host_decoder(request, module_decoder, monkeypatch):
+    """The module's decoder, driven by the compiled loop and by the ctypes one (its fallback)."""
+    if request.param == "compiled" and native.LOOP is None:
+        pytest.skip("ingest.ops._nvloop is not built here")
+    if request.param == "ctypes":
+        monkeypatch.setattr(native, "LOOP", None)
+    return module_decoder
+
+
 def _decode(decoder, datas, shapes, regions=None):
     outs = [np.zeros((h, w, 3), np.uint8) for h, w in shapes]
     addresses = np.array([o.ctypes.data for o in outs], np.uint64)
-    reasons = decoder.submit(datas, regions or [None] * len(datas), shapes, addresses, 0).wait()
+    boxes = np.array([r or (0, 0, 0, 0) for r in regions or [None] * len(datas)], np.int32).reshape(-1, 4)
+    heights, widths = np.array(shapes, np.int64).reshape(-1, 2).T
+    reasons = decoder.submit(datas, boxes, heights, widths, addresses, 0).wait()
     return outs, reasons
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: the compiled loop is optional")
+def test_the_compiled_loop_is_built_where_a_compiler_is():
+    assert native.LOOP is not None, "setup.py should have built ingest.ops._nvloop"
+    assert (native.LOOP.OUT_PARSE, native.LOOP.OUT_NOT_JPEG, native.LOOP.OUT_DECODE) == \
+        (native.OUT_PARSE, native.OUT_NOT_JPEG, native.OUT_DECODE)
+
+
+@pytest.mark.skipif(native.LOOP is None, reason="ingest.ops._nvloop is not built here")
+def test_the_compiled_loop_checks_its_arguments():
+    fns = (1,) * 8
+    slots, infos, views, probe = (1, 1, 1), (1, 0), (1, 0, 0, 0), (1, 0)
+    with pytest.raises(ValueError, match="regions holds 16 bytes, expected 32"):
+        native.LOOP.decode(fns, 1, 1, 1, [b"a", b"b"], np.zeros(4, np.int32), slots, infos, views, probe,
+                           np.zeros(2, np.uint32))
+    with pytest.raises(TypeError, match="tuple of 8 function addresses"):
+        native.LOOP.decode((1,) * 3, 1, 1, 1, [], np.zeros(0, np.int32), slots, infos, views, probe,
+                           np.zeros(0, np.uint32))
+    with pytest.raises(TypeError):  # not a buffer: refused before any native call
+        native.LOOP.decode(fns, 1, 1, 1, [object()], np.zeros(4, np.int32), slots, infos, views, probe,
+                           np.zeros(1, np.uint32))
 
 
 def _pillow(data: bytes) -> np.ndarray:
@@ -235,8 +269,8 @@ def test_nothing_reaches_the_console(tmp_path):
         good = open({str(tmp_path / 'a.jpg')!r}, "rb").read()
         out = np.zeros((4, 57, 83, 3), np.uint8)
         addresses = out.ctypes.data + np.arange(4, dtype=np.uint64) * out[0].nbytes
-        reasons = dec.submit([good, good[:300] + b"\\xff\\xd9", b"junk", good], [None] * 4, [(57, 83)] * 4,
-                             addresses, 0).wait()
+        reasons = dec.submit([good, good[:300] + b"\\xff\\xd9", b"junk", good], np.zeros((4, 4), np.int32),
+                             np.full(4, 57), np.full(4, 83), addresses, 0).wait()
         dec.close()
         print("RESULT", reasons, len(lib.messages))
         """))

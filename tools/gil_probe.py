@@ -28,7 +28,7 @@ import torch
 
 from ingest.ops import _nvimgcodec as native
 from ingest.ops.decode import CpuDecoder
-from ingest.ops.decode_gpu import GpuDecoder, _rows
+from ingest.ops.decode_gpu import GpuDecoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_gpu import Busy  # noqa: E402 - the benchmark's busy thread, so both measure the same thing
@@ -47,30 +47,30 @@ def timed(fn, repeat: int = 3) -> float:
 def steps(gpu: GpuDecoder, datas, headers, stream) -> dict:
     names = [str(i) for i in range(len(datas))]
     size = 200 * 300 * 3
-    rows = _rows(len(datas) * 100_000 - 300, 300, torch.device("cuda"))
-    arena = rows.as_strided((len(datas) * 300_000 - 900,), (1,))
+    arena = torch.empty(len(datas) * 300_000, dtype=torch.uint8, device="cuda")
 
     def decode():
         gpu.decode_batch(datas, names, stream=stream, headers=headers)
         stream.synchronize()
 
-    def submit_only():  # the per-image ctypes calls, no decode
+    def submit_only():  # the per-image ctypes calls (the compiled loop's fallback), no decode
         dec = gpu._decoders[0]
-        shapes = [(h.height, h.width) for h in headers]
+        heights = np.array([h.height for h in headers])
+        widths = np.array([h.width for h in headers])
         addresses = (np.arange(len(datas)) * 300_000 + arena.data_ptr()).astype(np.uint64)
-        saved = dec.lib.DecoderDecode
-        dec.lib.DecoderDecode = lambda *args: 1
+        saved, saved_loop = dec.lib.DecoderDecode, native.LOOP
+        dec.lib.DecoderDecode, native.LOOP = (lambda *args: 1), None
         try:
-            dec.submit(datas, [None] * len(datas), shapes, addresses, stream.cuda_stream).wait()
+            dec.submit(datas, np.zeros((len(datas), 4), np.int32), heights, widths, addresses,
+                       stream.cuda_stream).wait()
         finally:
-            dec.lib.DecoderDecode = saved
+            dec.lib.DecoderDecode, native.LOOP = saved, saved_loop
 
     probes = {
         "decode_batch": decode,
         "submit_loop_no_decode": submit_only,
         "256_slice_view": lambda: [arena[k * 300_000:k * 300_000 + size].view(200, 300, 3) for k in range(256)],
         "256_slice": lambda: [arena[k * 300_000:k * 300_000 + size] for k in range(256)],
-        "256_rows_index": lambda: [rows[k * 100_000:k * 100_000 + 200 * 300:300, :300] for k in range(256)],
         "1_split": lambda: torch.split(arena, 300_000),
         "256_split_view": lambda: [t[:size].view(200, 300, 3) for t in torch.split(arena, 300_000)],
         "1_empty_cuda": lambda: torch.empty(10_000_000, dtype=torch.uint8, device="cuda"),

@@ -86,6 +86,15 @@ STATUS_NAMES = {0x0: "UNKNOWN", 0x2: "SATURATED", 0x3: "FAIL", 0x7: "IMAGE_CORRU
                 0x81: "SAMPLE_FORMAT_UNSUPPORTED", 0x101: "NUM_IMAGES_UNSUPPORTED",
                 0x201: "NUM_PLANES_UNSUPPORTED", 0x401: "NUM_CHANNELS_UNSUPPORTED"}
 
+#: Per-image codes of a batch besides the processing status (bit 0x1: decoded), as ``_nvloop.c`` writes them:
+#: a parse step failed (| its call status), not a JPEG, the batch decode call failed (| its call status).
+OUT_PARSE, OUT_NOT_JPEG, OUT_DECODE = 0x10000, 0x20000, 0x40000
+
+try:  # the compiled loop (setup.py builds it where a C compiler is found); None: the ctypes loop runs instead
+    from ingest.ops import _nvloop as LOOP
+except ImportError:
+    LOOP = None
+
 MAX_NUM_DIM = 5
 MAX_ROI_FILL_CHANNELS = 5
 MAX_NUM_PLANES = 32
@@ -248,6 +257,10 @@ class Library:
             fn = getattr(release if releases else keep, name)
             fn.argtypes, fn.restype = argtypes, c_int
             setattr(self, name.removeprefix("nvimgcodec"), fn)
+        #: The addresses the compiled loop calls, in its FN_* order.
+        self.loop_functions = tuple(ctypes.cast(getattr(keep, "nvimgcodec" + name), c_void_p).value for name in (
+            "CodeStreamCreateFromHostMem", "CodeStreamGetCodeStreamInfo", "CodeStreamGetSubCodeStream",
+            "ImageCreate", "DecoderDecode", "FutureWaitForAll", "FutureGetProcessingStatus", "FutureDestroy"))
         props = new(Properties)
         self._check(self.GetProperties(ctypes.addressof(props)), "nvimgcodecGetProperties")
         self.version = props.version
@@ -372,49 +385,68 @@ class BatchDecoder:
         self._stride = _column(self._infos, plane + ImagePlaneInfo.row_stride.offset, np.uint64)
         self._capacity = cap
 
-    def submit(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int] | None],
-               shapes: Sequence[tuple[int, int]], outputs: np.ndarray, cuda_stream: int) -> "Pending":
+    def submit(self, datas: Sequence, regions: np.ndarray, heights: np.ndarray, widths: np.ndarray,
+               outputs: np.ndarray, cuda_stream: int) -> "Pending":
         """Start decoding ``datas[i]`` (bytes-like, host memory, alive until :meth:`Pending.wait` returns) into
-        ``outputs[i]`` (an address) as ``shapes[i]`` = (height, width) RGB rows of ``width * 3`` bytes.
-        ``regions[i]`` = (x0, y0, x1, y1) decodes only that part (``shapes[i]`` is then the region's size).
-        The pixels are ready in order on ``cuda_stream`` once :meth:`Pending.wait` has returned."""
+        ``outputs[i]`` (an address) as ``heights[i]`` x ``widths[i]`` RGB rows of ``widths[i] * 3`` bytes.
+        ``regions`` ([n, 4] int32, x0 y0 x1 y1) decodes only that part of an image (its size is then the
+        region's); a row with x1 <= x0 decodes the whole image. The pixels are ready in order on
+        ``cuda_stream`` once :meth:`Pending.wait` has returned.
+
+        With the compiled loop (:data:`LOOP`) the whole batch is decoded here, the GIL released once; without
+        it each image's native calls go through ctypes, keeping the GIL, and only the decode call releases it."""
         n = len(datas)
         self._reserve(n)
-        lib, inst = self.lib, self.lib.instance
-        heights = np.fromiter((s[0] for s in shapes), np.int64, n)
-        widths = np.fromiter((s[1] for s in shapes), np.int64, n)
         self._buffer[:n], self._stream[:n] = outputs, cuda_stream
-        self._height[:n], self._width[:n], self._stride[:n] = heights, widths, widths * 3
-        failed: dict[int, str] = {}
+        self._height[:n], self._width[:n], self._stride[:n] = heights, widths, np.asarray(widths) * 3
+        regions = np.ascontiguousarray(regions, dtype=np.int32).reshape(n, 4)
+        out = np.zeros(n, np.uint32)
+        if LOOP is not None and n:
+            region = CodeStreamView.region.offset
+            LOOP.decode(self.lib.loop_functions, self.lib.instance, self.handle, ctypes.addressof(self.params),
+                        datas, regions, (self._parents.ctypes.data, self._subs.ctypes.data, self._images.ctypes.data),
+                        (ctypes.addressof(self._infos), ctypes.sizeof(ImageInfo)),
+                        (ctypes.addressof(self._views), ctypes.sizeof(CodeStreamView),
+                         region + Region.start.offset, region + Region.end.offset),
+                        (ctypes.addressof(self._probe), CodeStreamInfo.codec_name.offset), out)
+            return Pending(self, out)
+        return Pending(self, out, self._prepare(datas, regions, out))
+
+    def _prepare(self, datas: Sequence, regions: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The ctypes loop: each image's code stream, region view and image wrapper (``out`` marks those
+        that fail), then the batch decode call started. Returns the indices of the images in that call."""
+        lib, inst, n = self.lib, self.lib.instance, len(datas)
         parents, subs = self._parents.ctypes.data, self._subs.ctypes.data
         images, infos = self._images.ctypes.data, ctypes.addressof(self._infos)
         views, isz, vsz = ctypes.addressof(self._views), ctypes.sizeof(ImageInfo), ctypes.sizeof(CodeStreamView)
-        use_sub = np.zeros(n, bool)
+        use_sub = regions[:, 2] > regions[:, 0]
         probe = ctypes.addressof(self._probe)
-        for i, (data, region) in enumerate(zip(datas, regions)):
+        for i, data in enumerate(datas):
             address, length = _address(data)
             status = lib.CodeStreamCreateFromHostMem(inst, parents + 8 * i, address, length, None)
             if status == 0:  # parse now: one stream no parser takes would fail the whole batch's decode call
                 status = lib.CodeStreamGetCodeStreamInfo(int(self._parents[i]), probe)
                 if status == 0 and self._probe.codec_name != b"jpeg":
-                    failed[i] = "NOT_JPEG"
+                    out[i] = OUT_NOT_JPEG
                     continue
-            if status == 0 and region is not None:
-                x0, y0, x1, y1 = region
+            if status == 0 and use_sub[i]:
+                x0, y0, x1, y1 = regions[i].tolist()
                 view = self._views[i].region
                 view.start[0], view.start[1], view.end[0], view.end[1] = y0, x0, y1, x1
                 status = lib.CodeStreamGetSubCodeStream(int(self._parents[i]), subs + 8 * i, views + vsz * i)
-                use_sub[i] = True
             if status == 0:
                 status = lib.ImageCreate(inst, images + 8 * i, infos + isz * i)
             if status != 0:
-                failed[i] = "PARSE_" + CALL_STATUS.get(status, str(status))
-        ok = np.ones(n, bool)
-        ok[list(failed)] = False
-        picked = np.flatnonzero(ok)
-        streams = np.ascontiguousarray(np.where(use_sub, self._subs[:n], self._parents[:n])[picked])
+                out[i] = OUT_PARSE | status
+        picked = np.flatnonzero(out == 0)
+        streams = np.ascontiguousarray(np.where(use_sub[:n], self._subs[:n], self._parents[:n])[picked])
         chosen = np.ascontiguousarray(self._images[:n][picked])
-        return Pending(self, picked, streams, chosen, failed, n)
+        self._future = c_void_p()
+        self._call = 0
+        if len(picked):
+            self._call = lib.DecoderDecode(self.handle, streams.ctypes.data, chosen.ctypes.data, len(picked),
+                                           ctypes.addressof(self.params), ctypes.addressof(self._future))
+        return picked
 
     def close(self) -> None:
         """Destroy every handle (images, region streams, streams, the decoder). Not thread-safe with submit."""
@@ -432,35 +464,39 @@ class BatchDecoder:
 class Pending:
     """A submitted batch: :meth:`wait` (once) returns, per image, None if decoded or the reason it was not."""
 
-    def __init__(self, decoder: BatchDecoder, picked: np.ndarray, streams: np.ndarray, images: np.ndarray,
-                 failed: dict[int, str], n: int):
-        self._picked, self._failed, self._n = picked, failed, n
-        self._future = c_void_p()
-        self._status = 0
-        self._lib = decoder.lib
-        if len(picked):
-            self._status = self._lib.DecoderDecode(decoder.handle, streams.ctypes.data, images.ctypes.data,
-                                                   len(picked), ctypes.addressof(decoder.params),
-                                                   ctypes.addressof(self._future))
+    def __init__(self, decoder: BatchDecoder, out: np.ndarray, picked: np.ndarray | None = None):
+        self._decoder, self._out, self._picked = decoder, out, picked
 
     def wait(self) -> list[str | None]:
-        reasons: list[str | None] = [None] * self._n
-        for i, why in self._failed.items():
-            reasons[i] = why
-        if not len(self._picked):
-            return reasons
-        statuses = np.zeros(len(self._picked), np.uint32)
-        lib, future = self._lib, self._future.value
-        if future:
-            lib.FutureWaitForAll(future)
-            if self._status == 0:
-                size = c_size_t(len(statuses))
-                lib.FutureGetProcessingStatus(future, statuses.ctypes.data, ctypes.addressof(size))
-            lib.FutureDestroy(future)
-        call = None if self._status == 0 else "DECODE_" + CALL_STATUS.get(self._status, str(self._status))
-        for k in np.flatnonzero(statuses != PROCESSING_SUCCESS):
-            reasons[int(self._picked[k])] = call or STATUS_NAMES.get(int(statuses[k]), f"STATUS_{statuses[k]:#x}")
-        return reasons
+        out, picked = self._out, self._picked
+        if picked is not None and len(picked):  # the ctypes loop: the decode call is still running
+            dec, lib = self._decoder, self._decoder.lib
+            statuses = np.zeros(len(picked), np.uint32)
+            future = dec._future.value
+            if future:
+                lib.FutureWaitForAll(future)
+                if dec._call == 0:
+                    size = c_size_t(len(statuses))
+                    lib.FutureGetProcessingStatus(future, statuses.ctypes.data, ctypes.addressof(size))
+                lib.FutureDestroy(future)
+            out[picked] = statuses if dec._call == 0 else OUT_DECODE | dec._call
+        return reasons(out)
+
+
+def reasons(out: np.ndarray) -> list[str | None]:
+    """Per image: None where ``out`` (the loop's codes, see ``_nvloop.c``) says decoded, else why not."""
+    why: list[str | None] = [None] * len(out)
+    for k in np.flatnonzero(out != PROCESSING_SUCCESS).tolist():
+        code = int(out[k])
+        if code == OUT_NOT_JPEG:
+            why[k] = "NOT_JPEG"
+        elif code & OUT_PARSE:
+            why[k] = "PARSE_" + CALL_STATUS.get(code & 0xFFFF, str(code & 0xFFFF))
+        elif code & OUT_DECODE:
+            why[k] = "DECODE_" + CALL_STATUS.get(code & 0xFFFF, str(code & 0xFFFF))
+        else:
+            why[k] = STATUS_NAMES.get(code, f"STATUS_{code:#x}")
+    return why
 
 
 def _column(array: ctypes.Array, offset: int, dtype: type) -> np.ndarray:

@@ -16,6 +16,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
+from .base import ImageArena
+
 SOURCE = r"""
 // ip: int64, 16 per sample: 0 source pointer, 1 output offset (elements), 2 source height, 3 source width,
 //     4..6 source strides (bytes) of row, column, channel, 7..10 tap box x0 y0 x1 y1 (end exclusive; taps
@@ -252,12 +254,13 @@ class Packed(NamedTuple):
     grid: tuple[int, int, int]
 
 
-def pack(images: torch.Tensor | list[torch.Tensor], out_sizes: Sequence[tuple[int, int]], setup,
+def pack(images: torch.Tensor | list[torch.Tensor] | ImageArena, out_sizes: Sequence[tuple[int, int]], setup,
          fill: Sequence[float], coefficients: tuple[Sequence[float], Sequence[float]] | None) -> Packed:
     """The per-sample argument arrays for ``images`` (an ``[N, H, W, C]`` uint8 tensor, or a list of
     ``[H, W, C]`` ones; any strides, C <= 4); ``setup`` is the geometry from
     :func:`ingest.ops.resample._setup`. A batch tensor's source pointers are computed, not read per image."""
-    n, c = len(images), images[0].shape[2]
+    n = len(images)
+    c = images.channels if isinstance(images, ImageArena) else images[0].shape[2]
     out_hw = np.asarray(out_sizes, dtype=np.int64).reshape(n, 2)
     count = out_hw[:, 0] * out_hw[:, 1] * c
     buf = np.zeros(16 * (2 * n + 1), dtype=np.int64)
@@ -268,6 +271,10 @@ def pack(images: torch.Tensor | list[torch.Tensor], out_sizes: Sequence[tuple[in
         ip[:, 0] = images.data_ptr() + step * np.arange(n, dtype=np.int64)
         ip[:, 2:4] = images.shape[1:3]
         ip[:, 4:7] = images.stride()[1:]
+    elif isinstance(images, ImageArena):
+        ip[:, 0] = images.pointers()
+        ip[:, 2:4] = images.hw
+        ip[:, 4], ip[:, 5], ip[:, 6] = images.hw[:, 1] * c, c, 1
     else:
         ip[:, 0] = [im.data_ptr() for im in images]
         ip[:, 2:7] = [im.shape[:2] + im.stride() for im in images]

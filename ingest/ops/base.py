@@ -2,7 +2,9 @@
 
 A batch of images is either a fixed-size uint8 tensor ``[N, H, W, C]`` or a *ragged* list of ``[H, W, C]``
 uint8 tensors (what a decoder returns), all on one device. Every op is batched and takes either form, on
-CPU or CUDA, and returns a batch on the same device.
+CPU or CUDA, and returns a batch on the same device. An :class:`ImageArena` (the GPU decoder's ragged
+batch in one buffer) is a sequence of such images: ops that only iterate take it as a list, and the warp
+reads it without making a tensor per image.
 
 Randomness is split from execution, and drawn **per sample** for the whole batch at once::
 
@@ -37,7 +39,40 @@ from ..errors import ConfigError
 from ..random import SampleRandom
 
 Size = tuple[int, int]  # (height, width)
-Images = torch.Tensor | list[torch.Tensor]
+
+
+class ImageArena(Sequence):
+    """A ragged batch of contiguous ``[H, W, C]`` uint8 images in one buffer: image k is ``hw[k]`` pixels of
+    ``channels`` bytes at byte ``offsets[k]`` of ``storage`` (1-D uint8). Indexing makes that view; the warp
+    and :func:`sizes_of` read ``offsets`` and ``hw`` instead, so a batch costs no Python call per image."""
+
+    def __init__(self, storage: torch.Tensor, offsets: np.ndarray, hw: np.ndarray, channels: int = 3):
+        self.storage, self.channels = storage, channels
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.hw = np.asarray(hw, dtype=np.int64).reshape(-1, 2)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        (h, w), start = self.hw[k].tolist(), int(self.offsets[k])
+        return self.storage[start:start + h * w * self.channels].view(h, w, self.channels)
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
+
+    @property
+    def device(self) -> torch.device:
+        return self.storage.device
+
+    def pointers(self) -> np.ndarray:
+        """Each image's address."""
+        return self.storage.data_ptr() + self.offsets
+
+
+Images = torch.Tensor | list[torch.Tensor] | ImageArena
 Rngs = SampleRandom | np.random.Generator | int | None
 
 
@@ -110,6 +145,8 @@ def sizes_of(images: Images) -> list[Size]:
     if isinstance(images, torch.Tensor):
         n, h, w = images.shape[:3]
         return [(int(h), int(w))] * int(n)
+    if isinstance(images, ImageArena):
+        return list(map(tuple, images.hw.tolist()))
     return [(int(im.shape[0]), int(im.shape[1])) for im in images]
 
 

@@ -31,9 +31,12 @@ Decisions, and why:
   orientation 1; an oriented image is decoded whole and reported at origin (0, 0).
 - **Sizes** (:meth:`GpuDecoder.probe`) come from the CPU decoder's header parse: a few segments read in
   Python, cheaper than building an nvImageCodec CodeStream, and the same answer as the CPU path gives.
-- **Memory** (native): the batch's images are views of one PyTorch-allocated arena, allocated on the caller's
+- **Memory** (native): the batch's images live in one PyTorch-allocated buffer, allocated on the caller's
   stream (each image 256-byte aligned), so PyTorch's caching allocator reuses it and no per-image allocation
-  happens. (python) images of orientation 1 are zero-copy views of nvImageCodec's buffers, which it frees with
+  happens. When every image was decoded there and none needs turning, the batch is returned as that buffer
+  plus offsets and sizes (:class:`~ingest.ops.base.ImageArena`): the warp reads it without a tensor per image,
+  whose creation cost a few microseconds each alone and gave up the GIL (a switch interval beside a busy
+  thread) per call. (python) images of orientation 1 are zero-copy views of nvImageCodec's buffers, which it frees with
   ``cudaFreeAsync`` on the stream it decoded on, ignoring other streams. Either way a caller that reads the
   images on another stream makes the decode stream wait on an event recorded after that work and calls
   :meth:`GpuDecoder.hold_until` with it before dropping them: the memory is then reused or freed only after
@@ -60,6 +63,7 @@ import torch
 
 from ingest.errors import ConfigError, DecodeError
 from ingest.ops import _nvimgcodec as native
+from ingest.ops.base import ImageArena
 from ingest.ops.decode import Buffer, CpuDecoder, JpegHeader, Size, as_buffer, is_jpeg, read_jpeg_header
 
 #: Backend choices: all of nvImageCodec's (it picks per image), the hardware JPEG engine only, or CPU+GPU.
@@ -167,6 +171,8 @@ class GpuDecoder:
         if lib is not None:
             self.messages = list(lib.messages)
             self._decoders = [self._new_native_decoder(lib) for _ in range(threads)]
+            if threads > 1 and native.LOOP is not None:  # each share decoded on its own thread, GIL released
+                self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="ingest-gpu")
             return
         nvimgcodec = _nvimgcodec()
         self.messages = []
@@ -186,11 +192,12 @@ class GpuDecoder:
     def decode_batch(self, datas: Sequence[Buffer], names: Sequence[str], *,
                      rois: Sequence[Roi | None] | None = None, stream: torch.cuda.Stream | None = None,
                      headers: Sequence[JpegHeader | None] | None = None
-                     ) -> tuple[list[torch.Tensor | DecodeError], list[tuple[int, int]], list[str]]:
+                     ) -> tuple[list[torch.Tensor | DecodeError] | ImageArena, list[tuple[int, int]], list[str]]:
         """Decode a batch to ``[H, W, 3]`` uint8 RGB CUDA tensors, ready in order on ``stream``.
 
         ``rois[i]`` = (x0, y0, x1, y1), the source region sample i needs, or None. Returns, per sample: the
-        image (or its :class:`DecodeError`), the (x0, y0) of what was decoded in source pixels (a region
+        image (or its :class:`DecodeError`; when the native engine decoded every image and none needs turning,
+        the images come as one :class:`~ingest.ops.base.ImageArena`, a sequence of the same views), the (x0, y0) of what was decoded in source pixels (a region
         decode returns just the region) and the path that decoded it: "gpu", "gpu-roi" or "cpu-fallback".
         ``headers[i]``: sample i's header from `CpuDecoder.probe_header`, to skip parsing it again.
         The buffers in ``datas`` must stay unchanged until the call returns.
@@ -198,16 +205,27 @@ class GpuDecoder:
         if len(datas) != len(names) or (rois is not None and len(rois) != len(datas)):
             raise ValueError(f"got {len(datas)} images, {len(names)} names and "
                              f"{'no' if rois is None else len(rois)} rois")
-        rois = list(rois) if rois is not None else [None] * len(datas)
+        n = len(datas)
+        rois = list(rois) if rois is not None else [None] * n
         stream = stream if stream is not None else torch.cuda.current_stream(self.device)
-        images: list[torch.Tensor | DecodeError | None] = [None] * len(datas)
-        origins = [(0, 0)] * len(datas)
-        paths = ["cpu-fallback"] * len(datas)
-        headers = list(headers) if headers is not None else [None] * len(datas)
+        headers = list(headers) if headers is not None else [None] * n
         jobs = [job for i, (data, name) in enumerate(zip(datas, names))
                 if (job := self._job(i, data, name, rois[i], headers[i])) is not None]
         with torch.cuda.device(self.device):
-            for job, image in zip(jobs, self._decode_on_gpu(jobs, stream)):
+            if self.engine == "native" and jobs:
+                arena, reasons = self._decode_native(jobs, stream)
+                if len(jobs) == n and not any(reasons) and all(job.header.orientation == 1 for job in jobs):
+                    # The common case: one buffer, no tensor per image (see ImageArena).
+                    return arena, [job.roi[:2] if job.roi else (0, 0) for job in jobs], \
+                        ["gpu-roi" if job.roi else "gpu" for job in jobs]
+                decoded = [None if why else _oriented(arena[k], job.header.orientation)
+                           for k, (job, why) in enumerate(zip(jobs, reasons))]
+            else:
+                decoded = self._decode_on_gpu(jobs, stream)
+            images: list[torch.Tensor | DecodeError | None] = [None] * n
+            origins = [(0, 0)] * n
+            paths = ["cpu-fallback"] * n
+            for job, image in zip(jobs, decoded):
                 if image is not None:
                     images[job.index] = image
                     origins[job.index] = job.roi[:2] if job.roi else (0, 0)
@@ -279,9 +297,7 @@ class GpuDecoder:
         """Every job's image (None where nvImageCodec could not decode it), ready in order on ``stream``."""
         if not jobs:
             return []
-        if self.engine == "native":
-            return self._decode_native(jobs, stream)
-        if self._pool is None or len(jobs) < 2:
+        if not self._streams or len(jobs) < 2:
             return self._decode_chunk(self._decoders[0], jobs, stream)
         chunks = np.array_split(np.arange(len(jobs)), self.threads)
         futures = [self._pool.submit(self._decode_chunk, decoder, [jobs[k] for k in chunk], side)
@@ -296,30 +312,41 @@ class GpuDecoder:
             images += part
         return images
 
-    def _decode_native(self, jobs: list[_Job], stream: torch.cuda.Stream) -> list[torch.Tensor | None]:
-        """The native engine: one arena for the batch, each decoder's share submitted, then all awaited."""
-        shapes = [job.expected_shape() for job in jobs]
-        sizes = np.array([h * w * c for h, w, c in shapes], np.int64)
-        padded = -(-sizes // _ALIGN) * _ALIGN
+    def _decode_native(self, jobs: list[_Job], stream: torch.cuda.Stream) -> tuple[ImageArena, list[str | None]]:
+        """The native engine: every job decoded into one new buffer (each image at a 256-byte aligned offset),
+        the decoders' shares submitted, then all awaited. Returns the images (an arena over the jobs; an image
+        that failed holds garbage) and, per job, None or why nvImageCodec did not decode it (counted in
+        :attr:`fallbacks`)."""
+        n = len(jobs)
+        regions = np.zeros((n, 4), np.int32)  # x1 <= x0: the whole image
+        hw = np.empty((n, 2), np.int64)
+        for k, job in enumerate(jobs):
+            if job.roi is None:
+                hw[k] = job.header.height, job.header.width
+            else:
+                regions[k] = job.roi
+        cropped = regions[:, 2] > regions[:, 0]
+        hw[cropped] = regions[cropped][:, [3, 2]] - regions[cropped][:, [1, 0]]
+        padded = -(-(hw[:, 0] * hw[:, 1] * 3) // _ALIGN) * _ALIGN
         offsets = np.concatenate(([0], np.cumsum(padded)[:-1]))
-        widest = max(w for _, w, _ in shapes)
         with torch.cuda.stream(stream):
-            pixels = _rows(int(padded.sum()) // 3, widest, self.device)
-        addresses = (offsets + pixels.data_ptr()).astype(np.uint64)
-        chunks = [c for c in np.array_split(np.arange(len(jobs)), len(self._decoders)) if len(c)]
-        pending = [decoder.submit([jobs[k].data for k in chunk], [jobs[k].roi for k in chunk],
-                                  [shapes[k][:2] for k in chunk], addresses[chunk], stream.cuda_stream)
-                   for decoder, chunk in zip(self._decoders, chunks)]
+            storage = torch.empty(int(padded.sum()), dtype=torch.uint8, device=self.device)
+        addresses = (offsets + storage.data_ptr()).astype(np.uint64)
+        chunks = [c for c in np.array_split(np.arange(n), len(self._decoders)) if len(c)]
+        datas = [job.data for job in jobs]
+
+        def share(decoder: native.BatchDecoder, chunk: np.ndarray) -> native.Pending:
+            return decoder.submit(datas if len(chunks) == 1 else [datas[k] for k in chunk], regions[chunk],
+                                  hw[chunk, 0], hw[chunk, 1], addresses[chunk], stream.cuda_stream)
+
+        if self._pool is not None and len(chunks) > 1:  # compiled loop: the shares run at once, one per thread
+            others = [self._pool.submit(share, d, c) for d, c in zip(self._decoders[1:], chunks[1:])]
+            pending = [share(self._decoders[0], chunks[0])] + [f.result() for f in others]
+        else:  # ctypes loop: each submit returns once its host work is done; the decodes then overlap
+            pending = [share(decoder, chunk) for decoder, chunk in zip(self._decoders, chunks)]
         reasons = [why for batch in pending for why in batch.wait()]
-        images: list[torch.Tensor | None] = []
-        for job, (h, w, _), start, why in zip(jobs, shapes, offsets.tolist(), reasons):
-            if why is not None:
-                self.fallbacks[why] += 1
-                images.append(None)
-                continue
-            view = pixels[start // 3:start // 3 + h * w:w, :w]  # [h, w, 3] at `start`, see `_rows`
-            images.append(view if job.header.orientation == 1 else orient(view, job.header.orientation))
-        return images
+        self.fallbacks.update(why for why in reasons if why is not None)
+        return ImageArena(storage, offsets, hw), reasons
 
     def _decode_chunk(self, decoder: Any, jobs: list[_Job], stream: torch.cuda.Stream
                       ) -> list[torch.Tensor | None]:
@@ -395,6 +422,11 @@ def clip_roi(roi: Roi | None, height: int, width: int) -> Roi | None:
     return x0, y0, x1, y1
 
 
+def _oriented(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
+    """Stored pixels as displayed: the view itself for orientation 1."""
+    return pixels if orientation == 1 else orient(pixels, orientation)
+
+
 def orient(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
     """Stored ``[H, W, C]`` pixels as displayed for an EXIF ``orientation``, always in new contiguous memory."""
     if orientation == 1:
@@ -413,16 +445,6 @@ def _code_stream(nvimgcodec: Any, job: _Job) -> Any:
         return source.get_sub_code_stream(region=nvimgcodec.Region(start=(y0, x0), end=(y1, x1)))
     except Exception:  # nvImageCodec raises RuntimeError for a stream it cannot parse
         return None
-
-
-def _rows(pixels: int, widest: int, device: torch.device) -> torch.Tensor:
-    """A new arena of ``pixels`` RGB pixels (plus the slack the last rows need), seen as ``pixels`` overlapping
-    rows of ``widest`` pixels, row k starting at pixel k, so that ``rows[p:p + h * w:w, :w]`` is the
-    ``[h, w, 3]`` image whose first pixel is pixel p. Allocated in that shape, so one torch call (which gives
-    the GIL up) makes it, and the per-image slicing is plain indexing, which keeps the GIL: view, reshape and
-    as_strided give it up per call, and beside a busy Python thread each such call waited a switch interval
-    (256 views took 1.1 s instead of 1.6 ms on the H100)."""
-    return torch.empty_strided((pixels, widest, 3), (3, 3, 1), dtype=torch.uint8, device=device)
 
 
 def _pick_engine(engine: str) -> tuple[str, native.Library | None]:

@@ -32,7 +32,7 @@ import torch
 from ..errors import ConfigError
 from . import _warp_kernel
 from .affine import Warp
-from .base import Images, Size, as_list, fill_for, pad_crop, sizes_of
+from .base import ImageArena, Images, Size, as_list, fill_for, pad_crop, sizes_of
 
 
 class Epilogue(NamedTuple):
@@ -107,6 +107,8 @@ def warp(images: Images, w: Warp, *, epilogue: Epilogue | None = None) -> Images
     if isinstance(images, torch.Tensor):  # one check for the whole batch, no view per image
         if images.dim() != 4 or images.dtype != torch.uint8:
             raise ValueError("warp takes [N, H, W, C] uint8 batches or lists of [H, W, C] uint8 images")
+    elif isinstance(images, ImageArena):  # uint8 [H, W, C] on one device by construction
+        pass
     elif any(im.dim() != 3 or im.dtype != torch.uint8 or im.device != first.device
              or im.shape[2] != first.shape[2] for im in images):
         raise ValueError("warp takes [H, W, C] uint8 images with one channel count, all on one device")
