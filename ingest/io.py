@@ -57,17 +57,21 @@ def resolve_io(io: str | None) -> tuple[str, str]:
 
 
 class ByteReader:
-    """Reads batches of byte ranges into one host arena per batch: pinned if ``pin=True``; in shared memory if
-    ``shared=True`` (a reader process's, handed to the training process without a copy: `last_arena` is the
-    latest arena's tensor)."""
+    """Reads batches of byte ranges into one host arena per batch: pinned if ``pin=True``. A reader process's
+    reader (``shared=K``) reads into K shared-memory buffers taken in turn and reused, so that no batch
+    allocates, maps and faults in new shared memory, and its handle crosses to the training process only
+    when a buffer is new or grown: `last_arena` is ``(slot, buffer, bytes used, new)`` for the latest batch. The
+    receiver must be done with a buffer before its turn comes again (`ingest.workers` says why it is)."""
 
     def __init__(self, io: str | None = None, *, threads: int | None = None, pin: bool = False,
-                 shared: bool = False):
+                 shared: int = 0):
         self.path, self.device_path = resolve_io(io)
         self.threads = threads or defaults.get("io_threads")
         self.pin = pin
         self.shared = shared
-        self.last_arena: torch.Tensor | None = None
+        self.last_arena: tuple[int, torch.Tensor, int, bool] | None = None
+        self._buffers: list[torch.Tensor | None] = [None] * shared
+        self._turn = 0
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ingest-io")
         if "kvikio" in (self.path, self.device_path):
             import kvikio
@@ -113,10 +117,16 @@ class ByteReader:
         return views
 
     def _arena(self, nbytes: int) -> np.ndarray:
-        # A fresh buffer per batch: the previous batch's views may still be in use by the decoder.
         if self.shared:
-            self.last_arena = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
-            return self.last_arena.numpy()
+            slot = self._turn % self.shared
+            self._turn += 1
+            buffer = self._buffers[slot]
+            new = buffer is None or buffer.numel() < nbytes
+            if new:  # grown with room to spare: batch sizes vary by a few percent
+                buffer = self._buffers[slot] = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8).share_memory_()
+            self.last_arena = (slot, buffer, nbytes, new)
+            return buffer.numpy()[:nbytes]
+        # Otherwise a fresh buffer per batch: the previous batch's views may still be in use by the decoder.
         if self.pin and nbytes:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
         return np.empty(nbytes, dtype=np.uint8)

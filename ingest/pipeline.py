@@ -151,12 +151,13 @@ class Pipeline:
 
     def __init__(self, source: Source, *, ops: Sequence = (), device: str | torch.device = "cpu",
                  decode: str | None = None, io: str | None = None, num_threads: int | None = None,
-                 shared_reads: bool = False):
+                 shared_reads: int = 0):
         self.source = source
         self.ops = list(ops)
         self.device, self.decode_kind = resolve_device(device, decode)
         decode = self.decode_kind
         # shared_reads: a reader process's pipeline, whose read stage hands its batches to another process
+        # through that many shared buffers reused in turn
         self.reader = ByteReader(io, pin=decode == "mixed", shared=shared_reads)
         self.cpu = CpuDecoder(threads=num_threads)
         self.gpu = None

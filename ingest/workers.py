@@ -1,10 +1,10 @@
 """Worker processes: ``Loader(num_workers=W)`` runs W processes, batch ``b`` of an epoch going to worker
 ``b % W`` (DataLoader's scheme), and hands the batches over in order. What a worker runs (``stages``):
 
-- ``"read"``: the read stage only (read, parse, probe the headers, draw the augmentation), into one
-  shared-memory arena per batch; the training process receives the batch's `_Work`
-  (the arena's handle and each sample's range in it, no copy of the bytes) and runs decode and ops on its
-  own threads and its one CUDA context. The per-file Python work leaves the training process's GIL, and no
+- ``"read"``: the read stage only (read, parse, probe the headers, draw the augmentation), into shared
+  memory buffers reused in turn (`buffer_slots`); the training process receives the batch's `_Work` (each
+  sample's range in the buffer; the buffer's handle only the first time), copies the bytes out at once and
+  runs decode and ops on its own threads and its one CUDA context. The per-file Python work leaves the training process's GIL, and no
   second CUDA context time-slices the GPU or holds memory.
 - ``"all"`` (the default): the whole pipeline per worker, batches coming back as below.
 
@@ -45,6 +45,7 @@ import torch
 import torch.multiprocessing as mp
 
 from .errors import IngestError
+from .formats.base import Record
 from .pipeline import CLOSE_AT_EXIT, Batch, Failures, Pipeline, _Work
 
 #: What worker processes run: every stage (batches come back on the GPU), or only the read stage (read,
@@ -95,6 +96,8 @@ class WorkerPool:
         self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" and self.stages == "all" else None
         self._shared: collections.deque = collections.deque()
         self.stats: list[dict[str, Any]] = [{} for _ in range(num_workers)]
+        # read stage: each worker's shared buffers by slot, as it handed them over (`take_buffer`)
+        self._buffers = [[None] * buffer_slots(spec["prefetch"]) for _ in range(num_workers)]
 
     def epoch(self, epoch: int, start: int, count: int, failures: Failures, offset: int = 0,
               stop: threading.Event | None = None) -> Iterator[Batch | _Work]:
@@ -141,6 +144,8 @@ class WorkerPool:
                 if not self._procs[w].is_alive():
                     raise IngestError(f"ingest worker {w} died (exit code {self._procs[w].exitcode})") from None
                 continue
+            if msg[0] == "batch" and self.stages == "read":
+                take_buffer(msg[2], self._buffers[w])
             if msg[1] != run:
                 continue
             if msg[0] == "error":
@@ -151,7 +156,7 @@ class WorkerPool:
                     failures.record(name, stage, reason)
                 self.stats[w] = msg[4]
                 msg = ("batch", run, self._own(msg[2]) if self.stages == "all" else
-                       unpack_work(msg[2], pin=self.device.type == "cuda"))
+                       unpack_work(msg[2], self._buffers[w], pin=self.device.type == "cuda"))
             return msg
 
     def _own(self, batch: Batch) -> Batch:
@@ -199,12 +204,13 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
     torch.set_num_threads(1)
     if spec["stages"] == "read":   # CPU only: this process never touches CUDA
         pipeline = Pipeline(spec["source"], ops=spec["ops"], device="cpu", decode="cpu", io=spec["io"],
-                            num_threads=spec["num_threads"], shared_reads=True)
+                            num_threads=spec["num_threads"], shared_reads=buffer_slots(spec["prefetch"]))
     else:
         pipeline = Pipeline(spec["source"], ops=spec["ops"], device=spec["device"], decode=spec["decode"],
                             io=spec["io"], num_threads=spec["num_threads"])
     sampler = spec["sampler"]
     stop_runs: set[int] = set()
+    announced: set[int] = set()   # read stage: shared buffers (by slot) the parent has received
     try:
         while True:
             cmd = commands.get()
@@ -217,7 +223,7 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
             if run in stop_runs:
                 continue
             _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, offset, commands,
-                       results, stop_runs)
+                       results, stop_runs, announced)
     finally:
         pipeline.close()
     # What is still buffered for the parent is not wanted, and an interpreter exit could find the queue's
@@ -235,7 +241,7 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, offset, commands, results,
-               stop_runs) -> None:
+               stop_runs, announced: set[int]) -> None:
     """This worker's share of an epoch, each batch read, decoded and transformed in turn on this thread:
     inside a worker, overlapping the stages on threads costs more (GIL contention with nvImageCodec) than
     it saves; the overlap comes from the other workers."""
@@ -250,7 +256,14 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
                 return
             if spec["stages"] == "read":
                 pipeline.reader.last_arena = None
-                batch = pack_work(pipeline.stage_stats[0].timed(pipeline.read, plan), pipeline.reader.last_arena)
+                batch = pipeline.stage_stats[0].timed(pipeline.read, plan)
+                if pipeline.reader.last_arena is not None:
+                    slot, buffer, nbytes, new = pipeline.reader.last_arena
+                    if new:
+                        announced.discard(slot)
+                    batch = pack_work(batch, slot, buffer, nbytes, slot not in announced)
+                else:
+                    batch = (batch, None)
             else:
                 batch = pipeline.run(plan)   # the default stream (the IPC event's) waits for the batch
             items = pipeline.failures.items[sent:]
@@ -263,6 +276,8 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
                      "decode_paths": dict(pipeline.decode_paths), "read_path": pipeline.reader.path}
             if not _send(results, ("batch", run, batch, items, stats), run, commands, stop_runs):
                 return
+            if isinstance(batch, tuple) and batch[1] is not None and batch[1].buffer is not None:
+                announced.add(batch[1].slot)
         _send(results, ("end", run), run, commands, stop_runs)
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, re-raised there
         text = traceback.format_exc()
@@ -309,39 +324,69 @@ def _stopped(run: int, commands, stop_runs: set[int]) -> bool:
 
 @dataclass(frozen=True)
 class _InArena:
-    """A sample's bytes as a range of its batch's shared arena (replaced by a view of it on arrival)."""
+    """A sample's bytes as a range of its batch's shared buffer (replaced by a view of a copy on arrival)."""
 
     start: int
     length: int
 
 
-def pack_work(work: _Work, arena: torch.Tensor | None) -> tuple[_Work, torch.Tensor | None]:
-    """``work`` ready to cross to the training process: every record image that is a view of ``arena`` (the
-    batch's shared-memory read buffer) becomes its range in it, so only the arena's handle travels, not the
-    bytes. Anything else (bytes a source held in memory, several ranges of one sample) is pickled as is."""
-    if arena is None or not arena.numel() or not work.records:
+@dataclass(frozen=True)
+class _Shared:
+    """Where a batch's bytes are: shared buffer ``slot`` of the sending worker, ``nbytes`` of it used, and
+    ``buffer`` itself when the receiver does not have it yet (new, or grown)."""
+
+    slot: int
+    nbytes: int
+    buffer: torch.Tensor | None
+
+
+def buffer_slots(prefetch: int) -> int:
+    """Shared buffers a reader process takes in turn. Its results queue holds ``prefetch`` batches; when it
+    fills buffer ``s + K`` it has sent batch ``s + K - 1``, so the parent has taken batch ``s + K - 1 -
+    prefetch`` off the queue, and it copies each batch out on arrival, in order: buffer ``s`` is free once
+    ``K >= prefetch + 2``. One more for the batch the parent is copying."""
+    return prefetch + 3
+
+
+def pack_work(work: _Work, slot: int, buffer: torch.Tensor, nbytes: int, send_buffer: bool
+              ) -> tuple[_Work, _Shared | None]:
+    """``work`` ready to cross to the training process: every record image that is a view of ``buffer`` (the
+    batch's shared read buffer, ``nbytes`` of it used) becomes its range in it, so only the ranges travel
+    (and the buffer's handle if ``send_buffer``), not the bytes. Anything else (bytes a source held in
+    memory, several ranges of one sample) is pickled as is."""
+    if not nbytes or not work.records:
         return work, None
-    base, end = arena.data_ptr(), arena.data_ptr() + arena.numel()
+    base, end = buffer.data_ptr(), buffer.data_ptr() + nbytes
     records = []
     for r in work.records:
         im = r.image
         if isinstance(im, np.ndarray) and im.dtype == np.uint8 and im.ndim == 1 and base <= im.ctypes.data < end:
             r = replace(r, image=_InArena(im.ctypes.data - base, im.nbytes))
         records.append(r)
-    return replace(work, records=records), arena
+    return replace(work, records=records), _Shared(slot, nbytes, buffer if send_buffer else None)
 
 
-def unpack_work(payload: tuple[_Work, torch.Tensor | None], pin: bool = False) -> _Work:
-    """The inverse of `pack_work`: ranges of the arena become views of it (which keep it alive). ``pin``: of a
-    pinned copy of it instead (one copy; the GPU decoder reads pinned bitstreams faster)."""
-    work, arena = payload
-    if arena is not None:
-        if pin:
-            arena = torch.empty(arena.shape, dtype=torch.uint8, pin_memory=True).copy_(arena)
-        flat = arena.numpy()
-        work.records = [replace(r, image=flat[r.image.start:r.image.start + r.image.length])
+def unpack_work(payload: tuple[_Work, _Shared | None], buffers: list[torch.Tensor | None], pin: bool = False
+                ) -> _Work:
+    """The inverse of `pack_work`, given the sender's ``buffers`` by slot (see `take_buffer`): the used part of
+    the shared buffer is copied out at once (into pinned memory if ``pin``: the GPU decoder reads pinned
+    bitstreams faster), which frees it for the sender, and ranges become views of the copy."""
+    work, shared = payload
+    if shared is not None:
+        source = buffers[shared.slot][:shared.nbytes]
+        copy = torch.empty(shared.nbytes, dtype=torch.uint8, pin_memory=pin)
+        flat = copy.copy_(source).numpy()
+        work.records = [Record(flat[r.image.start:r.image.start + r.image.length], r.label, r.fields)
                         if isinstance(r.image, _InArena) else r for r in work.records]
     return work
+
+
+def take_buffer(payload: tuple[_Work, _Shared | None], buffers: list[torch.Tensor | None]) -> None:
+    """Keep a buffer the sender handed over with ``payload`` (done for every batch received, even one of a
+    finished epoch that is dropped: later batches refer to the buffer by slot only)."""
+    shared = payload[1]
+    if shared is not None and shared.buffer is not None:
+        buffers[shared.slot] = shared.buffer
 
 
 def _number(item: Batch | _Work) -> int:

@@ -246,25 +246,32 @@ def test_closing_workers_mid_epoch_is_prompt(image_folder, stages):
     assert procs and all(p.exitcode == 0 for p in procs)  # exited by themselves, not terminated
 
 
-def test_read_stage_batches_cross_processes_as_arena_ranges():
+def test_read_stage_batches_cross_processes_as_buffer_ranges():
     from ingest.formats.base import Record
     from ingest.pipeline import _Work
     from ingest.sampler import BatchPlan
-    from ingest.workers import _InArena, pack_work, unpack_work
-    arena = torch.arange(100, dtype=torch.uint8)
-    flat = arena.numpy()
+    from ingest.workers import _InArena, pack_work, take_buffer, unpack_work
+    buffer = torch.arange(100, dtype=torch.uint8)
+    flat = buffer.numpy()
     outside = np.frombuffer(b"held in memory", dtype=np.uint8)
     plan = BatchPlan(epoch=0, number=3, indices=np.arange(3), is_pad=np.zeros(3, bool), seed=np.random.SeedSequence(0))
     work = _Work(plan, ["a", "b", "c"], plan.indices, plan.is_pad,
                  [Record(flat[10:30], 1), Record(outside, 2), Record(flat[60:61], 3)])
-    packed, shared = pack_work(work, arena)
-    assert shared is arena
+    received: list = [None, None]
+    packed, shared = payload = pack_work(work, 1, buffer, 61, send_buffer=True)
+    assert shared.slot == 1 and shared.nbytes == 61 and shared.buffer is buffer
     assert [r.image for r in packed.records[::2]] == [_InArena(10, 20), _InArena(60, 1)]
-    assert packed.records[1].image is outside   # not in the arena: travels by value
-    back = unpack_work((packed, arena.clone()))
-    for got, want in zip(back.records, work.records):
-        assert np.array_equal(got.image, want.image) and got.label == want.label
-    assert pack_work(work, None) == (work, None)
+    assert packed.records[1].image is outside   # not in the buffer: travels by value
+    take_buffer(payload, received)
+    assert received[1] is buffer
+    back = unpack_work(payload, received)
+    flat[:] = 0   # the sender reuses its buffer: what was received is a copy
+    assert [r.label for r in back.records] == [1, 2, 3]
+    assert np.array_equal(back.records[0].image, np.arange(10, 30, dtype=np.uint8))
+    assert np.array_equal(back.records[2].image, [60]) and back.records[1].image is outside
+    again = pack_work(work, 1, buffer, 61, send_buffer=False)
+    assert again[1].buffer is None   # the receiver has it: only the slot travels
+    assert pack_work(work, 1, buffer, 0, True) == (work, None)   # nothing read into the buffer
 
 
 def test_worker_stages_choices(image_folder):
