@@ -19,6 +19,8 @@ of 32 (per image). Output uint8 images, boxes ltrb.
                the check splits targets with `ingest.torch.detection_targets`
   ingest_w0    the same with num_workers=0 (one process)
   ingest_read  the same with worker_stages="read" (workers only read; one CUDA context)
+  ingest_batch the same with PadTo(multiple=32, batch=True): one [B, 3, H, W] tensor padded to the batch's
+               largest image, plus image_sizes (torchvision's ImageList; the other variants pad per image)
   dali         DALI: readers.coco(ltrb, ratio) -> random_bbox_crop (cpu) -> decoders.image(mixed) -> slice
                -> flip + bb_flip (coin_flip) -> resize(resize_shorter=800, max_size=1333) -> pad(align 32,
                per image); boxes and labels padded (pad, -1); DALIRaggedIterator (images a list)
@@ -78,6 +80,7 @@ PIPELINES = {
               "Resize(800, max_size=1333), PadTo(multiple=32)], output=dict, default num_workers) + detection_targets",
     "ingest_w0": "as ingest, num_workers=0",
     "ingest_read": "as ingest, worker_stages='read' (workers read and plan; decode and ops in this process)",
+    "ingest_batch": "as ingest, PadTo(multiple=32, batch=True): one padded [B, 3, H, W] tensor + image_sizes",
     "dali": "readers.coco(ltrb, ratio, skip_empty, random_shuffle) -> random_bbox_crop(cpu) -> decoders.image(mixed) "
             "-> slice -> coin_flip: flip + bb_flip -> resize(resize_shorter=800, max_size=1333) -> "
             "pad(HW, align 32, per image) -> DALIRaggedIterator lists",
@@ -305,7 +308,8 @@ def derive(results: dict) -> dict:
            "ingest_over_torchvision": r(g("ingest"), g("torchvision")),
            "dali_over_torchvision": r(g("dali"), g("torchvision")),
            "ingest_w0_over_dali": r(g("ingest_w0"), g("dali")), "ingest_w0_over_ingest": r(g("ingest_w0"), g("ingest")),
-           "ingest_read_over_dali": r(g("ingest_read"), g("dali"))}
+           "ingest_read_over_dali": r(g("ingest_read"), g("dali")),
+           "ingest_batch_over_dali": r(g("ingest_batch"), g("dali"))}
     if out["ingest_over_dali_best"] is not None:
         out["target_met"] = out["ingest_over_dali_best"] >= 1.0   # issue 8: >= 1.0x DALI in the same run
     return out
@@ -354,6 +358,7 @@ def run_variant(name: str, args, dev, res: dict, flush) -> None:
     build = {"ingest": lambda: build_ingest(args, dev, workers=None),
              "ingest_w0": lambda: build_ingest(args, dev, workers=0),
              "ingest_read": lambda: build_ingest(args, dev, workers=None, stages="read"),
+             "ingest_batch": lambda: build_ingest(args, dev, workers=None, batch_pad=True),
              "dali": lambda: build_dali(args, dev, roi=False), "dali_roi": lambda: build_dali(args, dev, roi=True),
              "torchvision": lambda: build_torchvision(args, dev)}[name]
     t0 = time.perf_counter()
@@ -438,12 +443,12 @@ def describe_batch(images, targets, *, relative: bool) -> dict:
 # -- the loaders -------------------------------------------------------------------------------------
 
 
-def build_ingest(args, dev, workers: int | None, stages: str = "auto") -> bench_gpu.Feed:
+def build_ingest(args, dev, workers: int | None, stages: str = "auto", batch_pad: bool = False) -> bench_gpu.Feed:
     import ingest
     from ingest.ops import Flip, PadTo, RandomIoUCrop, Resize
     from ingest.torch import detection_targets
     ops = [RandomIoUCrop(min_ious=(None, *MIN_IOUS), scale=CROP_SCALE, aspect=CROP_ASPECT, attempts=CROP_ATTEMPTS),
-           Flip(p=0.5), Resize(SHORTER, max_size=MAX_SIZE), PadTo(multiple=ALIGN)]
+           Flip(p=0.5), Resize(SHORTER, max_size=MAX_SIZE), PadTo(multiple=ALIGN, batch=batch_pad)]
     loader = ingest.Loader(os.path.join(args.data, "instances.json"),
                            reader_options={"images": os.path.join(args.data, "images"), "box_format": "ltrb"},
                            batch_size=args.batch, device=str(dev), decode="mixed" if dev.type == "cuda" else "cpu",

@@ -185,6 +185,7 @@ class Pipeline:
         self.per_box = list(getattr(source, "per_box", None) or
                             [k for k in PER_BOX if k in self.extra_fields and self.extra_fields[k].kind != "array"])
         self.box_ops = self.boxes and any(getattr(op, "uses_boxes", False) for op in self.ops)
+        self.pads = any(getattr(op, "pads", False) for op in self.ops)
         self.stage_stats = [StageStats(name) for name in STAGES]  # over every epoch
         self.decode_paths: dict[str, int] = {}
         self.failures = Failures(0, 0)
@@ -358,7 +359,7 @@ class Pipeline:
                     self.ops_stream.wait_event(work.ready)
                 images = _select_rows(self._execute(work), keep, failed)
                 values = self._targets(work)
-                fields = self._collate([values[k] for k in keep], names)
+                fields = self._collate([values[k] for k in keep], names, work, keep)
                 labels = labels.pin_memory().to(self.device, non_blocking=True)
                 fields = to_device(fields, self.device)
                 ready = torch.cuda.Event()
@@ -371,16 +372,20 @@ class Pipeline:
         else:
             images, ready = _select_rows(self._execute(work), keep, failed), None
             values = self._targets(work)
-            fields = self._collate([values[k] for k in keep], names)
+            fields = self._collate([values[k] for k in keep], names, work, keep)
         indices = torch.from_numpy(np.ascontiguousarray(work.indices[keep]))
         is_pad = torch.from_numpy(np.ascontiguousarray(work.is_pad[keep]))
         return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)
 
-    def _collate(self, values: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-        """Every field other than image and label, batched by kind (`ingest.collate`)."""
+    def _collate(self, values: list[dict[str, Any]], names: list[str], work: _Work, keep: list[int]
+                 ) -> dict[str, Any]:
+        """Every field other than image and label, batched by kind (`ingest.collate`), and where the ops end
+        by padding (PadTo) ``image_sizes``: each image's (height, width) before the padding."""
         out: dict[str, Any] = {}
         for name, spec in self.extra_fields.items():
             out.update(collate(name, spec, [v[name] for v in values], names=names, decode=self.cpu.decode))
+        if self.pads and work.ops_plan is not None and work.ops_plan.content_sizes is not None:
+            out["image_sizes"] = torch.tensor([work.ops_plan.content_sizes[k] for k in keep], dtype=torch.int64)
         return out
 
     # -- detection targets ---------------------------------------------------------------------

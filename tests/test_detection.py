@@ -88,6 +88,28 @@ def test_torchvision_faster_rcnn_trains_on_a_batch(tmp_path):
     total.backward()
 
 
+def test_padded_batch_with_image_sizes(tmp_path):
+    """PadTo(batch=True): one [N, C, H, W] tensor, each image's content at the top left, its size before the
+    padding in `image_sizes`, the padding filled; boxes stay inside the content."""
+    path = _coco(tmp_path, n=4)
+    src = CocoSource(path, images=tmp_path / "img", box_format="ltrb")
+    ops = [RandomIoUCrop(), Flip(), Resize(40, max_size=60), PadTo(multiple=32, batch=True, fill=3)]
+    batch = next(iter(ingest.Loader(src, batch_size=4, output="dict", ops=ops, seed=2)))
+    images, sizes = batch["images"], batch["image_sizes"]
+    assert isinstance(images, torch.Tensor) and images.shape[:2] == (4, 3) and images.shape[2] % 32 == 0
+    assert sizes.shape == (4, 2) and (sizes <= torch.tensor(images.shape[2:])).all()
+    assert (sizes.min(dim=1).values <= 40).all() and (sizes.max(dim=0).values > torch.tensor(images.shape[2:]) - 32).all()
+    for n, (h, w) in enumerate(sizes.tolist()):
+        assert (images[n, :, h:, :] == 3).all() and (images[n, :, :, w:] == 3).all()
+        k = int(batch["boxes_lengths"][n])
+        assert (batch["boxes"][n, :k, 2] <= w + 1e-3).all() and (batch["boxes"][n, :k, 3] <= h + 1e-3).all()
+    plain = next(iter(ingest.Loader(src, batch_size=4, output="dict", ops=ops[:3], seed=2)))
+    assert [tuple(im.shape[1:]) for im in plain["images"]] == [tuple(s) for s in sizes.tolist()]
+    for n, (h, w) in enumerate(sizes.tolist()):
+        assert torch.equal(images[n, :, :h, :w], plain["images"][n])
+    assert "image_sizes" not in plain
+
+
 def test_real_coco_masks_follow_a_resize():
     root = realworld("coco/tiny_coco_train2017")
     src = CocoSource(root / "instances_train2017_small.json", images=root / "train_2017_small", masks="masks", cache=False,

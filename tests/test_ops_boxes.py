@@ -217,6 +217,23 @@ def test_pad_to_sizes_and_pixels():
     assert torch.equal(centred, TF.pad(ims[0].permute(2, 0, 1), [5, 33, 5, 34]).permute(1, 2, 0))
 
 
+def test_pad_to_the_batch_makes_one_tensor_and_keeps_the_content_sizes():
+    ims = [torch.full((33, 70, 3), 5, dtype=torch.uint8), torch.full((64, 20, 3), 6, dtype=torch.uint8)]
+    op = PadTo(multiple=32, batch=True, fill=1)
+    assert op.out_sizes([(33, 70), (64, 20)], None) == [(64, 96), (64, 96)]
+    out = op(ims)
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 64, 96, 3)
+    assert torch.equal(out[1][:64, :20], ims[1]) and (out[1][:, 20:] == 1).all() and (out[0][33:] == 1).all()
+    p = plan([Resize((40, 50)), PadTo(batch=True), Normalize(0, 1)], [(33, 70), (64, 20)], 0)
+    assert p.out_sizes == [(40, 50)] * 2 and p.content_sizes == [(40, 50)] * 2
+    resize = Resize(30, max_size=60)
+    p = plan([resize, PadTo(multiple=16, batch=True)], [(33, 70), (64, 20)], 0)
+    assert p.content_sizes == resize.out_sizes([(33, 70), (64, 20)], None) == [(28, 60), (60, 18)]
+    assert p.out_sizes == [(64, 64)] * 2
+    assert plan([PadTo(multiple=8), Resize((10, 10))], [(33, 70)], 0).content_sizes is None   # resized after
+    assert plan([Resize((10, 10))], [(33, 70)], 0).content_sizes is None
+
+
 def test_detection_ops_validate_their_config():
     cases = [(lambda: RandomIoUCrop(min_ious=()), "`min_ious`"),
              (lambda: RandomIoUCrop(min_ious=(0.5, 2.0)), "`min_ious`"),
@@ -225,7 +242,7 @@ def test_detection_ops_validate_their_config():
              (lambda: RandomIoUCrop(attempts=0), "`attempts` must be positive"),
              (lambda: ZoomOut((0.5, 2.0)), "`ratio` must be >= 1"),
              (lambda: ZoomOut(p=2), "`p` must be a probability"),
-             (lambda: PadTo(), "needs `size`, `multiple`"),
+             (lambda: PadTo(), "needs `size`, `multiple`, `batch=True`"),
              (lambda: PadTo(multiple=0), "`multiple` must be positive"),
              (lambda: PadTo(32, fill=-1), "`fill`")]
     for make, message in cases:

@@ -16,7 +16,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .base import ImageArena
+from .base import ImageArena, device_and_channels
 
 SOURCE = r"""
 // ip: int64, 16 per sample: 0 source pointer, 1 output offset (elements), 2 source height, 3 source width,
@@ -260,7 +260,7 @@ def pack(images: torch.Tensor | list[torch.Tensor] | ImageArena, out_sizes: Sequ
     ``[H, W, C]`` ones; any strides, C <= 4); ``setup`` is the geometry from
     :func:`ingest.ops.resample._setup`. A batch tensor's source pointers are computed, not read per image."""
     n = len(images)
-    c = images.channels if isinstance(images, ImageArena) else images[0].shape[2]
+    c = device_and_channels(images)[1]
     out_hw = np.asarray(out_sizes, dtype=np.int64).reshape(n, 2)
     count = out_hw[:, 0] * out_hw[:, 1] * c
     buf = np.zeros(16 * (2 * n + 1), dtype=np.int64)
@@ -312,7 +312,7 @@ def launch(images: torch.Tensor | list[torch.Tensor], out_sizes: Sequence[tuple[
     """Run the warp kernel on CUDA ``images`` on the current torch stream; returns the output as
     :func:`views` of one new buffer of ``dtype``."""
     cupy = _state["cupy"]
-    device = images[0].device
+    device, channels = device_and_channels(images)
     packed = pack(images, out_sizes, setup, fill, coefficients)
     out = torch.empty(int(packed.count.sum()), dtype=dtype, device=device)
     if out.numel():
@@ -321,7 +321,7 @@ def launch(images: torch.Tensor | list[torch.Tensor], out_sizes: Sequence[tuple[
         args_d = torch.from_numpy(packed.buf).pin_memory().to(device, non_blocking=True)
         ip = args_d.data_ptr()
         args = (np.uint64(ip), np.uint64(ip + packed.ip.nbytes), np.uint64(out.data_ptr()),
-                np.int32(images[0].shape[2]), np.int32(_KINDS[dtype]), np.int32(nchw),
+                np.int32(channels), np.int32(_KINDS[dtype]), np.int32(nchw),
                 np.int32(coefficients is not None))
         stream = torch.cuda.current_stream(device).cuda_stream
         with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream, device.index):

@@ -140,6 +140,14 @@ def as_list(images: Images) -> list[torch.Tensor]:
     return list(images)
 
 
+def device_and_channels(images: Images) -> tuple[torch.device, int]:
+    """The batch's device and channel count, without making a view of an image (a torch call each)."""
+    if isinstance(images, ImageArena):
+        return images.device, images.channels
+    first = images[0]
+    return first.device, int(first.shape[-1])
+
+
 def sizes_of(images: Images) -> list[Size]:
     """``(height, width)`` of every image in the batch."""
     if isinstance(images, torch.Tensor):

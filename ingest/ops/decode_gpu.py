@@ -141,9 +141,11 @@ class GpuDecoder:
 
     ``backend``: one of :data:`BACKENDS`. ``engine``: one of :data:`ENGINES` (see the module doc); "auto" takes the
     native engine and falls back, with a warning saying why, to the Python binding. ``threads``: how many
-    nvImageCodec decoders share a batch. Native: the batch is split over them, each chunk submitted before any
-    is awaited, from the caller's thread; nvImageCodec 0.9's decode call returns only when its host work is
-    done, so two measured no faster (14.2k against 13.8k img/s, H100). Python binding: each decoder runs on its own thread and CUDA stream;
+    nvImageCodec decoders share a batch. Native: the batch is split over them, and with the compiled loop each
+    share runs on its own thread with the GIL released (two: 13.6k against 11.4k img/s decode-only, H100;
+    nvImageCodec's own batch decode from two threads: 15.1k); with the ctypes loop each share is submitted
+    from the caller's thread before any is awaited. Python binding: each decoder runs on its own thread and
+    CUDA stream;
     on the H200 two were slower than one (13.4k against 17.4k img/s decode-only, 256-image batches), the
     binding's per-image GIL hand-offs serialize them. nvImageCodec keeps its default CPU threads (one per core):
     capping them at cores / workers measured no better (19.2k against 22.1k img/s, 4 workers).
@@ -192,7 +194,8 @@ class GpuDecoder:
     def decode_batch(self, datas: Sequence[Buffer], names: Sequence[str], *,
                      rois: Sequence[Roi | None] | None = None, stream: torch.cuda.Stream | None = None,
                      headers: Sequence[JpegHeader | None] | None = None
-                     ) -> tuple[list[torch.Tensor | DecodeError] | ImageArena, list[tuple[int, int]], list[str]]:
+                     ) -> tuple[list[torch.Tensor | DecodeError] | ImageArena, list[tuple[int, int]],
+                                list[str]]:
         """Decode a batch to ``[H, W, 3]`` uint8 RGB CUDA tensors, ready in order on ``stream``.
 
         ``rois[i]`` = (x0, y0, x1, y1), the source region sample i needs, or None. Returns, per sample: the

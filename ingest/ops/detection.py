@@ -191,19 +191,27 @@ class PadTo(GeometryOp):
     """Pad each image (never crop) to at least ``size`` = int or (height, width), then up to a ``multiple``
     of its height and width, with ``fill``: at the bottom and right (Detectron's ``size_divisibility``,
     ``PadTo(multiple=32)``), or around the centre with ``center=True`` (a letterbox:
-    ``[Resize(longer=640), PadTo(640, center=True)]``)."""
+    ``[Resize(longer=640), PadTo(640, center=True)]``). ``batch=True`` pads every image to the batch's
+    largest first, so the batch comes out as one ``[N, C, H, W]`` tensor (torchvision's ``ImageList``,
+    Detectron's ``ImageList.from_tensors``); the loader's dict output then carries each image's size
+    before the padding as ``image_sizes`` (``[N, 2]`` height, width)."""
+
+    pads = True
 
     def __init__(self, size: int | Sequence[int] | None = None, *, multiple: int | None = None,
-                 fill: float | Sequence[float] = 0, center: bool = False):
-        if size is None and multiple is None:
-            raise ConfigError("PadTo needs `size`, `multiple` or both")
+                 fill: float | Sequence[float] = 0, center: bool = False, batch: bool = False):
+        if size is None and multiple is None and not batch:
+            raise ConfigError("PadTo needs `size`, `multiple`, `batch=True` or a combination")
         self.size = None if size is None else _size_pair("size", size)
         self.multiple = None if multiple is None else _positive_int("multiple", multiple)
         self.fill = _fill(fill)
         self.center = bool(center)
+        self.batch = bool(batch)
 
     def _padded(self, sizes: np.ndarray) -> np.ndarray:
         out = sizes.copy()
+        if self.batch and len(out):
+            out[:] = out.max(axis=0)
         if self.size is not None:
             out = np.maximum(out, np.array(self.size, dtype=np.int64))
         if self.multiple is not None:

@@ -120,6 +120,7 @@ class GeometryOp(Op):
     interpolation: str = "nearest"
     antialias: bool = False
     fill: tuple[float, ...] | None = None
+    pads = False  # only adds fill around the image (its content size is the size before it)
 
     def _steps(self, sizes: np.ndarray, params: Any) -> Steps:
         raise NotImplementedError

@@ -31,7 +31,8 @@ import torch
 from ..errors import ConfigError
 from . import resample
 from .affine import Steps, Warp, clip_polygons, compose, map_boxes, map_points, nonempty, polygon_parts_kept
-from .base import PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, per_sample, size_list, sizes_of
+from .base import (PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, device_and_channels, per_sample, size_list,
+                   sizes_of)
 from .geometry import GeometryOp
 
 #: Per-box target fields that :meth:`Plan.targets` prunes together with the boxes (COCO's names).
@@ -57,9 +58,9 @@ class Stage:
             return op.apply(images, params)
         if not len(images):
             return images
-        first = images[0]
+        device, channels = device_and_channels(images)
         sizes = sizes_of(images)
-        if first.device.type == "cpu" and origins is None and scales is None and sizes == self.in_sizes:
+        if device.type == "cpu" and origins is None and scales is None and sizes == self.in_sizes:
             for op, params in self.drawn:  # op by op with torch's kernels: torchvision's results
                 images = op.apply(images, params)
             return self.epilogue.apply(images, None) if self.epilogue else images
@@ -68,7 +69,7 @@ class Stage:
             w = w.shifted(origins).rescaled(sizes, 1.0 if scales is None else scales)
         elif scales is not None or sizes != self.in_sizes:
             w = w.rescaled(sizes, scales)
-        epilogue = self.epilogue.epilogue(first.shape[-1]) if self.epilogue else None
+        epilogue = self.epilogue.epilogue(channels) if self.epilogue else None
         return resample.warp(images, w, epilogue=epilogue)
 
 
@@ -86,6 +87,7 @@ class Plan:
     stages: list[Stage]
     out_sizes: list[Size]
     output: ImageSpec
+    content_sizes: list[Size] | None = None  # before the trailing padding ops (PadTo), where there are any
 
     @property
     def warp(self) -> Warp | None:
@@ -219,6 +221,7 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
     rngs = per_sample(rngs, len(sizes))
     tracked = None if boxes is None else _Boxes([_as_array(b) for b in boxes], len(sizes))
     spec, cur = PIXELS, sizes
+    content = None  # the sizes before a run of padding ops that nothing after has resized yet
     drawn: list[tuple[Op, Any]] = []
     stages: list[Stage] = []
     warp_inputs: dict[int, np.ndarray] = {}  # stage number -> its input sizes as an array
@@ -232,6 +235,7 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
         last = stages[-1] if stages else None
         open_warp = last is not None and bool(last.steps) and last.epilogue is None
         if isinstance(op, GeometryOp):
+            content = (cur if content is None else content) if op.pads else None
             steps = op.steps(hw, params)
             if tracked is not None:
                 tracked.follow(op, params, steps)
@@ -249,12 +253,14 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
             last.epilogue = op
         else:
             stages.append(Stage([(op, params)], cur, op.out_sizes(cur, params)))
+            if stages[-1].out_sizes != cur:
+                content = None
             cur = stages[-1].out_sizes
             hw = np.asarray(cur, dtype=np.int64).reshape(-1, 2)
     for k, stage in enumerate(stages):
         if stage.steps:
             stage.warp = compose(stage.steps, warp_inputs[k])
-    return Plan(sizes, drawn, stages, list(cur), spec)
+    return Plan(sizes, drawn, stages, list(cur), spec, content)
 
 
 def run_ops(ops: Sequence[Op], images: Images, rng: Rngs = None, *, device_kind: str = "cpu") -> Images:

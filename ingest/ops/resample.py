@@ -32,7 +32,7 @@ import torch
 from ..errors import ConfigError
 from . import _warp_kernel
 from .affine import Warp
-from .base import ImageArena, Images, Size, as_list, fill_for, pad_crop, sizes_of
+from .base import ImageArena, Images, Size, as_list, device_and_channels, fill_for, pad_crop, sizes_of
 
 
 class Epilogue(NamedTuple):
@@ -103,18 +103,18 @@ def warp(images: Images, w: Warp, *, epilogue: Epilogue | None = None) -> Images
     """
     if not len(images):
         return images
-    first = images[0]
+    device, channels = device_and_channels(images)
     if isinstance(images, torch.Tensor):  # one check for the whole batch, no view per image
         if images.dim() != 4 or images.dtype != torch.uint8:
             raise ValueError("warp takes [N, H, W, C] uint8 batches or lists of [H, W, C] uint8 images")
     elif isinstance(images, ImageArena):  # uint8 [H, W, C] on one device by construction
         pass
-    elif any(im.dim() != 3 or im.dtype != torch.uint8 or im.device != first.device
-             or im.shape[2] != first.shape[2] for im in images):
+    elif any(im.dim() != 3 or im.dtype != torch.uint8 or im.device != device or im.shape[2] != channels
+             for im in images):
         raise ValueError("warp takes [H, W, C] uint8 images with one channel count, all on one device")
     setup = _setup(w, sizes_of(images))
-    fill = _fill_values(w.fill, first.shape[2])
-    if first.device.type == "cuda" and first.shape[2] <= 4 and _warp_kernel.available():
+    fill = _fill_values(w.fill, channels)
+    if device.type == "cuda" and channels <= 4 and _warp_kernel.available():
         return _warp_kernel.launch(images, w.out_sizes, setup, w.interpolation, fill,
                                    epilogue[:2] if epilogue else None,
                                    epilogue.dtype if epilogue else torch.uint8,
