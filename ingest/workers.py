@@ -18,8 +18,8 @@ CUDA batches cross the process boundary through CUDA IPC (`torch.multiprocessing
 default stream wait for the batch, so the IPC event orders the consumer after the worker's kernels; the
 consumer copies the batch into its own memory on a side stream, makes its stream wait for the copy (no host
 sync) and drops the shared tensor once the copy has run, so the worker may reuse the memory and the user
-gets ordinary tensors that outlive the workers. Each worker overlaps its batches' stages on the pipeline's
-threads (see `_run_epoch`).
+gets ordinary tensors that outlive the workers. Each worker runs its batches' stages one after the other
+on one thread (see `_run_epoch`).
 
 Lifetime: a worker exits on the pool's ``exit`` command (`WorkerPool.close`, also run by an exit hook for
 pools still open when the interpreter exits) and, failing that, within `_POLL` seconds of its parent's
@@ -46,7 +46,7 @@ import torch.multiprocessing as mp
 
 from .errors import IngestError
 from .formats.base import Record
-from .pipeline import CLOSE_AT_EXIT, Batch, Executor, Failures, Pipeline, _Work
+from .pipeline import CLOSE_AT_EXIT, Batch, Failures, Pipeline, _Work
 
 #: What worker processes run: every stage (batches come back on the GPU), or only the read stage (read,
 #: parse, probe, plan: CPU work that never touches CUDA; decode and ops then run in the training process).
@@ -242,20 +242,36 @@ def _exit_with_parent(parent: int) -> None:
 
 def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, offset, commands, results,
                stop_runs, announced: set[int]) -> None:
-    """This worker's share of an epoch: with ``stages="all"`` its read, decode and ops stages overlap on the
-    pipeline's threads (`Executor`; the compiled decode loop gives the GIL up once per batch, so they no longer
-    starve each other as nvImageCodec's Python binding made them), with ``"read"`` each batch is read in turn."""
+    """This worker's share of an epoch, each batch read, decoded and transformed in turn on this thread:
+    inside a worker, overlapping the stages on threads costs more (GIL contention with nvImageCodec) than
+    it saves; the overlap comes from the other workers."""
     # The budget is the parent's: here every failure is only recorded (or raised at once when none is allowed).
     pipeline.failures = Failures(0 if spec["max_failures"] == 0 else sys.maxsize, 0)
     sent = 0
-    plans = (plan for plan in sampler.batches(epoch, start, offset) if plan.number % num_workers == worker)
-    batches = _read_batches(pipeline, plans, announced) if spec["stages"] == "read" else _batches(pipeline, plans)
     try:
-        for batch in batches:
+        for plan in sampler.batches(epoch, start, offset):
+            if plan.number % num_workers != worker:
+                continue
             if _stopped(run, commands, stop_runs):
                 return
+            if spec["stages"] == "read":
+                pipeline.reader.last_arena = None
+                batch = pipeline.stage_stats[0].timed(pipeline.read, plan)
+                if pipeline.reader.last_arena is not None:
+                    slot, buffer, nbytes, new = pipeline.reader.last_arena
+                    if new:
+                        announced.discard(slot)
+                    batch = pack_work(batch, slot, buffer, nbytes, slot not in announced)
+                else:
+                    batch = (batch, None)
+            else:
+                batch = pipeline.run(plan)   # the default stream (the IPC event's) waits for the batch
             items = pipeline.failures.items[sent:]
             sent += len(items)
+            if batch is None:
+                continue
+            if isinstance(batch, Batch):
+                batch.ready = None
             stats = {"stages": {s.name: (s.busy, s.batches, s.occupancy) for s in pipeline.stage_stats},
                      "decode_paths": dict(pipeline.decode_paths), "read_path": pipeline.reader.path}
             if not _send(results, ("batch", run, batch, items, stats), run, commands, stop_runs):
@@ -270,37 +286,6 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
         except Exception:  # noqa: BLE001 - the exception does not pickle: send its text
             _send(results, ("error", run, IngestError(f"{type(exc).__name__}: {exc}"), text), run, commands,
                   stop_runs)
-    finally:
-        batches.close()   # a stopped epoch's stage threads end here
-
-
-def _batches(pipeline: Pipeline, plans: Iterator) -> Iterator[Batch]:
-    """Whole batches from the pipeline's three stages on their threads, each ready for CUDA IPC: the default
-    stream (whose event the receiver waits on) waits for the batch."""
-    executor = Executor(pipeline, plans)
-    try:
-        for batch in executor:
-            if batch.ready is not None:
-                torch.cuda.current_stream(pipeline.device).wait_event(batch.ready)
-                batch.ready = None
-            yield batch
-    finally:
-        executor.close()
-
-
-def _read_batches(pipeline: Pipeline, plans: Iterator, announced: set[int]) -> Iterator[tuple]:
-    """The read stage's work of each batch, packed for the parent (`pack_work`); ``announced``: the slots of
-    the shared buffers the parent already has."""
-    for plan in plans:
-        pipeline.reader.last_arena = None
-        work = pipeline.stage_stats[0].timed(pipeline.read, plan)
-        if pipeline.reader.last_arena is None:
-            yield work, None
-            continue
-        slot, buffer, nbytes, new = pipeline.reader.last_arena
-        if new:
-            announced.discard(slot)
-        yield pack_work(work, slot, buffer, nbytes, slot not in announced)
 
 
 def _send(results, msg, run: int, commands, stop_runs: set[int]) -> bool:
