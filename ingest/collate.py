@@ -11,7 +11,10 @@ The image field goes through decode and the ops; every other field of a batch's 
 | pixels        | like image, without decoding                                               |
 | text / bytes  | a list                                                                     |
 
-Tensors are on the CPU; `to_device` moves the numeric ones (pinned, non-blocking) to the loader's device.
+Tensors are on the CPU; `to_device` moves the numeric ones (pinned, non-blocking) to the loader's device,
+except the per-sample counts and sizes (``<name>_lengths``, ``image_sizes``): splitting a padded batch needs
+them on the host (`ingest.torch.detection_targets`), and reading a device copy there would make the host
+wait for the GPU every step.
 """
 
 from __future__ import annotations
@@ -96,8 +99,14 @@ def _padded_tensors(name: str, tensors: list[torch.Tensor], pad: Any) -> dict[st
     return {name: out, f"{name}_lengths": lengths}
 
 
+def stays_on_host(name: str) -> bool:
+    """Whether field ``name`` is a batch's per-sample counts or sizes, kept on the CPU (see the module doc)."""
+    return name.endswith("_lengths") or name == "image_sizes"
+
+
 def to_device(fields: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Numeric tensors (and lists of them) moved to ``device`` without blocking the host."""
+    """Numeric tensors (and lists of them) moved to ``device`` without blocking the host, but for the counts
+    and sizes that stay on the host."""
     if device.type != "cuda":
         return fields
 
@@ -107,4 +116,4 @@ def to_device(fields: dict[str, Any], device: torch.device) -> dict[str, Any]:
         if isinstance(v, list) and v and all(isinstance(t, torch.Tensor) for t in v):
             return [move(t) for t in v]
         return v
-    return {k: move(v) for k, v in fields.items()}
+    return {k: v if stays_on_host(k) else move(v) for k, v in fields.items()}

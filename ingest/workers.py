@@ -67,6 +67,33 @@ def _clone(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class _ByValue:
+    """A small CPU tensor crossing to the parent inside the message, as an array."""
+
+    array: np.ndarray
+
+
+#: CPU tensors up to this size cross inside the message: torch would share each through its own
+#: shared-memory file, whose descriptor the parent fetches from the worker over a socket, per tensor.
+_BY_VALUE_BYTES = 1 << 16
+
+
+def _small_by_value(value: Any, back: bool = False) -> Any:
+    """``value`` (a Batch, or a field value) with its small CPU tensors as `_ByValue` arrays, or with
+    ``back=True`` as tensors again."""
+    if isinstance(value, Batch):
+        return replace(value, indices=_small_by_value(value.indices, back),
+                       is_pad=_small_by_value(value.is_pad, back), labels=_small_by_value(value.labels, back),
+                       fields={k: _small_by_value(v, back) for k, v in value.fields.items()})
+    if back and isinstance(value, _ByValue):
+        return torch.from_numpy(value.array)
+    if not back and isinstance(value, torch.Tensor) and not value.is_cuda \
+            and value.numel() * value.element_size() <= _BY_VALUE_BYTES:
+        return _ByValue(value.numpy())
+    return value
+
+
 class RemoteTraceback(Exception):
     """The traceback of an exception raised in a worker process (chained as the cause)."""
 
@@ -163,6 +190,7 @@ class WorkerPool:
         """Copy a batch shared by a worker into this process's memory on the side stream (see the module
         docstring). The shared tensors are kept until their copy has run, checked without blocking; only
         past `_MAX_SHARED` pending copies does this wait for the oldest."""
+        batch = _small_by_value(batch, back=True)
         if self._side is None or not batch.labels.is_cuda:
             return batch
         with torch.cuda.stream(self._side):
@@ -271,7 +299,7 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
             if batch is None:
                 continue
             if isinstance(batch, Batch):
-                batch.ready = None
+                batch = _small_by_value(replace(batch, ready=None))
             stats = {"stages": {s.name: (s.busy, s.batches, s.occupancy) for s in pipeline.stage_stats},
                      "decode_paths": dict(pipeline.decode_paths), "read_path": pipeline.reader.path}
             if not _send(results, ("batch", run, batch, items, stats), run, commands, stop_runs):
