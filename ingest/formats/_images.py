@@ -9,8 +9,9 @@ from typing import Any
 
 #: ``(name, file extension, leading bytes)``, the bytes as ``(offset, bytes)`` pairs that must all match.
 #: Names are the ``image/format`` values TensorFlow's converters write.
+JPEG_SIGNATURE = b"\xff\xd8\xff"  # SOI, then a marker's first byte (the decoders' own quick check)
 IMAGE_TYPES = (
-    ("jpeg", ".jpg", ((0, b"\xff\xd8\xff"),)),
+    ("jpeg", ".jpg", ((0, JPEG_SIGNATURE),)),
     ("png", ".png", ((0, b"\x89PNG\r\n\x1a\n"),)),
     ("gif", ".gif", ((0, b"GIF87a"),)),
     ("gif", ".gif", ((0, b"GIF89a"),)),

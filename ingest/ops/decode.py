@@ -38,6 +38,7 @@ from PIL import Image, UnidentifiedImageError
 
 from ingest import defaults
 from ingest.errors import ConfigError, DecodeError
+from ingest.formats._images import JPEG_SIGNATURE
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
 Size = tuple[int, int]  # (height, width)
@@ -54,7 +55,6 @@ _LOST_DATA = (
 )
 
 _ORIENTATION_TAG = 0x0112
-_JPEG_SOI = b"\xff\xd8\xff"
 _SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0-7: no length field
 _HEADER_MARKERS = _SOF_MARKERS | {0xE1, 0xEE}  # the segments read_jpeg_header looks into (APP1, APP14)
@@ -254,7 +254,7 @@ def as_buffer(data: Buffer, name: str) -> memoryview:
 
 def is_jpeg(buf: memoryview) -> bool:
     """Whether the bytes start like a JPEG (SOI, then a marker): the name is never trusted."""
-    return buf[:3] == _JPEG_SOI
+    return buf[:3] == JPEG_SIGNATURE
 
 
 def read_jpeg_header(buf: memoryview) -> JpegHeader | None:
