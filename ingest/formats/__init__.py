@@ -134,8 +134,7 @@ def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
             meta = json.load(f)
         if fmt == "tfrecord" and "features" not in options and meta.get("fields"):
             # Every field as written (text and per-object lists cannot be inferred from a record)
-            fields = {name: Field(f["kind"], tuple(f["shape"]) if f.get("shape") is not None else None,
-                                  f.get("dtype")) for name, f in meta["fields"].items()}
+            fields = {name: Field.from_json(f) for name, f in meta["fields"].items()}
             keys = (meta.get("options", {}).get("writer") or {}).get("keys")
             options = dict(options, features=writer_spec(fields, keys if isinstance(keys, dict) else None))
     source = cls(path, **options)

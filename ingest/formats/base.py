@@ -68,6 +68,21 @@ class Field:
         if self.shape is not None and not all(isinstance(d, (int, np.integer)) and d >= 0 for d in self.shape):
             raise ValueError(f"`shape` must be a tuple of ints >= 0, got {self.shape!r}")
 
+    def to_json(self) -> dict[str, Any]:
+        """The field as a manifest stores it: kind, and shape/dtype where fixed."""
+        entry: dict[str, Any] = {"kind": self.kind}
+        if self.shape is not None:
+            entry["shape"] = [int(d) for d in self.shape]
+        if self.dtype is not None:
+            entry["dtype"] = self.dtype
+        return entry
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> "Field":
+        """The inverse of `to_json`."""
+        shape = entry.get("shape")
+        return cls(entry["kind"], tuple(shape) if shape is not None else None, entry.get("dtype"))
+
 
 #: What a source that declares nothing holds: an encoded image and a class label.
 DEFAULT_FIELDS = {"image": Field("image"), "label": Field("int")}

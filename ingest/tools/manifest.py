@@ -36,16 +36,8 @@ VERSION = 1
 
 
 def fields_json(fields: dict[str, Field]) -> dict[str, dict[str, Any]]:
-    """Fields as JSON: kind, and shape/dtype where fixed."""
-    out = {}
-    for name, f in fields.items():
-        entry: dict[str, Any] = {"kind": f.kind}
-        if f.shape is not None:
-            entry["shape"] = [int(d) for d in f.shape]
-        if f.dtype is not None:
-            entry["dtype"] = f.dtype
-        out[name] = entry
-    return out
+    """Fields as the manifest stores them (`Field.to_json`)."""
+    return {name: f.to_json() for name, f in fields.items()}
 
 
 def write_atomic(path: str, data: dict[str, Any]) -> None:
