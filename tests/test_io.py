@@ -69,3 +69,23 @@ def test_decode_threads_and_num_workers_settings(monkeypatch):
         assert defaults.get("num_workers") == 2
     with pytest.raises(ConfigError, match="`num_workers` must be 'auto' or an integer >= 0, got -1"):
         defaults.set(num_workers=-1)
+
+
+def test_shared_reader_takes_its_buffers_in_turn_and_grows_them(tmp_path):
+    """A reader process's reader: K shared buffers used in turn; a buffer is new (its handle must cross to the
+    parent) the first time and when a batch outgrows it, and reused, same storage, otherwise."""
+    path = tmp_path / "data.bin"
+    data = np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    reader = ByteReader("posix", threads=2, shared=2)
+    seen = []
+    for size in (100, 200, 90, 150, 1000):
+        views = reader.read([Location(str(path), 7, size), Location(str(path), 2000, 10)])
+        assert np.array_equal(views[0], data[7:7 + size]) and np.array_equal(views[1], data[2000:2010])
+        slot, buffer, nbytes, new = reader.last_arena
+        assert nbytes == size + 10 and buffer.is_shared() and buffer.numel() >= nbytes
+        assert views[0].ctypes.data == buffer.data_ptr()   # read straight into the shared buffer
+        seen.append((slot, new, buffer.data_ptr()))
+    assert [(s, n) for s, n, _ in seen] == [(0, True), (1, True), (0, False), (1, False), (0, True)]
+    assert seen[2][2] == seen[0][2] and seen[3][2] == seen[1][2]   # reused: the same memory
+    reader.close()
