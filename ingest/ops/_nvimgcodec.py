@@ -409,12 +409,13 @@ class BatchDecoder:
                         (ctypes.addressof(self._views), ctypes.sizeof(CodeStreamView),
                          region + Region.start.offset, region + Region.end.offset),
                         (ctypes.addressof(self._probe), CodeStreamInfo.codec_name.offset), out)
-            return Pending(self, out)
-        return Pending(self, out, self._prepare(datas, regions, out))
+            return Pending(self.lib, out)
+        return Pending(self.lib, out, *self._prepare(datas, regions, out))
 
-    def _prepare(self, datas: Sequence, regions: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def _prepare(self, datas: Sequence, regions: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, int, int]:
         """The ctypes loop: each image's code stream, region view and image wrapper (``out`` marks those
-        that fail), then the batch decode call started. Returns the indices of the images in that call."""
+        that fail), then the batch decode call started. Returns the indices of the images in that call, the
+        call's status and its future (0: none)."""
         lib, inst, n = self.lib, self.lib.instance, len(datas)
         parents, subs = self._parents.ctypes.data, self._subs.ctypes.data
         images, infos = self._images.ctypes.data, ctypes.addressof(self._infos)
@@ -439,14 +440,13 @@ class BatchDecoder:
             if status != 0:
                 out[i] = OUT_PARSE | status
         picked = np.flatnonzero(out == 0)
-        streams = np.ascontiguousarray(np.where(use_sub[:n], self._subs[:n], self._parents[:n])[picked])
+        streams = np.ascontiguousarray(np.where(use_sub, self._subs[:n], self._parents[:n])[picked])
         chosen = np.ascontiguousarray(self._images[:n][picked])
-        self._future = c_void_p()
-        self._call = 0
+        future, call = c_void_p(), 0
         if len(picked):
-            self._call = lib.DecoderDecode(self.handle, streams.ctypes.data, chosen.ctypes.data, len(picked),
-                                           ctypes.addressof(self.params), ctypes.addressof(self._future))
-        return picked
+            call = lib.DecoderDecode(self.handle, streams.ctypes.data, chosen.ctypes.data, len(picked),
+                                     ctypes.addressof(self.params), ctypes.addressof(future))
+        return picked, call, future.value or 0
 
     def close(self) -> None:
         """Destroy every handle (images, region streams, streams, the decoder). Not thread-safe with submit."""
@@ -464,22 +464,22 @@ class BatchDecoder:
 class Pending:
     """A submitted batch: :meth:`wait` (once) returns, per image, None if decoded or the reason it was not."""
 
-    def __init__(self, decoder: BatchDecoder, out: np.ndarray, picked: np.ndarray | None = None):
-        self._decoder, self._out, self._picked = decoder, out, picked
+    def __init__(self, lib: Library, out: np.ndarray, picked: np.ndarray | None = None, call: int = 0,
+                 future: int = 0):
+        # out: per-image codes; with the ctypes loop, the images in the running decode call, its status, future
+        self._lib, self._out, self._picked, self._call, self._future = lib, out, picked, call, future
 
     def wait(self) -> list[str | None]:
-        out, picked = self._out, self._picked
+        out, picked, call = self._out, self._picked, self._call
         if picked is not None and len(picked):  # the ctypes loop: the decode call is still running
-            dec, lib = self._decoder, self._decoder.lib
             statuses = np.zeros(len(picked), np.uint32)
-            future = dec._future.value
-            if future:
-                lib.FutureWaitForAll(future)
-                if dec._call == 0:
+            if self._future:
+                self._lib.FutureWaitForAll(self._future)
+                if call == 0:
                     size = c_size_t(len(statuses))
-                    lib.FutureGetProcessingStatus(future, statuses.ctypes.data, ctypes.addressof(size))
-                lib.FutureDestroy(future)
-            out[picked] = statuses if dec._call == 0 else OUT_DECODE | dec._call
+                    self._lib.FutureGetProcessingStatus(self._future, statuses.ctypes.data, ctypes.addressof(size))
+                self._lib.FutureDestroy(self._future)
+            out[picked] = statuses if call == 0 else OUT_DECODE | call
         return reasons(out)
 
 

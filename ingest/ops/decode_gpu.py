@@ -221,8 +221,8 @@ class GpuDecoder:
                     # The common case: one buffer, no tensor per image (see ImageArena).
                     return arena, [job.roi[:2] if job.roi else (0, 0) for job in jobs], \
                         ["gpu-roi" if job.roi else "gpu" for job in jobs]
-                decoded = [None if why else _oriented(arena[k], job.header.orientation)
-                           for k, (job, why) in enumerate(zip(jobs, reasons))]
+                decoded = [None if why else arena[k] if job.header.orientation == 1 else
+                           orient(arena[k], job.header.orientation) for k, (job, why) in enumerate(zip(jobs, reasons))]
             else:
                 decoded = self._decode_on_gpu(jobs, stream)
             images: list[torch.Tensor | DecodeError | None] = [None] * n
@@ -321,15 +321,8 @@ class GpuDecoder:
         that failed holds garbage) and, per job, None or why nvImageCodec did not decode it (counted in
         :attr:`fallbacks`)."""
         n = len(jobs)
-        regions = np.zeros((n, 4), np.int32)  # x1 <= x0: the whole image
-        hw = np.empty((n, 2), np.int64)
-        for k, job in enumerate(jobs):
-            if job.roi is None:
-                hw[k] = job.header.height, job.header.width
-            else:
-                regions[k] = job.roi
-        cropped = regions[:, 2] > regions[:, 0]
-        hw[cropped] = regions[cropped][:, [3, 2]] - regions[cropped][:, [1, 0]]
+        regions = np.array([job.roi or (0, 0, 0, 0) for job in jobs], np.int32)  # x1 <= x0: the whole image
+        hw = np.array([job.expected_shape()[:2] for job in jobs], np.int64)
         padded = -(-(hw[:, 0] * hw[:, 1] * 3) // _ALIGN) * _ALIGN
         offsets = np.concatenate(([0], np.cumsum(padded)[:-1]))
         with torch.cuda.stream(stream):
@@ -423,11 +416,6 @@ def clip_roi(roi: Roi | None, height: int, width: int) -> Roi | None:
     if x1 <= x0 or y1 <= y0 or (x0 == 0 and y0 == 0 and x1 == width and y1 == height):
         return None
     return x0, y0, x1, y1
-
-
-def _oriented(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
-    """Stored pixels as displayed: the view itself for orientation 1."""
-    return pixels if orientation == 1 else orient(pixels, orientation)
 
 
 def orient(pixels: torch.Tensor, orientation: int) -> torch.Tensor:

@@ -107,10 +107,9 @@ def warp(images: Images, w: Warp, *, epilogue: Epilogue | None = None) -> Images
     if isinstance(images, torch.Tensor):  # one check for the whole batch, no view per image
         if images.dim() != 4 or images.dtype != torch.uint8:
             raise ValueError("warp takes [N, H, W, C] uint8 batches or lists of [H, W, C] uint8 images")
-    elif isinstance(images, ImageArena):  # uint8 [H, W, C] on one device by construction
-        pass
-    elif any(im.dim() != 3 or im.dtype != torch.uint8 or im.device != device or im.shape[2] != channels
-             for im in images):
+    elif not isinstance(images, ImageArena) and any(  # an arena is uint8 [H, W, C] on one device by construction
+            im.dim() != 3 or im.dtype != torch.uint8 or im.device != device or im.shape[2] != channels
+            for im in images):
         raise ValueError("warp takes [H, W, C] uint8 images with one channel count, all on one device")
     setup = _setup(w, sizes_of(images))
     fill = _fill_values(w.fill, channels)
