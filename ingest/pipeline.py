@@ -442,11 +442,13 @@ class Pipeline:
         return images
 
     # -- eager use --------------------------------------------------------------------------
-    def run(self, plan: BatchPlan) -> Batch | None:
+    def run(self, plan: BatchPlan | _Work) -> Batch | None:
         """All three stages for one batch, one after the other on the calling thread (timed like the
-        threaded stages); the current stream waits for the batch. None if every sample failed."""
+        threaded stages), or the last two for a `_Work` the read stage made; the current stream waits for
+        the batch. None if every sample failed."""
         item: Any = plan
-        for stage, stats in zip((self.read, self.decode, self.transform), self.stage_stats):
+        stages = list(zip((self.read, self.decode, self.transform), self.stage_stats))
+        for stage, stats in stages[isinstance(plan, _Work):]:
             item = stats.timed(stage, item)
         if item is not None and item.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(item.ready)

@@ -298,3 +298,40 @@ def test_small_cpu_tensors_cross_to_the_parent_by_value():
     for name in ("labels", "indices", "is_pad"):
         assert torch.equal(getattr(back, name), getattr(batch, name))
     assert torch.equal(back.fields["boxes_lengths"], batch.fields["boxes_lengths"]) and back.number == 5
+
+
+def test_read_ahead_reads_the_next_batch_while_this_one_is_used():
+    """A full worker's read-ahead: items in order, each the read stage's result, the next one read on another
+    thread before the consumer asks for it; a read's error comes out at its own item; close() waits."""
+    import threading
+    from ingest.pipeline import StageStats
+    from ingest.workers import _ReadAhead
+
+    class Reads:
+        def __init__(self):
+            self.stage_stats = [StageStats("read")]
+            self.started = {plan: threading.Event() for plan in range(5)}
+            self.threads = set()
+
+        def read(self, plan):
+            self.started[plan].set()
+            self.threads.add(threading.current_thread().name)
+            if plan == 3:
+                raise ValueError("bad batch 3")
+            return ("work", plan)
+
+    pipeline = Reads()
+    ahead = _ReadAhead(pipeline, iter(range(5)))
+    try:
+        assert next(ahead) == ("work", 0)
+        assert pipeline.started[1].wait(5)       # batch 1 is read while the consumer holds batch 0
+        assert next(ahead) == ("work", 1) and next(ahead) == ("work", 2)
+        with pytest.raises(ValueError, match="bad batch 3"):
+            next(ahead)
+        assert next(ahead) == ("work", 4)
+        with pytest.raises(StopIteration):
+            next(ahead)
+    finally:
+        ahead.close()
+    assert pipeline.threads and all(n.startswith("ingest-read-ahead") for n in pipeline.threads)
+    assert pipeline.stage_stats[0].batches == 5   # timed as the read stage, failures included
