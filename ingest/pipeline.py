@@ -151,7 +151,7 @@ class Pipeline:
 
     def __init__(self, source: Source, *, ops: Sequence = (), device: str | torch.device = "cpu",
                  decode: str | None = None, io: str | None = None, num_threads: int | None = None,
-                 shared_reads: int = 0):
+                 shared_reads: int = 0, labels_on_host: bool = False):
         self.source = source
         self.ops = list(ops)
         self.device, self.decode_kind = resolve_device(device, decode)
@@ -159,6 +159,9 @@ class Pipeline:
         # shared_reads: a reader process's pipeline, whose read stage hands its batches to another process
         # through that many shared buffers reused in turn
         self.reader = ByteReader(io, pin=decode == "mixed", shared=shared_reads)
+        # labels_on_host: labels and the other fields stay on the CPU (a full worker's pipeline: they cross to
+        # the training process inside the message and go to the GPU there; see `ingest.workers`)
+        self.labels_on_host = labels_on_host
         self.cpu = CpuDecoder(threads=num_threads)
         self.gpu = None
         self.decode_stream = self.ops_stream = None
@@ -360,8 +363,9 @@ class Pipeline:
                 images = _select_rows(self._execute(work), keep, failed)
                 values = self._targets(work)
                 fields = self._collate([values[k] for k in keep], names, work, keep)
-                labels = labels.pin_memory().to(self.device, non_blocking=True)
-                fields = to_device(fields, self.device)
+                if not self.labels_on_host:
+                    labels = labels.pin_memory().to(self.device, non_blocking=True)
+                    fields = to_device(fields, self.device)
                 ready = torch.cuda.Event()
                 ready.record(self.ops_stream)
             # Decoded images may be views of nvImageCodec memory, freed in order on the decode stream(s)

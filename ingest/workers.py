@@ -14,11 +14,14 @@ Python thread (the training loop is such a thread); the loader's own reader thre
 A worker process has its own GIL, so its decode runs at the speed it has alone, and several workers feed
 the hardware decoder in parallel.
 
-CUDA batches cross the process boundary through CUDA IPC (`torch.multiprocessing`): the worker makes its
+CUDA images cross the process boundary through CUDA IPC (`torch.multiprocessing`): the worker makes its
 default stream wait for the batch, so the IPC event orders the consumer after the worker's kernels; the
 consumer copies the batch into its own memory on a side stream, makes its stream wait for the copy (no host
 sync) and drops the shared tensor once the copy has run, so the worker may reuse the memory and the user
-gets ordinary tensors that outlive the workers. A full worker reads its next batch on a second thread
+gets ordinary tensors that outlive the workers. A ragged batch's images, views of one buffer, cross as that
+buffer (`_Views`). Labels and the other fields (boxes, categories: small) stay on the worker's CPU, cross
+inside the message and go to the GPU in the training process: every CUDA tensor that crosses costs an IPC
+handle, an IPC event and a reference-count file to open on each side. A full worker reads its next batch on a second thread
 while it decodes and transforms the current one (see `_run_epoch`).
 
 Lifetime: a worker exits on the pool's ``exit`` command (`WorkerPool.close`, also run by an exit hook for
@@ -45,6 +48,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from .collate import to_device
 from .errors import IngestError
 from .formats.base import Record
 from .pipeline import CLOSE_AT_EXIT, Batch, Failures, Pipeline, _Work
@@ -63,14 +67,31 @@ _SWITCH_INTERVAL = 0.0005
 
 
 def _clone(value: Any) -> Any:
-    """A copy of the CUDA tensors in a batch value (a tensor, a list of tensors or a dict of such)."""
+    """A copy of the CUDA tensors in a batch value (a tensor, a list of tensors or a dict of such); a list of
+    views of one storage (a ragged batch's images) is copied as that storage, once."""
     if isinstance(value, torch.Tensor):
         return value.clone() if value.is_cuda else value
     if isinstance(value, list):
+        base = _common_base(value)
+        if base is not None:
+            base = base.clone()
+            return [base.as_strided(v.shape, v.stride(), v.storage_offset()) for v in value]
         return [_clone(v) for v in value]
     if isinstance(value, dict):
         return {k: _clone(v) for k, v in value.items()}
     return value
+
+
+def _common_base(tensors: list) -> torch.Tensor | None:
+    """The one-dimensional tensor over the whole storage that every tensor of the list views (CUDA tensors of
+    one dtype, at least two), or None."""
+    if len(tensors) < 2 or not all(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
+        return None
+    first = tensors[0]
+    storage = first.untyped_storage()
+    if any(t.dtype != first.dtype or t.untyped_storage().data_ptr() != storage.data_ptr() for t in tensors):
+        return None
+    return torch.empty(0, dtype=first.dtype, device=first.device).set_(storage)
 
 
 @dataclass(frozen=True)
@@ -80,23 +101,42 @@ class _ByValue:
     array: np.ndarray
 
 
+@dataclass(frozen=True)
+class _Views:
+    """A list of CUDA tensors that view one storage (a ragged batch's images: the warp writes them into one
+    buffer) crossing as that buffer and each view's shape, strides and offset: one CUDA IPC handle to open
+    and one copy in the parent instead of one per image."""
+
+    base: torch.Tensor
+    views: list[tuple[tuple[int, ...], tuple[int, ...], int]]
+
+
 #: CPU tensors up to this size cross inside the message: torch would share each through its own
 #: shared-memory file, whose descriptor the parent fetches from the worker over a socket, per tensor.
 _BY_VALUE_BYTES = 1 << 16
 
 
-def _small_by_value(value: Any, back: bool = False) -> Any:
-    """``value`` (a Batch, or a field value) with its small CPU tensors as `_ByValue` arrays, or with
-    ``back=True`` as tensors again."""
+def _transport(value: Any, back: bool = False) -> Any:
+    """``value`` (a Batch, or a field value) as it crosses to the parent: small CPU tensors as `_ByValue`
+    arrays, lists of views of one CUDA storage as `_Views`; with ``back=True``, tensors again (the views
+    still on the worker's memory, which `_clone` copies once)."""
     if isinstance(value, Batch):
-        return replace(value, indices=_small_by_value(value.indices, back),
-                       is_pad=_small_by_value(value.is_pad, back), labels=_small_by_value(value.labels, back),
-                       fields={k: _small_by_value(v, back) for k, v in value.fields.items()})
-    if back and isinstance(value, _ByValue):
-        return torch.from_numpy(value.array)
-    if not back and isinstance(value, torch.Tensor) and not value.is_cuda \
+        return replace(value, images=_transport(value.images, back), indices=_transport(value.indices, back),
+                       is_pad=_transport(value.is_pad, back), labels=_transport(value.labels, back),
+                       fields={k: _transport(v, back) for k, v in value.fields.items()})
+    if back:
+        if isinstance(value, _ByValue):
+            return torch.from_numpy(value.array)
+        if isinstance(value, _Views):
+            return [value.base.as_strided(*view) for view in value.views]
+        return value
+    if isinstance(value, torch.Tensor) and not value.is_cuda \
             and value.numel() * value.element_size() <= _BY_VALUE_BYTES:
         return _ByValue(value.numpy())
+    if isinstance(value, list):
+        base = _common_base(value)
+        if base is not None:
+            return _Views(base, [(tuple(v.shape), v.stride(), v.storage_offset()) for v in value])
     return value
 
 
@@ -196,11 +236,12 @@ class WorkerPool:
         """Copy a batch shared by a worker into this process's memory on the side stream (see the module
         docstring). The shared tensors are kept until their copy has run, checked without blocking; only
         past `_MAX_SHARED` pending copies does this wait for the oldest."""
-        batch = _small_by_value(batch, back=True)
-        if self._side is None or not batch.labels.is_cuda:
+        batch = _transport(batch, back=True)
+        if self._side is None:
             return batch
         with torch.cuda.stream(self._side):
-            images, labels, fields = _clone(batch.images), batch.labels.clone(), _clone(batch.fields)
+            images, fields = _clone(batch.images), to_device(_clone(batch.fields), self.device)
+            labels = batch.labels.pin_memory().to(self.device, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self._side)
         self._shared.append((batch, done))
@@ -242,7 +283,7 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
                             num_threads=spec["num_threads"], shared_reads=buffer_slots(spec["prefetch"]))
     else:
         pipeline = Pipeline(spec["source"], ops=spec["ops"], device=spec["device"], decode=spec["decode"],
-                            io=spec["io"], num_threads=spec["num_threads"])
+                            io=spec["io"], num_threads=spec["num_threads"], labels_on_host=True)
     sampler = spec["sampler"]
     stop_runs: set[int] = set()
     announced: set[int] = set()   # read stage: shared buffers (by slot) the parent has received
@@ -312,7 +353,7 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
             if batch is None:
                 continue
             if isinstance(batch, Batch):
-                batch = _small_by_value(replace(batch, ready=None))
+                batch = _transport(replace(batch, ready=None))
             stats = {"stages": {s.name: (s.busy, s.batches, s.occupancy) for s in pipeline.stage_stats},
                      "decode_paths": dict(pipeline.decode_paths), "read_path": pipeline.reader.path}
             if not _send(results, ("batch", run, batch, items, stats), run, commands, stop_runs):

@@ -287,15 +287,16 @@ def test_worker_stages_choices(image_folder):
 
 def test_small_cpu_tensors_cross_to_the_parent_by_value():
     from ingest.pipeline import Batch
-    from ingest.workers import _ByValue, _small_by_value
+    from ingest.workers import _ByValue, _transport
     big = torch.zeros(1 << 15, dtype=torch.int64)   # 256 KiB: shared as torch shares tensors
     batch = Batch(torch.zeros(2, 3, 4, 4), torch.tensor([3, 4]), torch.tensor([10, 11]), torch.tensor([False, True]),
                   {"boxes_lengths": torch.tensor([1, 0]), "big": big, "caption": ["a", "b"]}, None, 5)
-    sent = _small_by_value(batch)
+    sent = _transport(batch)
     assert isinstance(sent.indices, _ByValue) and isinstance(sent.fields["boxes_lengths"], _ByValue)
-    assert sent.fields["big"] is big and sent.images is batch.images and sent.fields["caption"] == ["a", "b"]
-    back = _small_by_value(sent, back=True)
-    for name in ("labels", "indices", "is_pad"):
+    assert isinstance(sent.images, _ByValue)   # 384 bytes of CPU images: by value too
+    assert sent.fields["big"] is big and sent.fields["caption"] == ["a", "b"]
+    back = _transport(sent, back=True)
+    for name in ("images", "labels", "indices", "is_pad"):
         assert torch.equal(getattr(back, name), getattr(batch, name))
     assert torch.equal(back.fields["boxes_lengths"], batch.fields["boxes_lengths"]) and back.number == 5
 

@@ -140,3 +140,22 @@ def test_two_gpu_decoders_match_one(folder):
     assert len(got) == len(ref) == 3
     for (a, la), (b, lb) in zip(got, ref):
         assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+def test_views_of_one_buffer_cross_and_copy_as_that_buffer():
+    """A ragged batch's images (views of the warp's one output buffer) cross to the parent as one buffer and
+    are copied once there, into views of a new buffer with the same values; separate tensors stay separate."""
+    from ingest.workers import _Views, _clone, _transport
+    flat = torch.arange(2 * 3 * 3 + 4 * 5 * 3, dtype=torch.uint8, device="cuda")
+    images = [flat[:18].view(2, 3, 3), flat[18:].view(4, 5, 3)]
+    sent = _transport(images)
+    assert isinstance(sent, _Views) and len(sent.views) == 2
+    back = _transport(sent, back=True)
+    copied = _clone(back)
+    assert [c.shape for c in copied] == [(2, 3, 3), (4, 5, 3)]
+    assert all(torch.equal(c, i) for c, i in zip(copied, images))
+    storages = {c.untyped_storage().data_ptr() for c in copied}
+    assert len(storages) == 1 and flat.untyped_storage().data_ptr() not in storages
+    separate = [torch.zeros(2, 2, 3, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    assert _transport(separate) is separate
+    assert len({c.untyped_storage().data_ptr() for c in _clone(separate)}) == 2
