@@ -7,7 +7,8 @@ as a ratio to the file tree's.
         --out out/bench_formats.json [--formats tfrecord,recordio,lmdb,wds] [--seconds 10]
 
 Each loader runs in its own `bench_gpu.py --only a` subprocess (a fresh CUDA context); the file tree is
-measured first and last, and the ratio uses the mean of the two, so drift of the shared machine shows.
+measured first and last in every round (``--rounds``, alternating the order), and each ratio is a format's
+mean over the file tree's, so drift of the shared machine shows and falls on every input alike.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--formats", default=",".join(FORMATS))
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="converter workers")
     p.add_argument("--seconds", type=float, default=10.0, help="timed loader window per format")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="loader rounds: each the file tree, every format, the file tree again, every other round "
+                        "in reverse order; ratios use the means (drift of a shared machine falls on all alike)")
     p.add_argument("--bench-args", default="", help="extra arguments for bench_gpu.py (e.g. '--dry-run')")
     return p.parse_args(argv)
 
@@ -82,23 +86,30 @@ def main(argv=None) -> int:
     def flush():
         out.write_text(json.dumps(report, indent=2))
 
-    report["loader"]["filetree"] = loader_rate(args.data, logs / "filetree.json", args, logs / "filetree.log")
-    flush()
-    for fmt in args.formats.split(","):
+    formats = args.formats.split(",")
+    sources = {"filetree": args.data}
+    for fmt in formats:
         dst = work / fmt
         report["convert"][fmt] = convert(args.data, dst, fmt, args.workers, logs / f"convert_{fmt}.log")
         flush()
         if "error" not in report["convert"][fmt]:
-            report["loader"][fmt] = loader_rate(str(dst), logs / f"{fmt}.json", args, logs / f"{fmt}.log")
-        flush()
-    report["loader"]["filetree_again"] = loader_rate(args.data, logs / "filetree2.json", args,
-                                                     logs / "filetree2.log")
-    base = [report["loader"][k].get("img_s") for k in ("filetree", "filetree_again")]
-    base = [b for b in base if b]
-    if base:
-        mean = sum(base) / len(base)
-        report["ratio_to_filetree"] = {fmt: round(r["img_s"] / mean, 3) for fmt, r in report["loader"].items()
-                                       if r.get("img_s") and not fmt.startswith("filetree")}
+            sources[fmt] = str(dst)
+    # Round r: the file tree, every format, the file tree again; every other round in reverse order.
+    rates: dict[str, list] = {name: [] for name in sources}
+    for r in range(args.rounds):
+        order = ["filetree", *formats, "filetree"]
+        for k, name in enumerate(order if r % 2 == 0 else order[::-1]):
+            if name not in sources:
+                continue
+            tag = f"{name}{'2' if k == len(order) - 1 else ''}.r{r}"
+            res = loader_rate(sources[name], logs / f"{tag}.json", args, logs / f"{tag}.log")
+            report["loader"].setdefault(name, []).append(res)
+            rates[name].append(res.get("img_s"))
+            flush()
+    mean = {name: sum(x for x in v if x) / len([x for x in v if x]) for name, v in rates.items() if any(v)}
+    report["img_s_mean"] = {name: round(v, 1) for name, v in mean.items()}
+    if "filetree" in mean:
+        report["ratio_to_filetree"] = {fmt: round(mean[fmt] / mean["filetree"], 3) for fmt in formats if fmt in mean}
     flush()
     print(json.dumps({"convert": report["convert"], "ratio_to_filetree": report.get("ratio_to_filetree")},
                      indent=2))
