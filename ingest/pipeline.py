@@ -40,7 +40,7 @@ from .collate import collate, to_device
 from .formats.base import Location, Record, Source, fields_of
 from .io import ByteReader
 from .ops import planner
-from .ops.base import ImageArena, stack_if_uniform
+from .ops.base import ImageArena, bind_thread, stack_if_uniform
 from .ops.decode import CpuDecoder
 from .sampler import BatchPlan
 
@@ -166,11 +166,12 @@ class Pipeline:
         self.gpu = None
         self.decode_stream = self.ops_stream = None
         if self.device.type == "cuda":
-            self.decode_stream = torch.cuda.Stream(self.device)
-            self.ops_stream = torch.cuda.Stream(self.device)
-        if decode == "mixed":
-            from .ops.decode_gpu import GpuDecoder
-            self.gpu = GpuDecoder(self.device, self.cpu, threads=defaults.get("gpu_decoders"))
+            with torch.cuda.device(self.device):   # the caller's current device is left as it was
+                self.decode_stream = torch.cuda.Stream(self.device)
+                self.ops_stream = torch.cuda.Stream(self.device)
+                if decode == "mixed":
+                    from .ops.decode_gpu import GpuDecoder
+                    self.gpu = GpuDecoder(self.device, self.cpu, threads=defaults.get("gpu_decoders"))
         self.fields = fields_of(source)
         image = self.fields.get("image")
         self.image_kind = image.kind if image is not None else None   # "image", "pixels" or None
@@ -591,6 +592,7 @@ class Executor:
             t.start()
 
     def _run_stage(self, fn, source, out: queue.Queue, stats: StageStats, threads: int | None) -> None:
+        bind_thread(self.pipeline.device)
         if threads is not None:
             set_thread_torch_threads(threads)
         try:

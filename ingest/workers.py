@@ -51,6 +51,7 @@ import torch.multiprocessing as mp
 from .collate import to_device
 from .errors import IngestError
 from .formats.base import Record
+from .ops.base import bind_thread
 from .pipeline import CLOSE_AT_EXIT, Batch, Failures, Pipeline, _Work
 
 #: What worker processes run: every stage (batches come back on the GPU), or only the read stage (read,
@@ -282,6 +283,7 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
         pipeline = Pipeline(spec["source"], ops=spec["ops"], device="cpu", decode="cpu", io=spec["io"],
                             num_threads=spec["num_threads"], shared_reads=buffer_slots(spec["prefetch"]))
     else:
+        bind_thread(torch.device(spec["device"]))   # this process touches its rank's GPU only
         pipeline = Pipeline(spec["source"], ops=spec["ops"], device=spec["device"], decode=spec["decode"],
                             io=spec["io"], num_threads=spec["num_threads"], labels_on_host=True)
     sampler = spec["sampler"]
@@ -380,7 +382,8 @@ class _ReadAhead:
 
     def __init__(self, pipeline: Pipeline, plans: Iterator):
         self._pipeline, self._plans = pipeline, plans
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ingest-read-ahead")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ingest-read-ahead", initializer=bind_thread,
+                                        initargs=(pipeline.device,))
         self._next = self._submit()
 
     def _submit(self):

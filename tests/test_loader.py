@@ -310,6 +310,7 @@ def test_read_ahead_reads_the_next_batch_while_this_one_is_used():
 
     class Reads:
         def __init__(self):
+            self.device = torch.device("cpu")
             self.stage_stats = [StageStats("read")]
             self.started = {plan: threading.Event() for plan in range(5)}
             self.threads = set()

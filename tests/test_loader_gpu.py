@@ -159,3 +159,35 @@ def test_views_of_one_buffer_cross_and_copy_as_that_buffer():
     separate = [torch.zeros(2, 2, 3, dtype=torch.uint8, device="cuda") for _ in range(2)]
     assert _transport(separate) is separate
     assert len({c.untyped_storage().data_ptr() for c in _clone(separate)}) == 2
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_on_the_second_gpu_leaves_the_first_alone(folder, workers, tmp_path):
+    """A torchrun rank on GPU 1: neither its process, nor its worker processes, nor any thread of theirs opens
+    a context on GPU 0 (a thread's current CUDA device starts at 0)."""
+    import json
+    import subprocess
+    import sys
+    script = tmp_path / "rank1.py"
+    script.write_text(f"""
+import json, os, sys
+import pynvml, torch, ingest
+from ingest.ops import Flip, RandomResizedCrop
+torch.cuda.set_device(1)
+loader = ingest.Loader({str(folder)!r}, batch_size=4, device="cuda:1", decode="mixed", num_workers={workers},
+                       ops=[RandomResizedCrop(32), Flip()], shuffle=True)
+for _ in range(2):
+    for x, y in loader:
+        assert x.device.index == 1
+ours = {{os.getpid()}} | {{int(p) for p in os.listdir("/proc") if p.isdigit()
+                          and open(f"/proc/{{p}}/stat").read().split(")")[-1].split()[1] == str(os.getpid())}}
+pynvml.nvmlInit()
+index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")[0])
+on_gpu0 = {{p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(index))}}
+print(json.dumps({{"ours": sorted(ours), "on_gpu0": sorted(on_gpu0 & ours)}}))
+""")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(got["ours"]) >= 1 + workers and got["on_gpu0"] == [], got

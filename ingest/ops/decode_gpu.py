@@ -63,7 +63,7 @@ import torch
 
 from ingest.errors import ConfigError, DecodeError
 from ingest.ops import _nvimgcodec as native
-from ingest.ops.base import ImageArena
+from ingest.ops.base import ImageArena, bind_thread
 from ingest.ops.decode import Buffer, CpuDecoder, JpegHeader, Size, as_buffer, is_jpeg, read_jpeg_header
 
 #: Backend choices: all of nvImageCodec's (it picks per image), the hardware JPEG engine only, or CPU+GPU.
@@ -174,7 +174,8 @@ class GpuDecoder:
             self.messages = list(lib.messages)
             self._decoders = [self._new_native_decoder(lib) for _ in range(threads)]
             if threads > 1 and native.LOOP is not None:  # each share decoded on its own thread, GIL released
-                self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="ingest-gpu")
+                self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="ingest-gpu",
+                                                initializer=bind_thread, initargs=(self.device,))
             return
         nvimgcodec = _nvimgcodec()
         self.messages = []
@@ -183,7 +184,8 @@ class GpuDecoder:
         self._decoders = [self._new_decoder(nvimgcodec) for _ in range(threads)]
         if threads > 1:
             self._streams = [torch.cuda.Stream(self.device) for _ in range(threads)]
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ingest-gpu")
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ingest-gpu", initializer=bind_thread,
+                                            initargs=(self.device,))
 
     # -- public API ----------------------------------------------------------------------------------
 
