@@ -1,0 +1,182 @@
+"""Scaling over GPUs under torchrun (issue 7): bench_gpu's classification pipeline (ingest's defaults, mixed
+decode, RandomResizedCrop 224 + flip + normalize, batch 256 per GPU) feeding ResNet-18 wrapped in
+DistributedDataParallel, on 1 GPU and on N, with the GPU memory each GPU holds.
+
+    python benchmarks/bench_ddp.py --data /dev/shm/ingest_bench_20k --gpus 1,2 --out out/bench_ddp.json
+
+runs ``torchrun --nproc_per_node G`` for every G of --gpus (this script's ``--rank-run`` mode), each rank:
+
+1. the loader alone for --seconds: images per second of its shard (the Loader shards by rank itself);
+2. DDP training for --train-seconds, the loader feeding it: images per second, and the share of the time the
+   training loop waited for data;
+3. throughout, the device-wide GPU memory in use on its GPU (cudaMemGetInfo every 20 ms, as bench_gpu
+   samples it), peak and before the loader started (the rank's own context).
+
+Rank 0 gathers every rank's figures; the JSON holds them per world size, totals (the sum over ranks) and
+the ratios of N GPUs to one. Targets (issue 7): loader and training >= 1.9x one GPU on two, each GPU's
+memory equal to the one-GPU run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_gpu  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="ImageFolder JPEG directory (benchmarks/make_data.py)")
+    p.add_argument("--out", help="JSON file to write (logs go next to it); not with --rank-run")
+    p.add_argument("--gpus", default="1,2", help="comma-separated GPU counts to run (default 1,2)")
+    p.add_argument("--batch", type=int, default=256, help="batch size per GPU")
+    p.add_argument("--seconds", type=float, default=8.0, help="loader-alone window")
+    p.add_argument("--train-seconds", type=float, default=10.0, help="DDP training window")
+    p.add_argument("--warmup-seconds", type=float, default=3.0)
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--rank-run", metavar="JSON", help=argparse.SUPPRESS)   # a rank's part, under torchrun
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.rank_run:
+        return rank_main(args)
+    if not args.out:
+        raise SystemExit("--out is required")
+    out = Path(args.out).resolve()
+    logs = out.parent / (out.stem + "_logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    report = {"benchmark": "bench_ddp", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:],
+              "host": bench_gpu.host_info(), "versions": bench_gpu.versions(),
+              "config": {k: v for k, v in vars(args).items() if k != "rank_run"}, "runs": {}}
+    for g in [int(x) for x in args.gpus.split(",")]:
+        part = logs / f"gpus{g}.json"
+        part.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={g}",
+               str(Path(__file__).resolve()), "--data", args.data, "--rank-run", str(part),
+               "--batch", str(args.batch), "--seconds", str(args.seconds), "--train-seconds", str(args.train_seconds),
+               "--warmup-seconds", str(args.warmup_seconds), "--model", args.model]
+        print(f"[bench_ddp] {g} GPU(s) ...", flush=True)
+        with open(logs / f"gpus{g}.log", "w") as f:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                timeout=args.seconds + args.train_seconds + 240).returncode
+        run = json.loads(part.read_text()) if part.exists() else {}
+        if rc != 0:
+            run["error"] = f"torchrun exited {rc}; see {logs.name}/gpus{g}.log"
+        report["runs"][str(g)] = run
+        print(f"[bench_ddp]   {json.dumps(run.get('total', run.get('error')))}", flush=True)
+        report["derived"] = derive(report["runs"])
+        bench_gpu._write(out, report)
+    print(json.dumps(report["derived"], indent=1))
+    print(f"[bench_ddp] wrote {out}")
+    return 0
+
+
+def derive(runs: dict) -> dict:
+    one = (runs.get("1") or {}).get("total")
+    out = {}
+    for g, run in runs.items():
+        total = run.get("total")
+        if g == "1" or not one or not total:
+            continue
+        out[f"loader_{g}_over_1"] = bench_gpu._ratio(total["loader_img_s"], one["loader_img_s"])
+        out[f"train_{g}_over_1"] = bench_gpu._ratio(total["train_img_s"], one["train_img_s"])
+        out[f"max_gpu_memory_{g}_over_1"] = bench_gpu._ratio(total["max_gpu_peak_mb"], one["max_gpu_peak_mb"])
+    return out
+
+
+def rank_main(args) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    import torchvision
+    local = int(os.environ["LOCAL_RANK"])
+    dev = torch.device("cuda", local)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.ones(1, device=dev)   # this rank's context, before the memory baseline
+    mem = bench_gpu.MemSampler(dev)
+    mem.start()
+    args.ingest_workers = None   # ingest's defaults, as bench_gpu's variant a
+    feed = bench_gpu.build_ingest(args, dev, "mixed")
+    gen = feed.endless()
+    res: dict = {"rank": rank, "device": torch.cuda.get_device_name(dev), "context_mb": round(mem.ctx_used / 2**20, 1)}
+
+    # 1. the loader alone
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < args.warmup_seconds:
+        next(gen)
+    bench_gpu.sync(dev)
+    dist.barrier()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+        x, _ = next(gen)
+        count += x.shape[0]
+    bench_gpu.sync(dev)
+    res["loader_img_s"] = round(count / (time.perf_counter() - t0), 1)
+    dist.barrier()
+
+    # 2. DDP training fed by the loader
+    model = getattr(torchvision.models, args.model)(num_classes=bench_gpu.NUM_CLASSES)
+    model = DistributedDataParallel(model.to(dev).to(memory_format=torch.channels_last), device_ids=[local])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler(enabled=dtype == torch.float16)
+
+    def step(x, y):
+        with torch.autocast("cuda", dtype=dtype):
+            loss = loss_fn(model(x.contiguous(memory_format=torch.channels_last)), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    t0, warm = time.perf_counter(), 0
+    while time.perf_counter() - t0 < args.warmup_seconds or warm < 3:
+        step(*next(gen))
+        warm += 1
+    bench_gpu.sync(dev)
+    # Every rank takes the same number of steps (DDP's all-reduce would hang otherwise): rank 0 sizes the window
+    # from its warm-up rate and tells the others, once.
+    count = torch.tensor([max(3, round(args.train_seconds * warm / (time.perf_counter() - t0)))], device=dev)
+    dist.broadcast(count, 0)
+    steps, wait, t0 = int(count.item()), 0.0, time.perf_counter()
+    for _ in range(steps):
+        a = time.perf_counter()
+        x, y = next(gen)
+        wait += time.perf_counter() - a
+        step(x, y)
+    bench_gpu.sync(dev)
+    el = time.perf_counter() - t0
+    res.update(train_img_s=round(steps * args.batch / el, 1), steps=steps, data_wait_frac=round(wait / el, 4),
+               amp_dtype=str(dtype))
+    mem.stop()
+    res["memory"] = mem.result()
+    if feed.close is not None:
+        feed.close()
+
+    everyone = [None] * world
+    dist.all_gather_object(everyone, res)
+    if rank == 0:
+        peaks = [r["memory"].get("device_peak_mb") or 0 for r in everyone]
+        total = {"gpus": world, "loader_img_s": round(sum(r["loader_img_s"] for r in everyone), 1),
+                 "train_img_s": round(sum(r["train_img_s"] for r in everyone), 1),
+                 "max_gpu_peak_mb": max(peaks), "gpu_peak_mb": peaks}
+        Path(args.rank_run).write_text(json.dumps({"total": total, "ranks": everyone}, indent=1))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
