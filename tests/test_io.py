@@ -29,6 +29,30 @@ def test_errors_are_values_naming_file_and_offset(tmp_path):
     assert "short.bin" in str(short) and "at byte 40" in str(short) and "10 of 20" in str(short)
 
 
+def test_a_large_batch_split_over_the_pool_keeps_every_file_in_its_place(tmp_path):
+    """Sizes looked up and files read in shares of several files per pool task: each result (bytes or error)
+    still lands at its own position."""
+    from ingest.io import MIN_SHARE
+    rng = np.random.default_rng(2)
+    locations, expect = [], []
+    for k in range(5 * MIN_SHARE + 3):
+        if k % 7 == 3:
+            locations.append(Location(str(tmp_path / f"missing{k}.jpg")))
+            expect.append(None)
+            continue
+        data = rng.integers(0, 256, int(rng.integers(1, 5000)), dtype=np.uint8)
+        data.tofile(tmp_path / f"f{k}.bin")
+        locations.append(Location(str(tmp_path / f"f{k}.bin")))   # length unknown: looked up on the pool
+        expect.append(data)
+    with ByteReader("posix", threads=4) as r:
+        got = r.read(locations)
+    for k, (g, e) in enumerate(zip(got, expect)):
+        if e is None:
+            assert isinstance(g, SourceError) and f"missing{k}.jpg" in str(g)
+        else:
+            assert np.array_equal(g, e), k
+
+
 def test_read_into_cpu_tensor(tmp_path):
     p = tmp_path / "t.bin"
     np.arange(64, dtype=np.float32).tofile(p)
