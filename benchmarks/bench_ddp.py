@@ -98,7 +98,6 @@ def rank_main(args) -> int:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    import torchvision
     local = int(os.environ["LOCAL_RANK"])
     dev = torch.device("cuda", local)
     torch.cuda.set_device(dev)
@@ -127,20 +126,7 @@ def rank_main(args) -> int:
     dist.barrier()
 
     # 2. DDP training fed by the loader
-    model = getattr(torchvision.models, args.model)(num_classes=bench_gpu.NUM_CLASSES)
-    model = DistributedDataParallel(model.to(dev).to(memory_format=torch.channels_last), device_ids=[local])
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler(enabled=dtype == torch.float16)
-
-    def step(x, y):
-        with torch.autocast("cuda", dtype=dtype):
-            loss = loss_fn(model(x.contiguous(memory_format=torch.channels_last)), y)
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
+    step, dtype = bench_gpu.make_step(dev, args, wrap=lambda m: DistributedDataParallel(m, device_ids=[local]))
 
     t0, warm = time.perf_counter(), 0
     while time.perf_counter() - t0 < args.warmup_seconds or warm < 3:
@@ -160,7 +146,7 @@ def rank_main(args) -> int:
     bench_gpu.sync(dev)
     el = time.perf_counter() - t0
     res.update(train_img_s=round(steps * args.batch / el, 1), steps=steps, data_wait_frac=round(wait / el, 4),
-               amp_dtype=str(dtype))
+               amp_dtype=dtype)
     mem.stop()
     res["memory"] = mem.result()
     if feed.close is not None:

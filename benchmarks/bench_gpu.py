@@ -627,11 +627,15 @@ def describe_batch(x, y, batch: int) -> dict:
 # -- training (e) and its synthetic upper bound ----------------------------------------------------
 
 
-def make_step(dev, args):
+def make_step(dev, args, wrap=None):
+    """One training step of ``args.model`` (AMP, channels_last, SGD) and its AMP dtype; ``wrap`` wraps the
+    model first (bench_ddp: DistributedDataParallel)."""
     import torch
     import torchvision
     model = getattr(torchvision.models, args.model)(num_classes=NUM_CLASSES)
     model = model.to(dev).to(memory_format=torch.channels_last)
+    if wrap is not None:
+        model = wrap(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
     amp = dev.type == "cuda"
