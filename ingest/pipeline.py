@@ -452,8 +452,10 @@ class Pipeline:
         threaded stages), or the last two for a `_Work` the read stage made; the current stream waits for
         the batch. None if every sample failed."""
         item: Any = plan
-        stages = list(zip((self.read, self.decode, self.transform), self.stage_stats))
-        for stage, stats in stages[isinstance(plan, _Work):]:
+        stages = zip((self.read, self.decode, self.transform), self.stage_stats)
+        if isinstance(plan, _Work):   # its read stage has run
+            next(stages)
+        for stage, stats in stages:
             item = stats.timed(stage, item)
         if item is not None and item.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(item.ready)
