@@ -137,3 +137,11 @@ def test_atomic_write_replaces_on_success_and_keeps_the_old_file_on_failure(tmp_
             f.write(b"half")
             raise Boom
     assert path.read_text() == "one" and os.listdir(tmp_path) == ["f.json"]
+
+
+def test_parse_dtype_turns_every_refusal_into_a_value_error():
+    from ingest.formats.base import parse_dtype
+    assert parse_dtype("<f4") == np.float32 and parse_dtype("uint8") == np.uint8
+    for text in ("02", "x", "(", "i4,("):   # "02": numpy's literal parser raised SyntaxError (found by fuzzing)
+        with pytest.raises(ValueError, match="not a dtype"):
+            parse_dtype(text)

@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 from ..errors import ConfigError, CorruptRecordError
 from . import _protos
 from ._images import image_type
-from .base import Field, Record
+from .base import Field, Record, parse_dtype
 
 #: Keys tried in order for the image of a record without a spec (TF-slim / Inception / Object Detection API,
 #: TFDS-style and common hand-written layouts).
@@ -183,8 +183,8 @@ class Extract:
         if name is None and key + "/dtype" in self.fmap:
             name = bytes(self.single(key + "/dtype", "bytes_list")).decode("ascii", "replace")
         try:
-            dtype = np.dtype(name or "uint8")
-        except (TypeError, ValueError) as err:
+            dtype = parse_dtype(name or "uint8")
+        except ValueError as err:
             raise self.error(key, f"unknown dtype {name!r}") from err
         if dtype.hasobject or dtype.itemsize == 0:
             raise self.error(key, f"dtype {name!r} cannot hold array data")

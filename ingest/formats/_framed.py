@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import CorruptRecordError
-from .base import Field, Record
+from .base import Field, Record, parse_dtype
 
 MAGIC = b"IGR1"
 KIND_CODES = {"image": 1, "pixels": 2, "int": 3, "float": 4, "ints": 5, "floats": 6, "text": 7, "bytes": 8,
@@ -68,8 +68,8 @@ def _array(view: memoryview, bad) -> np.ndarray:
     if len(view) < 2 + n:
         raise bad("array header is truncated")
     try:
-        dtype = np.dtype(bytes(view[1:1 + n]).decode("ascii"))
-    except (TypeError, ValueError, UnicodeDecodeError) as err:
+        dtype = parse_dtype(bytes(view[1:1 + n]).decode("ascii"))
+    except ValueError as err:   # UnicodeDecodeError is one
         raise bad(f"bad array dtype: {err}") from err
     if dtype.kind not in "biufc":
         raise bad(f"array dtype {dtype} is not numeric")

@@ -16,6 +16,7 @@ import torch
 
 from ..errors import CorruptRecordError, SourceError
 from . import MANIFEST, RAW_INDEX
+from .base import parse_dtype
 
 FORMAT = "ingest-raw"
 VERSION = 1
@@ -210,9 +211,9 @@ class Shard:
             raise self._bad(f"array {key!r} is missing")
         try:
             if not isinstance(entry.get("dtype"), str):
-                raise TypeError
-            dtype = np.dtype(entry["dtype"])
-        except (TypeError, ValueError):
+                raise ValueError
+            dtype = parse_dtype(entry["dtype"])
+        except ValueError:
             raise self._bad(f"array {key!r} has an unknown dtype {entry.get('dtype')!r}") from None
         if dtype.kind not in kinds or dtype.byteorder == ">" or entry.get("shape") != list(shape):
             raise self._bad(f"array {key!r} must be {list(shape)} of a little-endian kind {kinds!r} dtype, got "

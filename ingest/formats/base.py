@@ -157,6 +157,15 @@ class Writer(Protocol):
         """Finish the shard; return the names (relative to ``directory``) of every file written."""
 
 
+def parse_dtype(text: Any) -> np.dtype:
+    """A dtype named by a file (an index, a record header): ValueError for anything numpy does not take.
+    numpy parses some strings as Python literals and lets their SyntaxError out ("02" for one)."""
+    try:
+        return np.dtype(text)
+    except (TypeError, ValueError, SyntaxError) as err:
+        raise ValueError(f"not a dtype: {text!r} ({type(err).__name__}: {err})") from None
+
+
 def check_index(i: int, n: int) -> int:
     """Validate and normalize a sample index (negative indices count from the end)."""
     if not isinstance(i, (int, np.integer)):
