@@ -1,11 +1,19 @@
-"""The one compiled part: ``ingest.ops._nvloop``, nvImageCodec's per-image batch loop without the GIL.
+"""The compiled parts, both optional: where a C compiler is missing the install goes on without them.
 
-It needs only a C compiler and Python's headers (no CUDA, no nvImageCodec header), and it is optional: where
-it cannot be built the install goes on and the GPU decoder runs the same loop through ctypes, slower beside
-busy Python threads (``ingest.ops._nvimgcodec``). Everything else is declared in pyproject.toml.
+- ``ingest._readv``: a batch of file reads on native threads with the GIL released once per batch; without
+  it `ingest.io` reads on Python threads.
+- ``ingest.ops._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
+  the same loop through ctypes, slower beside busy Python threads (``ingest.ops._nvimgcodec``).
+
+They need only a C compiler and Python's headers (no CUDA, no nvImageCodec header). Everything else is
+declared in pyproject.toml.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True,
-                             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"])])
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
+setup(ext_modules=[
+    Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),
+])

@@ -6,10 +6,10 @@ Makes (or reuses) a raw dataset of N SIZE x SIZE x 3 uint8 samples in /dev/shm: 
 
   a  KvikIO alone: ``CuFile.pread`` of large chunks (one batch's bytes each) into a CuPy buffer, at each of
      ``--threads`` KvikIO thread counts; its best GB/s is the reference
-  b  ingest ``RawSource.read_batch`` into a preallocated CUDA ``[B, H, W, 3]`` tensor (KvikIO through
-     ``ByteReader.read_rows``), batches of consecutive samples ("sequential", coalesced into one read) and of a
-     shuffled order ("random"), at each thread count: img/s, GB/s and the ratio to (a)'s best; and the
-     fallback without KvikIO (preadv into pinned memory + one copy)
+  b  ingest ``RawSource.read_batch`` into a preallocated CUDA ``[B, H, W, 3]`` tensor with the loader's default
+     reader, batches of consecutive samples ("sequential", coalesced into one read) and of a shuffled order
+     ("random"), at each thread count: img/s, GB/s and the ratio to (a)'s best; then each way through
+     ``ByteReader.read_rows`` (``READ_WAYS``: KvikIO for every read, preadv natively or on Python threads)
   c  reads + GPU ops (RandomResizedCrop 224 + Flip + Normalize fp16 by ``ingest.ops.run_ops``, random
      order): "serial" (read, then ops, one thread), "overlapped" (a reader thread on its own stream and a
      ring of buffers, the ops on the main stream), and ``ingest.Loader(data_dir, ...)`` where it takes a raw
@@ -47,6 +47,7 @@ import torch  # noqa: E402
 
 from ingest.formats import Field, Record  # noqa: E402
 from ingest.formats.raw import RawSource, RawWriter, write_dataset_index  # noqa: E402
+from ingest import io as ingest_io  # noqa: E402
 from ingest.io import ByteReader  # noqa: E402
 
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
@@ -283,33 +284,70 @@ def _kvikio_compat(kvikio):
 
 
 def read_batch_rates(src: RawSource, args, report) -> dict:
+    """``read_batch`` with the loader's default reader ("auto") at each thread count, both orders; then, at the
+    most threads, the other ways through `ByteReader.read_rows` (see ``READ_WAYS``)."""
     row = int(np.prod(src.fixed_shape))
     out_t = src.batch_buffer(args.batch, args.device)
-    ios = ["auto"] if args.device == "cpu" else ["kvikio"]
     threads = args.threads if args.device == "cuda" else args.threads[-1:]
     res: dict = {}
     best_kvikio = (report.get("kvikio") or {}).get("best_GBps")
-    for order in ("sequential", "random"):
-        idx = batches(src, args, order)
-        entry: dict = {"by_threads": {}}
-        for t in threads:
-            with ByteReader(ios[0], threads=t) as reader:
-                calls, secs = timed(lambda k: src.read_batch(idx[k % len(idx)], out_t, reader), args)
-            entry["by_threads"][str(t)] = rates(calls * args.batch, calls * args.batch * row, secs)
-        best = max(entry["by_threads"], key=lambda t: entry["by_threads"][t]["GBps"])
-        entry.update(entry["by_threads"][best], threads=int(best))
+
+    def measure(idx, make_reader) -> dict:
+        with make_reader() as reader:
+            calls, secs = timed(lambda k: src.read_batch(idx[k % len(idx)], out_t, reader), args)
+        entry = rates(calls * args.batch, calls * args.batch * row, secs)
         if best_kvikio:
             entry["ratio_to_kvikio_best"] = round(entry["GBps"] / best_kvikio, 3)
+        return entry
+
+    for order in ("sequential", "random"):
+        idx = batches(src, args, order)
+        entry: dict = {"by_threads": {str(t): measure(idx, lambda: ByteReader("auto", threads=t)) for t in threads}}
+        best = max(entry["by_threads"], key=lambda t: entry["by_threads"][t]["GBps"])
+        entry.update(entry["by_threads"][best], threads=int(best))
         res[order] = entry
     if args.device == "cuda":
-        idx = batches(src, args, "random")
-        with ByteReader("posix", threads=max(args.threads)) as reader:
-            calls, secs = timed(lambda k: src.read_batch(idx[k % len(idx)], out_t, reader), args)
-        res["posix_fallback_random"] = {**rates(calls * args.batch, calls * args.batch * row, secs),
-                                        "threads": max(args.threads)}
-    res["read_path"] = ios[0]
+        res["ways"] = {}
+        for way, make_reader in READ_WAYS.items():
+            res["ways"][way] = {}
+            for order in ("sequential", "random"):
+                try:
+                    res["ways"][way][order] = measure(batches(src, args, order), lambda: make_reader(max(args.threads)))
+                except Exception as err:  # noqa: BLE001 - e.g. no KvikIO: recorded, the rest goes on
+                    res["ways"][way][order] = {"error": f"{type(err).__name__}: {err}"[:300]}
+    with ByteReader("auto") as reader:
+        res["read_path"] = reader.device_path if args.device == "cuda" else reader.path
+    res["native_reads"] = ingest_io.NATIVE is not None
     res["plan_ms_random"] = plan_ms(src, args)
     return res
+
+
+def _kvikio_every_read(threads: int) -> ByteReader:
+    reader = ByteReader("kvikio", threads=threads)
+    reader._kvikio_min_read = 0
+    return reader
+
+
+@contextlib.contextmanager
+def _python_threads(threads: int):
+    """A posix reader whose batched reads run on Python threads (as where ``ingest._readv`` was not built)."""
+    native, ingest_io.NATIVE = ingest_io.NATIVE, None
+    try:
+        with ByteReader("posix", threads=threads) as reader:
+            yield reader
+    finally:
+        ingest_io.NATIVE = native
+
+
+#: The ways `ByteReader.read_rows` can fill a CUDA batch: the default split (reads of KvikIO's gds_threshold
+#: and more through KvikIO, smaller ones as one native preadv batch into pinned memory + one copy), KvikIO for
+#: every read (before the split), preadv natively for every read, and preadv on Python threads (no compiler).
+READ_WAYS = {
+    "kvikio_large_preadv_small": lambda t: ByteReader("kvikio", threads=t),
+    "kvikio_every_read": _kvikio_every_read,
+    "preadv_native": lambda t: ByteReader("posix", threads=t),
+    "preadv_python_threads": _python_threads,
+}
 
 
 def plan_ms(src: RawSource, args) -> float:

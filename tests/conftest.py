@@ -20,6 +20,18 @@ REALWORLD = Path(os.environ.get("INGEST_REALWORLD")
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+@pytest.fixture(params=["native", "python"])
+def read_engine(request, monkeypatch) -> str:
+    """Each engine of `ingest.io`'s batched reads in turn: the compiled ``ingest._readv`` and, as where it was
+    not built, the same tasks on Python threads."""
+    from ingest import io as ingest_io
+    if request.param == "native" and ingest_io.NATIVE is None:
+        pytest.skip("ingest._readv was not built (no C compiler when installed)")
+    if request.param == "python":
+        monkeypatch.setattr(ingest_io, "NATIVE", None)
+    return request.param
+
+
 def realworld(sub: str = "") -> Path:
     """The real-world data directory (``sub`` inside it), or skip the test when it is absent."""
     path = REALWORLD / sub

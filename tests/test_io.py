@@ -1,3 +1,5 @@
+import errno
+
 import numpy as np
 import pytest
 import torch
@@ -8,7 +10,7 @@ from ingest.formats.base import Location
 from ingest.io import ByteReader, resolve_io
 
 
-def test_posix_reads_ranges_whole_files_and_memory(tmp_path):
+def test_posix_reads_ranges_whole_files_and_memory(tmp_path, read_engine):
     data = np.random.default_rng(1).integers(0, 256, 70000, dtype=np.uint8)
     p = tmp_path / "f.bin"
     data.tofile(p)
@@ -18,7 +20,7 @@ def test_posix_reads_ranges_whole_files_and_memory(tmp_path):
     assert bytes(got[2]) == b"abc"
 
 
-def test_errors_are_values_naming_file_and_offset(tmp_path):
+def test_errors_are_values_naming_file_and_offset(tmp_path, read_engine):
     p = tmp_path / "short.bin"
     p.write_bytes(b"x" * 50)
     with ByteReader("posix") as r:
@@ -29,7 +31,7 @@ def test_errors_are_values_naming_file_and_offset(tmp_path):
     assert "short.bin" in str(short) and "at byte 40" in str(short) and "10 of 20" in str(short)
 
 
-def test_a_large_batch_split_over_the_pool_keeps_every_file_in_its_place(tmp_path):
+def test_a_large_batch_split_over_the_pool_keeps_every_file_in_its_place(tmp_path, read_engine):
     """Sizes looked up and files read in shares of several files per pool task: each result (bytes or error)
     still lands at its own position."""
     from ingest.io import MIN_SHARE
@@ -53,7 +55,7 @@ def test_a_large_batch_split_over_the_pool_keeps_every_file_in_its_place(tmp_pat
             assert np.array_equal(g, e), k
 
 
-def test_read_into_cpu_tensor(tmp_path):
+def test_read_into_cpu_tensor(tmp_path, read_engine):
     p = tmp_path / "t.bin"
     np.arange(64, dtype=np.float32).tofile(p)
     out = torch.empty(16, dtype=torch.float32)
@@ -113,3 +115,36 @@ def test_shared_reader_takes_its_buffers_in_turn_and_grows_them(tmp_path):
     assert [(s, n) for s, n, _ in seen] == [(0, True), (1, True), (0, False), (1, False), (0, True)]
     assert seen[2][2] == seen[0][2] and seen[3][2] == seen[1][2]   # reused: the same memory
     reader.close()
+
+
+def test_a_directory_or_unreadable_file_is_a_source_error_beside_good_reads(tmp_path, read_engine):
+    """One task's failure (a directory, a file without read permission) is that location's error value; the
+    others in the same batch still read."""
+    good = tmp_path / "good.bin"
+    good.write_bytes(b"0123456789")
+    (tmp_path / "adir").mkdir()
+    with ByteReader("posix", threads=2) as r:
+        got = r.read([Location(str(tmp_path / "adir")), Location(str(good), 2, 5), Location(str(tmp_path / "adir"), 0, 4)])
+    assert isinstance(got[0], SourceError) and "adir: cannot read" in str(got[0])
+    assert isinstance(got[0].__cause__, OSError) and got[0].__cause__.errno == errno.EISDIR
+    assert bytes(got[1]) == b"23456" and isinstance(got[2], SourceError)
+
+
+def test_one_task_of_more_segments_than_one_preadv_takes(tmp_path):
+    """The native loop splits a task's segments over several preadv calls (IOV_MAX each) and resumes a read
+    that stopped inside a segment; gaps (start -1) are read and dropped."""
+    from ingest import io as ingest_io
+    if ingest_io.NATIVE is None:
+        pytest.skip("ingest._readv was not built")
+    data = np.random.default_rng(3).integers(0, 256, 3 * 2500, dtype=np.uint8)
+    p = tmp_path / "f.bin"
+    data.tofile(p)
+    out = np.zeros(2 * 2500, dtype=np.uint8)
+    tasks = ingest_io._Tasks(out)
+    tasks.add(str(p), -1, 0, [seg for k in range(2500) for seg in ((2 * k, 2), (-1, 1))])
+    assert tasks.run_native(3) == [len(data)]
+    assert np.array_equal(out.reshape(-1, 2), data.reshape(-1, 3)[:, :2])
+    tasks = ingest_io._Tasks(out)
+    tasks.add(str(p), -1, 0, [(0, 10), (10, 10**6 - 10)])   # past the buffer: refused before any read
+    with pytest.raises(ValueError, match="past its buffer"):
+        tasks.run_native(1)

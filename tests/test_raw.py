@@ -203,7 +203,7 @@ def test_parse_takes_the_batched_readers_arena_views(tmp_path):
 
 @pytest.mark.parametrize("align", [256, 4096])     # 16x16x3 = 768 bytes: back to back at 256, gaps at 4096
 @pytest.mark.parametrize("order", ["sequential", "shuffled", "repeats", "negative"])
-def test_read_batch_into_a_cpu_tensor(tmp_path, align, order):
+def test_read_batch_into_a_cpu_tensor(tmp_path, align, order, read_engine):
     images = fixed_images(40, 16, 16)
     src = RawSource(write_shards(tmp_path / "ds", images, shards=3, align=align))
     rng = np.random.default_rng(1)
@@ -264,8 +264,9 @@ class _FakeKvikIO:
             os.close(self.fd)
 
 
+@pytest.mark.parametrize("threshold", [0, 2000])   # every read through KvikIO; only those of 2000+ bytes
 @pytest.mark.parametrize("layout", ["dense", "padded", "uneven"])
-def test_kvikio_branch_of_read_rows(tmp_path, layout):
+def test_kvikio_branch_of_read_rows(tmp_path, layout, threshold):
     fields = {"image": Field("pixels", (16, 16, 3), "uint8"), "label": Field("int"), "t": Field("text")}
     images = fixed_images(30, 16, 16)
     extra = (lambda i: {"t": "x" * (i * 37 % 300)}) if layout == "uneven" else (lambda i: {"t": ""})
@@ -273,7 +274,7 @@ def test_kvikio_branch_of_read_rows(tmp_path, layout):
                                  align={"dense": 256, "padded": 4096, "uneven": 64}[layout]))
     idx = np.concatenate([np.arange(3, 20), np.random.default_rng(0).integers(0, 30, 10)])
     with ByteReader("posix") as reader:
-        reader.path, reader._kvikio = "kvikio", _FakeKvikIO
+        reader.path, reader._kvikio, reader._kvikio_min_read = "kvikio", _FakeKvikIO, threshold
         out = src.read_batch(idx, src.batch_buffer(len(idx)), reader)
     assert np.array_equal(out.numpy(), np.stack([images[i] for i in idx]))
 
@@ -295,7 +296,7 @@ def test_plan_runs_covers_every_row_once(rows, row, gap, chunk):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
-def test_read_rows_equals_plain_reads(tmp_path_factory, data):
+def test_read_rows_equals_plain_reads(tmp_path_factory, read_engine, data):
     root = tmp_path_factory.mktemp("rows")
     blobs = [np.random.default_rng(k).integers(0, 256, 3000, dtype=np.uint8) for k in range(2)]
     paths = []
@@ -395,7 +396,7 @@ def test_file_longer_than_its_index_says(tmp_path):
         RawSource(root)
 
 
-def test_shard_shrunk_after_opening(tmp_path):
+def test_shard_shrunk_after_opening(tmp_path, read_engine):
     root = write_shards(tmp_path / "ds", fixed_images(6))
     src = RawSource(root)
     os.truncate(root / "part-000.raw", 4096 * 3)

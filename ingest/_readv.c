@@ -1,0 +1,276 @@
+/* Batched file reads on native threads: the GIL is released once per batch, not once per file.
+ *
+ * ingest/io.py plans the reads; this module only runs them. A batch is n tasks; task k reads from byte
+ * offsets[k] of a file (fds[k] when >= 0, else paths[k], opened and closed here) into its segments
+ * first[k] .. first[k+1]-1, in order, with preadv until every segment is full or the file ends. A segment
+ * is (addrs[s], lens[s]); address 0 means "read and drop" (a gap between two wanted ranges of one read).
+ *
+ * read(paths, fds, offsets, first, addrs, lens, out, threads) -> None
+ *   paths    list of n entries: str, bytes or os.PathLike where fds[k] < 0, anything where fds[k] >= 0
+ *   fds      int64 buffer of n descriptors (-1: open paths[k] read-only)
+ *   offsets  int64 buffer of n file offsets
+ *   first    int64 buffer of n + 1 segment indices (first[0] == 0, non-decreasing)
+ *   addrs    uint64 buffer of segment addresses (host memory the caller keeps alive; 0: drop)
+ *   lens     int64 buffer of segment lengths
+ *   out      writable int64 buffer of n: bytes read, or -errno where opening or reading failed
+ *   threads  threads to spread the tasks over (the calling thread is one of them)
+ *
+ * sizes(paths, out, threads) -> None: out[k] = size in bytes of paths[k] (stat), or -errno.
+ *
+ * Neither checks that the addresses are writable for their lengths: that is io.py's job (every address it
+ * passes is a slice of a buffer it holds).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#ifndef IOV_MAX
+#define IOV_MAX 1024
+#endif
+
+/* -- a parallel for over task indices --------------------------------------------------------------- */
+
+typedef struct Batch Batch;
+typedef void (*task_fn)(Batch *, Py_ssize_t);
+
+struct Batch {
+    task_fn run;
+    Py_ssize_t n, next; /* next: the first task no thread has taken, advanced atomically */
+    char **paths;
+    const int64_t *fds, *offsets, *first, *lens;
+    const uint64_t *addrs;
+    int64_t *out;
+    char *scratch; /* gap bytes of every thread land here, unread */
+};
+
+static void *worker(void *arg) {
+    Batch *b = arg;
+    for (;;) {
+        Py_ssize_t k = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+        if (k >= b->n)
+            return NULL;
+        b->run(b, k);
+    }
+}
+
+/* Runs every task on up to `threads` threads, the caller's included; called without the GIL. */
+static void run_all(Batch *b, long threads) {
+    pthread_t ids[256];
+    long extra = threads - 1, started = 0;
+    if (extra > b->n - 1)
+        extra = b->n - 1;
+    if (extra > 256)
+        extra = 256;
+    for (; started < extra; ++started)
+        if (pthread_create(&ids[started], NULL, worker, b) != 0)
+            break; /* fewer threads: the rest still gets done */
+    worker(b);
+    for (long t = 0; t < started; ++t)
+        pthread_join(ids[t], NULL);
+}
+
+/* -- the two kinds of task -------------------------------------------------------------------------- */
+
+static void read_task(Batch *b, Py_ssize_t k) {
+    struct iovec iov[IOV_MAX];
+    int fd = (int)b->fds[k];
+    if (fd < 0) {
+        fd = open(b->paths[k], O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            b->out[k] = -(int64_t)errno;
+            return;
+        }
+    }
+    int64_t done = 0, offset = b->offsets[k];
+    Py_ssize_t s = b->first[k], end = b->first[k + 1];
+    size_t into = 0; /* bytes of segment s already read */
+    while (s < end) {
+        int cnt = 0;
+        for (Py_ssize_t t = s; t < end && cnt < IOV_MAX; ++t, ++cnt) {
+            size_t skip = t == s ? into : 0;
+            iov[cnt].iov_base = (b->addrs[t] ? (char *)(uintptr_t)b->addrs[t] : b->scratch) + skip;
+            iov[cnt].iov_len = (size_t)b->lens[t] - skip;
+        }
+        ssize_t got = preadv(fd, iov, cnt, offset + done);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            done = -(int64_t)errno;
+            break;
+        }
+        if (got == 0)
+            break; /* the file ends early: the caller sees a short count */
+        done += got;
+        size_t left = (size_t)got;
+        while (s < end && left >= (size_t)b->lens[s] - into) {
+            left -= (size_t)b->lens[s] - into;
+            into = 0;
+            ++s;
+        }
+        into += left;
+    }
+    b->out[k] = done;
+    if (b->fds[k] < 0)
+        close(fd);
+}
+
+static void size_task(Batch *b, Py_ssize_t k) {
+    struct stat st;
+    b->out[k] = stat(b->paths[k], &st) == 0 ? (int64_t)st.st_size : -(int64_t)errno;
+}
+
+/* -- argument plumbing -------------------------------------------------------------------------------- */
+
+typedef struct {
+    Py_buffer views[6];
+    int held;
+    PyObject *encoded; /* list of the bytes objects behind paths[] */
+    char **paths;
+} Args;
+
+static void release(Args *a) {
+    for (int v = 0; v < a->held; ++v)
+        PyBuffer_Release(&a->views[v]);
+    Py_XDECREF(a->encoded);
+    PyMem_Free(a->paths);
+}
+
+/* Buffer `obj` as `count` items of 8 bytes (count < 0: any count, returned); writable if asked. */
+static Py_ssize_t int64s(Args *a, PyObject *obj, Py_ssize_t count, int writable, const char *name) {
+    Py_buffer *view = &a->views[a->held];
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    a->held++;
+    if (view->len % 8 || (count >= 0 && view->len != count * 8)) {
+        if (count >= 0)
+            PyErr_Format(PyExc_ValueError, "%s: expected %zd items of 8 bytes, got %zd bytes", name, count,
+                         view->len);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of 8-byte items", name,
+                         view->len);
+        return -1;
+    }
+    return view->len / 8;
+}
+
+/* paths[k] as a file-system path, for each k with fds == NULL or fds[k] < 0. */
+static int encode_paths(Args *a, PyObject *paths, Py_ssize_t n, const int64_t *fds) {
+    if (!PyList_Check(paths) || PyList_GET_SIZE(paths) != n) {
+        PyErr_Format(PyExc_TypeError, "paths must be a list of %zd entries", n);
+        return -1;
+    }
+    a->paths = PyMem_Calloc(n ? n : 1, sizeof(char *));
+    a->encoded = PyList_New(0);
+    if (a->paths == NULL || a->encoded == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        if (fds != NULL && fds[k] >= 0)
+            continue;
+        PyObject *bytes = NULL;
+        if (!PyUnicode_FSConverter(PyList_GET_ITEM(paths, k), &bytes))
+            return -1;
+        int failed = PyList_Append(a->encoded, bytes);
+        Py_DECREF(bytes); /* the list holds it */
+        if (failed)
+            return -1;
+        a->paths[k] = PyBytes_AS_STRING(bytes);
+    }
+    return 0;
+}
+
+static PyObject *py_read(PyObject *self, PyObject *args) {
+    PyObject *paths, *fds, *offsets, *first, *addrs, *lens, *out;
+    long threads;
+    if (!PyArg_ParseTuple(args, "OOOOOOOl:read", &paths, &fds, &offsets, &first, &addrs, &lens, &out, &threads))
+        return NULL;
+    Args a = {0};
+    Batch b = {.run = read_task};
+    PyObject *result = NULL;
+    Py_ssize_t n, m;
+    if ((n = int64s(&a, fds, -1, 0, "fds")) < 0 || int64s(&a, offsets, n, 0, "offsets") < 0 ||
+        int64s(&a, first, n + 1, 0, "first") < 0 || (m = int64s(&a, addrs, -1, 0, "addrs")) < 0 ||
+        int64s(&a, lens, m, 0, "lens") < 0 || int64s(&a, out, n, 1, "out") < 0)
+        goto done;
+    b.n = n;
+    b.fds = a.views[0].buf;
+    b.offsets = a.views[1].buf;
+    b.first = a.views[2].buf;
+    b.addrs = a.views[3].buf;
+    b.lens = a.views[4].buf;
+    b.out = a.views[5].buf;
+    int64_t gap = 0;
+    for (Py_ssize_t s = 0; s < m; ++s) {
+        if (b.lens[s] < 0) {
+            PyErr_SetString(PyExc_ValueError, "lens: a segment of negative length");
+            goto done;
+        }
+        if (!b.addrs[s] && b.lens[s] > gap)
+            gap = b.lens[s];
+    }
+    for (Py_ssize_t k = 0; k < n; ++k)
+        if (b.first[k] < 0 || b.first[k] > b.first[k + 1] || b.first[k + 1] > m) {
+            PyErr_Format(PyExc_ValueError, "first: task %zd's segments are out of order or range", k);
+            goto done;
+        }
+    if (encode_paths(&a, paths, n, b.fds) < 0)
+        goto done;
+    b.paths = a.paths;
+    if (gap && (b.scratch = PyMem_RawMalloc((size_t)gap)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    run_all(&b, threads);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(b.scratch);
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(&a);
+    return result;
+}
+
+static PyObject *py_sizes(PyObject *self, PyObject *args) {
+    PyObject *paths, *out;
+    long threads;
+    if (!PyArg_ParseTuple(args, "OOl:sizes", &paths, &out, &threads))
+        return NULL;
+    Args a = {0};
+    Batch b = {.run = size_task};
+    PyObject *result = NULL;
+    Py_ssize_t n;
+    if ((n = int64s(&a, out, -1, 1, "out")) < 0 || encode_paths(&a, paths, n, NULL) < 0)
+        goto done;
+    b.n = n;
+    b.out = a.views[0].buf;
+    b.paths = a.paths;
+    Py_BEGIN_ALLOW_THREADS
+    run_all(&b, threads);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(&a);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"read", py_read, METH_VARARGS, "Run a batch of reads (see the top of ingest/_readv.c)."},
+    {"sizes", py_sizes, METH_VARARGS, "Sizes of a batch of files, or -errno (see ingest/_readv.c)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_readv", .m_size = -1, .m_methods = methods};
+
+PyMODINIT_FUNC PyInit__readv(void) { return PyModule_Create(&module); }
