@@ -7,7 +7,7 @@
 | io_threads      | INGEST_IO_THREADS       | 8       | threads issuing reads (and KvikIO's own thread pool)  |
 | decode_threads  | INGEST_DECODE_THREADS   | cores   | CPU decode / CPU op threads                           |
 | gpu_decoders    | INGEST_GPU_DECODERS     | 1       | nvImageCodec decoders sharing each batch, one thread each |
-| num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (4 on CUDA, 0 on CPU) or a count |
+| num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (4 on CUDA, 0 on CPU and for raw shards on CUDA) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
 

@@ -176,9 +176,7 @@ class Pipeline:
         image = self.fields.get("image")
         self.image_kind = image.kind if image is not None else None   # "image", "pixels" or None
         self.extra_fields = {k: f for k, f in self.fields.items() if k not in ("image", "label")}
-        # Raw shards of one pixel shape (and nothing else to parse) skip parse and decode.
-        self.direct = (self.image_kind == "pixels" and not self.extra_fields
-                       and getattr(source, "fixed_shape", None) is not None and hasattr(source, "read_batch"))
+        self.direct = reads_direct(source)
         self._labels = source.labels() if self.direct else None
         # Detection: a "boxes" field (ltrb or xywh, absolute or relative, as the source says) follows the
         # geometry ops; the per-box fields (the source's `per_box`, else those of `PER_BOX` it has) are
@@ -195,6 +193,12 @@ class Pipeline:
         self.failures = Failures(0, 0)
 
     # -- stage 1: read ------------------------------------------------------------------------
+    @property
+    def read_path(self) -> str:
+        """How this pipeline's bytes are read (``stats()["read_path"]``): raw shards of one shape go straight to
+        the output device (`ByteReader.device_path` on CUDA), everything else to host memory first."""
+        return self.reader.device_path if self.direct and self.device.type == "cuda" else self.reader.path
+
     def read(self, plan: BatchPlan) -> _Work:
         """Read and parse a batch's samples; unreadable ones are dropped through the failure budget."""
         if self.direct:
@@ -236,8 +240,6 @@ class Pipeline:
             work.ready = torch.cuda.Event()
             work.ready.record(self.decode_stream)
         self.decode_paths["none (raw, direct read)"] = self.decode_paths.get("none (raw, direct read)", 0) + len(idx)
-        if len(idx):
-            work.ops_plan = planner.plan(self.ops, work.sizes, plan.sample_rngs())
         return work
 
     def _read_raw(self, idx: list[int]) -> list:
@@ -291,7 +293,13 @@ class Pipeline:
     def decode(self, work: _Work) -> _Work:
         """Decode the batch: nvImageCodec on the decode stream (regions only, where the plan crops), or the
         CPU pool (then uploaded when the device is CUDA)."""
-        if not work.records or self.image_kind is None or self.direct:
+        if self.direct:
+            # Nothing to decode: the ops' random draws are made here, while the read stage (the limit on this
+            # path) reads the next batch, instead of before each read.
+            if len(work.indices):
+                work.ops_plan = planner.plan(self.ops, work.sizes, work.plan.sample_rngs())
+            return work
+        if not work.records or self.image_kind is None:
             return work
         datas = [r.image for r in work.records]
         if self.image_kind == "pixels":
@@ -466,6 +474,15 @@ class Pipeline:
         self.cpu.close()
         if self.gpu is not None and hasattr(self.gpu, "close"):
             self.gpu.close()
+
+
+def reads_direct(source) -> bool:
+    """Raw shards of one pixel shape and nothing else to parse: their batches are read straight into one
+    tensor on the output device, with no parse and no decode (`Pipeline._read_direct`)."""
+    fields = fields_of(source)
+    image = fields.get("image")
+    return (image is not None and image.kind == "pixels" and set(fields) <= {"image", "label"}
+            and getattr(source, "fixed_shape", None) is not None and hasattr(source, "read_batch"))
 
 
 def _select(work: _Work, keep: list[int]) -> _Work:

@@ -16,10 +16,15 @@ from ingest.io import READ_CHUNK, ByteReader
 pytestmark = [pytest.mark.gpu, requires_cuda]
 
 
-def kvikio_reader(**kw) -> ByteReader:
+def kvikio_reader(*, threshold: int | None = None, **kw) -> ByteReader:
+    """A KvikIO reader; ``threshold``: the read size from which it reads with KvikIO (its default: KvikIO's
+    gds_threshold, 1 MiB, so that the small reads of these tests go the preadv + pinned copy way)."""
     pytest.importorskip("kvikio")
     pytest.importorskip("cupy")
-    return ByteReader("kvikio", **kw)
+    reader = ByteReader("kvikio", **kw)
+    if threshold is not None:
+        reader._kvikio_min_read = threshold
+    return reader
 
 
 def write(root, images, *, shards=1, align=4096, fields=None, extra=lambda i: {}) -> RawSource:
@@ -46,12 +51,13 @@ INDICES = {
 
 @pytest.mark.parametrize("align", [256, 4096])  # 768-byte samples: back to back (direct) or padded (staged)
 @pytest.mark.parametrize("order", sorted(INDICES))
-@pytest.mark.parametrize("io", ["kvikio", "posix"])
+@pytest.mark.parametrize("io", ["kvikio", "kvikio every read", "kvikio large reads", "posix"])
 def test_read_batch_into_cuda_equals_written_arrays(tmp_path, align, order, io):
     images = images_of(48)
     src = write(tmp_path, images, shards=3, align=align)
     idx = INDICES[order](48)
-    reader = kvikio_reader(threads=4) if io == "kvikio" else ByteReader("posix", threads=4)
+    threshold = {"kvikio every read": 0, "kvikio large reads": 3000}.get(io)
+    reader = kvikio_reader(threads=4, threshold=threshold) if io != "posix" else ByteReader("posix", threads=4)
     with reader:
         out = src.read_batch(idx, src.batch_buffer(len(idx), "cuda"), reader)
     assert out.is_cuda
@@ -62,7 +68,7 @@ def test_kvikio_and_posix_paths_give_identical_bytes(tmp_path):
     images = [textured(64, 48, seed=i) for i in range(64)]
     src = write(tmp_path, images, shards=2)
     idx = np.random.default_rng(2).permutation(64)[:40]
-    with kvikio_reader(threads=8) as kv, ByteReader("posix", threads=8) as px:
+    with kvikio_reader(threads=8, threshold=0) as kv, ByteReader("posix", threads=8) as px:
         a = src.read_batch(idx, src.batch_buffer(40, "cuda"), kv)
         b = src.read_batch(idx, src.batch_buffer(40, "cuda"), px)
         c = src.read_batch(idx, src.batch_buffer(40), px)
@@ -72,7 +78,7 @@ def test_kvikio_and_posix_paths_give_identical_bytes(tmp_path):
 def test_kvikio_into_host_memory(tmp_path):
     images = images_of(10)
     src = write(tmp_path, images, align=4096)
-    with kvikio_reader(threads=2) as reader:
+    with kvikio_reader(threads=2, threshold=0) as reader:
         assert reader.path == "kvikio"
         out = src.read_batch([9, 0, 5, 6], src.batch_buffer(4), reader)
     assert np.array_equal(out.numpy(), np.stack([images[i] for i in (9, 0, 5, 6)]))
@@ -93,7 +99,7 @@ def test_staged_reads_with_uneven_strides(tmp_path):
     images = images_of(30)
     src = write(tmp_path, images, align=64, fields=fields, extra=lambda i: {"caption": "x" * (i * 37 % 300)})
     idx = np.arange(30)
-    with kvikio_reader(threads=4) as reader:
+    with kvikio_reader(threads=4, threshold=0) as reader:
         out = src.read_batch(idx, src.batch_buffer(30, "cuda"), reader)
     assert np.array_equal(out.cpu().numpy(), np.stack(images))
 
@@ -102,7 +108,7 @@ def test_read_waits_for_work_queued_on_the_buffer(tmp_path):
     images = images_of(8)
     src = write(tmp_path, images)
     out = src.batch_buffer(8, "cuda")
-    with kvikio_reader(threads=4) as reader:
+    with kvikio_reader(threads=4, threshold=0) as reader:
         torch.cuda._sleep(50_000_000)  # keep the stream busy, then a fill that must land before the read
         out.fill_(7)
         src.read_batch(np.arange(8), out, reader)
@@ -127,3 +133,37 @@ def test_float_arrays_to_the_gpu(tmp_path):
     with kvikio_reader() as reader:
         out = src.read_batch([4, 8, 0], src.batch_buffer(3, "cuda", field="emb"), reader, field="emb")
     assert out.dtype == torch.float32 and np.array_equal(out.cpu().numpy(), np.stack([embs[4], embs[8], embs[0]]))
+
+
+@pytest.mark.parametrize("threshold", [0, 3000, None])
+def test_a_batch_split_between_kvikio_and_preadv_lands_each_row_in_place(tmp_path, threshold):
+    """A batch of a consecutive block (one large read: KvikIO) and scattered rows (small reads: preadv into a
+    pinned buffer of just those rows, copied in by row index) after GPU work queued on the buffer."""
+    images = images_of(64)
+    src = write(tmp_path, images, shards=2, align=256)
+    rng = np.random.default_rng(4)
+    idx = np.concatenate([np.arange(10, 30), rng.integers(0, 64, 12)])
+    rng.shuffle(idx)
+    out = src.batch_buffer(len(idx), "cuda")
+    with kvikio_reader(threads=4, threshold=threshold) as reader:
+        torch.cuda._sleep(50_000_000)
+        out.fill_(7)
+        src.read_batch(idx, out, reader)
+    assert np.array_equal(out.cpu().numpy(), np.stack([images[i] for i in idx]))
+
+
+def test_raw_shards_on_cuda_load_in_this_process_by_default(tmp_path, image_folder):
+    """Nothing to decode, so no worker processes by default (they cost a CUDA context each); JPEGs get them."""
+    import ingest
+    images = images_of(8)
+    write(tmp_path / "raw", images)
+    raw = ingest.Loader(str(tmp_path / "raw"), batch_size=4, device="cuda")
+    jpegs = ingest.Loader(str(image_folder), batch_size=4, device="cuda")
+    try:
+        assert raw.num_workers == 0 and jpegs.num_workers > 0
+        x, y = next(iter(raw))
+        from ingest.io import resolve_io
+        assert x.is_cuda and x.shape[0] == 4 and raw.stats()["read_path"] == resolve_io("auto")[1]
+    finally:
+        raw.close()
+        jpegs.close()
