@@ -170,22 +170,30 @@ def test_a_loader_on_the_second_gpu_leaves_the_first_alone(folder, workers, tmp_
     import subprocess
     import sys
     script = tmp_path / "rank1.py"
+    # Worker processes are spawned, and spawn runs the main script again: its work goes under the guard.
     script.write_text(f"""
 import json, os, sys
 import pynvml, torch, ingest
 from ingest.ops import Flip, RandomResizedCrop
-torch.cuda.set_device(1)
-loader = ingest.Loader({str(folder)!r}, batch_size=4, device="cuda:1", decode="mixed", num_workers={workers},
-                       ops=[RandomResizedCrop(32), Flip()], shuffle=True)
-for _ in range(2):
-    for x, y in loader:
-        assert x.device.index == 1
-ours = {{os.getpid()}} | {{int(p) for p in os.listdir("/proc") if p.isdigit()
-                          and open(f"/proc/{{p}}/stat").read().split(")")[-1].split()[1] == str(os.getpid())}}
-pynvml.nvmlInit()
-index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")[0])
-on_gpu0 = {{p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(index))}}
-print(json.dumps({{"ours": sorted(ours), "on_gpu0": sorted(on_gpu0 & ours)}}))
+
+
+def main():
+    torch.cuda.set_device(1)
+    loader = ingest.Loader({str(folder)!r}, batch_size=4, device="cuda:1", decode="mixed", num_workers={workers},
+                           ops=[RandomResizedCrop(32), Flip()], shuffle=True)
+    for _ in range(2):
+        for x, y in loader:
+            assert x.device.index == 1
+    ours = {{os.getpid()}} | {{int(p) for p in os.listdir("/proc") if p.isdigit()
+                              and open(f"/proc/{{p}}/stat").read().split(")")[-1].split()[1] == str(os.getpid())}}
+    pynvml.nvmlInit()
+    index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")[0])
+    on_gpu0 = {{p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(index))}}
+    print(json.dumps({{"ours": sorted(ours), "on_gpu0": sorted(on_gpu0 & ours)}}))
+
+
+if __name__ == "__main__":
+    main()
 """)
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
