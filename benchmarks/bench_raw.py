@@ -351,12 +351,12 @@ READ_WAYS = {
 
 
 def plan_ms(src: RawSource, args) -> float:
-    """Mean host time (ms) to group one shuffled batch into reads (`ingest.io.plan_runs`): per-batch overhead."""
-    from ingest.io import plan_runs
+    """Mean host time (ms) to group one shuffled batch into reads (`ingest.io.plan_rows`): per-batch overhead."""
+    from ingest.io import plan_rows
     idx = batches(src, args, "random")[:50]
     t0 = time.perf_counter()
     for b in idx:
-        plan_runs(*src.ranges(b), int(np.prod(src.fixed_shape)))
+        plan_rows(*src.ranges(b), int(np.prod(src.fixed_shape)))
     return round((time.perf_counter() - t0) / len(idx) * 1e3, 3)
 
 

@@ -21,6 +21,7 @@ import errno
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -126,26 +127,23 @@ class ByteReader:
                     if err is not None:
                         views[k] = err
             return views
-        tasks = _Tasks(arena)
-        for k, at in jobs:
-            tasks.add(locations[k].path, -1, locations[k].offset, [(at, len(views[k]))])
-        for (k, _), got in zip(jobs, self._run(tasks)):
+        tasks = _Tasks.whole(arena, [locations[k].path for k, _ in jobs], [locations[k].offset for k, _ in jobs],
+                             [at for _, at in jobs], [len(views[k]) for k, _ in jobs])
+        for (k, _), got in zip(jobs, self._run(tasks).tolist()):
             want, loc = len(views[k]), locations[k]
-            if isinstance(got, OSError):
-                views[k] = read_error(loc, got)
+            if got < 0:
+                views[k] = read_error(loc, _os_error(got))
             elif got != want:
                 views[k] = CorruptRecordError(f"short read: {got} of {want} bytes (file truncated?)",
                                               path=loc.path, offset=loc.offset)
         return views
 
-    def _run(self, tasks: "_Tasks") -> list[int | OSError]:
+    def _run(self, tasks: "_Tasks") -> np.ndarray:
         """Run a batch of reads: natively where ``ingest._readv`` was built, else on this reader's threads.
-        Per task: the bytes read, or the OSError that stopped it."""
+        Per task (int64): the bytes read, or -errno of the error that stopped it."""
         if NATIVE is not None:
-            got = tasks.run_native(self.threads)
-        else:
-            got = self._pool_map(tasks.run_one, len(tasks))
-        return [_os_error(g) if g < 0 else g for g in got]
+            return tasks.run_native(self.threads)
+        return np.array(self._pool_map(tasks.run_one, len(tasks)), dtype=np.int64).reshape(-1)
 
     def _sizes(self, paths: list[str]) -> list[int | OSError]:
         """Each file's size in bytes, or the OSError of looking it up."""
@@ -213,11 +211,9 @@ class ByteReader:
                 got = f.pread(cupy.asarray(flat), nbytes, loc.offset).get()
         else:
             host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) if out.is_cuda else flat
-            tasks = _Tasks(host.numpy())
-            tasks.add(loc.path, -1, loc.offset, [(0, nbytes)])
-            got = self._run(tasks)[0]
-            if isinstance(got, OSError):
-                raise read_error(loc, got)
+            got = int(self._run(_Tasks.whole(host.numpy(), [loc.path], [loc.offset], [0], [nbytes]))[0])
+            if got < 0:
+                raise read_error(loc, _os_error(got))
             if out.is_cuda:
                 flat.copy_(host, non_blocking=False)
         if got != nbytes:
@@ -253,29 +249,31 @@ class ByteReader:
             return
         own = handles is None
         handles = file_handles() if own else handles
-        runs = plan_runs(files, offsets, flat.shape[1])
-        small = runs
+        plan = plan_rows(files, offsets, flat.shape[1])
+        large = np.zeros(len(plan.nbytes), dtype=bool)
         if (self.device_path if out.is_cuda else self.path) == "kvikio":
-            small = [run for run in runs if run.nbytes < self._kvikio_min_read]
+            large = plan.nbytes >= self._kvikio_min_read
         try:
-            if len(small) < len(runs):
-                self._rows_kvikio(paths, [run for run in runs if run.nbytes >= self._kvikio_min_read], flat, handles)
-            if small and out.is_cuda:
-                self._rows_staged(paths, small, flat, handles)
-            elif small:
-                self._rows_posix(paths, small, flat.numpy(), None, handles)
+            if large.any():
+                self._rows_kvikio(paths, plan.runs(np.flatnonzero(large)), flat, handles)
+            if not large.all() and out.is_cuda:
+                self._rows_staged(paths, plan, ~large, flat, handles)
+            elif not large.all():
+                self._rows_posix(paths, plan, ~large, flat.numpy(), None, handles)
         finally:
             if own:
                 handles.close()
 
-    def _rows_staged(self, paths: Sequence[str], runs: list["Run"], flat: torch.Tensor, handles) -> None:
-        """Read ``runs`` into a pinned host buffer holding just their rows, in batch order, then copy it into
-        ``flat`` (CUDA) on the current stream: as it is when the runs hold every row, else by row index."""
-        rows = np.sort(np.concatenate([run.rows for run in runs]))
+    def _rows_staged(self, paths: Sequence[str], plan: "RowPlan", which: np.ndarray, flat: torch.Tensor,
+                     handles) -> None:
+        """Read the runs ``which`` (a mask over ``plan``'s runs) into a pinned host buffer holding just their
+        rows, in batch order, then copy it into ``flat`` (CUDA) on the current stream: as it is when the runs
+        hold every row, else by row index."""
+        rows = np.sort(plan.order[which[plan.run_of]])
         slot = np.empty(flat.shape[0], dtype=np.int64)
         slot[rows] = np.arange(len(rows))
         staging = torch.empty((len(rows), flat.shape[1]), dtype=torch.uint8, pin_memory=True)
-        self._rows_posix(paths, runs, staging.numpy(), slot, handles)
+        self._rows_posix(paths, plan, which, staging.numpy(), slot, handles)
         # non_blocking: the pinned block stays reserved until the copy is done
         if len(rows) == flat.shape[0]:
             flat.copy_(staging, non_blocking=True)
@@ -283,36 +281,44 @@ class ByteReader:
             index = torch.from_numpy(rows).to(flat.device, non_blocking=True)
             flat.index_copy_(0, index, staging.to(flat.device, non_blocking=True))
 
-    def _rows_posix(self, paths: Sequence[str], runs: list["Run"], rows: np.ndarray, slot: np.ndarray | None,
-                    handles) -> None:
-        """Read ``runs`` into ``rows`` (host, [N, row]): batch row r lands in ``rows[slot[r]]`` (``slot`` None:
-        in ``rows[r]``)."""
+    def _rows_posix(self, paths: Sequence[str], plan: "RowPlan", which: np.ndarray, rows: np.ndarray,
+                    slot: np.ndarray | None, handles) -> None:
+        """Read the runs ``which`` (a mask over ``plan``'s runs) into ``rows`` (host, [N, row]): batch row r
+        lands in ``rows[slot[r]]`` (``slot`` None: in ``rows[r]``). One task per run, one segment per row and
+        one per gap, all built with array operations: no Python work per row or per run."""
         row = rows.shape[1]
-        tasks = _Tasks(rows.reshape(-1))
-        fds: dict[int, int] = {}
-        for run in runs:
-            fd = fds.get(run.file)
-            if fd is None:
-                path = paths[run.file]
-                try:
-                    fd = fds[run.file] = handles.get(("fd", path), lambda: os.open(path, os.O_RDONLY))
-                except OSError as err:
-                    raise read_error(Location(path, run.offset), err) from None
-            at = run.rows if slot is None else slot[run.rows]
-            if run.dense:  # rows back to back in the file and in the batch, so in ``rows`` too
-                tasks.add(None, fd, run.offset, [(int(at[0]) * row, run.nbytes)])
-                continue
-            segments, pos = [], 0
-            for r, start in zip(at.tolist(), run.starts.tolist()):
-                if start > pos:
-                    segments.append((-1, start - pos))  # the gap: read and dropped
-                segments.append((r * row, row))
-                pos = start + row
-            tasks.add(None, fd, run.offset, segments)
-        for run, got in zip(runs, self._run(tasks)):
-            if isinstance(got, OSError):
-                raise read_error(Location(paths[run.file], run.offset), got)
-            _check_read(got, run, paths[run.file])
+        keep = which[plan.run_of]                 # the sorted rows of those runs
+        pos, batch_rows = plan.pos[keep], plan.order[keep]
+        lead = plan.lead[keep]                    # each run's first row
+        gaps = np.zeros(len(pos), dtype=np.int64)
+        gaps[1:] = pos[1:] - pos[:-1] - row
+        gaps[lead] = 0
+        has_gap = gaps > 0
+        ends = np.cumsum(1 + has_gap)             # a gap segment (read and dropped) before its row's segment
+        at = ends - 1
+        starts = np.full(int(ends[-1]), -1, dtype=np.int64)
+        lens = np.full(int(ends[-1]), row, dtype=np.int64)
+        starts[at] = (batch_rows if slot is None else slot[batch_rows]) * row
+        lens[at[has_gap] - 1] = gaps[has_gap]
+        chosen = np.flatnonzero(which)
+        fds = np.empty(len(chosen), dtype=np.int64)
+        run_files = plan.file[chosen]
+        for file in np.unique(run_files).tolist():
+            path = paths[file]
+            try:
+                fds[run_files == file] = handles.get(("fd", path), lambda: os.open(path, os.O_RDONLY))
+            except OSError as err:
+                raise read_error(Location(path, int(pos[lead][run_files == file][0])), err) from None
+        tasks = _Tasks(rows.reshape(-1), [None] * len(chosen), fds, pos[lead], np.append(at[lead], len(starts)),
+                       starts, lens)
+        got, want = self._run(tasks), plan.nbytes[chosen]
+        bad = np.flatnonzero(got != want)
+        if len(bad):
+            k = int(bad[0])
+            path, offset = paths[int(run_files[k])], int(pos[lead][k])
+            if got[k] < 0:
+                raise read_error(Location(path, offset), _os_error(int(got[k])))
+            raise _short_read(int(got[k]), int(want[k]), path, offset)
 
     def _rows_kvikio(self, paths: Sequence[str], runs: list["Run"], flat: torch.Tensor, handles) -> None:
         if flat.is_cuda:
@@ -378,62 +384,57 @@ def read_error(loc: Location, err: OSError) -> SourceError:
     return out
 
 
+@dataclass(frozen=True)
 class _Tasks:
-    """One batch of reads into ``base`` (a contiguous uint8 host array). Task k reads from byte ``offset`` of a
-    file (an open descriptor, or a path opened for the task) into its segments in order, each ``(start in
-    base, length)``; a segment at start -1 is read and dropped (a gap inside one coalesced read). Run by the
+    """One batch of reads into ``base`` (a contiguous uint8 host array). Task k reads from byte ``offsets[k]``
+    of the open descriptor ``fds[k]`` (or, where that is < 0, of ``paths[k]``, opened for the task) into its
+    segments ``first[k]`` to ``first[k + 1] - 1`` in order, segment s being ``lens[s]`` bytes at ``starts[s]``
+    of ``base``; a segment at start -1 is read and dropped (a gap inside one coalesced read). Run by the
     compiled ``ingest._readv`` (`run_native`) or, where it was not built, by `run_one` on Python threads."""
 
-    def __init__(self, base: np.ndarray):
-        self.base = base
-        self.paths: list = []
-        self.fds: list[int] = []
-        self.offsets: list[int] = []
-        self.first = [0]
-        self.starts: list[int] = []
-        self.lens: list[int] = []
+    base: np.ndarray
+    paths: list
+    fds: np.ndarray
+    offsets: np.ndarray
+    first: np.ndarray
+    starts: np.ndarray
+    lens: np.ndarray
+
+    @classmethod
+    def whole(cls, base: np.ndarray, paths: list, offsets, starts, lens) -> "_Tasks":
+        """One task per path, each opened for its read, into one segment each."""
+        n = len(paths)
+        return cls(base, list(paths), np.full(n, -1, dtype=np.int64), np.asarray(offsets, dtype=np.int64),
+                   np.arange(n + 1, dtype=np.int64), np.asarray(starts, dtype=np.int64),
+                   np.asarray(lens, dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def add(self, path: str | None, fd: int, offset: int, segments: list[tuple[int, int]]) -> None:
-        """A task reading ``paths`` (when ``fd`` < 0) or ``fd`` from ``offset`` into ``segments``."""
-        self.paths.append(path)
-        self.fds.append(fd)
-        self.offsets.append(offset)
-        for start, n in segments:
-            self.starts.append(start)
-            self.lens.append(n)
-        self.first.append(len(self.starts))
-
-    def run_native(self, threads: int) -> list[int]:
+    def run_native(self, threads: int) -> np.ndarray:
         """Every task on ``threads`` native threads; per task the bytes read or -errno."""
-        starts = np.asarray(self.starts, dtype=np.int64)
-        lens = np.asarray(self.lens, dtype=np.int64)
+        starts, lens = self.starts, self.lens
         if len(starts) and ((starts >= 0) & (starts + lens > self.base.nbytes)).any():
             raise ValueError("a read segment ends past its buffer")  # a planning bug; never write past it
         addrs = np.where(starts >= 0, starts + self.base.ctypes.data, 0).astype(np.uint64)
         got = np.empty(len(self), dtype=np.int64)
-        NATIVE.read(self.paths, np.asarray(self.fds, dtype=np.int64), np.asarray(self.offsets, dtype=np.int64),
-                    np.asarray(self.first, dtype=np.int64), addrs, lens, got, threads)
-        return got.tolist()
+        NATIVE.read(self.paths, self.fds, self.offsets, self.first, addrs, lens, got, threads)
+        return got
 
     def run_one(self, k: int) -> int:
         """Task ``k`` on the calling thread: the bytes read or -errno."""
         base = memoryview(self.base).cast("B")
-        segments = range(self.first[k], self.first[k + 1])
-        gap = max((self.lens[s] for s in segments if self.starts[s] < 0), default=0)
-        scratch = memoryview(bytearray(gap))
-        iovs = [base[self.starts[s]:self.starts[s] + self.lens[s]] if self.starts[s] >= 0
-                else scratch[:self.lens[s]] for s in segments]
-        fd = self.fds[k]
+        a, b = int(self.first[k]), int(self.first[k + 1])
+        starts, lens = self.starts[a:b].tolist(), self.lens[a:b].tolist()
+        scratch = memoryview(bytearray(max((n for s, n in zip(starts, lens) if s < 0), default=0)))
+        iovs = [base[s:s + n] if s >= 0 else scratch[:n] for s, n in zip(starts, lens)]
+        own = self.fds[k] < 0
         try:
-            if fd < 0:
-                fd = os.open(self.paths[k], os.O_RDONLY)
+            fd = os.open(self.paths[k], os.O_RDONLY) if own else int(self.fds[k])
             try:
-                return _preadv_full(fd, iovs, self.offsets[k])
+                return _preadv_full(fd, iovs, int(self.offsets[k]))
             finally:
-                if self.fds[k] < 0:
+                if own:
                     os.close(fd)
         except OSError as err:
             return -(err.errno or errno.EIO)
@@ -470,8 +471,34 @@ class Run(NamedTuple):
     dense: bool
 
 
-def plan_runs(files: np.ndarray, offsets: np.ndarray, row: int, *, gap: int = COALESCE_GAP,
-              chunk: int = READ_CHUNK) -> list[Run]:
+class RowPlan(NamedTuple):
+    """`plan_rows`'s reads in columns. The rows sorted by (file, offset): ``order`` (their batch rows),
+    ``pos`` (their file offsets), ``run_of`` (the read holding each) and ``lead`` (True for each read's first
+    row). Per read: ``file``, ``nbytes`` and ``dense`` (its rows back to back both in the file and in the batch)."""
+
+    order: np.ndarray
+    pos: np.ndarray
+    run_of: np.ndarray
+    lead: np.ndarray
+    file: np.ndarray
+    nbytes: np.ndarray
+    dense: np.ndarray
+
+    def runs(self, which: Sequence[int]) -> list["Run"]:
+        """The reads ``which`` as `Run`s."""
+        firsts = np.flatnonzero(self.lead)
+        ends = np.append(firsts[1:], len(self.order))
+        out = []
+        for r in which:
+            a, b = int(firsts[r]), int(ends[r])
+            offset = int(self.pos[a])
+            out.append(Run(int(self.file[r]), offset, int(self.nbytes[r]), self.order[a:b],
+                           self.pos[a:b] - offset if b - a > 1 else _ZERO, bool(self.dense[r])))
+        return out
+
+
+def plan_rows(files: np.ndarray, offsets: np.ndarray, row: int, *, gap: int = COALESCE_GAP,
+              chunk: int = READ_CHUNK) -> RowPlan:
     """Group ``len(offsets)`` rows of ``row`` bytes (row k at ``offsets[k]`` of file ``files[k]``) into reads:
     sorted by file and offset, a row joins the previous read when it starts at or after its end, at most
     ``gap`` bytes later, and the read stays within ``chunk`` bytes and `MAX_RUN_ROWS` rows."""
@@ -489,13 +516,15 @@ def plan_runs(files: np.ndarray, offsets: np.ndarray, row: int, *, gap: int = CO
     lasts = np.append(starts[1:], n) - 1
     # A run is dense when every neighbour pair in it is back to back in the file and in the batch.
     apart = np.concatenate(([0], np.cumsum((np.diff(o) != row) | (np.diff(order) != 1))))
-    dense = (apart[lasts] == apart[starts]).tolist()
-    nbytes = (o[lasts] + row - o[starts]).tolist()
-    fl, ol = f.tolist(), o.tolist()
-    runs = []
-    for a, b, nb, d in zip(starts.tolist(), (lasts + 1).tolist(), nbytes, dense):
-        runs.append(Run(fl[a], ol[a], nb, order[a:b], o[a:b] - ol[a] if b - a > 1 else _ZERO, d))
-    return runs
+    return RowPlan(order, o, np.cumsum(brk) - 1, brk, f[starts], o[lasts] + row - o[starts],
+                   apart[lasts] == apart[starts])
+
+
+def plan_runs(files: np.ndarray, offsets: np.ndarray, row: int, *, gap: int = COALESCE_GAP,
+              chunk: int = READ_CHUNK) -> list["Run"]:
+    """`plan_rows` as a list of `Run`s."""
+    plan = plan_rows(files, offsets, row, gap=gap, chunk=chunk)
+    return plan.runs(range(len(plan.nbytes)))
 
 
 _ZERO = np.zeros(1, dtype=np.int64)
@@ -517,8 +546,12 @@ def _spread(span: torch.Tensor, run: Run, flat: torch.Tensor) -> None:
 
 def _check_read(got: int, run: Run, path: str) -> None:
     if got != run.nbytes:
-        raise CorruptRecordError(f"short read: {got} of {run.nbytes} bytes (the file is shorter than its "
-                                 f"index says: truncated after it was opened?)", path=path, offset=run.offset)
+        raise _short_read(got, run.nbytes, path, run.offset)
+
+
+def _short_read(got: int, want: int, path: str, offset: int) -> CorruptRecordError:
+    return CorruptRecordError(f"short read: {got} of {want} bytes (the file is shorter than its index says: "
+                              "truncated after it was opened?)", path=path, offset=offset)
 
 
 def _preadv_full(fd: int, iovs: list[memoryview], offset: int) -> int:

@@ -140,11 +140,11 @@ def test_one_task_of_more_segments_than_one_preadv_takes(tmp_path):
     p = tmp_path / "f.bin"
     data.tofile(p)
     out = np.zeros(2 * 2500, dtype=np.uint8)
-    tasks = ingest_io._Tasks(out)
-    tasks.add(str(p), -1, 0, [seg for k in range(2500) for seg in ((2 * k, 2), (-1, 1))])
-    assert tasks.run_native(3) == [len(data)]
+    starts = np.array([x for k in range(2500) for x in (2 * k, -1)])
+    lens = np.array([2, 1] * 2500)
+    tasks = ingest_io._Tasks(out, [str(p)], np.array([-1]), np.array([0]), np.array([0, 5000]), starts, lens)
+    assert tasks.run_native(3).tolist() == [len(data)]
     assert np.array_equal(out.reshape(-1, 2), data.reshape(-1, 3)[:, :2])
-    tasks = ingest_io._Tasks(out)
-    tasks.add(str(p), -1, 0, [(0, 10), (10, 10**6 - 10)])   # past the buffer: refused before any read
+    tasks = ingest_io._Tasks.whole(out, [str(p)], [0], [10], [10**6 - 10])   # past the buffer: refused before any read
     with pytest.raises(ValueError, match="past its buffer"):
         tasks.run_native(1)
