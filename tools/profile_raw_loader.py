@@ -6,7 +6,8 @@ seconds and mean queue occupancy). The stage that is busy nearly all the wall ti
 well below it point at the GIL or at hand-offs between them. ``--sample`` adds py-spy-free sampling of
 the stage threads' Python stacks (sys._current_frames every millisecond) with the top frames per thread.
 
-Usage: python tools/profile_raw_loader.py [--batch 512] [--seconds 5] [--prefetch 2] [--sample] [--json F]
+Usage: python tools/profile_raw_loader.py [--batch 512] [--seconds 5] [--prefetch 2] [--sample] [--switch S]
+       [--json F]     (INGEST_IO_THREADS sets the read threads)
 """
 
 import argparse
@@ -45,11 +46,14 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--prefetch", type=int, default=None)
     p.add_argument("--sample", action="store_true")
+    p.add_argument("--switch", type=float, default=None, help="sys.setswitchinterval for the run (seconds)")
     p.add_argument("--json")
     args = p.parse_args()
     bargs = bench_raw.parse_args(["--out", "/dev/null"])
     bargs.data = bargs.data or f"/dev/shm/ingest_raw_{bargs.n}_{bargs.size}"
     bench_raw.make_dataset(bargs)
+    if args.switch is not None:
+        sys.setswitchinterval(args.switch)
     kw = {} if args.prefetch is None else {"prefetch": args.prefetch}
     loader = ingest.Loader(bargs.data, batch_size=args.batch, device="cuda", ops=bench_raw.make_ops(),
                            shuffle=True, num_workers=0, **kw)
