@@ -14,7 +14,9 @@ Variants (each runs in its own subprocess: a fresh CUDA context, and one crash c
 Inside a-d: (g) peak GPU memory during the loader-only phase (device-wide cudaMemGetInfo, and per process
 through NVML / nvidia-smi where the process is visible; the same method for every variant), then (e) a
 ResNet-18 (100 classes, bf16 autocast, channels_last, SGD) fed by that loader: training img/s and the
-fraction of wall time spent blocked in ``next(it)`` (data wait).
+fraction of wall time spent blocked in ``next(it)`` (data wait); then, with ``--epochs-memory N``, N more
+epochs' worth of batches (files // batch each) through the loader alone, with the device-wide memory in use
+after each: its spread (max / min) says whether memory stays flat over epochs.
 
 Every loader runs the same augmentation: RandomResizedCrop(224, scale 0.08-1, ratio 3/4-4/3), horizontal
 flip p=0.5, normalise to float32 NCHW with ImageNet mean/std. Throughput = images / wall time over a timed
@@ -78,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-batches", type=int, default=20, help="the timed window holds at least this many")
     p.add_argument("--max-batches", type=int, default=100000)
     p.add_argument("--decode-images", type=int, default=2048, help="files preloaded for decode-only (f)")
+    p.add_argument("--epochs-memory", type=int, default=0,
+                   help="after training, this many epochs through each loader, memory after each (0: skip)")
     p.add_argument("--only", default=None,
                    help="comma-separated subset of a,b,c,d,f,s (e adds s; g is measured inside a-d)")
     p.add_argument("--repeat", type=int, default=1, help="run the chosen variants this many rounds (a,d,...,a,d)")
@@ -184,7 +188,7 @@ def run_child(key: str, args, argfile: Path, log: Path) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--child", key]
     env = dict(os.environ, INGEST_BENCH_ARGS=str(argfile), PYTHONUNBUFFERED="1")
     budget = (args.warmup_seconds + args.seconds + 2 * args.train_seconds + args.warmup_seconds
-              + 6 * args.decode_seconds + 180)
+              + 6 * args.decode_seconds + 30 * args.epochs_memory + 180)
     return run_json_child(cmd, env, budget, log, CHILDREN[key])
 
 
@@ -261,6 +265,10 @@ def derive(results: dict) -> dict:
     mr, md = g(LOADERS["r"], "memory", "device_peak_mb"), g(LOADERS["d"], "memory", "device_peak_mb")
     r.update({"r_over_d": _ratio(rr, d), "train_r_over_d": _ratio(tr, td), "mem_r_over_d": _ratio(mr, md),
               "train_r_over_a": _ratio(tr, ta)})
+    for k in "ard":
+        spread = g(LOADERS[k], "epochs_memory", "max_over_min")
+        if spread is not None:
+            r[f"epochs_memory_{k}_max_over_min"] = spread
     r.update({"train_a_over_d": _ratio(ta, td), "train_a_over_c": _ratio(ta, tc),
               "train_a_over_synthetic": _ratio(ta, synth), "train_d_over_synthetic": _ratio(td, synth),
               "train_c_over_synthetic": _ratio(tc, synth)})
@@ -600,8 +608,31 @@ def loader_variant(key, args, dev, res, flush) -> None:
         except Exception as err:  # noqa: BLE001
             res["train"] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
         flush()
+    if args.epochs_memory > 0:
+        res["epochs_memory"] = epochs_memory(gen, args, dev)
+        flush()
     if feed.close is not None:
         feed.close()
+
+
+def epochs_memory(gen, args, dev) -> dict:
+    """``--epochs-memory`` epochs' worth of batches through the loader alone; device-wide MB in use after each
+    (total - free: every process's memory on the device, the loader's workers included)."""
+    import torch
+    per_epoch = max(1, len(list_files(args.data)) // args.batch)
+    used = []
+    for _ in range(args.epochs_memory):
+        for _ in range(per_epoch):
+            next(gen)
+        sync(dev)
+        if dev.type == "cuda":
+            free, total = torch.cuda.mem_get_info(dev)
+            used.append(round((total - free) / 2**20, 1))
+    out = {"epochs": args.epochs_memory, "batches_per_epoch": per_epoch, "device_used_mb": used}
+    if used:
+        out["max_over_min"] = round(max(used) / min(used), 4)
+        out["last_over_first"] = round(used[-1] / used[0], 4)
+    return out
 
 
 def loader_stats(stats) -> dict | str:
