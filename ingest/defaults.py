@@ -20,7 +20,8 @@ threaded loader ran 176 against 256 img/s. Decoding and these ops cost about the
 ``io_threads``: copying page-cached data is bound by how many cores copy at once, so the default follows the
 cores (at least 8, for reads that wait on a disk; at most 32). Shuffled batches of 512 raw 196 KB samples on a
 16-core H100 host read 16-54% faster with 16 threads than with 8 in three runs (the latest:
-`benchmarks/results/bench_raw_h100.json`, ``by_threads``).
+`benchmarks/results/bench_raw_h100.json`, ``by_threads``); the raw loader on a 32-core H200 host ran the same
+with 8 and 32 (87-101k img/s, `tools/profile_raw_loader.py`), where 8 threads already kept up.
 
 ``max_pixels`` defaults to Pillow's ``Image.MAX_IMAGE_PIXELS`` (89,478,485 = 2**30 / 4 / 3, where Pillow starts
 warning; it refuses twice that): a file of a few hundred bytes can claim 16000 x 16000 pixels, whose decode

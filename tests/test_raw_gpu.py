@@ -156,6 +156,7 @@ def test_raw_shards_on_cuda_load_in_this_process_by_default(tmp_path, image_fold
     """Nothing to decode, so no worker processes by default (they cost a CUDA context each); JPEGs get them."""
     import ingest
     images = images_of(8)
+    (tmp_path / "raw").mkdir()
     write(tmp_path / "raw", images)
     raw = ingest.Loader(str(tmp_path / "raw"), batch_size=4, device="cuda")
     jpegs = ingest.Loader(str(image_folder), batch_size=4, device="cuda")
