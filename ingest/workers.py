@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
 import queue
 import sys
@@ -275,10 +276,34 @@ class WorkerPool:
             q.cancel_join_thread()
 
 
+#: glibc malloc settings of worker processes (`keep_freed_memory`): freed memory up to this much stays in the
+#: heap, and blocks up to this size come from it rather than from their own mmap.
+TRIM_THRESHOLD = 64 << 20
+MMAP_THRESHOLD = 16 << 20
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc keep freed memory for reuse in this process (True where it took the settings).
+
+    By default glibc hands freed heap memory back to the kernel once 128 KB are free at the top of the heap,
+    so a loop that copies an 87 KB image out of each record (a TFRecord's protobuf, an LMDB value) or
+    allocates each decoded image faults its pages in again every time; in a VM each fault is slow. On the
+    2-core machine 256 TFRecord records parsed (image bytes copied out) in 17.5 ms by default and 3.5 ms with
+    these settings, and 64 JPEGs decoded by simplejpeg in 100 ms against 72 ms. Only ingest's own worker
+    processes are tuned; the training process keeps the settings its user chose."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):   # not glibc (musl, macOS): nothing to tune
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3   # malloc.h
+    return bool(mallopt(m_trim_threshold, TRIM_THRESHOLD)) & bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD))
+
+
 def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, results, parent: int) -> None:
     threading.Thread(target=_exit_with_parent, args=(parent,), name="ingest-parent-watch", daemon=True).start()
     torch.set_num_threads(1)
     sys.setswitchinterval(_SWITCH_INTERVAL)
+    keep_freed_memory()
     if spec["stages"] == "read":   # CPU only: this process never touches CUDA
         pipeline = Pipeline(spec["source"], ops=spec["ops"], device="cpu", decode="cpu", io=spec["io"],
                             num_threads=spec["num_threads"], shared_reads=buffer_slots(spec["prefetch"]))

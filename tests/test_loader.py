@@ -337,3 +337,37 @@ def test_read_ahead_reads_the_next_batch_while_this_one_is_used():
         ahead.close()
     assert pipeline.threads and all(n.startswith("ingest-read-ahead") for n in pipeline.threads)
     assert pipeline.stage_stats[0].batches == 5   # timed as the read stage, failures included
+
+
+def test_worker_processes_keep_freed_memory_in_their_heap():
+    """Worker processes tune glibc so that freed blocks stay in the heap for the next record (see
+    `ingest.workers.keep_freed_memory`): blocks of 1 MB come from the heap and, freed, stay there."""
+    import json
+    import subprocess
+    import sys
+    script = """
+import ctypes, json, sys
+from ingest.workers import keep_freed_memory
+libc = ctypes.CDLL(None)
+if not hasattr(libc, "mallinfo2"):
+    print("skip"); sys.exit()
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc.mallinfo2.restype = Info
+def freed_top(n=16, size=1 << 20):
+    mapped = libc.mallinfo2().hblks
+    blocks = [bytearray(size) for _ in range(n)]
+    mapped = libc.mallinfo2().hblks - mapped
+    del blocks
+    return mapped, libc.mallinfo2().keepcost
+print(json.dumps([keep_freed_memory(), freed_top()]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    if done.stdout.strip() == "skip":
+        pytest.skip("no mallinfo2 (glibc < 2.33 or not glibc)")
+    took, (mapped, kept) = json.loads(done.stdout)
+    assert took is True
+    assert mapped == 0                 # 1 MB blocks come from the heap, not mmaps of their own
+    assert kept >= 16 << 20            # freed, they stay at the top of the heap
