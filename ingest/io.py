@@ -142,14 +142,18 @@ class ByteReader:
         """Run a batch of reads: natively where ``ingest._readv`` was built, else on this reader's threads.
         Per task (int64): the bytes read, or -errno of the error that stopped it."""
         if NATIVE is not None:
-            return tasks.run_native(self.threads)
+            # A thread costs about as much to start as a page-cached read of a file: each one gets at least
+            # MIN_SHARE reads or 1 MiB (8 files of 81 KB on 2 cores: 0.25 ms on one thread, 0.44 on eight).
+            work = max(-(-len(tasks) // MIN_SHARE), int(tasks.lens.sum()) >> 20)
+            return tasks.run_native(max(1, min(self.threads, work)))
         return np.array(self._pool_map(tasks.run_one, len(tasks)), dtype=np.int64).reshape(-1)
 
     def _sizes(self, paths: list[str]) -> list[int | OSError]:
         """Each file's size in bytes, or the OSError of looking it up."""
         if NATIVE is not None and paths:
             got = np.empty(len(paths), dtype=np.int64)
-            NATIVE.sizes(paths, got, self.threads)
+            # A stat costs ~1.5 us: threads pay from 128 files each (256 on 2 cores: 0.29 ms on 2, 0.52 on 8).
+            NATIVE.sizes(paths, got, max(1, min(self.threads, len(paths) // 128)))
             got = got.tolist()
         else:
             got = self._pool_map(lambda k: _size_of(paths[k]), len(paths))
