@@ -104,7 +104,14 @@ class ByteReader:
         sizes: list[int | Exception] = [0 if loc.data is not None else loc.length for loc in locations]
         unknown = [k for k, size in enumerate(sizes) if size is None]
         for k, size in zip(unknown, self._sizes([locations[k].path for k in unknown])):
-            sizes[k] = read_error(locations[k], size) if isinstance(size, OSError) else size - locations[k].offset
+            loc = locations[k]
+            if isinstance(size, OSError):
+                sizes[k] = read_error(loc, size)
+            elif size < loc.offset:
+                sizes[k] = CorruptRecordError(f"offset {loc.offset} is past the end of the file ({size} bytes)",
+                                              path=loc.path, offset=loc.offset)
+            else:
+                sizes[k] = size - loc.offset
         arena = self._arena(sum(s for s in sizes if isinstance(s, int)))
         views: list = []
         jobs = []

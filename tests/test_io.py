@@ -31,6 +31,15 @@ def test_errors_are_values_naming_file_and_offset(tmp_path, read_engine):
     assert "short.bin" in str(short) and "at byte 40" in str(short) and "10 of 20" in str(short)
 
 
+def test_an_offset_past_the_end_of_a_file_read_to_its_end_is_an_error_beside_good_reads(tmp_path, read_engine):
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"0123456789")
+    with ByteReader("posix") as r:
+        past, tail, whole = r.read([Location(str(p), 12), Location(str(p), 7), Location(str(p))])
+    assert isinstance(past, CorruptRecordError) and "offset 12 is past the end" in str(past) and past.offset == 12
+    assert bytes(tail) == b"789" and bytes(whole) == b"0123456789"
+
+
 def test_a_large_batch_split_over_the_pool_keeps_every_file_in_its_place(tmp_path, read_engine):
     """Sizes looked up and files read in shares of several files per pool task: each result (bytes or error)
     still lands at its own position."""
