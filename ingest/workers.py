@@ -294,7 +294,7 @@ def keep_freed_memory() -> bool:
     training process keeps the settings its user chose."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):   # not glibc (musl, macOS): nothing to tune
+    except (OSError, AttributeError, TypeError):   # not glibc (musl, macOS, Windows): nothing to tune
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3   # malloc.h
     return bool(mallopt(m_trim_threshold, TRIM_THRESHOLD)) & bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD))
