@@ -301,6 +301,7 @@ class ByteReader:
         keep = which[plan.run_of]                 # the sorted rows of those runs
         pos, batch_rows = plan.pos[keep], plan.order[keep]
         lead = plan.lead[keep]                    # each run's first row
+        offsets = pos[lead]                       # where each run starts in its file
         gaps = np.zeros(len(pos), dtype=np.int64)
         gaps[1:] = pos[1:] - pos[:-1] - row
         gaps[lead] = 0
@@ -319,14 +320,14 @@ class ByteReader:
             try:
                 fds[run_files == file] = handles.get(("fd", path), lambda: os.open(path, os.O_RDONLY))
             except OSError as err:
-                raise read_error(Location(path, int(pos[lead][run_files == file][0])), err) from None
-        tasks = _Tasks(rows.reshape(-1), [None] * len(chosen), fds, pos[lead], np.append(at[lead], len(starts)),
+                raise read_error(Location(path, int(offsets[run_files == file][0])), err) from None
+        tasks = _Tasks(rows.reshape(-1), [None] * len(chosen), fds, offsets, np.append(at[lead], len(starts)),
                        starts, lens)
         got, want = self._run(tasks), plan.nbytes[chosen]
         bad = np.flatnonzero(got != want)
         if len(bad):
             k = int(bad[0])
-            path, offset = paths[int(run_files[k])], int(pos[lead][k])
+            path, offset = paths[int(run_files[k])], int(offsets[k])
             if got[k] < 0:
                 raise read_error(Location(path, offset), _os_error(int(got[k])))
             raise _short_read(int(got[k]), int(want[k]), path, offset)
@@ -461,8 +462,8 @@ COALESCE_GAP = 64 * 1024
 READ_CHUNK = 16 << 20
 #: `ByteReader.read_rows` sends reads of at least this many bytes through KvikIO, smaller ones to one native
 #: preadv batch into pinned memory and one copy: KvikIO splits a large read over its thread pool, but issues
-#: each small one by a Python call of its own (and below its ``gds_threshold``, 1 MiB, reads it by POSIX on
-#: the calling thread). A shuffled batch of 512 x 196 KB rows from page cache on an H100 host, compat mode:
+#: each small one by a Python call of its own (and, below its ``gds_threshold``, by POSIX on the calling
+#: thread). A shuffled batch of 512 x 196 KB rows from page cache on an H100 host, compat mode:
 #: KvikIO per read 50k rows/s, native preadv 90k; 512 consecutive rows (16 MiB reads): KvikIO 134k, native 76k.
 KVIKIO_MIN_READ = 1 << 20
 #: Rows per read at most: a posix read scatters with two iovecs per row, and IOV_MAX is 1024 on Linux.

@@ -46,8 +46,9 @@ class Loader:
     no CUDA context) with decode and ops on this process's threads and its one CUDA context: about a quarter
     of the GPU memory, but the decode and ops share the training loop's GIL (see docs/design.md). Default
     ``num_workers`` (None): the ``num_workers`` setting of `ingest.defaults`, "auto" unless set: 4 on CUDA (fewer
-    under 16 cores), 0 on CPU and for raw shards read straight to the GPU (nothing to decode). Workers are spawned (CUDA cannot be forked), so a script that iterates such a loader needs the
-    usual ``if __name__ == "__main__":`` guard.
+    under 16 cores), 0 on CPU and for raw shards read straight to the GPU (nothing to decode). Workers are
+    spawned (CUDA cannot be forked), so a script that iterates such a loader needs the usual
+    ``if __name__ == "__main__":`` guard.
 
     Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
     every other field the source declares (collated by kind, see `ingest.collate`), ``indices`` (dataset
