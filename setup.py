@@ -2,6 +2,8 @@
 
 - ``ingest._readv``: a batch of file reads on native threads with the GIL released once per batch; without
   it `ingest.io` reads on Python threads.
+- ``ingest.ops._jpeg``: the JPEG headers of a batch in one call; without it `ingest.ops.decode` reads them one
+  by one in Python.
 - ``ingest.ops._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
   the same loop through ctypes, slower beside busy Python threads (``ingest.ops._nvimgcodec``).
 
@@ -15,5 +17,6 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 setup(ext_modules=[
     Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),
 ])

@@ -74,7 +74,7 @@ class _Work:
     is_pad: np.ndarray
     records: list[Record]
     sizes: list[tuple[int, int]] = field(default_factory=list)   # probed (oriented) image sizes
-    headers: list[Any] = field(default_factory=list)            # parsed JPEG headers (or None) per sample
+    headers: np.ndarray | None = None  # the batch's JPEG header table (`ops.decode.jpeg_headers`), if probed
     ops_plan: Any = None
     images: Any = None
     origins: list[tuple[int, int]] | None = None
@@ -233,7 +233,7 @@ class Pipeline:
         labels = self._labels[idx] if len(self._labels) else np.full(len(idx), -1, dtype=np.int64)
         # No per-sample Python objects: names are made only if a message needs one, records are all alike.
         work = _Work(plan, _Names(self.source, idx), idx, plan.is_pad, [_NO_FIELDS] * len(idx), labels=labels)
-        work.sizes, work.headers = [tuple(out.shape[1:3])] * len(idx), [None] * len(idx)
+        work.sizes = [tuple(out.shape[1:3])] * len(idx)
         work.images = out
         if self.device.type == "cuda":
             out.record_stream(self.ops_stream)  # allocated on the decode stream, used and freed on the ops stream
@@ -265,28 +265,28 @@ class Pipeline:
         the GPU decoder the region of each image to decode). Done in the read stage, which has time to spare."""
         if self.image_kind is None:
             return work
-        sizes, headers, keep = [], [], []
-        for k, (record, name) in enumerate(zip(work.records, work.names)):
-            try:
-                if self.image_kind == "pixels":
-                    size, header = _pixel_size(record.image, name), None
-                else:
-                    size, header = self.cpu.probe_header(record.image, name)
-            except IngestError as err:
-                self.failures.add(name, "decode", err)
-                continue
-            sizes.append(size)
-            headers.append(header)
-            keep.append(k)
-        if len(keep) != len(work.records):
+        if self.image_kind == "pixels":
+            probed, headers = [], None
+            for record, name in zip(work.records, work.names):
+                try:
+                    probed.append(_pixel_size(record.image, name))
+                except IngestError as err:
+                    probed.append(err)
+        else:
+            probed, headers = self.cpu.probe_batch([r.image for r in work.records], work.names)
+        keep = [k for k, size in enumerate(probed) if not isinstance(size, IngestError)]
+        if len(keep) != len(probed):
+            for k in sorted(set(range(len(probed))) - set(keep)):
+                self.failures.add(work.names[k], "decode", probed[k])
             work = _select(work, keep)
-        work.sizes, work.headers = sizes, headers
+            probed, headers = [probed[k] for k in keep], None if headers is None else headers[keep]
+        work.sizes, work.headers = probed, headers
         if work.records:
             # One generator per sample still in the batch, keyed by (seed, epoch, dataset index).
             rngs = replace(work.plan, indices=work.indices, is_pad=work.is_pad).sample_rngs()
             if self.boxes:
-                work.boxes = [self._to_ltrb(r.fields["boxes"], size) for r, size in zip(work.records, sizes)]
-            work.ops_plan = planner.plan(self.ops, sizes, rngs, boxes=work.boxes if self.box_ops else None)
+                work.boxes = [self._to_ltrb(r.fields["boxes"], size) for r, size in zip(work.records, probed)]
+            work.ops_plan = planner.plan(self.ops, probed, rngs, boxes=work.boxes if self.box_ops else None)
         return work
 
     # -- stage 2: decode ----------------------------------------------------------------------
@@ -311,7 +311,7 @@ class Pipeline:
             return work
         if self.gpu is not None:
             warp = work.ops_plan.warp
-            rois = warp.roi() if warp is not None else None
+            rois = warp.regions() if warp is not None else None
             with torch.cuda.stream(self.decode_stream):
                 images, origins, paths = self.gpu.decode_batch(datas, work.names, rois=rois,
                                                                stream=self.decode_stream, headers=work.headers)
@@ -347,7 +347,7 @@ class Pipeline:
             work.failed.append(k)
             h, w = work.sizes[k] if rois is not None else work.ops_plan.out_sizes[k]
             if rois is not None and rois[k] is not None:
-                x0, y0, x1, y1 = rois[k]
+                x0, y0, x1, y1 = (int(v) for v in rois[k])
                 h, w = y1 - y0, x1 - x0
                 origins[k] = (x0, y0)
             if self.gpu is not None:

@@ -23,8 +23,8 @@ from PIL import Image
 from ingest.errors import ConfigError, DecodeError
 from ingest.ops import _nvimgcodec as native
 from ingest.ops import decode_gpu
-from ingest.ops.decode import CpuDecoder, as_buffer
-from ingest.ops.decode_gpu import GpuDecoder, clip_roi, gpu_decodable, orient
+from ingest.ops.decode import CpuDecoder, jpeg_headers
+from ingest.ops.decode_gpu import GpuDecoder, clip_regions, clip_roi, gpu_decodable, orient
 from conftest import REALWORLD, encode, textured
 
 GPU_MEAN_DIFF = 2.0
@@ -79,6 +79,12 @@ def mean_diff(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> flo
 ])
 def test_clip_roi(roi, expected):
     assert clip_roi(roi, 80, 100) == expected
+    row = np.array([[1, 80, 100, 3, 8, 0xC0, 1, 0, 1]])       # a header row: 100x80, orientation 1
+    got = clip_regions(np.array([roi or (0, 0, 0, 0)]), row)[0]
+    assert (tuple(got.tolist()) if got[2] > got[0] else None) == expected, "batched form agrees"
+    turned = row.copy()
+    turned[0, 6] = 6
+    assert not clip_regions(np.array([roi or (0, 0, 0, 0)]), turned).any(), "turned images decode whole"
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
@@ -101,21 +107,21 @@ def test_orient_matches_pillow(orientation):
 ])
 def test_which_images_go_to_the_gpu(name, eligible):
     data = samples()[name]
-    assert (gpu_decodable(as_buffer(data, name), 2**28) is not None) == eligible
+    assert (bool(gpu_decodable(jpeg_headers([data]), 2**28)[0])) == eligible
 
 
 def test_truncated_and_oversized_jpegs_stay_on_the_cpu():
     data = samples()["baseline420.jpg"]
-    assert gpu_decodable(as_buffer(data[:-100], "cut"), 2**28) is None, "no EOI: truncated"
-    assert gpu_decodable(as_buffer(data, "big"), 120 * 176 - 1) is None, "over max_pixels"
+    assert not gpu_decodable(jpeg_headers([data[:-100]]), 2**28)[0], "no EOI: truncated"
+    assert not gpu_decodable(jpeg_headers([data]), 120 * 176 - 1)[0], "over max_pixels"
 
 
 def test_rgb_coded_jpegs_stay_on_the_cpu():
     # Pillow writes RGB-coded JPEGs (no YCbCr transform: Adobe APP14 transform 0) when asked to keep RGB.
     rgb = encode(Image.fromarray(textured(40, 60)), "JPEG", keep_rgb=True)
     ycc = encode(Image.fromarray(textured(40, 60)), "JPEG")
-    assert gpu_decodable(as_buffer(rgb, "rgb"), 2**28) is None
-    assert gpu_decodable(as_buffer(ycc, "ycc"), 2**28) is not None
+    assert not gpu_decodable(jpeg_headers([rgb]), 2**28)[0]
+    assert gpu_decodable(jpeg_headers([ycc]), 2**28)[0]
 
 
 def test_image_arena_is_a_sequence_of_views_and_the_warp_reads_it_in_place():

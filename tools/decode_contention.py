@@ -86,7 +86,7 @@ def decode_rate(gpu: GpuDecoder, datas, headers, rois, batch: int, seconds: floa
         idx = range(lo, min(lo + batch, len(datas)))
         images, _, paths = gpu.decode_batch([datas[i] for i in idx], [str(i) for i in idx],
                                             rois=[rois[i] for i in idx], stream=stream,
-                                            headers=[headers[i] for i in idx])
+                                            headers=headers[list(idx)])
         stream.synchronize()
         del images
         n, k = n + len(idx), k + 1
@@ -131,7 +131,7 @@ def main() -> None:
     print(f"{len(datas)} JPEGs, mean {np.mean([len(d) for d in datas]) / 1e3:.0f} KB "
           f"({time.perf_counter() - t0:.1f} s)", flush=True)
     cpu = CpuDecoder(threads=4)
-    headers = [cpu.probe_header(d, str(i))[1] for i, d in enumerate(datas)]
+    headers = cpu.probe_batch(datas, [str(i) for i in range(len(datas))])[1]
     rng = np.random.default_rng(0)
     crops = []
     for h in headers:  # random-resized-crop-like regions: 25-100% of the area, aspect 3/4-4/3

@@ -118,7 +118,7 @@ def main() -> None:
     from decode_contention import make_data  # this folder, on sys.path when run as a script
     datas = make_data(Path(args.data), 256)
     cpu = CpuDecoder(threads=2)
-    headers = [cpu.probe_header(d, str(i))[1] for i, d in enumerate(datas)]
+    headers = cpu.probe_batch(datas, [str(i) for i in range(len(datas))])[1]
     stream = torch.cuda.Stream()
     with GpuDecoder("cuda", cpu, engine="native") as gpu:
         result = {"nvimgcodec": native.version_string(native.load().version), "steps": steps(gpu, datas, headers,

@@ -45,8 +45,7 @@ def main():
         with ByteReader(io, pin=True) as r:
             res[f"read_{io}_ms"], datas = timeit(lambda: r.read(locs))
     cpu = CpuDecoder(threads=16)
-    res["probe_ms"], probed = timeit(lambda: [cpu.probe_header(d, n) for d, n in zip(datas, names)])
-    sizes, headers = [p[0] for p in probed], [p[1] for p in probed]
+    res["probe_ms"], (sizes, headers) = timeit(lambda: cpu.probe_batch(datas, names))
     ops = [RandomResizedCrop(224), Flip(p=0.5), Normalize(MEAN, STD)]
     rng = np.random.default_rng(0)
     res["plan_ms"], plan = timeit(lambda: planner.plan(ops, sizes, rng))

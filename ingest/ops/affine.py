@@ -167,10 +167,14 @@ class Warp:
 
     def roi(self) -> list[tuple[int, int, int, int]]:
         """Integer source regions (x0, y0, x1, y1) that hold every pixel the resample can read."""
+        return [tuple(r) for r in self.regions().tolist()]
+
+    def regions(self) -> np.ndarray:
+        """:meth:`roi` as an ``[N, 4]`` int64 array."""
         hw = np.asarray(self.source_sizes, dtype=np.int64).reshape(-1, 2)
         lo = np.maximum(np.floor(self.box[:, :2]).astype(np.int64), 0)
         hi = np.minimum(np.ceil(self.box[:, 2:]).astype(np.int64), hw[:, ::-1])
-        return [tuple(r) for r in np.concatenate([lo, hi], axis=1).tolist()]
+        return np.concatenate([lo, hi], axis=1)
 
     def rescaled(self, sizes: Sequence[Size], scales: float | Sequence[float] | None = None) -> "Warp":
         """This warp for sources that arrived at ``sizes`` rather than ``source_sizes`` (decoder downscaling).

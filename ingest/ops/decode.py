@@ -40,6 +40,11 @@ from ingest import defaults
 from ingest.errors import ConfigError, DecodeError
 from ingest.formats._images import JPEG_SIGNATURE
 
+try:  # the batch header scan in C (setup.py builds it where a compiler is found), else read_jpeg_header per image
+    from ingest.ops import _jpeg as NATIVE_HEADERS
+except ImportError:
+    NATIVE_HEADERS = None
+
 Buffer = bytes | bytearray | memoryview | np.ndarray
 Size = tuple[int, int]  # (height, width)
 
@@ -110,6 +115,25 @@ class CpuDecoder:
             return _oriented(header.height, header.width, header.orientation), header
         with self._open_pillow(data, buf, name) as img:
             return _oriented(img.height, img.width, _pillow_orientation(img)), None
+
+    def probe_batch(self, datas: Sequence[Buffer], names: Sequence[str]
+                    ) -> tuple[list[Size | DecodeError], np.ndarray]:
+        """:meth:`probe` of every image (its :class:`DecodeError` as a value where the header is refused), and
+        the batch's JPEG header table (:func:`jpeg_headers`), which the GPU decoder takes instead of parsing
+        again. JPEGs are read in one native call; other formats and refused headers go through
+        :meth:`probe_header` one by one (the same sizes and the same errors)."""
+        table = jpeg_headers(datas)
+        kind, h, w, orientation = table[:, 0], table[:, 1], table[:, 2], table[:, 6]
+        good = (kind == 1) & (h > 0) & (w > 0) & (h * w <= self.max_pixels)
+        turned = orientation >= 5
+        heights, widths = np.where(turned, w, h).tolist(), np.where(turned, h, w).tolist()
+        sizes: list[Size | DecodeError] = list(zip(heights, widths))
+        for k in np.flatnonzero(~good).tolist():
+            try:
+                sizes[k] = self.probe(datas[k], names[k])
+            except DecodeError as err:
+                sizes[k] = err
+        return sizes, table
 
     def decode(self, data: Buffer, name: str, *, min_size: Size | None = None) -> np.ndarray:
         """The image as an ``[H, W, 3]`` uint8 RGB array, orientation applied.
@@ -255,6 +279,35 @@ def as_buffer(data: Buffer, name: str) -> memoryview:
 def is_jpeg(buf: memoryview) -> bool:
     """Whether the bytes start like a JPEG (SOI, then a marker): the name is never trusted."""
     return buf[:3] == JPEG_SIGNATURE
+
+
+#: Columns of a :func:`jpeg_headers` row. kind: 0 not a JPEG, 1 a JPEG with a frame header, 2 a JPEG without
+#: one; then :class:`JpegHeader`'s fields (0 unless kind is 1); eoi: whether the bytes end with EOI (FF D9).
+HEADER_COLUMNS = ("kind", "height", "width", "components", "precision", "process", "orientation", "rgb", "eoi")
+
+
+def jpeg_headers(datas: Sequence[Buffer]) -> np.ndarray:
+    """An ``[n, 9]`` int64 table of :data:`HEADER_COLUMNS`, row k read from ``datas[k]`` as
+    :func:`read_jpeg_header` reads it: in one call to ``ingest.ops._jpeg`` with the GIL released once, or,
+    where that was not built, image by image here."""
+    out = np.zeros((len(datas), len(HEADER_COLUMNS)), np.int64)
+    if NATIVE_HEADERS is not None:
+        NATIVE_HEADERS.headers(datas, out)
+        return out
+    for row, data in zip(out, datas):
+        buf = memoryview(data).cast("B")
+        row[8] = buf[-2:] == b"\xff\xd9"
+        if is_jpeg(buf):
+            header = read_jpeg_header(buf)
+            row[0] = 2 if header is None else 1
+            if header is not None:
+                row[1:8] = header
+    return out
+
+
+def header_of(row: np.ndarray) -> JpegHeader | None:
+    """The :class:`JpegHeader` of a :func:`jpeg_headers` row (None unless it is a JPEG with a frame header)."""
+    return JpegHeader(*row[1:7].tolist(), bool(row[7])) if row[0] == 1 else None
 
 
 def read_jpeg_header(buf: memoryview) -> JpegHeader | None:

@@ -64,7 +64,7 @@ import torch
 from ingest.errors import ConfigError, DecodeError
 from ingest.ops import _nvimgcodec as native
 from ingest.ops.base import ImageArena, bind_thread
-from ingest.ops.decode import Buffer, CpuDecoder, JpegHeader, Size, as_buffer, is_jpeg, read_jpeg_header
+from ingest.ops.decode import Buffer, CpuDecoder, JpegHeader, Size, header_of, jpeg_headers
 
 #: Backend choices: all of nvImageCodec's (it picks per image), the hardware JPEG engine only, or CPU+GPU.
 BACKENDS = {"auto": None, "hw": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU"}
@@ -77,7 +77,7 @@ Roi = tuple[int, int, int, int]  # x0, y0, x1, y1 in (oriented) source pixels
 
 #: Huffman baseline and extended. Progressive JPEGs go to the CPU: the hardware decoder refuses them, and
 #: nvImageCodec 0.9's CUDA decoder got a valid 12-scan one (jpeg-decoder/subtract-with-overflow.jpg) wrong.
-_GPU_PROCESSES = frozenset({0xC0, 0xC1})
+_GPU_PROCESSES = (0xC0, 0xC1)
 #: Chroma upsampling as libjpeg does it by default (nvImageCodec's default is 0), so GPU and CPU agree.
 _DECODER_OPTIONS = ":fancy_upsampling=1"
 
@@ -194,49 +194,54 @@ class GpuDecoder:
         return self.cpu.probe(data, name)
 
     def decode_batch(self, datas: Sequence[Buffer], names: Sequence[str], *,
-                     rois: Sequence[Roi | None] | None = None, stream: torch.cuda.Stream | None = None,
-                     headers: Sequence[JpegHeader | None] | None = None
-                     ) -> tuple[list[torch.Tensor | DecodeError] | ImageArena, list[tuple[int, int]],
+                     rois: Sequence[Roi | None] | np.ndarray | None = None,
+                     stream: torch.cuda.Stream | None = None, headers: np.ndarray | None = None) -> tuple[list[torch.Tensor | DecodeError] | ImageArena, list[tuple[int, int]],
                                 list[str]]:
         """Decode a batch to ``[H, W, 3]`` uint8 RGB CUDA tensors, ready in order on ``stream``.
 
-        ``rois[i]`` = (x0, y0, x1, y1), the source region sample i needs, or None. Returns, per sample: the
-        image (or its :class:`DecodeError`; when the native engine decoded every image and none needs turning,
-        the images come as one :class:`~ingest.ops.base.ImageArena`, a sequence of the same views), the (x0, y0) of what was decoded in source pixels (a region
-        decode returns just the region) and the path that decoded it: "gpu", "gpu-roi" or "cpu-fallback".
-        ``headers[i]``: sample i's header from `CpuDecoder.probe_header`, to skip parsing it again.
+        ``rois[i]`` = (x0, y0, x1, y1), the source region sample i needs, or None (or an [n, 4] array, x1 <= x0
+        for none). Returns, per sample: the image (or its :class:`DecodeError`; when the native engine decoded
+        every image and none needs turning, the images come as one :class:`~ingest.ops.base.ImageArena`, a
+        sequence of the same views), the (x0, y0) of what was decoded in source pixels (a region decode
+        returns just the region) and the path that decoded it: "gpu", "gpu-roi" or "cpu-fallback".
+        ``headers``: the batch's header table from `CpuDecoder.probe_batch`, to skip reading them again.
         The buffers in ``datas`` must stay unchanged until the call returns.
         """
         if len(datas) != len(names) or (rois is not None and len(rois) != len(datas)):
             raise ValueError(f"got {len(datas)} images, {len(names)} names and "
                              f"{'no' if rois is None else len(rois)} rois")
         n = len(datas)
-        rois = list(rois) if rois is not None else [None] * n
         stream = stream if stream is not None else torch.cuda.current_stream(self.device)
-        headers = list(headers) if headers is not None else [None] * n
-        jobs = [job for i, (data, name) in enumerate(zip(datas, names))
-                if (job := self._job(i, data, name, rois[i], headers[i])) is not None]
+        table = headers if headers is not None else jpeg_headers(datas)
+        wanted = _region_array(rois, n)
+        index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels))
+        regions = clip_regions(wanted[index], table[index])   # x1 <= x0: the whole image
+        cropped = regions[:, 2] > regions[:, 0]
+        orientation = table[index, 6]
         with torch.cuda.device(self.device):
-            if self.engine == "native" and jobs:
-                arena, reasons = self._decode_native(jobs, stream)
-                if len(jobs) == n and not any(reasons) and all(job.header.orientation == 1 for job in jobs):
+            if self.engine == "native" and len(index):
+                arena, reasons = self._decode_native(index, datas, table, regions, stream)
+                if len(index) == n and not any(reasons) and (orientation == 1).all():
                     # The common case: one buffer, no tensor per image (see ImageArena).
-                    return arena, [job.roi[:2] if job.roi else (0, 0) for job in jobs], \
-                        ["gpu-roi" if job.roi else "gpu" for job in jobs]
-                decoded = [None if why else arena[k] if job.header.orientation == 1 else
-                           orient(arena[k], job.header.orientation) for k, (job, why) in enumerate(zip(jobs, reasons))]
+                    return arena, list(map(tuple, (regions[:, :2] * cropped[:, None]).tolist())), \
+                        np.where(cropped, "gpu-roi", "gpu").tolist()
+                decoded = [None if why else arena[k] if turn == 1 else orient(arena[k], turn)
+                           for k, (why, turn) in enumerate(zip(reasons, orientation.tolist()))]
             else:
+                jobs = [_Job(i, datas[i], header_of(table[i]), tuple(r) if crop else None)
+                        for i, r, crop in zip(index.tolist(), regions.tolist(), cropped.tolist())]
                 decoded = self._decode_on_gpu(jobs, stream)
             images: list[torch.Tensor | DecodeError | None] = [None] * n
             origins = [(0, 0)] * n
             paths = ["cpu-fallback"] * n
-            for job, image in zip(jobs, decoded):
+            for i, image, r, crop in zip(index.tolist(), decoded, regions.tolist(), cropped.tolist()):
                 if image is not None:
-                    images[job.index] = image
-                    origins[job.index] = job.roi[:2] if job.roi else (0, 0)
-                    paths[job.index] = "gpu-roi" if job.roi else "gpu"
+                    images[i] = image
+                    origins[i] = (r[0], r[1]) if crop else (0, 0)
+                    paths[i] = "gpu-roi" if crop else "gpu"
             left = [i for i, image in enumerate(images) if image is None]
-            for i, image, origin in zip(left, *self._decode_on_cpu(left, datas, names, rois, stream)):
+            asked = [tuple(r) if r[2] > r[0] else None for r in wanted.tolist()]
+            for i, image, origin in zip(left, *self._decode_on_cpu(left, datas, names, asked, stream)):
                 images[i], origins[i] = image, origin
         return images, origins, paths
 
@@ -287,15 +292,6 @@ class GpuDecoder:
             raise ConfigError(f"nvImageCodec cannot create a decoder with backend={self.backend!r} on "
                               f"{self.device}: {err}. Available: {', '.join(BACKENDS)}") from err
 
-    def _job(self, index: int, data: Buffer, name: str, roi: Roi | None, header: JpegHeader | None
-             ) -> _Job | None:
-        """A GPU job for sample ``index``, or None when the CPU decoder should take it."""
-        header = gpu_decodable(as_buffer(data, name), self.cpu.max_pixels, header)
-        if header is None:
-            return None
-        region = clip_roi(roi, header.height, header.width) if header.orientation == 1 else None
-        return _Job(index, data, header, region)
-
     # -- GPU -----------------------------------------------------------------------------------------
 
     def _decode_on_gpu(self, jobs: list[_Job], stream: torch.cuda.Stream) -> list[torch.Tensor | None]:
@@ -317,24 +313,27 @@ class GpuDecoder:
             images += part
         return images
 
-    def _decode_native(self, jobs: list[_Job], stream: torch.cuda.Stream) -> tuple[ImageArena, list[str | None]]:
-        """The native engine: every job decoded into one new buffer (each image at a 256-byte aligned offset),
-        the decoders' shares submitted, then all awaited. Returns the images (an arena over the jobs; an image
-        that failed holds garbage) and, per job, None or why nvImageCodec did not decode it (counted in
-        :attr:`fallbacks`)."""
-        n = len(jobs)
-        regions = np.array([job.roi or (0, 0, 0, 0) for job in jobs], np.int32)  # x1 <= x0: the whole image
-        hw = np.array([job.expected_shape()[:2] for job in jobs], np.int64)
+    def _decode_native(self, index: np.ndarray, datas: Sequence[Buffer], table: np.ndarray, regions: np.ndarray,
+                       stream: torch.cuda.Stream) -> tuple[ImageArena, list[str | None]]:
+        """The native engine: images ``index`` of ``datas`` (their header rows in ``table``; ``regions`` the
+        part of each to decode, x1 <= x0 for all of it) decoded into one new buffer (each image at a 256-byte
+        aligned offset), the decoders' shares submitted, then all awaited. Returns the images (an arena over
+        them; an image that failed holds garbage) and, per image, None or why nvImageCodec did not decode it
+        (counted in :attr:`fallbacks`)."""
+        n = len(index)
+        cropped = regions[:, 2] > regions[:, 0]
+        hw = np.where(cropped[:, None], regions[:, [3, 2]] - regions[:, [1, 0]], table[index][:, 1:3])
         padded = -(-(hw[:, 0] * hw[:, 1] * 3) // _ALIGN) * _ALIGN
         offsets = np.concatenate(([0], np.cumsum(padded)[:-1]))
         with torch.cuda.stream(stream):
             storage = torch.empty(int(padded.sum()), dtype=torch.uint8, device=self.device)
         addresses = (offsets + storage.data_ptr()).astype(np.uint64)
+        regions = regions.astype(np.int32)
         chunks = [c for c in np.array_split(np.arange(n), len(self._decoders)) if len(c)]
-        datas = [job.data for job in jobs]
+        chosen = datas if n == len(datas) else [datas[i] for i in index.tolist()]
 
         def share(decoder: native.BatchDecoder, chunk: np.ndarray) -> native.Pending:
-            return decoder.submit(datas if len(chunks) == 1 else [datas[k] for k in chunk], regions[chunk],
+            return decoder.submit(chosen if len(chunks) == 1 else [chosen[k] for k in chunk], regions[chunk],
                                   hw[chunk, 0], hw[chunk, 1], addresses[chunk], stream.cuda_stream)
 
         if self._pool is not None and len(chunks) > 1:  # compiled loop: the shares run at once, one per thread
@@ -394,17 +393,34 @@ class GpuDecoder:
 # -- helpers ------------------------------------------------------------------------------------------
 
 
-def gpu_decodable(buf: memoryview, max_pixels: int, header: JpegHeader | None = None) -> JpegHeader | None:
-    """The header of a JPEG the GPU should decode (see the module docstring), or None. ``header``: the
-    already parsed header of ``buf``, if the caller has it (`CpuDecoder.probe_header`)."""
-    if not is_jpeg(buf) or buf[-2:] != b"\xff\xd9":
-        return None
-    header = header or read_jpeg_header(buf)
-    if (header is None or header.process not in _GPU_PROCESSES or header.precision != 8
-            or header.components not in (1, 3) or header.rgb
-            or not 0 < header.height * header.width <= max_pixels):
-        return None
-    return header
+def gpu_decodable(table: np.ndarray, max_pixels: int) -> np.ndarray:
+    """Which images of a :func:`~ingest.ops.decode.jpeg_headers` table the GPU should decode (see the module
+    docstring): complete 8-bit baseline or extended JPEGs, gray or YCbCr, of at most ``max_pixels``."""
+    kind, h, w, comps, precision, process, _, rgb, eoi = table.T
+    pixels = h * w
+    return ((kind == 1) & (eoi == 1) & np.isin(process, _GPU_PROCESSES) & (precision == 8)
+            & ((comps == 1) | (comps == 3)) & (rgb == 0) & (pixels > 0) & (pixels <= max_pixels))
+
+
+def clip_regions(regions: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """:func:`clip_roi` of each row of ``regions`` ([n, 4] x0 y0 x1 y1; x1 <= x0: none) to its image's stored
+    size in ``table`` (header rows); a row becomes all zeros where there is no region worth decoding alone,
+    and wherever the image is turned by its orientation (regions are in displayed pixels)."""
+    h, w = table[:, 1], table[:, 2]
+    x0, y0 = np.maximum(regions[:, 0], 0), np.maximum(regions[:, 1], 0)
+    x1, y1 = np.minimum(regions[:, 2], w), np.minimum(regions[:, 3], h)
+    whole = (x0 == 0) & (y0 == 0) & (x1 == w) & (y1 == h)
+    keep = (x1 > x0) & (y1 > y0) & ~whole & (table[:, 6] == 1) & (regions[:, 2] > regions[:, 0])
+    return np.stack([x0, y0, x1, y1], axis=1) * keep[:, None]
+
+
+def _region_array(rois: Sequence[Roi | None] | np.ndarray | None, n: int) -> np.ndarray:
+    """``rois`` (a sequence of regions or None, or already an [n, 4] array) as an [n, 4] int64 array."""
+    if rois is None:
+        return np.zeros((n, 4), np.int64)
+    if isinstance(rois, np.ndarray):
+        return rois.astype(np.int64, copy=False).reshape(n, 4)
+    return np.array([(0, 0, 0, 0) if r is None else r for r in rois], np.int64).reshape(n, 4)
 
 
 def clip_roi(roi: Roi | None, height: int, width: int) -> Roi | None:
