@@ -2,8 +2,10 @@
 
 Variants (each runs in its own subprocess: a fresh CUDA context, and one crash cannot take the others down):
 
-  a  ingest, decode="mixed" (nvImageCodec on the GPU), device cuda, the Loader's default workers
-  r  the same with worker_stages="read": worker processes only read (no CUDA), decode and ops in this process
+  a  ingest, decode="mixed" (nvImageCodec on the GPU), device cuda, the Loader's defaults (on CUDA: no worker
+     processes, the pipeline on threads of the training process)
+  w  the same with num_workers=4: four full worker processes, each with its own CUDA context
+  r  num_workers=4, worker_stages="read": worker processes only read (no CUDA), decode and ops in this process
   b  ingest, decode="cpu", device cuda (CPU decode, upload, GPU augmentation)
   c  torch DataLoader + torchvision ImageFolder + PIL transforms, --workers processes, pin_memory, .cuda()
   d  DALI: readers.file -> decoders.image_random_crop(mixed) -> resize 224 -> crop_mirror_normalize(float, CHW)
@@ -50,10 +52,10 @@ REPO = HERE.parent
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 NUM_CLASSES = 100
-LOADERS = {"a": "ingest_mixed", "r": "ingest_mixed_reader_procs", "b": "ingest_cpu_decode",
+LOADERS = {"a": "ingest_mixed", "w": "ingest_mixed_workers4", "r": "ingest_mixed_reader_procs", "b": "ingest_cpu_decode",
            "c": "torch_dataloader", "d": "dali_mixed"}
 CHILDREN = {**LOADERS, "f": "decode_only", "s": "synthetic"}
-ORDER = "arbcdsf"
+ORDER = "awrbcdsf"
 IMAGE_EXT = (".jpg", ".jpeg", ".png")
 
 
@@ -265,7 +267,10 @@ def derive(results: dict) -> dict:
     mr, md = g(LOADERS["r"], "memory", "device_peak_mb"), g(LOADERS["d"], "memory", "device_peak_mb")
     r.update({"r_over_d": _ratio(rr, d), "train_r_over_d": _ratio(tr, td), "mem_r_over_d": _ratio(mr, md),
               "train_r_over_a": _ratio(tr, ta)})
-    for k in "ard":
+    w, tw, mw = g(LOADERS["w"], "img_s"), g(LOADERS["w"], "train", "img_s"), g(LOADERS["w"], "memory", "device_peak_mb")
+    r.update({"w_over_d": _ratio(w, d), "train_w_over_d": _ratio(tw, td), "mem_w_over_d": _ratio(mw, md),
+              "train_a_over_w": _ratio(ta, tw)})
+    for k in "awrd":
         spread = g(LOADERS[k], "epochs_memory", "max_over_min")
         if spread is not None:
             r[f"epochs_memory_{k}_max_over_min"] = spread
@@ -500,14 +505,15 @@ class Feed:
             it = iter(self.iterable)
 
 
-def build_ingest(args, dev, decode: str, stages: str | None = None) -> Feed:
+def build_ingest(args, dev, decode: str, stages: str | None = None, workers: int | None = None) -> Feed:
     import torch
     import ingest
     from ingest.ops import Flip, Normalize, RandomResizedCrop
     ops = [RandomResizedCrop(224), Flip(p=0.5),
            Normalize(mean=MEAN, std=STD, dtype=torch.float32, layout="NCHW")]
     loader = ingest.Loader(args.data, batch_size=args.batch, device=str(dev), decode=decode, ops=ops,
-                           shuffle=True, seed=0, prefetch=2, last_batch="drop", num_workers=args.ingest_workers,
+                           shuffle=True, seed=0, prefetch=2, last_batch="drop",
+                           num_workers=args.ingest_workers if workers is None else workers,
                            **({} if stages is None else {"worker_stages": stages}))
     return Feed(loader, lambda b: (b[0], b[1]), stats=loader.stats, close=getattr(loader, "close", None))
 
@@ -558,11 +564,13 @@ def loader_variant(key, args, dev, res, flush) -> None:
     mem = MemSampler(dev)
     res["memory"] = {"method": mem.describe()}
     build = {"a": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu"),
-             "r": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu", stages="read"),
+             "w": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu", workers=4),
+             "r": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu", stages="read",
+                                       workers=4),
              "b": lambda: build_ingest(args, dev, "cpu"),
              "c": lambda: build_dataloader(args, dev),
              "d": lambda: build_dali(args, dev)}[key]
-    if key in "ar" and dev.type != "cuda":
+    if key in "awr" and dev.type != "cuda":
         res["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
     t0 = time.perf_counter()
     if key != "c":

@@ -7,7 +7,7 @@
 | io_threads      | INGEST_IO_THREADS       | cores, 8-32 | threads issuing a batch's reads (and KvikIO's own thread pool) |
 | decode_threads  | INGEST_DECODE_THREADS   | cores   | CPU decode / CPU op threads                           |
 | gpu_decoders    | INGEST_GPU_DECODERS     | 1       | nvImageCodec decoders sharing each batch, one thread each |
-| num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (4 on CUDA, 0 on CPU and for raw shards on CUDA) or a count |
+| num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode or detection feeding CUDA, else 0) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
 

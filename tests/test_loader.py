@@ -371,3 +371,18 @@ print(json.dumps([keep_freed_memory(), freed_top()]))
     assert took is True
     assert mapped == 0                 # 1 MB blocks come from the heap, not mmaps of their own
     assert kept >= 16 << 20            # freed, they stay at the top of the heap
+
+
+def test_auto_workers_only_where_python_work_per_sample_feeds_a_gpu(monkeypatch):
+    from ingest.formats.base import Field
+    from ingest.torch import auto_workers
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    plain = {"image": Field("image"), "label": Field("int")}
+    boxes = {**plain, "boxes": Field("floats")}
+    assert auto_workers(cuda, "mixed", plain) == 0, "GPU decode runs in the training process"
+    assert auto_workers(cuda, "cpu", plain) == 4
+    assert auto_workers(cuda, "mixed", boxes) == 4, "detection targets: Python work per sample"
+    assert auto_workers(cpu, "cpu", plain) == 0 and auto_workers(cpu, "cpu", boxes) == 0
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert auto_workers(cuda, "cpu", plain) == 1

@@ -152,19 +152,24 @@ def test_a_batch_split_between_kvikio_and_preadv_lands_each_row_in_place(tmp_pat
     assert np.array_equal(out.cpu().numpy(), np.stack([images[i] for i in idx]))
 
 
-def test_raw_shards_on_cuda_load_in_this_process_by_default(tmp_path, image_folder):
-    """Nothing to decode, so no worker processes by default (they cost a CUDA context each); JPEGs get them."""
+def test_cuda_loaders_run_in_this_process_by_default(tmp_path, image_folder):
+    """Raw shards and GPU-decoded JPEGs need no worker processes (they cost a CUDA context each); CPU decode
+    feeding the GPU gets them."""
     import ingest
     images = images_of(8)
     (tmp_path / "raw").mkdir()
     write(tmp_path / "raw", images)
     raw = ingest.Loader(str(tmp_path / "raw"), batch_size=4, device="cuda")
     jpegs = ingest.Loader(str(image_folder), batch_size=4, device="cuda")
+    cpu_decode = ingest.Loader(str(image_folder), batch_size=4, device="cuda", decode="cpu")
     try:
-        assert raw.num_workers == 0 and jpegs.num_workers > 0
+        assert raw.num_workers == 0 and jpegs.num_workers == 0 and cpu_decode.num_workers > 0
+        images_out, _ = next(iter(jpegs))
+        assert images_out.is_cuda and jpegs.stats()["decode"] == "mixed"
         x, y = next(iter(raw))
         from ingest.io import resolve_io
         assert x.is_cuda and x.shape[0] == 4 and raw.stats()["read_path"] == resolve_io("auto")[1]
     finally:
         raw.close()
         jpegs.close()
+        cpu_decode.close()

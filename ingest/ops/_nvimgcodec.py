@@ -329,17 +329,18 @@ def load(path: str | None = None) -> Library:
 
 class BatchDecoder:
     """An nvImageCodec decoder on ``device_id`` (:data:`DEVICE_CPU_ONLY` for host output), restricted to
-    ``backends`` (names of :data:`BACKEND_KINDS`; None: all), created with the decoder ``options`` string."""
+    ``backends`` (names of :data:`BACKEND_KINDS`, or (name, load hint) pairs: the share of a batch that backend
+    takes, the rest going on to the next; None: all), created with the decoder ``options`` string."""
 
     def __init__(self, lib: Library, device_id: int, *, backends: Sequence[str] | None = None, options: str = ""):
         self.lib = lib
         self.buffer_kind = BUFFER_STRIDED_HOST if device_id == DEVICE_CPU_ONLY else BUFFER_STRIDED_DEVICE
-        kinds = list(backends or [])
+        kinds = [(b, 1.0) if isinstance(b, str) else tuple(b) for b in backends or []]
         chosen = (Backend * max(1, len(kinds)))()
-        for slot, kind in zip(chosen, kinds):
+        for slot, (kind, load) in zip(chosen, kinds):
             _stamp(slot)
             slot.kind = BACKEND_KINDS[kind]
-            slot.params.load_hint, slot.params.load_hint_policy = 1.0, LOAD_HINT_FIXED
+            slot.params.load_hint, slot.params.load_hint_policy = load, LOAD_HINT_FIXED
         params = new(ExecutionParams, device_id=device_id, num_backends=len(kinds),
                      backends=chosen if kinds else None)
         handle = c_void_p()
