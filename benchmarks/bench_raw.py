@@ -4,6 +4,9 @@ Makes (or reuses) a raw dataset of N SIZE x SIZE x 3 uint8 samples in /dev/shm: 
 (the sources of make_data.py: skimage / sklearn / matplotlib samples, else procedural scenes), or with
 ``--jpegs DIR`` every image of a JPEG tree resized to SIZE x SIZE. Then measures, for the same shard files:
 
+  l  first, in a process that has done nothing else yet (as a user's): ``ingest.Loader(data_dir, ...)``
+     (RandomResizedCrop 224 + Flip + Normalize fp16, shuffled) with each ``--loader-workers`` value: the
+     headline figure
   a  KvikIO alone: ``CuFile.pread`` of large chunks (one batch's bytes each) into a CuPy buffer, at each of
      ``--threads`` KvikIO thread counts; its best GB/s is the reference
   b  ingest ``RawSource.read_batch`` into a preallocated CUDA ``[B, H, W, 3]`` tensor with the loader's default
@@ -11,11 +14,12 @@ Makes (or reuses) a raw dataset of N SIZE x SIZE x 3 uint8 samples in /dev/shm: 
      ("random"), at each thread count: img/s, GB/s and the ratio to (a)'s best; then each way through
      ``ByteReader.read_rows`` (``READ_WAYS``: KvikIO for every read, preadv natively or on Python threads)
   c  reads + GPU ops (RandomResizedCrop 224 + Flip + Normalize fp16 by ``ingest.ops.run_ops``, random
-     order): "serial" (read, then ops, one thread), "overlapped" (a reader thread on its own stream and a
-     ring of buffers, the ops on the main stream), and ``ingest.Loader(data_dir, ...)`` where it takes a raw
-     dataset (else its error is recorded)
+     order): "serial" (read, then ops, one thread) and "overlapped" (a reader thread on its own stream and a
+     ring of buffers, the ops on the main stream): probes of what the loader could reach
   d  with ``--dali`` and where ``nvidia.dali`` imports: DALI's ``fn.readers.numpy`` over one .npy per sample
-     (CPU reader, and the GDS reader, device="gpu") + the same augmentation
+     (CPU reader, and the GDS reader, device="gpu") + the same augmentation; and with ``--dali-jpegs DIR``
+     DALI's mixed JPEG pipeline of benchmarks/bench_gpu.py (variant d) over that ImageFolder tree
+  ratios: the loader's img/s over KvikIO's best (in samples), DALI's numpy reader and DALI's JPEG pipeline
 
 Throughput = images (bytes) / wall time of a timed window of at least ``--seconds`` after a warm-up, ending with
 a device synchronise. The JSON holds every figure, the device name and the library versions.
@@ -70,6 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=3.0, help="timed window per measurement")
     p.add_argument("--loader-workers", default="0", help="num_workers values for the ingest.Loader case, e.g. 0,4")
     p.add_argument("--dali", action="store_true", help="also run DALI's numpy reader (d) if DALI imports")
+    p.add_argument("--dali-jpegs", default=None, help="with --dali: an ImageFolder of JPEGs for DALI's JPEG pipeline")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.threads = [int(t) for t in args.threads.split(",")]
@@ -89,18 +94,34 @@ def main(argv=None) -> int:
                     "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
     report["dataset"] = make_dataset(args)
     src = RawSource(args.data)
-    steps = [("kvikio", kvikio_bandwidth), ("read_batch", read_batch_rates), ("read_ops", read_ops_rates)]
+    steps = [("loader", loader_cases), ("kvikio", kvikio_bandwidth), ("read_batch", read_batch_rates),
+             ("read_ops", read_ops_rates)]
     if args.dali:
-        steps.append(("dali_numpy", dali_numpy))
+        steps += [("dali_numpy", dali_numpy), ("dali_jpeg", dali_jpeg)]
     for key, step in steps:
         try:
             report[key] = step(src, args, report)
         except Exception as err:  # one failing case must not lose the others' figures
             traceback.print_exc()
             report[key] = {"error": f"{type(err).__name__}: {err}"}
+        report["ratios"] = ratios(report)
         write(args.out, report)
         print(f"{key}: {json.dumps(headline(report[key]))}", flush=True)
+    print(f"ratios: {json.dumps(report['ratios'])}")
     return 0
+
+
+def ratios(report: dict) -> dict:
+    def get(*path):
+        d = report
+        for p in path:
+            d = d.get(p) if isinstance(d, dict) else None
+        return d
+    loader = get("loader", "images_per_s")
+    refs = {"kvikio_best": get("kvikio", "by_threads", str(get("kvikio", "best_threads")), "images_per_s"),
+            "dali_numpy_cpu": get("dali_numpy", "reader_cpu", "images_per_s"),
+            "dali_jpeg": get("dali_jpeg", "images_per_s")}
+    return {f"loader_over_{k}": round(loader / v, 3) for k, v in refs.items() if loader and v}
 
 
 def write(path: str, report: dict) -> None:
@@ -393,10 +414,12 @@ def read_ops_rates(src: RawSource, args, report) -> dict:
         calls, secs = timed(op_by_op, args)
         res["serial_op_by_op"] = rates(calls * args.batch, calls * args.batch * row, secs)
         res["overlapped"] = overlapped(src, args, idx, ops, reader)
-    for workers in args.loader_workers:
-        res[f"loader_workers{workers}"] = loader_rate(args, ops, workers)
-    cases = [v for v in res.values() if isinstance(v, dict)]
-    res["images_per_s"] = max(c.get("images_per_s", 0) for c in cases)
+    return res
+
+
+def loader_cases(src: RawSource, args, report) -> dict:
+    res = {f"workers{w}": loader_rate(args, make_ops(), w) for w in args.loader_workers}
+    res["images_per_s"] = max(c.get("images_per_s", 0) for c in res.values())
     return res
 
 
@@ -507,6 +530,20 @@ def dali_numpy(src: RawSource, args, report) -> dict:
         except Exception as err:
             res[f"reader_{device}"] = {"error": f"{type(err).__name__}: {err}"[:500]}
     return res
+
+
+def dali_jpeg(src: RawSource, args, report) -> dict:
+    """DALI's mixed JPEG pipeline of bench_gpu.py (variant d) over ``--dali-jpegs``: img/s of the loader alone."""
+    if not args.dali_jpegs:
+        return {"skipped": "no --dali-jpegs"}
+    import bench_gpu
+    opts = argparse.Namespace(data=args.dali_jpegs, batch=256, threads=max(args.threads))
+    try:
+        gen = bench_gpu.build_dali(opts, torch.device("cuda", 0)).endless()
+    except RuntimeError as err:
+        return {"skipped": str(err)}
+    calls, secs = timed(lambda k: next(gen), args, warmup=10)
+    return {"batch": opts.batch, "pipeline": "bench_gpu.py variant d", **rates(calls * opts.batch, 0, secs)}
 
 
 def _read(src: RawSource, i: int) -> bytes:
