@@ -366,3 +366,28 @@ def test_nvimgcodec_prints_nothing(tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr == "" and done.stdout.startswith("native ['gpu', "), (done.stdout, done.stderr)
+
+
+def test_auto_backend_splits_between_the_hardware_and_cuda_decoders_or_takes_all():
+    """``backend="auto"``: the hardware engine takes the ``hw_decoder_load`` share, the CUDA decoder the rest;
+    where nvImageCodec refuses that (no engine), every backend it has. No GPU needed: the decoder factory is
+    a stand-in that refuses what a GPU without the engine refuses."""
+    from ingest import defaults
+
+    class Refused(Exception):
+        pass
+
+    def make(backends):
+        if backends is not None and any(kind == "HW_GPU_ONLY" for kind, _ in backends):
+            raise Refused("no hardware decoder")
+        return ("decoder", backends)
+
+    gpu = object.__new__(GpuDecoder)
+    gpu.backend, gpu.device, gpu.messages = "auto", torch.device("cuda", 0), []
+    assert gpu._backend_choices() == [[("HW_GPU_ONLY", 0.65), ("HYBRID_CPU_GPU", 1.0)], None]
+    assert gpu._first_decoder(make, Refused) == ("decoder", None) and gpu.backends is None
+    with defaults.set(hw_decoder_load=0):
+        assert gpu._first_decoder(make, Refused) == ("decoder", [("HYBRID_CPU_GPU", 1.0)])
+    gpu.backend = "hw"
+    with pytest.raises(ConfigError, match="backend='hw' on cuda:0: no hardware decoder"):
+        gpu._first_decoder(make, Refused)

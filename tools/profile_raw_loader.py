@@ -79,13 +79,18 @@ def main() -> None:
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     stop.set()
-    out = {"img_per_s": round(n / wall, 1), "wall_s": round(wall, 2), "stats": loader.stats()}
-    if args.sample:
-        out["stacks"] = {t: c.most_common(8) for t, c in counts.items()}
+    finish({"img_per_s": round(n / wall, 1), "wall_s": round(wall, 2), "stats": loader.stats()}, loader,
+           counts if args.sample else None, args.json)
+
+
+def finish(out: dict, loader, stacks: dict | None, path: str | None) -> None:
+    """Add the sampled stacks (if any) to ``out``, close the loader, print ``out`` and write it to ``path``."""
+    if stacks is not None:
+        out["stacks"] = {t: c.most_common(8) for t, c in stacks.items()}
     loader.close()
     print(json.dumps(out, indent=1, default=str))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    if path:
+        Path(path).write_text(json.dumps(out, indent=1, default=str))
 
 
 if __name__ == "__main__":

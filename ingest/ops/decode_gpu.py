@@ -61,12 +61,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ingest import defaults
 from ingest.errors import ConfigError, DecodeError
 from ingest.ops import _nvimgcodec as native
 from ingest.ops.base import ImageArena, bind_thread
 from ingest.ops.decode import Buffer, CpuDecoder, JpegHeader, Size, header_of, jpeg_headers
 
-#: Backend choices: all of nvImageCodec's (it picks per image), the hardware JPEG engine only, or CPU+GPU.
+#: Backend choices: "auto" (the hardware JPEG engine takes the ``hw_decoder_load`` share of a batch and the CUDA
+#: decoder the rest; every backend nvImageCodec has where the engine is missing), the engine only, CPU+GPU only.
 BACKENDS = {"auto": None, "hw": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU"}
 #: How nvImageCodec is driven (see the module doc): the native one where it loads, else the Python binding.
 ENGINES = ("auto", "native", "python")
@@ -139,7 +141,8 @@ class _Job:
 class GpuDecoder:
     """Decodes batches on ``device`` with nvImageCodec, falling back to ``cpu`` per image.
 
-    ``backend``: one of :data:`BACKENDS`. ``engine``: one of :data:`ENGINES` (see the module doc); "auto" takes the
+    ``backend``: one of :data:`BACKENDS`; :attr:`backends` says what the decoders were created with ((kind,
+    load hint) pairs, None for all of nvImageCodec's). ``engine``: one of :data:`ENGINES` (see the module doc); "auto" takes the
     native engine and falls back, with a warning saying why, to the Python binding. ``threads``: how many
     nvImageCodec decoders share a batch. Native: the batch is split over them, and with the compiled loop each
     share runs on its own thread with the GIL released (two: 13.6k against 11.4k img/s decode-only, H100;
@@ -267,30 +270,48 @@ class GpuDecoder:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"GpuDecoder(device={self.device}, backend={self.backend!r}, threads={self.threads}, "
-                f"engine={self.engine!r})")
+        return (f"GpuDecoder(device={self.device}, backend={self.backend!r}, backends={self.backends!r}, "
+                f"threads={self.threads}, engine={self.engine!r})")
 
     # -- planning ------------------------------------------------------------------------------------
 
-    def _new_native_decoder(self, lib: native.Library) -> native.BatchDecoder:
+    def _backend_choices(self) -> list[list[tuple[str, float]] | None]:
+        """The backend lists to try in turn, as (kind, load hint) pairs; None: every backend nvImageCodec has."""
         kind = BACKENDS[self.backend]
-        try:
-            decoder = native.BatchDecoder(lib, self.device.index, backends=None if kind is None else [kind],
-                                          options=_DECODER_OPTIONS)
-        except native.Unavailable as err:
-            raise ConfigError(f"nvImageCodec cannot create a decoder with backend={self.backend!r} on "
-                              f"{self.device}: {err}. Available: {', '.join(BACKENDS)}") from err
-        self.messages += decoder.messages
-        return decoder
+        if kind is not None:
+            return [[(kind, 1.0)]]
+        load = defaults.get("hw_decoder_load")
+        split = [("HW_GPU_ONLY", load), ("HYBRID_CPU_GPU", 1.0)] if load > 0 else [("HYBRID_CPU_GPU", 1.0)]
+        return [split, None]
+
+    def _new_native_decoder(self, lib: native.Library) -> native.BatchDecoder:
+        return self._first_decoder(lambda backends: native.BatchDecoder(
+            lib, self.device.index, backends=backends, options=_DECODER_OPTIONS), native.Unavailable)
 
     def _new_decoder(self, nvimgcodec: Any) -> Any:
-        kind = BACKENDS[self.backend]
-        backends = None if kind is None else [nvimgcodec.Backend(getattr(nvimgcodec.BackendKind, kind))]
-        try:
-            return nvimgcodec.Decoder(device_id=self.device.index, backends=backends, options=_DECODER_OPTIONS)
-        except Exception as err:  # nvImageCodec raises its own exception type when a backend is unsupported
-            raise ConfigError(f"nvImageCodec cannot create a decoder with backend={self.backend!r} on "
-                              f"{self.device}: {err}. Available: {', '.join(BACKENDS)}") from err
+        def make(backends):
+            chosen = None if backends is None else [
+                nvimgcodec.Backend(getattr(nvimgcodec.BackendKind, kind), load_hint=load) for kind, load in backends]
+            return nvimgcodec.Decoder(device_id=self.device.index, backends=chosen, options=_DECODER_OPTIONS)
+        # nvImageCodec raises its own exception type when a backend is unsupported
+        return self._first_decoder(make, Exception)
+
+    def _first_decoder(self, make, refused: type[BaseException]) -> Any:
+        """The decoder ``make(backends)`` gives for the first of :meth:`_backend_choices` it accepts; ConfigError
+        naming the backend when none is."""
+        choices = self._backend_choices()
+        for k, backends in enumerate(choices):
+            try:
+                decoder = make(backends)
+            except refused as err:
+                if k + 1 < len(choices):
+                    continue
+                raise ConfigError(f"nvImageCodec cannot create a decoder with backend={self.backend!r} on "
+                                  f"{self.device}: {err}. Available: {', '.join(BACKENDS)}") from err
+            self.backends = backends
+            self.messages += getattr(decoder, "messages", [])
+            return decoder
+        raise AssertionError("unreachable: the last choice raises")
 
     # -- GPU -----------------------------------------------------------------------------------------
 
