@@ -7,7 +7,7 @@
 | io_threads      | INGEST_IO_THREADS       | cores, 8-32 | threads issuing a batch's reads (and KvikIO's own thread pool) |
 | decode_threads  | INGEST_DECODE_THREADS   | cores   | CPU decode / CPU op threads                           |
 | gpu_decoders    | INGEST_GPU_DECODERS     | 1       | nvImageCodec decoders sharing each batch, one thread each |
-| hw_decoder_load | INGEST_HW_DECODER_LOAD  | 0.65    | share of a batch's JPEGs the hardware decoder takes (DALI's name); the rest go to the CUDA decoder |
+| hw_decoder_load | INGEST_HW_DECODER_LOAD  | auto    | auto (nvImageCodec picks the backend per image) or the share of a batch's JPEGs the hardware decoder takes, the rest going to the CUDA decoder (DALI's name) |
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode or detection feeding CUDA, else 0) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
@@ -24,12 +24,13 @@ cores (at least 8, for reads that wait on a disk; at most 32). Shuffled batches 
 `benchmarks/results/bench_raw_h100.json`, ``by_threads``); the raw loader on a 32-core H200 host ran the same
 with 8 and 32 (87-101k img/s, `tools/profile_raw_loader.py`), where 8 threads already kept up.
 
-``hw_decoder_load``: with ``backend="auto"`` the GPU decoder hands this share of each batch's JPEGs to the
-hardware JPEG engine (NVJPG: A100, H100, ...) and the rest to nvImageCodec's CUDA (hybrid) decoder, both at
-once, as DALI's ``hw_decoder_load`` does; where the engine is missing, every backend nvImageCodec has. Beside
-a ResNet-18 training loop on an H100 the native batch decode took 15 ms per 256 images split 0.65 / 0.35 and
-24-26 ms with nvImageCodec choosing among all its backends (12.8-15 ms alone either way), and training ran
-8.3k against 7.6-8.2k img/s (`tools/profile_train_loader.py`).
+``hw_decoder_load``: a number hands that share of each batch's JPEGs to the hardware JPEG engine (NVJPG: A100,
+H100, ...) and the rest to nvImageCodec's CUDA (hybrid) decoder, both at once, as DALI's ``hw_decoder_load``
+does (where the engine is missing: every backend nvImageCodec has). Not the default: the two decoders' pixels
+differ slightly, so an image's pixels would depend on its place in the batch, and the gain did not hold up.
+Beside a ResNet-18 training loop on an H100 the native decode of 256 images took 15 ms split 0.65 / 0.35
+against 24-26 ms with nvImageCodec choosing ("auto") in one session, and 22.9 ms split in the next (11-15 ms
+alone either way; `tools/profile_train_loader.py`).
 
 ``max_pixels`` defaults to Pillow's ``Image.MAX_IMAGE_PIXELS`` (89,478,485 = 2**30 / 4 / 3, where Pillow starts
 warning; it refuses twice that): a file of a few hundred bytes can claim 16000 x 16000 pixels, whose decode
@@ -63,14 +64,16 @@ def _integer(name: str, minimum: int, *, words: tuple[str, ...] = ()) -> Callabl
     return parse
 
 
-def _fraction(name: str) -> Callable[[Any], float]:
-    def parse(value: Any) -> float:
+def _fraction(name: str) -> Callable[[Any], float | str]:
+    def parse(value: Any) -> float | str:
+        if value == "auto":
+            return value
         try:
             v = float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"`{name}` must be a number from 0 to 1, got {value!r}") from None
+            raise ConfigError(f"`{name}` must be 'auto' or a number from 0 to 1, got {value!r}") from None
         if not 0.0 <= v <= 1.0:
-            raise ConfigError(f"`{name}` must be a number from 0 to 1, got {v}")
+            raise ConfigError(f"`{name}` must be 'auto' or a number from 0 to 1, got {v}")
         return v
     return parse
 
@@ -89,7 +92,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "io_threads": ("INGEST_IO_THREADS", min(32, max(8, os.cpu_count() or 1)), _integer("io_threads", 1)),
     "decode_threads": ("INGEST_DECODE_THREADS", os.cpu_count() or 1, _integer("decode_threads", 1)),
     "gpu_decoders": ("INGEST_GPU_DECODERS", 1, _integer("gpu_decoders", 1)),
-    "hw_decoder_load": ("INGEST_HW_DECODER_LOAD", 0.65, _fraction("hw_decoder_load")),
+    "hw_decoder_load": ("INGEST_HW_DECODER_LOAD", "auto", _fraction("hw_decoder_load")),
     "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),
     "ops_threads": ("INGEST_OPS_THREADS", "auto", _integer("ops_threads", 1, words=("auto",))),
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),

@@ -368,10 +368,10 @@ def test_nvimgcodec_prints_nothing(tmp_path):
     assert done.stderr == "" and done.stdout.startswith("native ['gpu', "), (done.stdout, done.stderr)
 
 
-def test_auto_backend_splits_between_the_hardware_and_cuda_decoders_or_takes_all():
-    """``backend="auto"``: the hardware engine takes the ``hw_decoder_load`` share, the CUDA decoder the rest;
-    where nvImageCodec refuses that (no engine), every backend it has. No GPU needed: the decoder factory is
-    a stand-in that refuses what a GPU without the engine refuses."""
+def test_hw_decoder_load_splits_between_the_hardware_and_cuda_decoders_or_takes_all():
+    """``backend="auto"``: every backend nvImageCodec has; with ``hw_decoder_load`` set, the hardware engine
+    takes that share and the CUDA decoder the rest, or where nvImageCodec refuses that (no engine), every
+    backend. No GPU needed: the decoder factory is a stand-in that refuses what a GPU without the engine does."""
     from ingest import defaults
 
     class Refused(Exception):
@@ -384,8 +384,10 @@ def test_auto_backend_splits_between_the_hardware_and_cuda_decoders_or_takes_all
 
     gpu = object.__new__(GpuDecoder)
     gpu.backend, gpu.device, gpu.messages = "auto", torch.device("cuda", 0), []
-    assert gpu._backend_choices() == [[("HW_GPU_ONLY", 0.65), ("HYBRID_CPU_GPU", 1.0)], None]
-    assert gpu._first_decoder(make, Refused) == ("decoder", None) and gpu.backends is None
+    assert gpu._backend_choices() == [None]
+    with defaults.set(hw_decoder_load=0.65):
+        assert gpu._backend_choices() == [[("HW_GPU_ONLY", 0.65), ("HYBRID_CPU_GPU", 1.0)], None]
+        assert gpu._first_decoder(make, Refused) == ("decoder", None) and gpu.backends is None
     with defaults.set(hw_decoder_load=0):
         assert gpu._first_decoder(make, Refused) == ("decoder", [("HYBRID_CPU_GPU", 1.0)])
     gpu.backend = "hw"

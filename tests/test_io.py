@@ -160,8 +160,8 @@ def test_one_task_of_more_segments_than_one_preadv_takes(tmp_path):
 
 
 def test_hw_decoder_load_setting(monkeypatch):
-    assert defaults.get("hw_decoder_load") == 0.65
+    assert defaults.get("hw_decoder_load") == "auto"
     monkeypatch.setenv("INGEST_HW_DECODER_LOAD", "0.9")
     assert defaults.get("hw_decoder_load") == 0.9
-    with pytest.raises(ConfigError, match="`hw_decoder_load` must be a number from 0 to 1, got 1.5"):
+    with pytest.raises(ConfigError, match="`hw_decoder_load` must be 'auto' or a number from 0 to 1, got 1.5"):
         defaults.set(hw_decoder_load=1.5)

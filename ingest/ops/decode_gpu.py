@@ -67,8 +67,9 @@ from ingest.ops import _nvimgcodec as native
 from ingest.ops.base import ImageArena, bind_thread
 from ingest.ops.decode import Buffer, CpuDecoder, JpegHeader, Size, header_of, jpeg_headers
 
-#: Backend choices: "auto" (the hardware JPEG engine takes the ``hw_decoder_load`` share of a batch and the CUDA
-#: decoder the rest; every backend nvImageCodec has where the engine is missing), the engine only, CPU+GPU only.
+#: Backend choices: "auto" (every backend nvImageCodec has, picked per image; or, with the ``hw_decoder_load``
+#: setting, the hardware JPEG engine takes that share of a batch and the CUDA decoder the rest), the engine only,
+#: CPU+GPU only.
 BACKENDS = {"auto": None, "hw": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU"}
 #: How nvImageCodec is driven (see the module doc): the native one where it loads, else the Python binding.
 ENGINES = ("auto", "native", "python")
@@ -281,6 +282,8 @@ class GpuDecoder:
         if kind is not None:
             return [[(kind, 1.0)]]
         load = defaults.get("hw_decoder_load")
+        if load == "auto":
+            return [None]
         split = [("HW_GPU_ONLY", load), ("HYBRID_CPU_GPU", 1.0)] if load > 0 else [("HYBRID_CPU_GPU", 1.0)]
         return [split, None]
 
