@@ -1,7 +1,9 @@
-/* JPEG headers of a whole batch in one call, the GIL released once: the same reading as
- * ingest/ops/decode.py's read_jpeg_header (which stays the reference and the fallback where this module was
- * not built), without a Python object per image. tests/test_jpeg_headers.py checks the two agree on real,
- * hostile and random inputs.
+/* JPEG headers of a whole batch in one call: the same reading as ingest/ops/decode.py's read_jpeg_header (which
+ * stays the reference and the fallback where this module was not built), without a Python object per image.
+ * tests/test_jpeg_headers.py checks the two agree on real, hostile and random inputs.
+ *
+ * The GIL is kept: 256 headers take ~20 us, and handing the GIL over beside a busy Python thread costs up to a
+ * switch interval (5 ms) to get it back (256 headers: 0.02 ms alone, 6.5 ms beside a busy thread released).
  *
  * headers(buffers, out) -> None
  *   buffers  a sequence of n contiguous byte buffers (bytes, memoryview, uint8 arrays)
@@ -186,10 +188,8 @@ static PyObject *py_headers(PyObject *self, PyObject *args) {
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &views[held], PyBUF_C_CONTIGUOUS) < 0)
             goto done;
     int64_t *rows = out.buf;
-    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < n; k++)
         scan(views[k].buf, views[k].len, rows + k * COLUMNS);
-    Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
 done:
