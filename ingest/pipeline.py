@@ -274,10 +274,13 @@ class Pipeline:
                     probed.append(err)
         else:
             probed, headers = self.cpu.probe_batch([r.image for r in work.records], work.names)
-        keep = [k for k, size in enumerate(probed) if not isinstance(size, IngestError)]
+        keep = []
+        for k, size in enumerate(probed):
+            if isinstance(size, IngestError):
+                self.failures.add(work.names[k], "decode", size)
+            else:
+                keep.append(k)
         if len(keep) != len(probed):
-            for k in sorted(set(range(len(probed))) - set(keep)):
-                self.failures.add(work.names[k], "decode", probed[k])
             work = _select(work, keep)
             probed, headers = [probed[k] for k in keep], None if headers is None else headers[keep]
         work.sizes, work.headers = probed, headers

@@ -57,7 +57,7 @@ def main() -> None:
     kw = {} if args.prefetch is None else {"prefetch": args.prefetch}
     loader = ingest.Loader(bargs.data, batch_size=args.batch, device="cuda", ops=bench_raw.make_ops(),
                            shuffle=True, num_workers=0, **kw)
-    it = iter(loader)
+    it = endless(loader)
     for _ in range(5):
         next(it)
     torch.cuda.synchronize()
@@ -70,17 +70,23 @@ def main() -> None:
         sampler.start()
     t0, n = time.perf_counter(), 0
     while time.perf_counter() - t0 < args.seconds:
-        try:
-            x, y = next(it)
-        except StopIteration:
-            it = iter(loader)
-            continue
-        n += len(x)
+        n += len(next(it)[0])
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     stop.set()
     finish({"img_per_s": round(n / wall, 1), "wall_s": round(wall, 2), "stats": loader.stats()}, loader,
            counts if args.sample else None, args.json)
+
+
+def endless(loader):
+    """The loader's batches across epochs (``iter()`` again at each epoch's end)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise RuntimeError("an epoch yielded no batch (dataset smaller than one batch?)")
 
 
 def finish(out: dict, loader, stacks: dict | None, path: str | None) -> None:

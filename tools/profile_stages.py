@@ -15,6 +15,7 @@ from ingest.ops import Flip, Normalize, RandomResizedCrop
 from ingest.ops import planner
 from ingest.ops.decode import CpuDecoder
 from ingest.ops.decode_gpu import GpuDecoder
+from profile_raw_loader import endless  # this folder, on sys.path when run as a script
 
 MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
 
@@ -80,18 +81,13 @@ def main():
         with ingest.defaults.set(io_threads=threads):
             loader = ingest.Loader(a.data, batch_size=a.batch, device="cuda", ops=ops, shuffle=True, io=io,
                                    last_batch="drop", num_workers=workers)
-        it = iter(loader)
+        it = endless(loader)
         for _ in range(5):
             next(it)
         torch.cuda.synchronize()
         t, n = time.perf_counter(), 0
         while time.perf_counter() - t < a.seconds:
-            try:
-                x, y = next(it)
-            except StopIteration:
-                it = iter(loader)
-                continue
-            n += len(y)
+            n += len(next(it)[1])
             peak_used = max(peak_used, free0 - torch.cuda.mem_get_info()[0])
         torch.cuda.synchronize()
         key = f"loader_{io}_t{threads}_w{workers}"

@@ -22,7 +22,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "benchmarks")]
 import bench_gpu  # noqa: E402
-from profile_raw_loader import finish, sample_stacks  # noqa: E402
+from profile_raw_loader import endless, finish, sample_stacks  # noqa: E402
 
 import ingest  # noqa: E402
 from ingest.ops import Flip, Normalize, RandomResizedCrop  # noqa: E402
@@ -92,11 +92,7 @@ def main() -> None:
            Normalize(mean=bench_gpu.MEAN, std=bench_gpu.STD, dtype=torch.float32, layout="NCHW")]
     loader = ingest.Loader(args.data, batch_size=args.batch, device="cuda", ops=ops, shuffle=True,
                            num_workers=args.workers, last_batch="drop", worker_stages=args.stages)
-
-    def endless():
-        while True:
-            yield from loader
-    batches = endless()
+    batches = endless(loader)
     for _ in range(10):
         next(batches)
     torch.cuda.synchronize()

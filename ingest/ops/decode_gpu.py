@@ -199,8 +199,8 @@ class GpuDecoder:
 
     def decode_batch(self, datas: Sequence[Buffer], names: Sequence[str], *,
                      rois: Sequence[Roi | None] | np.ndarray | None = None,
-                     stream: torch.cuda.Stream | None = None, headers: np.ndarray | None = None) -> tuple[list[torch.Tensor | DecodeError] | ImageArena, list[tuple[int, int]],
-                                list[str]]:
+                     stream: torch.cuda.Stream | None = None, headers: np.ndarray | None = None
+                     ) -> tuple[list[torch.Tensor | DecodeError] | ImageArena, list[tuple[int, int]], list[str]]:
         """Decode a batch to ``[H, W, 3]`` uint8 RGB CUDA tensors, ready in order on ``stream``.
 
         ``rois[i]`` = (x0, y0, x1, y1), the source region sample i needs, or None (or an [n, 4] array, x1 <= x0
@@ -219,7 +219,7 @@ class GpuDecoder:
         table = headers if headers is not None else jpeg_headers(datas)
         wanted = _region_array(rois, n)
         index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels))
-        regions = clip_regions(wanted[index], table[index])   # x1 <= x0: the whole image
+        regions = clip_regions(wanted[index], table[index])   # all zeros: the whole image, from (0, 0)
         cropped = regions[:, 2] > regions[:, 0]
         orientation = table[index, 6]
         with torch.cuda.device(self.device):
@@ -227,7 +227,7 @@ class GpuDecoder:
                 arena, reasons = self._decode_native(index, datas, table, regions, stream)
                 if len(index) == n and not any(reasons) and (orientation == 1).all():
                     # The common case: one buffer, no tensor per image (see ImageArena).
-                    return arena, list(map(tuple, (regions[:, :2] * cropped[:, None]).tolist())), \
+                    return arena, list(map(tuple, regions[:, :2].tolist())), \
                         np.where(cropped, "gpu-roi", "gpu").tolist()
                 decoded = [None if why else arena[k] if turn == 1 else orient(arena[k], turn)
                            for k, (why, turn) in enumerate(zip(reasons, orientation.tolist()))]
@@ -241,7 +241,7 @@ class GpuDecoder:
             for i, image, r, crop in zip(index.tolist(), decoded, regions.tolist(), cropped.tolist()):
                 if image is not None:
                     images[i] = image
-                    origins[i] = (r[0], r[1]) if crop else (0, 0)
+                    origins[i] = (r[0], r[1])
                     paths[i] = "gpu-roi" if crop else "gpu"
             left = [i for i, image in enumerate(images) if image is None]
             asked = [tuple(r) if r[2] > r[0] else None for r in wanted.tolist()]
@@ -306,15 +306,14 @@ class GpuDecoder:
         for k, backends in enumerate(choices):
             try:
                 decoder = make(backends)
+                break
             except refused as err:
-                if k + 1 < len(choices):
-                    continue
-                raise ConfigError(f"nvImageCodec cannot create a decoder with backend={self.backend!r} on "
-                                  f"{self.device}: {err}. Available: {', '.join(BACKENDS)}") from err
-            self.backends = backends
-            self.messages += getattr(decoder, "messages", [])
-            return decoder
-        raise AssertionError("unreachable: the last choice raises")
+                if k + 1 == len(choices):
+                    raise ConfigError(f"nvImageCodec cannot create a decoder with backend={self.backend!r} on "
+                                      f"{self.device}: {err}. Available: {', '.join(BACKENDS)}") from err
+        self.backends = backends
+        self.messages += getattr(decoder, "messages", [])
+        return decoder
 
     # -- GPU -----------------------------------------------------------------------------------------
 
