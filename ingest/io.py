@@ -532,13 +532,6 @@ def plan_rows(files: np.ndarray, offsets: np.ndarray, row: int, *, gap: int = CO
                    apart[lasts] == apart[starts])
 
 
-def plan_runs(files: np.ndarray, offsets: np.ndarray, row: int, *, gap: int = COALESCE_GAP,
-              chunk: int = READ_CHUNK) -> list["Run"]:
-    """`plan_rows` as a list of `Run`s."""
-    plan = plan_rows(files, offsets, row, gap=gap, chunk=chunk)
-    return plan.runs(range(len(plan.nbytes)))
-
-
 _ZERO = np.zeros(1, dtype=np.int64)
 
 

@@ -19,7 +19,7 @@ from conftest import jpeg_bytes, textured
 from ingest.errors import ConfigError, CorruptRecordError, IngestError, SourceError
 from ingest.formats import RAW_INDEX, Field, Record, check_format, detect, open_source
 from ingest.formats.raw import RawSource, RawWriter, write_dataset_index
-from ingest.io import ByteReader, plan_runs
+from ingest.io import ByteReader, plan_rows
 from ingest.ops.decode import CpuDecoder
 
 PIXELS = {"image": Field("pixels", None, "uint8"), "label": Field("int")}
@@ -282,10 +282,11 @@ def test_kvikio_branch_of_read_rows(tmp_path, layout, threshold):
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 60)), min_size=1, max_size=40),
        st.integers(1, 48), st.integers(0, 64), st.integers(1, 300))
-def test_plan_runs_covers_every_row_once(rows, row, gap, chunk):
+def test_plan_rows_covers_every_row_once(rows, row, gap, chunk):
     files = np.array([f for f, _ in rows])
     offsets = np.array([o * 7 for _, o in rows])
-    runs = plan_runs(files, offsets, row, gap=gap, chunk=chunk)
+    plan = plan_rows(files, offsets, row, gap=gap, chunk=chunk)
+    runs = plan.runs(range(len(plan.nbytes)))
     assert sorted(np.concatenate([r.rows for r in runs]).tolist()) == list(range(len(rows)))
     for r in runs:
         assert (files[r.rows] == r.file).all() and (offsets[r.rows] == r.offset + r.starts).all()
