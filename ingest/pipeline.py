@@ -80,6 +80,7 @@ class _Work:
     origins: list[tuple[int, int]] | None = None
     failed: list[int] = field(default_factory=list)   # positions whose decode failed (dummy image in place)
     ready: torch.cuda.Event | None = None
+    lane: int = 0                                     # the decode lane (decoder and stream) that decoded it
     labels: np.ndarray | None = None                  # the batch's labels when known without records
     boxes: list[np.ndarray] | None = None             # each sample's boxes as absolute ltrb (detection)
 
@@ -151,7 +152,7 @@ class Pipeline:
 
     def __init__(self, source: Source, *, ops: Sequence = (), device: str | torch.device = "cpu",
                  decode: str | None = None, io: str | None = None, num_threads: int | None = None,
-                 shared_reads: int = 0, labels_on_host: bool = False):
+                 shared_reads: int = 0, labels_on_host: bool = False, lanes: int | str | None = None):
         self.source = source
         self.ops = list(ops)
         self.device, self.decode_kind = resolve_device(device, decode)
@@ -163,20 +164,30 @@ class Pipeline:
         # the training process inside the message and go to the GPU there; see `ingest.workers`)
         self.labels_on_host = labels_on_host
         self.cpu = CpuDecoder(threads=num_threads)
-        self.gpu = None
-        self.decode_stream = self.ops_stream = None
-        if self.device.type == "cuda":
-            with torch.cuda.device(self.device):   # the caller's current device is left as it was
-                self.decode_stream = torch.cuda.Stream(self.device)
-                self.ops_stream = torch.cuda.Stream(self.device)
-                if decode == "mixed":
-                    from .ops.decode_gpu import GpuDecoder
-                    self.gpu = GpuDecoder(self.device, self.cpu, threads=defaults.get("gpu_decoders"))
         self.fields = fields_of(source)
         image = self.fields.get("image")
         self.image_kind = image.kind if image is not None else None   # "image", "pixels" or None
         self.extra_fields = {k: f for k, f in self.fields.items() if k not in ("image", "label")}
         self.direct = reads_direct(source)
+        # Decode lanes: each a GPU decoder (mixed; None: the CPU pool) and a decode stream (CUDA). With several
+        # (``lanes``, else the ``decode_batches`` setting; encoded images only) the executor decodes that many
+        # batches at once, one thread per lane, so that one batch's Python work overlaps another's decode.
+        lanes = (lanes or defaults.get("decode_batches")) if self.image_kind == "image" and not self.direct else 1
+        if lanes == "auto":
+            lanes = 2 if decode == "mixed" else 1
+        self.lanes: list[tuple[Any, torch.cuda.Stream | None]] = [(None, None)] * lanes
+        self.ops_stream = None
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):   # the caller's current device is left as it was
+                self.ops_stream = torch.cuda.Stream(self.device)
+                if decode == "mixed":
+                    from .ops.decode_gpu import GpuDecoder
+                    self.lanes = [(GpuDecoder(self.device, self.cpu, threads=defaults.get("gpu_decoders")),
+                                   torch.cuda.Stream(self.device)) for _ in range(lanes)]
+                else:
+                    self.lanes = [(None, torch.cuda.Stream(self.device)) for _ in range(lanes)]
+        self.gpu, self.decode_stream = self.lanes[0]
+        self._counts = threading.Lock()
         self._labels = source.labels() if self.direct else None
         # Detection: a "boxes" field (ltrb or xywh, absolute or relative, as the source says) follows the
         # geometry ops; the per-box fields (the source's `per_box`, else those of `PER_BOX` it has) are
@@ -239,7 +250,7 @@ class Pipeline:
             out.record_stream(self.ops_stream)  # allocated on the decode stream, used and freed on the ops stream
             work.ready = torch.cuda.Event()
             work.ready.record(self.decode_stream)
-        self.decode_paths["none (raw, direct read)"] = self.decode_paths.get("none (raw, direct read)", 0) + len(idx)
+        self._count_paths(["none (raw, direct read)"] * len(idx))
         return work
 
     def _read_raw(self, idx: list[int]) -> list:
@@ -293,9 +304,12 @@ class Pipeline:
         return work
 
     # -- stage 2: decode ----------------------------------------------------------------------
-    def decode(self, work: _Work) -> _Work:
+    def decode(self, work: _Work, lane: int = 0) -> _Work:
         """Decode the batch: nvImageCodec on the decode stream (regions only, where the plan crops), or the
-        CPU pool (then uploaded when the device is CUDA)."""
+        CPU pool (then uploaded when the device is CUDA). ``lane``: which of `lanes` (decoder and stream);
+        lanes may run at once, each on its own thread."""
+        gpu, stream = self.lanes[lane]
+        work.lane = lane
         if self.direct:
             # Nothing to decode: the ops' random draws are made here, while the read stage (the limit on this
             # path) reads the next batch, instead of before each read.
@@ -308,33 +322,37 @@ class Pipeline:
         if self.image_kind == "pixels":
             images = [torch.from_numpy(np.ascontiguousarray(d)) for d in datas]
             if self.device.type == "cuda":
-                images, work.ready = _upload(images, self.device, self.decode_stream)
-            self.decode_paths["none (pixels)"] = self.decode_paths.get("none (pixels)", 0) + len(images)
+                images, work.ready = _upload(images, self.device, stream)
+            self._count_paths(["none (pixels)"] * len(images))
             work.images = images
             return work
-        if self.gpu is not None:
+        if gpu is not None:
             warp = work.ops_plan.warp
             rois = warp.regions() if warp is not None else None
-            with torch.cuda.stream(self.decode_stream):
-                images, origins, paths = self.gpu.decode_batch(datas, work.names, rois=rois,
-                                                               stream=self.decode_stream, headers=work.headers)
-                images = self._replace_failures(work, images, rois, origins)
+            with torch.cuda.stream(stream):
+                images, origins, paths = gpu.decode_batch(datas, work.names, rois=rois, stream=stream,
+                                                          headers=work.headers)
+                images = self._replace_failures(work, images, rois, origins, gpu=True)
                 work.ready = torch.cuda.Event()
-                work.ready.record(self.decode_stream)
+                work.ready.record(stream)
             work.origins = origins
         else:
             decoded = self.cpu.decode_batch(datas, work.names)
             paths = ["cpu"] * len(decoded)
-            decoded = self._replace_failures(work, decoded, None, None)
+            decoded = self._replace_failures(work, decoded, None, None, gpu=False)
             images = [torch.from_numpy(im) for im in decoded]
             if self.device.type == "cuda":
-                images, work.ready = _upload(images, self.device, self.decode_stream)
-        for p in paths:
-            self.decode_paths[p] = self.decode_paths.get(p, 0) + 1
+                images, work.ready = _upload(images, self.device, stream)
+        self._count_paths(paths)
         work.images = images
         return work
 
-    def _replace_failures(self, work: _Work, images: list, rois, origins) -> list:
+    def _count_paths(self, paths: list[str]) -> None:
+        with self._counts:   # lanes count at once
+            for p in paths:
+                self.decode_paths[p] = self.decode_paths.get(p, 0) + 1
+
+    def _replace_failures(self, work: _Work, images: list, rois, origins, *, gpu: bool) -> list:
         """Failed images become blank stand-ins (the ops plan was drawn for them); their rows are dropped after
         the ops run. A stand-in is never allocated at the probed size, which a tiny corrupt file can make huge:
         on the CPU the warp is rescaled onto whatever arrives, so it takes the size of the plan's output; on the
@@ -353,7 +371,7 @@ class Pipeline:
                 x0, y0, x1, y1 = (int(v) for v in rois[k])
                 h, w = y1 - y0, x1 - x0
                 origins[k] = (x0, y0)
-            if self.gpu is not None:
+            if gpu:
                 out[k] = torch.zeros((h, w, 3), dtype=torch.uint8, device=self.device)
             else:
                 out[k] = np.zeros((h, w, 3), dtype=np.uint8)
@@ -382,9 +400,10 @@ class Pipeline:
                 ready.record(self.ops_stream)
             # Decoded images may be views of nvImageCodec memory, freed in order on the decode stream(s)
             # once `work` is dropped: order those frees after the ops that read them.
-            self.decode_stream.wait_event(ready)
-            if self.gpu is not None:
-                self.gpu.hold_until(ready)
+            gpu, stream = self.lanes[work.lane]
+            stream.wait_event(ready)
+            if gpu is not None:
+                gpu.hold_until(ready)
         else:
             images, ready = _select_rows(self._execute(work), keep, failed), None
             values = self._targets(work)
@@ -475,8 +494,9 @@ class Pipeline:
     def close(self) -> None:
         self.reader.close()
         self.cpu.close()
-        if self.gpu is not None and hasattr(self.gpu, "close"):
-            self.gpu.close()
+        for gpu, _ in self.lanes:
+            if gpu is not None:
+                gpu.close()
 
 
 def reads_direct(source) -> bool:
@@ -560,20 +580,84 @@ class _Raised:
         self.exc = exc
 
 
+class _Slots:
+    """A queue of ``depth`` places, each taken by its producer before it starts on a batch (`reserve`) and
+    freed when the consumer takes the batch out (`get`): a stage never holds a finished batch, and the device
+    memory in it, while it waits for room. Ends and errors pass without a place."""
+
+    def __init__(self, stop: threading.Event, depth: int):
+        self.stop, self.items, self.free = stop, queue.Queue(), threading.Semaphore(depth)
+
+    def reserve(self) -> bool:
+        """Take a place; False once the executor stops."""
+        while not self.stop.is_set():
+            if self.free.acquire(timeout=0.05):
+                return True
+        return False
+
+    def get(self) -> Any:
+        """The next item (None once the executor stops); its place is free again."""
+        while not self.stop.is_set():
+            try:
+                item = self.items.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if not isinstance(item, (_End, _Raised)):
+                self.free.release()
+            return item
+        return None
+
+    def clear(self) -> None:
+        while not self.items.empty():
+            self.items.get_nowait()
+
+
+class _Turns:
+    """`_Slots` taken in turn: batch k goes to (and comes from) the k % n-th, so the decode lanes' batches come
+    back in order. The end of the epoch goes to every one, so that every lane stops; an error goes where the
+    next batch would have."""
+
+    def __init__(self, slots: list[_Slots]):
+        self.slots = slots
+        self.put_turn = self.get_turn = 0
+
+    def reserve(self) -> bool:
+        return self.slots[self.put_turn % len(self.slots)].reserve()
+
+    def cancel(self) -> None:
+        """Give back the place `reserve` took (no batch came of it)."""
+        self.slots[self.put_turn % len(self.slots)].free.release()
+
+    def put(self, item: Any) -> None:
+        for slot in self.slots if isinstance(item, _End) else [self.slots[self.put_turn % len(self.slots)]]:
+            slot.items.put(item)
+        self.put_turn += 1
+
+    def get(self) -> Any:
+        item = self.slots[self.get_turn % len(self.slots)].get()
+        self.get_turn += 1
+        return item
+
+    def qsize(self) -> int:
+        return sum(slot.items.qsize() for slot in self.slots)
+
+
 class StageStats:
     """Busy time of a stage and how full the queue after it was when it put a batch (summed; see as_dict)."""
 
     def __init__(self, name: str):
         self.name, self.busy, self.batches, self.occupancy = name, 0.0, 0, 0
+        self._lock = threading.Lock()
 
     def timed(self, fn: Callable, item: Any) -> Any:
-        """``fn(item)``, its time added to this stage's busy seconds."""
+        """``fn(item)``, its time added to this stage's busy seconds (a stage of several threads: their sum)."""
         t0 = time.perf_counter()
         try:
             return fn(item)
         finally:
-            self.busy += time.perf_counter() - t0
-            self.batches += 1
+            with self._lock:
+                self.busy += time.perf_counter() - t0
+                self.batches += 1
 
     def as_dict(self, depth: int) -> dict[str, float]:
         return {"seconds": round(self.busy, 4), "batches": self.batches,
@@ -581,7 +665,7 @@ class StageStats:
 
 
 class Executor:
-    """One epoch of a `Pipeline` on three stage threads. Iterate it for `Batch`es; `close()` (also on
+    """One epoch of a `Pipeline` on stage threads: read, one per decode lane, ops. Iterate it for `Batch`es; `close()` (also on
     garbage collection, ``break`` or an exception) stops every thread and leaves none behind. Executors still
     running when the interpreter exits are closed by an exit hook, before finalization: a stage thread left
     inside a torch call while the interpreter finalizes aborts the process ("terminate called without an
@@ -596,60 +680,55 @@ class Executor:
         self.pipeline = pipeline
         self.prefetch = prefetch
         self._stop = threading.Event()
-        self._queues = [queue.Queue(prefetch) for _ in STAGES]
         self.stats = pipeline.stage_stats
         # ``read``: what the read stage does instead of `Pipeline.read` (reader processes: receive the batch)
         self._read = read
-        fns: list[Callable] = [read or pipeline.read, pipeline.decode, pipeline.transform]
-        threads = [None, None, defaults.ops_threads()]   # torch intra-op threads per stage (None: torch's)
-        self._threads = []
-        inputs = [iter(plans)] + self._queues[:-1]
-        for k, name in enumerate(STAGES):
-            t = threading.Thread(target=self._run_stage, name=f"ingest-{name}", daemon=True,
-                                 args=(fns[k], inputs[k], self._queues[k], self.stats[k], threads[k]))
-            self._threads.append(t)
+        # The decode stage runs one thread per decode lane: batch k goes to lane k % lanes, and the ops stage
+        # takes them back in the same turn, so batches stay in order. Each stage takes a place in the queue after
+        # it before it starts a batch (`_Slots`); decoded batches hold device memory, so the lanes share the
+        # ``prefetch`` places after the decode stage.
+        lanes = len(pipeline.lanes)
+        to_decode = [_Slots(self._stop, prefetch) for _ in range(lanes)]
+        decoded = [_Slots(self._stop, max(1, prefetch // lanes)) for _ in range(lanes)]
+        self._out = _Slots(self._stop, prefetch)
+        self._queues = [*to_decode, *decoded, self._out]
+        plans = iter(plans)
+        # (work, take an item, where results go, stats, torch intra-op threads (None: torch's), thread name)
+        stages = [(read or pipeline.read, lambda: next(plans, _End()), _Turns(to_decode), self.stats[0], None,
+                   "read")]
+        for k in range(lanes):
+            stages.append((lambda work, k=k: pipeline.decode(work, k), to_decode[k].get, _Turns([decoded[k]]),
+                           self.stats[1], None, f"decode{k or ''}"))
+        stages.append((pipeline.transform, _Turns(decoded).get, _Turns([self._out]), self.stats[2],
+                       defaults.ops_threads(), "ops"))
+        self._threads = [threading.Thread(target=self._run_stage, name=f"ingest-{name}", daemon=True, args=args)
+                         for *args, name in stages]
         self._closed = False
         CLOSE_AT_EXIT.add(self)
         for t in self._threads:
             t.start()
 
-    def _run_stage(self, fn, source, out: queue.Queue, stats: StageStats, threads: int | None) -> None:
+    def _run_stage(self, fn, take, out: _Turns, stats: StageStats, threads: int | None) -> None:
         bind_thread(self.pipeline.device)
         if threads is not None:
             set_thread_torch_threads(threads)
         try:
-            while not self._stop.is_set():
-                if isinstance(source, queue.Queue):
-                    item = self._get(source)
-                    if item is None:
-                        return
-                else:
-                    item = next(source, _End())
+            while out.reserve():   # room for the result first: no finished batch waits in this thread
+                item = take()
+                if item is None:   # stopped
+                    return
                 if isinstance(item, (_End, _Raised)):
-                    self._put(out, item)
+                    out.cancel()
+                    out.put(item)
                     return
                 result = stats.timed(fn, item)
                 stats.occupancy += out.qsize()
-                if result is not None:
-                    self._put(out, result)
+                if result is None:
+                    out.cancel()
+                else:
+                    out.put(result)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
-            self._put(out, _Raised(exc))
-
-    def _get(self, q: queue.Queue):
-        while not self._stop.is_set():
-            try:
-                return q.get(timeout=0.05)
-            except queue.Empty:
-                continue
-        return None
-
-    def _put(self, q: queue.Queue, item) -> None:
-        while not self._stop.is_set():
-            try:
-                q.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                continue
+            out.put(_Raised(exc))
 
     def __iter__(self) -> "Executor":
         return self
@@ -657,7 +736,7 @@ class Executor:
     def __next__(self) -> Batch:
         if self._closed:
             raise StopIteration
-        item = self._get(self._queues[-1])
+        item = self._out.get()
         if item is None or isinstance(item, _End):
             self.close()
             raise StopIteration
@@ -678,8 +757,7 @@ class Executor:
             if t is not threading.current_thread():
                 t.join()
         for q in self._queues:
-            while not q.empty():
-                q.get_nowait()
+            q.clear()
 
     def __del__(self) -> None:
         try:

@@ -311,7 +311,8 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
     else:
         bind_thread(torch.device(spec["device"]))   # this process touches its rank's GPU only
         pipeline = Pipeline(spec["source"], ops=spec["ops"], device=spec["device"], decode=spec["decode"],
-                            io=spec["io"], num_threads=spec["num_threads"], labels_on_host=True)
+                            io=spec["io"], num_threads=spec["num_threads"], labels_on_host=True,
+                            lanes=1)   # a worker decodes one batch at a time, on its main thread
     sampler = spec["sampler"]
     stop_runs: set[int] = set()
     announced: set[int] = set()   # read stage: shared buffers (by slot) the parent has received

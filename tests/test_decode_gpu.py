@@ -148,6 +148,19 @@ def test_image_arena_is_a_sequence_of_views_and_the_warp_reads_it_in_place():
     assert torch.equal(resample.warp(arena, warp), resample.warp(as_list(arena), warp))
 
 
+def test_arena_size_stays_put_until_a_batch_outgrows_it_or_needs_under_half():
+    from types import SimpleNamespace
+    mb = 1 << 20
+    state = SimpleNamespace(_arena=0)
+    sizes = [GpuDecoder._arena_bytes(state, need) for need in
+             (70 * mb, 80 * mb, 60 * mb, 87 * mb, 88 * mb + 1, 60 * mb, 57 * mb, 10 * mb, 1000)]
+    assert sizes[0] == 88 * mb and sizes[0] % (2 * mb) == 0   # 70 MB and a quarter, in 2 MiB steps
+    assert sizes[:4] == [88 * mb] * 4                         # the same block for every batch that fits
+    assert sizes[4] == 112 * mb and sizes[4:7] == [112 * mb] * 3   # outgrown: a quarter above the new need
+    assert sizes[7] == 14 * mb                                 # under half: shrinks with the batches
+    assert sizes[8] == 2 * mb
+
+
 def test_option_errors():
     with pytest.raises(ConfigError, match="Unknown backend 'nvjpeg'. Available: auto, hw, hybrid"):
         GpuDecoder("cuda", CpuDecoder(threads=1), backend="nvjpeg")

@@ -1,5 +1,6 @@
 """The Loader end to end on the CPU: shapes, determinism, resumption, sharding, failures, shutdown."""
 
+import re
 import threading
 
 import numpy as np
@@ -163,6 +164,46 @@ def test_break_and_errors_leave_no_threads(image_folder):
     assert [t for t in _ingest_threads() if t.name in ("ingest-read", "ingest-decode", "ingest-ops")] == []
     loader.close(), bad.close()
     assert len(_ingest_threads()) <= before
+
+
+@pytest.mark.parametrize("lanes", [2, 3])
+def test_decode_lanes_keep_batches_in_order(image_folder, lanes):
+    """Batches decoded by several lanes at once come out in order and equal to one lane's, over epochs and a
+    resume; an error in any lane's batch reaches the caller after the batches before it, and no thread stays."""
+    kw = dict(batch_size=2, ops=train_ops(), shuffle=True, seed=3, num_threads=2)
+    one = ingest.Loader(image_folder, **kw)
+    want = [collect(one), collect(one)]
+    with ingest.defaults.set(decode_batches=lanes):
+        many = ingest.Loader(image_folder, **kw)
+        assert len(many.pipeline.lanes) == lanes
+        for epoch in want:
+            got = collect(many)
+            assert len(got) == len(epoch) == 11
+            for (a, la), (b, lb) in zip(got, epoch):
+                assert torch.equal(a, b) and torch.equal(la, lb)
+        assert many.stats()["stages"]["decode"]["batches"] == 22
+        assert sum(many.stats()["decode_paths"].values()) == 42
+
+        resumed = ingest.Loader(image_folder, **kw)
+        it = iter(resumed)
+        first = [next(it) for _ in range(3)]
+        state = resumed.state_dict()
+        resumed.close()
+        rest = ingest.Loader(image_folder, **kw)
+        rest.load_state_dict(state)
+        got = [(x.clone(), y.clone()) for x, y in first] + collect(rest)
+        for (a, la), (b, lb) in zip(got, want[0]):
+            assert torch.equal(a, b) and torch.equal(la, lb)
+
+        bad = image_folder / "dog" / "0002.jpg"   # dataset index 9: the fifth batch in order
+        bad.write_bytes(bad.read_bytes()[:200])
+        plain = ingest.Loader(image_folder, batch_size=2, ops=train_ops())
+        seen = []
+        with pytest.raises(DecodeError, match="0002.jpg"):
+            for _, y in plain:
+                seen.append(y.tolist())
+        assert seen == [[0, 0], [0, 0], [0, 0], [0, 1]]
+    assert [t for t in _ingest_threads() if re.fullmatch(r"ingest-decode\d*", t.name)] == []
 
 
 def test_generic_iterator(image_folder):

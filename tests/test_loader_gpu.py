@@ -142,6 +142,31 @@ def test_two_gpu_decoders_match_one(folder):
         assert torch.equal(la, lb) and torch.equal(a, b)
 
 
+def test_decode_lanes_match_one_and_each_has_its_decoder_and_stream(folder):
+    """decode_batches=2: two batches decoded at once, each on its own decoder, stream and thread; the batches
+    come in order and equal to one lane's, over two epochs, while the consumer runs slow steps on its stream."""
+    ops = [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)]
+    kw = dict(batch_size=4, device="cuda", ops=ops, shuffle=True, seed=5, num_workers=0)
+    one = ingest.Loader(folder, **kw)
+    ref = [[(x.cpu(), y.cpu()) for x, y in one] for _ in range(2)]
+    side = torch.cuda.Stream()
+    with ingest.defaults.set(decode_batches=2):
+        loader = ingest.Loader(folder, **kw)
+    (g0, s0), (g1, s1) = loader.pipeline.lanes
+    assert g0 is not g1 and s0 != s1
+    for epoch in ref:
+        got = []
+        with torch.cuda.stream(side):
+            for x, y in loader:
+                torch.cuda._sleep(2_000_000)   # a slow step on the consumer's stream
+                got.append(((x * 1.0).cpu(), y.cpu()))
+        assert len(got) == len(epoch) == 5
+        for (a, la), (b, lb) in zip(got, epoch):
+            assert torch.equal(la, lb) and torch.equal(a, b)
+    assert sum(loader.stats()["decode_paths"].values()) == 38
+    loader.close()
+
+
 def test_views_of_one_buffer_cross_and_copy_as_that_buffer():
     """A ragged batch's images (views of the warp's one output buffer) cross to the parent as one buffer and
     are copied once there, into views of a new buffer with the same values; separate tensors stay separate."""

@@ -28,7 +28,7 @@ import torch
 
 from ingest.ops import _nvimgcodec as native
 from ingest.ops.decode import CpuDecoder
-from ingest.ops.decode_gpu import GpuDecoder
+from ingest.ops.decode_gpu import GpuDecoder, clip_regions, gpu_decodable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_gpu import Busy  # noqa: E402 - the benchmark's busy thread, so both measure the same thing
@@ -55,8 +55,7 @@ def steps(gpu: GpuDecoder, datas, headers, stream) -> dict:
 
     def submit_only():  # the per-image ctypes calls (the compiled loop's fallback), no decode
         dec = gpu._decoders[0]
-        heights = np.array([h.height for h in headers])
-        widths = np.array([h.width for h in headers])
+        heights, widths = headers[:, 1].copy(), headers[:, 2].copy()
         addresses = (np.arange(len(datas)) * 300_000 + arena.data_ptr()).astype(np.uint64)
         saved, saved_loop = dec.lib.DecoderDecode, native.LOOP
         dec.lib.DecoderDecode, native.LOOP = (lambda *args: 1), None
@@ -66,8 +65,26 @@ def steps(gpu: GpuDecoder, datas, headers, stream) -> dict:
         finally:
             dec.lib.DecoderDecode, native.LOOP = saved, saved_loop
 
+    event = torch.cuda.Event()
+
+    def plan():  # decode_batch's planning: eligibility, regions, arena offsets (numpy over the header table)
+        index = np.flatnonzero(gpu_decodable(headers, 1 << 30))
+        regions = clip_regions(np.zeros((len(index), 4), np.int64), headers[index])
+        hw = headers[index][:, 1:3]
+        padded = -(-(hw[:, 0] * hw[:, 1] * 3) // 768) * 768
+        np.concatenate(([0], np.cumsum(padded)[:-1]))
+        return regions
+
+    def stream_ctx():
+        with torch.cuda.stream(stream):
+            pass
+
     probes = {
         "decode_batch": decode,
+        "plan_numpy": plan,
+        "1_stream_ctx": stream_ctx,
+        "1_event_record": lambda: event.record(stream),
+        "1_wait_event": lambda: stream.wait_event(event),
         "submit_loop_no_decode": submit_only,
         "256_slice_view": lambda: [arena[k * 300_000:k * 300_000 + size].view(200, 300, 3) for k in range(256)],
         "256_slice": lambda: [arena[k * 300_000:k * 300_000 + size] for k in range(256)],

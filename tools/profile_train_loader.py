@@ -67,6 +67,30 @@ def gc_timer() -> dict:
     return stat
 
 
+def memory_report(mem) -> dict:
+    """Device memory of the phase just run: bench_gpu's MemSampler readings, then torch's caching allocator
+    (peak allocated, reserved, inactive split blocks) and its segments now, per stream: what the allocator
+    keeps cached beyond what the loader uses, and where."""
+    mem.stop()
+    out = mem.result()
+    mb = lambda v: round(v / 2 ** 20, 1)  # noqa: E731
+    st = torch.cuda.memory_stats()
+    out["torch_peak_inactive_split_mb"] = mb(st.get("inactive_split_bytes.all.peak", 0))
+    out["torch_segments_peak"] = st.get("segment.all.peak", 0)
+    out["torch_alloc_retries"] = st.get("num_alloc_retries", 0)
+    streams: dict = collections.defaultdict(lambda: {"segments": 0, "reserved_mb": 0.0, "allocated_mb": 0.0})
+    for seg in torch.cuda.memory_snapshot():
+        s = streams[str(seg.get("stream"))]
+        s["segments"] += 1
+        s["reserved_mb"] = round(s["reserved_mb"] + mb(seg["total_size"]), 1)
+        s["allocated_mb"] = round(s["allocated_mb"] + mb(seg["allocated_size"]), 1)
+    out["segments_by_stream_now"] = dict(streams)
+    free, total = torch.cuda.mem_get_info()
+    out["device_used_now_mb"] = mb(total - free - mem.ctx_used)
+    out["outside_torch_now_mb"] = round(out["device_used_now_mb"] - mb(torch.cuda.memory_reserved()), 1)
+    return out
+
+
 def stage_seconds(stats: dict) -> dict:
     return {k: v["seconds"] for k, v in stats["stages"].items()}
 
@@ -90,6 +114,10 @@ def main() -> None:
     timed_method(pipeline.Pipeline, "decode", "pipeline_decode")
     ops = [RandomResizedCrop(224), Flip(p=0.5),
            Normalize(mean=bench_gpu.MEAN, std=bench_gpu.STD, dtype=torch.float32, layout="NCHW")]
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    mem = bench_gpu.MemSampler(torch.device("cuda"))
+    mem.start()
     loader = ingest.Loader(args.data, batch_size=args.batch, device="cuda", ops=ops, shuffle=True,
                            num_workers=args.workers, last_batch="drop", worker_stages=args.stages)
     batches = endless(loader)
@@ -103,7 +131,7 @@ def main() -> None:
         n += len(next(batches)[0])
     torch.cuda.synchronize()
     out["alone"] = {"img_s": round(n / (time.perf_counter() - t0), 1), "calls": take_calls(),
-                    "stage_seconds": stage_seconds(loader.stats())}
+                    "stage_seconds": stage_seconds(loader.stats()), "memory": memory_report(mem)}
     step, _ = bench_gpu.make_step(torch.device("cuda"), argparse.Namespace(model="resnet18"))
     for _ in range(10):
         step(*next(batches))
