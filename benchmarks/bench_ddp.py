@@ -90,7 +90,13 @@ def derive(runs: dict) -> dict:
             continue
         out[f"loader_{g}_over_1"] = bench_gpu._ratio(total["loader_img_s"], one["loader_img_s"])
         out[f"train_{g}_over_1"] = bench_gpu._ratio(total["train_img_s"], one["train_img_s"])
+        out[f"synthetic_train_{g}_over_1"] = bench_gpu._ratio(total.get("synthetic_train_img_s"),
+                                                              one.get("synthetic_train_img_s"))
         out[f"max_gpu_memory_{g}_over_1"] = bench_gpu._ratio(total["max_gpu_peak_mb"], one["max_gpu_peak_mb"])
+        # torch's share (the loader's buffers and the model's): equal when only NCCL's buffers differ
+        out[f"max_torch_reserved_{g}_over_1"] = bench_gpu._ratio(
+            max(r["memory"].get("torch_max_reserved_mb") or 0 for r in run["ranks"]),
+            max(r["memory"].get("torch_max_reserved_mb") or 0 for r in runs["1"]["ranks"]))
     return out
 
 
@@ -128,14 +134,17 @@ def rank_main(args) -> int:
     # 2. DDP training fed by the loader
     step, dtype = bench_gpu.make_step(dev, args, wrap=lambda m: DistributedDataParallel(m, device_ids=[local]))
 
-    t0, warm = time.perf_counter(), 0
-    while time.perf_counter() - t0 < args.warmup_seconds or warm < 3:
-        step(*next(gen))
-        warm += 1
-    bench_gpu.sync(dev)
-    # Every rank takes the same number of steps (DDP's all-reduce would hang otherwise): rank 0 sizes the window
-    # from its warm-up rate and tells the others, once.
-    count = torch.tensor([max(3, round(args.train_seconds * warm / (time.perf_counter() - t0)))], device=dev)
+    # Every rank takes the same number of steps, warm-up included: DDP's all-reduce hangs otherwise (ranks that
+    # each warmed up for --warmup-seconds took different step counts). Three steps, then a warm-up of about
+    # --warmup-seconds, then the timed window, each count taken from rank 0's rate in the phase before.
+    count = torch.tensor([3], device=dev)
+    for seconds in (args.warmup_seconds, args.train_seconds):
+        dist.broadcast(count, 0)
+        n, t0 = int(count.item()), time.perf_counter()
+        for _ in range(n):
+            step(*next(gen))
+        bench_gpu.sync(dev)
+        count = torch.tensor([max(3, round(seconds * n / (time.perf_counter() - t0)))], device=dev)
     dist.broadcast(count, 0)
     steps, wait, t0 = int(count.item()), 0.0, time.perf_counter()
     for _ in range(steps):
@@ -147,6 +156,14 @@ def rank_main(args) -> int:
     el = time.perf_counter() - t0
     res.update(train_img_s=round(steps * args.batch / el, 1), steps=steps, data_wait_frac=round(wait / el, 4),
                amp_dtype=dtype)
+    # 3. the same steps on one fixed batch (no loader): what DDP itself scales to on this host
+    x, y = x.clone(), y.clone()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step(x, y)
+    bench_gpu.sync(dev)
+    res["synthetic_train_img_s"] = round(steps * args.batch / (time.perf_counter() - t0), 1)
     mem.stop()
     res["memory"] = mem.result()
     if feed.close is not None:
@@ -158,6 +175,7 @@ def rank_main(args) -> int:
         peaks = [r["memory"].get("device_peak_mb") or 0 for r in everyone]
         total = {"gpus": world, "loader_img_s": round(sum(r["loader_img_s"] for r in everyone), 1),
                  "train_img_s": round(sum(r["train_img_s"] for r in everyone), 1),
+                 "synthetic_train_img_s": round(sum(r["synthetic_train_img_s"] for r in everyone), 1),
                  "max_gpu_peak_mb": max(peaks), "gpu_peak_mb": peaks}
         Path(args.rank_run).write_text(json.dumps({"total": total, "ranks": everyone}, indent=1))
     dist.destroy_process_group()

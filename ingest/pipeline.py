@@ -181,8 +181,10 @@ class Pipeline:
             with torch.cuda.device(self.device):   # the caller's current device is left as it was
                 self.ops_stream = torch.cuda.Stream(self.device)
                 if decode == "mixed":
-                    from .ops.decode_gpu import GpuDecoder
-                    self.lanes = [(GpuDecoder(self.device, self.cpu, threads=defaults.get("gpu_decoders")),
+                    from .ops.decode_gpu import GpuDecoder, cpu_threads_each
+                    each = defaults.get("gpu_decoders")
+                    self.lanes = [(GpuDecoder(self.device, self.cpu, threads=each,
+                                              cpu_threads=cpu_threads_each(each * lanes)),
                                    torch.cuda.Stream(self.device)) for _ in range(lanes)]
                 else:
                     self.lanes = [(None, torch.cuda.Stream(self.device)) for _ in range(lanes)]

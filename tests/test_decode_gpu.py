@@ -161,6 +161,16 @@ def test_arena_size_stays_put_until_a_batch_outgrows_it_or_needs_under_half():
     assert sizes[8] == 2 * mb
 
 
+def test_decoders_share_this_process_share_of_the_cores(monkeypatch):
+    monkeypatch.setattr(decode_gpu.os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert decode_gpu.cpu_threads_each(1) == 32 and decode_gpu.cpu_threads_each(2) == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")            # two torchrun ranks on this host
+    assert decode_gpu.cpu_threads_each(2) == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+    assert decode_gpu.cpu_threads_each(2) == 1             # never none
+
+
 def test_option_errors():
     with pytest.raises(ConfigError, match="Unknown backend 'nvjpeg'. Available: auto, hw, hybrid"):
         GpuDecoder("cuda", CpuDecoder(threads=1), backend="nvjpeg")

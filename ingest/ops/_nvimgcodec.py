@@ -330,9 +330,11 @@ def load(path: str | None = None) -> Library:
 class BatchDecoder:
     """An nvImageCodec decoder on ``device_id`` (:data:`DEVICE_CPU_ONLY` for host output), restricted to
     ``backends`` (names of :data:`BACKEND_KINDS`, or (name, load hint) pairs: the share of a batch that backend
-    takes, the rest going on to the next; None: all), created with the decoder ``options`` string."""
+    takes, the rest going on to the next; None: all), created with the decoder ``options`` string, on
+    ``cpu_threads`` threads of its own (0: one per core)."""
 
-    def __init__(self, lib: Library, device_id: int, *, backends: Sequence[str] | None = None, options: str = ""):
+    def __init__(self, lib: Library, device_id: int, *, backends: Sequence[str] | None = None, options: str = "",
+                 cpu_threads: int = 0):
         self.lib = lib
         self.buffer_kind = BUFFER_STRIDED_HOST if device_id == DEVICE_CPU_ONLY else BUFFER_STRIDED_DEVICE
         kinds = [(b, 1.0) if isinstance(b, str) else tuple(b) for b in backends or []]
@@ -342,7 +344,7 @@ class BatchDecoder:
             slot.kind = BACKEND_KINDS[kind]
             slot.params.load_hint, slot.params.load_hint_policy = load, LOAD_HINT_FIXED
         params = new(ExecutionParams, device_id=device_id, num_backends=len(kinds),
-                     backends=chosen if kinds else None)
+                     backends=chosen if kinds else None, max_num_cpu_threads=cpu_threads)
         handle = c_void_p()
         with captured_stderr() as self.messages:
             status = lib.DecoderCreate(lib.instance, ctypes.addressof(handle), ctypes.addressof(params),

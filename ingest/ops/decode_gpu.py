@@ -99,6 +99,16 @@ _ORIENT = {
 }
 
 
+def cpu_threads_each(decoders: int) -> int:
+    """nvImageCodec CPU threads for each of ``decoders`` decoders in this process: this process's share of the
+    cores (torchrun's ``LOCAL_WORLD_SIZE`` processes share them) split between its decoders. Each decoder
+    otherwise starts one per core: two decode lanes on a 16-core H100 ran 32 threads, and two ranks of two
+    lanes on a 32-core host 128, beside the training loops' own threads."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, cores // (ranks * max(1, decoders)))
+
+
 def available() -> bool:
     """Whether GPU decoding can run here: CUDA is available and nvImageCodec loads (either engine)."""
     if not torch.cuda.is_available():
@@ -162,7 +172,7 @@ class GpuDecoder:
     """
 
     def __init__(self, device: torch.device | str | int, cpu: CpuDecoder, *, backend: str = "auto",
-                 threads: int = 1, engine: str = "auto"):
+                 threads: int = 1, engine: str = "auto", cpu_threads: int = 0):
         if backend not in BACKENDS:
             raise ConfigError(f"Unknown backend {backend!r}. Available: {', '.join(BACKENDS)}")
         if engine not in ENGINES:
@@ -174,6 +184,7 @@ class GpuDecoder:
         self.cpu = cpu
         self.backend = backend
         self.threads = threads
+        self.cpu_threads = cpu_threads
         self.fallbacks: Counter[str] = Counter()
         self._arena = 0   # bytes of the batch arena (native engine; see _arena_bytes)
         self._streams: list[torch.cuda.Stream] = []
@@ -293,13 +304,15 @@ class GpuDecoder:
 
     def _new_native_decoder(self, lib: native.Library) -> native.BatchDecoder:
         return self._first_decoder(lambda backends: native.BatchDecoder(
-            lib, self.device.index, backends=backends, options=_DECODER_OPTIONS), native.Unavailable)
+            lib, self.device.index, backends=backends, options=_DECODER_OPTIONS, cpu_threads=self.cpu_threads),
+            native.Unavailable)
 
     def _new_decoder(self, nvimgcodec: Any) -> Any:
         def make(backends):
             chosen = None if backends is None else [
                 nvimgcodec.Backend(getattr(nvimgcodec.BackendKind, kind), load_hint=load) for kind, load in backends]
-            return nvimgcodec.Decoder(device_id=self.device.index, backends=chosen, options=_DECODER_OPTIONS)
+            return nvimgcodec.Decoder(device_id=self.device.index, backends=chosen, options=_DECODER_OPTIONS,
+                                      max_num_cpu_threads=self.cpu_threads)
         # nvImageCodec raises its own exception type when a backend is unsupported
         return self._first_decoder(make, Exception)
 
