@@ -206,6 +206,27 @@ def test_decode_lanes_keep_batches_in_order(image_folder, lanes):
     assert [t for t in _ingest_threads() if re.fullmatch(r"ingest-decode\d*", t.name)] == []
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_stages_work_only_with_room_for_the_result(image_folder, lanes):
+    """A stage takes its place in the queue after it before it starts a batch: while the consumer holds the
+    first batch, the ops stage has made at most ``prefetch`` more (none finished and waiting in its thread),
+    and the decode stage at most the places after it plus the one in the ops stage's hands."""
+    import time
+    with ingest.defaults.set(decode_batches=lanes):
+        loader = ingest.Loader(image_folder, batch_size=1, ops=train_ops(), prefetch=2, num_threads=1)
+    it = iter(loader)
+    next(it)
+    deadline = time.monotonic() + 20
+    while loader.stats()["stages"]["ops"]["batches"] < 1 + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)   # time to run further, had a stage not waited for room
+    stages = loader.stats()["stages"]
+    assert stages["ops"]["batches"] == 1 + 2
+    assert stages["decode"]["batches"] <= stages["ops"]["batches"] + 2 + 1
+    assert stages["read"]["batches"] < 21
+    loader.close()
+
+
 def test_generic_iterator(image_folder):
     loader = ingest.Loader(image_folder, batch_size=8, ops=train_ops())
     it = ingest.GenericIterator(loader, output_map=["data", "label"])
