@@ -178,7 +178,8 @@ def child(args) -> int:
     import torch
     res: dict = {"variant": args.child, "torch_threads": torch.get_num_threads()}
     dev = torch.device("cpu")
-    ns = argparse.Namespace(data=args.data, batch=args.batch, threads=args.threads, workers=args.threads)
+    ns = argparse.Namespace(data=args.data, batch=args.batch, threads=args.threads, workers=args.threads,
+                            ingest_workers=None)   # the Loader's own default
     try:
         t0 = time.perf_counter()
         feed = bg.build_dataloader(ns, dev) if args.child == "dataloader" else bg.build_ingest(ns, dev, "cpu")

@@ -1,0 +1,47 @@
+"""The benchmark scripts still run against the library (no timing is asserted: speed targets live in the
+benchmarks' own JSON). bench_cpu once broke silently when bench_gpu's loader builder grew an argument."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_bench_cpu_runs_both_loaders(tmp_path):
+    out = tmp_path / "cpu.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cpu.py"), "--data", str(tmp_path / "data"),
+                    "--n", "48", "--batch", "8", "--seconds", "1", "--warmup-seconds", "0.3", "--warmup-batches",
+                    "1", "--min-batches", "2", "--rounds", "1", "--out", str(out)], check=True, timeout=300,
+                   capture_output=True)
+    results = json.loads(out.read_text())["results"]
+    for variant in ("ingest", "dataloader"):
+        assert results[variant].get("error") is None, results[variant]
+        assert results[variant]["img_s"] > 0
+
+
+def test_bench_ddp_ratios_over_one_gpu():
+    import bench_ddp
+
+    def run(gpus, loader, train, synthetic, peak, reserved):
+        return {"total": {"gpus": gpus, "loader_img_s": loader, "train_img_s": train,
+                          "synthetic_train_img_s": synthetic, "max_gpu_peak_mb": peak},
+                "ranks": [{"memory": {"torch_max_reserved_mb": r}} for r in reserved]}
+    derived = bench_ddp.derive({"1": run(1, 100, 50, 60, 1000, [800]),
+                                "2": run(2, 190, 80, 120, 1100, [800, 820])})
+    assert derived == {"loader_2_over_1": 1.9, "train_2_over_1": 1.6, "synthetic_train_2_over_1": 2.0,
+                       "max_gpu_memory_2_over_1": 1.1, "max_torch_reserved_2_over_1": 1.025}
+    assert bench_ddp.derive({"2": run(2, 1, 1, 1, 1, [1])}) == {}   # no one-GPU run: nothing to compare with
+
+
+@pytest.mark.parametrize("script", ["bench_gpu.py", "bench_ddp.py", "bench_raw.py", "bench_formats.py",
+                                    "bench_detection.py", "bench_read_gil.py"])
+def test_benchmark_scripts_parse_their_options(script):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage" in done.stdout.lower()
