@@ -29,7 +29,7 @@ with 8 and 32 (87-101k img/s, `tools/profile_raw_loader.py`), where 8 threads al
 one batch's Python work then overlaps the other's native decode. On an H100 the loader alone ran 24.3k against
 15.6k img/s with one, and ResNet-18 fed by it trained at 9.1k against 8.3k, for 330 MB more device memory
 (`benchmarks/results/bench_gpu_h100_lanes*.json`). CPU decode keeps one: its pool already decodes a batch on
-every core.
+every core (two lanes on 2 cores: 556 against 560 img/s, `benchmarks/bench_cpu.py`).
 
 ``hw_decoder_load``: a number hands that share of each batch's JPEGs to the hardware JPEG engine (NVJPG: A100,
 H100, ...) and the rest to nvImageCodec's CUDA (hybrid) decoder, both at once, as DALI's ``hw_decoder_load``

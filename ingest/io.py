@@ -141,8 +141,7 @@ class ByteReader:
             if got < 0:
                 views[k] = read_error(loc, _os_error(got))
             elif got != want:
-                views[k] = CorruptRecordError(f"short read: {got} of {want} bytes (file truncated?)",
-                                              path=loc.path, offset=loc.offset)
+                views[k] = short_read(got, want, loc.path, loc.offset)
         return views
 
     def _run(self, tasks: "_Tasks") -> np.ndarray:
@@ -204,8 +203,7 @@ class ByteReader:
         except OSError as err:
             return read_error(loc, err)
         if got != out.nbytes:
-            return CorruptRecordError(f"short read: {got} of {out.nbytes} bytes (file truncated?)",
-                                      path=loc.path, offset=loc.offset)
+            return short_read(got, out.nbytes, loc.path, loc.offset)
         return None
 
     # -- raw ranges straight into (device) memory -------------------------------------------------
@@ -228,7 +226,7 @@ class ByteReader:
             if out.is_cuda:
                 flat.copy_(host, non_blocking=False)
         if got != nbytes:
-            raise CorruptRecordError(f"short read: {got} of {nbytes} bytes", path=loc.path, offset=loc.offset)
+            raise short_read(got, nbytes, loc.path, loc.offset)
 
     # -- fixed-size rows of a batch tensor, gathered from shard files ------------------------------
     def read_rows(self, paths: Sequence[str], files: np.ndarray, offsets: np.ndarray, out: torch.Tensor, *,
@@ -330,7 +328,7 @@ class ByteReader:
             path, offset = paths[int(run_files[k])], int(offsets[k])
             if got[k] < 0:
                 raise read_error(Location(path, offset), _os_error(int(got[k])))
-            raise _short_read(int(got[k]), int(want[k]), path, offset)
+            raise short_read(int(got[k]), int(want[k]), path, offset)
 
     def _rows_kvikio(self, paths: Sequence[str], runs: list["Run"], flat: torch.Tensor, handles) -> None:
         if flat.is_cuda:
@@ -551,12 +549,14 @@ def _spread(span: torch.Tensor, run: Run, flat: torch.Tensor) -> None:
 
 def _check_read(got: int, run: Run, path: str) -> None:
     if got != run.nbytes:
-        raise _short_read(got, run.nbytes, path, run.offset)
+        raise short_read(got, run.nbytes, path, run.offset)
 
 
-def _short_read(got: int, want: int, path: str, offset: int) -> CorruptRecordError:
-    return CorruptRecordError(f"short read: {got} of {want} bytes (the file is shorter than its index says: "
-                              "truncated after it was opened?)", path=path, offset=offset)
+def short_read(got: int, want: int, path: str, offset: int) -> CorruptRecordError:
+    """The error for a read that got fewer bytes than the range asked: the file ends before its index (or the
+    record's own header) says it does."""
+    return CorruptRecordError(f"short read: {got} of {want} bytes (the file ends before the range its index or "
+                              "header gives: truncated?)", path=path, offset=offset)
 
 
 def _preadv_full(fd: int, iovs: list[memoryview], offset: int) -> int:

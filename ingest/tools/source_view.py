@@ -13,8 +13,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import CorruptRecordError, IngestError
+from ..errors import IngestError
 from ..formats.base import Location, Record
+from ..io import short_read
 
 #: Open source files a range read keeps at once.
 _OPEN_FILES = 16
@@ -121,6 +122,5 @@ def _read(loc: Location | tuple[Location, ...], files: dict[str, Any]) -> Any:
     f.seek(loc.offset)
     data = f.read() if loc.length is None else f.read(loc.length)
     if loc.length is not None and len(data) != loc.length:
-        raise CorruptRecordError(f"short read: {len(data)} of {loc.length} bytes (file truncated?)",
-                                 path=loc.path, offset=loc.offset)
+        raise short_read(len(data), loc.length, loc.path, loc.offset)
     return data
