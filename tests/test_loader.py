@@ -145,14 +145,20 @@ def _ingest_threads():
     return [t for t in threading.enumerate() if t.name.startswith("ingest-")]
 
 
-def test_break_and_errors_leave_no_threads(image_folder):
+def _stage_threads():
+    """The executor's stage threads: read, each decode lane's, ops."""
+    return [t for t in _ingest_threads() if re.fullmatch(r"ingest-(read|decode\d*|ops)", t.name)]
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_break_and_errors_leave_no_threads(image_folder, lanes):
     before = len(_ingest_threads())
-    loader = ingest.Loader(image_folder, batch_size=2, ops=train_ops(), prefetch=1)
+    with ingest.defaults.set(decode_batches=lanes):
+        loader = ingest.Loader(image_folder, batch_size=2, ops=train_ops(), prefetch=1)
     for i, _ in enumerate(loader):
         if i == 1:
             break
-    stage_threads = [t for t in _ingest_threads() if t.name in ("ingest-read", "ingest-decode", "ingest-ops")]
-    assert stage_threads == []
+    assert _stage_threads() == []
 
     class Boom(Resize):
         def apply(self, images, params):
@@ -161,7 +167,7 @@ def test_break_and_errors_leave_no_threads(image_folder):
     with pytest.raises(RuntimeError, match="boom in a stage") as e:
         collect(bad)
     assert any("apply" in str(tb.name) for tb in __import__("traceback").extract_tb(e.value.__traceback__))
-    assert [t for t in _ingest_threads() if t.name in ("ingest-read", "ingest-decode", "ingest-ops")] == []
+    assert _stage_threads() == []
     loader.close(), bad.close()
     assert len(_ingest_threads()) <= before
 
@@ -203,7 +209,7 @@ def test_decode_lanes_keep_batches_in_order(image_folder, lanes):
             for _, y in plain:
                 seen.append(y.tolist())
         assert seen == [[0, 0], [0, 0], [0, 0], [0, 1]]
-    assert [t for t in _ingest_threads() if re.fullmatch(r"ingest-decode\d*", t.name)] == []
+    assert _stage_threads() == []
 
 
 @pytest.mark.parametrize("lanes", [1, 2])
@@ -251,12 +257,14 @@ def test_config_errors(image_folder):
             ingest.Loader(image_folder, batch_size=2, device="cuda")
 
 
-@pytest.mark.parametrize("stages", ["all", "read"])
-def test_worker_processes_match_threads_and_survive_epochs(image_folder, stages):
+@pytest.mark.parametrize("stages,lanes", [("all", 1), ("read", 1), ("read", 2)])
+def test_worker_processes_match_threads_and_survive_epochs(image_folder, stages, lanes):
     kw = dict(batch_size=4, ops=train_ops(), shuffle=True, seed=5)
     ref = ingest.Loader(image_folder, **kw)
     ref_epochs = [collect(ref), collect(ref)]
-    with ingest.Loader(image_folder, num_workers=2, worker_stages=stages, **kw) as loader:
+    with ingest.defaults.set(decode_batches=lanes):   # reader processes feed this process's decode lanes
+        loader = ingest.Loader(image_folder, num_workers=2, worker_stages=stages, **kw)
+    with loader:
         assert loader.worker_stages == stages
         first = collect(loader)
         it = iter(loader)          # epoch 1, abandoned after one batch
