@@ -1,11 +1,15 @@
-"""The README's usage example runs (on a generated dataset; on the CPU where there is no GPU)."""
+"""The README's usage example runs (on a generated dataset; on the CPU where there is no GPU), and its
+generated tables are what their commands print from the committed benchmark JSON."""
 
 import re
+import shlex
+import sys
 from pathlib import Path
 
 import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 def test_readme_example_runs(image_folder):
@@ -19,3 +23,14 @@ def test_readme_example_runs(image_folder):
     assert len(scope["seen"]) == 3
     shape, dtype, labels = scope["seen"][0]
     assert shape == (8, 3, 224, 224) and dtype == torch.float16 and labels == (8,)
+
+
+def test_readme_tables_are_generated_from_the_committed_results():
+    """Each ``<!-- generated: python tools/X.py ARGS -->`` comment is followed by exactly what X prints."""
+    text = README.read_text()
+    blocks = re.findall(r"<!-- generated: python (tools/\w+\.py) (.*?) -->\n((?:\|.*\n)+)", text)
+    assert blocks, "the README's speed table names the command that makes it"
+    sys.path.insert(0, str(ROOT / "tools"))
+    for script, args, table in blocks:
+        module = __import__(Path(script).stem)
+        assert module.from_args(shlex.split(args)) == table.rstrip("\n")
