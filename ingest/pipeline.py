@@ -5,12 +5,14 @@
     sampler ──BatchPlan──> [read]  ──bytes──> [decode] ──images──> [ops] ──Batch──> consumer
                           I/O pool            CPU pool or           one fused warp
                           (KvikIO/pread)      nvImageCodec on       + rest, on the ops
-                                              the decode stream     CUDA stream
+                                              a lane's stream       CUDA stream
+                                              (lanes in turn)
 
 `Pipeline` holds the per-batch work of each stage and no threads, so it also runs eagerly (``Pipeline.run``
 on a list of encoded images, for serving). `Executor` runs one epoch of it on threads: each stage takes
 from the queue before it and puts into the one after it (``prefetch`` deep), so reading batch k+2,
-decoding k+1 and augmenting k overlap with the training step on batch k. GPU work is ordered by CUDA events,
+decoding k+1 and augmenting k overlap with the training step on batch k; with two decode lanes (the GPU
+default) two batches decode at once, each lane on its own thread. GPU work is ordered by CUDA events,
 never by host synchronisation; the consumer's stream waits on the batch's event.
 
 Bad samples: a read, parse, probe or decode failure drops the sample from its batch, logs (name, stage,
@@ -667,8 +669,8 @@ class StageStats:
 
 
 class Executor:
-    """One epoch of a `Pipeline` on stage threads: read, one per decode lane, ops. Iterate it for `Batch`es; `close()` (also on
-    garbage collection, ``break`` or an exception) stops every thread and leaves none behind. Executors still
+    """One epoch of a `Pipeline` on stage threads: read, one per decode lane, ops. Iterate it for `Batch`es;
+    `close()` (also on garbage collection, ``break`` or an exception) stops every thread and leaves none behind. Executors still
     running when the interpreter exits are closed by an exit hook, before finalization: a stage thread left
     inside a torch call while the interpreter finalizes aborts the process ("terminate called without an
     active exception").
