@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -190,7 +191,7 @@ class Pipeline:
                                    torch.cuda.Stream(self.device)) for _ in range(lanes)]
                 else:
                     self.lanes = [(None, torch.cuda.Stream(self.device)) for _ in range(lanes)]
-        self.gpu, self.decode_stream = self.lanes[0]
+        self.decode_stream = self.lanes[0][1]   # raw shards read straight to the GPU queue their reads here
         self._counts = threading.Lock()
         self._labels = source.labels() if self.direct else None
         # Detection: a "boxes" field (ltrb or xywh, absolute or relative, as the source says) follows the
@@ -254,7 +255,7 @@ class Pipeline:
             out.record_stream(self.ops_stream)  # allocated on the decode stream, used and freed on the ops stream
             work.ready = torch.cuda.Event()
             work.ready.record(self.decode_stream)
-        self._count_paths(["none (raw, direct read)"] * len(idx))
+        self._count_paths({"none (raw, direct read)": len(idx)})
         return work
 
     def _read_raw(self, idx: list[int]) -> list:
@@ -327,7 +328,7 @@ class Pipeline:
             images = [torch.from_numpy(np.ascontiguousarray(d)) for d in datas]
             if self.device.type == "cuda":
                 images, work.ready = _upload(images, self.device, stream)
-            self._count_paths(["none (pixels)"] * len(images))
+            self._count_paths({"none (pixels)": len(images)})
             work.images = images
             return work
         if gpu is not None:
@@ -347,14 +348,15 @@ class Pipeline:
             images = [torch.from_numpy(im) for im in decoded]
             if self.device.type == "cuda":
                 images, work.ready = _upload(images, self.device, stream)
-        self._count_paths(paths)
+        self._count_paths(Counter(paths))
         work.images = images
         return work
 
-    def _count_paths(self, paths: list[str]) -> None:
-        with self._counts:   # lanes count at once
-            for p in paths:
-                self.decode_paths[p] = self.decode_paths.get(p, 0) + 1
+    def _count_paths(self, counts: dict[str, int]) -> None:
+        """Add images per decode path to `decode_paths` (lanes count at once)."""
+        with self._counts:
+            for path, n in counts.items():
+                self.decode_paths[path] = self.decode_paths.get(path, 0) + n
 
     def _replace_failures(self, work: _Work, images: list, rois, origins, *, gpu: bool) -> list:
         """Failed images become blank stand-ins (the ops plan was drawn for them); their rows are dropped after
@@ -670,10 +672,10 @@ class StageStats:
 
 class Executor:
     """One epoch of a `Pipeline` on stage threads: read, one per decode lane, ops. Iterate it for `Batch`es;
-    `close()` (also on garbage collection, ``break`` or an exception) stops every thread and leaves none behind. Executors still
-    running when the interpreter exits are closed by an exit hook, before finalization: a stage thread left
-    inside a torch call while the interpreter finalizes aborts the process ("terminate called without an
-    active exception").
+    `close()` (also on garbage collection, ``break`` or an exception) stops every thread and leaves none
+    behind. Executors still running when the interpreter exits are closed by an exit hook, before
+    finalization: a stage thread left inside a torch call while the interpreter finalizes aborts the process
+    ("terminate called without an active exception").
 
     The ops stage runs its torch CPU ops on the ``ops_threads`` setting's intra-op threads (half the cores
     unless set), not torch's default of every core: the decode pool keeps the cores busy meanwhile, and

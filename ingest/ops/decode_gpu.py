@@ -34,10 +34,11 @@ Decisions, and why:
 - **Memory** (native): the batch's images live in one PyTorch-allocated buffer, allocated on the caller's
   stream (each image 256-byte aligned), so PyTorch's caching allocator reuses it and no per-image allocation
   happens. Its size stays the same from batch to batch (`GpuDecoder._arena_bytes`), so that the allocator
-  reuses its blocks instead of caching one more whenever a batch needs a little more than the last. When every image was decoded there and none needs turning, the batch is returned as that buffer
-  plus offsets and sizes (:class:`~ingest.ops.base.ImageArena`): the warp reads it without a tensor per image,
-  whose creation cost a few microseconds each alone and gave up the GIL (a switch interval beside a busy
-  thread) per call. (python) images of orientation 1 are zero-copy views of nvImageCodec's buffers, which it frees with
+  reuses its blocks instead of caching one more whenever a batch needs a little more than the last. When
+  every image was decoded there and none needs turning, the batch is returned as that buffer plus offsets and
+  sizes (:class:`~ingest.ops.base.ImageArena`): the warp reads it without a tensor per image, whose creation
+  cost a few microseconds each alone and gave up the GIL (a switch interval beside a busy thread) per call.
+  (python) images of orientation 1 are zero-copy views of nvImageCodec's buffers, which it frees with
   ``cudaFreeAsync`` on the stream it decoded on, ignoring other streams. Either way a caller that reads the
   images on another stream makes the decode stream wait on an event recorded after that work and calls
   :meth:`GpuDecoder.hold_until` with it before dropping them: the memory is then reused or freed only after
@@ -156,16 +157,18 @@ class GpuDecoder:
     """Decodes batches on ``device`` with nvImageCodec, falling back to ``cpu`` per image.
 
     ``backend``: one of :data:`BACKENDS`; :attr:`backends` says what the decoders were created with ((kind,
-    load hint) pairs, None for all of nvImageCodec's). ``engine``: one of :data:`ENGINES` (see the module doc); "auto" takes the
-    native engine and falls back, with a warning saying why, to the Python binding. ``threads``: how many
-    nvImageCodec decoders share a batch. Native: the batch is split over them, and with the compiled loop each
-    share runs on its own thread with the GIL released (two: 13.6k against 11.4k img/s decode-only, H100;
-    nvImageCodec's own batch decode from two threads: 15.1k); with the ctypes loop each share is submitted
-    from the caller's thread before any is awaited. Python binding: each decoder runs on its own thread and
-    CUDA stream;
-    on the H200 two were slower than one (13.4k against 17.4k img/s decode-only, 256-image batches), the
-    binding's per-image GIL hand-offs serialize them. nvImageCodec keeps its default CPU threads (one per core):
-    capping them at cores / workers measured no better (19.2k against 22.1k img/s, 4 workers).
+    load hint) pairs, None for all of nvImageCodec's). ``engine``: one of :data:`ENGINES` (see the module
+    doc); "auto" takes the native engine and falls back, with a warning saying why, to the Python binding.
+    ``threads``: how many nvImageCodec decoders share a batch. Native: the batch is split over them, and with
+    the compiled loop each share runs on its own thread with the GIL released (two: 13.6k against 11.4k img/s
+    decode-only, H100; nvImageCodec's own batch decode from two threads: 15.1k); with the ctypes loop each
+    share is submitted from the caller's thread before any is awaited. Python binding: each decoder runs on
+    its own thread and CUDA stream; on the H200 two were slower than one (13.4k against 17.4k img/s
+    decode-only, 256-image batches), the binding's per-image GIL hand-offs serialize them. ``cpu_threads``:
+    each decoder's nvImageCodec CPU threads (0: one per core); a pipeline gives each of its decoders its share
+    of the cores (`cpu_threads_each`): one decoder on 8 of an H100 host's 16 took 12.3 ms per 256 images
+    against 15.9 ms on 16 (capping four worker processes at cores / workers had measured no better: 19.2k
+    against 22.1k img/s).
 
     :attr:`engine` says which engine runs, :attr:`fallbacks` counts why GPU-eligible images went to the CPU
     decoder, :attr:`messages` holds what nvImageCodec printed while loading.
@@ -234,12 +237,13 @@ class GpuDecoder:
         table = headers if headers is not None else jpeg_headers(datas)
         wanted = _region_array(rois, n)
         index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels))
-        regions = clip_regions(wanted[index], table[index])   # all zeros: the whole image, from (0, 0)
+        rows = table[index]                                   # the header rows of those images
+        regions = clip_regions(wanted[index], rows)           # all zeros: the whole image, from (0, 0)
         cropped = regions[:, 2] > regions[:, 0]
-        orientation = table[index, 6]
+        orientation = rows[:, 6]
         with torch.cuda.device(self.device):
             if self.engine == "native" and len(index):
-                arena, reasons = self._decode_native(index, datas, table, regions, stream)
+                arena, reasons = self._decode_native(index, datas, rows, regions, stream)
                 if len(index) == n and not any(reasons) and (orientation == 1).all():
                     # The common case: one buffer, no tensor per image (see ImageArena).
                     return arena, list(map(tuple, regions[:, :2].tolist())), \
@@ -247,8 +251,8 @@ class GpuDecoder:
                 decoded = [None if why else arena[k] if turn == 1 else orient(arena[k], turn)
                            for k, (why, turn) in enumerate(zip(reasons, orientation.tolist()))]
             else:
-                jobs = [_Job(i, datas[i], header_of(table[i]), tuple(r) if crop else None)
-                        for i, r, crop in zip(index.tolist(), regions.tolist(), cropped.tolist())]
+                jobs = [_Job(i, datas[i], header_of(row), tuple(r) if crop else None)
+                        for i, row, r, crop in zip(index.tolist(), rows, regions.tolist(), cropped.tolist())]
                 decoded = self._decode_on_gpu(jobs, stream)
             images: list[torch.Tensor | DecodeError | None] = [None] * n
             origins = [(0, 0)] * n
@@ -353,16 +357,16 @@ class GpuDecoder:
             images += part
         return images
 
-    def _decode_native(self, index: np.ndarray, datas: Sequence[Buffer], table: np.ndarray, regions: np.ndarray,
+    def _decode_native(self, index: np.ndarray, datas: Sequence[Buffer], rows: np.ndarray, regions: np.ndarray,
                        stream: torch.cuda.Stream) -> tuple[ImageArena, list[str | None]]:
-        """The native engine: images ``index`` of ``datas`` (their header rows in ``table``; ``regions`` the
+        """The native engine: images ``index`` of ``datas`` (``rows``: their header rows; ``regions`` the
         part of each to decode, x1 <= x0 for all of it) decoded into one new buffer (each image at a 256-byte
         aligned offset), the decoders' shares submitted, then all awaited. Returns the images (an arena over
         them; an image that failed holds garbage) and, per image, None or why nvImageCodec did not decode it
         (counted in :attr:`fallbacks`)."""
         n = len(index)
         cropped = regions[:, 2] > regions[:, 0]
-        hw = np.where(cropped[:, None], regions[:, [3, 2]] - regions[:, [1, 0]], table[index][:, 1:3])
+        hw = np.where(cropped[:, None], regions[:, [3, 2]] - regions[:, [1, 0]], rows[:, 1:3])
         padded = -(-(hw[:, 0] * hw[:, 1] * 3) // _ALIGN) * _ALIGN
         offsets = np.concatenate(([0], np.cumsum(padded)[:-1]))
         with torch.cuda.stream(stream):
@@ -389,7 +393,8 @@ class GpuDecoder:
         """The size to allocate for a batch that needs ``need`` bytes: the same for every batch (a quarter
         above the first one's need, in 2 MiB steps) until one needs more or less than half of it. Each
         batch's need differs, and PyTorch's caching allocator keeps a new segment whenever no cached block is
-        large enough: ten segments (704 MB) held four arenas of ~70 MB on an H100 (`tools/profile_train_loader.py`)."""
+        large enough: ten segments (704 MB) held four arenas of ~70 MB on an H100
+        (`tools/profile_train_loader.py`)."""
         if need > self._arena or need < self._arena // 2:
             self._arena = -(-(need + need // 4) // _ARENA_STEP) * _ARENA_STEP
         return self._arena
