@@ -67,8 +67,8 @@ def loader_rate(data: str, out: Path, args, log: Path) -> dict:
     if rc != 0 or not out.exists():
         return {"error": f"bench_gpu exited {rc}; see {log.name}"}
     report = json.loads(out.read_text())
-    res = report["results"]["ingest_mixed"]
-    keep = ("img_s", "batches", "seconds", "first_batch_seconds", "error", "note")
+    res = next(iter(report["results"].values()))   # the one variant run (a, or the one --bench-args names)
+    keep = ("variant", "img_s", "batches", "seconds", "first_batch_seconds", "error", "note")
     return {k: res[k] for k in keep if k in res} | {"read_path": (res.get("loader_stats") or {}).get("read_path")
                                                   if isinstance(res.get("loader_stats"), dict) else None}
 

@@ -22,7 +22,7 @@ from .pipeline import STAGES, Batch, Executor, Failures, Pipeline, StageStats, r
 from .sampler import BatchPlan, Sampler
 from .stream import DEFAULT_BUFFER, StreamedSource
 from .workers import STAGES as WORKER_STAGES
-from .workers import WorkerPool
+from .workers import WorkerPool, keep_freed_memory
 
 OUTPUTS = ("tuple", "dict")
 
@@ -136,6 +136,8 @@ class Loader:
         # (docs/design.md), so it is a choice to make, not the default, until it trains faster.
         self.worker_stages = ("all" if worker_stages == "auto" else worker_stages) if num_workers else None
         if self.worker_stages != "all":   # this process runs the pipeline, or its decode and ops
+            if defaults.get("keep_freed_memory") == "auto":
+                keep_freed_memory()   # its per-record copies reuse freed pages instead of faulting in new ones
             self.pipeline = Pipeline(source, ops=self.ops, device=self.device, decode=self.decode, io=io,
                                      num_threads=num_threads)
         if self.worker_stages == "read":

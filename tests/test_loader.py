@@ -409,15 +409,8 @@ def test_read_ahead_reads_the_next_batch_while_this_one_is_used():
     assert pipeline.stage_stats[0].batches == 5   # timed as the read stage, failures included
 
 
-def test_worker_processes_keep_freed_memory_in_their_heap():
-    """Worker processes tune glibc so that freed blocks stay in the heap for the next record (see
-    `ingest.workers.keep_freed_memory`): blocks of 1 MB come from the heap and, freed, stay there."""
-    import json
-    import subprocess
-    import sys
-    script = """
+_FREED_TOP = """
 import ctypes, json, sys
-from ingest.workers import keep_freed_memory
 libc = ctypes.CDLL(None)
 if not hasattr(libc, "mallinfo2"):
     print("skip"); sys.exit()
@@ -431,16 +424,50 @@ def freed_top(n=16, size=1 << 20):
     mapped = libc.mallinfo2().hblks - mapped
     del blocks
     return mapped, libc.mallinfo2().keepcost
-print(json.dumps([keep_freed_memory(), freed_top()]))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+
+
+def _heap_after(setup: str, env: dict | None = None):
+    """(setup's printed value, (1 MB blocks given their own mappings, bytes kept free at the heap top)) in a
+    fresh interpreter; skips where glibc has no mallinfo2."""
+    import json
+    import os
+    import subprocess
+    import sys
+    script = _FREED_TOP + setup + "\nprint(json.dumps([took, freed_top()]))\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stderr
     if done.stdout.strip() == "skip":
         pytest.skip("no mallinfo2 (glibc < 2.33 or not glibc)")
-    took, (mapped, kept) = json.loads(done.stdout)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_worker_processes_keep_freed_memory_in_their_heap():
+    """Worker processes tune glibc so that freed blocks stay in the heap for the next record (see
+    `ingest.workers.keep_freed_memory`): blocks of 1 MB come from the heap and, freed, stay there."""
+    took, (mapped, kept) = _heap_after("from ingest.workers import keep_freed_memory\ntook = keep_freed_memory()")
     assert took is True
     assert mapped == 0                 # 1 MB blocks come from the heap, not mmaps of their own
     assert kept >= 16 << 20            # freed, they stay at the top of the heap
+
+
+def test_a_loader_running_its_pipeline_here_keeps_freed_memory():
+    """The training process gets the same glibc settings once a Loader runs its pipeline in it (its read
+    stage copies records there)."""
+    setup = "import ingest\nloader = ingest.Loader([b'x'], batch_size=1, num_workers=0)\ntook = None"
+    _, (mapped, kept) = _heap_after(setup)
+    assert mapped == 0 and kept >= 16 << 20
+
+
+@pytest.mark.parametrize("setting, workers, called", [("auto", 0, 1), ("off", 0, 0), ("auto", 1, 0)])
+def test_keep_freed_memory_is_taken_where_the_pipeline_runs_unless_off(monkeypatch, setting, workers, called):
+    """Not with the setting "off", nor where full worker processes run the pipeline (they tune themselves)."""
+    calls = []
+    monkeypatch.setattr("ingest.torch.keep_freed_memory", lambda: calls.append(1))
+    with ingest.defaults.set(keep_freed_memory=setting):
+        ingest.Loader([b"x"], batch_size=1, num_workers=workers)
+    assert len(calls) == called
 
 
 def test_auto_workers_only_where_python_work_per_sample_feeds_a_gpu(monkeypatch):
