@@ -69,8 +69,8 @@ def loader_rate(data: str, out: Path, args, log: Path) -> dict:
     report = json.loads(out.read_text())
     res = next(iter(report["results"].values()))   # the one variant run (a, or the one --bench-args names)
     keep = ("variant", "img_s", "batches", "seconds", "first_batch_seconds", "error", "note")
-    return {k: res[k] for k in keep if k in res} | {"read_path": (res.get("loader_stats") or {}).get("read_path")
-                                                  if isinstance(res.get("loader_stats"), dict) else None}
+    stats = res.get("loader_stats") if isinstance(res.get("loader_stats"), dict) else {}
+    return {k: res[k] for k in keep if k in res} | {"read_path": stats.get("read_path"), "stages": stats.get("stages")}
 
 
 def main(argv=None) -> int:

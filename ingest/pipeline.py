@@ -649,24 +649,37 @@ class _Turns:
 
 
 class StageStats:
-    """Busy time of a stage and how full the queue after it was when it put a batch (summed; see as_dict)."""
+    """Busy time of a stage, the CPU time its thread(s) spent in it, and how full the queue after it was when it
+    put a batch (summed; see as_dict). The CPU time is the calling thread's own: the work it does holding the
+    GIL (Python, numpy, torch calls' host side), not the native threads it waits on (reads, nvImageCodec), so
+    the stages' CPU seconds per batch, added up, say how much of the GIL a batch needs in this process."""
 
     def __init__(self, name: str):
-        self.name, self.busy, self.batches, self.occupancy = name, 0.0, 0, 0
+        self.name, self.busy, self.cpu, self.batches, self.occupancy = name, 0.0, 0.0, 0, 0
         self._lock = threading.Lock()
 
     def timed(self, fn: Callable, item: Any) -> Any:
         """``fn(item)``, its time added to this stage's busy seconds (a stage of several threads: their sum)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return fn(item)
         finally:
             with self._lock:
                 self.busy += time.perf_counter() - t0
+                self.cpu += time.thread_time() - c0
                 self.batches += 1
 
+    def add(self, busy: float, cpu: float, batches: int, occupancy: int) -> None:
+        """Add another process's counts of this stage (reader or worker processes)."""
+        self.busy, self.cpu = self.busy + busy, self.cpu + cpu
+        self.batches, self.occupancy = self.batches + batches, self.occupancy + occupancy
+
+    def counts(self) -> tuple[float, float, int, int]:
+        """What `add` takes: busy and CPU seconds, batches, summed occupancy."""
+        return self.busy, self.cpu, self.batches, self.occupancy
+
     def as_dict(self, depth: int) -> dict[str, float]:
-        return {"seconds": round(self.busy, 4), "batches": self.batches,
+        return {"seconds": round(self.busy, 4), "cpu_seconds": round(self.cpu, 4), "batches": self.batches,
                 "mean_queue_after": round(self.occupancy / max(self.batches, 1), 3), "queue_depth": depth}
 
 

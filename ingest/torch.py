@@ -329,15 +329,14 @@ class Loader:
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Which read and decode paths ran, per-stage busy seconds and queue occupancy, failures (summed over
-        worker processes, if any)."""
+        """Which read and decode paths ran, per-stage busy and CPU seconds (`StageStats`) and queue occupancy,
+        failures (summed over worker processes, if any)."""
         reports = [r for r in (self._pool.stats if self._pool else []) if r]
         totals = [StageStats(name) for name in STAGES]
         paths, read_path = {}, reports[0]["read_path"] if reports else None
         for r in reports:
             for t in totals:
-                busy, batches, occupancy = r["stages"][t.name]
-                t.busy, t.batches, t.occupancy = t.busy + busy, t.batches + batches, t.occupancy + occupancy
+                t.add(*r["stages"][t.name])
             for k, v in r["decode_paths"].items():
                 paths[k] = paths.get(k, 0) + v
         stages = {t.name: t.as_dict(self.prefetch) for t in totals}

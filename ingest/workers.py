@@ -384,7 +384,7 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
                 continue
             if isinstance(batch, Batch):
                 batch = _transport(replace(batch, ready=None))
-            stats = {"stages": {s.name: (s.busy, s.batches, s.occupancy) for s in pipeline.stage_stats},
+            stats = {"stages": {s.name: s.counts() for s in pipeline.stage_stats},
                      "decode_paths": dict(pipeline.decode_paths), "read_path": pipeline.read_path}
             if not _send(results, ("batch", run, batch, items, stats), run, commands, stop_runs):
                 return

@@ -2,6 +2,7 @@
 
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -38,6 +39,23 @@ def test_batches_shapes_and_labels(image_folder):
     assert stats["decode_paths"] == {"cpu": 21}
     assert set(stats["stages"]) == {"read", "decode", "ops"}
     assert stats["stages"]["decode"]["batches"] == 6
+
+
+def test_stage_cpu_seconds_count_the_threads_own_work_not_its_waits():
+    """`StageStats` splits a stage's busy time into what its thread computed (the GIL it needs) and waits."""
+    from ingest.pipeline import StageStats
+
+    def spin(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    stats = StageStats("read")
+    stats.timed(spin, 0.2)
+    stats.timed(time.sleep, 0.2)
+    d = stats.as_dict(2)
+    assert d["batches"] == 2 and d["seconds"] >= 0.4
+    assert 0.1 < d["cpu_seconds"] < 0.3     # the spin, not the sleep
 
 
 def test_same_seed_same_batches_and_epochs_differ(image_folder):
