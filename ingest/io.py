@@ -196,6 +196,19 @@ class ByteReader:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
         return np.empty(nbytes, dtype=np.uint8)
 
+    def grow_shared(self, nbytes: int) -> tuple[int, torch.Tensor, int, bool]:
+        """Make the latest batch's shared buffer hold ``nbytes`` (its reads kept at the start; grown with room to
+        spare and marked new if it must be): a reader process puts what the parse made outside it (a TFRecord's
+        image copied out of its protobuf, an LMDB value) after the reads. Returns the new `last_arena`."""
+        slot, buffer, used, new = self.last_arena
+        if buffer.numel() < nbytes:
+            bigger = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8).share_memory_()
+            bigger[:used].copy_(buffer[:used])
+            buffer = self._buffers[slot] = bigger
+            new = True
+        self.last_arena = (slot, buffer, nbytes, new)
+        return self.last_arena
+
     def _read_kvikio(self, loc: Location, out: np.ndarray) -> Exception | None:
         try:
             with self._kvikio.CuFile(loc.path, "r") as f:

@@ -52,6 +52,7 @@ import torch.multiprocessing as mp
 from .collate import to_device
 from .errors import IngestError
 from .formats.base import Record
+from .io import ByteReader
 from .ops.base import bind_thread
 from .pipeline import CLOSE_AT_EXIT, Batch, Failures, Pipeline, _Work
 
@@ -368,14 +369,7 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
                 batch = pipeline.run(plan)   # plan: the read stage's _Work, made on the read-ahead thread
             elif spec["stages"] == "read":
                 pipeline.reader.last_arena = None
-                batch = pipeline.stage_stats[0].timed(pipeline.read, plan)
-                if pipeline.reader.last_arena is not None:
-                    slot, buffer, nbytes, new = pipeline.reader.last_arena
-                    if new:
-                        announced.discard(slot)
-                    batch = pack_work(batch, slot, buffer, nbytes, slot not in announced)
-                else:
-                    batch = (batch, None)
+                batch = pack_work(pipeline.stage_stats[0].timed(pipeline.read, plan), pipeline.reader, announced)
             else:
                 batch = pipeline.run(plan)   # the default stream (the IPC event's) waits for the batch
             items = pipeline.failures.items[sent:]
@@ -494,22 +488,49 @@ def buffer_slots(prefetch: int) -> int:
     return prefetch + 3
 
 
-def pack_work(work: _Work, slot: int, buffer: torch.Tensor, nbytes: int, send_buffer: bool
-              ) -> tuple[_Work, _Shared | None]:
-    """``work`` ready to cross to the training process: every record image that is a view of ``buffer`` (the
-    batch's shared read buffer, ``nbytes`` of it used) becomes its range in it, so only the ranges travel
-    (and the buffer's handle if ``send_buffer``), not the bytes. Anything else (bytes a source held in
-    memory, several ranges of one sample) is pickled as is."""
-    if not nbytes or not work.records:
+def pack_work(work: _Work, reader: ByteReader, announced: set[int]) -> tuple[_Work, _Shared | None]:
+    """``work`` ready to cross to the training process through ``reader``'s shared buffer of the batch
+    (`ByteReader.last_arena`): every record image that is a view of the batch's reads becomes its range there,
+    and every other encoded image (bytes the parse made: a TFRecord's image out of its protobuf, an LMDB
+    value) is copied in after the reads (`ByteReader.grow_shared`) and becomes its range too. So only ranges
+    travel, plus the buffer's handle when its slot is not in ``announced`` (the slots the receiver holds; a
+    grown buffer's slot is taken out). Anything else (decoded pixels, several ranges of one sample) is pickled
+    as is."""
+    if reader.last_arena is None or not work.records:
         return work, None
+    slot, buffer, nbytes, new = reader.last_arena
     base, end = buffer.data_ptr(), buffer.data_ptr() + nbytes
-    records = []
-    for r in work.records:
-        im = r.image
-        if isinstance(im, np.ndarray) and im.dtype == np.uint8 and im.ndim == 1 and base <= im.ctypes.data < end:
-            r = replace(r, image=_InArena(im.ctypes.data - base, im.nbytes))
-        records.append(r)
-    return replace(work, records=records), _Shared(slot, nbytes, buffer if send_buffer else None)
+    records, loose = list(work.records), []
+    for k, r in enumerate(records):
+        im = _byte_view(r.image)
+        if im is None:
+            continue
+        at = im.ctypes.data
+        if base <= at and at + im.nbytes <= end:
+            records[k] = replace(r, image=_InArena(at - base, im.nbytes))
+        else:
+            loose.append((k, im))
+    if loose:
+        slot, buffer, used, new = reader.grow_shared(nbytes + sum(im.nbytes for _, im in loose))
+        flat = buffer.numpy()
+        for k, im in loose:
+            flat[nbytes:nbytes + im.nbytes] = im
+            records[k] = replace(records[k], image=_InArena(nbytes, im.nbytes))
+            nbytes += im.nbytes
+    if not nbytes:
+        return work, None
+    if new:
+        announced.discard(slot)
+    return replace(work, records=records), _Shared(slot, nbytes, None if slot in announced else buffer)
+
+
+def _byte_view(image: Any) -> np.ndarray | None:
+    """An encoded image (bytes-like, or a 1-D uint8 array) as a uint8 array without a copy; None otherwise."""
+    if isinstance(image, np.ndarray):
+        return image if image.dtype == np.uint8 and image.ndim == 1 else None
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return np.frombuffer(image, dtype=np.uint8)
+    return None
 
 
 def unpack_work(payload: tuple[_Work, _Shared | None], buffers: list[torch.Tensor | None], pin: bool = False

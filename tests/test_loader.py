@@ -4,6 +4,8 @@ import re
 import threading
 import time
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -334,32 +336,62 @@ def test_closing_workers_mid_epoch_is_prompt(image_folder, stages):
     assert procs and all(p.exitcode == 0 for p in procs)  # exited by themselves, not terminated
 
 
-def test_read_stage_batches_cross_processes_as_buffer_ranges():
-    from ingest.formats.base import Record
+def test_read_stage_batches_cross_processes_as_buffer_ranges(tmp_path):
+    """A reader process's batch crosses as ranges of its shared buffer: images read there, and encoded images
+    the parse made elsewhere (copied in after the reads, the buffer grown when they do not fit); other values
+    travel by value."""
+    from ingest.formats.base import Location, Record
+    from ingest.io import ByteReader
     from ingest.pipeline import _Work
     from ingest.sampler import BatchPlan
     from ingest.workers import _InArena, pack_work, take_buffer, unpack_work
-    buffer = torch.arange(100, dtype=torch.uint8)
-    flat = buffer.numpy()
-    outside = np.frombuffer(b"held in memory", dtype=np.uint8)
-    plan = BatchPlan(epoch=0, number=3, indices=np.arange(3), is_pad=np.zeros(3, bool), seed=np.random.SeedSequence(0))
-    work = _Work(plan, ["a", "b", "c"], plan.indices, plan.is_pad,
-                 [Record(flat[10:30], 1), Record(outside, 2), Record(flat[60:61], 3)])
+    (tmp_path / "data").write_bytes(bytes(range(100)))
+    reader = ByteReader("posix", shared=2)
+    read = reader.read([Location(str(tmp_path / "data"), 0, 100)])[0]
+    slot, buffer, _, new = reader.last_arena
+    assert (slot, new, buffer.numel()) == (0, True, 125)
+    outside = bytes(range(200, 240))   # 40 bytes: 140 in all do not fit in 125
+    pixels = np.zeros((2, 2, 3), np.uint8)
+    plan = BatchPlan(epoch=0, number=3, indices=np.arange(4), is_pad=np.zeros(4, bool), seed=np.random.SeedSequence(0))
+    work = _Work(plan, list("abcd"), plan.indices, plan.is_pad,
+                 [Record(read[10:30], 1), Record(outside, 2), Record(read[60:61], 3), Record(pixels, 4)])
+    announced: set[int] = {0}
+    packed, shared = payload = pack_work(work, reader, announced)
+    grown = reader.last_arena[1]
+    assert grown is not buffer and grown.numel() >= 140 and 0 not in announced   # grown: sent again
+    assert shared.slot == 0 and shared.nbytes == 140 and shared.buffer is grown
+    assert [r.image for r in packed.records[:3]] == [_InArena(10, 20), _InArena(100, 40), _InArena(60, 1)]
+    assert packed.records[3].image is pixels   # not an encoded image: travels by value
     received: list = [None, None]
-    packed, shared = payload = pack_work(work, 1, buffer, 61, send_buffer=True)
-    assert shared.slot == 1 and shared.nbytes == 61 and shared.buffer is buffer
-    assert [r.image for r in packed.records[::2]] == [_InArena(10, 20), _InArena(60, 1)]
-    assert packed.records[1].image is outside   # not in the buffer: travels by value
     take_buffer(payload, received)
-    assert received[1] is buffer
+    assert received[0] is grown
     back = unpack_work(payload, received)
-    flat[:] = 0   # the sender reuses its buffer: what was received is a copy
-    assert [r.label for r in back.records] == [1, 2, 3]
-    assert np.array_equal(back.records[0].image, np.arange(10, 30, dtype=np.uint8))
-    assert np.array_equal(back.records[2].image, [60]) and back.records[1].image is outside
-    again = pack_work(work, 1, buffer, 61, send_buffer=False)
-    assert again[1].buffer is None   # the receiver has it: only the slot travels
-    assert pack_work(work, 1, buffer, 0, True) == (work, None)   # nothing read into the buffer
+    grown.zero_()   # the sender reuses its buffer: what was received is a copy
+    assert [r.label for r in back.records] == [1, 2, 3, 4]
+    assert np.array_equal(back.records[0].image, np.arange(10, 30))
+    assert bytes(back.records[1].image) == outside
+    assert np.array_equal(back.records[2].image, [60]) and back.records[3].image is pixels
+    announced.add(0)
+    reader.last_arena = (0, grown, 100, False)   # the next batch, read into the grown buffer
+    again = pack_work(replace(work, records=[Record(grown.numpy()[5:9], 1)]), reader, announced)
+    assert again[0].records[0].image == _InArena(5, 4)
+    assert (again[1].nbytes, again[1].buffer) == (100, None)   # the receiver has the buffer: only the slot
+    reader.last_arena = None
+    assert pack_work(work, reader, announced) == (work, None)   # nothing was read into a shared buffer
+
+
+def test_reader_processes_over_tfrecord_match_the_pipeline_here(tmp_path, image_folder):
+    """TFRecord images are copies the parse makes (they cross in the shared buffer, after the reads): the
+    batches are those of the pipeline run here."""
+    from ingest.tools.cli import main as cli
+    assert cli(["convert", str(image_folder), str(tmp_path / "tf"), "--to", "tfrecord"]) == 0
+    kw = dict(batch_size=4, ops=train_ops(), shuffle=True, seed=3)
+    want = collect(ingest.Loader(tmp_path / "tf", **kw))
+    with ingest.Loader(tmp_path / "tf", num_workers=2, worker_stages="read", **kw) as loader:
+        got = collect(loader)
+    assert len(got) == len(want) == 6
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(la, lb)
 
 
 def test_worker_stages_choices(image_folder):
