@@ -18,7 +18,6 @@ import ctypes
 import json
 import os
 import sys
-import threading
 import time
 from multiprocessing import Pool
 from pathlib import Path
