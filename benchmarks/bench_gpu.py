@@ -852,16 +852,20 @@ def ingest_gpu_case(batches, dev, args, threads: int) -> dict:
     for q in p:
         paths[str(q)] = paths.get(str(q), 0) + 1
 
+    recycle = getattr(gpu, "recycle", lambda images: None)
+
     def run(j, tid):
         with torch.cuda.stream(stream):
             images, _, _ = gpu.decode_batch(batches[j][0], batches[j][1], **kw)
         if not isinstance(images, list):  # one ImageArena: every image decoded (a view each costs a torch call)
+            recycle(images)   # nothing reads it: its memory takes the next batch, as the Loader's ops stage does
             return len(images)
         return sum(not isinstance(im, BaseException) for im in images)
 
     r = timed(run, len(batches), args, dev, 1)
     r.update(failed_in_first_batch=failed, paths_first_batch=paths,
-             note=f"GpuDecoder({ctor or 'defaults'}).decode_batch from one caller thread, whole images")
+             note=f"GpuDecoder({ctor or 'defaults'}).decode_batch from one caller thread, whole images, "
+                  "each arena handed back (recycle) once counted")
     for obj in (gpu, cpu):
         if hasattr(obj, "close"):
             obj.close()

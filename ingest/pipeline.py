@@ -41,6 +41,7 @@ from . import defaults
 from .errors import ConfigError, CorruptRecordError, FailureBudgetExceeded, IngestError
 from .collate import collate, to_device
 from .formats.base import Location, Record, Source, fields_of
+from ._events import recorded
 from .io import ByteReader
 from .ops import planner
 from .ops.base import ImageArena, bind_thread, stack_if_uniform
@@ -63,7 +64,7 @@ class Batch:
     indices: torch.Tensor                      # int64 dataset indices (CPU)
     is_pad: torch.Tensor                       # bool (CPU): True where the sample only pads the last batch
     fields: dict[str, Any] = field(default_factory=dict)   # every other declared field, collated by kind
-    ready: torch.cuda.Event | None = None      # recorded on the ops stream after the batch is complete
+    ready: Any = None      # an event (`ingest._events`) recorded on the ops stream after the batch is complete
     number: int = 0                            # batch number within the epoch (this shard)
 
 
@@ -82,7 +83,7 @@ class _Work:
     images: Any = None
     origins: list[tuple[int, int]] | None = None
     failed: list[int] = field(default_factory=list)   # positions whose decode failed (dummy image in place)
-    ready: torch.cuda.Event | None = None
+    ready: Any = None   # an event (`ingest._events`) on the decode stream after the decode (or upload)
     lane: int = 0                                     # the decode lane (decoder and stream) that decoded it
     labels: np.ndarray | None = None                  # the batch's labels when known without records
     boxes: list[np.ndarray] | None = None             # each sample's boxes as absolute ltrb (detection)
@@ -253,8 +254,7 @@ class Pipeline:
         work.images = out
         if self.device.type == "cuda":
             out.record_stream(self.ops_stream)  # allocated on the decode stream, used and freed on the ops stream
-            work.ready = torch.cuda.Event()
-            work.ready.record(self.decode_stream)
+            work.ready = recorded(self.decode_stream)
         self._count_paths({"none (raw, direct read)": len(idx)})
         return work
 
@@ -338,8 +338,7 @@ class Pipeline:
                 images, origins, paths = gpu.decode_batch(datas, work.names, rois=rois, stream=stream,
                                                           headers=work.headers)
                 images = self._replace_failures(work, images, rois, origins, gpu=True)
-                work.ready = torch.cuda.Event()
-                work.ready.record(stream)
+                work.ready = recorded(stream)
             work.origins = origins
         else:
             decoded = self.cpu.decode_batch(datas, work.names)
@@ -402,14 +401,15 @@ class Pipeline:
                 if not self.labels_on_host:
                     labels = labels.pin_memory().to(self.device, non_blocking=True)
                     fields = to_device(fields, self.device)
-                ready = torch.cuda.Event()
-                ready.record(self.ops_stream)
+                ready = recorded(self.ops_stream)
             # Decoded images may be views of nvImageCodec memory, freed in order on the decode stream(s)
             # once `work` is dropped: order those frees after the ops that read them.
             gpu, stream = self.lanes[work.lane]
             stream.wait_event(ready)
             if gpu is not None:
                 gpu.hold_until(ready)
+                if not _shares_memory(images, work.images):   # the ops wrote new memory: the arena is free
+                    gpu.recycle(work.images)
         else:
             images, ready = _select_rows(self._execute(work), keep, failed), None
             values = self._targets(work)
@@ -522,6 +522,17 @@ def _select(work: _Work, keep: list[int]) -> _Work:
 _NO_FIELDS = Record(None)
 
 
+def _shares_memory(images: Any, decoded: Any) -> bool:
+    """Whether a batch's output ``images`` may still be (or view) its ``decoded`` images' arena: True unless the
+    output is one tensor in other memory."""
+    if not isinstance(decoded, ImageArena):
+        return True
+    if not isinstance(images, torch.Tensor):
+        return True
+    start = decoded.storage.data_ptr()
+    return start <= images.data_ptr() < start + decoded.storage.numel()
+
+
 class _Names:
     """The names of a batch's samples, made on demand (only messages need them)."""
 
@@ -567,8 +578,7 @@ def _upload(images: list[torch.Tensor], device: torch.device, stream: torch.cuda
         host[a:b].copy_(im.reshape(-1))
     with torch.cuda.stream(stream):
         dev = host.to(device, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record(stream)
+        ready = recorded(stream)
     out = [dev[a:b].view(im.shape) for im, a, b in zip(images, offsets, offsets[1:])]
     return out, ready
 

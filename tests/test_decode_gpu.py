@@ -289,6 +289,49 @@ def test_held_results_survive_later_batches(gpu):
 
 @pytest.mark.gpu
 @requires_gpu
+def test_a_recycled_arena_takes_the_next_batch_and_only_when_handed_back(gpu):
+    """`recycle` hands an arena back: the next batch of that size decodes into the same memory, with the
+    pixels it would have had in new memory; an arena not handed back is never written again."""
+    if gpu.engine != "native":
+        pytest.skip("arenas are the native engine's")
+    a = [encode(Image.fromarray(textured(96, 128, seed=s)), "JPEG", quality=90) for s in range(4)]
+    b = [encode(Image.fromarray(textured(96, 128, seed=s)), "JPEG", quality=90) for s in range(4, 8)]
+    first, _, _ = decode(gpu, a, ["a"] * 4)
+    want_b = [t.clone() for t in decode(gpu, b, ["b"] * 4)[0]]
+    held = first.storage.clone()
+    second, _, _ = decode(gpu, b, ["b"] * 4)   # `first` not handed back: new memory
+    assert second.storage.data_ptr() != first.storage.data_ptr()
+    assert torch.equal(first.storage, held)
+    gpu.recycle(first)
+    third, _, _ = decode(gpu, b, ["b"] * 4)
+    assert third.storage.data_ptr() == first.storage.data_ptr()   # decoded into the arena handed back
+    assert all(torch.equal(x, y) for x, y in zip(third, want_b))
+    gpu.recycle([t for t in third])   # not an arena: ignored
+    assert not gpu._spare
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_driver_events_order_streams_like_torch_events():
+    """`ingest._events.Event` (the GIL kept) orders a stream after another's work, as torch's event does."""
+    from ingest._events import Event, _driver, new_event
+    assert _driver() is not None and isinstance(new_event(), Event)
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    out = torch.zeros(1 << 20, device="cuda")
+    with torch.cuda.stream(first):
+        torch.cuda._sleep(50_000_000)   # ~tens of ms of GPU time before the fill
+        out.fill_(7)
+        done = new_event()
+        done.record(first)
+    second.wait_event(done)            # torch's Stream.wait_event calls Event.wait
+    with torch.cuda.stream(second):
+        copy = out.clone()
+    torch.cuda.synchronize()
+    assert float(copy.min()) == 7.0
+
+
+@pytest.mark.gpu
+@requires_gpu
 def test_corrupt_data_gives_decode_errors_in_the_batch(gpu):
     good = samples()["baseline420.jpg"]
     sos = good.index(b"\xff\xda")

@@ -60,6 +60,22 @@ def test_stage_cpu_seconds_count_the_threads_own_work_not_its_waits():
     assert 0.1 < d["cpu_seconds"] < 0.3     # the spin, not the sleep
 
 
+def test_the_ops_output_frees_the_decoded_arena_only_when_it_is_other_memory():
+    from ingest.ops.base import ImageArena
+    from ingest.pipeline import _shares_memory
+    arena = ImageArena(torch.zeros(64, dtype=torch.uint8), np.array([0, 12]), np.array([[2, 2], [2, 2]]))
+    assert not _shares_memory(torch.zeros(2, 3, 2, 2), arena)          # the warp wrote a new tensor
+    assert _shares_memory(arena.storage[12:24].view(1, 2, 2, 3), arena)  # a view of it (no ops)
+    assert _shares_memory(list(arena), arena) and _shares_memory(arena, arena)
+    assert _shares_memory(torch.zeros(1), [torch.zeros(1)])             # not an arena: nothing to free
+
+
+def test_events_fall_back_to_torch_without_the_cuda_driver(monkeypatch):
+    from ingest import _events
+    monkeypatch.setattr(_events, "_driver", lambda: None)
+    assert isinstance(_events.new_event(), torch.cuda.Event)
+
+
 def test_same_seed_same_batches_and_epochs_differ(image_folder):
     def run(seed):
         loader = ingest.Loader(image_folder, batch_size=5, ops=train_ops(), shuffle=True, seed=seed)

@@ -34,7 +34,9 @@ Decisions, and why:
 - **Memory** (native): the batch's images live in one PyTorch-allocated buffer, allocated on the caller's
   stream (each image 256-byte aligned), so PyTorch's caching allocator reuses it and no per-image allocation
   happens. Its size stays the same from batch to batch (`GpuDecoder._arena_bytes`), so that the allocator
-  reuses its blocks instead of caching one more whenever a batch needs a little more than the last. When
+  reuses its blocks instead of caching one more whenever a batch needs a little more than the last. A caller
+  done with a batch hands its arena back (:meth:`GpuDecoder.recycle`; the loader's ops stage does once the
+  ops wrote their output elsewhere), and the next batch decodes into it without a torch call. When
   every image was decoded there and none needs turning, the batch is returned as that buffer plus offsets and
   sizes (:class:`~ingest.ops.base.ImageArena`): the warp reads it without a tensor per image, whose creation
   cost a few microseconds each alone and gave up the GIL (a switch interval beside a busy thread) per call.
@@ -190,6 +192,7 @@ class GpuDecoder:
         self.cpu_threads = cpu_threads
         self.fallbacks: Counter[str] = Counter()
         self._arena = 0   # bytes of the batch arena (native engine; see _arena_bytes)
+        self._spare: list[torch.Tensor] = []   # arenas handed back (`recycle`), for the next batches
         self._streams: list[torch.cuda.Stream] = []
         self._pool = None
         if lib is not None:
@@ -268,7 +271,16 @@ class GpuDecoder:
                 images[i], origins[i] = image, origin
         return images, origins, paths
 
-    def hold_until(self, event: torch.cuda.Event) -> None:
+    def recycle(self, images: Any) -> None:
+        """Hand back a batch `decode_batch` returned as one `ImageArena` once nothing reads it any more: the
+        work that read it was queued before, or waited for by, what comes next on the ``stream`` it was decoded
+        on. The next batch of the same arena size decodes into it instead of allocating one (a torch
+        allocation gives the GIL up twice, each a switch interval beside a busy Python thread). Anything else
+        is ignored. The caller must hold no view of it."""
+        if isinstance(images, ImageArena) and images.storage.numel() == self._arena and len(self._spare) < 2:
+            self._spare.append(images.storage)
+
+    def hold_until(self, event: Any) -> None:
         """Order the reuse or release of every image returned so far after ``event`` (see Memory in the module
         doc): the decoder's own streams wait on it. The caller's ``stream`` given to `decode_batch` must wait too."""
         for side in self._streams:
@@ -369,8 +381,14 @@ class GpuDecoder:
         hw = np.where(cropped[:, None], regions[:, [3, 2]] - regions[:, [1, 0]], rows[:, 1:3])
         padded = -(-(hw[:, 0] * hw[:, 1] * 3) // _ALIGN) * _ALIGN
         offsets = np.concatenate(([0], np.cumsum(padded)[:-1]))
-        with torch.cuda.stream(stream):
-            storage = torch.empty(self._arena_bytes(int(padded.sum())), dtype=torch.uint8, device=self.device)
+        size = self._arena_bytes(int(padded.sum()))
+        spare = self._spare.pop() if self._spare else None
+        if spare is not None and spare.numel() == size:
+            storage = spare
+        else:
+            self._spare.clear()   # the size changed: the others are freed too
+            with torch.cuda.stream(stream):
+                storage = torch.empty(size, dtype=torch.uint8, device=self.device)
         addresses = (offsets + storage.data_ptr()).astype(np.uint64)
         regions = regions.astype(np.int32)
         chunks = [c for c in np.array_split(np.arange(n), len(self._decoders)) if len(c)]
