@@ -43,9 +43,10 @@ alone either way; `tools/profile_train_loader.py`).
 ``keep_freed_memory``: by default glibc hands freed memory back to the kernel (past 128 KB free at the top of
 the heap) and gives every block of 128 KB or more its own mapping, so each record copied out of its file (a
 TFRecord image out of its protobuf, an LMDB value) lands on fresh pages, and each page fault runs with the GIL
-held. "auto" makes glibc keep up to 64 MB freed and serve blocks up to 32 MB from the heap in the training process
-once a Loader runs its pipeline (or its decode and ops) there; ingest's worker processes always do. One read stage of 256 records on 2 cores: TFRecord
-21.6 -> 13.9 ms, LMDB 82 -> 9.4 ms, RecordIO 15.7 -> 7.5 ms, a file tree read into host memory 9.9 -> 6.1 ms.
+held. "auto" makes glibc keep up to 64 MB freed and serve blocks up to 32 MB from the heap in the training
+process once a Loader runs its pipeline (or its decode and ops) there; ingest's worker processes always do.
+One read stage of 256 records on 2 cores: TFRecord 21.6 -> 13.9 ms, LMDB 82 -> 9.4 ms, RecordIO 15.7 -> 7.5 ms,
+a file tree read into host memory 9.9 -> 6.1 ms.
 The cost is that memory a program frees stays in its heap for reuse (up to 64 MB at the top) instead of going
 back to the kernel at once.
 
