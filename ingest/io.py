@@ -198,8 +198,8 @@ class ByteReader:
 
     def grow_shared(self, nbytes: int) -> tuple[int, torch.Tensor, int, bool]:
         """Make the latest batch's shared buffer hold ``nbytes`` (its reads kept at the start; grown with room to
-        spare and marked new if it must be): a reader process puts what the parse made outside it (a TFRecord's
-        image copied out of its protobuf, an LMDB value) after the reads. Returns the new `last_arena`."""
+        spare and marked new if it must be): a reader process puts what the parse made outside it (a TFRecord
+        image that protobuf parsed, an LMDB value copied out) after the reads. Returns the new `last_arena`."""
         slot, buffer, used, new = self.last_arena
         if buffer.numel() < nbytes:
             bigger = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8).share_memory_()

@@ -491,8 +491,8 @@ def buffer_slots(prefetch: int) -> int:
 def pack_work(work: _Work, reader: ByteReader, announced: set[int]) -> tuple[_Work, _Shared | None]:
     """``work`` ready to cross to the training process through ``reader``'s shared buffer of the batch
     (`ByteReader.last_arena`): every record image that is a view of the batch's reads becomes its range there,
-    and every other encoded image (bytes the parse made: a TFRecord's image out of its protobuf, an LMDB
-    value) is copied in after the reads (`ByteReader.grow_shared`) and becomes its range too. So only ranges
+    and every other encoded image (bytes the parse made: a TFRecord image that protobuf parsed, an LMDB
+    value copied out) is copied in after the reads (`ByteReader.grow_shared`) and becomes its range too. So only ranges
     travel, plus the buffer's handle when its slot is not in ``announced`` (the slots the receiver holds; a
     grown buffer's slot is taken out). Anything else (decoded pixels, several ranges of one sample) is pickled
     as is."""

@@ -260,6 +260,40 @@ def test_reader_threads_and_processes(tmp_path):
     assert _read_labels(src, range(40)) == expected
 
 
+def test_values_are_located_in_the_data_file(tmp_path, monkeypatch):
+    """A value is a byte range of data.mdb (read with the batch's other reads), the same bytes py-lmdb gives;
+    where the map cannot be found, values are copied out and read the same."""
+    records = make_records(12)
+    write(tmp_path, records)
+    values = raw_items(tmp_path / "db.lmdb")
+    src = LMDBSource(tmp_path / "db.lmdb")
+    data = os.path.join(str(tmp_path / "db.lmdb"), "data.mdb")
+    for i in range(12):
+        loc = src.locate(i)
+        assert loc.path == data and loc.data is None and loc.length == len(values[b"%09d" % i])
+        assert read_location(loc) == values[b"%09d" % i]
+    loader = ingest.Loader(str(tmp_path / "db.lmdb"), batch_size=5, shuffle=False, device="cpu", output="dict",
+                           ops=[ingest.ops.Resize((8, 8))])
+    assert [int(x) for b in loader for x in b["labels"]] == [r.label for r in records]
+    monkeypatch.setattr("ingest.formats.lmdb._Map._find_base", lambda self: None)
+    copied = LMDBSource(tmp_path / "db.lmdb")
+    loc = copied.locate(3)
+    assert loc.data is not None and bytes(loc.data) == values[b"%09d" % 3]
+    for i in range(12):
+        assert bytes(read(copied, i).image) == bytes(read(src, i).image) == records[i].image
+
+
+def test_located_columnar_values_and_missing_keys(tmp_path):
+    items = {b"image-000000001": jpeg_bytes(10, 10, seed=1), b"label-000000001": b"abc",
+             b"label-000000002": b"de", b"image-000000003": jpeg_bytes(10, 12, seed=3), b"label-000000003": b""}
+    src = LMDBSource(write_lmdb(tmp_path / "col", items), layout="columnar")
+    image, text = src.locate(0)
+    assert image.data is None and text.data is None and read_location(text) == b"abc"
+    missing, _ = src.locate(1)
+    assert missing.data == b""
+    assert read(src, 2).fields["text"] == "" and bytes(read(src, 2).image) == items[b"image-000000003"]
+
+
 # -- other tools' layouts written here -------------------------------------------------------------
 def test_columnar_keys_numeric_text_and_missing_keys(tmp_path):
     items = {b"num-samples": b"3"}

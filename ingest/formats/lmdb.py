@@ -4,10 +4,16 @@ Opening is read-only and lock-free (``lock=False``: read-only media work and the
 size; a database that another process writes meanwhile is not supported), with OS read-ahead off (random
 access), once per process: py-lmdb allows one environment per database file per process, so sources share
 them (`environment`: a `ProcessLocal` keyed by the file's identity; pickled sources carry paths and keys only
-and reopen in their worker; a forked worker closes what it inherited and opens its own). Each ``locate`` runs
-its own read transaction and copies the values out, so reader threads need no coordination and a returned
-value never points into a closed transaction. Keys are listed once, in LMDB's (byte) order, by one cursor
-pass, and kept packed.
+and reopen in their worker; a forked worker closes what it inherited and opens its own). Keys are listed once,
+in LMDB's (byte) order, by one cursor pass, and kept packed.
+
+**Values are located, not copied.** LMDB keeps each value contiguous in ``data.mdb``, which py-lmdb maps into
+memory. ``locate`` looks a key up in a read transaction (``buffers=True``: a view of the map, no copy) and
+returns the value's byte range of ``data.mdb``, found from the view's address and where the map lies in this
+process (`_Map`). The batch's reader then reads it with every other range of the batch, on native threads
+into the batch's arena, instead of py-lmdb copying it out with the GIL held (a ~100 KB value: 18 us copied
+against 3 us located, before the page faults of touching the map). Where the map cannot be found (no
+``/proc/self/maps``, or a check read that disagrees), values are copied out as ``Location.data``.
 
 **Layouts** (``layout="auto"`` tells them apart from the keys and the first values):
 
@@ -49,7 +55,7 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import _framed
 from ._protos import Datum
-from .base import Field, Location, ProcessLocal, Record, check_index
+from .base import Field, Location, ProcessLocal, Record, check_index, read_location
 from ._images import image_extension
 
 LAYOUTS = ("auto", "ingest", "columnar", "caffe", "images")
@@ -78,12 +84,81 @@ _ENVS = ProcessLocal(_lmdb.Environment.close, close_inherited=True)
 
 def environment(path: str) -> Any:
     """The read-only environment of the LMDB at ``path`` in this process (opened on first use)."""
-    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    data = _data_file(path)
     try:
         st = os.stat(data)
     except OSError as err:
         raise SourceError(f"cannot open LMDB {path!r}: {err.strerror}", path=path) from err
     return _ENVS.get((os.path.realpath(data), st.st_dev, st.st_ino), lambda: _open_env(path))
+
+
+def _data_file(path: str) -> str:
+    return os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+
+
+class _Map:
+    """An LMDB's environment in this process and where its memory map lies, so that a value viewed in the map
+    is located as a byte range of the data file (`locations`). ``base`` is the address of file offset 0
+    (None: unknown, values are copied out)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.env = environment(path)
+        self.data = _data_file(path)
+        self.size = os.path.getsize(self.data)
+        self.base = self._find_base()
+
+    def _find_base(self) -> int | None:
+        """The map's base: the mapping of this process that holds a probe value (the first one), checked by
+        reading that value from the file at the offset it gives."""
+        with self.env.begin(buffers=True) as txn:
+            view = next((v for v in txn.cursor().iternext(keys=False, values=True) if len(v)), None)
+            if view is None:
+                return None
+            probe, address = bytes(view), _address(view)
+        try:
+            with open("/proc/self/maps") as f:
+                maps = f.read().splitlines()
+        except OSError:
+            return None
+        real = os.path.realpath(self.data)
+        for line in maps:
+            fields = line.split(None, 5)
+            if len(fields) < 6 or os.path.realpath(fields[5].strip()) != real:
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                base = start - int(fields[2], 16)
+                offset = address - base
+                try:
+                    with open(self.data, "rb") as f:
+                        same = os.pread(f.fileno(), len(probe), offset) == probe
+                except OSError:
+                    return None
+                return base if same else None
+        return None
+
+    def locations(self, keys: Sequence[bytes], name: str) -> list[Location | None]:
+        """Where each key's value lies (None: no such key, or an empty key); ``name`` prefixes the display
+        name of a value that must be copied out."""
+        out: list[Location | None] = []
+        with self.env.begin(buffers=self.base is not None) as txn:
+            for key in keys:
+                value = txn.get(key) if key else None
+                if value is None:
+                    out.append(None)
+                    continue
+                size = len(value)
+                offset = _address(value) - self.base if self.base is not None and size else -1
+                if 0 <= offset <= self.size - size:
+                    out.append(Location(self.data, offset, size))
+                else:   # copied out: valid after the transaction
+                    out.append(Location(f"{name}:{key.decode('ascii', 'backslashreplace')}", data=bytes(value)))
+        return out
+
+
+def _address(view: Any) -> int:
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data
 
 
 class _Keys:
@@ -405,7 +480,7 @@ class LMDBSource:
         self.fields = dict(first.fields)
         self.classes = list(getattr(first, "classes", []))
         self._starts = [0, *np.cumsum([db.count for db in self._dbs]).tolist()]   # samples of LMDB k from here
-        self._envs = ProcessLocal()   # this source's view of the shared environments (no lookup per read)
+        self._maps = ProcessLocal()   # this source's view of the shared environments (no lookup per read)
         self._labels: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -417,23 +492,19 @@ class LMDBSource:
         k = bisect.bisect_right(self._starts, i) - 1 if len(self._dbs) > 1 else 0
         return self._dbs[k], k, i - self._starts[k]
 
-    def _get(self, k: int, keys: list[bytes]) -> list[bytes | None]:
-        env = self._envs.get(k, self._dbs[k].environment)
-        with env.begin() as txn:   # values are copied out (bytes), valid after the transaction
-            return [txn.get(key) if key else None for key in keys]
-
     def locate(self, i: int) -> Location | tuple[Location, ...]:
+        """The byte range of sample ``i``'s value in ``data.mdb`` (module docstring); a columnar sample's
+        values, one per field, with an empty one where a key is missing."""
         db, k, j = self._find(i)
+        view = self._maps.get(k, lambda: _Map(db.path))
         if db.layout != "columnar":   # one key per sample
             key = b"%09d" % j if db.layout == "ingest" else db.keys[j]
-            with self._envs.get(k, db.environment).begin() as txn:
-                value = txn.get(key)   # copied out (bytes), valid after the transaction
-            if value is None:
+            loc = view.locations((key,), db.path)[0]
+            if loc is None:
                 raise CorruptRecordError(f"key {key!r} is missing", path=db.path, index=i)
-            return Location(f"{db.path}:{key.decode('ascii', 'backslashreplace')}", data=value)
-        keys = db.sample_keys(j)   # columnar: one key per field, b"" (and so no value) where missing
-        locs = tuple(Location(f"{db.path}:{key.decode('ascii', 'backslashreplace')}", data=value or b"")
-                     for key, value in zip(keys, self._get(k, keys)))
+            return loc
+        locs = tuple(loc or Location(f"{db.path}:{key.decode('ascii', 'backslashreplace')}", data=b"")
+                     for key, loc in zip(db.sample_keys(j), view.locations(db.sample_keys(j), db.path)))
         return locs[0] if len(locs) == 1 else locs
 
     def parse(self, i: int, raw: Any) -> Record:
@@ -473,10 +544,6 @@ class LMDBSource:
                 f"fields {sorted(self.fields)})")
 
 
-def _unwrap(loc: Location | tuple[Location, ...]) -> Any:
-    return tuple(p.data for p in loc) if isinstance(loc, tuple) else loc.data
-
-
 def _iter_content(path: str) -> Iterator[tuple[bytes, bytes]]:
     with environment(path).begin() as txn:
         for key, value in txn.cursor():
@@ -505,7 +572,7 @@ def verify(path: str) -> int:
         if stored != actual:
             raise CorruptRecordError(f"content checksum {actual} differs from the stored {stored}", path=db.path)
     for i in range(len(source)):
-        source.parse(i, _unwrap(source.locate(i)))
+        source.parse(i, read_location(source.locate(i)))
     return len(source)
 
 
