@@ -4,6 +4,9 @@
   it `ingest.io` reads on Python threads.
 - ``ingest.ops._jpeg``: the JPEG headers of a batch in one call; without it `ingest.ops.decode` reads them one
   by one in Python.
+- ``ingest.formats._wire``: a batch of TFRecord records' ``tf.train.Example`` features located in one call;
+  without it `ingest.formats.tfrecord` parses each record with protobuf (which stays the fallback for records
+  the scan does not take).
 - ``ingest.ops._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
   the same loop through ctypes, slower beside busy Python threads (``ingest.ops._nvimgcodec``).
 
@@ -17,6 +20,7 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 setup(ext_modules=[
     Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),
 ])

@@ -40,7 +40,7 @@ import torch
 from . import defaults
 from .errors import ConfigError, CorruptRecordError, FailureBudgetExceeded, IngestError
 from .collate import collate, to_device
-from .formats.base import Location, Record, Source, fields_of
+from .formats.base import Location, Record, Source, fields_of, parse_each
 from ._events import recorded
 from .io import ByteReader
 from .ops import planner
@@ -222,16 +222,17 @@ class Pipeline:
             return self._read_direct(plan)
         idx = [int(i) for i in plan.indices]
         raws = self._read_raw(idx)
+        read = [k for k, raw in enumerate(raws) if not isinstance(raw, BaseException)]
+        parsed = iter(parse_each(self.source, [idx[k] for k in read], [raws[k] for k in read]))
         keep, records, names = [], [], []
         for k, (i, raw) in enumerate(zip(idx, raws)):
             name = self.source.name(i)
             if isinstance(raw, BaseException):
                 self.failures.add(name, "read", raw)
                 continue
-            try:
-                record = self.source.parse(i, raw)
-            except (IngestError, ValueError) as err:
-                self.failures.add(name, "parse", err)
+            record = next(parsed)
+            if isinstance(record, BaseException):
+                self.failures.add(name, "parse", record)
                 continue
             keep.append(k)
             records.append(record)

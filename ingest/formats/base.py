@@ -10,11 +10,12 @@ decoded too (on the CPU), and every field is collated by its kind (`KINDS`).
 **Where, then what.** For sample ``i`` a source tells the reader where the bytes are (:meth:`Source.locate`:
 one `Location` or a tuple of them, e.g. the tar members of a WebDataset sample) and, once they are read,
 what they mean (:meth:`Source.parse`, which receives one buffer or a tuple of buffers in the same order).
-Keeping the two apart lets the executor batch all reads of a batch, grouped by file, whatever the format:
+Keeping the two apart lets the executor batch all reads of a batch, grouped by file, whatever the format.
+A source may also parse a whole batch in one call (``parse_batch``, see `parse_each`), as TFRecord does:
 
 - file tree: one file per sample -> ``Location(path)``; ``parse`` returns the bytes as they are.
 - TFRecord / RecordIO / tar shards: byte ranges of big files found through an index.
-- LMDB: key -> value from the memory map: ``Location(key, data=<the value>)`` filled in ``locate``.
+- LMDB: key -> the value's byte range of ``data.mdb``, found through the memory map in ``locate``.
 - raw tensor shards: aligned ranges of decoded pixels, read straight into device memory.
 
 **Handles are per process.** Open files, LMDB environments and KvikIO handles are opened lazily in the
@@ -39,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from ..errors import IngestError
 
 #: Field kinds and how a batch collates them (see `ingest.pipeline.collate`).
 KINDS = {
@@ -146,6 +149,24 @@ class Source(Protocol):
 
     def name(self, i: int) -> str:
         """A human-readable name of sample ``i`` (path, path:offset or key) for messages."""
+
+
+def parse_each(source: Any, indices: Sequence[int], raws: Sequence[Any]) -> list[Any]:
+    """Sample ``indices[k]`` parsed from ``raws[k]``, for each k: a `Record`, or the error (IngestError or
+    ValueError) that parsing it raised. A source with ``parse_batch(indices, raws)`` (same contract) parses the
+    batch in one call; otherwise each sample goes through ``parse``."""
+    batch = getattr(source, "parse_batch", None)
+    if batch is not None:
+        return batch(indices, raws)
+    return [parse_or_error(source, i, raw) for i, raw in zip(indices, raws)]
+
+
+def parse_or_error(source: Any, i: int, raw: Any) -> Any:
+    """``source.parse(i, raw)``, or the IngestError or ValueError it raised."""
+    try:
+        return source.parse(i, raw)
+    except (IngestError, ValueError) as err:
+        return err
 
 
 class Writer(Protocol):
@@ -280,6 +301,11 @@ def check_format(source: Any, *, read: Callable[[Any], Any] | None = None) -> No
         _check_record(record, fields, f"parse({i})")
         assert record.label == labels[i], f"parse({i}).label {record.label} != labels()[{i}] {labels[i]}"
         assert isinstance(source.name(i), str) and source.name(i), "name() must be a non-empty string"
+    picks = sorted({0, n // 2, n - 1} if n else set())
+    batch = parse_each(source, picks, [read(source.locate(i)) for i in picks])
+    for i, record in zip(picks, batch):
+        assert _same_record(record, source.parse(i, read(source.locate(i)))), \
+            f"parse_batch must give what parse({i}) gives"
     import pickle
     clone = pickle.loads(pickle.dumps(source))  # sources cross into worker processes
     if n:
@@ -297,6 +323,23 @@ def _check_streamed(source: Any, fields: dict[str, Field]) -> None:
     if len(items) > 1:
         skipped = list(source.iter_shard(0, 1))
         assert [n for n, _ in skipped] == [n for n, _ in items[1:]], "iter_shard(k, skip) must skip exactly"
+
+
+def _same_record(a: Any, b: Any) -> bool:
+    """Whether two parsed samples hold the same values (buffers compared by their bytes)."""
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            return np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)
+        if isinstance(x, (bytes, bytearray, memoryview)) or isinstance(y, (bytes, bytearray, memoryview)):
+            return bytes(x) == bytes(y)
+        return type(x) is type(y) and x == y
+
+    if not isinstance(a, Record) or not isinstance(b, Record) or set(a.fields) != set(b.fields):
+        return False
+    if (a.image is None) != (b.image is None) or a.label != b.label:
+        return False
+    image = a.image is None or bytes(memoryview(a.image).cast("B")) == bytes(memoryview(b.image).cast("B"))
+    return image and all(same(a.fields[k], b.fields[k]) for k in a.fields)
 
 
 def _check_record(record: Any, fields: dict[str, Field], where: str) -> None:

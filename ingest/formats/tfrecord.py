@@ -42,6 +42,12 @@ a spec to read them as they are. `TFRecordWriter` writes this layout for a sampl
 ``tf.train.SequenceExample`` files: their context features are read with ``sequence=True`` (the feature
 lists are not read); without it, such a file raises `SourceError` saying so.
 
+**Batches** (`TFRecordSource.parse_batch`, what the loader calls): the compiled ``_wire`` scan locates every
+feature of a batch's records in one call (the image as a view of the read buffer, not a copy out of a
+protobuf message), for specs of one-value features and int/float lists; the CRCs are still checked per record
+(crc32c). A record the scan does not take (anything but the canonical encoding, or a problem) is parsed with
+protobuf, record by record, which reads it or names what is wrong. Records come out the same either way.
+
 ``labels()`` parses every record once (the label is inside the protobuf), lazily on first call, and caches
 the result in the source.
 """
@@ -63,12 +69,17 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import _protos
-from ._example import (OD_BOXES, OD_CLASS_TEXT, field_value, infer_spec, normalize_spec, parse_features, put, put_boxes,
-                       to_record, writer_spec)
+from ._example import (OD_BOXES, OD_CLASS_TEXT, OD_SOURCE_ID, field_value, infer_spec, normalize_spec, parse_features,
+                       put, put_boxes, to_record, writer_spec)
 from ._images import image_type
 from ._shards import (CHUNK, GZIP_MAGIC, RecordTable, read_exact, read_index_rows, resolve_indexes,
                       resolve_shards)
-from .base import Field, Location, Record
+from .base import Field, Location, Record, parse_or_error
+
+try:
+    from . import _wire   # compiled (setup.py); without it every record is parsed with protobuf
+except ImportError:
+    _wire = None
 
 HEADER = 12      # uint64 length + uint32 masked CRC of it
 FOOTER = 4       # uint32 masked CRC of the data
@@ -315,6 +326,7 @@ class TFRecordSource:
         if self._spec.get("boxes", ("",))[0] == OD_BOXES:   # Object Detection API boxes read as ltrb pixels
             self.box_format, self.relative = "ltrb", False
         self._labels: np.ndarray | None = None
+        self._scan = _scan_plan(self._spec) if not self.streamed else None
 
     def _first_record(self, sequence: bool) -> Any:
         """The feature map of the first record (None for an empty dataset); refuses SequenceExample files
@@ -373,6 +385,28 @@ class TFRecordSource:
         data = unframe(raw, path, offset, check_crc=self.check_crc, index=i)
         return to_record(parse_features(data, path, i, offset), self._spec, path, i, offset)
 
+    def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
+        """`parse` of each record (a Record, or the error it raised), the batch scanned in one native call
+        where the spec allows it (module docstring)."""
+        if self._scan is None or not raws:
+            return [parse_or_error(self, i, raw) for i, raw in zip(indices, raws)]
+        keys, codes, fields = self._scan
+        out = np.empty((len(raws), 5 + 2 * len(keys)), dtype=np.int64)
+        side = np.empty(_SIDE * len(raws) if any(c in b"IF" for c in codes) else 0, dtype=np.int64)
+        _wire.examples(raws, keys, codes, out, side)
+        rows = out.tolist()
+        numbers = out.view(np.float64).tolist() if b"f" in codes else rows
+        side_floats = side.view(np.float64)
+        check = self.check_crc
+        parsed: list[Record | Exception] = []
+        for i, raw, row, number in zip(indices, raws, rows, numbers):
+            record = None
+            if not row[0] and not (check and (masked_crc(raw[:8]) != row[2]
+                                              or masked_crc(raw[HEADER:HEADER + row[1]]) != row[3])):
+                record = _scanned(raw, row, number, fields, side, side_floats)
+            parsed.append(record if record is not None else parse_or_error(self, i, raw))
+        return parsed
+
     def labels(self) -> np.ndarray:
         """Every sample's label (int64, -1 without a label field): parses every record once, then cached."""
         self._seekable()
@@ -405,6 +439,64 @@ class TFRecordSource:
     def __repr__(self) -> str:
         size = "streamed" if self.streamed else f"{len(self)} records"
         return f"TFRecordSource({len(self.shards)} shards, {size}, fields {sorted(self.fields)})"
+
+
+# -- batches scanned natively ----------------------------------------------------------------------
+
+#: Field kind -> `_wire` kind code (``b``: one bytes value, ``i`` one int64, ``f`` one float, ``I``/``F``
+#: a list). Pixels, arrays and the Object Detection API's boxes and image ids are parsed with protobuf.
+_SCAN_CODES = {"image": "b", "bytes": "b", "text": "b", "int": "i", "float": "f", "ints": "I", "floats": "F"}
+#: List values room per record in a scanned batch; a batch with more takes its last records through protobuf.
+_SIDE = 256
+
+
+def _scan_plan(spec: Mapping[str, tuple[str, Field]]) -> tuple[list[bytes], bytes, list] | None:
+    """What `_wire.examples` is asked for a spec: keys, kind codes and ``(name, kind, shape)`` per field;
+    None where the scan was not built or a field needs protobuf."""
+    if _wire is None or not spec or len(spec) > 64:
+        return None
+    keys, codes, fields = [], [], []
+    for name, (key, field) in spec.items():
+        code = _SCAN_CODES.get(field.kind)
+        if code is None or key in (OD_BOXES, OD_SOURCE_ID):
+            return None
+        keys.append(key.encode("utf-8"))
+        codes.append(code)
+        fields.append((name, field.kind, None if field.shape is None else tuple(field.shape)))
+    return keys, "".join(codes).encode("ascii"), fields
+
+
+def _scanned(raw: Any, row: list, number: list, fields: list, side: np.ndarray,
+             side_floats: np.ndarray) -> Record | None:
+    """The Record of a record `_wire` took (``row``: its output row; ``number``: the same as float64), or None
+    where a value needs protobuf's path to read it or to name its problem (an empty image, text that is not
+    UTF-8, a list of the wrong length)."""
+    values = {}
+    at = 5
+    for name, kind, shape in fields:
+        a, b = row[at], row[at + 1]
+        if kind == "image":
+            if not b:
+                return None
+            value = raw[a:a + b]
+        elif kind == "bytes":
+            value = bytes(raw[a:a + b])
+        elif kind == "text":
+            try:
+                value = bytes(raw[a:a + b]).decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        elif kind == "int":
+            value = a
+        elif kind == "float":
+            value = number[at]
+        else:
+            if shape is not None and shape != (b,):
+                return None
+            value = side[a:a + b].copy() if kind == "ints" else side_floats[a:a + b].astype(np.float32)
+        values[name] = value
+        at += 2
+    return Record(values.pop("image", None), values.pop("label", -1), values)
 
 
 # -- the writer ------------------------------------------------------------------------------------
