@@ -73,7 +73,7 @@ class _Work:
     """A batch in flight between stages."""
 
     plan: BatchPlan
-    names: list[str]
+    names: Sequence[str]   # a list, or `_Names` (made on demand)
     indices: np.ndarray
     is_pad: np.ndarray
     records: list[Record]
@@ -224,20 +224,21 @@ class Pipeline:
         raws = self._read_raw(idx)
         read = [k for k, raw in enumerate(raws) if not isinstance(raw, BaseException)]
         parsed = iter(parse_each(self.source, [idx[k] for k in read], [raws[k] for k in read]))
-        keep, records, names = [], [], []
+        keep, records = [], []
         for k, (i, raw) in enumerate(zip(idx, raws)):
-            name = self.source.name(i)
             if isinstance(raw, BaseException):
-                self.failures.add(name, "read", raw)
+                self.failures.add(self.source.name(i), "read", raw)
                 continue
             record = next(parsed)
             if isinstance(record, BaseException):
-                self.failures.add(name, "parse", record)
+                self.failures.add(self.source.name(i), "parse", record)
                 continue
             keep.append(k)
             records.append(record)
-            names.append(name)
-        return self._plan(_Work(plan, names, plan.indices[keep], plan.is_pad[keep], records))
+        indices = plan.indices[keep]
+        names = self.source.batch_names(indices) if hasattr(self.source, "batch_names") else \
+            _Names(self.source, indices)
+        return self._plan(_Work(plan, names, indices, plan.is_pad[keep], records))
 
     def _read_direct(self, plan: BatchPlan) -> _Work:
         """Fixed-shape decoded pixels (raw shards) read straight into one ``[B, H, W, C]`` tensor on the
@@ -516,8 +517,9 @@ def reads_direct(source) -> bool:
 
 
 def _select(work: _Work, keep: list[int]) -> _Work:
-    return _Work(work.plan, [work.names[k] for k in keep], work.indices[keep], work.is_pad[keep],
-                 [work.records[k] for k in keep])
+    names = _Names(work.names.source, work.indices[keep]) if isinstance(work.names, _Names) else \
+        [work.names[k] for k in keep]
+    return _Work(work.plan, names, work.indices[keep], work.is_pad[keep], [work.records[k] for k in keep])
 
 
 _NO_FIELDS = Record(None)
@@ -535,7 +537,8 @@ def _shares_memory(images: Any, decoded: Any) -> bool:
 
 
 class _Names:
-    """The names of a batch's samples, made on demand (only messages need them)."""
+    """The names of a batch's samples, made on demand (only messages need them). A source whose ``name(i)``
+    holds only while a batch is read (a stream's) names the batch at once instead (``batch_names``)."""
 
     def __init__(self, source: Source, indices: np.ndarray):
         self.source, self.indices = source, indices
@@ -545,6 +548,9 @@ class _Names:
 
     def __getitem__(self, k: int) -> str:
         return self.source.name(int(self.indices[k]))
+
+    def __reduce__(self):   # crossing to another process: the names, not the source
+        return list, ([self[k] for k in range(len(self))],)
 
 
 @contextlib.contextmanager

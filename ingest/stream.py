@@ -129,6 +129,10 @@ class StreamedSource:
     def name(self, i: int) -> str:
         return self._held[i][0]
 
+    def batch_names(self, indices: Any) -> list[str]:
+        """The names of a batch, made while it is held (`name` fails once the next batch is)."""
+        return [self._held[int(i)][0] for i in indices]
+
     def labels(self) -> np.ndarray:
         """Labels are known only as records stream by."""
         return np.full(0, -1, dtype=np.int64)
