@@ -64,10 +64,10 @@ def _compare(src, records: list[bytes]) -> list:
     return batch
 
 
-def _status(src, records: list[bytes]) -> list[int]:
+def _status(src, records: list[bytes], crc: int = 0) -> list[int]:
     keys, codes, _ = src._scan
     out = np.empty((len(records), 5 + 2 * len(keys)), np.int64)
-    wire.examples(records, keys, codes, out, np.empty(256 * len(records), np.int64))
+    wire.examples(records, keys, codes, out, np.empty(256 * len(records), np.int64), crc)
     return out[:, 0].tolist()
 
 
@@ -151,7 +151,21 @@ def test_list_values_past_the_batch_room_go_to_protobuf(source):
     assert _compare(source, raws)[0].fields["li"].tolist() == list(range(600))
 
 
-def test_bad_crc_and_framing_in_a_batch_name_the_record(source):
+def test_the_crc32c_package_function_is_found():
+    """The package's own CRC function serves the batch check on this machine (x86-64, crc32c 2.x)."""
+    assert tfrecord._CRC
+    good = frame(_example().SerializeToString())
+    bad = good[:-1] + bytes([good[-1] ^ 0x80])
+    src_spec = tfrecord._scan_plan(SPEC)
+    out = np.empty((2, 5 + 2 * len(src_spec[0])), np.int64)
+    wire.examples([good, bad], src_spec[0], src_spec[1], out, np.empty(512, np.int64), tfrecord._CRC)
+    assert out[:, 0].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("native_crc", [True, False])
+def test_bad_crc_and_framing_in_a_batch_name_the_record(source, monkeypatch, native_crc):
+    if not native_crc:
+        monkeypatch.setattr(tfrecord, "_CRC", 0)
     good = frame(_example().SerializeToString())
     flipped = bytearray(good)
     flipped[good.index(FAKE_JPEG) + 10] ^= 1   # inside the image: the message still parses
