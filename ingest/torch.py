@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._malloc import keep_freed_memory
 from . import defaults
 from .errors import ConfigError, IngestError
 from .formats import detect, open_source
@@ -22,7 +23,7 @@ from .pipeline import STAGES, Batch, Executor, Failures, Pipeline, StageStats, r
 from .sampler import BatchPlan, Sampler
 from .stream import DEFAULT_BUFFER, StreamedSource
 from .workers import STAGES as WORKER_STAGES
-from .workers import WorkerPool, keep_freed_memory
+from .workers import WorkerPool
 
 OUTPUTS = ("tuple", "dict")
 

@@ -511,8 +511,8 @@ def _heap_after(setup: str, env: dict | None = None):
 
 def test_worker_processes_keep_freed_memory_in_their_heap():
     """Worker processes tune glibc so that freed blocks stay in the heap for the next record (see
-    `ingest.workers.keep_freed_memory`): blocks of 1 MB come from the heap and, freed, stay there."""
-    took, (mapped, kept) = _heap_after("from ingest.workers import keep_freed_memory\ntook = keep_freed_memory()")
+    `ingest._malloc.keep_freed_memory`): blocks of 1 MB come from the heap and, freed, stay there."""
+    took, (mapped, kept) = _heap_after("from ingest._malloc import keep_freed_memory\ntook = keep_freed_memory()")
     assert took is True
     assert mapped == 0                 # 1 MB blocks come from the heap, not mmaps of their own
     assert kept >= 16 << 20            # freed, they stay at the top of the heap
