@@ -40,7 +40,7 @@ import torch
 from . import defaults
 from .errors import ConfigError, CorruptRecordError, FailureBudgetExceeded, IngestError
 from .collate import collate, to_device
-from .formats.base import Location, Record, Source, fields_of, parse_each
+from .formats.base import Location, Record, Source, fields_of, locate_each, parse_each
 from ._events import recorded
 from .io import ByteReader
 from .ops import planner
@@ -263,19 +263,22 @@ class Pipeline:
     def _read_raw(self, idx: list[int]) -> list:
         """Bytes of each sample: one buffer, or a tuple of buffers for a sample of several byte ranges
         (all ranges of a batch go to the reader in one call)."""
-        located = [self.source.locate(i) for i in idx]
+        located = locate_each(self.source, idx)
         flat: list[Location] = []
         for loc in located:
-            flat.extend(loc if isinstance(loc, tuple) else (loc,))
+            if not isinstance(loc, BaseException):
+                flat.extend(loc if isinstance(loc, tuple) else (loc,))
         got = iter(self.reader.read(flat))
         raws = []
         for loc in located:
-            if not isinstance(loc, tuple):
+            if isinstance(loc, BaseException):   # not located: fails as a read
+                raws.append(loc)
+            elif not isinstance(loc, tuple):
                 raws.append(next(got))
-                continue
-            parts = tuple(next(got) for _ in loc)
-            bad = [p for p in parts if isinstance(p, BaseException)]
-            raws.append(bad[0] if bad else parts)
+            else:
+                parts = tuple(next(got) for _ in loc)
+                bad = [p for p in parts if isinstance(p, BaseException)]
+                raws.append(bad[0] if bad else parts)
         return raws
 
     def _plan(self, work: _Work) -> _Work:

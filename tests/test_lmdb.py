@@ -18,7 +18,7 @@ from ingest.errors import ConfigError, CorruptRecordError, DecodeError, FailureB
 from ingest.formats import check_format, open_source, read_location
 from ingest.formats._protos import Datum
 from ingest.formats.base import Field, Record
-from ingest.formats.lmdb import LMDBSource, LMDBWriter, content_checksum, datum_label, environment, verify
+from ingest.formats.lmdb import LMDBSource, LMDBWriter, _Map, content_checksum, datum_label, environment, verify
 from conftest import jpeg_bytes, realworld, textured
 
 
@@ -281,6 +281,26 @@ def test_values_are_located_in_the_data_file(tmp_path, monkeypatch):
     assert loc.data is not None and bytes(loc.data) == values[b"%09d" % 3]
     for i in range(12):
         assert bytes(read(copied, i).image) == bytes(read(src, i).image) == records[i].image
+
+
+def test_a_batch_is_located_in_one_transaction(tmp_path, monkeypatch):
+    records = make_records(6)
+    write(tmp_path, records, fields={"image": Field("image"), "label": Field("int")})
+    src = LMDBSource(tmp_path / "db.lmdb")
+    real = _Map.locations
+    monkeypatch.setattr(_Map, "locations", lambda self, keys, name: [None if key == b"%09d" % 4 else loc
+                                                                     for key, loc in zip(keys, real(self, keys, name))])
+    assert src.locate_batch([0, 3, 5, -1]) == [src.locate(0), src.locate(3), src.locate(5), src.locate(5)]
+    with pytest.raises(CorruptRecordError, match="000000004"):
+        src.locate_batch([1, 4])
+    with pytest.raises(IndexError):
+        src.locate_batch([6])
+    # in a loader, the sample whose key is missing fails alone, through the failure budget
+    loader = ingest.Loader(src, batch_size=6, shuffle=False, device="cpu", ops=[ingest.ops.Resize((8, 8))],
+                           max_failures=1)
+    assert [int(x) for _, labels in loader for x in labels] == [r.label for k, r in enumerate(records) if k != 4]
+    with pytest.raises(CorruptRecordError, match="000000004"):   # the default budget: the first error
+        list(ingest.Loader(src, batch_size=6, shuffle=False, device="cpu", ops=[ingest.ops.Resize((8, 8))]))
 
 
 def test_located_columnar_values_and_missing_keys(tmp_path):

@@ -11,7 +11,8 @@ decoded too (on the CPU), and every field is collated by its kind (`KINDS`).
 one `Location` or a tuple of them, e.g. the tar members of a WebDataset sample) and, once they are read,
 what they mean (:meth:`Source.parse`, which receives one buffer or a tuple of buffers in the same order).
 Keeping the two apart lets the executor batch all reads of a batch, grouped by file, whatever the format.
-A source may also parse a whole batch in one call (``parse_batch``, see `parse_each`), as TFRecord does:
+A source may also locate or parse a whole batch in one call (``locate_batch``, ``parse_batch``; see
+`locate_each`, `parse_each`), as LMDB and TFRecord do:
 
 - file tree: one file per sample -> ``Location(path)``; ``parse`` returns the bytes as they are.
 - TFRecord / RecordIO / tar shards: byte ranges of big files found through an index.
@@ -149,6 +150,25 @@ class Source(Protocol):
 
     def name(self, i: int) -> str:
         """A human-readable name of sample ``i`` (path, path:offset or key) for messages."""
+
+
+def locate_each(source: Any, indices: Sequence[int]) -> list[Any]:
+    """``source.locate(i)`` for each index, or the IngestError or ValueError it raised (so that one sample that
+    cannot be located fails alone): in one call where the source has ``locate_batch(indices)``, sample by
+    sample where that call raises."""
+    batch = getattr(source, "locate_batch", None)
+    if batch is not None:
+        try:
+            return batch(indices)
+        except (IngestError, ValueError):
+            pass
+    out = []
+    for i in indices:
+        try:
+            out.append(source.locate(i))
+        except (IngestError, ValueError) as err:
+            out.append(err)
+    return out
 
 
 def parse_each(source: Any, indices: Sequence[int], raws: Sequence[Any]) -> list[Any]:
@@ -302,6 +322,7 @@ def check_format(source: Any, *, read: Callable[[Any], Any] | None = None) -> No
         assert record.label == labels[i], f"parse({i}).label {record.label} != labels()[{i}] {labels[i]}"
         assert isinstance(source.name(i), str) and source.name(i), "name() must be a non-empty string"
     picks = sorted({0, n // 2, n - 1} if n else set())
+    assert locate_each(source, picks) == [source.locate(i) for i in picks], "locate_batch must give what locate gives"
     batch = parse_each(source, picks, [read(source.locate(i)) for i in picks])
     for i, record in zip(picks, batch):
         assert _same_record(record, source.parse(i, read(source.locate(i)))), \

@@ -507,6 +507,19 @@ class LMDBSource:
                      for key, loc in zip(db.sample_keys(j), view.locations(db.sample_keys(j), db.path)))
         return locs[0] if len(locs) == 1 else locs
 
+    def locate_batch(self, indices: Sequence[int]) -> list[Location | tuple[Location, ...]]:
+        """`locate` of each sample, a batch of one LMDB with one key per sample in one read transaction."""
+        db = self._dbs[0]
+        if len(self._dbs) > 1 or db.layout == "columnar":
+            return [self.locate(i) for i in indices]
+        ids = [check_index(i, len(self)) for i in indices]
+        keys = [b"%09d" % j for j in ids] if db.layout == "ingest" else [db.keys[j] for j in ids]
+        located = self._maps.get(0, lambda: _Map(db.path)).locations(keys, db.path)
+        for i, key, loc in zip(ids, keys, located):
+            if loc is None:
+                raise CorruptRecordError(f"key {key!r} is missing", path=db.path, index=i)
+        return located
+
     def parse(self, i: int, raw: Any) -> Record:
         db, _, j = self._find(i)
         raws = raw if isinstance(raw, tuple) else (raw,)
