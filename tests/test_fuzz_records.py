@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from ingest.errors import IngestError
 from ingest.formats import Field, Record, read_location
 from ingest.formats._protos import Example
+from ingest.formats.base import _same_record, parse_each, parse_or_error
 from ingest.formats.recordio import IR_HEADER, MAGIC, RecordIOSource, RecordIOWriter, chunks
 from ingest.formats.tfrecord import TFRecordSource, TFRecordWriter, frame
 
@@ -91,17 +92,26 @@ def _bounded(read) -> None:
 
 
 def _read_all(src) -> None:
-    """Every record of a source, each either a Record or a typed error; then labels()."""
+    """Every record of a source, each either a Record or a typed error, and the same from the source's batch
+    parse (`parse_each`) as from `parse`; then labels()."""
     if getattr(src, "streamed", False):
         for _, rec in src.iter_shard(0):
             assert isinstance(rec, Record)
         return
+    indices, raws = [], []
     for i in range(len(src)):
         try:
-            rec = src.parse(i, read_location(src.locate(i)))
+            raw = read_location(src.locate(i))
         except IngestError:
             continue
-        assert isinstance(rec, Record)
+        indices.append(i)
+        raws.append(np.frombuffer(raw, np.uint8) if isinstance(raw, bytes) else raw)
+    for i, raw, got in zip(indices, raws, parse_each(src, indices, raws)):
+        want = parse_or_error(src, i, raw)
+        if isinstance(want, Exception):
+            assert isinstance(want, IngestError) and type(got) is type(want) and str(got) == str(want)
+        else:
+            assert isinstance(want, Record) and _same_record(got, want)
     assert len(src.labels()) == len(src)
 
 

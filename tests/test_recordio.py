@@ -314,3 +314,42 @@ def test_header_edge_values_and_buffer_types(tmp_path):
     raw[4:8] = struct.pack("<I", len(raw))   # the chunk length runs past the record's extent
     with pytest.raises(CorruptRecordError, match="runs past the record's extent"):
         src.parse(0, np.frombuffer(bytes(raw), np.uint8))
+
+
+def test_a_batch_parses_as_each_record_does(tmp_path):
+    """parse_batch (a batch's headers read as one array) against parse on the common record, split records,
+    multi-value labels, edge headers and damaged records: the same Records, or the same errors."""
+    from ingest.formats.base import _same_record, parse_or_error
+
+    image = jpeg_bytes(8, 8)
+    heads = [(0, 3.0, 2 ** 64 - 5), (0, float("nan"), 1), (0, float("inf"), 2), (0, -1.0, 2 ** 63),
+             (0, 2.0 ** 31, 3), (0, 7.5, 4), (0, 2.0 ** 31 - 128, 5)]
+    payloads = [struct.pack("<IfQQ", *h, 0) + image for h in heads]
+    payloads.append(struct.pack("<IfQQ", 2, 0.0, 9, 0) + struct.pack("<2f", 1.5, 2.5) + image)   # multi-value
+    payloads.append(struct.pack("<IfQQ", 0, 1.0, 8, 0) + MAGIC_BYTES + image)                    # split in two
+    payloads.append(struct.pack("<IfQQ", 0, 1.0, 8, 0))                                          # no image
+    (tmp_path / "x.rec").write_bytes(b"".join(recordio.chunks(p) for p in payloads))
+    src = RecordIOSource(tmp_path / "x.rec")
+    raws = [np.frombuffer(read_location(src.locate(i)), np.uint8) for i in range(len(src))]
+    damaged = [raws[0][:20], raws[0][:31], np.frombuffer(b"\0" * 40, np.uint8)]
+    indices = list(range(len(src))) + [0, 0, 0]
+    batch = src.parse_batch(indices, raws + damaged)
+    for i, got, raw in zip(indices, batch, raws + damaged):
+        want = parse_or_error(src, i, raw)
+        if isinstance(want, Exception):
+            assert type(got) is type(want) and str(got) == str(want)
+        else:
+            assert _same_record(got, want) and got.image.dtype == np.uint8
+    assert [r.label for r in batch[:7]] == [3, -1, -1, -1, -1, -1, 2 ** 31 - 128]
+    assert batch[7].fields["label_values"].tolist() == [1.5, 2.5] and batch[8].image.tobytes() == MAGIC_BYTES + image
+    assert isinstance(batch[9], CorruptRecordError) and all(isinstance(e, CorruptRecordError) for e in batch[-3:])
+    assert src.parse_batch([], []) == []
+
+
+def test_realworld_im2rec_batch_parses_as_each_record_does():
+    from ingest.formats.base import _same_record
+
+    src = RecordIOSource(realworld("mxnet_recordio") / "adaface_train" / "train.rec")
+    raws = [np.frombuffer(read_location(src.locate(i)), np.uint8) for i in range(len(src))]
+    batch = src.parse_batch(list(range(len(src))), raws)
+    assert len(batch) == 8 and all(_same_record(b, src.parse(i, r)) for i, (b, r) in enumerate(zip(batch, raws)))

@@ -350,7 +350,8 @@ def _same_record(a: Any, b: Any) -> bool:
     """Whether two parsed samples hold the same values (buffers compared by their bytes)."""
     def same(x: Any, y: Any) -> bool:
         if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
-            return np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)
+            x, y = np.asarray(x), np.asarray(y)
+            return x.dtype == y.dtype and np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")
         if isinstance(x, (bytes, bytearray, memoryview)) or isinstance(y, (bytes, bytearray, memoryview)):
             return bytes(x) == bytes(y)
         return type(x) is type(y) and x == y
