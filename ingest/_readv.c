@@ -17,6 +17,9 @@
  *
  * sizes(paths, out, threads) -> None: out[k] = size in bytes of paths[k] (stat), or -errno.
  *
+ * addresses(buffers, out) -> None: out[k] = the address of the first byte of buffers[k] (any contiguous buffer),
+ *   for a planner that turns views of a file's memory map into byte ranges of the file (ingest/formats/lmdb.py).
+ *
  * Neither checks that the addresses are writable for their lengths: that is io.py's job (every address it
  * passes is a slice of a buffer it holds).
  */
@@ -265,9 +268,38 @@ done:
     return result;
 }
 
+static PyObject *py_addresses(PyObject *self, PyObject *args) {
+    PyObject *buffers;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "Ow*", &buffers, &out))
+        return NULL;
+    PyObject *seq = PySequence_Fast(buffers, "buffers must be a sequence");
+    PyObject *result = NULL;
+    if (!seq)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (out.len < n * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "out is too small");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, k), &b, PyBUF_ANY_CONTIGUOUS) < 0)
+            goto done;
+        ((int64_t *)out.buf)[k] = (int64_t)(intptr_t)b.buf;
+        PyBuffer_Release(&b);
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(seq);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read", py_read, METH_VARARGS, "Run a batch of reads (see the top of ingest/_readv.c)."},
     {"sizes", py_sizes, METH_VARARGS, "Sizes of a batch of files, or -errno (see ingest/_readv.c)."},
+    {"addresses", py_addresses, METH_VARARGS, "Where each buffer lies in memory (see ingest/_readv.c)."},
     {NULL, NULL, 0, NULL},
 };
 

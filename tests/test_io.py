@@ -159,6 +159,21 @@ def test_one_task_of_more_segments_than_one_preadv_takes(tmp_path):
         tasks.run_native(1)
 
 
+def test_native_addresses_of_buffers():
+    from ingest import io as ingest_io
+    if ingest_io.NATIVE is None:
+        pytest.skip("ingest._readv was not built")
+    arena = np.zeros(100, np.uint8)
+    views = [arena[3:10], memoryview(arena)[50:], arena[99:]]
+    out = np.empty(3, np.int64)
+    ingest_io.NATIVE.addresses(views, out)
+    assert (out - arena.ctypes.data).tolist() == [3, 50, 99]
+    with pytest.raises(ValueError, match="too small"):
+        ingest_io.NATIVE.addresses(views, np.empty(2, np.int64))
+    with pytest.raises(TypeError):
+        ingest_io.NATIVE.addresses([object()], out)
+
+
 def test_hw_decoder_load_setting(monkeypatch):
     assert defaults.get("hw_decoder_load") == "auto"
     monkeypatch.setenv("INGEST_HW_DECODER_LOAD", "0.9")

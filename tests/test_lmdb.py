@@ -275,6 +275,9 @@ def test_values_are_located_in_the_data_file(tmp_path, monkeypatch):
     loader = ingest.Loader(str(tmp_path / "db.lmdb"), batch_size=5, shuffle=False, device="cpu", output="dict",
                            ops=[ingest.ops.Resize((8, 8))])
     assert [int(x) for b in loader for x in b["labels"]] == [r.label for r in records]
+    located = [src.locate(i) for i in range(12)]
+    monkeypatch.setattr("ingest.formats.lmdb.NATIVE", None)   # addresses through numpy: the same ranges
+    assert src.locate_batch(list(range(12))) == located
     monkeypatch.setattr("ingest.formats.lmdb._Map._find_base", lambda self: None)
     copied = LMDBSource(tmp_path / "db.lmdb")
     loc = copied.locate(3)

@@ -53,6 +53,7 @@ import numpy as np
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
+from ..io import NATIVE
 from . import _framed
 from ._protos import Datum
 from .base import Field, Location, ProcessLocal, Record, check_index, read_location
@@ -143,13 +144,20 @@ class _Map:
         name of a value that must be copied out."""
         out: list[Location | None] = []
         with self.env.begin(buffers=self.base is not None) as txn:
-            for key in keys:
-                value = txn.get(key) if key else None
+            values = [txn.get(key) if key else None for key in keys]
+            found = [v for v in values if v is not None]
+            if self.base is not None and NATIVE is not None:   # every view's address in one call
+                addresses = np.empty(len(found), np.int64)
+                NATIVE.addresses(found, addresses)
+                where = iter(addresses.tolist())
+            else:
+                where = (_address(v) if self.base is not None else 0 for v in found)
+            for key, value in zip(keys, values):
                 if value is None:
                     out.append(None)
                     continue
-                size = len(value)
-                offset = _address(value) - self.base if self.base is not None and size else -1
+                address, size = next(where), len(value)
+                offset = address - self.base if self.base is not None and size else -1
                 if 0 <= offset <= self.size - size:
                     out.append(Location(self.data, offset, size))
                 else:   # copied out: valid after the transaction
