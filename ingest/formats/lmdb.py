@@ -8,12 +8,17 @@ and reopen in their worker; a forked worker closes what it inherited and opens i
 in LMDB's (byte) order, by one cursor pass, and kept packed.
 
 **Values are located, not copied.** LMDB keeps each value contiguous in ``data.mdb``, which py-lmdb maps into
-memory. ``locate`` looks a key up in a read transaction (``buffers=True``: a view of the map, no copy) and
-returns the value's byte range of ``data.mdb``, found from the view's address and where the map lies in this
-process (`_Map`). The batch's reader then reads it with every other range of the batch, on native threads
-into the batch's arena, instead of py-lmdb copying it out with the GIL held (a ~100 KB value: 18 us copied
+memory. A value's byte range of ``data.mdb`` is found from the address of its view in the map (a
+``buffers=True`` read, no copy) and where the map lies in this process (`_Map`). For the layouts of one key per
+sample, every sample's range is found once, at open, in one cursor pass (`_Db.ranges`, file offsets: they hold
+in every process the source is sent to); ``locate`` is then a table lookup with no LMDB call, which matters
+because py-lmdb gives the GIL up in every ``get`` (beside a busy thread a 256-key lookup took 1.1 s: each
+release can cost a switch interval). Columnar samples (several keys each) are looked up per batch in one read
+transaction. The batch's reader reads the ranges with every other range of the batch, on native threads into
+the batch's arena, instead of py-lmdb copying each value out with the GIL held (a ~100 KB value: 18 us copied
 against 3 us located, before the page faults of touching the map). Where the map cannot be found (no
-``/proc/self/maps``, or a check read that disagrees), values are copied out as ``Location.data``.
+``/proc/self/maps``, or a check read that disagrees), values are copied out as ``Location.data``. No view of the
+map may outlive its read transaction: py-lmdb then gives the GIL up once per exported view when it ends.
 
 **Layouts** (``layout="auto"`` tells them apart from the keys and the first values):
 
@@ -117,6 +122,7 @@ class _Map:
             if view is None:
                 return None
             probe, address = bytes(view), _address(view)
+            del view   # before the transaction ends (see `locations`)
         try:
             with open("/proc/self/maps") as f:
                 maps = f.read().splitlines()
@@ -142,27 +148,78 @@ class _Map:
     def locations(self, keys: Sequence[bytes], name: str) -> list[Location | None]:
         """Where each key's value lies (None: no such key, or an empty key); ``name`` prefixes the display
         name of a value that must be copied out."""
-        out: list[Location | None] = []
         with self.env.begin(buffers=self.base is not None) as txn:
-            values = [txn.get(key) if key else None for key in keys]
-            found = [v for v in values if v is not None]
-            if self.base is not None and NATIVE is not None:   # every view's address in one call
-                addresses = np.empty(len(found), np.int64)
-                NATIVE.addresses(found, addresses)
-                where = iter(addresses.tolist())
-            else:
-                where = (_address(v) if self.base is not None else 0 for v in found)
-            for key, value in zip(keys, values):
-                if value is None:
-                    out.append(None)
-                    continue
-                address, size = next(where), len(value)
-                offset = address - self.base if self.base is not None and size else -1
-                if 0 <= offset <= self.size - size:
-                    out.append(Location(self.data, offset, size))
-                else:   # copied out: valid after the transaction
-                    out.append(Location(f"{name}:{key.decode('ascii', 'backslashreplace')}", data=bytes(value)))
+            # No view of the map may outlive the transaction: py-lmdb then hands the GIL over once per view that
+            # was exported (a batch took 0.7 s instead of 0.7 ms beside a busy thread), so they live in _ranges.
+            return self._ranges(txn, keys, name)
+
+    def _ranges(self, txn: Any, keys: Sequence[bytes], name: str) -> list[Location | None]:
+        values = [txn.get(key) if key else None for key in keys]
+        found = [v for v in values if v is not None]
+        where = iter(_addresses(found).tolist() if self.base is not None else [0] * len(found))
+        out: list[Location | None] = []
+        for key, value in zip(keys, values):
+            if value is None:
+                out.append(None)
+                continue
+            address, size = next(where), len(value)
+            offset = address - self.base if self.base is not None and size else -1
+            if 0 <= offset <= self.size - size:
+                out.append(Location(self.data, offset, size))
+            else:   # copied out: valid after the transaction
+                out.append(Location(f"{name}:{key.decode('ascii', 'backslashreplace')}", data=bytes(value)))
         return out
+
+
+    def sample_ranges(self, db: "_Db") -> np.ndarray | None:
+        """``[count, 2]`` (offset, length) of every sample's value in the data file, for a layout of one key
+        per sample, from one cursor pass (None: the map's base is unknown, or the keys are not the layout's)."""
+        if self.base is None or db.layout == "columnar":
+            return None
+        out = np.zeros((db.count, 2), np.int64)
+        with self.env.begin(buffers=True) as txn:
+            return out if self._fill(txn, db, out) else None
+
+    def _fill(self, txn: Any, db: "_Db", out: np.ndarray) -> bool:
+        """`sample_ranges`' pass; the views of the map live in this frame only (see `locations`)."""
+        cursor = txn.cursor()
+        if db.layout == "ingest" and not cursor.set_range(b"%09d" % 0):
+            return db.count == 0
+        chunk: list = []
+        n = 0
+        for key, value in cursor.iternext(keys=True, values=True):
+            if n == db.count:
+                break
+            if db.layout == "ingest" and key != b"%09d" % n:
+                return False
+            chunk.append(value)
+            n += 1
+            if len(chunk) == _CHUNK or n == db.count:
+                if not self._put(chunk, out[n - len(chunk):n]):
+                    return False
+                chunk = []
+        return n == db.count
+
+    def _put(self, values: list, rows: np.ndarray) -> bool:
+        rows[:, 1] = [len(v) for v in values]
+        rows[:, 0] = _addresses(values)
+        rows[:, 0] -= self.base
+        rows[rows[:, 1] == 0, 0] = 0
+        return bool(((rows[:, 0] >= 0) & (rows[:, 0] + rows[:, 1] <= self.size)).all())
+
+
+#: Values whose addresses are taken at once in `_Map.sample_ranges`.
+_CHUNK = 8192
+
+
+def _addresses(views: list) -> np.ndarray:
+    """Where each view's first byte lies, in one native call where `ingest._readv` was built."""
+    out = np.empty(len(views), np.int64)
+    if NATIVE is not None:
+        NATIVE.addresses(views, out)
+    else:
+        out[:] = [_address(v) for v in views]
+    return out
 
 
 def _address(view: Any) -> int:
@@ -204,6 +261,12 @@ class _Db:
         self.caffe_bgr = caffe_bgr
         with environment(path).begin() as txn:
             self._detect(txn, layout)
+        # Where every sample's value lies in the data file, found once here (file offsets: they hold in every
+        # process the source is sent to). Per batch, a lookup released the GIL per key (py-lmdb's get): beside a
+        # busy thread each release costs up to a switch interval, 1.1 s per batch of 256. None: looked up per
+        # batch (several keys per sample, or the map's base unknown).
+        self.data = _data_file(path)
+        self.ranges = _Map(path).sample_ranges(self)
 
     # -- layout detection ------------------------------------------------------------------------
     def _detect(self, txn: Any, layout: str) -> None:
@@ -504,6 +567,9 @@ class LMDBSource:
         """The byte range of sample ``i``'s value in ``data.mdb`` (module docstring); a columnar sample's
         values, one per field, with an empty one where a key is missing."""
         db, k, j = self._find(i)
+        if db.ranges is not None:
+            offset, size = db.ranges[j].tolist()
+            return Location(db.data, offset, size)
         view = self._maps.get(k, lambda: _Map(db.path))
         if db.layout != "columnar":   # one key per sample
             key = b"%09d" % j if db.layout == "ingest" else db.keys[j]
@@ -516,11 +582,14 @@ class LMDBSource:
         return locs[0] if len(locs) == 1 else locs
 
     def locate_batch(self, indices: Sequence[int]) -> list[Location | tuple[Location, ...]]:
-        """`locate` of each sample, a batch of one LMDB with one key per sample in one read transaction."""
+        """`locate` of each sample: from the table of value ranges, or a batch of one LMDB with one key per
+        sample looked up in one read transaction."""
         db = self._dbs[0]
         if len(self._dbs) > 1 or db.layout == "columnar":
             return [self.locate(i) for i in indices]
         ids = [check_index(i, len(self)) for i in indices]
+        if db.ranges is not None:
+            return [Location(db.data, offset, size) for offset, size in db.ranges[ids].tolist()]
         keys = [b"%09d" % j for j in ids] if db.layout == "ingest" else [db.keys[j] for j in ids]
         located = self._maps.get(0, lambda: _Map(db.path)).locations(keys, db.path)
         for i, key, loc in zip(ids, keys, located):
