@@ -315,15 +315,22 @@ def test_value_ranges_are_found_at_open_else_looked_up_per_batch(tmp_path):
         list(ingest.Loader(src, batch_size=6, shuffle=False, device="cpu", ops=[ingest.ops.Resize((8, 8))]))
 
 
-def test_located_columnar_values_and_missing_keys(tmp_path):
+def test_located_columnar_values_and_missing_keys(tmp_path, monkeypatch):
     items = {b"image-000000001": jpeg_bytes(10, 10, seed=1), b"label-000000001": b"abc",
              b"label-000000002": b"de", b"image-000000003": jpeg_bytes(10, 12, seed=3), b"label-000000003": b""}
     src = LMDBSource(write_lmdb(tmp_path / "col", items), layout="columnar")
+    assert src._dbs[0].ranges.shape == (3, 2, 2)   # a row of (offset, length) per field
     image, text = src.locate(0)
     assert image.data is None and text.data is None and read_location(text) == b"abc"
     missing, _ = src.locate(1)
     assert missing.data == b""
     assert read(src, 2).fields["text"] == "" and bytes(read(src, 2).image) == items[b"image-000000003"]
+    assert src.locate_batch([2, 0, 1]) == [src.locate(2), src.locate(0), src.locate(1)]
+    monkeypatch.setattr("ingest.formats.lmdb._Map._find_base", lambda self: None)   # looked up and copied
+    copied = LMDBSource(tmp_path / "col", layout="columnar")
+    assert copied._dbs[0].ranges is None
+    assert [read_location(loc) for loc in copied.locate(0)] == [read_location(loc) for loc in src.locate(0)]
+    assert copied.locate(1)[0].data == b"" and read(copied, 2).fields["text"] == ""
 
 
 # -- other tools' layouts written here -------------------------------------------------------------

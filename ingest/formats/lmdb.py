@@ -9,16 +9,17 @@ in LMDB's (byte) order, by one cursor pass, and kept packed.
 
 **Values are located, not copied.** LMDB keeps each value contiguous in ``data.mdb``, which py-lmdb maps into
 memory. A value's byte range of ``data.mdb`` is found from the address of its view in the map (a
-``buffers=True`` read, no copy) and where the map lies in this process (`_Map`). For the layouts of one key per
-sample, every sample's range is found once, at open, in one cursor pass (`_Db.ranges`, file offsets: they hold
-in every process the source is sent to); ``locate`` is then a table lookup with no LMDB call, which matters
-because py-lmdb gives the GIL up in every ``get`` (beside a busy thread a 256-key lookup took 1.1 s: each
-release can cost a switch interval). Columnar samples (several keys each) are looked up per batch in one read
-transaction. The batch's reader reads the ranges with every other range of the batch, on native threads into
-the batch's arena, instead of py-lmdb copying each value out with the GIL held (a ~100 KB value: 18 us copied
-against 3 us located, before the page faults of touching the map). Where the map cannot be found (no
-``/proc/self/maps``, or a check read that disagrees), values are copied out as ``Location.data``. No view of the
-map may outlive its read transaction: py-lmdb then gives the GIL up once per exported view when it ends.
+``buffers=True`` read, no copy) and where the map lies in this process (`_Map`). Every sample's ranges (a row
+per field for columnar samples) are found once, at open, in one cursor pass (`_Db.ranges`; file offsets, so
+they hold in every process the source is sent to), and ``locate`` is a table lookup with no LMDB call. That
+matters because py-lmdb gives the GIL up in every ``get``: beside a busy thread, looking up a batch's 256 keys
+took 1.1 s, each release costing up to a switch interval. The batch's reader reads the ranges with the batch's
+other reads, on native threads into its arena, instead of py-lmdb copying each value out with the GIL held (a
+~100 KB value: 18 us copied against 3 us located, before the page faults of touching the map). Where the table
+cannot be made (the map's base not found: no ``/proc/self/maps`` or a check read that disagrees; keys that are
+not the layout's), keys are looked up per batch in one read transaction, and without the base the values are
+copied out as ``Location.data``. No view of the map outlives its read transaction: py-lmdb then gives the GIL
+up once per exported view when the transaction ends.
 
 **Layouts** (``layout="auto"`` tells them apart from the keys and the first values):
 
@@ -172,33 +173,43 @@ class _Map:
 
 
     def sample_ranges(self, db: "_Db") -> np.ndarray | None:
-        """``[count, 2]`` (offset, length) of every sample's value in the data file, for a layout of one key
-        per sample, from one cursor pass (None: the map's base is unknown, or the keys are not the layout's)."""
-        if self.base is None or db.layout == "columnar":
+        """(offset, length) of every sample's value in the data file, from one cursor pass: ``[count, 2]``, or
+        for a columnar layout ``[count, fields, 2]`` with offset -1 where a sample has no key for a field.
+        None: the map's base is unknown, or the keys are not the layout's."""
+        if self.base is None:
             return None
-        out = np.zeros((db.count, 2), np.int64)
+        entries = db.entries if db.layout == "columnar" else db.count
+        out = np.zeros((entries, 2), np.int64)
         with self.env.begin(buffers=True) as txn:
-            return out if self._fill(txn, db, out) else None
+            if not self._fill(txn, db, out):
+                return None
+        if db.layout != "columnar":
+            return out
+        at = np.stack([db.key_index[name] for name in db.fields], axis=1)   # [count, fields] entry numbers
+        table = out[at]
+        table[at < 0] = (-1, 0)
+        return table
 
     def _fill(self, txn: Any, db: "_Db", out: np.ndarray) -> bool:
-        """`sample_ranges`' pass; the views of the map live in this frame only (see `locations`)."""
+        """`sample_ranges`' pass over ``len(out)`` entries in key order (ours: the sample keys only); the views
+        of the map live in this frame only (see `locations`)."""
         cursor = txn.cursor()
         if db.layout == "ingest" and not cursor.set_range(b"%09d" % 0):
-            return db.count == 0
+            return len(out) == 0
         chunk: list = []
-        n = 0
+        n, total = 0, len(out)
         for key, value in cursor.iternext(keys=True, values=True):
-            if n == db.count:
+            if n == total:
                 break
             if db.layout == "ingest" and key != b"%09d" % n:
                 return False
             chunk.append(value)
             n += 1
-            if len(chunk) == _CHUNK or n == db.count:
+            if len(chunk) == _CHUNK or n == total:
                 if not self._put(chunk, out[n - len(chunk):n]):
                     return False
                 chunk = []
-        return n == db.count
+        return n == total
 
     def _put(self, values: list, rows: np.ndarray) -> bool:
         rows[:, 1] = [len(v) for v in values]
@@ -324,14 +335,14 @@ class _Db:
         return True
 
     def _columnar(self, txn: Any, keys: list[bytes]) -> bool:
-        columns: dict[bytes, dict[int, bytes]] = {}
-        for key in keys:
+        columns: dict[bytes, dict[int, int]] = {}   # prefix -> sample number -> entry number (in key order)
+        for entry, key in enumerate(keys):
             if key == _NUM_SAMPLES:
                 continue
             match = _COLUMN.match(key)
             if match is None:
                 return False
-            columns.setdefault(match.group(1), {})[int(match.group(2))] = key
+            columns.setdefault(match.group(1), {})[int(match.group(2))] = entry
         if not columns:
             return False
         numbers = sorted(set().union(*columns.values()))
@@ -339,15 +350,17 @@ class _Db:
         if stated is not None and (not _is_int(stated) or int(stated) != len(numbers)):
             raise SourceError(f"{self.path!r}: num-samples is {stated[:20]!r} but the keys number "
                               f"{len(numbers)} samples", path=self.path)
-        self.layout, self.count = "columnar", len(numbers)
+        self.layout, self.count, self.entries = "columnar", len(numbers), len(keys)
         self.columns: dict[str, _Keys] = {}
+        self.key_index: dict[str, np.ndarray] = {}   # per field, each sample's entry number (-1: no key)
         self.fields = {}
         for prefix, by_number in sorted(columns.items()):
-            sniffed = [txn.get(by_number[n]) for n in numbers[:_SNIFF] if n in by_number]
+            sniffed = [txn.get(keys[by_number[n]]) for n in numbers[:_SNIFF] if n in by_number]
             name, kind = self._column_field(prefix.decode(), sniffed)
             self.fields[name] = Field(kind)
             # A missing key is an empty entry: parsing that sample names it.
-            self.columns[name] = _Keys([by_number.get(n, b"") for n in numbers])
+            self.columns[name] = _Keys([keys[by_number[n]] if n in by_number else b"" for n in numbers])
+            self.key_index[name] = np.array([by_number.get(n, -1) for n in numbers], dtype=np.int64)
         return True
 
     def _column_field(self, prefix: str, values: list[bytes]) -> tuple[str, str]:
@@ -568,8 +581,10 @@ class LMDBSource:
         values, one per field, with an empty one where a key is missing."""
         db, k, j = self._find(i)
         if db.ranges is not None:
-            offset, size = db.ranges[j].tolist()
-            return Location(db.data, offset, size)
+            if db.layout != "columnar":
+                offset, size = db.ranges[j].tolist()
+                return Location(db.data, offset, size)
+            return _columns(db, j, db.ranges[j].tolist())
         view = self._maps.get(k, lambda: _Map(db.path))
         if db.layout != "columnar":   # one key per sample
             key = b"%09d" % j if db.layout == "ingest" else db.keys[j]
@@ -585,9 +600,11 @@ class LMDBSource:
         """`locate` of each sample: from the table of value ranges, or a batch of one LMDB with one key per
         sample looked up in one read transaction."""
         db = self._dbs[0]
-        if len(self._dbs) > 1 or db.layout == "columnar":
+        if len(self._dbs) > 1 or (db.layout == "columnar" and db.ranges is None):
             return [self.locate(i) for i in indices]
         ids = [check_index(i, len(self)) for i in indices]
+        if db.ranges is not None and db.layout == "columnar":
+            return [_columns(db, j, rows) for j, rows in zip(ids, db.ranges[ids].tolist())]
         if db.ranges is not None:
             return [Location(db.data, offset, size) for offset, size in db.ranges[ids].tolist()]
         keys = [b"%09d" % j for j in ids] if db.layout == "ingest" else [db.keys[j] for j in ids]
@@ -632,6 +649,13 @@ class LMDBSource:
     def __repr__(self) -> str:
         return (f"LMDBSource({len(self._dbs)} LMDB, layout {self._dbs[0].layout}, {len(self)} samples, "
                 f"fields {sorted(self.fields)})")
+
+
+def _columns(db: _Db, j: int, rows: list) -> Location | tuple[Location, ...]:
+    """Columnar sample ``j``'s locations from its rows of `_Db.ranges` (an empty one where a key is missing)."""
+    locs = tuple(Location(db.data, offset, size) if offset >= 0 else Location(f"{db.path}:", data=b"")
+                 for offset, size in rows)
+    return locs[0] if len(locs) == 1 else locs
 
 
 def _iter_content(path: str) -> Iterator[tuple[bytes, bytes]]:
