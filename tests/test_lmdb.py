@@ -286,7 +286,7 @@ def test_values_are_located_in_the_data_file(tmp_path, monkeypatch):
         assert bytes(read(copied, i).image) == bytes(read(src, i).image) == records[i].image
 
 
-def test_value_ranges_are_found_at_open_else_looked_up_per_batch(tmp_path):
+def test_value_ranges_are_found_at_open_else_looked_up_per_batch(tmp_path, monkeypatch):
     """Every sample's value range comes from one pass at open (no LMDB call per batch: py-lmdb's get gives the
     GIL up); keys that are not the layout's leave the table out, and a batch is looked up in one transaction,
     where a missing key fails its sample alone."""
@@ -295,6 +295,8 @@ def test_value_ranges_are_found_at_open_else_looked_up_per_batch(tmp_path):
     src = LMDBSource(tmp_path / "a" / "db.lmdb")
     assert src._dbs[0].ranges.shape == (6, 2)
     assert [bytes(read(src, i).image) for i in range(6)] == [r.image for r in records]
+    monkeypatch.setattr("ingest.formats.lmdb._CHUNK", 4)   # the pass in chunks: the same table
+    assert np.array_equal(LMDBSource(tmp_path / "a" / "db.lmdb")._dbs[0].ranges, src._dbs[0].ranges)
     write(tmp_path / "b", records, fields={"image": Field("image"), "label": Field("int")})
     env = lmdb.open(str(tmp_path / "b" / "db.lmdb"), map_size=1 << 26)
     with env.begin(write=True) as txn:   # sample 4's key renamed: the counts still agree

@@ -219,8 +219,9 @@ class _Map:
         return bool(((rows[:, 0] >= 0) & (rows[:, 0] + rows[:, 1] <= self.size)).all())
 
 
-#: Values whose addresses are taken at once in `_Map.sample_ranges`.
-_CHUNK = 8192
+#: Values whose addresses are taken at once in `_Map.sample_ranges`. py-lmdb's cursor steps slow down with the
+#: number of views alive (100k entries: 0.46 s with chunks of 8192, 0.15 s with 1024, 0.18 s with 64).
+_CHUNK = 1024
 
 
 def _addresses(views: list) -> np.ndarray:
