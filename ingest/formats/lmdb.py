@@ -18,8 +18,8 @@ other reads, on native threads into its arena, instead of py-lmdb copying each v
 ~100 KB value: 18 us copied against 3 us located, before the page faults of touching the map). Where the table
 cannot be made (the map's base not found: no ``/proc/self/maps`` or a check read that disagrees; keys that are
 not the layout's), keys are looked up per batch in one read transaction, and without the base the values are
-copied out as ``Location.data``. No view of the map outlives its read transaction: py-lmdb then gives the GIL
-up once per exported view when the transaction ends.
+copied out as ``Location.data``. Views of the map are dropped inside their transaction, and the open pass keeps
+few alive at a time: py-lmdb's cursor slows down with the number of live views (`_CHUNK`).
 
 **Layouts** (``layout="auto"`` tells them apart from the keys and the first values):
 
@@ -123,7 +123,7 @@ class _Map:
             if view is None:
                 return None
             probe, address = bytes(view), _address(view)
-            del view   # before the transaction ends (see `locations`)
+            del view   # inside the transaction
         try:
             with open("/proc/self/maps") as f:
                 maps = f.read().splitlines()
@@ -150,9 +150,7 @@ class _Map:
         """Where each key's value lies (None: no such key, or an empty key); ``name`` prefixes the display
         name of a value that must be copied out."""
         with self.env.begin(buffers=self.base is not None) as txn:
-            # No view of the map may outlive the transaction: py-lmdb then hands the GIL over once per view that
-            # was exported (a batch took 0.7 s instead of 0.7 ms beside a busy thread), so they live in _ranges.
-            return self._ranges(txn, keys, name)
+            return self._ranges(txn, keys, name)   # the views die with its frame, inside the transaction
 
     def _ranges(self, txn: Any, keys: Sequence[bytes], name: str) -> list[Location | None]:
         values = [txn.get(key) if key else None for key in keys]
@@ -170,7 +168,6 @@ class _Map:
             else:   # copied out: valid after the transaction
                 out.append(Location(f"{name}:{key.decode('ascii', 'backslashreplace')}", data=bytes(value)))
         return out
-
 
     def sample_ranges(self, db: "_Db") -> np.ndarray | None:
         """(offset, length) of every sample's value in the data file, from one cursor pass: ``[count, 2]``, or
@@ -191,8 +188,8 @@ class _Map:
         return table
 
     def _fill(self, txn: Any, db: "_Db", out: np.ndarray) -> bool:
-        """`sample_ranges`' pass over ``len(out)`` entries in key order (ours: the sample keys only); the views
-        of the map live in this frame only (see `locations`)."""
+        """`sample_ranges`' pass over ``len(out)`` entries in key order (ours: the sample keys only), a chunk of
+        views alive at a time (`_CHUNK`)."""
         cursor = txn.cursor()
         if db.layout == "ingest" and not cursor.set_range(b"%09d" % 0):
             return len(out) == 0
@@ -276,7 +273,7 @@ class _Db:
         # Where every sample's value lies in the data file, found once here (file offsets: they hold in every
         # process the source is sent to). Per batch, a lookup released the GIL per key (py-lmdb's get): beside a
         # busy thread each release costs up to a switch interval, 1.1 s per batch of 256. None: looked up per
-        # batch (several keys per sample, or the map's base unknown).
+        # batch (the map's base unknown, or keys that are not the layout's).
         self.data = _data_file(path)
         self.ranges = _Map(path).sample_ranges(self)
 

@@ -45,8 +45,9 @@ lists are not read); without it, such a file raises `SourceError` saying so.
 **Batches** (`TFRecordSource.parse_batch`, what the loader calls): the compiled ``_wire`` scan locates every
 feature of a batch's records in one call (the image as a view of the read buffer, not a copy out of a
 protobuf message), for specs of one-value features and int/float lists, and checks their CRCs with the
-crc32c package's own function (`_native_crc`) with the GIL released once per batch (else per record here). A record the scan does not take (anything but the canonical encoding, or a problem) is parsed with
-protobuf, record by record, which reads it or names what is wrong. Records come out the same either way.
+crc32c package's own function (`_native_crc`) with the GIL released once per batch (else per record here).
+A record the scan does not take (anything but the canonical encoding, or a problem) is parsed with protobuf,
+record by record, which reads it or names what is wrong. Records come out the same either way.
 
 ``labels()`` parses every record once (the label is inside the protobuf), lazily on first call, and caches
 the result in the source.
