@@ -520,9 +520,8 @@ def reads_direct(source) -> bool:
 
 
 def _select(work: _Work, keep: list[int]) -> _Work:
-    names = _Names(work.names.source, work.indices[keep]) if isinstance(work.names, _Names) else \
-        [work.names[k] for k in keep]
-    return _Work(work.plan, names, work.indices[keep], work.is_pad[keep], [work.records[k] for k in keep])
+    return _Work(work.plan, [work.names[k] for k in keep], work.indices[keep], work.is_pad[keep],
+                 [work.records[k] for k in keep])
 
 
 _NO_FIELDS = Record(None)

@@ -162,13 +162,7 @@ def locate_each(source: Any, indices: Sequence[int]) -> list[Any]:
             return batch(indices)
         except (IngestError, ValueError):
             pass
-    out = []
-    for i in indices:
-        try:
-            out.append(source.locate(i))
-        except (IngestError, ValueError) as err:
-            out.append(err)
-    return out
+    return [_or_error(source.locate, i) for i in indices]
 
 
 def parse_each(source: Any, indices: Sequence[int], raws: Sequence[Any]) -> list[Any]:
@@ -183,8 +177,13 @@ def parse_each(source: Any, indices: Sequence[int], raws: Sequence[Any]) -> list
 
 def parse_or_error(source: Any, i: int, raw: Any) -> Any:
     """``source.parse(i, raw)``, or the IngestError or ValueError it raised."""
+    return _or_error(source.parse, i, raw)
+
+
+def _or_error(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``, or the IngestError or ValueError it raised: what a sample that fails gives."""
     try:
-        return source.parse(i, raw)
+        return call(*args)
     except (IngestError, ValueError) as err:
         return err
 
@@ -323,10 +322,9 @@ def check_format(source: Any, *, read: Callable[[Any], Any] | None = None) -> No
         assert isinstance(source.name(i), str) and source.name(i), "name() must be a non-empty string"
     picks = sorted({0, n // 2, n - 1} if n else set())
     assert locate_each(source, picks) == [source.locate(i) for i in picks], "locate_batch must give what locate gives"
-    batch = parse_each(source, picks, [read(source.locate(i)) for i in picks])
-    for i, record in zip(picks, batch):
-        assert _same_record(record, source.parse(i, read(source.locate(i)))), \
-            f"parse_batch must give what parse({i}) gives"
+    raws = [read(source.locate(i)) for i in picks]
+    for i, raw, record in zip(picks, raws, parse_each(source, picks, raws)):
+        assert _same_record(record, source.parse(i, raw)), f"parse_batch must give what parse({i}) gives"
     import pickle
     clone = pickle.loads(pickle.dumps(source))  # sources cross into worker processes
     if n:

@@ -579,10 +579,7 @@ class LMDBSource:
         values, one per field, with an empty one where a key is missing."""
         db, k, j = self._find(i)
         if db.ranges is not None:
-            if db.layout != "columnar":
-                offset, size = db.ranges[j].tolist()
-                return Location(db.data, offset, size)
-            return _columns(db, j, db.ranges[j].tolist())
+            return _from_table(db, db.ranges[j].tolist())
         view = self._maps.get(k, lambda: _Map(db.path))
         if db.layout != "columnar":   # one key per sample
             key = b"%09d" % j if db.layout == "ingest" else db.keys[j]
@@ -601,10 +598,8 @@ class LMDBSource:
         if len(self._dbs) > 1 or (db.layout == "columnar" and db.ranges is None):
             return [self.locate(i) for i in indices]
         ids = [check_index(i, len(self)) for i in indices]
-        if db.ranges is not None and db.layout == "columnar":
-            return [_columns(db, j, rows) for j, rows in zip(ids, db.ranges[ids].tolist())]
         if db.ranges is not None:
-            return [Location(db.data, offset, size) for offset, size in db.ranges[ids].tolist()]
+            return [_from_table(db, row) for row in db.ranges[ids].tolist()]
         keys = [b"%09d" % j for j in ids] if db.layout == "ingest" else [db.keys[j] for j in ids]
         located = self._maps.get(0, lambda: _Map(db.path)).locations(keys, db.path)
         for i, key, loc in zip(ids, keys, located):
@@ -649,10 +644,13 @@ class LMDBSource:
                 f"fields {sorted(self.fields)})")
 
 
-def _columns(db: _Db, j: int, rows: list) -> Location | tuple[Location, ...]:
-    """Columnar sample ``j``'s locations from its rows of `_Db.ranges` (an empty one where a key is missing)."""
+def _from_table(db: _Db, row: list) -> Location | tuple[Location, ...]:
+    """A sample's location(s) from its row of `_Db.ranges`: one range, or a columnar sample's, one per field (an
+    empty one where a key is missing)."""
+    if db.layout != "columnar":
+        return Location(db.data, row[0], row[1])
     locs = tuple(Location(db.data, offset, size) if offset >= 0 else Location(f"{db.path}:", data=b"")
-                 for offset, size in rows)
+                 for offset, size in row)
     return locs[0] if len(locs) == 1 else locs
 
 

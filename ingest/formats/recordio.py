@@ -299,15 +299,13 @@ class RecordIOSource:
         sizes = np.fromiter(map(len, raws), np.int64, len(raws))
         common = ((heads["magic"] == MAGIC) & (heads["lrec"] <= _LEN_MASK) & (heads["flag"] == 0)
                   & (_FIRST.size < ends) & (ends <= sizes))
-        label = heads["label"]
-        classes = np.where((label >= 0) & (label < 2 ** 31) & (label == np.floor(label)), label, -1).astype(np.int64)
-        values = label.reshape(-1, 1)   # each record's label_values: a row of one array
+        values = heads["label"].reshape(-1, 1)   # each record's label_values: a row of one array
         parsed: list[Record | Exception] = []
-        for k, (i, raw, ok, end, cls, rid) in enumerate(zip(indices, raws, common.tolist(), ends.tolist(),
-                                                             classes.tolist(), heads["id"].tolist())):
+        for k, (i, raw, ok, end, label, rid) in enumerate(zip(indices, raws, common.tolist(), ends.tolist(),
+                                                               heads["label"].tolist(), heads["id"].tolist())):
             if ok:
                 image = np.frombuffer(raw, np.uint8, end - _FIRST.size, _FIRST.size)
-                parsed.append(Record(image, cls, {"label_values": values[k], "id": rid}))
+                parsed.append(Record(image, _class_label(0, label), {"label_values": values[k], "id": rid}))
             else:
                 parsed.append(parse_or_error(self, i, raw))
         return parsed
