@@ -80,8 +80,10 @@ def main(argv=None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    report: dict = {"data": args.data, "workers": args.workers, "seconds": args.seconds, "convert": {},
-                    "loader": {}}
+    sys.path.insert(0, str(HERE))
+    from bench_gpu import host_info, versions
+    report: dict = {"data": args.data, "workers": args.workers, "seconds": args.seconds, "versions": versions(),
+                    "host": host_info(), "convert": {}, "loader": {}}
 
     def flush():
         out.write_text(json.dumps(report, indent=2))

@@ -366,6 +366,8 @@ def versions() -> dict:
         out["ingest_git_dirty"] = bool(dirty)
     except (OSError, subprocess.SubprocessError):
         pass
+    if not out.get("ingest_git") and os.environ.get("INGEST_GIT"):
+        out["ingest_git"] = os.environ["INGEST_GIT"]   # the device machine gets the tree without .git
     return out
 
 
