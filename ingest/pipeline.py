@@ -172,6 +172,9 @@ class Pipeline:
         image = self.fields.get("image")
         self.image_kind = image.kind if image is not None else None   # "image", "pixels" or None
         self.extra_fields = {k: f for k, f in self.fields.items() if k not in ("image", "label")}
+        # with_fields: batches carry the extra fields. A Loader giving (images, labels) turns it off, so their
+        # collation and copies to the device are not paid for fields nobody receives.
+        self.with_fields = True
         self.direct = reads_direct(source)
         # Decode lanes: each a GPU decoder (mixed; None: the CPU pool) and a decode stream (CUDA). With several
         # (``lanes``, else the ``decode_batches`` setting; encoded images only) the executor decodes that many
@@ -393,7 +396,7 @@ class Pipeline:
             return None  # every sample of the batch failed (and the budget allowed it)
         failed = set(work.failed)
         keep = [k for k in range(len(work.records)) if k not in failed]
-        names = [work.names[k] for k in keep] if self.extra_fields else []   # for messages about fields
+        names = [work.names[k] for k in keep] if self.extra_fields and self.with_fields else []   # for messages
         labels = torch.from_numpy(work.labels[keep] if work.labels is not None else
                                   np.array([work.records[k].label for k in keep], dtype=np.int64))
         if self.ops_stream is not None:
@@ -428,6 +431,8 @@ class Pipeline:
         """Every field other than image and label, batched by kind (`ingest.collate`), and where the ops end
         by padding (PadTo) ``image_sizes``: each image's (height, width) before the padding."""
         out: dict[str, Any] = {}
+        if not self.with_fields:
+            return out
         for name, spec in self.extra_fields.items():
             out.update(collate(name, spec, [v[name] for v in values], names=names, decode=self.cpu.decode))
         if self.pads and work.ops_plan is not None and work.ops_plan.content_sizes is not None:
@@ -440,7 +445,7 @@ class Pipeline:
         box format), masks warped like the image (on the ops' device), polygons moved and clipped like the boxes
         (relative ones stay relative), per-box fields pruned with their boxes."""
         values = [r.fields for r in work.records]
-        if not self.boxes or work.ops_plan is None:
+        if not self.boxes or work.ops_plan is None or not self.with_fields:
             return values
         ltrb = [dict(v, boxes=b) for v, b in zip(values, work.boxes)]
         if "masks" in self.extra_fields and self.device.type == "cuda":

@@ -204,6 +204,7 @@ class Loader:
             stop = threading.Event()
             read = _Received(self._pool.epoch(self.epoch, start, count, self._failures, self._offset, stop), stop)
         self.pipeline.failures = self._failures
+        self.pipeline.with_fields = self.output != "tuple"
         executor = Executor(self.pipeline, plans, prefetch=self.prefetch, read=read)
         self._executor = weakref.ref(executor)
         return self._iterate(executor, self._run)

@@ -318,3 +318,18 @@ def test_converted_datasets_keep_their_class_names(image_folder, tmp_path):
 def test_an_unknown_reader_option_names_the_valid_ones(image_folder):
     with pytest.raises(ConfigError, match="filetree reader has no option 'bogus'. Available: extensions"):
         ingest.Loader(image_folder, batch_size=2, reader_options={"bogus": 1})
+
+
+def test_tuple_output_skips_the_other_fields(monkeypatch):
+    """(images, labels) batches do not pay for fields nobody receives (no collation); switching to
+    output="dict" brings every field back at the next epoch."""
+    import ingest.pipeline
+    calls = []
+    real = ingest.pipeline.collate
+    monkeypatch.setattr(ingest.pipeline, "collate", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    loader = ingest.Loader(Rich(), batch_size=5, decode="cpu", ops=[ingest.ops.Resize((16, 16))])
+    batches = list(loader)
+    assert [tuple(b[0].shape) for b in batches] == [(5, 3, 16, 16)] * 2 and calls == []
+    loader.output = "dict"
+    batch = next(iter(loader))
+    assert {"score", "tags", "caption", "thumb"} <= set(batch) and "score" in calls
