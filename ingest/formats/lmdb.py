@@ -62,7 +62,7 @@ from ..errors import ConfigError, CorruptRecordError, SourceError
 from ..io import NATIVE
 from . import _framed
 from ._protos import Datum
-from .base import Field, Location, ProcessLocal, Record, check_index, read_location
+from .base import Field, Location, ProcessLocal, Record, check_index, parse_or_error, read_location
 from ._images import image_extension
 
 LAYOUTS = ("auto", "ingest", "columnar", "caffe", "images")
@@ -71,6 +71,9 @@ FORMAT, VERSION = "ingest-lmdb", 1
 _COLUMN = re.compile(rb"^([A-Za-z][A-Za-z0-9_]*)-(\d+)$")
 _NUM_SAMPLES = b"num-samples"
 _SNIFF = 8           # values looked at to tell a layout or a column's kind
+# Our framed record of an image and an int label (`_framed`): its head, up to the image, and its tail, the label
+_IMAGE_HEAD = np.dtype([("magic", "S4"), ("code", "u1"), ("length", "<u8")])
+_LABEL_TAIL = np.dtype([("code", "u1"), ("length", "<u8"), ("label", "<i8")])
 
 
 def _open_env(path: str) -> Any:
@@ -613,6 +616,27 @@ class LMDBSource:
         if db.layout == "columnar":   # an empty value stands for a missing key (see locate)
             raws = tuple(r if len(r) or key else None for r, key in zip(raws, db.sample_keys(j)))
         return db.parse(j, raws, self._key_name(db, j))
+
+    def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
+        """`parse` of each record (a Record, or the error it raised). Ours with an image and an int label, the
+        converter's usual output: every record's head and tail read as two arrays (`_IMAGE_HEAD`,
+        `_LABEL_TAIL`); records of other shapes, and other layouts, go through `parse`."""
+        if not raws or len(self._dbs) > 1 or self._dbs[0].layout != "ingest" or list(
+                (n, f.kind) for n, f in self.fields.items()) != [("image", "image"), ("label", "int")]:
+            return [parse_or_error(self, i, raw) for i, raw in zip(indices, raws)]
+        sizes = np.fromiter(map(len, raws), np.int64, len(raws))
+        head, tail = _IMAGE_HEAD.itemsize, _LABEL_TAIL.itemsize
+        whole = (sizes >= head + tail).tolist()
+        heads = np.frombuffer(b"".join([memoryview(r)[:head] for r, w in zip(raws, whole) if w]), _IMAGE_HEAD)
+        tails = np.frombuffer(b"".join([memoryview(r)[-tail:] for r, w in zip(raws, whole) if w]), _LABEL_TAIL)
+        common, labels = np.zeros(len(raws), bool), np.zeros(len(raws), np.int64)
+        common[whole] = ((heads["magic"] == _framed.MAGIC) & (heads["code"] == _framed.KIND_CODES["image"])
+                         & (heads["length"] == sizes[whole] - head - tail)
+                         & (tails["code"] == _framed.KIND_CODES["int"]) & (tails["length"] == 8))
+        labels[whole] = tails["label"]
+        return [Record(np.frombuffer(raw, np.uint8, size - head - tail, head), label, {}) if ok
+                else parse_or_error(self, i, raw)
+                for i, raw, ok, size, label in zip(indices, raws, common.tolist(), sizes.tolist(), labels.tolist())]
 
     def labels(self) -> np.ndarray:
         """Every sample's label (-1: none). Ours: stored; Caffe: the label field of every Datum, read in one
