@@ -358,6 +358,9 @@ def versions() -> dict:
     init = REPO / "ingest" / "__init__.py"
     m = re.search(r'__version__\s*=\s*"([^"]+)"', init.read_text()) if init.exists() else None
     out["ingest"] = m.group(1) if m else None
+    if os.environ.get("INGEST_GIT"):   # the commit run, where the tree's .git is missing or stale (device machine)
+        out["ingest_git"] = os.environ["INGEST_GIT"]
+        return out
     try:
         out["ingest_git"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], text=True,
                                            capture_output=True, timeout=10).stdout.strip() or None
@@ -366,8 +369,6 @@ def versions() -> dict:
         out["ingest_git_dirty"] = bool(dirty)
     except (OSError, subprocess.SubprocessError):
         pass
-    if not out.get("ingest_git") and os.environ.get("INGEST_GIT"):
-        out["ingest_git"] = os.environ["INGEST_GIT"]   # the device machine gets the tree without .git
     return out
 
 
