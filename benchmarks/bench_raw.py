@@ -474,7 +474,7 @@ def loader_rate(args, ops, workers: int) -> dict:
     try:
         import ingest
         loader = ingest.Loader(args.data, batch_size=args.batch, device=args.device, ops=ops, shuffle=True,
-                               num_workers=workers)
+                               num_workers=workers, last_batch="drop")   # every batch full: counted as such
         it = iter(loader)
 
         def step(k):
@@ -488,7 +488,8 @@ def loader_rate(args, ops, workers: int) -> dict:
         stats = loader.stats()
         loader.close()
         return {**rates(calls * args.batch, calls * args.batch * args.size ** 2 * 3, secs),
-                "decode_paths": stats.get("decode_paths"), "read_path": stats.get("read_path")}
+                "decode_paths": stats.get("decode_paths"), "read_path": stats.get("read_path"),
+                "stages": stats.get("stages")}   # busy and CPU seconds per stage: which one is the limit
     except Exception as err:
         return {"error": f"{type(err).__name__}: {err}"[:500]}
 

@@ -87,6 +87,7 @@ class _Work:
     lane: int = 0                                     # the decode lane (decoder and stream) that decoded it
     labels: np.ndarray | None = None                  # the batch's labels when known without records
     boxes: list[np.ndarray] | None = None             # each sample's boxes as absolute ltrb (detection)
+    failures: Failures | None = None   # the budget of the batch's epoch: `Pipeline.failures` when it was read
 
 
 class Failures:
@@ -223,6 +224,7 @@ class Pipeline:
         """Read and parse a batch's samples; unreadable ones are dropped through the failure budget."""
         if self.direct:
             return self._read_direct(plan)
+        failures = self.failures
         idx = [int(i) for i in plan.indices]
         raws = self._read_raw(idx)
         read = [k for k, raw in enumerate(raws) if not isinstance(raw, BaseException)]
@@ -230,18 +232,18 @@ class Pipeline:
         keep, records = [], []
         for k, (i, raw) in enumerate(zip(idx, raws)):
             if isinstance(raw, BaseException):
-                self.failures.add(self.source.name(i), "read", raw)
+                failures.add(self.source.name(i), "read", raw)
                 continue
             record = next(parsed)
             if isinstance(record, BaseException):
-                self.failures.add(self.source.name(i), "parse", record)
+                failures.add(self.source.name(i), "parse", record)
                 continue
             keep.append(k)
             records.append(record)
         indices = plan.indices[keep]
         names = self.source.batch_names(indices) if hasattr(self.source, "batch_names") else \
             _Names(self.source, indices)
-        return self._plan(_Work(plan, names, indices, plan.is_pad[keep], records))
+        return self._plan(_Work(plan, names, indices, plan.is_pad[keep], records, failures=failures))
 
     def _read_direct(self, plan: BatchPlan) -> _Work:
         """Fixed-shape decoded pixels (raw shards) read straight into one ``[B, H, W, C]`` tensor on the
@@ -254,7 +256,8 @@ class Pipeline:
             self.source.read_batch(idx, out, self.reader)
         labels = self._labels[idx] if len(self._labels) else np.full(len(idx), -1, dtype=np.int64)
         # No per-sample Python objects: names are made only if a message needs one, records are all alike.
-        work = _Work(plan, _Names(self.source, idx), idx, plan.is_pad, [_NO_FIELDS] * len(idx), labels=labels)
+        work = _Work(plan, _Names(self.source, idx), idx, plan.is_pad, [_NO_FIELDS] * len(idx), labels=labels,
+                     failures=self.failures)
         work.sizes = [tuple(out.shape[1:3])] * len(idx)
         work.images = out
         if self.device.type == "cuda":
@@ -301,7 +304,7 @@ class Pipeline:
         keep = []
         for k, size in enumerate(probed):
             if isinstance(size, IngestError):
-                self.failures.add(work.names[k], "decode", size)
+                work.failures.add(work.names[k], "decode", size)
             else:
                 keep.append(k)
         if len(keep) != len(probed):
@@ -377,7 +380,7 @@ class Pipeline:
         for k, im in enumerate(images):
             if not isinstance(im, BaseException):
                 continue
-            self.failures.add(work.names[k], "decode", im)
+            work.failures.add(work.names[k], "decode", im)
             work.failed.append(k)
             h, w = work.sizes[k] if rois is not None else work.ops_plan.out_sizes[k]
             if rois is not None and rois[k] is not None:
@@ -526,7 +529,7 @@ def reads_direct(source) -> bool:
 
 def _select(work: _Work, keep: list[int]) -> _Work:
     return _Work(work.plan, [work.names[k] for k in keep], work.indices[keep], work.is_pad[keep],
-                 [work.records[k] for k in keep])
+                 [work.records[k] for k in keep], failures=work.failures)
 
 
 _NO_FIELDS = Record(None)
@@ -603,6 +606,15 @@ def _upload(images: list[torch.Tensor], device: torch.device, stream: torch.cuda
 
 class _End:
     pass
+
+
+@dataclass
+class EpochEnd:
+    """In a run of several epochs, what passes through the stages between one epoch's batches and the next's:
+    the next epoch's number and the failure budget its batches count against."""
+
+    epoch: int
+    failures: Failures
 
 
 class _Raised:
@@ -708,9 +720,11 @@ class StageStats:
 
 
 class Executor:
-    """One epoch of a `Pipeline` on stage threads: read, one per decode lane, ops. Iterate it for `Batch`es;
-    `close()` (also on garbage collection, ``break`` or an exception) stops every thread and leaves none
-    behind. Executors still running when the interpreter exits are closed by an exit hook, before
+    """A `Pipeline` run on stage threads (read, one per decode lane, ops) over ``plans``: iterate it for
+    `Batch`es. Where the plans hold an `EpochEnd` between two epochs, iteration stops there (`ended` holds it)
+    while the threads go on into the next epoch, and iterating again continues with its batches: the pipeline
+    does not drain and refill between epochs. `close()` (also on garbage collection, ``break`` or an exception)
+    stops every thread and leaves none behind. Executors still running when the interpreter exits are closed by an exit hook, before
     finalization: a stage thread left inside a torch call while the interpreter finalizes aborts the process
     ("terminate called without an active exception").
 
@@ -747,6 +761,7 @@ class Executor:
         self._threads = [threading.Thread(target=self._run_stage, name=f"ingest-{name}", daemon=True, args=args)
                          for *args, name in stages]
         self._closed = False
+        self.ended: EpochEnd | None = None   # the epoch end the consumer reached last, until the next epoch is taken
         CLOSE_AT_EXIT.add(self)
         for t in self._threads:
             t.start()
@@ -764,6 +779,9 @@ class Executor:
                     out.cancel()
                     out.put(item)
                     return
+                if isinstance(item, EpochEnd):   # takes its place like a batch: it keeps the lanes' turns
+                    out.put(item)
+                    continue
                 result = stats.timed(fn, item)
                 stats.occupancy += out.qsize()
                 if result is None:
@@ -780,6 +798,9 @@ class Executor:
         if self._closed:
             raise StopIteration
         item = self._out.get()
+        if isinstance(item, EpochEnd):   # the threads go on into the next epoch
+            self.ended = item
+            raise StopIteration
         if item is None or isinstance(item, _End):
             self.close()
             raise StopIteration

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ from .formats import detect, open_source
 from .formats.base import Location, Record, Source, check_index, fields_of
 from .formats.filetree import IMAGE_EXTENSIONS
 from .formats.memory import MemorySource
-from .pipeline import STAGES, Batch, Executor, Failures, Pipeline, StageStats, resolve_device
+from .pipeline import STAGES, Batch, EpochEnd, Executor, Failures, Pipeline, StageStats, resolve_device
 from .sampler import BatchPlan, Sampler
 from .stream import DEFAULT_BUFFER, StreamedSource
 from .workers import STAGES as WORKER_STAGES
@@ -154,7 +153,9 @@ class Loader:
         self._next = 0             # number of the batch after the last one handed out (the resume point)
         self._run = 0              # counts iter() calls: an iterator of an older run ends at its next step
         self._finished = True
-        self._executor: weakref.ref | None = None
+        # The in-process executor. It runs on into the next epoch when one ends (`_epochs`): a new `iter()` that
+        # asks for that epoch from its start takes it over (`_chained`); anything else closes it.
+        self._executor: Executor | None = None
         self._failures: Failures | None = None
 
     def _check_read_stage(self) -> None:
@@ -177,14 +178,20 @@ class Loader:
         self._resume = (int(epoch), 0, 0)
 
     def __iter__(self) -> Iterator:
-        self._close_executor()
         if self._resume is not None:
-            self.epoch, start, self._offset = self._resume
+            epoch, start, offset = self._resume
             self._resume = None
         else:
-            self.epoch, start, self._offset = self.epoch + 1, 0, 0
-        self._next, self._finished = start, False
+            epoch, start, offset = self.epoch + 1, 0, 0
+        chained = self._chained(epoch, start, offset)
+        if chained is None:
+            self._close_executor()
+        self.epoch, self._offset, self._next, self._finished = epoch, offset, start, False
         self._run += 1
+        if chained is not None:   # the running executor has read on into this epoch
+            self._failures = chained.ended.failures
+            chained.ended = None
+            return self._iterate(chained, self._run)
         if self._stream is not None:
             plans = self._stream.plans(self.sampler.batch_size, self.sampler.seed)
         elif self._streamed is not None:
@@ -203,21 +210,33 @@ class Loader:
                                      self._run)
             stop = threading.Event()
             read = _Received(self._pool.epoch(self.epoch, start, count, self._failures, self._offset, stop), stop)
+        elif self._stream is None and self._streamed is None:
+            plans = _epochs(plans, self.sampler, self.pipeline, self.max_failures, self.epoch)
         self.pipeline.failures = self._failures
         self.pipeline.with_fields = self.output != "tuple"
-        executor = Executor(self.pipeline, plans, prefetch=self.prefetch, read=read)
-        self._executor = weakref.ref(executor)
-        return self._iterate(executor, self._run)
+        self._executor = Executor(self.pipeline, plans, prefetch=self.prefetch, read=read)
+        return self._iterate(self._executor, self._run)
+
+    def _chained(self, epoch: int, start: int, offset: int) -> Executor | None:
+        """The running executor, if the consumer took every batch of the last epoch and it has read on into
+        ``epoch`` from its start, with the fields this iteration yields."""
+        ex = self._executor
+        if ex is None or ex.ended is None or not self._finished:
+            return None
+        if (ex.ended.epoch, start, offset) != (epoch, 0, 0) or self.pipeline.with_fields != (self.output != "tuple"):
+            return None
+        return ex
 
     def _iterate(self, batches: Iterator[Batch], run: int) -> Iterator:
         """Deliver ``batches``; ends (StopIteration) at its next step once a newer ``iter()`` has started, with
-        or without worker processes."""
+        or without worker processes. An executor that stopped at an epoch end runs on (see `Executor`)."""
+        finished = False
         try:
             while run == self._run:
                 try:
                     batch = next(batches)
                 except StopIteration:
-                    self._finished = True
+                    self._finished = finished = True
                     return
                 if run != self._run:
                     return
@@ -225,7 +244,7 @@ class Loader:
                 yield self._deliver(batch)
         finally:
             close = getattr(batches, "close", None)
-            if close is not None:
+            if close is not None and not (finished and getattr(batches, "ended", None) is not None):
                 close()
 
     def _deliver(self, batch: Batch):
@@ -240,9 +259,8 @@ class Loader:
                 "is_pad": batch.is_pad}
 
     def _close_executor(self) -> None:
-        executor = self._executor() if self._executor is not None else None
-        if executor is not None:
-            executor.close()
+        if self._executor is not None:
+            self._executor.close()
         self._executor = None
 
     def close(self) -> None:
@@ -356,6 +374,20 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.source!r}, batch_size={self.sampler.batch_size}, device='{self.device}', "
                 f"decode='{self.decode}', num_workers={self.num_workers}, ops={self.ops!r})")
+
+
+def _epochs(plans: Iterator[BatchPlan], sampler: Sampler, pipeline: Pipeline, max_failures: int | float,
+            epoch: int) -> Iterator[BatchPlan | EpochEnd]:
+    """``plans`` (those of ``epoch``), then each following epoch's from its start, after an `EpochEnd` holding
+    its failure budget. Advanced by the read stage alone, which sets that budget on the pipeline between the
+    two epochs' reads: a batch counts against the budget of the epoch it was read in (`_Work.failures`)."""
+    yield from plans
+    while True:
+        epoch += 1
+        failures = Failures(max_failures, sampler.samples(0, 0))
+        yield EpochEnd(epoch, failures)
+        pipeline.failures = failures
+        yield from sampler.batches(epoch, 0, 0)
 
 
 class _Received:

@@ -232,7 +232,7 @@ class WorkerPool:
                     failures.record(name, stage, reason)
                 self.stats[w] = msg[4]
                 msg = ("batch", run, self._own(msg[2]) if self.stages == "all" else
-                       unpack_work(msg[2], self._buffers[w], pin=self.device.type == "cuda"))
+                       unpack_work(msg[2], self._buffers[w], failures, pin=self.device.type == "cuda"))
             return msg
 
     def _own(self, batch: Batch) -> Batch:
@@ -470,7 +470,8 @@ def pack_work(work: _Work, reader: ByteReader, announced: set[int]) -> tuple[_Wo
     value copied out) is copied in after the reads (`ByteReader.grow_shared`) and becomes its range too. So only ranges
     travel, plus the buffer's handle when its slot is not in ``announced`` (the slots the receiver holds; a
     grown buffer's slot is taken out). Anything else (decoded pixels, several ranges of one sample) is pickled
-    as is."""
+    as is. The batch's failure budget stays behind: the receiver's takes its place (`unpack_work`)."""
+    work = replace(work, failures=None)
     if reader.last_arena is None or not work.records:
         return work, None
     slot, buffer, nbytes, new = reader.last_arena
@@ -508,12 +509,14 @@ def _byte_view(image: Any) -> np.ndarray | None:
     return None
 
 
-def unpack_work(payload: tuple[_Work, _Shared | None], buffers: list[torch.Tensor | None], pin: bool = False
-                ) -> _Work:
+def unpack_work(payload: tuple[_Work, _Shared | None], buffers: list[torch.Tensor | None], failures: Failures,
+                pin: bool = False) -> _Work:
     """The inverse of `pack_work`, given the sender's ``buffers`` by slot (see `take_buffer`): the used part of
     the shared buffer is copied out at once (into pinned memory if ``pin``: the GPU decoder reads pinned
-    bitstreams faster), which frees it for the sender, and ranges become views of the copy."""
+    bitstreams faster), which frees it for the sender, and ranges become views of the copy. The batch's later
+    stages count against ``failures``."""
     work, shared = payload
+    work.failures = failures
     if shared is not None:
         source = buffers[shared.slot][:shared.nbytes]
         copy = torch.empty(shared.nbytes, dtype=torch.uint8, pin_memory=pin)

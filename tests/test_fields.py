@@ -138,7 +138,8 @@ def test_pixel_sources_skip_decode():
     assert isinstance(batch["images"], list)  # ragged sizes stay a list, each image CHW as in a stacked batch
     for i, im in enumerate(batch["images"]):
         assert torch.equal(im, torch.from_numpy(Pixels().arrays[i]).permute(2, 0, 1))
-    assert loader.stats()["decode_paths"] == {"none (pixels)": 4}
+    paths = loader.stats()["decode_paths"]   # counts what ran, the next epoch's read-ahead included
+    assert set(paths) == {"none (pixels)"} and paths["none (pixels)"] >= 4
     fixed = next(iter(ingest.Loader(Pixels(), batch_size=4, ops=[ingest.ops.CenterCrop(8)])))[0]
     want = torchvision.transforms.functional.center_crop(torch.from_numpy(Pixels().arrays[1]).permute(2, 0, 1), 8)
     assert torch.equal(fixed[1], want)
@@ -263,7 +264,8 @@ def test_raw_shards_are_read_directly_into_the_batch(tmp_path):
     arrays = _raw_dataset(tmp_path / "raw")
     loader = ingest.Loader(tmp_path / "raw", batch_size=4, output="dict", shuffle=True, seed=2)
     batches = list(loader)
-    assert loader.stats()["decode_paths"] == {"none (raw, direct read)": 10}
+    paths = loader.stats()["decode_paths"]   # counts what ran, the next epoch's read-ahead included
+    assert set(paths) == {"none (raw, direct read)"} and paths["none (raw, direct read)"] >= 10
     seen = []
     for b in batches:
         for image, label, i in zip(b["images"], b["labels"].tolist(), b["indices"].tolist()):

@@ -1,5 +1,7 @@
 """The Loader end to end on the CPU: shapes, determinism, resumption, sharding, failures, shutdown."""
 
+import gc
+import pickle
 import re
 import threading
 import time
@@ -38,9 +40,9 @@ def test_batches_shapes_and_labels(image_folder):
     assert batches[-1][0].shape[0] == 1
     stats = loader.stats()
     assert stats["read_path"] == "posix" and stats["decode"] == "cpu"
-    assert stats["decode_paths"] == {"cpu": 21}
+    assert set(stats["decode_paths"]) == {"cpu"} and stats["decode_paths"]["cpu"] >= 21   # + the read-ahead
     assert set(stats["stages"]) == {"read", "decode", "ops"}
-    assert stats["stages"]["decode"]["batches"] == 6
+    assert stats["stages"]["decode"]["batches"] >= 6
 
 
 def test_stage_cpu_seconds_count_the_threads_own_work_not_its_waits():
@@ -170,6 +172,60 @@ def test_failure_budget_skips_and_reports(image_folder):
     assert sum(len(y) for _, y in frac) == 19
 
 
+def _read_thread():
+    return [t for t in _stage_threads() if t.name == "ingest-read"]
+
+
+def _wait_for_read_ahead(loader, batches: int) -> None:
+    """Until the read stage has read past ``batches`` (the epoch just consumed) into the next epoch."""
+    deadline = time.monotonic() + 10
+    while loader.stats()["stages"]["read"]["batches"] <= batches:
+        assert time.monotonic() < deadline, "the next epoch was not read ahead"
+        time.sleep(0.01)
+
+
+def test_epochs_run_on_without_draining(image_folder):
+    """After an epoch the stage threads read on into the next one; the next iter() takes those batches when it
+    asks for that epoch from its start with the same outputs (they equal a fresh loader's), and anything else
+    starts over. Each epoch counts its failures against its own budget."""
+    (image_folder / "cat" / "0001.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    kw = dict(batch_size=4, ops=train_ops(), shuffle=True, seed=5, max_failures=1)
+
+    def epoch_of(e, output="tuple"):
+        with ingest.Loader(image_folder, output=output, **kw) as fresh:
+            fresh.set_epoch(e)
+            return [(b["images"].clone(), b["labels"].clone()) if output == "dict" else (b[0].clone(), b[1].clone())
+                    for b in fresh]
+
+    def same(got, want):
+        return len(got) == len(want) and all(torch.equal(a, c) and torch.equal(b, d)
+                                            for (a, b), (c, d) in zip(got, want))
+
+    loader = ingest.Loader(image_folder, **kw)
+    assert same(collect(loader), epoch_of(0))
+    reader = _read_thread()
+    _wait_for_read_ahead(loader, 6)
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 0
+    assert same(collect(loader), epoch_of(1))   # the epoch read ahead, taken over
+    assert _read_thread() == reader and len(loader.stats()["failures"]) == 1   # epoch 1's own budget
+    loader.set_epoch(2)                           # the epoch it reads ahead: taken over too
+    assert same(collect(loader), epoch_of(2)) and _read_thread() == reader
+    loader.set_epoch(7)                           # another epoch: the read-ahead is dropped
+    assert same(collect(loader), epoch_of(7)) and _read_thread() != reader
+    reader = _read_thread()
+    loader.output = "dict"                        # other outputs: started over, with every field
+    got = [(b["images"].clone(), b["labels"].clone()) for b in loader]
+    assert same(got, epoch_of(8, "dict")) and _read_thread() != reader
+    reader = _read_thread()
+    for i, _ in enumerate(loader):                # a broken-off epoch is not run on
+        if i == 1:
+            break
+    assert _read_thread() == []
+    assert same([(b["images"].clone(), b["labels"].clone()) for b in loader], epoch_of(10, "dict"))
+    loader.close()
+    assert _read_thread() == []
+
+
 def test_missing_file_is_reported(image_folder):
     loader = ingest.Loader(image_folder, batch_size=4, ops=train_ops())
     (image_folder / "emu" / "0000.jpg").unlink()
@@ -182,7 +238,10 @@ def _ingest_threads():
 
 
 def _stage_threads():
-    """The executor's stage threads: read, each decode lane's, ops."""
+    """The executor's stage threads: read, each decode lane's, ops. A loader that finished an epoch keeps its
+    threads, reading on into the next epoch, until it is closed or collected: earlier tests' loaders held in
+    reference cycles (a caught exception's traceback and the test's frame) are collected first."""
+    gc.collect()
     return [t for t in _ingest_threads() if re.fullmatch(r"ingest-(read|decode\d*|ops)", t.name)]
 
 
@@ -223,8 +282,9 @@ def test_decode_lanes_keep_batches_in_order(image_folder, lanes):
             assert len(got) == len(epoch) == 11
             for (a, la), (b, lb) in zip(got, epoch):
                 assert torch.equal(a, b) and torch.equal(la, lb)
-        assert many.stats()["stages"]["decode"]["batches"] == 22
-        assert sum(many.stats()["decode_paths"].values()) == 42
+        many.close()   # the counts below include the third epoch's read-ahead, up to the queues' places
+        assert 22 <= many.stats()["stages"]["decode"]["batches"] <= 22 + 3 * 2 + 3
+        assert 42 <= sum(many.stats()["decode_paths"].values()) <= 42 + (3 * 2 + 3) * 2
 
         resumed = ingest.Loader(image_folder, **kw)
         it = iter(resumed)
@@ -245,6 +305,7 @@ def test_decode_lanes_keep_batches_in_order(image_folder, lanes):
             for _, y in plain:
                 seen.append(y.tolist())
         assert seen == [[0, 0], [0, 0], [0, 0], [0, 1]]
+    one.close(), rest.close()   # they finished an epoch: their threads read on into the next until closed
     assert _stage_threads() == []
 
 
@@ -358,7 +419,7 @@ def test_read_stage_batches_cross_processes_as_buffer_ranges(tmp_path):
     travel by value."""
     from ingest.formats.base import Location, Record
     from ingest.io import ByteReader
-    from ingest.pipeline import _Work
+    from ingest.pipeline import Failures, _Work
     from ingest.sampler import BatchPlan
     from ingest.workers import _InArena, pack_work, take_buffer, unpack_work
     (tmp_path / "data").write_bytes(bytes(range(100)))
@@ -370,9 +431,11 @@ def test_read_stage_batches_cross_processes_as_buffer_ranges(tmp_path):
     pixels = np.zeros((2, 2, 3), np.uint8)
     plan = BatchPlan(epoch=0, number=3, indices=np.arange(4), is_pad=np.zeros(4, bool), seed=np.random.SeedSequence(0))
     work = _Work(plan, list("abcd"), plan.indices, plan.is_pad,
-                 [Record(read[10:30], 1), Record(outside, 2), Record(read[60:61], 3), Record(pixels, 4)])
+                 [Record(read[10:30], 1), Record(outside, 2), Record(read[60:61], 3), Record(pixels, 4)],
+                 failures=Failures(0, 0))
     announced: set[int] = {0}
     packed, shared = payload = pack_work(work, reader, announced)
+    assert packed.failures is None and pickle.loads(pickle.dumps(packed)).indices.tolist() == [0, 1, 2, 3]
     grown = reader.last_arena[1]
     assert grown is not buffer and grown.numel() >= 140 and 0 not in announced   # grown: sent again
     assert shared.slot == 0 and shared.nbytes == 140 and shared.buffer is grown
@@ -381,7 +444,9 @@ def test_read_stage_batches_cross_processes_as_buffer_ranges(tmp_path):
     received: list = [None, None]
     take_buffer(payload, received)
     assert received[0] is grown
-    back = unpack_work(payload, received)
+    budget = Failures(2, 0)
+    back = unpack_work(payload, received, budget)
+    assert back.failures is budget   # later stages count against the receiver's budget
     grown.zero_()   # the sender reuses its buffer: what was received is a copy
     assert [r.label for r in back.records] == [1, 2, 3, 4]
     assert np.array_equal(back.records[0].image, np.arange(10, 30))
@@ -393,7 +458,7 @@ def test_read_stage_batches_cross_processes_as_buffer_ranges(tmp_path):
     assert again[0].records[0].image == _InArena(5, 4)
     assert (again[1].nbytes, again[1].buffer) == (100, None)   # the receiver has the buffer: only the slot
     reader.last_arena = None
-    assert pack_work(work, reader, announced) == (work, None)   # nothing was read into a shared buffer
+    assert pack_work(work, reader, announced) == (replace(work, failures=None), None)   # nothing read into a shared buffer
 
 
 def test_reader_processes_over_tfrecord_match_the_pipeline_here(tmp_path, image_folder):

@@ -39,7 +39,8 @@ def test_cuda_matches_cpu_pipeline(folder, decode, workers):
     stats = gpu.stats()
     assert stats["decode"] == decode
     if decode == "mixed":
-        assert sum(v for k, v in stats["decode_paths"].items() if k.startswith("gpu")) == 19
+        # an in-process loader reads on into the next epoch: its counts include that read-ahead
+        assert sum(v for k, v in stats["decode_paths"].items() if k.startswith("gpu")) >= 19
     assert stats["read_path"] == "posix"
 
 
@@ -136,7 +137,8 @@ def test_two_gpu_decoders_match_one(folder):
     with ingest.defaults.set(gpu_decoders=2):
         loader = ingest.Loader(folder, **kw)
         got = [(x.cpu(), y.cpu()) for x, y in loader]
-    assert loader.stats()["decode_paths"].get("gpu-roi", 0) + loader.stats()["decode_paths"].get("gpu", 0) == 19
+    paths = loader.stats()["decode_paths"]   # the next epoch's read-ahead included
+    assert set(paths) <= {"gpu", "gpu-roi"} and sum(paths.values()) >= 19
     assert len(got) == len(ref) == 3
     for (a, la), (b, lb) in zip(got, ref):
         assert torch.equal(la, lb) and torch.equal(a, b)
@@ -163,7 +165,7 @@ def test_decode_lanes_match_one_and_each_has_its_decoder_and_stream(folder):
         assert len(got) == len(epoch) == 5
         for (a, la), (b, lb) in zip(got, epoch):
             assert torch.equal(la, lb) and torch.equal(a, b)
-    assert sum(loader.stats()["decode_paths"].values()) == 38
+    assert sum(loader.stats()["decode_paths"].values()) >= 38   # + the third epoch's read-ahead
     loader.close()
 
 
