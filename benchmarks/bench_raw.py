@@ -75,6 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--loader-workers", default="0", help="num_workers values for the ingest.Loader case, e.g. 0,4")
     p.add_argument("--dali", action="store_true", help="also run DALI's numpy reader (d) if DALI imports")
     p.add_argument("--dali-jpegs", default=None, help="with --dali: an ImageFolder of JPEGs for DALI's JPEG pipeline")
+    p.add_argument("--only", default=None, help="run only these steps, e.g. loader or loader,kvikio (default: all)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.threads = [int(t) for t in args.threads.split(",")]
@@ -98,6 +99,13 @@ def main(argv=None) -> int:
              ("read_ops", read_ops_rates)]
     if args.dali:
         steps += [("dali_numpy", dali_numpy), ("dali_jpeg", dali_jpeg)]
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {key for key, _ in steps}
+        if unknown:
+            print(f"unknown --only steps {sorted(unknown)}; these run: {[key for key, _ in steps]}", file=sys.stderr)
+            return 2
+        steps = [(key, step) for key, step in steps if key in wanted]
     for key, step in steps:
         try:
             report[key] = step(src, args, report)
