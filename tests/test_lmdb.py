@@ -473,6 +473,19 @@ def image_label_db(tmp_path_factory):
     return root / "db.lmdb"
 
 
+def test_batch_parse_reads_intact_records_without_parse(image_label_db, monkeypatch):
+    """Intact image + label records are read from the batch's arrays, not handed one by one to `parse` (which
+    would give the same records, more slowly: the test above cannot tell the two apart)."""
+    src = LMDBSource(image_label_db)
+    indices = list(range(len(src)))
+    raws = [read_location(src.locate(i)) for i in indices]
+    want = [src.parse(i, raw) for i, raw in zip(indices, raws)]
+    monkeypatch.setattr(src, "parse", lambda i, raw: pytest.fail(f"record {i} went through parse"))
+    got = src.parse_batch(indices, raws)
+    assert [r.label for r in got] == [r.label for r in want]
+    assert all(bytes(g.image) == bytes(w.image) for g, w in zip(got, want))
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.one_of(st.binary(max_size=40),
                           st.tuples(st.integers(0, 3), st.integers(0, 60), st.integers(0, 255), st.booleans())),

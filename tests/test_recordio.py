@@ -344,6 +344,9 @@ def test_a_batch_parses_as_each_record_does(tmp_path):
     assert batch[7].fields["label_values"].tolist() == [1.5, 2.5] and batch[8].image.tobytes() == MAGIC_BYTES + image
     assert isinstance(batch[9], CorruptRecordError) and all(isinstance(e, CorruptRecordError) for e in batch[-3:])
     assert src.parse_batch([], []) == []
+    common = [0, 5, 6]   # one unsplit chunk, one label: read from the batch's header array, never through parse
+    src.parse = lambda i, raw: pytest.fail(f"record {i} went through parse")
+    assert [r.label for r in src.parse_batch(common, [raws[i] for i in common])] == [3, -1, 2 ** 31 - 128]
 
 
 def test_realworld_im2rec_batch_parses_as_each_record_does():

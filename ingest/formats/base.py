@@ -175,6 +175,18 @@ def parse_each(source: Any, indices: Sequence[int], raws: Sequence[Any]) -> list
     return [parse_or_error(source, i, raw) for i, raw in zip(indices, raws)]
 
 
+def batch_structs(raws: Sequence[Any], dtype: np.dtype, *, at_end: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The first (``at_end``: last) ``dtype.itemsize`` bytes of each buffer of a batch as one numpy record array,
+    and every buffer's length: a `parse_batch` reads the batch's fixed-size record heads (or tails) in one
+    call. A buffer shorter than that gives a row of zeros; the caller checks the lengths."""
+    size = dtype.itemsize
+    sizes = np.fromiter(map(len, raws), np.int64, len(raws))
+    zeros = bytes(size)
+    parts = [zeros if n < size else memoryview(r)[n - size:] if at_end else memoryview(r)[:size]
+             for r, n in zip(raws, sizes.tolist())]
+    return np.frombuffer(b"".join(parts), dtype), sizes
+
+
 def parse_or_error(source: Any, i: int, raw: Any) -> Any:
     """``source.parse(i, raw)``, or the IngestError or ValueError it raised."""
     return _or_error(source.parse, i, raw)

@@ -62,7 +62,7 @@ from ..errors import ConfigError, CorruptRecordError, SourceError
 from ..io import NATIVE
 from . import _framed
 from ._protos import Datum
-from .base import Field, Location, ProcessLocal, Record, check_index, parse_or_error, read_location
+from .base import Field, Location, ProcessLocal, Record, batch_structs, check_index, parse_or_error, read_location
 from ._images import image_extension
 
 LAYOUTS = ("auto", "ingest", "columnar", "caffe", "images")
@@ -567,6 +567,9 @@ class LMDBSource:
         self._starts = [0, *np.cumsum([db.count for db in self._dbs]).tolist()]   # samples of LMDB k from here
         self._maps = ProcessLocal()   # this source's view of the shared environments (no lookup per read)
         self._labels: np.ndarray | None = None
+        # one LMDB of ours holding an image and an int label: parse_batch reads its records as arrays
+        self._image_label = (len(self._dbs) == 1 and first.layout == "ingest" and [
+            (n, f.kind) for n, f in self.fields.items()] == [("image", "image"), ("label", "int")])
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -621,19 +624,15 @@ class LMDBSource:
         """`parse` of each record (a Record, or the error it raised). Ours with an image and an int label, the
         converter's usual output: every record's head and tail read as two arrays (`_IMAGE_HEAD`,
         `_LABEL_TAIL`); records of other shapes, and other layouts, go through `parse`."""
-        if not raws or len(self._dbs) > 1 or self._dbs[0].layout != "ingest" or list(
-                (n, f.kind) for n, f in self.fields.items()) != [("image", "image"), ("label", "int")]:
+        if not raws or not self._image_label:
             return [parse_or_error(self, i, raw) for i, raw in zip(indices, raws)]
-        sizes = np.fromiter(map(len, raws), np.int64, len(raws))
+        heads, sizes = batch_structs(raws, _IMAGE_HEAD)
+        tails, _ = batch_structs(raws, _LABEL_TAIL, at_end=True)
         head, tail = _IMAGE_HEAD.itemsize, _LABEL_TAIL.itemsize
-        whole = (sizes >= head + tail).tolist()
-        heads = np.frombuffer(b"".join([memoryview(r)[:head] for r, w in zip(raws, whole) if w]), _IMAGE_HEAD)
-        tails = np.frombuffer(b"".join([memoryview(r)[-tail:] for r, w in zip(raws, whole) if w]), _LABEL_TAIL)
-        common, labels = np.zeros(len(raws), bool), np.zeros(len(raws), np.int64)
-        common[whole] = ((heads["magic"] == _framed.MAGIC) & (heads["code"] == _framed.KIND_CODES["image"])
-                         & (heads["length"] == sizes[whole] - head - tail)
-                         & (tails["code"] == _framed.KIND_CODES["int"]) & (tails["length"] == 8))
-        labels[whole] = tails["label"]
+        common = ((sizes >= head + tail) & (heads["magic"] == _framed.MAGIC)
+                  & (heads["code"] == _framed.KIND_CODES["image"]) & (heads["length"] == sizes - head - tail)
+                  & (tails["code"] == _framed.KIND_CODES["int"]) & (tails["length"] == 8))
+        labels = tails["label"]
         return [Record(np.frombuffer(raw, np.uint8, size - head - tail, head), label, {}) if ok
                 else parse_or_error(self, i, raw)
                 for i, raw, ok, size, label in zip(indices, raws, common.tolist(), sizes.tolist(), labels.tolist())]

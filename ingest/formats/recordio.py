@@ -39,7 +39,7 @@ import numpy as np
 from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError
 from ._shards import RecordTable, read_index_rows, resolve_indexes, resolve_shards
-from .base import Field, Location, Record, parse_or_error, read_location
+from .base import Field, Location, Record, batch_structs, parse_or_error, read_location
 
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = MAGIC.to_bytes(4, "little")
@@ -292,11 +292,8 @@ class RecordIOSource:
         chunk, one label) read as one array; the others go through `parse`."""
         if not raws:
             return []
-        size, short = _FIRST.size, bytes(_FIRST.size)
-        heads = np.frombuffer(b"".join([memoryview(r)[:size] if len(r) >= size else short for r in raws]),
-                              _FIRST_DTYPE)
+        heads, sizes = batch_structs(raws, _FIRST_DTYPE)
         ends = heads["lrec"].astype(np.int64) + _CHUNK_HEADER.size
-        sizes = np.fromiter(map(len, raws), np.int64, len(raws))
         common = ((heads["magic"] == MAGIC) & (heads["lrec"] <= _LEN_MASK) & (heads["flag"] == 0)
                   & (_FIRST.size < ends) & (ends <= sizes))
         values = heads["label"].reshape(-1, 1)   # each record's label_values: a row of one array
