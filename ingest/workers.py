@@ -206,6 +206,10 @@ class WorkerPool:
                 held[w] = msg
                 continue
             yield batch
+        # Every batch is out: each worker's end is due, with the failures of a last batch that failed whole.
+        for w in range(self.num_workers):
+            if not done[w] and held[w] is None and self._receive(w, run, failures, stop) is None:
+                return
 
     def _receive(self, w: int, run: int, failures: Failures, stop: threading.Event | None = None):
         """The next message of worker ``w`` for ``run`` (older runs' messages are dropped); the failures
@@ -227,9 +231,10 @@ class WorkerPool:
             if msg[0] == "error":
                 exc, text = msg[2], msg[3]
                 raise exc from RemoteTraceback(text)
-            if msg[0] == "batch":
+            if msg[0] in ("batch", "end"):
                 for name, stage, reason in msg[3]:
                     failures.record(name, stage, reason)
+            if msg[0] == "batch":
                 self.stats[w] = msg[4]
                 msg = ("batch", run, self._own(msg[2]) if self.stages == "all" else
                        unpack_work(msg[2], self._buffers[w], failures, pin=self.device.type == "cuda"))
@@ -347,10 +352,10 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
                 batch = pack_work(pipeline.stage_stats[0].timed(pipeline.read, plan), pipeline.reader, announced)
             else:
                 batch = pipeline.run(plan)   # the default stream (the IPC event's) waits for the batch
+            if batch is None:   # every sample failed: its failures go with the next message
+                continue
             items = pipeline.failures.items[sent:]
             sent += len(items)
-            if batch is None:
-                continue
             if isinstance(batch, Batch):
                 batch = _transport(replace(batch, ready=None))
             stats = {"stages": {s.name: s.counts() for s in pipeline.stage_stats},
@@ -359,7 +364,7 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
                 return
             if isinstance(batch, tuple) and batch[1] is not None and batch[1].buffer is not None:
                 announced.add(batch[1].slot)
-        _send(results, ("end", run), run, commands, stop_runs)
+        _send(results, ("end", run, None, pipeline.failures.items[sent:]), run, commands, stop_runs)
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, re-raised there
         text = traceback.format_exc()
         try:

@@ -380,6 +380,18 @@ def test_worker_processes_match_threads_and_survive_epochs(image_folder, stages,
             assert stats["worker_read"]["batches"] >= 12 and stats["worker_stages"] == "read"
 
 
+@pytest.mark.parametrize("batch_size", [4, 1])   # 1: the bad sample's batch fails whole, its worker skips it
+def test_worker_failures_count_in_every_epoch(image_folder, batch_size):
+    """A failed sample counts against each epoch's budget once, also when its whole batch failed and the
+    worker skipped it (its failures then come with the worker's next message, or with its end)."""
+    (image_folder / "dog" / "0002.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    kw = dict(batch_size=batch_size, ops=train_ops(), shuffle=True, seed=4, max_failures=1)
+    with ingest.Loader(image_folder, num_workers=2, **kw) as loader:
+        for _ in range(4):
+            assert sum(len(y) for _, y in loader) == 20
+            assert [f[0].rsplit("/", 1)[-1] for f in loader.stats()["failures"]] == ["0002.jpg"]
+
+
 @pytest.mark.parametrize("stages", ["all", "read"])
 @pytest.mark.parametrize("cut", [300, 30])   # a truncated scan fails the decode; no frame header, the probe
 def test_worker_errors_reach_the_caller(image_folder, stages, cut):
