@@ -49,6 +49,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+# The ingest of this script's tree first, not whichever one PYTHONPATH or the installed package names, so that
+# a copy of another tree measures that tree (its child processes inherit the path).
+sys.path.insert(0, str(REPO))
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 NUM_CLASSES = 100
