@@ -64,6 +64,78 @@ def test_a_large_batch_split_over_the_pool_keeps_every_file_in_its_place(tmp_pat
             assert np.array_equal(g, e), k
 
 
+def _files(tmp_path, count: int, seed: int) -> tuple[list[Location], list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    locations, datas = [], []
+    for k in range(count):
+        data = rng.integers(0, 256, int(rng.integers(1, 3000)), dtype=np.uint8)
+        data.tofile(tmp_path / f"s{seed}_{k}.bin")
+        locations.append(Location(str(tmp_path / f"s{seed}_{k}.bin"), 0, len(data)))
+        datas.append(data)
+    return locations, datas
+
+
+def test_batches_from_several_threads_at_once_each_get_their_own_bytes(tmp_path, read_engine):
+    """The native reader runs one batch at a time on its kept helper threads; a batch that finds them busy
+    starts threads of its own. Either way every thread's batch is read whole and in place."""
+    import threading
+    jobs = [_files(tmp_path, 40, seed) for seed in range(6)]
+    errors: list = []
+
+    def read(locations, datas):
+        try:
+            with ByteReader("posix", threads=8) as r:
+                for _ in range(30):
+                    got = r.read(locations)
+                    assert all(np.array_equal(g, d) for g, d in zip(got, datas))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+    threads = [threading.Thread(target=read, args=job) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads) and errors == []
+
+
+def test_a_forked_child_reads_with_threads_of_its_own(tmp_path):
+    """A fork taken while another thread's batch runs on the native helper threads: the child has none of
+    them, nor the locks they held at that moment, and its reads start threads of their own and finish (an
+    alarm ends a child that hangs). The Python fallback's thread pool is not fork-safe, as no
+    ThreadPoolExecutor is: ingest's own processes are spawned."""
+    import os
+    import signal
+    import threading
+    from ingest import io as ingest_io
+    if ingest_io.NATIVE is None:
+        pytest.skip("ingest._readv was not built")
+    locations, datas = _files(tmp_path, 64, 9)
+    stop = threading.Event()
+
+    def keep_reading():
+        with ByteReader("posix", threads=8) as r:
+            while not stop.is_set():
+                r.read(locations)
+    busy = threading.Thread(target=keep_reading)
+    busy.start()
+    try:
+        for _ in range(20):
+            pid = os.fork()
+            if pid == 0:   # the child: exit code 0 only if its reads come back right
+                ok = False
+                try:
+                    signal.alarm(20)
+                    with ByteReader("posix", threads=8) as r:
+                        ok = all(np.array_equal(g, d) for _ in range(3) for g, d in zip(r.read(locations), datas))
+                finally:
+                    os._exit(0 if ok else 1)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        stop.set()
+        busy.join()
+
+
 def test_read_into_cpu_tensor(tmp_path, read_engine):
     p = tmp_path / "t.bin"
     np.arange(64, dtype=np.float32).tofile(p)
