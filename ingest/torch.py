@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -210,8 +211,11 @@ class Loader:
                                      self._run)
             stop = threading.Event()
             read = _Received(self._pool.epoch(self.epoch, start, count, self._failures, self._offset, stop), stop)
-        elif self._stream is None and self._streamed is None:
-            plans = _epochs(plans, self.sampler, self.pipeline, self.max_failures, self.epoch)
+        elif self._stream is None:   # a sampler's epochs, or a streamed source's, run on (`_epochs`)
+            sampler, streamed = self.sampler, self._streamed   # not self: the read thread must not hold the Loader
+            plans_of = sampler.batches if streamed is None else partial(streamed.plans, sampler)
+            plans = _epochs(plans, self.epoch, plans_of, self.pipeline,
+                            partial(Failures, self.max_failures, sampler.samples(0, 0)))
         self.pipeline.failures = self._failures
         self.pipeline.with_fields = self.output != "tuple"
         self._executor = Executor(self.pipeline, plans, prefetch=self.prefetch, read=read)
@@ -376,18 +380,19 @@ class Loader:
                 f"decode='{self.decode}', num_workers={self.num_workers}, ops={self.ops!r})")
 
 
-def _epochs(plans: Iterator[BatchPlan], sampler: Sampler, pipeline: Pipeline, max_failures: int | float,
-            epoch: int) -> Iterator[BatchPlan | EpochEnd]:
-    """``plans`` (those of ``epoch``), then each following epoch's from its start, after an `EpochEnd` holding
-    its failure budget. Advanced by the read stage alone, which sets that budget on the pipeline between the
-    two epochs' reads: a batch counts against the budget of the epoch it was read in (`_Work.failures`)."""
+def _epochs(plans: Iterator[BatchPlan], epoch: int, plans_of: Callable[[int, int, int], Iterator[BatchPlan]],
+            pipeline: Pipeline, budget: Callable[[], Failures]) -> Iterator[BatchPlan | EpochEnd]:
+    """``plans`` (those of ``epoch``), then each following epoch's from its start (``plans_of(epoch, 0, 0)``),
+    after an `EpochEnd` holding its failure budget. Advanced by the read stage alone, which sets that budget on
+    the pipeline between the two epochs' reads: a batch counts against the budget of the epoch it was read in
+    (`_Work.failures`)."""
     yield from plans
     while True:
         epoch += 1
-        failures = Failures(max_failures, sampler.samples(0, 0))
+        failures = budget()
         yield EpochEnd(epoch, failures)
         pipeline.failures = failures
-        yield from sampler.batches(epoch, 0, 0)
+        yield from plans_of(epoch, 0, 0)
 
 
 class _Received:

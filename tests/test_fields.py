@@ -186,6 +186,24 @@ def test_streamed_shuffle_is_a_seeded_permutation_per_epoch():
     assert sum(_indices(b), []) == e0
 
 
+def test_streamed_epochs_run_on():
+    """The read stage goes on into a streamed source's next epoch (shards reopened, shuffle buffer refilled)
+    while the last one drains; the next iter() takes it over: the same batches as a fresh loader's epoch."""
+    import gc
+    import threading
+    gc.collect()   # earlier tests' loaders held in reference cycles, and their threads
+    kw = dict(batch_size=5, output="dict", shuffle=True, seed=3, shuffle_buffer=4)
+    loader = ingest.Loader(Gz(), **kw)
+    _indices(loader)
+    reader = [t for t in threading.enumerate() if t.name == "ingest-read"]
+    assert len(reader) == 1
+    fresh = ingest.Loader(Gz(), **kw)
+    fresh.set_epoch(1)
+    assert _indices(loader) == _indices(fresh)
+    assert [t for t in threading.enumerate() if t.name == "ingest-read" and t in reader] == reader   # the same one
+    loader.close(), fresh.close()
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_streamed_shards_cover_the_epoch_with_equal_batch_counts(world):
     loaders = [ingest.Loader(Gz(), batch_size=3, output="dict", shuffle=True, seed=1, shard_id=r,
