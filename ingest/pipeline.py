@@ -724,9 +724,9 @@ class Executor:
     `Batch`es. Where the plans hold an `EpochEnd` between two epochs, iteration stops there (`ended` holds it)
     while the threads go on into the next epoch, and iterating again continues with its batches: the pipeline
     does not drain and refill between epochs. `close()` (also on garbage collection, ``break`` or an exception)
-    stops every thread and leaves none behind. Executors still running when the interpreter exits are closed by an exit hook, before
-    finalization: a stage thread left inside a torch call while the interpreter finalizes aborts the process
-    ("terminate called without an active exception").
+    stops every thread and leaves none behind. Executors still running when the interpreter exits are closed
+    by an exit hook, before finalization: a stage thread left inside a torch call while the interpreter
+    finalizes aborts the process ("terminate called without an active exception").
 
     The ops stage runs its torch CPU ops on the ``ops_threads`` setting's intra-op threads (half the cores
     unless set), not torch's default of every core: the decode pool keeps the cores busy meanwhile, and
