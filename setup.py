@@ -7,6 +7,8 @@
 - ``ingest.formats._wire``: a batch of TFRecord records' ``tf.train.Example`` features located in one call;
   without it `ingest.formats.tfrecord` parses each record with protobuf (which stays the fallback for records
   the scan does not take).
+- ``ingest._random``: a batch's per-sample uniform numbers (`ingest.random.SampleRandom.random`) in one call
+  holding the GIL; without it numpy makes the same numbers, letting the GIL go on large arrays.
 - ``ingest.ops._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
   the same loop through ctypes, slower beside busy Python threads (``ingest.ops._nvimgcodec``).
 
@@ -20,6 +22,7 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 setup(ext_modules=[
     Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("ingest._random", ["ingest/_random.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),

@@ -24,6 +24,11 @@ from typing import Sequence
 
 import numpy as np
 
+try:   # built by setup.py where a C compiler is found: a batch's numbers in one call that keeps the GIL
+    from . import _random as NATIVE
+except ImportError:
+    NATIVE = None
+
 _MASK = (1 << 64) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -116,8 +121,17 @@ class SampleRandom:
         return _combine(h[:, None], np.arange(k, dtype=np.uint64))
 
     def random(self, k: int | None = None) -> np.ndarray:
-        """Uniform float64 in [0, 1), 53 random bits each: ``[B, k]``, or ``[B]`` when k is None."""
-        return (self._bits(k) >> np.uint64(11)).astype(np.float64) * _TO_UNIT
+        """Uniform float64 in [0, 1), 53 random bits each: ``[B, k]``, or ``[B]`` when k is None. Computed by
+        ``ingest._random`` where it was built (the same numbers; numpy's ~15 array operations each let the
+        GIL go on a large batch, which costs a loader in the training process up to a switch interval each)."""
+        if NATIVE is None:
+            return (self._bits(k) >> np.uint64(11)).astype(np.float64) * _TO_UNIT
+        if k is not None and k < 0:
+            raise ValueError(f"`k` must be >= 0, got {k}")
+        out = np.empty(len(self.keys) if k is None else (len(self.keys), k), dtype=np.float64)
+        NATIVE.uniform(np.ascontiguousarray(self.keys), self.calls, -1 if k is None else k, out)
+        self.calls += 1
+        return out
 
     def uniform(self, low: float | np.ndarray, high: float | np.ndarray, k: int | None = None) -> np.ndarray:
         """Uniform in [low, high); bounds are numbers or per-sample ``[B]`` arrays."""

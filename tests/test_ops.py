@@ -151,6 +151,46 @@ def test_random_resized_crop_params_follow_the_procedure():
     assert (cw, ch) == (100, 33) and (t, l) == (33, 0)
 
 
+def _rrc_params_all_attempts_at_once(op, sizes, rngs):
+    """RandomResizedCrop's draw as it was written first: every sample's 10 attempts as [B, 10] arrays."""
+    import math
+    hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    h, w = hw[:, :1], hw[:, 1:]
+    u, at = rngs.random(20), rngs.random(2)
+    lo, hi = math.log(op.ratio[0]), math.log(op.ratio[1])
+    area = h * w * (op.scale[0] + (op.scale[1] - op.scale[0]) * u[:, :10])
+    aspect = np.exp(lo + (hi - lo) * u[:, 10:])
+    cw = np.rint(np.sqrt(area * aspect)).astype(np.int64)
+    ch = np.rint(np.sqrt(area / aspect)).astype(np.int64)
+    ok = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
+    rows, first = np.arange(len(hw)), ok.argmax(axis=1)
+    cw, ch = cw[rows, first], ch[rows, first]
+    h, w = hw[:, 0], hw[:, 1]
+    found = ok.any(axis=1)
+    in_ratio = w / h
+    fw = np.where(in_ratio > op.ratio[1], np.rint(h * op.ratio[1]).astype(np.int64), w)
+    fh = np.where(in_ratio < op.ratio[0], np.rint(w / op.ratio[0]).astype(np.int64), h)
+    cw, ch = np.where(found, cw, fw), np.where(found, ch, fh)
+    top = np.where(found, (at[:, 0] * (h - ch + 1)).astype(np.int64), (h - ch) // 2)
+    left = np.where(found, (at[:, 1] * (w - cw + 1)).astype(np.int64), (w - cw) // 2)
+    return np.stack([top, left, ch, cw], axis=1)
+
+
+@pytest.mark.parametrize("scale,ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 1.0), (2.0, 5.0)),
+                                         ((0.9, 1.0), (0.1, 0.2))])
+def test_random_resized_crop_draws_attempt_by_attempt_as_all_at_once(scale, ratio):
+    """The draw that runs the attempts one after another over the samples still without a fit gives the
+    parameters of the [B, 10] form, for batches above and below numpy's 500-element GIL threshold, sizes from
+    1 pixel up and aspects that force the fallback."""
+    from ingest.random import SampleRandom
+    op = RandomResizedCrop(16, scale=scale, ratio=ratio)
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 256, 700):
+        sizes = [(int(h), int(w)) for h, w in rng.integers(1, 900, (n, 2))]
+        a, b = SampleRandom.keyed(9, n, np.arange(n)), SampleRandom.keyed(9, n, np.arange(n))
+        assert np.array_equal(op.draw(sizes, a), _rrc_params_all_attempts_at_once(op, sizes, b))
+
+
 def test_flips_match_torchvision():
     ims = ragged(6, seed=3)
     for op in [Flip(), HorizontalFlip(), VerticalFlip(), Flip(p=1.0, horizontal=True, vertical=True)]:

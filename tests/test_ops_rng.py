@@ -147,6 +147,39 @@ def test_sample_random_rows_depend_only_on_the_key():
         assert (other.random(6) != a).all()
 
 
+@pytest.mark.parametrize("engine", ["native", "numpy"])
+def test_sample_random_streams_are_fixed(engine, monkeypatch):
+    """The numbers of a key are fixed by the module (pinned here), whether `ingest._random` made them or numpy."""
+    import ingest.random as rnd
+    if engine == "native" and rnd.NATIVE is None:
+        pytest.skip("ingest._random was not built")
+    if engine == "numpy":
+        monkeypatch.setattr(rnd, "NATIVE", None)
+    src = SampleRandom.keyed(11, 4, np.array([7, 12345678901]))
+    assert [x.hex() for x in src.random(3).ravel()] == [
+        "0x1.4a9f77636350cp-3", "0x1.c016dd00424e2p-1", "0x1.6c8801f0cbc46p-1",
+        "0x1.b5837c595ecffp-1", "0x1.1b8ba72ae77a8p-3", "0x1.591e35f21dbdcp-3"]
+    assert [x.hex() for x in src.random()] == ["0x1.4ef9c211e9ae2p-1", "0x1.ce48fb4b8e42cp-1"]
+    assert src.random(0).shape == (2, 0) and src.calls == 3
+
+
+def test_native_numbers_equal_numpys():
+    """`ingest._random` against the numpy arithmetic it replaces, on random keys, call numbers (up to 2**64 - 1)
+    and widths, and on keys that are a strided view."""
+    import ingest.random as rnd
+    if rnd.NATIVE is None:
+        pytest.skip("ingest._random was not built")
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        keys = rng.integers(0, 2 ** 64, int(rng.integers(0, 700)), dtype=np.uint64, endpoint=False)
+        calls = int(rng.choice([0, 1, int(rng.integers(0, 2 ** 63)) * 2 + 1]))
+        k = None if rng.random() < 0.3 else int(rng.integers(0, 25))
+        src = SampleRandom(keys[::-1] if rng.random() < 0.5 else keys, calls=calls)
+        want = (src._bits(k) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+        src.calls = calls
+        assert np.array_equal(src.random(k), want)
+
+
 def test_sample_random_take_and_spawn():
     src = SampleRandom.keyed(1, 0, np.arange(10))
     child = src.spawn()

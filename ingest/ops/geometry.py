@@ -291,27 +291,36 @@ class RandomResizedCrop(GeometryOp):
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
         rngs = per_sample(rngs, len(sizes))
         hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-        h, w = hw[:, :1], hw[:, 1:]
-        # Per sample: 10 areas and 10 aspects, then the position (used if an attempt fits).
+        h, w = hw[:, 0], hw[:, 1]
+        # Per sample: 10 areas and 10 aspects, then the position (used if an attempt fits). The attempts run one
+        # after another over the samples still without a fit, so no array holds more than the batch: numpy lets
+        # the GIL go on arrays of more than 500 elements, which beside a busy thread costs up to a switch interval
+        # each (the [B, 10] form made ~15 such calls per batch).
         u, at = rngs.random(20), rngs.random(2)
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        area = h * w * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, :10])
-        aspect = np.exp(lo + (hi - lo) * u[:, 10:])
-        cw = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # rint: ties to even, like round()
-        ch = np.rint(np.sqrt(area / aspect)).astype(np.int64)
-        ok = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
-        rows, first = np.arange(len(hw)), ok.argmax(axis=1)
-        cw, ch = cw[rows, first], ch[rows, first]
-        h, w = hw[:, 0], hw[:, 1]
-        found = ok.any(axis=1)
+        cw, ch, found = np.zeros(len(hw), np.int64), np.zeros(len(hw), np.int64), np.zeros(len(hw), bool)
+        todo = np.arange(len(hw))
+        for j in range(10):
+            if not len(todo):
+                break
+            area = h[todo] * w[todo] * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[todo, j])
+            aspect = np.exp(lo + (hi - lo) * u[todo, 10 + j])
+            tw = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # rint: ties to even, like round()
+            th = np.rint(np.sqrt(area / aspect)).astype(np.int64)
+            ok = (tw > 0) & (tw <= w[todo]) & (th > 0) & (th <= h[todo])
+            fit = todo[ok]
+            cw[fit], ch[fit], found[fit] = tw[ok], th[ok], True
+            todo = todo[~ok]
         # Fallback: the whole image, narrowed to the nearest allowed aspect.
         in_ratio = w / h
         fw = np.where(in_ratio > self.ratio[1], np.rint(h * self.ratio[1]).astype(np.int64), w)
         fh = np.where(in_ratio < self.ratio[0], np.rint(w / self.ratio[0]).astype(np.int64), h)
         cw, ch = np.where(found, cw, fw), np.where(found, ch, fh)
-        top = np.where(found, (at[:, 0] * (h - ch + 1)).astype(np.int64), (h - ch) // 2)
-        left = np.where(found, (at[:, 1] * (w - cw + 1)).astype(np.int64), (w - cw) // 2)
-        return np.stack([top, left, ch, cw], axis=1).astype(np.int64)
+        out = np.empty((len(hw), 4), dtype=np.int64)   # filled by column: no array of 4 x B
+        out[:, 0] = np.where(found, (at[:, 0] * (h - ch + 1)).astype(np.int64), (h - ch) // 2)
+        out[:, 1] = np.where(found, (at[:, 1] * (w - cw + 1)).astype(np.int64), (w - cw) // 2)
+        out[:, 2], out[:, 3] = ch, cw
+        return out
 
     def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
         oh, ow = self.size
