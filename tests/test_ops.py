@@ -191,6 +191,21 @@ def test_random_resized_crop_draws_attempt_by_attempt_as_all_at_once(scale, rati
         assert np.array_equal(op.draw(sizes, a), _rrc_params_all_attempts_at_once(op, sizes, b))
 
 
+def test_bounds_corner_by_corner_equal_the_four_corners_at_once():
+    """`affine.bounds` on (N,) arrays gives the boxes of the (N, 4) form, for N on both sides of numpy's
+    500-element GIL threshold and maps that rotate, shear, flip and scale."""
+    from ingest.ops.affine import bounds
+    rng = np.random.default_rng(8)
+    for n in (1, 130, 600):
+        m = np.tile(np.eye(3), (n, 1, 1))
+        m[:, :2, :] = rng.normal(0, 3, (n, 2, 3))
+        region = rng.uniform(-50, 500, (n, 4))   # x0 y0 x1 y1 (either corner first: bounds does not care)
+        xs, ys = region[:, [0, 2, 2, 0]], region[:, [1, 1, 3, 3]]
+        px = m[:, 0, 0, None] * xs + m[:, 0, 1, None] * ys + m[:, 0, 2, None]
+        py = m[:, 1, 0, None] * xs + m[:, 1, 1, None] * ys + m[:, 1, 2, None]
+        assert np.array_equal(bounds(m, region), np.stack([px.min(1), py.min(1), px.max(1), py.max(1)], axis=1))
+
+
 def test_flips_match_torchvision():
     ims = ragged(6, seed=3)
     for op in [Flip(), HorizontalFlip(), VerticalFlip(), Flip(p=1.0, horizontal=True, vertical=True)]:

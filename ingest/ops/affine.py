@@ -42,12 +42,16 @@ def eye(n: int) -> np.ndarray:
 
 def bounds(m: np.ndarray, region: np.ndarray) -> np.ndarray:
     """Bounding boxes (N, 4) of the rectangles ``region`` (N, 4) mapped by ``m`` (N, 3, 3): all four corners
-    mapped, then their min and max."""
-    xs = region[:, [0, 2, 2, 0]]
-    ys = region[:, [1, 1, 3, 3]]
-    px = m[:, 0, 0, None] * xs + m[:, 0, 1, None] * ys + m[:, 0, 2, None]
-    py = m[:, 1, 0, None] * xs + m[:, 1, 1, None] * ys + m[:, 1, 2, None]
-    return np.stack([px.min(1), py.min(1), px.max(1), py.max(1)], axis=1)
+    mapped, then their min and max. Corner by corner on (N,) arrays: numpy lets the GIL go on arrays of more
+    than 500 elements, and a batch's (N, 4) ones would be (see `ingest.random`)."""
+    x0, y0, x1, y1 = region[:, 0], region[:, 1], region[:, 2], region[:, 3]
+    out = np.empty((len(m), 4))
+    for axis in (0, 1):
+        a, b, c = m[:, axis, 0], m[:, axis, 1], m[:, axis, 2]
+        p = [a * x + b * y + c for x, y in ((x0, y0), (x1, y0), (x1, y1), (x0, y1))]
+        out[:, axis] = np.minimum(np.minimum(np.minimum(p[0], p[1]), p[2]), p[3])
+        out[:, axis + 2] = np.maximum(np.maximum(np.maximum(p[0], p[1]), p[2]), p[3])
+    return out
 
 
 def map_boxes(steps: Steps, boxes: np.ndarray, owner: np.ndarray) -> np.ndarray:

@@ -126,7 +126,7 @@ def size_list(sizes: Sequence[Size] | np.ndarray) -> list[Size]:
     """``(height, width)`` int pairs from an ``(N, 2)`` array or a sequence of pairs, as a list of tuples
     (through one ``tolist``: no Python int conversion per sample; one tuple repeated when all are equal)."""
     hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-    if len(hw) and (hw == hw[0]).all():
+    if len(hw) and (hw[:, 0] == hw[0, 0]).all() and (hw[:, 1] == hw[0, 1]).all():   # (N,): keeps the GIL
         return [tuple(hw[0].tolist())] * len(hw)
     return list(map(tuple, hw.tolist()))
 
