@@ -55,7 +55,10 @@ class Loader:
     Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
     every other field the source declares (collated by kind, see `ingest.collate`), ``indices`` (dataset
     indices) and ``is_pad`` (padding of the last batch). Every ``iter()``
-    starts the next epoch (or resumes the one `load_state_dict` points into). ``shard_id`` / ``num_shards``
+    starts the next epoch (or resumes the one `load_state_dict` points into). Without worker processes the
+    pipeline reads on into the next epoch while the last one's batches are consumed, as DALI's does: a loader
+    that finished an epoch holds its threads and a few batches until its next epoch or `close()` (or ``with``,
+    or collection). ``shard_id`` / ``num_shards``
     default to the ``torch.distributed`` rank and world size when it is initialized. ``last_batch``: "drop",
     "partial" or "pad" (see `ingest.sampler.Sampler`); by default "pad" when sharded, so that every rank gets
     the same number of batches (like ``DistributedSampler``: repeated samples, marked in ``is_pad``), else
@@ -353,8 +356,9 @@ class Loader:
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Which read and decode paths ran, per-stage busy and CPU seconds (`StageStats`) and queue occupancy,
-        failures (summed over worker processes, if any)."""
+        """Which read and decode paths ran, per-stage busy and CPU seconds (`StageStats`) and queue occupancy
+        (counting the work read ahead into the next epoch), the current epoch's failures (summed over worker
+        processes, if any)."""
         reports = [r for r in (self._pool.stats if self._pool else []) if r]
         totals = [StageStats(name) for name in STAGES]
         paths, read_path = {}, reports[0]["read_path"] if reports else None
