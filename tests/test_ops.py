@@ -206,6 +206,36 @@ def test_bounds_corner_by_corner_equal_the_four_corners_at_once():
         assert np.array_equal(bounds(m, region), np.stack([px.min(1), py.min(1), px.max(1), py.max(1)], axis=1))
 
 
+def test_stacked_matmul_and_compose_equal_the_whole_stack_forms():
+    """`affine.stacked_matmul` (55 matrices per numpy call) gives ``a @ b`` bit for bit, and `compose` of a
+    RandomResizedCrop, a Rotate and a Flip gives the box and matrix of the original (N, 4) / whole-stack
+    formulation, at batch sizes on both sides of numpy's 500-element GIL threshold."""
+    from ingest.ops.affine import bounds, compose, eye, stacked_matmul
+    rng = np.random.default_rng(4)
+    for n in (3, 55, 56, 300, 701):
+        a, b = rng.normal(0, 2, (n, 3, 3)), rng.normal(0, 2, (n, 3, 3))
+        assert np.array_equal(stacked_matmul(a, b), a @ b)
+        sizes = [(int(h), int(w)) for h, w in rng.integers(20, 600, (n, 2))]
+        ops = [RandomResizedCrop(64), Rotate((-30, 30)), Flip()]
+        steps, cur = [], sizes
+        for op in ops:
+            st = op.steps(cur, op.draw(cur, rng))
+            steps.append(st)
+            cur = [tuple(x) for x in st.out_sizes.tolist()]
+        src = np.asarray(sizes, dtype=np.int64)
+        box = np.zeros((n, 4))
+        box[:, 2], box[:, 3] = src[:, 1], src[:, 0]
+        m, at = eye(n), src
+        for st in steps:   # the original formulation
+            if st.resamples.any():
+                region = st.crop if st.crop is not None else np.stack(
+                    [np.zeros(n), np.zeros(n), at[:, 1], at[:, 0]], axis=1).astype(np.float64)
+                box = np.where(st.resamples[:, None], bounds(m, region), box)
+            m, at = m @ st.matrix, st.out_sizes
+        warp = compose(steps, sizes)
+        assert np.array_equal(warp.matrix, m) and np.array_equal(warp.box, box)
+
+
 def test_flips_match_torchvision():
     ims = ragged(6, seed=3)
     for op in [Flip(), HorizontalFlip(), VerticalFlip(), Flip(p=1.0, horizontal=True, vertical=True)]:

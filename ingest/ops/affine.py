@@ -229,28 +229,54 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
     (a crop larger than the image, a paste onto a canvas): taps there read ``fill``, as the padded pixels
     they stand for. Interpolation and antialias come from that op ("nearest" if none: the warp then only
     moves whole pixels); fill from the last op that has one.
+
+    Built from (N,) columns and `stacked_matmul`, so that no numpy call works on more than 500 elements at a
+    batch size up to 500 (see `bounds`).
     """
     src = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     n = len(src)
-    whole = np.zeros((n, 4))
-    whole[:, 2], whole[:, 3] = src[:, 1], src[:, 0]
-    box, m, cur = whole, eye(n), src
+    box = _columns(np.zeros(n), np.zeros(n), src[:, 1], src[:, 0])
+    m, cur = eye(n), src
     resampler, fill = None, None
     for st in steps:
         if st.resamples.any():
-            region = st.crop if st.crop is not None else np.stack(
-                [np.zeros(n), np.zeros(n), cur[:, 1], cur[:, 0]], axis=1).astype(np.float64)
-            box = np.where(st.resamples[:, None], bounds(m, region), box)
+            region = st.crop if st.crop is not None else _columns(np.zeros(n), np.zeros(n), cur[:, 1], cur[:, 0])
+            mapped = bounds(m, region)
+            for c in range(4):
+                box[:, c] = np.where(st.resamples, mapped[:, c], box[:, c])
             resampler = st
         if st.fill is not None:
             fill = st.fill
-        m = m @ st.matrix
+        m = stacked_matmul(m, st.matrix)
         cur = st.out_sizes
     return Warp(m, size_list(cur), box,
                 interpolation=resampler.interpolation if resampler else "nearest",
                 antialias=resampler.antialias if resampler else False,
                 fill=fill if fill is not None else (0.0,),
                 source_sizes=size_list(src))
+
+
+def _columns(*cols: np.ndarray) -> np.ndarray:
+    """An (N, len(cols)) float64 array filled column by column."""
+    out = np.empty((len(cols[0]), len(cols)))
+    for c, col in enumerate(cols):
+        out[:, c] = col
+    return out
+
+
+#: Matrices per `stacked_matmul` call: numpy lets the GIL go on a product of more than 500 output elements.
+_MATMUL_CHUNK = 500 // 9
+
+
+def stacked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` for two (N, 3, 3) stacks, ``_MATMUL_CHUNK`` matrices per numpy call: the same products (each
+    matrix goes through the same numpy kernel either way; tested), without giving the GIL up."""
+    if len(a) <= _MATMUL_CHUNK or a.shape != b.shape:
+        return a @ b
+    out = np.empty((len(a), 3, 3))
+    for lo in range(0, len(a), _MATMUL_CHUNK):
+        out[lo:lo + _MATMUL_CHUNK] = a[lo:lo + _MATMUL_CHUNK] @ b[lo:lo + _MATMUL_CHUNK]
+    return out
 
 
 def identity(sizes: Sequence[Size]) -> Warp:
