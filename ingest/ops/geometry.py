@@ -303,11 +303,12 @@ class RandomResizedCrop(GeometryOp):
         for j in range(10):
             if not len(todo):
                 break
-            area = h[todo] * w[todo] * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[todo, j])
+            ht, wt = h[todo], w[todo]
+            area = ht * wt * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[todo, j])
             aspect = np.exp(lo + (hi - lo) * u[todo, 10 + j])
             tw = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # rint: ties to even, like round()
             th = np.rint(np.sqrt(area / aspect)).astype(np.int64)
-            ok = (tw > 0) & (tw <= w[todo]) & (th > 0) & (th <= h[todo])
+            ok = (tw > 0) & (tw <= wt) & (th > 0) & (th <= ht)
             fit = todo[ok]
             cw[fit], ch[fit], found[fit] = tw[ok], th[ok], True
             todo = todo[~ok]
