@@ -18,6 +18,7 @@ Which paths run are `ByteReader.path` (host) and `ByteReader.device_path` (the l
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from . import defaults
+from ._driver import Staging
 from .errors import ConfigError, CorruptRecordError, SourceError
 from .formats.base import Location
 
@@ -242,6 +244,11 @@ class ByteReader:
             raise short_read(got, nbytes, loc.path, loc.offset)
 
     # -- fixed-size rows of a batch tensor, gathered from shard files ------------------------------
+    @functools.cached_property
+    def _staging(self) -> Staging:
+        """Pinned buffers for a CUDA batch's rows read with preadv, copied up with the GIL kept."""
+        return Staging(slots=3)
+
     def read_rows(self, paths: Sequence[str], files: np.ndarray, offsets: np.ndarray, out: torch.Tensor, *,
                   handles=None) -> None:
         """Fill every row ``out[k]`` (``out[0].nbytes`` bytes) with the bytes of ``paths[files[k]]`` from byte
@@ -266,42 +273,47 @@ class ByteReader:
         if not len(files) == len(offsets) == (out.shape[0] if out.dim() else -1):
             raise ValueError(f"read_rows: {len(files)} files and {len(offsets)} offsets for "
                              f"{out.shape[0] if out.dim() else 0} rows of out")
-        flat = out.view(torch.uint8).reshape(len(offsets), -1)
-        if flat.numel() == 0:
+        n = len(offsets)
+        row = out.numel() * out.element_size() // n if n else 0   # no view or reshape: each gives the GIL up
+        if row == 0:
             return
         own = handles is None
         handles = file_handles() if own else handles
-        plan = plan_rows(files, offsets, flat.shape[1])
+        plan = plan_rows(files, offsets, row)
         large = np.zeros(len(plan.nbytes), dtype=bool)
         if (self.device_path if out.is_cuda else self.path) == "kvikio":
             large = plan.nbytes >= self._kvikio_min_read
         try:
-            if large.any():
-                self._rows_kvikio(paths, plan.runs(np.flatnonzero(large)), flat, handles)
-            if not large.all() and out.is_cuda:
-                self._rows_staged(paths, plan, ~large, flat, handles)
-            elif not large.all():
-                self._rows_posix(paths, plan, ~large, flat.numpy(), None, handles)
+            some = large.any()
+            if some:
+                self._rows_kvikio(paths, plan.runs(np.flatnonzero(large)), _rows_of(out, n), handles)
+            if some and large.all():
+                pass
+            elif some and out.is_cuda:
+                self._rows_some_staged(paths, plan, ~large, _rows_of(out, n), handles)
+            elif out.is_cuda:
+                staged = self._staging.take(n * row).reshape(n, row)
+                self._rows_posix(paths, plan, ~large, staged, None, handles)
+                self._staging.upload(staged, out, torch.cuda.current_stream(out.device))
+            else:
+                self._rows_posix(paths, plan, ~large, _rows_of(out, n).numpy(), None, handles)
         finally:
             if own:
                 handles.close()
 
-    def _rows_staged(self, paths: Sequence[str], plan: "RowPlan", which: np.ndarray, flat: torch.Tensor,
-                     handles) -> None:
-        """Read the runs ``which`` (a mask over ``plan``'s runs) into a pinned host buffer holding just their
-        rows, in batch order, then copy it into ``flat`` (CUDA) on the current stream: as it is when the runs
-        hold every row, else by row index."""
+    def _rows_some_staged(self, paths: Sequence[str], plan: "RowPlan", which: np.ndarray, flat: torch.Tensor,
+                          handles) -> None:
+        """Read the runs ``which`` (a mask over ``plan``'s runs, not all of them: KvikIO read the others) into
+        a pinned host buffer holding just their rows, in batch order, then copy them by row index into ``flat``
+        (CUDA, ``[rows, row bytes]``) on the current stream."""
         rows = np.sort(plan.order[which[plan.run_of]])
         slot = np.empty(flat.shape[0], dtype=np.int64)
         slot[rows] = np.arange(len(rows))
         staging = torch.empty((len(rows), flat.shape[1]), dtype=torch.uint8, pin_memory=True)
         self._rows_posix(paths, plan, which, staging.numpy(), slot, handles)
         # non_blocking: the pinned block stays reserved until the copy is done
-        if len(rows) == flat.shape[0]:
-            flat.copy_(staging, non_blocking=True)
-        else:
-            index = torch.from_numpy(rows).to(flat.device, non_blocking=True)
-            flat.index_copy_(0, index, staging.to(flat.device, non_blocking=True))
+        index = torch.from_numpy(rows).to(flat.device, non_blocking=True)
+        flat.index_copy_(0, index, staging.to(flat.device, non_blocking=True))
 
     def _rows_posix(self, paths: Sequence[str], plan: "RowPlan", which: np.ndarray, rows: np.ndarray,
                     slot: np.ndarray | None, handles) -> None:
@@ -518,6 +530,11 @@ class RowPlan(NamedTuple):
             out.append(Run(int(self.file[r]), offset, int(self.nbytes[r]), self.order[a:b],
                            self.pos[a:b] - offset if b - a > 1 else _ZERO, bool(self.dense[r])))
         return out
+
+
+def _rows_of(out: torch.Tensor, n: int) -> torch.Tensor:
+    """``out`` as ``[n, row bytes]`` uint8 (a view)."""
+    return out.view(torch.uint8).reshape(n, -1)
 
 
 def plan_rows(files: np.ndarray, offsets: np.ndarray, row: int, *, gap: int = COALESCE_GAP,

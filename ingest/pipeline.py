@@ -41,7 +41,7 @@ from . import defaults
 from .errors import ConfigError, CorruptRecordError, FailureBudgetExceeded, IngestError
 from .collate import collate, to_device
 from .formats.base import Location, Record, Source, fields_of, locate_each, parse_each
-from ._events import recorded
+from ._driver import Staging, recorded
 from .io import ByteReader
 from .ops import planner
 from .ops.base import ImageArena, bind_thread, stack_if_uniform
@@ -64,7 +64,7 @@ class Batch:
     indices: torch.Tensor                      # int64 dataset indices (CPU)
     is_pad: torch.Tensor                       # bool (CPU): True where the sample only pads the last batch
     fields: dict[str, Any] = field(default_factory=dict)   # every other declared field, collated by kind
-    ready: Any = None      # an event (`ingest._events`) recorded on the ops stream after the batch is complete
+    ready: Any = None      # an event (`ingest._driver`) recorded on the ops stream after the batch is complete
     number: int = 0                            # batch number within the epoch (this shard)
 
 
@@ -83,7 +83,7 @@ class _Work:
     images: Any = None
     origins: list[tuple[int, int]] | None = None
     failed: list[int] = field(default_factory=list)   # positions whose decode failed (dummy image in place)
-    ready: Any = None   # an event (`ingest._events`) on the decode stream after the decode (or upload)
+    ready: Any = None   # an event (`ingest._driver`) on the decode stream after the decode (or upload)
     lane: int = 0                                     # the decode lane (decoder and stream) that decoded it
     labels: np.ndarray | None = None                  # the batch's labels when known without records
     boxes: list[np.ndarray] | None = None             # each sample's boxes as absolute ltrb (detection)
@@ -197,6 +197,12 @@ class Pipeline:
                 else:
                     self.lanes = [(None, torch.cuda.Stream(self.device)) for _ in range(lanes)]
         self.decode_stream = self.lanes[0][1]   # raw shards read straight to the GPU queue their reads here
+        # The stream the batches are used on (the iterating thread's current stream when an executor starts;
+        # None: unknown). The ops stage marks each output tensor as used there (`record_stream`), so the
+        # training loop's thread does not pay that torch call per batch; it does where it uses another stream.
+        self.consumer_stream: torch.cuda.Stream | None = None
+        self._staging = Staging()   # label uploads (GIL kept)
+        self._spare_direct: list[tuple[torch.Tensor, Any]] = []   # direct-read batch tensors handed back
         self._counts = threading.Lock()
         self._labels = source.labels() if self.direct else None
         # Detection: a "boxes" field (ltrb or xywh, absolute or relative, as the source says) follows the
@@ -252,7 +258,7 @@ class Pipeline:
         # On the decode stream (idle here): KvikIO writes outside torch's streams, so the read first waits for
         # the work queued on the current stream, which must not be the training loop's.
         with torch.cuda.stream(self.decode_stream) if self.decode_stream is not None else _nothing():
-            out = self.source.batch_buffer(len(idx), self.device, pin_memory=False)
+            out = self._direct_buffer(len(idx))
             self.source.read_batch(idx, out, self.reader)
         labels = self._labels[idx] if len(self._labels) else np.full(len(idx), -1, dtype=np.int64)
         # No per-sample Python objects: names are made only if a message needs one, records are all alike.
@@ -261,10 +267,24 @@ class Pipeline:
         work.sizes = [tuple(out.shape[1:3])] * len(idx)
         work.images = out
         if self.device.type == "cuda":
-            out.record_stream(self.ops_stream)  # allocated on the decode stream, used and freed on the ops stream
             work.ready = recorded(self.decode_stream)
         self._count_paths({"none (raw, direct read)": len(idx)})
         return work
+
+    def _direct_buffer(self, n: int) -> torch.Tensor:
+        """A ``[n, *shape]`` tensor for a direct read: one the ops stage handed back (`transform`: the ops wrote
+        their output elsewhere), its reuse queued after the ops that read it, else a new one. Reusing them saves
+        the allocation and `record_stream` per batch, torch calls that each give the GIL up."""
+        if self._spare_direct:
+            out, done = self._spare_direct.pop()
+            if out.shape[0] == n:
+                if done is not None:
+                    done.wait(self.decode_stream)
+                return out
+        out = self.source.batch_buffer(n, self.device)
+        if self.device.type == "cuda":
+            out.record_stream(self.ops_stream)  # allocated on the decode stream, used and freed on the ops stream
+        return out
 
     def _read_raw(self, idx: list[int]) -> list:
         """Bytes of each sample: one buffer, or a tuple of buffers for a sample of several byte ranges
@@ -400,8 +420,9 @@ class Pipeline:
         failed = set(work.failed)
         keep = [k for k in range(len(work.records)) if k not in failed]
         names = [work.names[k] for k in keep] if self.extra_fields and self.with_fields else []   # for messages
-        labels = torch.from_numpy(work.labels[keep] if work.labels is not None else
-                                  np.array([work.records[k].label for k in keep], dtype=np.int64))
+        host_labels = np.ascontiguousarray(work.labels[keep] if work.labels is not None else
+                                           np.array([work.records[k].label for k in keep], dtype=np.int64))
+        labels = torch.from_numpy(host_labels)
         if self.ops_stream is not None:
             with torch.cuda.stream(self.ops_stream):
                 if work.ready is not None:
@@ -410,17 +431,25 @@ class Pipeline:
                 values = self._targets(work)
                 fields = self._collate([values[k] for k in keep], names, work, keep)
                 if not self.labels_on_host:
-                    labels = labels.pin_memory().to(self.device, non_blocking=True)
+                    labels = torch.empty(labels.shape, dtype=labels.dtype, device=self.device)
+                    if len(host_labels):
+                        self._staging.copy(host_labels, labels, self.ops_stream)
                     fields = to_device(fields, self.device)
                 ready = recorded(self.ops_stream)
+                if self.consumer_stream is not None:   # see `consumer_stream`
+                    for t in cuda_tensors((images, labels, fields)):
+                        t.record_stream(self.consumer_stream)
             # Decoded images may be views of nvImageCodec memory, freed in order on the decode stream(s)
             # once `work` is dropped: order those frees after the ops that read them.
             gpu, stream = self.lanes[work.lane]
             stream.wait_event(ready)
+            free = not _shares_memory(images, work.images)   # the ops wrote new memory: the input is free
             if gpu is not None:
                 gpu.hold_until(ready)
-                if not _shares_memory(images, work.images):   # the ops wrote new memory: the arena is free
+                if free:
                     gpu.recycle(work.images)
+            elif free and self.direct and len(self._spare_direct) < 2:
+                self._spare_direct.append((work.images, ready))
         else:
             images, ready = _select_rows(self._execute(work), keep, failed), None
             values = self._targets(work)
@@ -535,15 +564,31 @@ def _select(work: _Work, keep: list[int]) -> _Work:
 _NO_FIELDS = Record(None)
 
 
+def cuda_tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The CUDA tensors in a batch value (tensors, lists, tuples and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from cuda_tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from cuda_tensors(v)
+
+
 def _shares_memory(images: Any, decoded: Any) -> bool:
-    """Whether a batch's output ``images`` may still be (or view) its ``decoded`` images' arena: True unless the
-    output is one tensor in other memory."""
-    if not isinstance(decoded, ImageArena):
+    """Whether a batch's output ``images`` may still be (or view) its ``decoded`` images' arena or batch tensor:
+    True unless the output is one tensor in other memory."""
+    if isinstance(decoded, ImageArena):
+        start, size = decoded.storage.data_ptr(), decoded.storage.numel()
+    elif isinstance(decoded, torch.Tensor):   # a direct read's batch tensor
+        start, size = decoded.data_ptr(), decoded.numel() * decoded.element_size()
+    else:
         return True
     if not isinstance(images, torch.Tensor):
         return True
-    start = decoded.storage.data_ptr()
-    return start <= images.data_ptr() < start + decoded.storage.numel()
+    return start <= images.data_ptr() < start + size
 
 
 class _Names:

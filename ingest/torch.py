@@ -19,7 +19,7 @@ from .formats import detect, open_source
 from .formats.base import Location, Record, Source, check_index, fields_of
 from .formats.filetree import IMAGE_EXTENSIONS
 from .formats.memory import MemorySource
-from .pipeline import STAGES, Batch, EpochEnd, Executor, Failures, Pipeline, StageStats, resolve_device
+from .pipeline import STAGES, Batch, EpochEnd, Executor, Failures, Pipeline, StageStats, cuda_tensors, resolve_device
 from .sampler import BatchPlan, Sampler
 from .stream import DEFAULT_BUFFER, StreamedSource
 from .workers import STAGES as WORKER_STAGES
@@ -160,6 +160,7 @@ class Loader:
         # The in-process executor. It runs on into the next epoch when one ends (`_epochs`): a new `iter()` that
         # asks for that epoch from its start takes it over (`_chained`); anything else closes it.
         self._executor: Executor | None = None
+        self._marked: torch.cuda.Stream | None = None   # see `_deliver`
         self._failures: Failures | None = None
 
     def _check_read_stage(self) -> None:
@@ -205,6 +206,9 @@ class Loader:
         # A fractional budget is a share of the samples this epoch reads (None: unknown, for a stream).
         self._failures = Failures(self.max_failures, self.sampler.samples(start, self._offset) if self._stream is None else None)
         read = None
+        self._marked = None   # the stream this process's ops stage marks the outputs for (`Pipeline.consumer_stream`)
+        if self.pipeline is not None:
+            self.pipeline.consumer_stream = None
         if self.num_workers:
             if self._pool is None:
                 self._pool = WorkerPool(self._spec, self.num_workers)
@@ -221,6 +225,8 @@ class Loader:
                             partial(Failures, self.max_failures, sampler.samples(0, 0)))
         self.pipeline.failures = self._failures
         self.pipeline.with_fields = self.output != "tuple"
+        if self.device.type == "cuda":
+            self._marked = self.pipeline.consumer_stream = torch.cuda.current_stream(self.device)
         self._executor = Executor(self.pipeline, plans, prefetch=self.prefetch, read=read)
         return self._iterate(self._executor, self._run)
 
@@ -258,8 +264,9 @@ class Loader:
         if batch.ready is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(batch.ready)
-            for t in _cuda_tensors((batch.images, batch.labels, batch.fields)):
-                t.record_stream(stream)
+            if stream != self._marked:   # else the ops stage marked them (`Pipeline.consumer_stream`)
+                for t in cuda_tensors((batch.images, batch.labels, batch.fields)):
+                    t.record_stream(stream)
         if self.output == "tuple":
             return batch.images, batch.labels
         return {"images": batch.images, "labels": batch.labels, **batch.fields, "indices": batch.indices,
@@ -477,19 +484,6 @@ def _is_path(source: Any) -> bool:
         return True
     return isinstance(source, (list, tuple)) and bool(source) and all(isinstance(p, (str, os.PathLike))
                                                                       for p in source)
-
-
-def _cuda_tensors(value: Any) -> Iterator[torch.Tensor]:
-    """The CUDA tensors in a batch value (tensors, lists, tuples and dicts of them)."""
-    if isinstance(value, torch.Tensor):
-        if value.is_cuda:
-            yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _cuda_tensors(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _cuda_tensors(v)
 
 
 def _distributed_rank() -> tuple[int, int]:

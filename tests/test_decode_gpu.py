@@ -313,8 +313,8 @@ def test_a_recycled_arena_takes_the_next_batch_and_only_when_handed_back(gpu):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_driver_events_order_streams_like_torch_events():
-    """`ingest._events.Event` (the GIL kept) orders a stream after another's work, as torch's event does."""
-    from ingest._events import Event, _driver, new_event
+    """`ingest._driver.Event` (the GIL kept) orders a stream after another's work, as torch's event does."""
+    from ingest._driver import Event, _driver, new_event
     assert _driver() is not None and isinstance(new_event(), Event)
     first, second = torch.cuda.Stream(), torch.cuda.Stream()
     out = torch.zeros(1 << 20, device="cuda")

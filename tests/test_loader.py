@@ -73,9 +73,9 @@ def test_the_ops_output_frees_the_decoded_arena_only_when_it_is_other_memory():
 
 
 def test_events_fall_back_to_torch_without_the_cuda_driver(monkeypatch):
-    from ingest import _events
-    monkeypatch.setattr(_events, "_driver", lambda: None)
-    assert isinstance(_events.new_event(), torch.cuda.Event)
+    from ingest import _driver
+    monkeypatch.setattr(_driver, "_driver", lambda: None)
+    assert isinstance(_driver.new_event(), torch.cuda.Event)
 
 
 def test_same_seed_same_batches_and_epochs_differ(image_folder):
@@ -626,3 +626,12 @@ def test_auto_workers_only_where_python_work_per_sample_feeds_a_gpu(monkeypatch)
     assert auto_workers(cpu, "cpu", plain) == 0 and auto_workers(cpu, "cpu", boxes) == 0
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert auto_workers(cuda, "cpu", plain) == 1
+
+
+def test_shares_memory_of_a_direct_read_batch_tensor():
+    """A raw batch tensor goes back for reuse only when the ops' output is one tensor in other memory."""
+    from ingest.pipeline import _shares_memory
+    read = torch.zeros(4, 8, 8, 3, dtype=torch.uint8)
+    assert _shares_memory(read, read) and _shares_memory(read[1:], read) and _shares_memory(read[:, 2:6], read)
+    assert not _shares_memory(torch.zeros(4, 3, 4, 4), read)
+    assert _shares_memory([read[0], read[1]], read)   # a list of views: not handed back

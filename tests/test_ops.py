@@ -630,11 +630,11 @@ def kernel_on_cpu(tmp_path_factory):
                                    coefficients)
         dtype = normalize.dtype if normalize else torch.uint8
         nchw = normalize is not None and normalize.layout == "NCHW"
-        out = torch.empty(int(packed.count.sum()), dtype=dtype)
+        out, result = _warp_kernel.output(packed, dtype, "cpu", nchw)
         lib.run(["nearest", "bilinear", "bicubic"].index(w.interpolation), *packed.grid,
                 packed.ip.ctypes.data, packed.fp.ctypes.data, out.data_ptr(), c,
                 _warp_kernel._KINDS[dtype], int(nchw), int(normalize is not None))
-        return _warp_kernel.views(out, packed, nchw)
+        return result
 
     return run
 

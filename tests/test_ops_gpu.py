@@ -193,3 +193,23 @@ def test_reference_runs_on_cuda():
     a = reference(ims, p.warp, epilogue=p.stages[0].epilogue.epilogue(3))
     b = reference(host, p.warp, epilogue=p.stages[0].epilogue.epilogue(3))
     assert a.is_cuda and torch.allclose(a.cpu(), b, atol=1.01 / min(IMAGENET["std"]))
+
+
+def test_warp_arguments_buffer_is_reused_in_stream_order():
+    """The kernel arguments go through one device buffer per stream (`_warp_kernel._arguments`): batches of
+    different sizes launched back to back behind a long GPU delay give what each gives launched alone."""
+    from ingest.ops import run_ops
+    stream = torch.cuda.Stream()
+    batches = [[torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, device="cuda") for h, w in sizes]
+               for sizes in ([(40, 60), (33, 21)], [(64, 64)] * 5, [(25, 80), (90, 30), (50, 50)])]
+    ops = [RandomResizedCrop(16)]
+    wants = []
+    for k, batch in enumerate(batches):
+        wants.append(run_ops(ops, batch, rng=k).cpu())
+        torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)
+        gots = [run_ops(ops, batch, rng=k) for k, batch in enumerate(batches)]
+    stream.synchronize()
+    for want, got in zip(wants, gots):
+        assert torch.equal(want, got.cpu())

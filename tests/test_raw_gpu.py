@@ -12,6 +12,7 @@ from conftest import requires_cuda, textured
 from ingest.formats import Field, Record
 from ingest.formats.raw import RawSource, RawWriter
 from ingest.io import READ_CHUNK, ByteReader
+from ingest.pipeline import Pipeline
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 
@@ -173,3 +174,94 @@ def test_cuda_loaders_run_in_this_process_by_default(tmp_path, image_folder):
         raw.close()
         jpegs.close()
         cpu_decode.close()
+
+
+def test_raw_loader_reuses_its_batch_tensors_and_matches_the_cpu_loader(tmp_path, monkeypatch):
+    """The ops stage hands each direct-read batch tensor back once the ops wrote their output elsewhere, and the
+    read stage reads the next batches into it (`Pipeline._direct_buffer`): a handful of allocations over three
+    epochs, the reuse ordered after the ops that read it, and every batch equal to the CPU loader's."""
+    import ingest
+    from ingest.ops import Flip, Normalize, RandomResizedCrop
+    images = images_of(48, 40, 40)
+    (tmp_path / "raw").mkdir()
+    write(tmp_path / "raw", images, shards=2)
+    made = []
+    real = RawSource.batch_buffer
+
+    def counted(self, n, device="cpu", **kw):
+        made.append(str(device))
+        return real(self, n, device, **kw)
+    monkeypatch.setattr(RawSource, "batch_buffer", counted)
+    transform = Pipeline.transform
+
+    def behind(self, work):   # the ops stream far behind the host: a reuse must wait for the ops' reads
+        if self.ops_stream is not None:
+            with torch.cuda.stream(self.ops_stream):
+                torch.cuda._sleep(5_000_000)
+        return transform(self, work)
+    monkeypatch.setattr(Pipeline, "transform", behind)
+    ops = [RandomResizedCrop(24), Flip(), Normalize([120.0] * 3, [60.0] * 3)]
+    kw = dict(batch_size=8, ops=ops, shuffle=True, seed=3, num_workers=0)
+    root = str(tmp_path / "raw")
+    gpu, cpu = ingest.Loader(root, device="cuda", **kw), ingest.Loader(root, device="cpu", **kw)
+    try:
+        for _ in range(3):
+            for (xg, yg), (xc, yc) in zip(gpu, cpu):
+                assert torch.equal(yg.cpu(), yc)
+                assert torch.allclose(xg.cpu(), xc, atol=0.05), float((xg.cpu() - xc).abs().max())
+    finally:
+        gpu.close()
+        cpu.close()
+    assert made.count("cuda:0") + made.count("cuda") <= 4, made   # 18 batches read into at most 4 tensors
+
+
+def test_staging_uploads_in_order_and_reuses_a_buffer_only_after_its_copy(monkeypatch):
+    """`Staging` (copies queued with the GIL kept) lands each array where asked, with the GPU far behind the
+    host: a ring buffer's next user waits for its last copy. Without the CUDA driver it copies with torch."""
+    from ingest import _driver
+    for driver in (True, False):
+        if not driver:
+            monkeypatch.setattr(_driver, "_driver", lambda: None)
+        staging, stream = _driver.Staging(slots=2), torch.cuda.Stream()
+        dst = torch.zeros((6, 1000), dtype=torch.int64, device="cuda")
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(100_000_000)   # the copies below are queued behind ~50+ ms of GPU time
+        for k in range(6):
+            staging.copy(np.full(1000, k + 1, dtype=np.int64), dst, stream, offset=k * 8000)
+        half = staging.take(4000)
+        half[:] = 9
+        staging.upload(half, dst[5], stream, offset=4000)
+        stream.synchronize()
+        want = torch.arange(1, 7).repeat_interleave(1000).view(6, 1000)
+        want[5, 500:] = 9 * 0x0101010101010101
+        assert torch.equal(dst.cpu(), want), driver
+
+
+def test_ops_stage_marks_the_outputs_for_the_training_loops_stream(tmp_path, monkeypatch):
+    """The outputs are marked as used on the iterating thread's stream (`record_stream`) by the ops stage, not by
+    the training loop's thread; a loop that switches streams gets its batches marked for the new one."""
+    import threading
+    import ingest
+    (tmp_path / "raw").mkdir()
+    write(tmp_path / "raw", images_of(32))
+    calls = []
+    real = torch.Tensor.record_stream
+
+    def spy(self, stream):
+        calls.append((threading.current_thread().name, stream.cuda_stream))
+        return real(self, stream)
+    monkeypatch.setattr(torch.Tensor, "record_stream", spy)
+    loader = ingest.Loader(str(tmp_path / "raw"), batch_size=4, device="cuda", num_workers=0)
+    try:
+        it = iter(loader)
+        main = torch.cuda.current_stream().cuda_stream
+        for _ in range(3):
+            next(it)
+        on_main = [who for who, s in calls if s == main]
+        assert on_main and set(on_main) == {"ingest-ops"}, calls
+        other = torch.cuda.Stream()
+        with torch.cuda.stream(other):
+            x, y = next(it)
+        assert ("MainThread", other.cuda_stream) in calls
+    finally:
+        loader.close()

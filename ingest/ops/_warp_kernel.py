@@ -16,6 +16,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
+from .._driver import Staging
 from .base import ImageArena, device_and_channels
 
 SOURCE = r"""
@@ -293,38 +294,58 @@ def pack(images: torch.Tensor | list[torch.Tensor] | ImageArena, out_sizes: Sequ
     return Packed(buf, ip, fp, out_hw, count, c, grid)
 
 
-def views(out: torch.Tensor, packed: Packed, nchw: bool) -> torch.Tensor | list[torch.Tensor]:
-    """The flat output buffer as ``[N, ...]`` when all samples share a size, else a list of views."""
-    n, c = len(packed.out_hw), packed.channels
-
-    def shape(h: int, w: int) -> tuple[int, int, int]:
-        return (c, h, w) if nchw else (h, w, c)
-
-    if (packed.out_hw == packed.out_hw[0]).all():
-        return out.view((n,) + shape(*packed.out_hw[0]))
-    return [part.view(shape(h, w)) for part, (h, w) in zip(out.split(packed.count.tolist()),
-                                                            packed.out_hw.tolist())]
+def output(packed: Packed, dtype: torch.dtype, device: torch.device | str, nchw: bool
+           ) -> tuple[torch.Tensor, torch.Tensor | list[torch.Tensor]]:
+    """A new buffer the kernel writes a batch's output to, and the output as the caller gets it: that buffer
+    as ``[N, ...]`` when all samples share a size (allocated in that shape: a view would be one more torch
+    call, and each gives the GIL up), else a list of views of it, one per sample."""
+    n, c, hw = len(packed.out_hw), packed.channels, packed.out_hw
+    if n and (hw == hw[0]).all():
+        h, w = int(hw[0, 0]), int(hw[0, 1])
+        out = torch.empty((n, c, h, w) if nchw else (n, h, w, c), dtype=dtype, device=device)
+        return out, out
+    out = torch.empty(int(packed.count.sum()), dtype=dtype, device=device)
+    return out, [part.view((c, h, w) if nchw else (h, w, c))
+                 for part, (h, w) in zip(out.split(packed.count.tolist()), hw.tolist())]
 
 
 def launch(images: torch.Tensor | list[torch.Tensor], out_sizes: Sequence[tuple[int, int]], setup, interpolation: str,
            fill: Sequence[float], coefficients: tuple[Sequence[float], Sequence[float]] | None,
            dtype: torch.dtype, nchw: bool) -> torch.Tensor | list[torch.Tensor]:
-    """Run the warp kernel on CUDA ``images`` on the current torch stream; returns the output as
-    :func:`views` of one new buffer of ``dtype``."""
+    """Run the warp kernel on CUDA ``images`` on the current torch stream; returns the output as one new
+    ``[N, ...]`` tensor of ``dtype`` when all samples share a size, else as views of one (:func:`output`)."""
     cupy = _state["cupy"]
     device, channels = device_and_channels(images)
     packed = pack(images, out_sizes, setup, fill, coefficients)
-    out = torch.empty(int(packed.count.sum()), dtype=dtype, device=device)
+    out, result = output(packed, dtype, device, nchw)
     if out.numel():
-        # One pinned upload, truly asynchronous (from pageable memory the driver may wait for the stream).
-        # Torch's caching host allocator keeps the pinned block until the copy has run.
-        args_d = torch.from_numpy(packed.buf).pin_memory().to(device, non_blocking=True)
+        # The arguments go up through pinned staging with the GIL kept (`ingest._driver.Staging`) into this
+        # stream's argument buffer: the next batch's copy is queued on the same stream, after this kernel.
+        stream = torch.cuda.current_stream(device)
+        args_d = _arguments(device, stream, packed.buf.nbytes)
+        _STAGING.copy(packed.buf, args_d, stream)
         ip = args_d.data_ptr()
         args = (np.uint64(ip), np.uint64(ip + packed.ip.nbytes), np.uint64(out.data_ptr()),
                 np.int32(channels), np.int32(_KINDS[dtype]), np.int32(nchw),
                 np.int32(coefficients is not None))
-        stream = torch.cuda.current_stream(device).cuda_stream
-        with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream, device.index):
+        with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream.cuda_stream, device.index):
             _function(interpolation)(packed.grid, _BLOCK, args)
-        # args_d goes back to torch's caching allocator on this stream: reuse is ordered after the kernel.
-    return views(out, packed, nchw)
+    return result
+
+
+#: Pinned staging for the kernel arguments, and each stream's device buffer for them, kept and grown: a
+#: pinned tensor plus a device copy per batch were two torch calls (each gives the GIL up) and two allocations.
+_STAGING = Staging()
+_ARGUMENTS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _arguments(device: torch.device, stream: torch.cuda.Stream, nbytes: int) -> torch.Tensor:
+    """The argument buffer of ``stream`` (at least ``nbytes``). Only work queued on that stream uses it, in
+    order, so it is overwritten only after the kernels that read it. A stream handle the driver reuses after its
+    stream was destroyed (with its work run) takes the buffer over."""
+    key = (device.index, stream.cuda_stream)
+    buffer = _ARGUMENTS.get(key)
+    if buffer is None or buffer.numel() < nbytes:
+        with torch.cuda.stream(stream):
+            buffer = _ARGUMENTS[key] = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, device=device)
+    return buffer
