@@ -188,7 +188,7 @@ class Pipeline:
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):   # the caller's current device is left as it was
                 self.ops_stream = torch.cuda.Stream(self.device)
-                if decode == "mixed":
+                if decode == "mixed" and self.image_kind == "image" and not self.direct:   # a decoder only for JPEGs
                     from .ops.decode_gpu import GpuDecoder, cpu_threads_each
                     each = defaults.get("gpu_decoders")
                     self.lanes = [(GpuDecoder(self.device, self.cpu, threads=each,
@@ -443,17 +443,16 @@ class Pipeline:
             # once `work` is dropped: order those frees after the ops that read them.
             gpu, stream = self.lanes[work.lane]
             stream.wait_event(ready)
-            free = not _shares_memory(images, work.images)   # the ops wrote new memory: the input is free
             if gpu is not None:
                 gpu.hold_until(ready)
-                if free:
+                if not _shares_memory(images, work.images):   # the ops wrote new memory: the arena is free
                     gpu.recycle(work.images)
-            elif free and self.direct and len(self._spare_direct) < 2:
-                self._spare_direct.append((work.images, ready))
         else:
             images, ready = _select_rows(self._execute(work), keep, failed), None
             values = self._targets(work)
             fields = self._collate([values[k] for k in keep], names, work, keep)
+        if self.direct and len(self._spare_direct) < 2 and not _shares_memory(images, work.images):
+            self._spare_direct.append((work.images, ready))   # for the next reads (`_direct_buffer`)
         indices = torch.from_numpy(np.ascontiguousarray(work.indices[keep]))
         is_pad = torch.from_numpy(np.ascontiguousarray(work.is_pad[keep]))
         return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)

@@ -205,11 +205,21 @@ def test_warp_arguments_buffer_is_reused_in_stream_order():
     ops = [RandomResizedCrop(16)]
     wants = []
     for k, batch in enumerate(batches):
-        wants.append(run_ops(ops, batch, rng=k).cpu())
+        wants.append(run_ops(ops, batch, rng=k, device_kind="cuda").cpu())
         torch.cuda.synchronize()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(100_000_000)
-        gots = [run_ops(ops, batch, rng=k) for k, batch in enumerate(batches)]
+        gots = [run_ops(ops, batch, rng=k, device_kind="cuda") for k, batch in enumerate(batches)]
     stream.synchronize()
     for want, got in zip(wants, gots):
         assert torch.equal(want, got.cpu())
+
+
+def test_run_ops_from_cuda_to_the_cpu_waits_for_the_copy():
+    """CUDA images run on the CPU are copied back with the host waiting: a copy queued behind GPU work and not
+    waited for was read before it landed."""
+    from ingest.ops import run_ops
+    images = torch.randint(0, 256, (2, 40, 40, 3), dtype=torch.uint8, device="cuda")
+    want = run_ops([Resize(20)], images.cpu(), rng=0)
+    torch.cuda._sleep(100_000_000)
+    assert torch.equal(run_ops([Resize(20)], images, rng=0), want)

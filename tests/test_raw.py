@@ -558,3 +558,30 @@ def test_writer_options_are_checked(tmp_path):
         RawWriter(tmp_path, "s", {"label": Field("int")})
     with pytest.raises(ConfigError, match="dtype 'complex64' cannot be stored"):
         RawWriter(tmp_path, "s", {"x": Field("array", None, "complex64")})
+
+
+def test_raw_loader_reads_into_the_batch_tensors_the_ops_handed_back(tmp_path, monkeypatch):
+    """Direct reads reuse the batch tensors whose ops wrote their output elsewhere (`Pipeline._direct_buffer`):
+    over three epochs no more tensors are made than the pipeline holds at once, and the batches are those of a
+    loader that makes a new tensor per batch."""
+    import ingest
+    from ingest.ops import Flip, Normalize, RandomResizedCrop
+    from ingest.pipeline import Pipeline
+    images = fixed_images(48, 20, 20)
+    root = write_shards(tmp_path / "ds", images, shards=2)
+    ops = [RandomResizedCrop(12), Flip(), Normalize([120.0] * 3, [60.0] * 3)]
+
+    def epochs(loader):
+        try:
+            return [(x.clone(), y) for _ in range(3) for x, y in loader]
+        finally:
+            loader.close()
+    made = []
+    real = RawSource.batch_buffer
+    monkeypatch.setattr(RawSource, "batch_buffer", lambda self, n, *a, **k: made.append(n) or real(self, n, *a, **k))
+    got = epochs(ingest.Loader(str(root), batch_size=8, ops=ops, shuffle=True, num_workers=0))
+    assert len(got) == 18 and len(made) <= 9, made
+    monkeypatch.setattr(Pipeline, "_direct_buffer", lambda self, n: real(self.source, n, self.device))
+    want = epochs(ingest.Loader(str(root), batch_size=8, ops=ops, shuffle=True, num_workers=0))
+    for (x, y), (xw, yw) in zip(got, want):
+        assert torch.equal(x, xw) and torch.equal(y, yw)

@@ -270,8 +270,9 @@ def run_ops(ops: Sequence[Op], images: Images, rng: Rngs = None, *, device_kind:
         raise ConfigError(f"Unknown device_kind {device_kind!r}. Available: cpu, cuda")
     ims = as_list(images)
     if ims and ims[0].device.type != device_kind:
-        images = (images.to(device_kind, non_blocking=True) if isinstance(images, torch.Tensor)
-                  else [im.to(device_kind, non_blocking=True) for im in ims])
+        ahead = device_kind == "cuda"   # to the host: a copy not waited for could be read before it lands
+        images = (images.to(device_kind, non_blocking=ahead) if isinstance(images, torch.Tensor)
+                  else [im.to(device_kind, non_blocking=ahead) for im in ims])
     return plan(ops, sizes_of(images), rng).execute(images)
 
 
