@@ -7,6 +7,7 @@
 | io_threads      | INGEST_IO_THREADS       | cores, 8-32 | threads issuing a batch's reads (and KvikIO's own thread pool) |
 | decode_threads  | INGEST_DECODE_THREADS   | cores   | CPU decode / CPU op threads                           |
 | gpu_decoders    | INGEST_GPU_DECODERS     | 1       | nvImageCodec decoders sharing each batch, one thread each |
+| gpu_decode_threads | INGEST_GPU_DECODE_THREADS | auto | nvImageCodec CPU threads of each GPU decoder a loader makes: auto (this process's share of the cores over its decoders, `ingest.ops.decode_gpu.cpu_threads_each`) or a count |
 | decode_batches  | INGEST_DECODE_BATCHES   | auto    | batches a loader decodes at once, each on its own thread (and GPU decoders and stream): auto is 2 for GPU decode, else 1 |
 | hw_decoder_load | INGEST_HW_DECODER_LOAD  | auto    | auto (nvImageCodec picks the backend per image) or the share of a batch's JPEGs the hardware decoder takes, the rest going to the CUDA decoder (DALI's name) |
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode or detection feeding CUDA, else 0) or a count |
@@ -110,6 +111,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "io_threads": ("INGEST_IO_THREADS", min(32, max(8, os.cpu_count() or 1)), _integer("io_threads", 1)),
     "decode_threads": ("INGEST_DECODE_THREADS", os.cpu_count() or 1, _integer("decode_threads", 1)),
     "gpu_decoders": ("INGEST_GPU_DECODERS", 1, _integer("gpu_decoders", 1)),
+    "gpu_decode_threads": ("INGEST_GPU_DECODE_THREADS", "auto", _integer("gpu_decode_threads", 1, words=("auto",))),
     "decode_batches": ("INGEST_DECODE_BATCHES", "auto", _integer("decode_batches", 1, words=("auto",))),
     "hw_decoder_load": ("INGEST_HW_DECODER_LOAD", "auto", _fraction("hw_decoder_load")),
     "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),

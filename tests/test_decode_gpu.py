@@ -169,6 +169,11 @@ def test_decoders_share_this_process_share_of_the_cores(monkeypatch):
     assert decode_gpu.cpu_threads_each(2) == 8
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
     assert decode_gpu.cpu_threads_each(2) == 1             # never none
+    monkeypatch.setenv("INGEST_GPU_DECODE_THREADS", "6")   # the gpu_decode_threads setting: per decoder
+    assert decode_gpu.cpu_threads_each(2) == 6 and decode_gpu.cpu_threads_each(1) == 6
+    monkeypatch.setenv("INGEST_GPU_DECODE_THREADS", "0")
+    with pytest.raises(ConfigError, match="gpu_decode_threads"):
+        decode_gpu.cpu_threads_each(2)
 
 
 def test_option_errors():
