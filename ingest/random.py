@@ -124,10 +124,10 @@ class SampleRandom:
         """Uniform float64 in [0, 1), 53 random bits each: ``[B, k]``, or ``[B]`` when k is None. Computed by
         ``ingest._random`` where it was built (the same numbers; numpy's ~15 array operations each let the
         GIL go on a large batch, which costs a loader in the training process up to a switch interval each)."""
-        if NATIVE is None:
-            return (self._bits(k) >> np.uint64(11)).astype(np.float64) * _TO_UNIT
         if k is not None and k < 0:
             raise ValueError(f"`k` must be >= 0, got {k}")
+        if NATIVE is None:
+            return (self._bits(k) >> np.uint64(11)).astype(np.float64) * _TO_UNIT
         out = np.empty(len(self.keys) if k is None else (len(self.keys), k), dtype=np.float64)
         NATIVE.uniform(np.ascontiguousarray(self.keys), self.calls, -1 if k is None else k, out)
         self.calls += 1

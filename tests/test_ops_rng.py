@@ -161,6 +161,9 @@ def test_sample_random_streams_are_fixed(engine, monkeypatch):
         "0x1.b5837c595ecffp-1", "0x1.1b8ba72ae77a8p-3", "0x1.591e35f21dbdcp-3"]
     assert [x.hex() for x in src.random()] == ["0x1.4ef9c211e9ae2p-1", "0x1.ce48fb4b8e42cp-1"]
     assert src.random(0).shape == (2, 0) and src.calls == 3
+    with pytest.raises(ValueError, match="`k` must be >= 0"):   # either engine, and no draw is counted
+        src.random(-1)
+    assert src.calls == 3
 
 
 def test_native_numbers_equal_numpys():
