@@ -21,7 +21,6 @@ import errno
 import functools
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -30,6 +29,7 @@ import torch
 
 from . import defaults
 from ._driver import Staging
+from ._threads import Threads
 from .errors import ConfigError, CorruptRecordError, SourceError
 from .formats.base import Location
 
@@ -86,7 +86,7 @@ class ByteReader:
         self.last_arena: tuple[int, torch.Tensor, int, bool] | None = None
         self._buffers: list[torch.Tensor | None] = [None] * shared
         self._turn = 0
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ingest-io")
+        self._pool = Threads(self.threads, "ingest-io")
         if "kvikio" in (self.path, self.device_path):
             import kvikio
             import kvikio.defaults
@@ -389,7 +389,7 @@ class ByteReader:
             at += run.nbytes
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown()
 
     def __enter__(self) -> "ByteReader":
         return self

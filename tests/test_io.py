@@ -1,4 +1,5 @@
 import errno
+import os
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import torch
 from ingest import defaults
 from ingest.errors import ConfigError, CorruptRecordError, SourceError
 from ingest.formats.base import Location
+from ingest import io as ingest_io
 from ingest.io import ByteReader, resolve_io
 
 
@@ -252,3 +254,36 @@ def test_hw_decoder_load_setting(monkeypatch):
     assert defaults.get("hw_decoder_load") == 0.9
     with pytest.raises(ConfigError, match="`hw_decoder_load` must be 'auto' or a number from 0 to 1, got 1.5"):
         defaults.set(hw_decoder_load=1.5)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_readers_and_decoders_work_in_a_forked_child(tmp_path, monkeypatch):
+    """A forked child (a torch DataLoader worker, by default on Linux) reads and decodes with the objects its
+    parent made and used: their thread pools are made again in the child (`ingest._threads`), where the
+    parent's copy would have waited forever for threads that fork did not copy."""
+    import signal
+    from conftest import jpeg_bytes
+    from ingest.ops.decode import CpuDecoder
+    monkeypatch.setattr(ingest_io, "NATIVE", None)   # the reads on Python threads
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 40)
+    reader, decoder = ingest_io.ByteReader("posix", threads=4), CpuDecoder(threads=2)
+    jpeg = jpeg_bytes(24, 32)
+    locations = [Location(str(path), 7 * k, 100) for k in range(40)]
+
+    def work():
+        views = reader.read(locations)
+        images = decoder.decode_batch([jpeg] * 8, ["x.jpg"] * 8)
+        return all(bytes(v) == (bytes(range(256)) * 40)[7 * k:7 * k + 100] for k, v in enumerate(views)) and \
+            all(im.shape == (24, 32, 3) for im in images)
+    assert work()
+    pid = os.fork()
+    if pid == 0:   # the child: exit 0 only if both worked; killed by the alarm if a pool hangs
+        signal.alarm(20)
+        os._exit(0 if work() else 1)
+    _, status = os.waitpid(pid, 0)
+    reader.close()
+    decoder.close()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    with pytest.raises(RuntimeError, match="shut down"):
+        reader.read(locations)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import io
 import re
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -37,6 +36,7 @@ import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
 from ingest import defaults
+from ingest._threads import Threads
 from ingest.errors import ConfigError, DecodeError
 from ingest.formats._images import JPEG_SIGNATURE
 
@@ -98,7 +98,7 @@ class CpuDecoder:
             raise ConfigError(f"`max_pixels` must be >= 1, got {max_pixels}")
         self.threads = threads
         self.max_pixels = max_pixels
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ingest-decode")
+        self._pool = Threads(threads, "ingest-decode")
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -168,7 +168,7 @@ class CpuDecoder:
 
     def close(self) -> None:
         """Shut the thread pool down (waits for running decodes)."""
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown()
 
     def __enter__(self) -> "CpuDecoder":
         return self
