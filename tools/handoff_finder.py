@@ -6,7 +6,9 @@ beside a thread that holds it. So: a busy thread spins on ``sum(range(2000))`` (
 profile hook (``sys.setprofile`` / ``threading.setprofile``, so every thread the loop starts has it) times each C
 call; calls that took at least ``--slow`` of the switch interval are counted per (function, caller line, thread).
 The report is per batch of the loop: how many such calls, and where. The hook slows Python code down, not the
-waits, so the counts are what matter, not the rates.
+waits, so the counts are what matter, not the rates. It also gives each Python function's inclusive time per
+batch in both runs, and the functions that grew most beside the busy thread: the innermost one that grew
+with no slow C call inside is where the GIL went in a way no single call shows (a forced switch).
 
 Usage: python tools/handoff_finder.py CASE [--seconds 4] [--json F] [--data DIR] [--batch 256] [--device cuda]
   CASE: decode (GpuDecoder.decode_batch in a loop, arenas handed back, as bench_gpu's variant f),
@@ -35,8 +37,10 @@ from bench_gpu import Busy  # noqa: E402 - the benchmark's busy thread, so both 
 
 class Hook:
     """Times leaf C calls (no Python code or other C call inside) per thread; counts those of at least ``slow``
-    seconds by (function, caller, thread name). Installed once, before the loop starts its threads;
-    :meth:`reset` starts a new count."""
+    seconds by (function, caller, thread name). Also sums each Python function's inclusive time per thread
+    (`python`): a function that grows beside the busy thread with no slow C call inside lost the GIL in
+    Python code (a forced switch) or in a call this hook cannot see. Installed once, before the loop starts
+    its threads; :meth:`reset` starts a new count."""
 
     def __init__(self, slow: float):
         self.slow = slow
@@ -46,6 +50,7 @@ class Hook:
     def reset(self) -> None:
         self.hits: collections.Counter = collections.Counter()
         self.waited: collections.Counter = collections.Counter()
+        self.python: collections.Counter = collections.Counter()
         self.calls = 0
 
     def __call__(self, frame, event, arg):
@@ -55,6 +60,8 @@ class Hook:
                 sys.setprofile(None)
                 return
             stack = self.local.stack = []
+            self.local.frames = []
+            self.local.name = threading.current_thread().name
         if event == "c_call":
             if stack:
                 stack[-1][1] = True
@@ -62,6 +69,13 @@ class Hook:
         elif event == "call":
             if stack:
                 stack[-1][1] = True
+            self.local.frames.append(time.perf_counter())
+        elif event == "return":
+            frames = self.local.frames
+            if frames:
+                code = frame.f_code
+                key = (f"{Path(code.co_filename).name}:{code.co_firstlineno} {code.co_name}", self.local.name)
+                self.python[key] += time.perf_counter() - frames.pop()
         elif event in ("c_return", "c_exception"):
             if not stack:
                 return
@@ -168,8 +182,10 @@ def main() -> None:
             wall = time.perf_counter() - t0
         rows = [{"per_batch": round(n / batches, 2), "ms_per_batch": round(hook.waited[k] * 1e3 / batches, 2),
                  "call": k[0], "at": k[1], "thread": k[2]} for k, n in hook.hits.most_common(25)]
+        python = {f"{k[1]} {k[0]}": round(v * 1e3 / batches, 3) for k, v in hook.python.most_common()}
         out[mode] = {"batches": batches, "img_s_with_hook": round(images / wall, 1),
-                     "c_calls_per_batch": round(hook.calls / batches), "slow_calls": rows}
+                     "c_calls_per_batch": round(hook.calls / batches), "slow_calls": rows,
+                     "python_ms_per_batch": python}
         print(f"{mode}: {batches} batches, {images / wall:.0f} img/s with the hook, "
               f"{hook.calls / batches:.0f} C calls per batch", flush=True)
         for r in rows:
@@ -177,6 +193,12 @@ def main() -> None:
                   f"({r['at']})", flush=True)
     sys.setprofile(None)
     threading.setprofile(None)
+    alone, beside = out["alone"]["python_ms_per_batch"], out["beside_busy"]["python_ms_per_batch"]
+    grew = sorted(((beside[k] - alone.get(k, 0.0), k) for k in beside), reverse=True)[:20]
+    out["python_grew_ms_per_batch"] = {k: round(d, 3) for d, k in grew}
+    print("Python functions (inclusive) that grew most per batch beside the busy thread:")
+    for d, k in grew:
+        print(f"  {d:9.2f} ms  {k}  (alone {alone.get(k, 0.0):.2f})")
     close()
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
