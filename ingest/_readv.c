@@ -17,6 +17,17 @@
  *
  * sizes(paths, out, threads) -> None: out[k] = size in bytes of paths[k] (stat), or -errno.
  *
+ * plan_rows(files, offsets, slot, fd_table, row, gap, chunk, max_rows, base, base_len,
+ *           fds, task_offsets, first, addrs, lens, want) -> (tasks, segments, total bytes, longest task)
+ *   The tasks `read` takes for n fixed-size rows of `row` bytes (row k at offsets[k] of file files[k]) landing
+ *   in host memory at base + slot[k] * row (slot None: base + k * row), in one call that keeps the GIL
+ *   (io.plan_rows + ByteReader._rows_posix do the same with numpy, whose array operations give the GIL up on
+ *   more than 500 items: ~20 hand-offs for a batch of 512). Rows sorted by (file, offset, k); a row joins the
+ *   previous task when it is in the same file, starts at or after its end and at most `gap` bytes later (the
+ *   gap read and dropped), while the task stays in one `chunk`-byte piece of its first span and holds at
+ *   most `max_rows` rows of that span. fd_table[f] is file f's open descriptor. Outputs (int64, or uint64 for
+ *   addrs): n entries (fds, task_offsets, want: each task's bytes), n + 1 (first), 2n (addrs, lens).
+ *
  * addresses(buffers, out) -> None: out[k] = the address of the first byte of buffers[k] (any contiguous buffer),
  *   for a planner that turns views of a file's memory map into byte ranges of the file (ingest/formats/lmdb.py).
  *
@@ -217,7 +228,7 @@ static void size_task(Batch *b, Py_ssize_t k) {
 /* -- argument plumbing -------------------------------------------------------------------------------- */
 
 typedef struct {
-    Py_buffer views[6];
+    Py_buffer views[12];
     int held;
     PyObject *encoded; /* list of the bytes objects behind paths[] */
     char **paths;
@@ -379,10 +390,114 @@ done:
     return result;
 }
 
+
+/* -- planning a batch of fixed-size rows (see plan_rows at the top) ----------------------------------- */
+
+typedef struct {
+    int64_t file, offset, k;
+} RowKey;
+
+static int row_order(const void *pa, const void *pb) {
+    const RowKey *a = pa, *b = pb;
+    if (a->file != b->file)
+        return a->file < b->file ? -1 : 1;
+    if (a->offset != b->offset)
+        return a->offset < b->offset ? -1 : 1;
+    return a->k < b->k ? -1 : (a->k > b->k);
+}
+
+static PyObject *py_plan_rows(PyObject *self, PyObject *args) {
+    PyObject *files, *offsets, *slot, *table, *fds, *toffsets, *first, *addrs, *lens, *want;
+    long long row, gap, chunk, max_rows, base, base_len;
+    if (!PyArg_ParseTuple(args, "OOOOLLLLLLOOOOOO:plan_rows", &files, &offsets, &slot, &table, &row, &gap, &chunk,
+                          &max_rows, &base, &base_len, &fds, &toffsets, &first, &addrs, &lens, &want))
+        return NULL;
+    Args a = {0};
+    PyObject *result = NULL;
+    RowKey *keys = NULL;
+    Py_ssize_t n, files_known;
+    if ((n = int64s(&a, files, -1, 0, "files")) < 0 || int64s(&a, offsets, n, 0, "offsets") < 0)
+        goto done;
+    const int64_t *file = a.views[0].buf, *offset = a.views[1].buf, *slots = NULL;
+    int v = 2;
+    if (slot != Py_None) {
+        if (int64s(&a, slot, n, 0, "slot") < 0)
+            goto done;
+        slots = a.views[v++].buf;
+    }
+    if ((files_known = int64s(&a, table, -1, 0, "fd_table")) < 0)
+        goto done;
+    const int64_t *fd_of = a.views[v++].buf;
+    int o = v;
+    if (int64s(&a, fds, n, 1, "fds") < 0 || int64s(&a, toffsets, n, 1, "task_offsets") < 0 ||
+        int64s(&a, first, n + 1, 1, "first") < 0 || int64s(&a, addrs, 2 * n, 1, "addrs") < 0 ||
+        int64s(&a, lens, 2 * n, 1, "lens") < 0 || int64s(&a, want, n, 1, "want") < 0)
+        goto done;
+    int64_t *t_fd = a.views[o].buf, *t_off = a.views[o + 1].buf, *t_first = a.views[o + 2].buf,
+            *s_len = a.views[o + 4].buf, *t_want = a.views[o + 5].buf;
+    uint64_t *s_addr = a.views[o + 3].buf;
+    if (row <= 0 || gap < 0 || chunk < 0 || max_rows <= 0 || base_len < 0) {
+        PyErr_SetString(PyExc_ValueError, "plan_rows: row and max_rows must be > 0, gap, chunk, base_len >= 0");
+        goto done;
+    }
+    if ((keys = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(RowKey))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        int64_t dest = slots ? slots[k] : k;
+        if (file[k] < 0 || file[k] >= files_known || fd_of[file[k]] < 0 || offset[k] < 0 || dest < 0 ||
+            dest > (base_len - row) / row || (base_len < row)) {
+            PyErr_Format(PyExc_ValueError, "plan_rows: row %zd (file %lld, offset %lld, slot %lld) is out of range",
+                         k, (long long)file[k], (long long)offset[k], (long long)dest);
+            goto done;
+        }
+        keys[k] = (RowKey){file[k], offset[k], k};
+    }
+    qsort(keys, (size_t)n, sizeof(RowKey), row_order);
+    const int64_t span = chunk > row ? chunk : row;
+    Py_ssize_t tasks = 0, segs = 0, seg_start = 0;
+    int64_t total = 0, longest = 0, piece = 0, prev_piece = 0;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        const RowKey *r = &keys[i], *p = i ? &keys[i - 1] : NULL;
+        /* a new span (a run of rows that may share reads) unless this row follows the last closely */
+        int new_span = !p || r->file != p->file || r->offset < p->offset + row || r->offset - (p->offset + row) > gap;
+        if (new_span)
+            seg_start = i;
+        piece = (r->offset - keys[seg_start].offset) / span;
+        int lead = new_span || piece != prev_piece || (i - seg_start) / max_rows != (i - 1 - seg_start) / max_rows;
+        prev_piece = piece;
+        if (lead) {
+            t_first[tasks] = segs;
+            t_fd[tasks] = fd_of[r->file];
+            t_off[tasks] = r->offset;
+            tasks++;
+        } else if (r->offset > p->offset + row) {   /* the gap: read and dropped */
+            s_addr[segs] = 0;
+            s_len[segs++] = r->offset - p->offset - row;
+            total += r->offset - p->offset - row;
+        }
+        int64_t dest = slots ? slots[r->k] : r->k;
+        s_addr[segs] = (uint64_t)base + (uint64_t)(dest * row);
+        s_len[segs++] = row;
+        total += row;
+        t_want[tasks - 1] = r->offset + row - t_off[tasks - 1];
+        if (t_want[tasks - 1] > longest)
+            longest = t_want[tasks - 1];
+    }
+    t_first[tasks] = segs;
+    result = Py_BuildValue("nnLL", tasks, segs, (long long)total, (long long)longest);
+done:
+    PyMem_Free(keys);
+    release(&a);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read", py_read, METH_VARARGS, "Run a batch of reads (see the top of ingest/_readv.c)."},
     {"sizes", py_sizes, METH_VARARGS, "Sizes of a batch of files, or -errno (see ingest/_readv.c)."},
     {"addresses", py_addresses, METH_VARARGS, "Where each buffer lies in memory (see ingest/_readv.c)."},
+    {"plan_rows", py_plan_rows, METH_VARARGS, "The read tasks of a batch of fixed-size rows (see ingest/_readv.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -4,6 +4,8 @@ import os
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ingest import defaults
 from ingest.errors import ConfigError, CorruptRecordError, SourceError
@@ -287,3 +289,68 @@ def test_readers_and_decoders_work_in_a_forked_child(tmp_path, monkeypatch):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     with pytest.raises(RuntimeError, match="shut down"):
         reader.read(locations)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 90)), min_size=1, max_size=60),
+       st.integers(1, 40), st.sampled_from([0, 7, 64 * 1024]), st.sampled_from([1, 50, 16 << 20]),
+       st.sampled_from([1, 3, 512]))
+def test_native_row_plan_reads_what_the_numpy_plan_reads(tmp_path, rows, row, gap, chunk, max_rows):
+    """`ingest._readv.plan_rows` (one call, the GIL kept) makes the tasks `plan_rows` + `_rows_posix` make with
+    numpy: the same reads (one per run, the same bytes each), landing every row where it belongs, for rows
+    in any order, repeated, overlapping, back to back or gaps apart."""
+    if ingest_io.NATIVE is None:
+        pytest.skip("ingest._readv was not built")
+    data = [bytes((i * 7 + f * 31) % 251 for i in range(4000)) for f in range(3)]
+    paths = []
+    for f, blob in enumerate(data):
+        (tmp_path / f"s{f}").write_bytes(blob)
+        paths.append(str(tmp_path / f"s{f}"))
+    files = np.array([f for f, _ in rows], dtype=np.int64)
+    offsets = np.array([o * 13 for _, o in rows], dtype=np.int64)
+    n = len(rows)
+    host = np.zeros(n * row + 5, dtype=np.uint8)
+    table = np.array([os.open(p, os.O_RDONLY) for p in paths], dtype=np.int64)
+    try:
+        fds, starts, want = (np.empty(n, dtype=np.int64) for _ in range(3))
+        first, lens, addrs = np.empty(n + 1, np.int64), np.empty(2 * n, np.int64), np.empty(2 * n, np.uint64)
+        tasks, segments, total, longest = ingest_io.NATIVE.plan_rows(
+            files, offsets, None, table, row, gap, chunk, max_rows, host.ctypes.data, host.nbytes,
+            fds, starts, first, addrs, lens, want)
+        plan = ingest_io.plan_rows(files, offsets, row, gap=gap, chunk=chunk) if max_rows == ingest_io.MAX_RUN_ROWS \
+            else None
+        if plan is not None:   # the numpy plan's runs: same count, starts and sizes
+            lead = np.flatnonzero(plan.lead)
+            assert tasks == len(plan.nbytes) and starts[:tasks].tolist() == plan.pos[lead].tolist()
+            assert want[:tasks].tolist() == plan.nbytes.tolist()
+        assert longest == want[:tasks].max() and total == lens[:segments].sum()
+        assert (np.diff(first[:tasks + 1]) > 0).all()   # every task has a segment
+        got = np.empty(tasks, dtype=np.int64)
+        ingest_io.NATIVE.read([None] * tasks, fds[:tasks], starts[:tasks], first[:tasks + 1], addrs[:segments],
+                              lens[:segments], got, 2)
+        assert got.tolist() == want[:tasks].tolist()
+        for k, (f, o) in enumerate(zip(files.tolist(), offsets.tolist())):
+            assert host[k * row:(k + 1) * row].tobytes() == data[f][o:o + row], k
+        assert not host[n * row:].any()   # nothing past the rows
+    finally:
+        for fd in table.tolist():
+            os.close(fd)
+
+
+def test_native_row_plan_refuses_rows_outside_their_buffer_or_files():
+    if ingest_io.NATIVE is None:
+        pytest.skip("ingest._readv was not built")
+    n, row = 3, 8
+    out = [np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n + 1, np.int64), np.empty(2 * n, np.uint64),
+           np.empty(2 * n, np.int64), np.empty(n, np.int64)]
+    files, offsets, table = np.zeros(n, np.int64), np.arange(n, dtype=np.int64) * row, np.zeros(1, np.int64)
+    host = np.zeros(n * row - 1, np.uint8)   # one byte short
+    with pytest.raises(ValueError, match="out of range"):
+        ingest_io.NATIVE.plan_rows(files, offsets, None, table, row, 0, 0, 4, host.ctypes.data, host.nbytes, *out)
+    host = np.zeros(n * row, np.uint8)
+    with pytest.raises(ValueError, match="out of range"):   # a file the table has no descriptor for
+        ingest_io.NATIVE.plan_rows(files + 1, offsets, None, table, row, 0, 0, 4, host.ctypes.data, host.nbytes,
+                                   *out)
+    with pytest.raises(ValueError, match="out of range"):   # a slot past the buffer
+        ingest_io.NATIVE.plan_rows(files, offsets, np.array([0, 1, 3]), table, row, 0, 0, 4, host.ctypes.data,
+                                   host.nbytes, *out)
