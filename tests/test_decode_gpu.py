@@ -464,3 +464,32 @@ def test_hw_decoder_load_splits_between_the_hardware_and_cuda_decoders_or_takes_
     gpu.backend = "hw"
     with pytest.raises(ConfigError, match="backend='hw' on cuda:0: no hardware decoder"):
         gpu._first_decoder(make, Refused)
+
+
+def test_batch_planning_helpers_match_their_row_by_row_forms():
+    """`clip_regions` and `decoded_sizes` work column by column (numpy gives the GIL up on more than 500 items):
+    the same answers as `clip_roi` per row and the [n, 2] form they replace, on random regions and headers."""
+    from ingest.ops.decode_gpu import decoded_sizes
+    rng = np.random.default_rng(3)
+    n = 700   # past numpy's threshold
+    table = np.zeros((n, 9), np.int64)
+    table[:, 1], table[:, 2] = rng.integers(1, 600, n), rng.integers(1, 600, n)
+    table[:, 6] = rng.choice([1, 1, 1, 6], n)
+    regions = rng.integers(-50, 650, (n, 4))
+    regions[rng.random(n) < 0.2] = 0
+    got = clip_regions(regions, table)
+    for k in range(n):
+        roi = None if regions[k, 2] <= regions[k, 0] else tuple(regions[k])
+        want = clip_roi(roi, int(table[k, 1]), int(table[k, 2])) if table[k, 6] == 1 else None
+        assert tuple(got[k]) == (want or (0, 0, 0, 0)), k
+    cropped = got[:, 2] > got[:, 0]
+    old = np.where(cropped[:, None], got[:, [3, 2]] - got[:, [1, 0]], table[:, 1:3])
+    assert np.array_equal(decoded_sizes(got, table), old)
+
+
+def test_zeros_keeps_the_gil_and_gives_writable_zeroed_arrays():
+    from ingest._numpy import zeros
+    a = zeros((300, 9), np.int64)
+    assert a.shape == (300, 9) and a.dtype == np.int64 and not a.any() and a.flags.writeable
+    a[5, 3] = 7
+    assert a.sum() == 7 and zeros(0, np.uint32).shape == (0,) and zeros(4, np.float32).tolist() == [0.0] * 4

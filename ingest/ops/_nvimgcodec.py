@@ -41,6 +41,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .._numpy import zeros
+
 #: nvImageCodec versions (major * 1000 + minor * 100 + patch, as nvimgcodecGetProperties reports them) whose
 #: struct layouts this module mirrors: 0.9.x.
 SUPPORTED = range(900, 1000)
@@ -403,7 +405,7 @@ class BatchDecoder:
         self._buffer[:n], self._stream[:n] = outputs, cuda_stream
         self._height[:n], self._width[:n], self._stride[:n] = heights, widths, np.asarray(widths) * 3
         regions = np.ascontiguousarray(regions, dtype=np.int32).reshape(n, 4)
-        out = np.zeros(n, np.uint32)
+        out = zeros(n, np.uint32)
         if LOOP is not None and n:
             region = CodeStreamView.region.offset
             LOOP.decode(self.lib.loop_functions, self.lib.instance, self.handle, ctypes.addressof(self.params),

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .._driver import Staging
+from .._numpy import zeros
 from .base import ImageArena, device_and_channels
 
 SOURCE = r"""
@@ -264,7 +265,7 @@ def pack(images: torch.Tensor | list[torch.Tensor] | ImageArena, out_sizes: Sequ
     c = device_and_channels(images)[1]
     out_hw = np.asarray(out_sizes, dtype=np.int64).reshape(n, 2)
     count = out_hw[:, 0] * out_hw[:, 1] * c
-    buf = np.zeros(16 * (2 * n + 1), dtype=np.int64)
+    buf = zeros(16 * (2 * n + 1), np.int64)   # np.zeros of 1 KB and more gives the GIL up (ingest._numpy)
     ip = buf[:16 * n].reshape(n, 16)
     fp = buf[16 * n:].view(np.float64).reshape(n + 1, 16)
     if isinstance(images, torch.Tensor):

@@ -36,6 +36,7 @@ import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
 from ingest import defaults
+from ingest._numpy import zeros
 from ingest._threads import Threads
 from ingest.errors import ConfigError, DecodeError
 from ingest.formats._images import JPEG_SIGNATURE
@@ -291,7 +292,7 @@ def jpeg_headers(datas: Sequence[Buffer]) -> np.ndarray:
     :func:`read_jpeg_header` reads it: in one call to ``ingest.ops._jpeg`` (which keeps the GIL: a batch takes
     microseconds, less than getting the GIL back beside a busy thread), or, where that was not built, image by
     image here."""
-    out = np.zeros((len(datas), len(HEADER_COLUMNS)), np.int64)
+    out = zeros((len(datas), len(HEADER_COLUMNS)), np.int64)
     if NATIVE_HEADERS is not None:
         NATIVE_HEADERS.headers(datas, out)
         return out

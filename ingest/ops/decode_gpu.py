@@ -66,6 +66,7 @@ import numpy as np
 import torch
 
 from ingest import defaults
+from ingest._numpy import zeros
 from ingest.errors import ConfigError, DecodeError
 from ingest.ops import _nvimgcodec as native
 from ingest.ops.base import ImageArena, bind_thread
@@ -242,8 +243,9 @@ class GpuDecoder:
         table = headers if headers is not None else jpeg_headers(datas)
         wanted = _region_array(rois, n)
         index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels))
-        rows = table[index]                                   # the header rows of those images
-        regions = clip_regions(wanted[index], rows)           # all zeros: the whole image, from (0, 0)
+        every = len(index) == n
+        rows = table if every else table[index]               # the header rows of those images
+        regions = clip_regions(wanted if every else wanted[index], rows)   # all zeros: the whole image, from (0, 0)
         cropped = regions[:, 2] > regions[:, 0]
         orientation = rows[:, 6]
         with torch.cuda.device(self.device):
@@ -379,8 +381,7 @@ class GpuDecoder:
         them; an image that failed holds garbage) and, per image, None or why nvImageCodec did not decode it
         (counted in :attr:`fallbacks`)."""
         n = len(index)
-        cropped = regions[:, 2] > regions[:, 0]
-        hw = np.where(cropped[:, None], regions[:, [3, 2]] - regions[:, [1, 0]], rows[:, 1:3])
+        hw = decoded_sizes(regions, rows)
         padded = -(-(hw[:, 0] * hw[:, 1] * 3) // _ALIGN) * _ALIGN
         offsets = np.concatenate(([0], np.cumsum(padded)[:-1]))
         size = self._arena_bytes(int(padded.sum()))
@@ -397,8 +398,10 @@ class GpuDecoder:
         chosen = datas if n == len(datas) else [datas[i] for i in index.tolist()]
 
         def share(decoder: native.BatchDecoder, chunk: np.ndarray) -> native.Pending:
-            return decoder.submit(chosen if len(chunks) == 1 else [chosen[k] for k in chunk], regions[chunk],
-                                  hw[chunk, 0], hw[chunk, 1], addresses[chunk], stream.cuda_stream)
+            if len(chunks) == 1:   # no fancy indexing of [n, 4] (see ingest._numpy)
+                return decoder.submit(chosen, regions, hw[:, 0], hw[:, 1], addresses, stream.cuda_stream)
+            return decoder.submit([chosen[k] for k in chunk], regions[chunk], hw[chunk, 0], hw[chunk, 1],
+                                  addresses[chunk], stream.cuda_stream)
 
         if self._pool is not None and len(chunks) > 1:  # compiled loop: the shares run at once, one per thread
             others = [self._pool.submit(share, d, c) for d, c in zip(self._decoders[1:], chunks[1:])]
@@ -485,13 +488,26 @@ def clip_regions(regions: np.ndarray, table: np.ndarray) -> np.ndarray:
     x1, y1 = np.minimum(regions[:, 2], w), np.minimum(regions[:, 3], h)
     whole = (x0 == 0) & (y0 == 0) & (x1 == w) & (y1 == h)
     keep = (x1 > x0) & (y1 > y0) & ~whole & (table[:, 6] == 1) & (regions[:, 2] > regions[:, 0])
-    return np.stack([x0, y0, x1, y1], axis=1) * keep[:, None]
+    out = zeros((len(regions), 4), np.int64)   # column by column: see ingest._numpy
+    for k, column in enumerate((x0, y0, x1, y1)):
+        out[:, k] = column * keep
+    return out
+
+
+def decoded_sizes(regions: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``[n, 2]`` (height, width) each image decodes to: its region (a `clip_regions` row with x1 > x0) or, for
+    an all-zero row, its stored size in ``rows`` (header rows). Column by column: see ingest._numpy."""
+    cropped = regions[:, 2] > regions[:, 0]
+    hw = np.empty((len(regions), 2), dtype=np.int64)
+    hw[:, 0] = np.where(cropped, regions[:, 3] - regions[:, 1], rows[:, 1])
+    hw[:, 1] = np.where(cropped, regions[:, 2] - regions[:, 0], rows[:, 2])
+    return hw
 
 
 def _region_array(rois: Sequence[Roi | None] | np.ndarray | None, n: int) -> np.ndarray:
     """``rois`` (a sequence of regions or None, or already an [n, 4] array) as an [n, 4] int64 array."""
     if rois is None:
-        return np.zeros((n, 4), np.int64)
+        return zeros((n, 4), np.int64)
     if isinstance(rois, np.ndarray):
         return rois.astype(np.int64, copy=False).reshape(n, 4)
     return np.array([(0, 0, 0, 0) if r is None else r for r in rois], np.int64).reshape(n, 4)
