@@ -1,10 +1,11 @@
 """Developer probe (any machine, no GPU): the Python part of `GpuDecoder.decode_batch` (native engine) on 256 JPEG
-headers, alone and beside a busy pure-Python thread, with ``time.sleep`` standing in for the native decode (which
-gives the GIL up once). On an H100 the decode's ~1 ms of Python between native calls took ~13 ms beside a busy
+headers (``--part decode``), or the host side of one fused warp launch on 256 images (``--part ops``:
+`resample._setup` + `_warp_kernel.pack` for RandomResizedCrop 224 + flip + normalize fp16), alone and beside a
+busy pure-Python thread, with ``time.sleep`` standing in for the native decode or the kernel. On an H100 the decode's ~1 ms of Python between native calls took ~13 ms beside a busy
 thread (`tools/decode_beside.py`); numpy gives the GIL up on more than 500 items and in `np.zeros` of 1 KB
 and more, which a profile hook does not see (operators and subscripts are not calls).
 
-Usage: python tools/decode_plan_beside.py JPEG_DIR [--json F]   (PYTHONPATH picks the tree)
+Usage: python tools/decode_plan_beside.py JPEG_DIR [--part decode|ops] [--json F]   (PYTHONPATH picks the tree)
 """
 
 from __future__ import annotations
@@ -45,12 +46,32 @@ def plan(datas) -> None:
     np.where(cropped, "gpu-roi", "gpu").tolist()
 
 
-def loop(datas, seconds: float) -> dict:
+def ops_host() -> callable:
+    """The host side of a fused warp launch on 256 images, for plans drawn once."""
+    import torch
+    from ingest.ops import Flip, Normalize, RandomResizedCrop, _warp_kernel, planner
+    from ingest.ops.resample import _fill_values, _setup
+    from ingest.random import SampleRandom
+    ops = [RandomResizedCrop(224), Flip(), Normalize([124, 116, 104], [58, 57, 57], dtype=torch.float16)]
+    images = torch.zeros((256, 256, 256, 3), dtype=torch.uint8)
+    rng = np.random.default_rng(0)
+    warps = [planner.plan(ops, [(256, 256)] * 256, SampleRandom.keyed(0, 0, rng.permutation(20000)[:256])).warp
+             for _ in range(8)]
+    turn = [0]
+
+    def run(_datas) -> None:
+        w = warps[turn[0] % len(warps)]
+        turn[0] += 1
+        _warp_kernel.pack(images, w.out_sizes, _setup(w, [(256, 256)] * 256), _fill_values(w.fill, 3), None)
+    return run
+
+
+def loop(datas, seconds: float, part=plan) -> dict:
     python = k = 0
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t = time.perf_counter()
-        plan(datas)
+        part(datas)
         python += time.perf_counter() - t
         time.sleep(0.012)   # the native decode: the GIL given up once
         k += 1
@@ -60,13 +81,15 @@ def loop(datas, seconds: float) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data")
+    p.add_argument("--part", choices=["decode", "ops"], default="decode")
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--json")
     args = p.parse_args()
     files = sorted(q for q in Path(args.data).rglob("*") if q.suffix.lower() in (".jpg", ".jpeg"))[:256]
     datas = [q.read_bytes() for q in files]
-    out = {"tree": str(Path(ingest.__file__).resolve().parents[1]), "images": len(datas),
-           "alone": loop(datas, args.seconds)}
+    part = plan if args.part == "decode" else ops_host()
+    out = {"tree": str(Path(ingest.__file__).resolve().parents[1]), "part": args.part, "images": len(datas),
+           "alone": loop(datas, args.seconds, part)}
     stop = threading.Event()
 
     def busy():
@@ -74,7 +97,7 @@ def main() -> None:
             sum(range(2000))
     thread = threading.Thread(target=busy, daemon=True)
     thread.start()
-    out["beside_busy"] = loop(datas, args.seconds)
+    out["beside_busy"] = loop(datas, args.seconds, part)
     stop.set()
     thread.join()
     print(json.dumps(out))

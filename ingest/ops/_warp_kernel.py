@@ -268,31 +268,41 @@ def pack(images: torch.Tensor | list[torch.Tensor] | ImageArena, out_sizes: Sequ
     buf = zeros(16 * (2 * n + 1), np.int64)   # np.zeros of 1 KB and more gives the GIL up (ingest._numpy)
     ip = buf[:16 * n].reshape(n, 16)
     fp = buf[16 * n:].view(np.float64).reshape(n + 1, 16)
+    # Filled column by column: numpy gives the GIL up in an operation on more than 500 items (ingest._numpy).
     if isinstance(images, torch.Tensor):
         step = images.stride(0) * images.element_size()
         ip[:, 0] = images.data_ptr() + step * np.arange(n, dtype=np.int64)
-        ip[:, 2:4] = images.shape[1:3]
-        ip[:, 4:7] = images.stride()[1:]
+        for j, value in enumerate((*images.shape[1:3], *images.stride()[1:])):
+            ip[:, 2 + j] = value
     elif isinstance(images, ImageArena):
         ip[:, 0] = images.pointers()
-        ip[:, 2:4] = images.hw
+        ip[:, 2], ip[:, 3] = images.hw[:, 0], images.hw[:, 1]
         ip[:, 4], ip[:, 5], ip[:, 6] = images.hw[:, 1] * c, c, 1
     else:
         ip[:, 0] = [im.data_ptr() for im in images]
-        ip[:, 2:7] = [im.shape[:2] + im.stride() for im in images]
+        layout = [im.shape[:2] + im.stride() for im in images]
+        for j in range(5):
+            ip[:, 2 + j] = [v[j] for v in layout]
     ip[:, 1] = np.concatenate([[0], np.cumsum(count)[:-1]])
-    ip[:, 7:11] = setup.taps
-    ip[:, 11:13] = out_hw
+    _columns(ip, 7, setup.taps)
+    _columns(ip, 11, out_hw)
     ip[:, 13] = setup.aa
     fp[0, :c] = fill
     if coefficients is not None:
         fp[0, 4:4 + c], fp[0, 8:8 + c] = coefficients
-    fp[1:, 0:6] = setup.matrix.reshape(n, 6)
-    fp[1:, 6:10] = setup.box
-    fp[1:, 10:12] = setup.support
-    fp[1:, 12:14] = setup.inv_scale
+    for r in range(2):
+        _columns(fp[1:], 3 * r, setup.matrix[:, r, :])
+    _columns(fp[1:], 6, setup.box)
+    _columns(fp[1:], 10, setup.support)
+    _columns(fp[1:], 12, setup.inv_scale)
     grid = (int(-(-out_hw[:, 1].max() // _BLOCK[0])), int(-(-out_hw[:, 0].max() // _BLOCK[1])), n)
     return Packed(buf, ip, fp, out_hw, count, c, grid)
+
+
+def _columns(dst: np.ndarray, first: int, src: np.ndarray) -> None:
+    """``dst[:, first:first + k] = src`` for a ``[n, k]`` ``src``, one column at a time."""
+    for j in range(src.shape[1]):
+        dst[:, first + j] = src[:, j]
 
 
 def output(packed: Packed, dtype: torch.dtype, device: torch.device | str, nchw: bool
@@ -301,7 +311,7 @@ def output(packed: Packed, dtype: torch.dtype, device: torch.device | str, nchw:
     as ``[N, ...]`` when all samples share a size (allocated in that shape: a view would be one more torch
     call, and each gives the GIL up), else a list of views of it, one per sample."""
     n, c, hw = len(packed.out_hw), packed.channels, packed.out_hw
-    if n and (hw == hw[0]).all():
+    if n and (hw[:, 0] == hw[0, 0]).all() and (hw[:, 1] == hw[0, 1]).all():
         h, w = int(hw[0, 0]), int(hw[0, 1])
         out = torch.empty((n, c, h, w) if nchw else (n, h, w, c), dtype=dtype, device=device)
         return out, out

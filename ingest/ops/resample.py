@@ -76,17 +76,29 @@ def _setup(w: Warp, sizes: Sequence[Size]) -> _Setup:
         raise ValueError(f"the warp is for {len(w.out_sizes)} samples, the batch has {len(hw)}")
     if w.interpolation not in ("nearest", "bilinear", "bicubic"):
         raise ConfigError(f"Unknown interpolation {w.interpolation!r}. Available: bicubic, bilinear, nearest")
-    eps = 1e-6
-    taps = np.empty((len(hw), 4), dtype=np.int64)
-    taps[:, :2] = np.floor(w.box[:, :2] + eps)
-    taps[:, 2:] = np.ceil(w.box[:, 2:] - eps)
-    a = np.abs(w.matrix[:, :2, :2])
-    tiny = 1e-9
-    aligned = ((a[:, 0, 1] < tiny) & (a[:, 1, 0] < tiny)) | ((a[:, 0, 0] < tiny) & (a[:, 1, 1] < tiny))
+    # Column by column: numpy gives the GIL up in an operation on more than 500 items (ingest._numpy), and this
+    # runs per batch in the training process.
+    n, eps, tiny = len(hw), 1e-6, 1e-9
+    box, matrix = w.box, w.matrix
+    taps = np.empty((n, 4), dtype=np.int64)
+    for j in range(4):
+        taps[:, j] = np.floor(box[:, j] + eps) if j < 2 else np.ceil(box[:, j] - eps)
+    a00, a01, a10, a11 = (np.abs(matrix[:, r, c]) for r, c in ((0, 0), (0, 1), (1, 0), (1, 1)))
+    aligned = ((a01 < tiny) & (a10 < tiny)) | ((a00 < tiny) & (a11 < tiny))
     aa = aligned & bool(w.antialias) & (w.interpolation != "nearest")
-    scale = np.maximum(a.sum(axis=2), 1.0)  # source pixels per output pixel, along source x and y
-    support = scale * (2.0 if w.interpolation == "bicubic" else 1.0)
-    return _Setup(w.matrix[:, :2, :].copy(), w.box.astype(np.float64), taps, aa, support, 1.0 / scale)
+    factor = 2.0 if w.interpolation == "bicubic" else 1.0
+    scale, support, inv_scale = (np.empty((n, 2)) for _ in range(3))
+    for j, (first, second) in enumerate(((a00, a01), (a10, a11))):
+        scale[:, j] = np.maximum(first + second, 1.0)  # source pixels per output pixel, along source x and y
+        support[:, j] = scale[:, j] * factor
+        inv_scale[:, j] = 1.0 / scale[:, j]
+    rows, box64 = np.empty((n, 2, 3)), np.empty((n, 4))
+    for r in range(2):
+        for c in range(3):
+            rows[:, r, c] = matrix[:, r, c]
+    for j in range(4):
+        box64[:, j] = box[:, j]
+    return _Setup(rows, box64, taps, aa, support, inv_scale)
 
 
 def _fill_values(fill: Sequence[float], channels: int) -> tuple[float, ...]:
