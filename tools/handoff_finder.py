@@ -5,6 +5,8 @@ A C function that releases the GIL returns quickly alone but waits up to a switc
 beside a thread that holds it. So: a busy thread spins on ``sum(range(2000))`` (the one of bench_gpu.py); a
 profile hook (``sys.setprofile`` / ``threading.setprofile``, so every thread the loop starts has it) times each C
 call; calls that took at least ``--slow`` of the switch interval are counted per (function, caller line, thread).
+What it cannot see: numpy releasing the GIL inside an operator or a subscript (``a + b``, ``a[:, 1:3] = b``
+on more than 500 items), which are not calls; `tools/decode_plan_beside.py` times such code as a whole.
 The report is per batch of the loop: how many such calls, and where. The hook slows Python code down, not the
 waits, so the counts are what matter, not the rates. It also gives each Python function's inclusive time per
 batch in both runs, and the functions that grew most beside the busy thread: the innermost one that grew
