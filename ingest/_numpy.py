@@ -19,3 +19,12 @@ def zeros(shape: int | tuple[int, ...], dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     return np.frombuffer(bytearray(math.prod(shape) * dtype.itemsize), dtype).reshape(shape)
+
+
+def columns(*cols, dtype=np.float64) -> np.ndarray:
+    """An ``(n, len(cols))`` array filled column by column (each column an (n,) array or a number)."""
+    n = max((len(c) for c in cols if np.ndim(c)), default=0)
+    out = np.empty((n, len(cols)), dtype=dtype)
+    for j, col in enumerate(cols):
+        out[:, j] = col
+    return out

@@ -20,6 +20,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from .._numpy import columns, zeros
 from .base import Size, size_list
 
 
@@ -36,8 +37,11 @@ class Steps(NamedTuple):
 
 
 def eye(n: int) -> np.ndarray:
-    """``n`` identity matrices, (n, 3, 3)."""
-    return np.tile(np.eye(3), (n, 1, 1))
+    """``n`` identity matrices, (n, 3, 3) (zeroed and set column by column: see ingest._numpy)."""
+    m = zeros((n, 3, 3), np.float64)
+    for k in range(3):
+        m[:, k, k] = 1.0
+    return m
 
 
 def bounds(m: np.ndarray, region: np.ndarray) -> np.ndarray:
@@ -235,12 +239,12 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
     """
     src = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     n = len(src)
-    box = _columns(np.zeros(n), np.zeros(n), src[:, 1], src[:, 0])
+    box = _columns(0.0, 0.0, src[:, 1], src[:, 0])
     m, cur = eye(n), src
     resampler, fill = None, None
     for st in steps:
         if st.resamples.any():
-            region = st.crop if st.crop is not None else _columns(np.zeros(n), np.zeros(n), cur[:, 1], cur[:, 0])
+            region = st.crop if st.crop is not None else _columns(0.0, 0.0, cur[:, 1], cur[:, 0])
             mapped = bounds(m, region)
             for c in range(4):
                 box[:, c] = np.where(st.resamples, mapped[:, c], box[:, c])
@@ -258,10 +262,7 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
 
 def _columns(*cols: np.ndarray) -> np.ndarray:
     """An (N, len(cols)) float64 array filled column by column."""
-    out = np.empty((len(cols[0]), len(cols)))
-    for c, col in enumerate(cols):
-        out[:, c] = col
-    return out
+    return columns(*cols)
 
 
 #: Matrices per `stacked_matmul` call: numpy lets the GIL go on a product of more than 500 output elements.

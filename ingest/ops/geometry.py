@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from . import resample
+from .._numpy import columns, zeros
 from .affine import Steps, compose, eye
 from .base import (Images, Op, Rngs, Size, as_list, fill_for, pad_crop, per_sample, probability, size_list, sizes_of,
                    stack_if_uniform)
@@ -298,14 +299,15 @@ class RandomResizedCrop(GeometryOp):
         # each (the [B, 10] form made ~15 such calls per batch).
         u, at = rngs.random(20), rngs.random(2)
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        cw, ch, found = np.zeros(len(hw), np.int64), np.zeros(len(hw), np.int64), np.zeros(len(hw), bool)
+        cw, ch, found = zeros(len(hw), np.int64), zeros(len(hw), np.int64), zeros(len(hw), bool)
         todo = np.arange(len(hw))
         for j in range(10):
             if not len(todo):
                 break
             ht, wt = h[todo], w[todo]
-            area = ht * wt * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[todo, j])
-            aspect = np.exp(lo + (hi - lo) * u[todo, 10 + j])
+            # u[:, j][todo], not u[todo, j]: numpy's 2-D fancy indexing gave the GIL up, a column's 1-D one does not
+            area = ht * wt * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, j][todo])
+            aspect = np.exp(lo + (hi - lo) * u[:, 10 + j][todo])
             tw = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # rint: ties to even, like round()
             th = np.rint(np.sqrt(area / aspect)).astype(np.int64)
             ok = (tw > 0) & (tw <= wt) & (th > 0) & (th <= ht)
@@ -329,8 +331,8 @@ class RandomResizedCrop(GeometryOp):
         m = eye(len(sizes))
         m[:, 0, 0], m[:, 0, 2] = cw / ow, left
         m[:, 1, 1], m[:, 1, 2] = ch / oh, top
-        out = np.tile(np.array([[oh, ow]], dtype=np.int64), (len(sizes), 1))
-        return Steps(m, out, np.stack([left, top, left + cw, top + ch], axis=1), (ch != oh) | (cw != ow))
+        out = columns(*(np.full(len(sizes), v, np.int64) for v in (oh, ow)), dtype=np.int64)
+        return Steps(m, out, columns(left, top, left + cw, top + ch), (ch != oh) | (cw != ow))
 
     def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
         return [self.size] * len(sizes)
@@ -355,15 +357,15 @@ class Flip(GeometryOp):
         self.vertical = bool(vertical)
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
-        coins = per_sample(rngs, len(sizes)).random(2) < self.p
-        return coins & np.array([self.horizontal, self.vertical])
+        u = per_sample(rngs, len(sizes)).random(2)   # column by column (see ingest._numpy)
+        return columns((u[:, 0] < self.p) & self.horizontal, (u[:, 1] < self.p) & self.vertical, dtype=bool)
 
     def _steps(self, sizes: np.ndarray, params: np.ndarray) -> Steps:
         m = eye(len(sizes))
         fx, fy = params[:, 0], params[:, 1]
         m[:, 0, 0], m[:, 0, 2] = np.where(fx, -1.0, 1.0), np.where(fx, sizes[:, 1], 0)
         m[:, 1, 1], m[:, 1, 2] = np.where(fy, -1.0, 1.0), np.where(fy, sizes[:, 0], 0)
-        return Steps(m, sizes.copy(), None, np.zeros(len(sizes), dtype=bool))
+        return Steps(m, columns(sizes[:, 0], sizes[:, 1], dtype=sizes.dtype), None, np.zeros(len(sizes), dtype=bool))
 
     def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
         return list(sizes)
