@@ -21,10 +21,25 @@ def zeros(shape: int | tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(bytearray(math.prod(shape) * dtype.itemsize), dtype).reshape(shape)
 
 
-def columns(*cols, dtype=np.float64) -> np.ndarray:
-    """An ``(n, len(cols))`` array filled column by column (each column an (n,) array or a number)."""
-    n = max((len(c) for c in cols if np.ndim(c)), default=0)
+def columns(*cols, n: int | None = None, dtype=np.float64) -> np.ndarray:
+    """An ``(n, len(cols))`` array filled column by column (each column an (n,) array or a number; ``n``:
+    the arrays' length, or given)."""
+    if n is None:
+        n = max((len(c) for c in cols if np.ndim(c)), default=0)
     out = np.empty((n, len(cols)), dtype=dtype)
     for j, col in enumerate(cols):
         out[:, j] = col
+    return out
+
+
+def assign(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for two arrays of one shape ``(n, ...)``, one ``(n,)`` column at a time."""
+    for index in np.ndindex(dst.shape[1:]):
+        dst[(slice(None), *index)] = src[(slice(None), *index)]
+
+
+def copy(a: np.ndarray, dtype=None) -> np.ndarray:
+    """A copy of the ``(n, ...)`` array ``a`` (as ``dtype``, if given), made column by column (`assign`)."""
+    out = np.empty(a.shape, dtype=dtype or a.dtype)
+    assign(out, a)
     return out

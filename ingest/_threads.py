@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 class Threads:
-    """A pool of ``workers`` threads named ``prefix``-N, made on first use in each process; ``initializer``
-    runs in each thread first. :meth:`shutdown` ends it; using it after that raises RuntimeError."""
+    """A pool of ``workers`` threads named ``prefix``-N, made on first use in each process. :meth:`shutdown`
+    ends it; using it after that raises RuntimeError."""
 
-    def __init__(self, workers: int, prefix: str, initializer=None, initargs: tuple = ()):
-        self.workers, self.prefix, self.initializer, self.initargs = workers, prefix, initializer, initargs
+    def __init__(self, workers: int, prefix: str):
+        self.workers, self.prefix = workers, prefix
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1
         self._closed = False
@@ -27,16 +27,12 @@ class Threads:
         if self._closed:
             raise RuntimeError(f"the {self.prefix} thread pool was shut down")
         if self._pid != os.getpid():
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=self.prefix,
-                                            initializer=self.initializer, initargs=self.initargs)
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=self.prefix)
             self._pid = os.getpid()
         return self._pool
 
     def map(self, fn, *iterables):
         return self.pool.map(fn, *iterables)
-
-    def submit(self, fn, *args, **kwargs):
-        return self.pool.submit(fn, *args, **kwargs)
 
     def shutdown(self) -> None:
         """Wait for this process's threads (a parent's pool is left to the parent)."""

@@ -292,9 +292,9 @@ class ByteReader:
             some = large.any()
             if some:
                 self._rows_kvikio(paths, plan.runs(np.flatnonzero(large)), _rows_of(out, n), handles)
-            if some and large.all():
-                pass
-            elif some and out.is_cuda:
+            if large.all():
+                return
+            if some and out.is_cuda:
                 self._rows_some_staged(paths, plan, ~large, _rows_of(out, n), handles)
             elif out.is_cuda:
                 staged = self._staging.take(n * row).reshape(n, row)
@@ -314,17 +314,13 @@ class ByteReader:
         n = len(offsets)
         files, offsets = np.ascontiguousarray(files), np.ascontiguousarray(offsets)
         listed = files.tolist()
-        table = np.full(max(listed) + 1 if listed else 0, -1, dtype=np.int64)
         if listed and min(listed) < 0:
             raise ValueError(f"read_rows: file number {min(listed)} is negative")
-        path_of: dict[int, str] = {}
-        for file in set(listed):
-            path = paths[file]
-            try:
-                table[file] = handles.get(("fd", path), lambda: os.open(path, os.O_RDONLY))
-            except OSError as err:
-                raise read_error(Location(path, int(offsets[listed.index(file)])), err) from None
-            path_of[int(table[file])] = path
+        fd_of = _descriptors(paths, listed, offsets, handles)
+        table = np.full(max(listed) + 1 if listed else 0, -1, dtype=np.int64)
+        for file, fd in fd_of.items():
+            table[file] = fd
+        path_of = {fd: paths[file] for file, fd in fd_of.items()}
         fds, starts, want = (np.empty(n, dtype=np.int64) for _ in range(3))
         first, lens, addrs = np.empty(n + 1, dtype=np.int64), np.empty(2 * n, dtype=np.int64), \
             np.empty(2 * n, dtype=np.uint64)
@@ -337,12 +333,7 @@ class ByteReader:
         threads = max(1, min(self.threads, max(-(-tasks // MIN_SHARE), total >> 20)))
         NATIVE.read([None] * tasks, fds[:tasks], starts[:tasks], first[:tasks + 1], addrs[:segments],
                     lens[:segments], got, threads)
-        if got.tobytes() != want[:tasks].tobytes():   # a byte compare keeps the GIL; numpy's != may not
-            k = next(k for k, (g, w) in enumerate(zip(got.tolist(), want[:tasks].tolist())) if g != w)
-            path, offset = path_of[int(fds[k])], int(starts[k])
-            if got[k] < 0:
-                raise read_error(Location(path, offset), _os_error(int(got[k])))
-            raise short_read(int(got[k]), int(want[k]), path, offset)
+        _check_reads(got, want[:tasks], lambda k: (path_of[int(fds[k])], int(starts[k])))
         return True
 
     def _rows_some_staged(self, paths: Sequence[str], plan: "RowPlan", which: np.ndarray, flat: torch.Tensor,
@@ -381,25 +372,11 @@ class ByteReader:
         lens[at[has_gap] - 1] = gaps[has_gap]
         chosen = np.flatnonzero(which)
         run_files = plan.file[chosen].tolist()
-        fd_of: dict[int, int] = {}   # a dict, not np.unique and a mask per file: each gives the GIL up on a big batch
-        for k, file in enumerate(run_files):
-            if file not in fd_of:
-                path = paths[file]
-                try:
-                    fd_of[file] = handles.get(("fd", path), lambda: os.open(path, os.O_RDONLY))
-                except OSError as err:
-                    raise read_error(Location(path, int(offsets[k])), err) from None
+        fd_of = _descriptors(paths, run_files, offsets, handles)
         fds = np.array([fd_of[file] for file in run_files], dtype=np.int64)
         tasks = _Tasks(rows.reshape(-1), [None] * len(chosen), fds, offsets, np.append(at[lead], len(starts)),
                        starts, lens)
-        got, want = self._run(tasks), plan.nbytes[chosen]
-        bad = np.flatnonzero(got != want)
-        if len(bad):
-            k = int(bad[0])
-            path, offset = paths[run_files[k]], int(offsets[k])
-            if got[k] < 0:
-                raise read_error(Location(path, offset), _os_error(int(got[k])))
-            raise short_read(int(got[k]), int(want[k]), path, offset)
+        _check_reads(self._run(tasks), plan.nbytes[chosen], lambda k: (paths[run_files[k]], int(offsets[k])))
 
     def _rows_kvikio(self, paths: Sequence[str], runs: list["Run"], flat: torch.Tensor, handles) -> None:
         if flat.is_cuda:
@@ -576,6 +553,33 @@ class RowPlan(NamedTuple):
             out.append(Run(int(self.file[r]), offset, int(self.nbytes[r]), self.order[a:b],
                            self.pos[a:b] - offset if b - a > 1 else _ZERO, bool(self.dense[r])))
         return out
+
+
+def _descriptors(paths: Sequence[str], files: list[int], offsets: np.ndarray, handles) -> dict[int, int]:
+    """The open descriptor of each file number in ``files`` (entry k read at ``offsets[k]``, named in the error
+    of a file that does not open), from ``handles``. A dict, not np.unique and a mask per file: on a big
+    batch each of those gives the GIL up."""
+    fd_of: dict[int, int] = {}
+    for k, file in enumerate(files):
+        if file not in fd_of:
+            path = paths[file]
+            try:
+                fd_of[file] = handles.get(("fd", path), lambda: os.open(path, os.O_RDONLY))
+            except OSError as err:
+                raise read_error(Location(path, int(offsets[k])), err) from None
+    return fd_of
+
+
+def _check_reads(got: np.ndarray, want: np.ndarray, where) -> None:
+    """Raise for the first read k whose count ``got[k]`` (bytes, or -errno) is not ``want[k]``; ``where(k)``:
+    its (path, offset). The arrays are compared as bytes, which keeps the GIL (numpy's ``!=`` may not)."""
+    if got.tobytes() == want.tobytes():
+        return
+    k = next(k for k, (g, w) in enumerate(zip(got.tolist(), want.tolist())) if g != w)
+    path, offset = where(k)
+    if got[k] < 0:
+        raise read_error(Location(path, offset), _os_error(int(got[k])))
+    raise short_read(int(got[k]), int(want[k]), path, offset)
 
 
 def _rows_of(out: torch.Tensor, n: int) -> torch.Tensor:

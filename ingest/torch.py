@@ -160,7 +160,6 @@ class Loader:
         # The in-process executor. It runs on into the next epoch when one ends (`_epochs`): a new `iter()` that
         # asks for that epoch from its start takes it over (`_chained`); anything else closes it.
         self._executor: Executor | None = None
-        self._marked: torch.cuda.Stream | None = None   # see `_deliver`
         self._failures: Failures | None = None
 
     def _check_read_stage(self) -> None:
@@ -206,8 +205,7 @@ class Loader:
         # A fractional budget is a share of the samples this epoch reads (None: unknown, for a stream).
         self._failures = Failures(self.max_failures, self.sampler.samples(start, self._offset) if self._stream is None else None)
         read = None
-        self._marked = None   # the stream this process's ops stage marks the outputs for (`Pipeline.consumer_stream`)
-        if self.pipeline is not None:
+        if self.pipeline is not None:   # set below where this process's ops stage makes the batches
             self.pipeline.consumer_stream = None
         if self.num_workers:
             if self._pool is None:
@@ -226,7 +224,7 @@ class Loader:
         self.pipeline.failures = self._failures
         self.pipeline.with_fields = self.output != "tuple"
         if self.device.type == "cuda":
-            self._marked = self.pipeline.consumer_stream = torch.cuda.current_stream(self.device)
+            self.pipeline.consumer_stream = torch.cuda.current_stream(self.device)
         self._executor = Executor(self.pipeline, plans, prefetch=self.prefetch, read=read)
         return self._iterate(self._executor, self._run)
 
@@ -264,7 +262,8 @@ class Loader:
         if batch.ready is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(batch.ready)
-            if stream != self._marked:   # else the ops stage marked them (`Pipeline.consumer_stream`)
+            marked = self.pipeline.consumer_stream if self.pipeline is not None else None
+            if stream != marked:   # else this process's ops stage marked them (`Pipeline.consumer_stream`)
                 for t in cuda_tensors((batch.images, batch.labels, batch.fields)):
                     t.record_stream(stream)
         if self.output == "tuple":

@@ -493,3 +493,15 @@ def test_zeros_keeps_the_gil_and_gives_writable_zeroed_arrays():
     assert a.shape == (300, 9) and a.dtype == np.int64 and not a.any() and a.flags.writeable
     a[5, 3] = 7
     assert a.sum() == 7 and zeros(0, np.uint32).shape == (0,) and zeros(4, np.float32).tolist() == [0.0] * 4
+
+
+def test_column_helpers_equal_numpys_whole_array_forms():
+    from ingest._numpy import assign, columns, copy
+    rng = np.random.default_rng(0)
+    a = rng.random((600, 2, 3))
+    assert np.array_equal(copy(a), a) and copy(a, np.float32).dtype == np.float32
+    dst = np.zeros((600, 16))
+    assign(dst[:, 7:11], a.reshape(600, 6)[:, :4])   # into a view: the parent changes
+    assert np.array_equal(dst[:, 7:11], a.reshape(600, 6)[:, :4]) and not dst[:, :7].any()
+    assert np.array_equal(columns(3, 4, n=5, dtype=np.int64), np.tile([3, 4], (5, 1)))
+    assert np.array_equal(columns(0.0, a[:, 0, 0]), np.stack([np.zeros(600), a[:, 0, 0]], 1))

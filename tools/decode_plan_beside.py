@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 import ingest
-from ingest.ops import decode_gpu
-from ingest.ops.decode import jpeg_headers
+
+sys.path.insert(0, str(Path(ingest.__file__).resolve().parents[1] / "benchmarks"))
+from bench_gpu import Busy  # noqa: E402
+
+from ingest.ops import decode_gpu  # noqa: E402
+from ingest.ops.decode import jpeg_headers  # noqa: E402
 
 
 def plan(datas) -> None:
@@ -90,16 +94,8 @@ def main() -> None:
     part = plan if args.part == "decode" else ops_host()
     out = {"tree": str(Path(ingest.__file__).resolve().parents[1]), "part": args.part, "images": len(datas),
            "alone": loop(datas, args.seconds, part)}
-    stop = threading.Event()
-
-    def busy():
-        while not stop.is_set():
-            sum(range(2000))
-    thread = threading.Thread(target=busy, daemon=True)
-    thread.start()
-    out["beside_busy"] = loop(datas, args.seconds, part)
-    stop.set()
-    thread.join()
+    with Busy():   # bench_gpu's busy thread, as the other probes use
+        out["beside_busy"] = loop(datas, args.seconds, part)
     print(json.dumps(out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

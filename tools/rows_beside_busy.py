@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import ingest
 
 sys.path.insert(0, str(Path(ingest.__file__).resolve().parents[1] / "benchmarks"))
 import bench_raw  # noqa: E402
+from bench_gpu import Busy  # noqa: E402
 
 from ingest.formats.raw import RawSource  # noqa: E402
 from ingest.io import ByteReader  # noqa: E402
@@ -40,12 +40,6 @@ def main() -> None:
     out = src.batch_buffer(args.batch)
     rng = np.random.default_rng(0)
     batches = [rng.permutation(args.n)[:args.batch] for _ in range(args.batches)]
-    stop = threading.Event()
-
-    def busy():
-        while not stop.is_set():
-            sum(range(2000))
-
     def timed():
         wall, cpu = time.perf_counter(), time.thread_time()
         for idx in batches:
@@ -54,11 +48,8 @@ def main() -> None:
                 "thread_cpu_ms": round((time.thread_time() - cpu) / len(batches) * 1e3, 2)}
     timed()
     result = {"tree": str(Path(ingest.__file__).resolve().parents[1]), "batch": args.batch, "alone": timed()}
-    thread = threading.Thread(target=busy, daemon=True)
-    thread.start()
-    result["beside_busy"] = timed()
-    stop.set()
-    thread.join()
+    with Busy():   # bench_gpu's busy thread, as the other probes use
+        result["beside_busy"] = timed()
     print(json.dumps(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .._driver import Staging
-from .._numpy import zeros
+from .._numpy import assign, zeros
 from .base import ImageArena, device_and_channels
 
 SOURCE = r"""
@@ -284,25 +284,19 @@ def pack(images: torch.Tensor | list[torch.Tensor] | ImageArena, out_sizes: Sequ
         for j in range(5):
             ip[:, 2 + j] = [v[j] for v in layout]
     ip[:, 1] = np.concatenate([[0], np.cumsum(count)[:-1]])
-    _columns(ip, 7, setup.taps)
-    _columns(ip, 11, out_hw)
+    assign(ip[:, 7:11], setup.taps)
+    assign(ip[:, 11:13], out_hw)
     ip[:, 13] = setup.aa
     fp[0, :c] = fill
     if coefficients is not None:
         fp[0, 4:4 + c], fp[0, 8:8 + c] = coefficients
     for r in range(2):
-        _columns(fp[1:], 3 * r, setup.matrix[:, r, :])
-    _columns(fp[1:], 6, setup.box)
-    _columns(fp[1:], 10, setup.support)
-    _columns(fp[1:], 12, setup.inv_scale)
+        assign(fp[1:, 3 * r:3 * r + 3], setup.matrix[:, r, :])
+    assign(fp[1:, 6:10], setup.box)
+    assign(fp[1:, 10:12], setup.support)
+    assign(fp[1:, 12:14], setup.inv_scale)
     grid = (int(-(-out_hw[:, 1].max() // _BLOCK[0])), int(-(-out_hw[:, 0].max() // _BLOCK[1])), n)
     return Packed(buf, ip, fp, out_hw, count, c, grid)
-
-
-def _columns(dst: np.ndarray, first: int, src: np.ndarray) -> None:
-    """``dst[:, first:first + k] = src`` for a ``[n, k]`` ``src``, one column at a time."""
-    for j in range(src.shape[1]):
-        dst[:, first + j] = src[:, j]
 
 
 def output(packed: Packed, dtype: torch.dtype, device: torch.device | str, nchw: bool

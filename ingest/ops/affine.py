@@ -239,12 +239,12 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
     """
     src = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     n = len(src)
-    box = _columns(0.0, 0.0, src[:, 1], src[:, 0])
+    box = columns(0.0, 0.0, src[:, 1], src[:, 0])
     m, cur = eye(n), src
     resampler, fill = None, None
     for st in steps:
         if st.resamples.any():
-            region = st.crop if st.crop is not None else _columns(0.0, 0.0, cur[:, 1], cur[:, 0])
+            region = st.crop if st.crop is not None else columns(0.0, 0.0, cur[:, 1], cur[:, 0])
             mapped = bounds(m, region)
             for c in range(4):
                 box[:, c] = np.where(st.resamples, mapped[:, c], box[:, c])
@@ -258,11 +258,6 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
                 antialias=resampler.antialias if resampler else False,
                 fill=fill if fill is not None else (0.0,),
                 source_sizes=size_list(src))
-
-
-def _columns(*cols: np.ndarray) -> np.ndarray:
-    """An (N, len(cols)) float64 array filled column by column."""
-    return columns(*cols)
 
 
 #: Matrices per `stacked_matmul` call: numpy lets the GIL go on a product of more than 500 output elements.

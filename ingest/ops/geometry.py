@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from . import resample
-from .._numpy import columns, zeros
+from .._numpy import columns, copy, zeros
 from .affine import Steps, compose, eye
 from .base import (Images, Op, Rngs, Size, as_list, fill_for, pad_crop, per_sample, probability, size_list, sizes_of,
                    stack_if_uniform)
@@ -331,7 +331,7 @@ class RandomResizedCrop(GeometryOp):
         m = eye(len(sizes))
         m[:, 0, 0], m[:, 0, 2] = cw / ow, left
         m[:, 1, 1], m[:, 1, 2] = ch / oh, top
-        out = columns(*(np.full(len(sizes), v, np.int64) for v in (oh, ow)), dtype=np.int64)
+        out = columns(oh, ow, n=len(sizes), dtype=np.int64)
         return Steps(m, out, columns(left, top, left + cw, top + ch), (ch != oh) | (cw != ow))
 
     def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
@@ -365,7 +365,7 @@ class Flip(GeometryOp):
         fx, fy = params[:, 0], params[:, 1]
         m[:, 0, 0], m[:, 0, 2] = np.where(fx, -1.0, 1.0), np.where(fx, sizes[:, 1], 0)
         m[:, 1, 1], m[:, 1, 2] = np.where(fy, -1.0, 1.0), np.where(fy, sizes[:, 0], 0)
-        return Steps(m, columns(sizes[:, 0], sizes[:, 1], dtype=sizes.dtype), None, np.zeros(len(sizes), dtype=bool))
+        return Steps(m, copy(sizes), None, np.zeros(len(sizes), dtype=bool))
 
     def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
         return list(sizes)

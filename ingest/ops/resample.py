@@ -29,6 +29,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
+from .._numpy import copy
 from ..errors import ConfigError
 from . import _warp_kernel
 from .affine import Warp
@@ -92,13 +93,7 @@ def _setup(w: Warp, sizes: Sequence[Size]) -> _Setup:
         scale[:, j] = np.maximum(first + second, 1.0)  # source pixels per output pixel, along source x and y
         support[:, j] = scale[:, j] * factor
         inv_scale[:, j] = 1.0 / scale[:, j]
-    rows, box64 = np.empty((n, 2, 3)), np.empty((n, 4))
-    for r in range(2):
-        for c in range(3):
-            rows[:, r, c] = matrix[:, r, c]
-    for j in range(4):
-        box64[:, j] = box[:, j]
-    return _Setup(rows, box64, taps, aa, support, inv_scale)
+    return _Setup(copy(matrix[:, :2, :]), copy(box, np.float64), taps, aa, support, inv_scale)
 
 
 def _fill_values(fill: Sequence[float], channels: int) -> tuple[float, ...]:
