@@ -77,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="resnet18", help="torchvision model trained in (e) (default resnet18)")
     p.add_argument("--ingest-workers", type=int, default=None,
                    help="ingest Loader num_workers (default: the Loader's own default)")
+    p.add_argument("--prefetch", type=int, default=2,
+                   help="ingest Loader prefetch (batches queued after each stage; DALI's prefetch_queue_depth "
+                        "is 2)")
     p.add_argument("--seconds", type=float, default=None, help="timed window per loader (default 10)")
     p.add_argument("--train-seconds", type=float, default=None, help="timed training window (default 10; 0 = skip e)")
     p.add_argument("--decode-seconds", type=float, default=None, help="timed window per decode-only case (5)")
@@ -518,7 +521,7 @@ def build_ingest(args, dev, decode: str, stages: str | None = None, workers: int
     ops = [RandomResizedCrop(224), Flip(p=0.5),
            Normalize(mean=MEAN, std=STD, dtype=torch.float32, layout="NCHW")]
     loader = ingest.Loader(args.data, batch_size=args.batch, device=str(dev), decode=decode, ops=ops,
-                           shuffle=True, seed=0, prefetch=2, last_batch="drop",
+                           shuffle=True, seed=0, prefetch=args.prefetch, last_batch="drop",
                            num_workers=args.ingest_workers if workers is None else workers,
                            **({} if stages is None else {"worker_stages": stages}))
     return Feed(loader, lambda b: (b[0], b[1]), stats=loader.stats, close=getattr(loader, "close", None))
@@ -776,7 +779,7 @@ def timed(run_batch, n_batches: int, args, dev, threads: int = 1) -> dict:
     warm-up of 2 batches per thread; batches are dealt round-robin."""
     barrier = threading.Barrier(threads + 1)
     counts, errors = [0] * threads, []
-    stop = threading.Event()
+    stop, failed = threading.Event(), threading.Event()
 
     def worker(tid):
         try:
@@ -790,6 +793,7 @@ def timed(run_batch, n_batches: int, args, dev, threads: int = 1) -> dict:
                 j += 1
         except BaseException as err:  # noqa: BLE001
             errors.append(err)
+            failed.set()
             barrier.abort()
 
     ts = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(threads)]
@@ -800,8 +804,9 @@ def timed(run_batch, n_batches: int, args, dev, threads: int = 1) -> dict:
     except threading.BrokenBarrierError:
         pass
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < args.decode_seconds and not errors:
-        time.sleep(0.01)
+    # One wait, not a polling loop: a thread waking every few ms would be one more taker of the GIL beside the
+    # decode threads (and the busy thread of `beside_busy`), which a training process does not have.
+    failed.wait(args.decode_seconds)
     stop.set()
     for t in ts:
         t.join()
