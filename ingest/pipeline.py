@@ -349,8 +349,8 @@ class Pipeline:
         if self.direct:
             # Nothing to decode: the ops' random draws are made here, while the read stage (the limit on this
             # path) reads the next batch, instead of before each read.
-            if len(work.indices):
-                work.ops_plan = planner.plan(self.ops, work.sizes, work.plan.sample_rngs())
+            if len(work.indices):   # in slices on a large batch (`planner.SLICE`)
+                work.ops_plan = planner.plan_sliced(self.ops, work.sizes, work.plan.sample_rngs)
             return work
         if not work.records or self.image_kind is None:
             return work

@@ -36,11 +36,11 @@ class BatchPlan:
     def rng(self) -> np.random.Generator:
         return np.random.Generator(np.random.PCG64(self.seed))
 
-    def sample_rngs(self) -> SampleRandom:
+    def sample_rngs(self, start: int = 0, stop: int | None = None) -> SampleRandom:
         """The batch's per-sample random source, sample n keyed by ``(seed, epoch, dataset index)`` only: a
         sample's random augmentation does not depend on the batch size, the number of shards, a resume or
-        its neighbours (:mod:`ingest.random`)."""
-        return SampleRandom.keyed(self.root, self.epoch, self.indices)
+        its neighbours (:mod:`ingest.random`). ``start``/``stop``: that slice of the batch's samples only."""
+        return SampleRandom.keyed(self.root, self.epoch, self.indices[start:stop])
 
 
 class Sampler:

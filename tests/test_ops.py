@@ -561,6 +561,43 @@ def test_warp_rejects_a_mismatched_batch():
         warp(ragged(3), w)
 
 
+@pytest.mark.parametrize("ops", [
+    [RandomResizedCrop(12), Flip(), Normalize(**IMAGENET, dtype=torch.float16, layout="NCHW")],
+    [RandomResizedCrop((10, 14)), Flip(), Rotate(20)],
+], ids=["normalized NCHW", "pixels"])
+def test_a_large_batch_planned_in_slices_gets_what_one_plan_gives(ops):
+    """`plan_sliced` plans a batch of more than `SLICE` samples in slices (numpy gives the GIL up on more than
+    500 items): every sample draws from its own key, so the slices draw and write what one plan would."""
+    from ingest.ops.planner import SLICE, Sliced, plan_sliced
+    from ingest.random import SampleRandom
+    n = SLICE + 44
+    ims = torch.stack([image(20, 24, i) for i in range(n)])
+    keys = np.arange(1000, 1000 + n)
+    sizes = [(20, 24)] * n
+    sliced = plan_sliced(ops, sizes, lambda a, b: SampleRandom.keyed(5, 1, keys[a:b]))
+    whole = plan(ops, sizes, SampleRandom.keyed(5, 1, keys))
+    assert isinstance(sliced, Sliced) and sliced.bounds == [(0, n // 2), (n // 2, n)]
+    assert sliced.sizes == whole.sizes and sliced.out_sizes == whole.out_sizes and sliced.output == whole.output
+    got, want = sliced.execute(ims), whole.execute(ims)
+    assert got.shape == want.shape and got.dtype == want.dtype and torch.equal(got, want)
+    assert not isinstance(plan_sliced(ops, sizes[:SLICE], lambda a, b: SampleRandom.keyed(5, 1, keys[a:b])), Sliced)
+    with pytest.raises(ValueError, match="whole images"):
+        sliced.execute(ims, origins=[(0, 0)] * n)
+
+
+def test_execute_and_warp_write_into_out_of_the_batchs_shape():
+    ims = torch.stack([image(20, 24, i) for i in range(4)])
+    p = plan([CenterCrop(16), Flip()], sizes_of(ims), 0)
+    out = torch.zeros((4, 16, 16, 3), dtype=torch.uint8)
+    assert p.execute(ims, out=out) is out and torch.equal(out, p.execute(ims))
+    with pytest.raises(ValueError, match="`out` has shape"):
+        p.execute(ims, out=torch.empty((4, 15, 16, 3), dtype=torch.uint8))
+    out = torch.zeros((4, 16, 16, 3), dtype=torch.uint8)
+    assert warp(ims, p.warp, out=out) is out and torch.equal(out, warp(ims, p.warp))
+    with pytest.raises(ValueError, match="`out` is"):
+        warp(ims, p.warp, out=torch.empty((4, 16, 16, 3), dtype=torch.float32))
+
+
 # --------------------------------------------------------------------------------------------------
 # The CUDA kernel's own source, compiled as C++ and run on the CPU (one loop over blocks and threads), so
 # that its indexing, argument packing, filters and epilogue are checked against the reference in CI.

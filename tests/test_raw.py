@@ -585,3 +585,29 @@ def test_raw_loader_reads_into_the_batch_tensors_the_ops_handed_back(tmp_path, m
     want = epochs(ingest.Loader(str(root), batch_size=8, ops=ops, shuffle=True, num_workers=0))
     for (x, y), (xw, yw) in zip(got, want):
         assert torch.equal(x, xw) and torch.equal(y, yw)
+
+
+def test_raw_loader_plans_a_large_batch_in_slices(tmp_path, monkeypatch):
+    """A direct-read batch of more than `planner.SLICE` samples is planned and run in slices (numpy gives the GIL
+    up on more than 500 items), and each sample comes out as it does from batches under the limit."""
+    import ingest
+    from ingest.ops import Flip, Normalize, RandomResizedCrop, planner
+    monkeypatch.setattr(planner, "SLICE", 8)
+    root = write_shards(tmp_path / "ds", fixed_images(40, 20, 20), shards=2)
+    ops = [RandomResizedCrop(12), Flip(), Normalize([120.0] * 3, [60.0] * 3)]
+    slices = []
+    execute = planner.Sliced.execute
+    monkeypatch.setattr(planner.Sliced, "execute", lambda self, *a, **k: slices.append(self.bounds) or
+                        execute(self, *a, **k))
+
+    def run(batch_size):
+        loader = ingest.Loader(str(root), batch_size=batch_size, ops=ops, seed=2, num_workers=0)
+        try:
+            batches = list(loader)
+        finally:
+            loader.close()
+        return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+    big = run(20)
+    assert slices == [[(0, 6), (6, 13), (13, 20)]] * 2
+    small = run(5)
+    assert torch.equal(big[0], small[0]) and torch.equal(big[1], small[1])

@@ -268,3 +268,30 @@ def test_ops_stage_marks_the_outputs_for_the_training_loops_stream(tmp_path, mon
         assert ("MainThread", other.cuda_stream) in calls
     finally:
         loader.close()
+
+
+def test_a_sliced_plan_on_cuda_writes_what_one_plan_does():
+    """Each slice's warp writes its rows of one output (`planner.Sliced`): the batch is the one plan's, bit for bit,
+    and the warp checks the buffer it is given."""
+    from ingest.ops import Flip, Normalize, RandomResizedCrop, planner, resample
+    from ingest.random import SampleRandom
+    n = planner.SLICE + 100
+    ims = torch.from_numpy(np.stack(images_of(n, 32, 40))).cuda()
+    keys = np.arange(n) * 7
+    sizes = [(32, 40)] * n
+    for ops in ([RandomResizedCrop(24), Flip(), Normalize([120.0] * 3, [60.0] * 3, dtype=torch.float16)],
+                [RandomResizedCrop((20, 28)), Flip()]):
+        sliced = planner.plan_sliced(ops, sizes, lambda a, b: SampleRandom.keyed(1, 0, keys[a:b]))
+        whole = planner.plan(ops, sizes, SampleRandom.keyed(1, 0, keys))
+        assert len(sliced.plans) == 2
+        got, want = sliced.execute(ims), whole.execute(ims)
+        assert got.shape == want.shape and got.dtype == want.dtype and torch.equal(got, want)
+    w = whole.warp
+    out = torch.zeros((n, 20, 28, 3), dtype=torch.uint8, device="cuda")
+    assert resample.warp(ims, w, out=out) is out and torch.equal(out, want)
+    for bad in (torch.zeros((n, 20, 27, 3), dtype=torch.uint8, device="cuda"),
+                torch.zeros((n, 20, 28, 3), dtype=torch.float32, device="cuda"),
+                torch.zeros((n, 28, 20, 3), dtype=torch.uint8, device="cuda").transpose(1, 2),
+                torch.zeros((n, 20, 28, 3), dtype=torch.uint8)):
+        with pytest.raises(ValueError, match="`out` must be a contiguous"):
+            resample.warp(ims, w, out=bad)

@@ -299,16 +299,27 @@ def pack(images: torch.Tensor | list[torch.Tensor] | ImageArena, out_sizes: Sequ
     return Packed(buf, ip, fp, out_hw, count, c, grid)
 
 
-def output(packed: Packed, dtype: torch.dtype, device: torch.device | str, nchw: bool
-           ) -> tuple[torch.Tensor, torch.Tensor | list[torch.Tensor]]:
+def output(packed: Packed, dtype: torch.dtype, device: torch.device | str, nchw: bool,
+           out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | list[torch.Tensor]]:
     """A new buffer the kernel writes a batch's output to, and the output as the caller gets it: that buffer
     as ``[N, ...]`` when all samples share a size (allocated in that shape: a view would be one more torch
-    call, and each gives the GIL up), else a list of views of it, one per sample."""
+    call, and each gives the GIL up), else a list of views of it, one per sample. ``out``: the caller's
+    buffer for a batch of one size, checked, instead of a new one."""
     n, c, hw = len(packed.out_hw), packed.channels, packed.out_hw
-    if n and (hw[:, 0] == hw[0, 0]).all() and (hw[:, 1] == hw[0, 1]).all():
+    uniform = n and (hw[:, 0] == hw[0, 0]).all() and (hw[:, 1] == hw[0, 1]).all()
+    if uniform:
         h, w = int(hw[0, 0]), int(hw[0, 1])
-        out = torch.empty((n, c, h, w) if nchw else (n, h, w, c), dtype=dtype, device=device)
+        shape = (n, c, h, w) if nchw else (n, h, w, c)
+        if out is None:
+            out = torch.empty(shape, dtype=dtype, device=device)
+        elif (tuple(out.shape) != shape or out.dtype != dtype or out.device != torch.device(device)
+              or not out.is_contiguous()):
+            raise ValueError(f"`out` must be a contiguous {shape} {dtype} tensor on {device}, got "
+                             f"{tuple(out.shape)} {out.dtype} on {out.device}"
+                             + ("" if out.is_contiguous() else ", not contiguous"))
         return out, out
+    if out is not None:
+        raise ValueError("`out` takes a batch whose outputs share a size")
     out = torch.empty(int(packed.count.sum()), dtype=dtype, device=device)
     return out, [part.view((c, h, w) if nchw else (h, w, c))
                  for part, (h, w) in zip(out.split(packed.count.tolist()), hw.tolist())]
@@ -316,13 +327,14 @@ def output(packed: Packed, dtype: torch.dtype, device: torch.device | str, nchw:
 
 def launch(images: torch.Tensor | list[torch.Tensor], out_sizes: Sequence[tuple[int, int]], setup, interpolation: str,
            fill: Sequence[float], coefficients: tuple[Sequence[float], Sequence[float]] | None,
-           dtype: torch.dtype, nchw: bool) -> torch.Tensor | list[torch.Tensor]:
+           dtype: torch.dtype, nchw: bool, out: torch.Tensor | None = None) -> torch.Tensor | list[torch.Tensor]:
     """Run the warp kernel on CUDA ``images`` on the current torch stream; returns the output as one new
-    ``[N, ...]`` tensor of ``dtype`` when all samples share a size, else as views of one (:func:`output`)."""
+    ``[N, ...]`` tensor of ``dtype`` when all samples share a size (or ``out``), else as views of one
+    (:func:`output`)."""
     cupy = _state["cupy"]
     device, channels = device_and_channels(images)
     packed = pack(images, out_sizes, setup, fill, coefficients)
-    out, result = output(packed, dtype, device, nchw)
+    out, result = output(packed, dtype, device, nchw, out)
     if out.numel():
         # The arguments go up through pinned staging with the GIL kept (`ingest._driver.Staging`) into this
         # stream's argument buffer: the next batch's copy is queued on the same stream, after this kernel.

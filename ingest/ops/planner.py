@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -32,11 +32,19 @@ from ..errors import ConfigError
 from . import resample
 from .affine import Steps, Warp, clip_polygons, compose, map_boxes, map_points, nonempty, polygon_parts_kept
 from .base import (PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, device_and_channels, per_sample, size_list,
-                   sizes_of)
+                   sizes_of, stack_if_uniform)
 from .geometry import GeometryOp
 
 #: Per-box target fields that :meth:`Plan.targets` prunes together with the boxes (COCO's names).
 PER_BOX = ("labels", "iscrowd", "area")
+
+#: The most samples one plan holds in `plan_sliced`: numpy gives the GIL up in an operation on more than 500
+#: items (`ingest._numpy`), so a plan's draws and its warp's launch arguments, written column by column, keep it
+#: at up to 256 samples (and ``(n, 2)`` columns pairs). Beside a busy thread on 2 cores, drawing and packing
+#: RandomResizedCrop + Flip + Normalize grew by ~1.5 ms at 256 samples, ~4 ms at 480 and ~240 ms at 512 (with
+#: a profile hook); on an H100 a raw loader's plan stage took 4.7 ms per 512-sample batch against 1.5 ms per
+#: 480-sample one.
+SLICE = 256
 
 
 @dataclass
@@ -52,7 +60,9 @@ class Stage:
     epilogue: Op | None = None
 
     def run(self, images: Images, origins: Sequence[tuple[int, int]] | None = None,
-            scales: float | Sequence[float] | None = None) -> Images:
+            scales: float | Sequence[float] | None = None, out: torch.Tensor | None = None) -> Images:
+        """The stage on ``images``; a CUDA warp writes its batch to ``out`` when given (other paths ignore it:
+        see :meth:`Plan.execute`)."""
         if self.warp is None:
             (op, params), = self.drawn
             return op.apply(images, params)
@@ -70,7 +80,7 @@ class Stage:
         elif scales is not None or sizes != self.in_sizes:
             w = w.rescaled(sizes, scales)
         epilogue = self.epilogue.epilogue(channels) if self.epilogue else None
-        return resample.warp(images, w, epilogue=epilogue)
+        return resample.warp(images, w, epilogue=epilogue, out=out if device.type == "cuda" else None)
 
 
 @dataclass
@@ -94,7 +104,7 @@ class Plan:
         return self.stages[0].warp if self.stages else None
 
     def execute(self, images: Images, origins: Sequence[tuple[int, int]] | None = None,
-                scales: float | Sequence[float] | None = None) -> Images:
+                scales: float | Sequence[float] | None = None, *, out: torch.Tensor | None = None) -> Images:
         """Run the plan on the decoded batch.
 
         ``origins`` = (x0, y0) per sample when the decoder returned only a region of each source (from
@@ -102,14 +112,27 @@ class Plan:
         sizes when neither is given). On CPU, images of the planned sizes run op by op eagerly
         (torchvision-exact); anything else runs the composed warps. Without a leading warp the images must be
         whole (origins all (0, 0)).
+
+        ``out``: a tensor to write the batch to, of its final shape and dtype (``[N, C, H, W]`` for an NCHW
+        layout, else ``[N, H, W, C]``), returned. A last stage that is a CUDA warp writes there itself; other
+        results are copied in.
         """
         if origins is not None and self.warp is None:
             if any(tuple(o) != (0, 0) for o in origins):
                 raise ValueError("`origins` (region-of-interest decode) need a plan that starts with geometry")
             origins = None
+        last = len(self.stages) - 1
         for k, stage in enumerate(self.stages):
-            images = stage.run(images, origins, scales) if k == 0 and stage.warp is not None else stage.run(images)
-        return images
+            into = out if k == last else None
+            images = (stage.run(images, origins, scales, into) if k == 0 and stage.warp is not None
+                      else stage.run(images, out=into))
+        if out is None or images is out:
+            return images
+        got = images if isinstance(images, torch.Tensor) else stack_if_uniform(as_list(images))
+        if not isinstance(got, torch.Tensor) or got.shape != out.shape:
+            raise ValueError(f"`out` has shape {tuple(out.shape)}; the batch is "
+                             f"{tuple(got.shape) if isinstance(got, torch.Tensor) else 'of several sizes'}")
+        return out.copy_(got)
 
     def map_boxes(self, boxes: Sequence[Any], *, min_size: float = 0.0) -> tuple[list[Any], list[np.ndarray]]:
         """Boxes (one ``[K, 4]`` ltrb array or tensor per sample, absolute pixels of the source) through every
@@ -261,6 +284,64 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
         if stage.steps:
             stage.warp = compose(stage.steps, warp_inputs[k])
     return Plan(sizes, drawn, stages, list(cur), spec, content)
+
+
+@dataclass
+class Sliced:
+    """A batch of more than `SLICE` samples planned in slices of at most `SLICE` (`plan_sliced`): ``bounds``
+    gives each slice's samples, ``plans`` its plan. :meth:`execute` runs each slice on its rows and writes all
+    of them to one output tensor. Reads as a `Plan` does where the pipeline reads one: ``sizes``,
+    ``out_sizes``, ``content_sizes``, ``output`` (no ``warp``: it is for whole images, no regions to decode)."""
+
+    bounds: list[tuple[int, int]]
+    plans: list[Plan]
+    warp = None
+
+    @property
+    def sizes(self) -> list[Size]:
+        return [s for p in self.plans for s in p.sizes]
+
+    @property
+    def out_sizes(self) -> list[Size]:
+        return [s for p in self.plans for s in p.out_sizes]
+
+    @property
+    def content_sizes(self) -> list[Size] | None:
+        if self.plans[0].content_sizes is None:
+            return None
+        return [s for p in self.plans for s in p.content_sizes]
+
+    @property
+    def output(self) -> ImageSpec:
+        return self.plans[0].output
+
+    def execute(self, images: torch.Tensor, origins: None = None) -> torch.Tensor:
+        """Every slice's plan on its rows of ``images`` (one ``[N, H, W, C]`` tensor), written to one new
+        ``[N, ...]`` tensor (its layout as :meth:`Plan.execute`'s ``out``). The outputs must share a size."""
+        if origins is not None:
+            raise ValueError("a sliced plan takes whole images (no `origins`)")
+        sizes = self.out_sizes
+        if any(s != sizes[0] for s in sizes):
+            raise ValueError("a sliced plan's outputs must share a size")
+        (h, w), c = sizes[0], images.shape[3]
+        spec = self.output
+        shape = (len(sizes), c, h, w) if spec.layout == "NCHW" else (len(sizes), h, w, c)
+        out = torch.empty(shape, dtype=spec.dtype, device=images.device)
+        for (a, b), p in zip(self.bounds, self.plans):   # tensor slicing keeps the GIL (narrow() would not)
+            p.execute(images[a:b], out=out[a:b])
+        return out
+
+
+def plan_sliced(ops: Sequence[Op], sizes: Sequence[Size], rngs: Callable[[int, int], Rngs]) -> Plan | Sliced:
+    """:func:`plan` for ``sizes``, in slices of at most `SLICE` samples when there are more: ``rngs(a, b)``
+    gives samples a..b-1's random source. Each sample draws from its own key, so the slices draw what one
+    plan would."""
+    n = len(sizes)
+    if n <= SLICE:
+        return plan(ops, sizes, rngs(0, n))
+    k = -(-n // SLICE)
+    bounds = [(n * j // k, n * (j + 1) // k) for j in range(k)]
+    return Sliced(bounds, [plan(ops, sizes[a:b], rngs(a, b)) for a, b in bounds])
 
 
 def run_ops(ops: Sequence[Op], images: Images, rng: Rngs = None, *, device_kind: str = "cpu") -> Images:

@@ -101,12 +101,13 @@ def _fill_values(fill: Sequence[float], channels: int) -> tuple[float, ...]:
     return tuple(float(round(v)) for v in fill_for(fill, channels))
 
 
-def warp(images: Images, w: Warp, *, epilogue: Epilogue | None = None) -> Images:
+def warp(images: Images, w: Warp, *, epilogue: Epilogue | None = None, out: torch.Tensor | None = None) -> Images:
     """Resample every image of the batch by ``w``, then run ``epilogue`` on the result if given.
 
     Returns ``[N, H, W, C]`` uint8 (or the epilogue's dtype and layout) when all outputs share a size, else
     a list. On CUDA with CuPy and at most 4 channels this is one kernel launch on the current torch
-    stream; otherwise :func:`reference`.
+    stream; otherwise :func:`reference`. ``out``: a contiguous tensor of that shape, dtype and device to
+    write to instead of a new one (the outputs must share a size), returned.
     """
     if not len(images):
         return images
@@ -124,8 +125,15 @@ def warp(images: Images, w: Warp, *, epilogue: Epilogue | None = None) -> Images
         return _warp_kernel.launch(images, w.out_sizes, setup, w.interpolation, fill,
                                    epilogue[:2] if epilogue else None,
                                    epilogue.dtype if epilogue else torch.uint8,
-                                   epilogue is not None and epilogue.layout == "NCHW")
-    return _reference(as_list(images), w, setup, fill, epilogue)
+                                   epilogue is not None and epilogue.layout == "NCHW", out=out)
+    result = _reference(as_list(images), w, setup, fill, epilogue)
+    if out is None:
+        return result
+    if not isinstance(result, torch.Tensor) or result.shape != out.shape or result.dtype != out.dtype:
+        raise ValueError(f"`out` is {tuple(out.shape)} {out.dtype}; the warp gives "
+                         + (f"{tuple(result.shape)} {result.dtype}" if isinstance(result, torch.Tensor)
+                            else "outputs of several sizes"))
+    return out.copy_(result)
 
 
 def reference(images: Images, w: Warp, *, epilogue: Epilogue | None = None) -> Images:
