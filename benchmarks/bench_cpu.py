@@ -179,7 +179,7 @@ def child(args) -> int:
     res: dict = {"variant": args.child, "torch_threads": torch.get_num_threads()}
     dev = torch.device("cpu")
     ns = argparse.Namespace(data=args.data, batch=args.batch, threads=args.threads, workers=args.threads,
-                            ingest_workers=None, prefetch=2)   # the Loader's own defaults
+                            ingest_workers=None)   # the Loader's own default
     try:
         t0 = time.perf_counter()
         feed = bg.build_dataloader(ns, dev) if args.child == "dataloader" else bg.build_ingest(ns, dev, "cpu")

@@ -520,8 +520,9 @@ def build_ingest(args, dev, decode: str, stages: str | None = None, workers: int
     from ingest.ops import Flip, Normalize, RandomResizedCrop
     ops = [RandomResizedCrop(224), Flip(p=0.5),
            Normalize(mean=MEAN, std=STD, dtype=torch.float32, layout="NCHW")]
+    # bench_cpu.py and bench_ddp.py build this loader from options of their own, without --prefetch
     loader = ingest.Loader(args.data, batch_size=args.batch, device=str(dev), decode=decode, ops=ops,
-                           shuffle=True, seed=0, prefetch=args.prefetch, last_batch="drop",
+                           shuffle=True, seed=0, prefetch=getattr(args, "prefetch", 2), last_batch="drop",
                            num_workers=args.ingest_workers if workers is None else workers,
                            **({} if stages is None else {"worker_stages": stages}))
     return Feed(loader, lambda b: (b[0], b[1]), stats=loader.stats, close=getattr(loader, "close", None))
