@@ -252,15 +252,19 @@ def derive(results: dict) -> dict:
     raw = max([v.get("img_s") or 0 for k, v in dec.items() if k.startswith("nvimgcodec")] or [0]) or None
     ing_dec = max([v.get("img_s") or 0 for k, v in dec.items() if k in ("ingest_gpu_1thr", "ingest_gpu_2thr")]
                   or [0]) or None
+    alone = lambda name: _get(dec, name, "img_s")  # noqa: E731
     synth = g("synthetic", "train", "img_s")
     r = {
         "a_over_d": _ratio(a, d), "a_over_c": _ratio(a, c), "b_over_d": _ratio(b, d), "b_over_c": _ratio(b, c),
         "d_over_c": _ratio(d, c),
         "a_over_f_raw": _ratio(a, raw), "f_ingest_decoder_over_f_raw": _ratio(ing_dec, raw),
         "f_raw_nvimgcodec_img_s": raw,
-        "f_beside_busy_over_alone": _ratio(_get(dec, "ingest_gpu_beside_busy", "img_s"), ing_dec),
-        "f_beside_busy_switch_500us_over_alone": _ratio(
-            _get(dec, "ingest_gpu_beside_busy_switch_500us", "img_s"), ing_dec),
+        # Each beside-busy case over the same configuration alone (one caller thread, one decoder thread; the
+        # Loader's lanes). Before 2026-11-23 these divided by the best of 1thr and 2thr, understating them.
+        "f_beside_busy_over_alone": _ratio(alone("ingest_gpu_beside_busy"), alone("ingest_gpu_1thr")),
+        "f_beside_busy_switch_500us_over_alone": _ratio(alone("ingest_gpu_beside_busy_switch_500us"),
+                                                        alone("ingest_gpu_1thr")),
+        "f_lanes_beside_busy_over_alone": _ratio(alone("ingest_lanes_beside_busy"), alone("ingest_lanes")),
     }
     # Device-wide first: ingest's worker processes are other PIDs, which a per-process figure would miss.
     for m in ("device_peak_mb", "pid_peak_mb"):
@@ -765,6 +769,8 @@ def decode_variant(args, dev, res, flush) -> None:
              ("ingest_gpu_beside_busy", lambda: beside_busy(ingest_gpu_case, batches, dev, args, None)),
              ("ingest_gpu_beside_busy_switch_500us",
               lambda: beside_busy(ingest_gpu_case, batches, dev, args, 0.0005)),
+             ("ingest_lanes", lambda: ingest_lanes_case(batches, dev, args)),
+             ("ingest_lanes_beside_busy", lambda: beside_busy(ingest_lanes_case, batches, dev, args, None)),
              ("ingest_cpu", lambda: ingest_cpu_case(batches, args))]
     for name, case in cases:
         try:
@@ -903,6 +909,40 @@ class Busy:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+
+def ingest_lanes_case(batches, dev, args, _threads: int = 1) -> dict:
+    """The Loader's GPU decode: ``decode_batches`` lanes (2 by default), each a caller thread with its own
+    `GpuDecoder` (``gpu_decoders`` threads, CPU threads shared out as the pipeline does) and CUDA stream,
+    batches dealt to them in turn, so one lane's Python work and GIL waits overlap the other's decode."""
+    if dev.type != "cuda":
+        raise RuntimeError("unavailable: needs a GPU")
+    import torch
+    from ingest import defaults
+    from ingest.ops.decode import CpuDecoder
+    from ingest.ops.decode_gpu import GpuDecoder, cpu_threads_each
+    lanes = defaults.get("decode_batches")
+    lanes = 2 if lanes == "auto" else int(lanes)
+    each = defaults.get("gpu_decoders")
+    cpu = CpuDecoder(**_kwargs_for(CpuDecoder, threads=args.threads))
+    decoders = [GpuDecoder(dev, cpu, threads=each, cpu_threads=cpu_threads_each(each * lanes)) for _ in range(lanes)]
+    streams = [torch.cuda.Stream(dev) for _ in range(lanes)]
+
+    def run(j, tid):
+        gpu, stream = decoders[tid], streams[tid]
+        with torch.cuda.stream(stream):
+            images, _, _ = gpu.decode_batch(batches[j][0], batches[j][1], stream=stream)
+        if not isinstance(images, list):
+            gpu.recycle(images)
+            return len(images)
+        return sum(not isinstance(im, BaseException) for im in images)
+
+    r = timed(run, len(batches), args, dev, lanes)
+    r.update(note=f"{lanes} lanes as the Loader decodes: a caller thread each, GpuDecoder(threads={each}) and a "
+                  "stream each, batches in turn, whole images, arenas handed back")
+    for obj in (*decoders, cpu):
+        obj.close()
+    return r
 
 
 def beside_busy(case, batches, dev, args, interval) -> dict:
