@@ -13,6 +13,9 @@ import math
 
 import numpy as np
 
+#: numpy's threshold: an operation on more items than this gives the GIL up.
+LIMIT = 500
+
 
 def zeros(shape: int | tuple[int, ...], dtype) -> np.ndarray:
     """``np.zeros(shape, dtype)`` over a zeroed ``bytearray`` (Python fills it holding the GIL), writable."""
@@ -43,3 +46,17 @@ def copy(a: np.ndarray, dtype=None) -> np.ndarray:
     out = np.empty(a.shape, dtype=dtype or a.dtype)
     assign(out, a)
     return out
+
+
+def take(a: np.ndarray, idx: np.ndarray, dtype=None) -> np.ndarray:
+    """``a[idx]`` (as ``dtype``, if given) for a 1-D ``a`` and ``idx`` of any length, `LIMIT` items at a time."""
+    out = np.empty(len(idx), dtype=dtype or a.dtype)
+    for start in range(0, len(idx), LIMIT):
+        out[start:start + LIMIT] = a[idx[start:start + LIMIT]]
+    return out
+
+
+def extremes(a: np.ndarray) -> tuple:
+    """``(a.min(), a.max())`` of a non-empty 1-D array, `LIMIT` items at a time."""
+    parts = [a[start:start + LIMIT] for start in range(0, len(a), LIMIT)]
+    return min(p.min() for p in parts), max(p.max() for p in parts)

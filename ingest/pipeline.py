@@ -42,6 +42,7 @@ from .errors import ConfigError, CorruptRecordError, FailureBudgetExceeded, Inge
 from .collate import collate, to_device
 from .formats.base import Location, Record, Source, fields_of, locate_each, parse_each
 from ._driver import Staging, recorded
+from ._numpy import take
 from .io import ByteReader
 from .ops import planner
 from .ops.base import ImageArena, bind_thread, stack_if_uniform
@@ -260,7 +261,7 @@ class Pipeline:
         with torch.cuda.stream(self.decode_stream) if self.decode_stream is not None else _nothing():
             out = self._direct_buffer(len(idx))
             self.source.read_batch(idx, out, self.reader)
-        labels = self._labels[idx] if len(self._labels) else np.full(len(idx), -1, dtype=np.int64)
+        labels = take(self._labels, idx) if len(self._labels) else np.full(len(idx), -1, dtype=np.int64)
         # No per-sample Python objects: names are made only if a message needs one, records are all alike.
         work = _Work(plan, _Names(self.source, idx), idx, plan.is_pad, [_NO_FIELDS] * len(idx), labels=labels,
                      failures=self.failures)
@@ -419,8 +420,10 @@ class Pipeline:
             return None  # every sample of the batch failed (and the budget allowed it)
         failed = set(work.failed)
         keep = [k for k in range(len(work.records)) if k not in failed]
+        # Without failures, no fancy indexing: numpy would give the GIL up on a batch over 500 (ingest._numpy).
+        rows = (lambda a: a) if not failed else (lambda a: a[keep])  # noqa: E731
         names = [work.names[k] for k in keep] if self.extra_fields and self.with_fields else []   # for messages
-        host_labels = np.ascontiguousarray(work.labels[keep] if work.labels is not None else
+        host_labels = np.ascontiguousarray(rows(work.labels) if work.labels is not None else
                                            np.array([work.records[k].label for k in keep], dtype=np.int64))
         labels = torch.from_numpy(host_labels)
         if self.ops_stream is not None:
@@ -453,8 +456,8 @@ class Pipeline:
             fields = self._collate([values[k] for k in keep], names, work, keep)
         if self.direct and len(self._spare_direct) < 2 and not _shares_memory(images, work.images):
             self._spare_direct.append((work.images, ready))   # for the next reads (`_direct_buffer`)
-        indices = torch.from_numpy(np.ascontiguousarray(work.indices[keep]))
-        is_pad = torch.from_numpy(np.ascontiguousarray(work.is_pad[keep]))
+        indices = torch.from_numpy(np.ascontiguousarray(rows(work.indices)))
+        is_pad = torch.from_numpy(np.ascontiguousarray(rows(work.is_pad)))
         return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)
 
     def _collate(self, values: list[dict[str, Any]], names: list[str], work: _Work, keep: list[int]

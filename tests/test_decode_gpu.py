@@ -505,3 +505,16 @@ def test_column_helpers_equal_numpys_whole_array_forms():
     assert np.array_equal(dst[:, 7:11], a.reshape(600, 6)[:, :4]) and not dst[:, :7].any()
     assert np.array_equal(columns(3, 4, n=5, dtype=np.int64), np.tile([3, 4], (5, 1)))
     assert np.array_equal(columns(0.0, a[:, 0, 0]), np.stack([np.zeros(600), a[:, 0, 0]], 1))
+
+
+@pytest.mark.parametrize("n", [0, 1, 499, 500, 501, 1234])
+def test_take_and_extremes_equal_numpys_whole_array_forms(n):
+    from ingest._numpy import extremes, take
+    rng = np.random.default_rng(n)
+    table = rng.integers(-2**31, 2**31, 5000).astype(np.int32)
+    idx = rng.integers(0, len(table), n)
+    got = take(table, idx, np.int64)
+    assert got.dtype == np.int64 and np.array_equal(got, table[idx].astype(np.int64))
+    assert take(table, idx).dtype == np.int32
+    if n:
+        assert extremes(idx) == (idx.min(), idx.max()) and extremes(table[idx]) == (table[idx].min(), table[idx].max())

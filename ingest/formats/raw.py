@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from .._atomic import atomic_write
+from .._numpy import extremes, take
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import RAW_INDEX
 from ._raw_index import (COLUMNS, DATA_SUFFIX, DEFAULT_ALIGN, DTYPES, FIELD_ALIGN, FORMAT, INDEX_SUFFIX, STORED,
@@ -462,11 +463,14 @@ class RawSource:
         int64 arrays; negative indices count from the end. Raises IndexError outside the dataset."""
         self._stored_field(field)
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(idx) and (idx.min() < -self._count or idx.max() >= self._count):
+        # Each batch, in the training process: in pieces numpy does not give the GIL up on (ingest._numpy).
+        low, high = extremes(idx) if len(idx) else (0, 0)
+        if low < -self._count or high >= self._count:
             bad = idx[(idx < -self._count) | (idx >= self._count)][0]
             raise IndexError(f"sample index {int(bad)} out of range for a source of {self._count} samples")
-        idx = np.where(idx < 0, idx + self._count, idx)
-        return self._file[idx].astype(np.int64), self._offsets[field][idx]
+        if low < 0:
+            idx = np.where(idx < 0, idx + self._count, idx)
+        return take(self._file, idx, np.int64), take(self._offsets[field], idx)
 
     def close(self) -> None:
         """Close the files (and the default reader) this process opened."""
