@@ -608,6 +608,7 @@ def test_raw_loader_plans_a_large_batch_in_slices(tmp_path, monkeypatch):
             loader.close()
         return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
     big = run(20)
-    assert slices == [[(0, 6), (6, 13), (13, 20)]] * 2
+    # two batches an epoch (the pipeline may already have run the next epoch's first)
+    assert len(slices) >= 2 and all(b == [(0, 6), (6, 13), (13, 20)] for b in slices), slices
     small = run(5)
     assert torch.equal(big[0], small[0]) and torch.equal(big[1], small[1])
