@@ -420,10 +420,8 @@ class Pipeline:
             return None  # every sample of the batch failed (and the budget allowed it)
         failed = set(work.failed)
         keep = [k for k in range(len(work.records)) if k not in failed]
-        # Without failures, no fancy indexing: numpy would give the GIL up on a batch over 500 (ingest._numpy).
-        rows = (lambda a: a) if not failed else (lambda a: a[keep])  # noqa: E731
         names = [work.names[k] for k in keep] if self.extra_fields and self.with_fields else []   # for messages
-        host_labels = np.ascontiguousarray(rows(work.labels) if work.labels is not None else
+        host_labels = np.ascontiguousarray(_select_rows(work.labels, keep, failed) if work.labels is not None else
                                            np.array([work.records[k].label for k in keep], dtype=np.int64))
         labels = torch.from_numpy(host_labels)
         if self.ops_stream is not None:
@@ -456,8 +454,8 @@ class Pipeline:
             fields = self._collate([values[k] for k in keep], names, work, keep)
         if self.direct and len(self._spare_direct) < 2 and not _shares_memory(images, work.images):
             self._spare_direct.append((work.images, ready))   # for the next reads (`_direct_buffer`)
-        indices = torch.from_numpy(np.ascontiguousarray(rows(work.indices)))
-        is_pad = torch.from_numpy(np.ascontiguousarray(rows(work.is_pad)))
+        indices = torch.from_numpy(np.ascontiguousarray(_select_rows(work.indices, keep, failed)))
+        is_pad = torch.from_numpy(np.ascontiguousarray(_select_rows(work.is_pad, keep, failed)))
         return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)
 
     def _collate(self, values: list[dict[str, Any]], names: list[str], work: _Work, keep: list[int]
@@ -625,11 +623,14 @@ def _pixel_size(pixels: Any, name: str) -> tuple[int, int]:
 
 
 def _select_rows(images: Any, keep: list[int], failed: set[int]) -> Any:
-    """The rows of a batch (tensor or list) whose samples did not fail."""
+    """The rows of a batch (tensor, array or list) whose samples did not fail. Without failures, the batch
+    itself: no fancy indexing, with which numpy gives the GIL up on more than 500 rows (ingest._numpy)."""
     if not failed or images is None:
         return images
     if isinstance(images, torch.Tensor):
         return images[torch.tensor(keep, dtype=torch.long, device=images.device)]
+    if isinstance(images, np.ndarray):
+        return images[keep]
     return [images[k] for k in keep]
 
 

@@ -174,6 +174,17 @@ def stack_if_uniform(images: list[torch.Tensor]) -> Images:
     return images
 
 
+def copy_into(out: torch.Tensor, images: Images) -> torch.Tensor:
+    """A batch (one tensor, or images of one shape) copied into ``out``, which must have its shape and dtype;
+    returns ``out``."""
+    got = images if isinstance(images, torch.Tensor) else stack_if_uniform(as_list(images))
+    if not isinstance(got, torch.Tensor) or got.shape != out.shape or got.dtype != out.dtype:
+        raise ValueError(f"`out` is {tuple(out.shape)} {out.dtype}; the batch is "
+                         + (f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor)
+                            else "of several sizes"))
+    return out.copy_(got)
+
+
 def pad_crop(im: torch.Tensor, top: int, left: int, height: int, width: int,
              fill: Sequence[float]) -> torch.Tensor:
     """``im[top:top+height, left:left+width]`` of a ``[..., H, W, C]`` batch, padded with ``fill`` (one value

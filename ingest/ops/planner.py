@@ -31,8 +31,8 @@ import torch
 from ..errors import ConfigError
 from . import resample
 from .affine import Steps, Warp, clip_polygons, compose, map_boxes, map_points, nonempty, polygon_parts_kept
-from .base import (PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, device_and_channels, per_sample, size_list,
-                   sizes_of, stack_if_uniform)
+from .base import (PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, copy_into, device_and_channels, per_sample,
+                   size_list, sizes_of)
 from .geometry import GeometryOp
 
 #: Per-box target fields that :meth:`Plan.targets` prunes together with the boxes (COCO's names).
@@ -61,8 +61,8 @@ class Stage:
 
     def run(self, images: Images, origins: Sequence[tuple[int, int]] | None = None,
             scales: float | Sequence[float] | None = None, out: torch.Tensor | None = None) -> Images:
-        """The stage on ``images``; a CUDA warp writes its batch to ``out`` when given (other paths ignore it:
-        see :meth:`Plan.execute`)."""
+        """The stage on ``images``; a warp writes its batch to ``out`` when given (the CPU's op-by-op path and
+        other ops ignore it: see :meth:`Plan.execute`)."""
         if self.warp is None:
             (op, params), = self.drawn
             return op.apply(images, params)
@@ -80,7 +80,7 @@ class Stage:
         elif scales is not None or sizes != self.in_sizes:
             w = w.rescaled(sizes, scales)
         epilogue = self.epilogue.epilogue(channels) if self.epilogue else None
-        return resample.warp(images, w, epilogue=epilogue, out=out if device.type == "cuda" else None)
+        return resample.warp(images, w, epilogue=epilogue, out=out)
 
 
 @dataclass
@@ -114,7 +114,7 @@ class Plan:
         whole (origins all (0, 0)).
 
         ``out``: a tensor to write the batch to, of its final shape and dtype (``[N, C, H, W]`` for an NCHW
-        layout, else ``[N, H, W, C]``), returned. A last stage that is a CUDA warp writes there itself; other
+        layout, else ``[N, H, W, C]``), returned. A last stage that is a warp writes there itself; other
         results are copied in.
         """
         if origins is not None and self.warp is None:
@@ -126,13 +126,7 @@ class Plan:
             into = out if k == last else None
             images = (stage.run(images, origins, scales, into) if k == 0 and stage.warp is not None
                       else stage.run(images, out=into))
-        if out is None or images is out:
-            return images
-        got = images if isinstance(images, torch.Tensor) else stack_if_uniform(as_list(images))
-        if not isinstance(got, torch.Tensor) or got.shape != out.shape:
-            raise ValueError(f"`out` has shape {tuple(out.shape)}; the batch is "
-                             f"{tuple(got.shape) if isinstance(got, torch.Tensor) else 'of several sizes'}")
-        return out.copy_(got)
+        return images if out is None or images is out else copy_into(out, images)
 
     def map_boxes(self, boxes: Sequence[Any], *, min_size: float = 0.0) -> tuple[list[Any], list[np.ndarray]]:
         """Boxes (one ``[K, 4]`` ltrb array or tensor per sample, absolute pixels of the source) through every

@@ -33,7 +33,7 @@ from .._numpy import copy
 from ..errors import ConfigError
 from . import _warp_kernel
 from .affine import Warp
-from .base import ImageArena, Images, Size, as_list, device_and_channels, fill_for, pad_crop, sizes_of
+from .base import ImageArena, Images, Size, as_list, copy_into, device_and_channels, fill_for, pad_crop, sizes_of
 
 
 class Epilogue(NamedTuple):
@@ -127,13 +127,7 @@ def warp(images: Images, w: Warp, *, epilogue: Epilogue | None = None, out: torc
                                    epilogue.dtype if epilogue else torch.uint8,
                                    epilogue is not None and epilogue.layout == "NCHW", out=out)
     result = _reference(as_list(images), w, setup, fill, epilogue)
-    if out is None:
-        return result
-    if not isinstance(result, torch.Tensor) or result.shape != out.shape or result.dtype != out.dtype:
-        raise ValueError(f"`out` is {tuple(out.shape)} {out.dtype}; the warp gives "
-                         + (f"{tuple(result.shape)} {result.dtype}" if isinstance(result, torch.Tensor)
-                            else "outputs of several sizes"))
-    return out.copy_(result)
+    return result if out is None else copy_into(out, result)
 
 
 def reference(images: Images, w: Warp, *, epilogue: Epilogue | None = None) -> Images:
