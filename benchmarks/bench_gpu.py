@@ -299,7 +299,9 @@ def _get(d, *path):
 
 
 def _headline(res: dict) -> dict:
-    return {"img_s": res.get("img_s"), "train_img_s": _get(res, "train", "img_s"), "error": res.get("error")}
+    return {"img_s": res.get("img_s"), "train_img_s": _get(res, "train", "img_s"),
+            "gpu_step_ms": _get(res, "train", "gpu_step_ms"),
+            "gpu_data_stall_frac": _get(res, "train", "gpu_data_stall_frac"), "error": res.get("error")}
 
 
 def _one_line(res: dict) -> str:
@@ -310,7 +312,8 @@ def _one_line(res: dict) -> str:
     parts = [f"{res.get('img_s')} img/s"] if res.get("img_s") else []
     if res.get("train"):
         t = res["train"]
-        parts.append(f"train {t.get('img_s')} img/s, data wait {t.get('data_wait_frac')}" if "img_s" in t
+        parts.append(f"train {t.get('img_s')} img/s, data wait {t.get('data_wait_frac')}, GPU step "
+                     f"{t.get('gpu_step_ms')} ms, GPU data stall {t.get('gpu_data_stall_frac')}" if "img_s" in t
                      else f"train ERROR {str(t.get('error'))[:200]}")
     if _get(res, "memory", "device_peak_mb") is not None:
         parts.append(f"peak {res['memory']['device_peak_mb']} MB")
@@ -626,7 +629,10 @@ def loader_variant(key, args, dev, res, flush) -> None:
 
     if args.train_seconds > 0:
         try:
+            before = loader_stats(feed.stats) if feed.stats is not None else None
             res["train"] = train_phase(gen, args, dev)
+            if before is not None:
+                res["train"]["loader_stages"] = stage_delta(before, loader_stats(feed.stats))
         except Exception as err:  # noqa: BLE001
             res["train"] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
         flush()
@@ -663,6 +669,25 @@ def loader_stats(stats) -> dict | str:
         return stats()
     except Exception as err:  # noqa: BLE001
         return f"stats() failed: {type(err).__name__}: {err}"
+
+
+def stage_delta(before, after) -> dict | str:
+    """Each stage's work between two ``stats()`` snapshots, per batch: wall ms busy, thread CPU ms (where the
+    loader reports them): which stage holds the loader back beside training."""
+    if not isinstance(before, dict) or not isinstance(after, dict) or "stages" not in after:
+        return "no stage stats"
+    out = {}
+    for name, a in after["stages"].items():
+        b = before.get("stages", {}).get(name, {})
+        n = a.get("batches", 0) - b.get("batches", 0)
+        if n <= 0:
+            continue
+        row = {"batches": n}
+        for key, label in (("seconds", "busy_ms_per_batch"), ("cpu_seconds", "cpu_ms_per_batch")):
+            if key in a:
+                row[label] = round(1000 * (a[key] - b.get(key, 0.0)) / n, 2)
+        out[name] = row
+    return out
 
 
 def describe_batch(x, y, batch: int) -> dict:
@@ -709,6 +734,13 @@ def make_step(dev, args, wrap=None):
 
 
 def train_phase(gen, args, dev) -> dict:
+    """The training loop's rate and where its time went. ``data_wait_frac``: wall time the loop's thread spent
+    in ``next()``. On CUDA also the GPU's side, from an event recorded on the training stream before and after
+    each step: ``gpu_step_ms`` (mean span of a step's work on the GPU: its kernels, plus any gaps while the
+    thread that launches them waited, e.g. for the GIL) and ``gpu_data_stall_frac`` (share of the window
+    between one step's end and the next one's start: the stream waiting for the batch, or for the thread to
+    launch). The thread can run steps ahead of the GPU, so its data wait alone does not say the GPU waited."""
+    import torch
     step, dtype = make_step(dev, args)
     k, tw = 0, time.perf_counter()
     while k < 5 or time.perf_counter() - tw < args.warmup_seconds:
@@ -716,21 +748,35 @@ def train_phase(gen, args, dev) -> dict:
         loss = step(x, y)
         k += 1
     sync(dev)
+    cuda = dev.type == "cuda"
+    marks: list[tuple] = []
     wait, steps, t0 = 0.0, 0, time.perf_counter()
     while True:
         a = time.perf_counter()
         x, y = next(gen)
         b = time.perf_counter()
         wait += b - a
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
         loss = step(x, y)
+        if cuda:
+            end.record()
+            marks.append((begin, end))
         steps += 1
         if (b - t0 >= args.train_seconds and steps >= 3) or steps >= args.max_batches:
             break
     sync(dev)
     el = time.perf_counter() - t0
-    return {"img_s": round(steps * x.shape[0] / el, 1), "data_wait_frac": round(wait / el, 4), "steps": steps,
-            "seconds": round(el, 3), "warmup_steps": k, "amp_dtype": dtype, "final_loss": round(float(loss), 4),
-            "model": f"{args.model}(num_classes={NUM_CLASSES}), channels_last, SGD"}
+    out = {"img_s": round(steps * x.shape[0] / el, 1), "data_wait_frac": round(wait / el, 4), "steps": steps,
+           "seconds": round(el, 3), "warmup_steps": k, "amp_dtype": dtype, "final_loss": round(float(loss), 4),
+           "model": f"{args.model}(num_classes={NUM_CLASSES}), channels_last, SGD"}
+    if len(marks) > 1:
+        spans = [b.elapsed_time(e) for b, e in marks]
+        gaps = [marks[i - 1][1].elapsed_time(marks[i][0]) for i in range(1, len(marks))]
+        whole = marks[0][0].elapsed_time(marks[-1][1])
+        out.update(gpu_step_ms=round(sum(spans) / len(spans), 3), gpu_data_stall_frac=round(sum(gaps) / whole, 4))
+    return out
 
 
 def synthetic_variant(args, dev, res, flush) -> None:
