@@ -137,6 +137,7 @@ def main(argv=None) -> int:
     report = {"benchmark": "bench_gpu", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "dry_run": args.dry_run, "argv": sys.argv[1:], "host": host_info(), "versions": versions(),
               "dataset": dataset_stats(args.data),
+              "ingest_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("INGEST_")},
               "config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
               "results": {}, "rounds": []}
     report["config"]["augmentation"] = ("RandomResizedCrop(224, scale=(0.08,1), ratio=(3/4,4/3)), flip p=0.5, "
@@ -258,6 +259,7 @@ def derive(results: dict) -> dict:
         "a_over_d": _ratio(a, d), "a_over_c": _ratio(a, c), "b_over_d": _ratio(b, d), "b_over_c": _ratio(b, c),
         "d_over_c": _ratio(d, c),
         "a_over_f_raw": _ratio(a, raw), "f_ingest_decoder_over_f_raw": _ratio(ing_dec, raw),
+        "f_ingest_engine_picks_over_f_raw": _ratio(_get(dec, "ingest_gpu_2thr_engine_picks", "img_s"), raw),
         "f_raw_nvimgcodec_img_s": raw,
         # Each beside-busy case over the same configuration alone (one caller thread, one decoder thread; the
         # Loader's lanes). Before 2026-11-23 these divided by the best of 1thr and 2thr, understating them.
@@ -812,6 +814,8 @@ def decode_variant(args, dev, res, flush) -> None:
              ("nvimgcodec_2thr", lambda: nvimgcodec_case(batches, dev, args, 2)),
              ("ingest_gpu_1thr", lambda: ingest_gpu_case(batches, dev, args, 1)),
              ("ingest_gpu_2thr", lambda: ingest_gpu_case(batches, dev, args, 2)),
+             # like for like with nvImageCodec's defaults: every JPEG the hardware engine takes goes to it
+             ("ingest_gpu_2thr_engine_picks", lambda: engine_picks(ingest_gpu_case, batches, dev, args, 2)),
              ("ingest_gpu_beside_busy", lambda: beside_busy(ingest_gpu_case, batches, dev, args, None)),
              ("ingest_gpu_beside_busy_switch_500us",
               lambda: beside_busy(ingest_gpu_case, batches, dev, args, 0.0005)),
@@ -894,6 +898,16 @@ def nvimgcodec_case(batches, dev, args, threads: int) -> dict:
     r.update(failed_in_first_batch=failed, first_shape=shape0,
              note="Decoder() defaults, whole images, bytes in, one CUDA stream per thread")
     return r
+
+
+def engine_picks(case, batches, dev, args, threads: int) -> dict:
+    """``case`` with ingest's ``hw_decoder_load`` set to "auto": nvImageCodec picks each image's backend, as its
+    own `Decoder()` does by default (ingest's default splits a batch between the hardware and CUDA decoders)."""
+    from ingest import defaults
+    if "hw_decoder_load" not in defaults.names():
+        raise RuntimeError("unavailable: this ingest has no hw_decoder_load setting")
+    with defaults.set(hw_decoder_load="auto"):
+        return case(batches, dev, args, threads)
 
 
 def ingest_gpu_case(batches, dev, args, threads: int) -> dict:

@@ -9,7 +9,7 @@
 | gpu_decoders    | INGEST_GPU_DECODERS     | 1       | nvImageCodec decoders sharing each batch, one thread each |
 | gpu_decode_threads | INGEST_GPU_DECODE_THREADS | auto | nvImageCodec CPU threads of each GPU decoder a loader makes: auto (this process's share of the cores over its decoders, `ingest.ops.decode_gpu.cpu_threads_each`) or a count |
 | decode_batches  | INGEST_DECODE_BATCHES   | auto    | batches a loader decodes at once, each on its own thread (and GPU decoders and stream): auto is 2 for GPU decode, else 1 |
-| hw_decoder_load | INGEST_HW_DECODER_LOAD  | auto    | auto (nvImageCodec picks the backend per image) or the share of a batch's JPEGs the hardware decoder takes, the rest going to the CUDA decoder (DALI's name) |
+| hw_decoder_load | INGEST_HW_DECODER_LOAD  | 0.65    | the share of a batch's JPEGs the hardware decoder takes, the rest going to the CUDA decoder (DALI's name and default), or auto (nvImageCodec picks the backend per image: the hardware decoder takes all it can) |
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode or detection feeding CUDA, else 0) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
@@ -33,13 +33,20 @@ one batch's Python work then overlaps the other's native decode. On an H100 the 
 (`benchmarks/results/bench_gpu_h100_lanes*.json`). CPU decode keeps one: its pool already decodes a batch on
 every core (two lanes on 2 cores: 556 against 560 img/s, `benchmarks/bench_cpu.py`).
 
-``hw_decoder_load``: a number hands that share of each batch's JPEGs to the hardware JPEG engine (NVJPG: A100,
-H100, ...) and the rest to nvImageCodec's CUDA (hybrid) decoder, both at once, as DALI's ``hw_decoder_load``
-does (where the engine is missing: every backend nvImageCodec has). Not the default: the two decoders' pixels
-differ slightly, so an image's pixels would depend on its place in the batch, and the gain did not hold up.
-Beside a ResNet-18 training loop on an H100 the native decode of 256 images took 15 ms split 0.65 / 0.35
-against 24-26 ms with nvImageCodec choosing ("auto") in one session, and 22.9 ms split in the next (11-15 ms
-alone either way; `tools/profile_train_loader.py`).
+``hw_decoder_load``: the share of each batch's JPEGs handed to the hardware JPEG engine (NVJPG: A100, H100, ...),
+the rest going to nvImageCodec's CUDA (hybrid) decoder, both at once, as DALI's ``hw_decoder_load`` does (where the
+engine is missing, nvImageCodec's other backends take them all). 0.65 is DALI's default and ours. With "auto"
+(nvImageCodec gives the engine every JPEG it can take) the engine was the loader's limit beside a ResNet-18
+training loop on an H100: the native batch decode took 49 ms per 256 images there against 15 ms alone
+(`benchmarks/results/profile_train_loader_h100_engine.json`), and the training stream stalled between steps
+waiting for batches 2-10% of the time, over 5% in five runs of seven (`bench_gpu.py`'s ``gpu_data_stall_frac``).
+With the split it stalled 1-6%, at the same GPU time per step, and trained faster in 8 of 10 paired runs on five
+machines, by 3% on average (`bench_gpu_h100_hw_split_rounds.json`, `bench_gpu_h100_hw_split_r0.json`, `_r1.json`;
+against DALI in the last: 1.04 and 0.97 with the split, 0.97 and 0.99 without). The cost: the loader alone is
+10-20% slower (the CUDA decoder is the slower of the two), and the two decoders' pixels differ slightly
+(within a level or two) while nvImageCodec gives the engine the first share of each batch, so an image's
+pixels depend on its place in the batch, as with DALI. "auto" gives the fastest decode alone and pixels that
+do not depend on the batch.
 
 ``keep_freed_memory``: by default glibc hands freed memory back to the kernel (past 128 KB free at the top of
 the heap) and gives every block of 128 KB or more its own mapping, so each record copied out of its file (a
@@ -113,7 +120,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "gpu_decoders": ("INGEST_GPU_DECODERS", 1, _integer("gpu_decoders", 1)),
     "gpu_decode_threads": ("INGEST_GPU_DECODE_THREADS", "auto", _integer("gpu_decode_threads", 1, words=("auto",))),
     "decode_batches": ("INGEST_DECODE_BATCHES", "auto", _integer("decode_batches", 1, words=("auto",))),
-    "hw_decoder_load": ("INGEST_HW_DECODER_LOAD", "auto", _fraction("hw_decoder_load")),
+    "hw_decoder_load": ("INGEST_HW_DECODER_LOAD", 0.65, _fraction("hw_decoder_load")),
     "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),
     "ops_threads": ("INGEST_OPS_THREADS", "auto", _integer("ops_threads", 1, words=("auto",))),
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),

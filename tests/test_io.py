@@ -251,9 +251,12 @@ def test_native_addresses_of_buffers():
 
 
 def test_hw_decoder_load_setting(monkeypatch):
-    assert defaults.get("hw_decoder_load") == "auto"
+    monkeypatch.delenv("INGEST_HW_DECODER_LOAD", raising=False)
+    assert defaults.get("hw_decoder_load") == 0.65   # DALI's default split
     monkeypatch.setenv("INGEST_HW_DECODER_LOAD", "0.9")
     assert defaults.get("hw_decoder_load") == 0.9
+    monkeypatch.setenv("INGEST_HW_DECODER_LOAD", "auto")
+    assert defaults.get("hw_decoder_load") == "auto"
     with pytest.raises(ConfigError, match="`hw_decoder_load` must be 'auto' or a number from 0 to 1, got 1.5"):
         defaults.set(hw_decoder_load=1.5)
 

@@ -128,20 +128,28 @@ def test_worker_processes_on_cuda_match_threads(folder, stages):
 
 
 
-def test_two_gpu_decoders_match_one(folder):
+@pytest.mark.parametrize("load", ["auto", 0.65])
+def test_two_gpu_decoders_match_one(folder, load):
     """gpu_decoders=2: each half of a batch decoded by its own nvImageCodec decoder on its own thread (the
-    compiled loop), into the same arena: the batches are identical to one decoder's."""
+    compiled loop), into the same arena: the batches are identical to one decoder's where nvImageCodec picks the
+    backend per image ("auto"). With the hardware/CUDA split each decoder gives the engine the first share of its
+    half, so an image may be decoded by the other backend than with one decoder: within a level or two."""
     ops = [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)]
     kw = dict(batch_size=8, device="cuda", ops=ops, shuffle=True, seed=5, num_workers=0)
-    ref = [(x.cpu(), y.cpu()) for x, y in ingest.Loader(folder, **kw)]
-    with ingest.defaults.set(gpu_decoders=2):
+    with ingest.defaults.set(hw_decoder_load=load):
+        ref = [(x.cpu(), y.cpu()) for x, y in ingest.Loader(folder, **kw)]
+    with ingest.defaults.set(gpu_decoders=2, hw_decoder_load=load):
         loader = ingest.Loader(folder, **kw)
         got = [(x.cpu(), y.cpu()) for x, y in loader]
     paths = loader.stats()["decode_paths"]   # the next epoch's read-ahead included
     assert set(paths) <= {"gpu", "gpu-roi"} and sum(paths.values()) >= 19
     assert len(got) == len(ref) == 3
     for (a, la), (b, lb) in zip(got, ref):
-        assert torch.equal(la, lb) and torch.equal(a, b)
+        assert torch.equal(la, lb)
+        if load == "auto":
+            assert torch.equal(a, b)
+        else:
+            assert float((a - b).abs().mean()) * STD[0] < 1.0   # in pixel levels
 
 
 def test_decode_lanes_match_one_and_each_has_its_decoder_and_stream(folder):

@@ -72,9 +72,9 @@ from ingest.ops import _nvimgcodec as native
 from ingest.ops.base import ImageArena, bind_thread
 from ingest.ops.decode import Buffer, CpuDecoder, JpegHeader, Size, header_of, jpeg_headers
 
-#: Backend choices: "auto" (every backend nvImageCodec has, picked per image; or, with the ``hw_decoder_load``
-#: setting, the hardware JPEG engine takes that share of a batch and the CUDA decoder the rest), the engine only,
-#: CPU+GPU only.
+#: Backend choices: "auto" (the ``hw_decoder_load`` setting: the hardware JPEG engine takes that share of a batch and
+#: the CUDA decoder the rest; or, set to "auto", every backend nvImageCodec has, picked per image), the engine
+#: only, CPU+GPU only.
 BACKENDS = {"auto": None, "hw": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU"}
 #: How nvImageCodec is driven (see the module doc): the native one where it loads, else the Python binding.
 ENGINES = ("auto", "native", "python")
