@@ -39,9 +39,41 @@ def test_bench_ddp_ratios_over_one_gpu():
 
 
 @pytest.mark.parametrize("script", ["bench_gpu.py", "bench_ddp.py", "bench_raw.py", "bench_formats.py",
-                                    "bench_detection.py", "bench_read_gil.py"])
+                                    "bench_detection.py", "bench_read_gil.py", "bench_settings.py"])
 def test_benchmark_scripts_parse_their_options(script):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "usage" in done.stdout.lower()
+
+
+def test_bench_settings_pairs_each_setting_with_the_first_in_its_round():
+    import bench_settings
+    assert bench_settings.parse_setting("split=INGEST_HW_DECODER_LOAD=0.65,INGEST_DECODE_BATCHES=3") == \
+        ("split", {"INGEST_HW_DECODER_LOAD": "0.65", "INGEST_DECODE_BATCHES": "3"})
+    assert bench_settings.parse_setting("default=") == ("default", {})
+    with pytest.raises(SystemExit):
+        bench_settings.parse_setting("x=PATH=/tmp")   # only ingest's variables
+    run = lambda img_s: {"train": {"img_s": img_s}}  # noqa: E731
+    rounds = [{"a": run(100), "b": run(110), "dali": run(200)}, {"a": run(100), "b": run(90), "dali": run(50)},
+              {"a": run(None), "b": run(120)}]
+    got = bench_settings.compare(rounds, ["a", "b"])
+    assert got["b"] == {"train_over_a": [1.1, 0.9, None], "mean": 1.0, "faster_rounds": 1,
+                        "train_over_dali": [0.55, 1.8, None]}
+    assert got["a"]["train_over_a"] == [1.0, 1.0, None] and "mean" not in got["a"]
+
+
+def test_bench_settings_runs_each_setting_with_its_environment(tmp_path):
+    out = tmp_path / "settings.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_settings.py"), "--dry-run",
+                           "--out", str(out), "--rounds", "1", "--seconds", "0.5", "--train-seconds", "0.5",
+                           "--warmup-seconds", "0.2", "--setting", "plain=",
+                           "--setting", "one=INGEST_DECODE_THREADS=1"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    (only,) = report["rounds"]
+    assert only["plain"]["ingest_env"] == {} and only["one"]["ingest_env"] == {"INGEST_DECODE_THREADS": "1"}
+    for name in ("plain", "one"):
+        assert only[name]["error"] is None and only[name]["train"]["img_s"] > 0, only[name]
+    assert report["compared"]["one"]["train_over_plain"][0] > 0
