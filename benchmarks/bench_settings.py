@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_gpu import _get, _ratio  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,25 +75,21 @@ def headline(result: dict) -> dict:
 def compare(rounds: list[dict], names: list[str]) -> dict:
     """Per setting, its training img/s over the first setting's in each round (None where either failed), their
     mean, and in how many rounds it was faster; with DALI, each setting's over DALI's in the same round."""
-    def ratio(a, b):
-        return round(a / b, 4) if a and b else None
+    def train(run):
+        return _get(run or {}, "train", "img_s")
 
     out = {}
     base = names[0]
     for name in names:
-        per = [ratio(_train(r.get(name)), _train(r.get(base))) for r in rounds]
+        per = [_ratio(train(r.get(name)), train(r.get(base))) for r in rounds]
         row = {"train_over_" + base: per}
         got = [x for x in per if x is not None]
         if got and name != base:
             row["mean"], row["faster_rounds"] = round(statistics.mean(got), 4), sum(x > 1 for x in got)
         if any("dali" in r for r in rounds):
-            row["train_over_dali"] = [ratio(_train(r.get(name)), _train(r.get("dali"))) for r in rounds]
+            row["train_over_dali"] = [_ratio(train(r.get(name)), train(r.get("dali"))) for r in rounds]
         out[name] = row
     return out
-
-
-def _train(run: dict | None) -> float | None:
-    return ((run or {}).get("train") or {}).get("img_s")
 
 
 def run_bench(args, variants: str, env: dict[str, str], out: Path) -> dict:
