@@ -278,6 +278,5 @@ def stacked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def identity(sizes: Sequence[Size]) -> Warp:
     """The warp that copies each image as it is (to run only an epilogue)."""
     hw = np.asarray(sizes, dtype=np.float64).reshape(-1, 2)
-    box = np.zeros((len(hw), 4))
-    box[:, 2], box[:, 3] = hw[:, 1], hw[:, 0]
+    box = columns(0.0, 0.0, hw[:, 1], hw[:, 0])
     return Warp(eye(len(hw)), size_list(sizes), box, "nearest", False, (0.0,), size_list(sizes))

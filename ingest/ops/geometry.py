@@ -255,9 +255,8 @@ class CenterCrop(GeometryOp):
         top, left = self._offset(sizes[:, 0], ch), self._offset(sizes[:, 1], cw)
         m = eye(len(sizes))
         m[:, 0, 2], m[:, 1, 2] = left, top
-        crop = np.stack([left, top, left + cw, top + ch], axis=1).astype(np.float64)
-        out = np.tile(np.array([[ch, cw]], dtype=np.int64), (len(sizes), 1))
-        return Steps(m, out, crop, np.zeros(len(sizes), dtype=bool))
+        out = columns(ch, cw, n=len(sizes), dtype=np.int64)   # column by column, as RandomResizedCrop's
+        return Steps(m, out, columns(left, top, left + cw, top + ch), zeros(len(sizes), bool))
 
     def _apply_cpu(self, images: Images, params: Any) -> Images:
         ch, cw = self.size
@@ -365,7 +364,7 @@ class Flip(GeometryOp):
         fx, fy = params[:, 0], params[:, 1]
         m[:, 0, 0], m[:, 0, 2] = np.where(fx, -1.0, 1.0), np.where(fx, sizes[:, 1], 0)
         m[:, 1, 1], m[:, 1, 2] = np.where(fy, -1.0, 1.0), np.where(fy, sizes[:, 0], 0)
-        return Steps(m, copy(sizes), None, np.zeros(len(sizes), dtype=bool))
+        return Steps(m, copy(sizes), None, zeros(len(sizes), bool))
 
     def out_sizes(self, sizes: Sequence[Size], params: Any) -> list[Size]:
         return list(sizes)
