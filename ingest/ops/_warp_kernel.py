@@ -235,6 +235,20 @@ def available() -> bool:
     return _state["cupy"] is not None
 
 
+def _cupy_stream(stream: torch.cuda.Stream, device: int):
+    """cupy's wrapper of the torch ``stream`` (not owned), made once per stream: ``Stream.from_external`` through
+    the CUDA stream protocol where cupy and torch both have it (cupy's ``ExternalStream`` is deprecated), else
+    ``ExternalStream`` of the handle."""
+    key = ("stream", stream.cuda_stream, device)
+    if key not in _state:
+        cuda = _state["cupy"].cuda
+        try:
+            _state[key] = cuda.Stream.from_external(stream)
+        except (TypeError, AttributeError):   # an older cupy or torch: no protocol on one side
+            _state[key] = cuda.ExternalStream(stream.cuda_stream, device)
+    return _state[key]
+
+
 def _function(interpolation: str):
     key = "warp_" + interpolation
     if key not in _state:
@@ -345,7 +359,7 @@ def launch(images: torch.Tensor | list[torch.Tensor], out_sizes: Sequence[tuple[
         args = (np.uint64(ip), np.uint64(ip + packed.ip.nbytes), np.uint64(out.data_ptr()),
                 np.int32(channels), np.int32(_KINDS[dtype]), np.int32(nchw),
                 np.int32(coefficients is not None))
-        with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream.cuda_stream, device.index):
+        with cupy.cuda.Device(device.index), _cupy_stream(stream, device.index):
             _function(interpolation)(packed.grid, _BLOCK, args)
     return result
 
