@@ -262,6 +262,8 @@ class Loader:
         if batch.ready is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(batch.ready)
+            if self.pipeline is not None and self.pipeline.outputs_ahead is not None:
+                self.pipeline.handed_over(stream)   # bounds the outputs in flight (`Pipeline.bound_outputs`)
             marked = self.pipeline.consumer_stream if self.pipeline is not None else None
             if stream != marked:   # else this process's ops stage marked them (`Pipeline.consumer_stream`)
                 for t in cuda_tensors((batch.images, batch.labels, batch.fields)):

@@ -635,3 +635,49 @@ def test_shares_memory_of_a_direct_read_batch_tensor():
     assert _shares_memory(read, read) and _shares_memory(read[1:], read) and _shares_memory(read[:, 2:6], read)
     assert not _shares_memory(torch.zeros(4, 3, 4, 4), read)
     assert _shares_memory([read[0], read[1]], read)   # a list of views: not handed back
+
+
+def test_the_ops_stage_waits_for_the_hand_over_an_output_bound_behind(monkeypatch):
+    """`Pipeline.bound_outputs`: before output n the ops stage waits (host) for the consumer's stream to pass the
+    hand-over of output n - ahead, only where that event has not completed; never for one not handed over."""
+    from ingest import pipeline as pl
+
+    class Event:
+        def __init__(self, k):
+            self.k, self.complete, self.waited = k, False, False
+
+        def done(self):
+            return self.complete
+
+        def synchronize(self):
+            self.waited = self.complete = True
+
+    made = []
+    monkeypatch.setattr(pl, "recorded", lambda stream: made.append(Event(len(made))) or made[-1])
+    p = object.__new__(pl.Pipeline)
+    p.start_outputs(3)
+    for n in range(3):   # the first outputs wait for nothing
+        p.bound_outputs()
+        p._outputs += 1
+        p.handed_over(None)
+    made[1].complete = True
+    p.bound_outputs()    # output 3 waits for hand-over 0
+    assert [e.waited for e in made] == [True, False, False]
+    p._outputs += 1
+    p.bound_outputs()    # output 4: hand-over 1 has run, no wait
+    assert [e.waited for e in made] == [True, False, False]
+    p._outputs += 2      # output 6: hand-over 3 has not happened yet: no wait
+    p.bound_outputs()
+    assert not any(e.waited for e in made[1:])
+    p.handed_over(None)
+    p.bound_outputs()
+    assert made[3].waited
+    for _ in range(100):  # past the deque's length: indices still line up
+        p.handed_over(None)
+        p._outputs += 1
+    p._outputs = p._handed_count + 2   # output n waits for hand-over n - 3
+    p.bound_outputs()
+    assert [e.k for e in made if e.waited][-1] == p._handed_count - 1
+    p.start_outputs(None)   # no bound: never waits
+    p._outputs = 50
+    p.bound_outputs()

@@ -234,3 +234,34 @@ if __name__ == "__main__":
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert len(got["ours"]) >= 1 + workers and got["on_gpu0"] == [], got
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_outputs_in_flight_stay_bounded_behind_a_slow_consumer_stream(folder, bounded, monkeypatch):
+    """The training loop's thread runs steps ahead of the GPU: each output it drops returns to torch's cache only
+    once its stream has run past it. The ops stage waits for that (`Pipeline.bound_outputs`), so the memory
+    torch reserves stays put; without the wait (``bounded=False``, to show the test can tell) every step behind
+    takes a new output's memory."""
+    from ingest import pipeline as pl
+    if not bounded:
+        monkeypatch.setattr(pl.Pipeline, "bound_outputs", lambda self: None)
+    ops = [RandomResizedCrop(256), Flip(p=0.5), Normalize(MEAN, STD)]
+    loader = ingest.Loader(folder, batch_size=8, device="cuda", ops=ops, shuffle=True, seed=1, num_workers=0,
+                           last_batch="drop")
+    out_bytes = 8 * 3 * 256 * 256 * 4
+    steps = 0
+    with loader:
+        for epoch in range(12):
+            for x, y in loader:
+                torch.cuda._sleep(100_000_000)   # a slow step on the consumer's stream
+                steps += 1
+                if steps == 4:
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_reserved()
+        grown = torch.cuda.memory_reserved() - base
+        torch.cuda.synchronize()
+    assert steps == 24
+    if bounded:
+        assert grown <= 2 * out_bytes, f"{grown / out_bytes:.1f} outputs' worth of memory more"
+    else:
+        assert grown >= 6 * out_bytes
