@@ -7,8 +7,9 @@ DistributedDataParallel, on 1 GPU and on N, with the GPU memory each GPU holds.
 runs ``torchrun --nproc_per_node G`` for every G of --gpus (this script's ``--rank-run`` mode), each rank:
 
 1. the loader alone for --seconds: images per second of its shard (the Loader shards by rank itself);
-2. DDP training for --train-seconds, the loader feeding it: images per second, and the share of the time the
-   training loop waited for data;
+2. DDP training for --train-seconds, the loader feeding it: images per second, the share of the time the
+   training loop waited for data, the GPU's side of it (bench_gpu's ``gpu_step_ms`` and
+   ``gpu_data_stall_frac``) and each loader stage's cost per batch meanwhile;
 3. throughout, the device-wide GPU memory in use on its GPU (cudaMemGetInfo every 20 ms, as bench_gpu
    samples it), peak and before the loader started (the rank's own context).
 
@@ -42,6 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train-seconds", type=float, default=10.0, help="DDP training window")
     p.add_argument("--warmup-seconds", type=float, default=3.0)
     p.add_argument("--model", default="resnet18")
+    p.add_argument("--feed", choices=["ingest", "dali"], default="ingest",
+                   help="what feeds the ranks: ingest's Loader (default) or DALI's mixed pipeline, for reference")
+    p.add_argument("--threads", type=int, help="DALI's num_threads per rank (default: the cores over the ranks)")
     p.add_argument("--rank-run", metavar="JSON", help=argparse.SUPPRESS)   # a rank's part, under torchrun
     return p.parse_args(argv)
 
@@ -55,7 +59,8 @@ def main(argv=None) -> int:
     out = Path(args.out).resolve()
     logs = out.parent / (out.stem + "_logs")
     logs.mkdir(parents=True, exist_ok=True)
-    report = {"benchmark": "bench_ddp", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:],
+    report = {"benchmark": "bench_ddp", "feed": args.feed,
+              "ingest_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("INGEST_")}, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:],
               "host": bench_gpu.host_info(), "versions": bench_gpu.versions(),
               "config": {k: v for k, v in vars(args).items() if k != "rank_run"}, "runs": {}}
     for g in [int(x) for x in args.gpus.split(",")]:
@@ -64,7 +69,9 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={g}",
                str(Path(__file__).resolve()), "--data", args.data, "--rank-run", str(part),
                "--batch", str(args.batch), "--seconds", str(args.seconds), "--train-seconds", str(args.train_seconds),
-               "--warmup-seconds", str(args.warmup_seconds), "--model", args.model]
+               "--warmup-seconds", str(args.warmup_seconds), "--model", args.model, "--feed", args.feed]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
         print(f"[bench_ddp] {g} GPU(s) ...", flush=True)
         with open(logs / f"gpus{g}.log", "w") as f:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
@@ -112,8 +119,12 @@ def rank_main(args) -> int:
     torch.ones(1, device=dev)   # this rank's context, before the memory baseline
     mem = bench_gpu.MemSampler(dev)
     mem.start()
-    args.ingest_workers = None   # ingest's defaults, as bench_gpu's variant a
-    feed = bench_gpu.build_ingest(args, dev, "mixed")
+    if args.feed == "dali":
+        args.threads = args.threads or max(1, len(os.sched_getaffinity(0)) // world)
+        feed = bench_gpu.build_dali(args, dev, shard=(rank, world))
+    else:
+        args.ingest_workers = None   # ingest's defaults, as bench_gpu's variant a
+        feed = bench_gpu.build_ingest(args, dev, "mixed")
     gen = feed.endless()
     res: dict = {"rank": rank, "device": torch.cuda.get_device_name(dev), "context_mb": round(mem.ctx_used / 2**20, 1)}
 
@@ -146,16 +157,23 @@ def rank_main(args) -> int:
         bench_gpu.sync(dev)
         count = torch.tensor([max(3, round(seconds * n / (time.perf_counter() - t0)))], device=dev)
     dist.broadcast(count, 0)
-    steps, wait, t0 = int(count.item()), 0.0, time.perf_counter()
+    before = bench_gpu.loader_stats(feed.stats) if feed.stats is not None else None
+    steps, wait, marks, t0 = int(count.item()), 0.0, [], time.perf_counter()
     for _ in range(steps):
         a = time.perf_counter()
         x, y = next(gen)
         wait += time.perf_counter() - a
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         step(x, y)
+        end.record()
+        marks.append((begin, end))
     bench_gpu.sync(dev)
     el = time.perf_counter() - t0
     res.update(train_img_s=round(steps * args.batch / el, 1), steps=steps, data_wait_frac=round(wait / el, 4),
-               amp_dtype=dtype)
+               amp_dtype=dtype, **bench_gpu.gpu_timeline(marks))
+    if before is not None:   # each loader stage's cost per batch beside DDP training: which one holds it back
+        res["loader_stages"] = bench_gpu.stage_delta(before, bench_gpu.loader_stats(feed.stats))
     # 3. the same steps on one fixed batch (no loader): what DDP itself scales to on this host
     x, y = x.clone(), y.clone()
     dist.barrier()
@@ -176,7 +194,8 @@ def rank_main(args) -> int:
         total = {"gpus": world, "loader_img_s": round(sum(r["loader_img_s"] for r in everyone), 1),
                  "train_img_s": round(sum(r["train_img_s"] for r in everyone), 1),
                  "synthetic_train_img_s": round(sum(r["synthetic_train_img_s"] for r in everyone), 1),
-                 "max_gpu_peak_mb": max(peaks), "gpu_peak_mb": peaks}
+                 "max_gpu_peak_mb": max(peaks), "gpu_peak_mb": peaks,
+                 "gpu_data_stall_frac": [r.get("gpu_data_stall_frac") for r in everyone]}
         Path(args.rank_run).write_text(json.dumps({"total": total, "ranks": everyone}, indent=1))
     dist.destroy_process_group()
     return 0

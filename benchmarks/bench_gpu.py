@@ -552,7 +552,8 @@ def build_dataloader(args, dev) -> Feed:
     return Feed(dl, lambda b: (b[0].to(dev, non_blocking=nb), b[1].to(dev, non_blocking=nb)), first_iter=first)
 
 
-def build_dali(args, dev) -> Feed:
+def build_dali(args, dev, shard: tuple[int, int] = (0, 1)) -> Feed:
+    """DALI's mixed training pipeline; ``shard`` is (this rank, ranks) under torchrun (bench_ddp)."""
     if dev.type != "cuda":
         raise RuntimeError("unavailable: DALI's mixed pipeline needs a GPU")
     try:
@@ -563,7 +564,8 @@ def build_dali(args, dev) -> Feed:
 
     @pipeline_def
     def train(root):
-        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="Reader")
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="Reader", shard_id=shard[0],
+                                        num_shards=shard[1])
         images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB,
                                                random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
         images = fn.resize(images, resize_x=224, resize_y=224)
@@ -773,12 +775,20 @@ def train_phase(gen, args, dev) -> dict:
     out = {"img_s": round(steps * x.shape[0] / el, 1), "data_wait_frac": round(wait / el, 4), "steps": steps,
            "seconds": round(el, 3), "warmup_steps": k, "amp_dtype": dtype, "final_loss": round(float(loss), 4),
            "model": f"{args.model}(num_classes={NUM_CLASSES}), channels_last, SGD"}
-    if len(marks) > 1:
-        spans = [b.elapsed_time(e) for b, e in marks]
-        gaps = [marks[i - 1][1].elapsed_time(marks[i][0]) for i in range(1, len(marks))]
-        whole = marks[0][0].elapsed_time(marks[-1][1])
-        out.update(gpu_step_ms=round(sum(spans) / len(spans), 3), gpu_data_stall_frac=round(sum(gaps) / whole, 4))
+    out.update(gpu_timeline(marks))
     return out
+
+
+def gpu_timeline(marks: list[tuple]) -> dict:
+    """From CUDA events recorded on the training stream before and after each step (the stream synchronized
+    since): ``gpu_step_ms``, the mean span of a step on the GPU, and ``gpu_data_stall_frac``, the share of the
+    window the stream spent between steps (waiting for the batch, or for the thread to launch)."""
+    if len(marks) < 2:
+        return {}
+    spans = [b.elapsed_time(e) for b, e in marks]
+    gaps = [marks[i - 1][1].elapsed_time(marks[i][0]) for i in range(1, len(marks))]
+    whole = marks[0][0].elapsed_time(marks[-1][1])
+    return {"gpu_step_ms": round(sum(spans) / len(spans), 3), "gpu_data_stall_frac": round(sum(gaps) / whole, 4)}
 
 
 def synthetic_variant(args, dev, res, flush) -> None:
