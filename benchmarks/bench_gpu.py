@@ -607,6 +607,7 @@ def loader_variant(key, args, dev, res, flush) -> None:
     sync(dev)
     res["first_batch_seconds"] = round(time.perf_counter() - t0, 3)
     res["check"] = describe_batch(x, y, args.batch)
+    del x, y   # a user's loop holds only the batch of its step: held here, it would be one more batch in memory
     n, tw = 1, time.perf_counter()
     while n < args.warmup_batches or time.perf_counter() - tw < args.warmup_seconds:
         next(gen)
