@@ -47,7 +47,7 @@ def table(runs: list[str], extras: list[str] = ()) -> str:
     ratios = [[str(d.get(k)) for k in ("a_over_d", "train_a_over_d")] + ["—", str(d.get("mem_a_over_d"))]
               for d in (r["derived"] for r in reports)]
     lines.append(_row("ingest / DALI", ratios))
-    lines.append(_row("synthetic data (upper bound)", [_cells(r["results"]["synthetic"])[:2] + ["—", "—"]
+    lines.append(_row("synthetic data (upper bound)", [_cells(r["results"].get("synthetic", {}))[:2] + ["—", "—"]
                                                         for r in reports]))
     for extra in extras:
         label, _, spec = extra.rpartition("=")   # the label may hold "=" itself
