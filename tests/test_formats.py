@@ -63,6 +63,28 @@ def test_filelist_and_memory(tmp_path):
         mem.locate(2)
 
 
+def test_filelist_locates_and_parses_a_batch_in_one_call(tmp_path):
+    """`locate_batch` / `parse_batch` (the read stage's path) give what `locate` / `parse` give, negative
+    indices included; an index out of range raises IndexError as `locate` does."""
+    paths = []
+    for k in range(3):
+        paths.append(tmp_path / f"{k}.jpg")
+        paths[-1].write_bytes(jpeg_bytes(8 + k, 8))
+    for sizes in (None, [os.path.getsize(p) for p in paths]):
+        src = FileList(paths, labels=[5, 6, 7], sizes=sizes)
+        picks = [2, 0, -1, 1, 2]
+        assert src.locate_batch(picks) == [src.locate(i) for i in picks]
+        assert src.locate_batch(np.array(picks)) == [src.locate(i) for i in picks]
+        assert src.locate_batch([]) == []
+        for bad in ([0, 3], [-4]):
+            with pytest.raises(IndexError, match=f"sample index {bad[-1]} out of range"):
+                src.locate_batch(bad)
+        with pytest.raises(TypeError):
+            src.locate_batch([0.5])
+        raws = [b"a", b"b", b"c"]
+        assert [(r.image, r.label) for r in src.parse_batch([2, 0, 1], raws)] == [(b"a", 7), (b"b", 5), (b"c", 6)]
+
+
 def test_check_format_catches_a_broken_source(image_folder):
     class Broken(FileTree):
         def labels(self):

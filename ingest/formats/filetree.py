@@ -23,6 +23,17 @@ def _normalize_extensions(extensions: Iterable[str]) -> tuple[str, ...]:
     return exts
 
 
+def _checked(indices: np.ndarray, n: int) -> list[int]:
+    """`check_index` of every entry of an integer array at once (negative entries count from the end)."""
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"sample indices must be integers, got {indices.dtype}")
+    ids = np.where(indices < 0, indices + n, indices) if indices.dtype.kind == "i" else indices
+    bad = (ids < 0) | (ids >= n)
+    if bad.any():
+        raise IndexError(f"sample index {int(indices[bad.argmax()])} out of range for a source of {n} samples")
+    return ids.tolist()
+
+
 class FileList:
     """Samples given as a list of file paths, with optional integer labels and class names."""
 
@@ -50,8 +61,22 @@ class FileList:
         i = check_index(i, len(self._paths))
         return Location(self._paths[i], 0, None if self._sizes is None else int(self._sizes[i]))
 
+    def locate_batch(self, indices: Sequence[int]) -> list[Location]:
+        """`locate` of each sample in one call (the read stage's per-sample Python is GIL time the training
+        loop waits for); an index out of range raises as `locate` does."""
+        if not len(indices):
+            return []
+        ids, paths = _checked(np.asarray(indices), len(self._paths)), self._paths
+        if self._sizes is None:
+            return [Location(paths[i], 0, None) for i in ids]
+        return [Location(paths[i], 0, size) for i, size in zip(ids, self._sizes[ids].tolist())]
+
     def parse(self, i: int, raw) -> Record:
         return Record(raw, int(self._labels[i]))
+
+    def parse_batch(self, indices: Sequence[int], raws: Sequence) -> list[Record]:
+        """`parse` of each sample: its bytes and its label, the labels taken in one call."""
+        return [Record(raw, label, {}) for raw, label in zip(raws, self._labels[np.asarray(indices, np.int64)].tolist())]
 
     def labels(self) -> np.ndarray:
         return self._labels
