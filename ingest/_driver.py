@@ -17,6 +17,7 @@ is the device's primary context that torch made current (`ingest.ops.base.bind_t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -37,7 +38,8 @@ def _driver() -> ctypes.PyDLL | None:
         for name, args in (("cuEventCreate", (POINTER(c_void_p), c_uint)), ("cuEventDestroy_v2", (c_void_p,)),
                            ("cuEventRecord", (c_void_p, c_void_p)), ("cuEventQuery", (c_void_p,)),
                            ("cuStreamWaitEvent", (c_void_p, c_void_p, c_uint)),
-                           ("cuMemcpyHtoDAsync_v2", (c_void_p, c_void_p, c_size_t, c_void_p))):
+                           ("cuMemcpyHtoDAsync_v2", (c_void_p, c_void_p, c_size_t, c_void_p)),
+                           ("cuCtxGetCurrent", (POINTER(c_void_p),)), ("cuCtxGetDevice", (POINTER(c_int),))):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, c_int
     except (OSError, AttributeError):
@@ -103,6 +105,25 @@ class Event:
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
             self._handle = c_void_p()
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Where the calling thread may not be on ``device`` (the thread that takes a loader's batches is the user's):
+    a context in which driver calls for ``device``'s streams and events work. A thread with no current CUDA
+    context (it never touched CUDA) gets ``device``'s for good, as `ingest.ops.base.bind_thread` gives the
+    loader's own threads (a device guard would leave it on device 0 afterwards, a context on GPU 0 under
+    torchrun); a thread on another device is switched for the block and back; else nothing happens. Two
+    driver calls that keep the GIL where the driver loads."""
+    lib = _driver()
+    if lib is None or device.type != "cuda":
+        return contextlib.nullcontext()
+    ctx, index = c_void_p(), c_int(-1)
+    _check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    if not ctx.value:
+        torch.cuda.set_device(device)
+        return contextlib.nullcontext()
+    _check(lib.cuCtxGetDevice(ctypes.byref(index)), "cuCtxGetDevice")
+    return contextlib.nullcontext() if index.value == device.index else torch.cuda.device(device)
 
 
 def new_event() -> Event | torch.cuda.Event:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._driver import on_device
 from ._malloc import keep_freed_memory
 from . import defaults
 from .errors import ConfigError, IngestError
@@ -260,14 +261,15 @@ class Loader:
 
     def _deliver(self, batch: Batch):
         if batch.ready is not None:
-            stream = torch.cuda.current_stream(self.device)
-            stream.wait_event(batch.ready)
-            if self.pipeline is not None and self.pipeline.outputs_ahead is not None:
-                self.pipeline.handed_over(stream)   # bounds the outputs in flight (`Pipeline.bound_outputs`)
-            marked = self.pipeline.consumer_stream if self.pipeline is not None else None
-            if stream != marked:   # else this process's ops stage marked them (`Pipeline.consumer_stream`)
-                for t in cuda_tensors((batch.images, batch.labels, batch.fields)):
-                    t.record_stream(stream)
+            with on_device(self.device):   # the caller's thread may be a new one, or on another GPU
+                stream = torch.cuda.current_stream(self.device)
+                stream.wait_event(batch.ready)
+                if self.pipeline is not None and self.pipeline.outputs_ahead is not None:
+                    self.pipeline.handed_over(stream)   # bounds the outputs in flight (`Pipeline.bound_outputs`)
+                marked = self.pipeline.consumer_stream if self.pipeline is not None else None
+                if stream != marked:   # else this process's ops stage marked them (`Pipeline.consumer_stream`)
+                    for t in cuda_tensors((batch.images, batch.labels, batch.fields)):
+                        t.record_stream(stream)
         if self.output == "tuple":
             return batch.images, batch.labels
         return {"images": batch.images, "labels": batch.labels, **batch.fields, "indices": batch.indices,

@@ -1,5 +1,6 @@
 """The Loader end to end on the CPU: shapes, determinism, resumption, sharding, failures, shutdown."""
 
+import contextlib
 import gc
 import pickle
 import re
@@ -76,6 +77,39 @@ def test_events_fall_back_to_torch_without_the_cuda_driver(monkeypatch):
     from ingest import _driver
     monkeypatch.setattr(_driver, "_driver", lambda: None)
     assert isinstance(_driver.new_event(), torch.cuda.Event)
+
+
+def test_a_consuming_thread_is_put_on_the_loaders_device_only_where_needed(monkeypatch):
+    """`_driver.on_device`: a thread with no current CUDA context is bound to the device for good; one on
+    another device is switched for the block; one on the device is left alone."""
+    import ctypes
+    from ingest import _driver
+
+    class Lib:   # the two driver calls, as ctypes would make them
+        def __init__(self, ctx, device):
+            self.ctx, self.device = ctx, device
+
+        def cuCtxGetCurrent(self, out):
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = self.ctx
+            return 0
+
+        def cuCtxGetDevice(self, out):
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_int))[0] = self.device
+            return 0
+
+    bound = []
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    gpu1 = torch.device("cuda", 1)
+    monkeypatch.setattr(_driver, "_driver", lambda: Lib(None, -1))
+    with _driver.on_device(gpu1):
+        pass
+    assert bound == [gpu1]
+    monkeypatch.setattr(_driver, "_driver", lambda: Lib(1234, 1))
+    assert isinstance(_driver.on_device(gpu1), contextlib.nullcontext)
+    monkeypatch.setattr(_driver, "_driver", lambda: Lib(1234, 0))
+    switch = _driver.on_device(gpu1)
+    assert isinstance(switch, torch.cuda.device) and switch.idx == 1 and bound == [gpu1]
+    assert isinstance(_driver.on_device(torch.device("cpu")), contextlib.nullcontext)
 
 
 def test_same_seed_same_batches_and_epochs_differ(image_folder):

@@ -265,3 +265,52 @@ def test_outputs_in_flight_stay_bounded_behind_a_slow_consumer_stream(folder, bo
         assert grown <= 2 * out_bytes, f"{grown / out_bytes:.1f} outputs' worth of memory more"
     else:
         assert grown >= 6 * out_bytes
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_taken_on_a_thread_that_never_touched_cuda(folder, workers):
+    """A loader iterated on a thread of the user's that never made a CUDA call (a prefetching thread): the
+    driver calls at each hand-over need a current context there (`ingest._driver.on_device`), and the batches
+    are those the making thread gets."""
+    import threading
+    kw = dict(batch_size=8, device="cuda", ops=[RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)],
+              shuffle=True, seed=3, num_workers=workers)
+    ref = [(x.cpu(), y.cpu()) for x, y in ingest.Loader(folder, **kw)]
+    loader = ingest.Loader(folder, **kw)
+    got, errors = [], []
+
+    def consume():
+        try:
+            got.extend((x.cpu(), y.cpu()) for x, y in loader)
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            errors.append(err)
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    thread.join(120)
+    loader.close()
+    assert not errors, errors
+    assert len(got) == len(ref) == 3
+    for (a, la), (b, lb) in zip(ref, got):
+        assert torch.equal(la, lb) and (a - b).abs().mean() < 1e-3
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_batches_of_gpu1_taken_on_a_thread_on_gpu0(folder):
+    """A thread working on GPU 0 takes a GPU 1 loader's batches: they arrive on GPU 1, and the thread is left
+    on GPU 0."""
+    import threading
+    loader = ingest.Loader(folder, batch_size=8, device="cuda:1", ops=[Resize(32)], num_workers=0)
+    seen = {}
+
+    def consume():
+        torch.cuda.set_device(0)
+        torch.ones(1, device="cuda:0")
+        seen["devices"] = {x.device.index for x, _ in loader}
+        seen["after"] = torch.cuda.current_device()
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    thread.join(120)
+    loader.close()
+    assert seen == {"devices": {1}, "after": 0}
