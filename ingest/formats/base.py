@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkabl
 
 import numpy as np
 
+from .._numpy import extremes
 from ..errors import IngestError
 
 #: Field kinds and how a batch collates them (see `ingest.pipeline.collate`).
@@ -227,6 +228,24 @@ def check_index(i: int, n: int) -> int:
     if not 0 <= i < n:
         raise IndexError(f"sample index {i} out of range for a source of {n} samples")
     return int(i)
+
+
+def check_indices(indices: Any, n: int) -> np.ndarray:
+    """`check_index` of a batch of sample indices at once: an int64 array, negative entries counted from the
+    end. IndexError naming the first index out of range, TypeError for non-integers. A source's batch path
+    calls it on every batch in the training process, so its numpy work on the whole batch is done in pieces
+    numpy keeps the GIL on (`ingest._numpy`)."""
+    idx = np.asarray(indices).reshape(-1)
+    if not len(idx):
+        return idx.astype(np.int64)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"sample indices must be integers, got {idx.dtype}")
+    low, high = extremes(idx)
+    if low < -n or high >= n:
+        bad = idx[(idx < -n) | (idx >= n)][0]
+        raise IndexError(f"sample index {int(bad)} out of range for a source of {n} samples")
+    idx = idx.astype(np.int64, copy=False)
+    return np.where(idx < 0, idx + n, idx) if low < 0 else idx
 
 
 class ProcessLocal:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import ConfigError, SourceError
 from ._images import image_extension
-from .base import Location, Record, check_index
+from .base import Location, Record, check_index, check_indices
 
 #: Extensions recognised as images by default (lower case, with the dot).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif")
@@ -21,17 +21,6 @@ def _normalize_extensions(extensions: Iterable[str]) -> tuple[str, ...]:
     if not exts:
         raise SourceError("`extensions` must name at least one extension")
     return exts
-
-
-def _checked(indices: np.ndarray, n: int) -> list[int]:
-    """`check_index` of every entry of an integer array at once (negative entries count from the end)."""
-    if indices.dtype.kind not in "iu":
-        raise TypeError(f"sample indices must be integers, got {indices.dtype}")
-    ids = np.where(indices < 0, indices + n, indices) if indices.dtype.kind == "i" else indices
-    bad = (ids < 0) | (ids >= n)
-    if bad.any():
-        raise IndexError(f"sample index {int(indices[bad.argmax()])} out of range for a source of {n} samples")
-    return ids.tolist()
 
 
 class FileList:
@@ -64,9 +53,7 @@ class FileList:
     def locate_batch(self, indices: Sequence[int]) -> list[Location]:
         """`locate` of each sample in one call (the read stage's per-sample Python is GIL time the training
         loop waits for); an index out of range raises as `locate` does."""
-        if not len(indices):
-            return []
-        ids, paths = _checked(np.asarray(indices), len(self._paths)), self._paths
+        ids, paths = check_indices(indices, len(self._paths)).tolist(), self._paths
         if self._sizes is None:
             return [Location(paths[i], 0, None) for i in ids]
         return [Location(paths[i], 0, size) for i, size in zip(ids, self._sizes[ids].tolist())]
@@ -76,7 +63,8 @@ class FileList:
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence) -> list[Record]:
         """`parse` of each sample: its bytes and its label, the labels taken in one call."""
-        return [Record(raw, label, {}) for raw, label in zip(raws, self._labels[np.asarray(indices, np.int64)].tolist())]
+        labels = self._labels[np.asarray(indices, np.int64)].tolist()
+        return [Record(raw, label, {}) for raw, label in zip(raws, labels)]
 
     def labels(self) -> np.ndarray:
         return self._labels

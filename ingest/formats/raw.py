@@ -58,12 +58,12 @@ import numpy as np
 import torch
 
 from .._atomic import atomic_write
-from .._numpy import extremes, take
+from .._numpy import take
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import RAW_INDEX
 from ._raw_index import (COLUMNS, DATA_SUFFIX, DEFAULT_ALIGN, DTYPES, FIELD_ALIGN, FORMAT, INDEX_SUFFIX, STORED,
                          VERSION, Shard, encode_array, shard_indexes)
-from .base import DEFAULT_FIELDS, Field, Location, Record, check_index
+from .base import DEFAULT_FIELDS, Field, Location, Record, check_index, check_indices
 
 
 def _align_up(n: int, a: int) -> int:
@@ -462,14 +462,7 @@ class RawSource:
         """Where ``field`` of each sample of ``indices`` is: (shard numbers into ``paths``, byte offsets), both
         int64 arrays; negative indices count from the end. Raises IndexError outside the dataset."""
         self._stored_field(field)
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        # Each batch, in the training process: in pieces numpy does not give the GIL up on (ingest._numpy).
-        low, high = extremes(idx) if len(idx) else (0, 0)
-        if low < -self._count or high >= self._count:
-            bad = idx[(idx < -self._count) | (idx >= self._count)][0]
-            raise IndexError(f"sample index {int(bad)} out of range for a source of {self._count} samples")
-        if low < 0:
-            idx = np.where(idx < 0, idx + self._count, idx)
+        idx = check_indices(np.asarray(indices, dtype=np.int64), self._count)
         return take(self._file, idx, np.int64), take(self._offsets[field], idx)
 
     def close(self) -> None:
