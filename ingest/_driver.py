@@ -126,6 +126,13 @@ def on_device(device: torch.device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if index.value == device.index else torch.cuda.device(device)
 
 
+def wait_for(event: Event | torch.cuda.Event | None) -> None:
+    """Return once the work recorded on ``event`` has run (None: at once): a finished event costs one query,
+    which keeps the GIL for ours; only an unfinished one waits on the host, giving the GIL up."""
+    if event is not None and not (event.done() if hasattr(event, "done") else event.query()):
+        event.synchronize()
+
+
 def new_event() -> Event | torch.cuda.Event:
     """An event for the loader's streams: an :class:`Event` where the CUDA driver loads, else torch's."""
     lib = _driver()
@@ -153,9 +160,7 @@ class _Slot:
 
     def wait_free(self) -> None:
         """Return once the last copy out of this buffer has run."""
-        event = self.event
-        if event is not None and not (event.done() if isinstance(event, Event) else event.query()):
-            event.synchronize()
+        wait_for(self.event)
 
 
 class Staging:

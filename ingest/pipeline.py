@@ -41,7 +41,7 @@ from . import defaults
 from .errors import ConfigError, CorruptRecordError, FailureBudgetExceeded, IngestError
 from .collate import collate, to_device
 from .formats.base import Location, Record, Source, fields_of, locate_each, parse_each
-from ._driver import Staging, recorded
+from ._driver import Staging, recorded, wait_for
 from ._numpy import take
 from .io import ByteReader
 from .ops import planner
@@ -445,9 +445,7 @@ class Pipeline:
             return
         i = k - (self._handed_count - len(self._handed))   # the deque holds the latest hand-overs
         if 0 <= i < len(self._handed):   # not handed over yet (cannot happen with a reserved place): no wait
-            event = self._handed[i]
-            if not (event.done() if hasattr(event, "done") else event.query()):
-                event.synchronize()
+            wait_for(self._handed[i])
 
     def transform(self, work: _Work) -> Batch | None:
         if not work.records:
