@@ -59,8 +59,8 @@ def main(argv=None) -> int:
     out = Path(args.out).resolve()
     logs = out.parent / (out.stem + "_logs")
     logs.mkdir(parents=True, exist_ok=True)
-    report = {"benchmark": "bench_ddp", "feed": args.feed,
-              "ingest_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("INGEST_")}, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:],
+    report = {"benchmark": "bench_ddp", "feed": args.feed, "ingest_env": bench_gpu.ingest_env(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:],
               "host": bench_gpu.host_info(), "versions": bench_gpu.versions(),
               "config": {k: v for k, v in vars(args).items() if k != "rank_run"}, "runs": {}}
     for g in [int(x) for x in args.gpus.split(",")]:

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     report = {"benchmark": "bench_gpu", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "dry_run": args.dry_run, "argv": sys.argv[1:], "host": host_info(), "versions": versions(),
               "dataset": dataset_stats(args.data),
-              "ingest_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("INGEST_")},
+              "ingest_env": ingest_env(),
               "config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
               "results": {}, "rounds": []}
     report["config"]["augmentation"] = ("RandomResizedCrop(224, scale=(0.08,1), ratio=(3/4,4/3)), flip p=0.5, "
@@ -489,6 +489,11 @@ def sync(dev) -> None:
     if dev.type == "cuda":
         import torch
         torch.cuda.synchronize(dev)
+
+
+def ingest_env() -> dict[str, str]:
+    """The ``INGEST_*`` settings in this process's environment (what a run measured beside the defaults)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("INGEST_")}
 
 
 def _kwargs_for(fn, **kw) -> dict:
