@@ -6,7 +6,11 @@
     for images, labels in loader: ...
 """
 
-from . import defaults, errors, formats
+from . import _nvjpeg
+
+_nvjpeg.preload()   # before anything loads another nvJPEG under the same soname (see ingest._nvjpeg)
+
+from . import defaults, errors, formats  # noqa: E402
 from .errors import (ConfigError, CorruptRecordError, DecodeError, FailureBudgetExceeded, IngestError,
                      SourceError)
 from .formats import FileList, FileTree, MemorySource

@@ -387,6 +387,16 @@ class Pipeline:
         work.images = images
         return work
 
+    @property
+    def gpu_fallbacks(self) -> dict[str, int]:
+        """Why GPU-eligible images went to the CPU decoder, summed over the lanes' GPU decoders
+        (`GpuDecoder.fallbacks`: nvImageCodec's processing status, or FAIL / SHAPE_MISMATCH)."""
+        total: Counter[str] = Counter()
+        for gpu, _ in self.lanes:
+            if gpu is not None:
+                total.update(gpu.fallbacks)
+        return dict(total)
+
     def _count_paths(self, counts: dict[str, int]) -> None:
         """Add images per decode path to `decode_paths` (lanes count at once)."""
         with self._counts:

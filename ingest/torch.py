@@ -366,17 +366,20 @@ class Loader:
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Which read and decode paths ran, per-stage busy and CPU seconds (`StageStats`) and queue occupancy
+        """Which read and decode paths ran (and why GPU-eligible images went to the CPU decoder instead:
+        ``gpu_fallbacks``), per-stage busy and CPU seconds (`StageStats`) and queue occupancy
         (counting the work read ahead into the next epoch), the current epoch's failures (summed over worker
         processes, if any)."""
         reports = [r for r in (self._pool.stats if self._pool else []) if r]
         totals = [StageStats(name) for name in STAGES]
-        paths, read_path = {}, reports[0]["read_path"] if reports else None
+        paths, fallbacks, read_path = {}, {}, reports[0]["read_path"] if reports else None
         for r in reports:
             for t in totals:
                 t.add(*r["stages"][t.name])
             for k, v in r["decode_paths"].items():
                 paths[k] = paths.get(k, 0) + v
+            for k, v in r.get("gpu_fallbacks", {}).items():
+                fallbacks[k] = fallbacks.get(k, 0) + v
         stages = {t.name: t.as_dict(self.prefetch) for t in totals}
         out: dict[str, Any] = {}
         if self.pipeline is not None:
@@ -384,8 +387,11 @@ class Loader:
                 out["worker_read"] = stages["read"]
             stages = {s.name: s.as_dict(self.prefetch) for s in self.pipeline.stage_stats}
             paths = dict(self.pipeline.decode_paths)
+            for k, v in self.pipeline.gpu_fallbacks.items():
+                fallbacks[k] = fallbacks.get(k, 0) + v
             read_path = read_path or self.pipeline.read_path
-        return {"read_path": read_path, "decode": self.decode, "decode_paths": paths, "device": str(self.device),
+        return {"read_path": read_path, "decode": self.decode, "decode_paths": paths, "gpu_fallbacks": fallbacks,
+                "device": str(self.device),
                 "workers": self.num_workers, "worker_stages": self.worker_stages, "stages": stages, **out,
                 "failures": list(self._failures.items) if self._failures else []}
 

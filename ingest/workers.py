@@ -359,7 +359,8 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
             if isinstance(batch, Batch):
                 batch = _transport(replace(batch, ready=None))
             stats = {"stages": {s.name: s.counts() for s in pipeline.stage_stats},
-                     "decode_paths": dict(pipeline.decode_paths), "read_path": pipeline.read_path}
+                     "decode_paths": dict(pipeline.decode_paths), "read_path": pipeline.read_path,
+                     "gpu_fallbacks": pipeline.gpu_fallbacks}
             if not _send(results, ("batch", run, batch, items, stats), run, commands, stop_runs):
                 return
             if isinstance(batch, tuple) and batch[1] is not None and batch[1].buffer is not None:

@@ -275,6 +275,62 @@ def test_region_decode_equals_the_crop_of_the_full_decode(gpu):
 
 @pytest.mark.gpu
 @requires_gpu
+def test_regions_are_decoded_unless_the_check_at_creation_failed(gpu, cpu):
+    """A decoder checks at creation that nvImageCodec decodes a region (`GpuDecoder.regions`). Where it does, a
+    baseline JPEG's region comes back as the region ("gpu-roi"); a decoder that cannot (forced here) decodes the
+    whole image on the GPU instead ("gpu", origin (0, 0)), which the ops then crop."""
+    named = samples()
+    data = named["baseline420.jpg"]
+    assert gpu.regions and not gpu.fallbacks
+    images, origins, paths = decode(gpu, [data] * 2, ["a.jpg", "b.jpg"], [(13, 21, 150, 97)] * 2)
+    assert paths == ["gpu-roi"] * 2 and origins == [(13, 21)] * 2, gpu
+    gpu.regions = False
+    try:
+        images, origins, paths = decode(gpu, [data] * 2, ["a.jpg", "b.jpg"], [(13, 21, 150, 97)] * 2)
+    finally:
+        gpu.regions = True
+    want = cpu.decode(data, "a.jpg")
+    assert paths == ["gpu"] * 2 and origins == [(0, 0)] * 2
+    assert all(tuple(im.shape) == want.shape and mean_diff(im, want) < GPU_MEAN_DIFF for im in images)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("first", ["ingest", "torchvision"])
+def test_regions_decode_whichever_of_ingest_and_torchvision_is_imported_first(first, tmp_path):
+    """torchvision bundles an nvJPEG under nvJPEG's soname; imported first, nvImageCodec gets it and (0.9 on
+    torchvision 0.26's 13.0.1) fails every region. `import ingest` loads the nvidia-nvjpeg wheel's copy first;
+    after torchvision, the decoder's check finds regions failing, warns once and decodes whole images on the GPU:
+    no image of a randomly cropped batch goes to the CPU decoder either way."""
+    pytest.importorskip("torchvision")
+    data = samples()["baseline420.jpg"]
+    (tmp_path / "a.jpg").write_bytes(data)
+    other = "ingest" if first == "torchvision" else "torchvision"
+    script = tmp_path / "run.py"
+    script.write_text(
+        f"import sys, warnings\nwarnings.simplefilter('always')\nimport {first}\nimport {other}\n"
+        "import torch\n"
+        "from ingest.ops.decode import CpuDecoder\n"
+        "from ingest.ops.decode_gpu import GpuDecoder\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "with CpuDecoder(threads=1) as cpu, GpuDecoder('cuda', cpu) as gpu:\n"
+        "    _, origins, paths = gpu.decode_batch([data] * 4, ['a.jpg'] * 4, rois=[(13, 21, 150, 97)] * 4)\n"
+        "    torch.cuda.synchronize()\n"
+        "print(gpu.regions, sorted(set(paths)), dict(gpu.fallbacks))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "a.jpg")], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    regions, paths = done.stdout.split(" ", 1)
+    if regions == "True":
+        assert paths.strip() == "['gpu-roi'] {}" and "cannot decode JPEG regions" not in done.stderr, done
+    else:
+        assert first == "torchvision", "loaded first, the wheel's nvJPEG decodes regions"
+        assert paths.strip() == "['gpu'] {}" and "import ingest before torchvision" in done.stderr, done
+
+
+@pytest.mark.gpu
+@requires_gpu
 def test_held_results_survive_later_batches(gpu):
     """Results are zero-copy views of the decoder's output that keep it alive: while held, decoding more
     batches of the same size (which would reuse freed memory) leaves them unchanged."""

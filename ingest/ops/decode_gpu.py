@@ -55,6 +55,7 @@ nvImageCodec is loaded lazily; without it :class:`GpuDecoder` raises ImportError
 from __future__ import annotations
 
 import functools
+import io
 import os
 import warnings
 from collections import Counter
@@ -65,7 +66,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ingest import defaults
+from ingest import _nvjpeg as nvjpeg, defaults
 from ingest._numpy import zeros
 from ingest.errors import ConfigError, DecodeError
 from ingest.ops import _nvimgcodec as native
@@ -180,7 +181,7 @@ class GpuDecoder:
     """
 
     def __init__(self, device: torch.device | str | int, cpu: CpuDecoder, *, backend: str = "auto",
-                 threads: int = 1, engine: str = "auto", cpu_threads: int = 0):
+                 threads: int = 1, engine: str = "auto", cpu_threads: int = 0, _check_regions: bool = True):
         if backend not in BACKENDS:
             raise ConfigError(f"Unknown backend {backend!r}. Available: {', '.join(BACKENDS)}")
         if engine not in ENGINES:
@@ -204,16 +205,19 @@ class GpuDecoder:
             if threads > 1 and native.LOOP is not None:  # each share decoded on its own thread, GIL released
                 self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="ingest-gpu",
                                                 initializer=bind_thread, initargs=(self.device,))
-            return
-        nvimgcodec = _nvimgcodec()
-        self.messages = []
-        self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, allow_any_depth=False,
-                                               color_spec=nvimgcodec.ColorSpec.SRGB)
-        self._decoders = [self._new_decoder(nvimgcodec) for _ in range(threads)]
-        if threads > 1:
-            self._streams = [torch.cuda.Stream(self.device) for _ in range(threads)]
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ingest-gpu", initializer=bind_thread,
-                                            initargs=(self.device,))
+        else:
+            nvimgcodec = _nvimgcodec()
+            self.messages = []
+            self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, allow_any_depth=False,
+                                                   color_spec=nvimgcodec.ColorSpec.SRGB)
+            self._decoders = [self._new_decoder(nvimgcodec) for _ in range(threads)]
+            if threads > 1:
+                self._streams = [torch.cuda.Stream(self.device) for _ in range(threads)]
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ingest-gpu", initializer=bind_thread,
+                                                initargs=(self.device,))
+        self._warned = False
+        #: Whether regions are decoded (else whole images, cropped by the ops): see `regions_decode`.
+        self.regions = regions_decode(self.device, self.engine) if _check_regions else True
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -233,6 +237,7 @@ class GpuDecoder:
         sequence of the same views), the (x0, y0) of what was decoded in source pixels (a region decode
         returns just the region) and the path that decoded it: "gpu", "gpu-roi" or "cpu-fallback".
         ``headers``: the batch's header table from `CpuDecoder.probe_batch`, to skip reading them again.
+        A decoder that cannot decode regions here (:attr:`regions`) decodes whole images instead.
         The buffers in ``datas`` must stay unchanged until the call returns.
         """
         if len(datas) != len(names) or (rois is not None and len(rois) != len(datas)):
@@ -241,6 +246,7 @@ class GpuDecoder:
         n = len(datas)
         stream = stream if stream is not None else torch.cuda.current_stream(self.device)
         table = headers if headers is not None else jpeg_headers(datas)
+        rois = rois if self.regions else None
         wanted = _region_array(rois, n)
         index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels))
         every = len(index) == n
@@ -273,7 +279,18 @@ class GpuDecoder:
             asked = [tuple(r) if r[2] > r[0] else None for r in wanted.tolist()]
             for i, image, origin in zip(left, *self._decode_on_cpu(left, datas, names, asked, stream)):
                 images[i], origins[i] = image, origin
+            if len(index) > 1 and not self._warned and all(image is None for image in decoded):
+                self._refused_all(index, images)
         return images, origins, paths
+
+    def _refused_all(self, index: np.ndarray, images: list) -> None:
+        """Every GPU-eligible JPEG of a batch went to the CPU decoder: warn once if it decoded them all (nvImageCodec
+        refusing good JPEGs wholesale means something is wrong with it here, not with the data)."""
+        if all(not isinstance(images[i], DecodeError) for i in index.tolist()):
+            self._warned = True
+            warnings.warn(f"ingest: nvImageCodec decoded none of a batch's {len(index)} JPEGs on {self.device} "
+                          f"(why: {dict(self.fallbacks)}); the CPU decoder took them. nvJPEG loaded: "
+                          f"{', '.join(nvjpeg.loaded()) or 'none found'}", RuntimeWarning, stacklevel=3)
 
     def recycle(self, images: Any) -> None:
         """Hand back a batch `decode_batch` returned as one `ImageArena` once nothing reads it any more: the
@@ -468,6 +485,43 @@ class GpuDecoder:
 
 
 # -- helpers ------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def regions_decode(device: torch.device, engine: str) -> bool:
+    """Whether nvImageCodec decodes JPEG regions on ``device`` in this process (checked once, on a decoder of its
+    own: the CUDA decoder alone, whose answer no CPU backend can stand in for). Where it does not (every region
+    failed on an H200 when nvImageCodec had torchvision's nvJPEG, see `ingest._nvjpeg`), decoders decode whole
+    images instead, with a warning: right pixels for more decode work, instead of the CPU decoder for all."""
+    data, name = _region_test_jpeg(), "<region decode check>"
+    try:
+        check = GpuDecoder(device, CpuDecoder(threads=1), backend="hybrid", engine=engine, cpu_threads=1,
+                           _check_regions=False)
+    except ConfigError:   # no CUDA decoder to ask
+        return True
+    with check:
+        _, _, (region,) = check.decode_batch([data], [name], rois=[(64, 32, 192, 160)])
+        if region == "gpu-roi":
+            return True
+        _, _, (whole,) = check.decode_batch([data], [name])
+    if whole != "gpu":   # it refuses the image itself: nothing learnt about regions
+        return True
+    warnings.warn(f"ingest: nvImageCodec cannot decode JPEG regions on {device} in this process, so whole "
+                  f"images are decoded and then cropped (slower). nvJPEG loaded: "
+                  f"{', '.join(nvjpeg.loaded()) or 'none found'}. A copy bundled with torchvision does this: "
+                  "import ingest before torchvision.", RuntimeWarning, stacklevel=4)
+    return False
+
+
+@functools.cache
+def _region_test_jpeg() -> bytes:
+    """A 256 x 192 baseline 4:2:0 JPEG (a colour gradient) for `regions_decode`."""
+    from PIL import Image
+    y, x = np.mgrid[0:192, 0:256]
+    pixels = np.stack([x, y, (x + y) // 2], axis=-1).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    return out.getvalue()
 
 
 def gpu_decodable(table: np.ndarray, max_pixels: int) -> np.ndarray:

@@ -1,0 +1,60 @@
+"""Which nvJPEG nvImageCodec gets.
+
+nvImageCodec opens nvJPEG by its soname (``libnvjpeg.so.13``), and the dynamic loader answers with any library
+already loaded under that soname. torchvision's wheel bundles an nvJPEG of its own (13.0.1 with torchvision
+0.26, in a renamed file that keeps the soname) and loads it when torchvision is imported. nvImageCodec 0.9 on
+that nvJPEG decodes no region of any JPEG (each one fails with ENCODING_UNSUPPORTED; seen on an H200), so a
+training script that imported torchvision first sent every randomly cropped image to the CPU decoder: 3.6k
+instead of 10.9k img/s beside ResNet-18.
+
+So `import ingest` loads the nvidia-nvjpeg wheel's copy (the one nvImageCodec's RUNPATH names) first, where it is
+installed and no nvJPEG is loaded yet. Where one already is, `ingest.ops.decode_gpu.GpuDecoder` finds out with a
+region decode of its own and decodes whole images instead, with a warning that names the copies loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import re
+from pathlib import Path
+
+SONAME = "libnvjpeg.so.13"
+_NVJPEG = re.compile(r"/libnvjpeg(\.[0-9a-f]{8})?\.so[.0-9]*$")   # nvJPEG itself, not nvJPEG2000
+
+
+def wheel_copy() -> Path | None:
+    """The nvidia-nvjpeg wheel's library beside nvImageCodec's (``nvidia/cu13/lib``), if both are installed."""
+    try:
+        spec = importlib.util.find_spec("nvidia.nvimgcodec")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        candidate = Path(folder).parent / "cu13" / "lib" / SONAME
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def loaded(maps: str | None = None) -> list[str]:
+    """The files of every nvJPEG mapped into this process (from ``/proc/self/maps``; empty where unreadable)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return []
+    return sorted({line.split()[-1] for line in maps.splitlines() if _NVJPEG.search(line)})
+
+
+def preload() -> Path | None:
+    """Load the wheel's nvJPEG unless an nvJPEG is loaded already; the path loaded, or None. Never raises."""
+    if loaded():
+        return None
+    path = wheel_copy()
+    if path is None:
+        return None
+    try:
+        ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    return path

@@ -1,0 +1,66 @@
+"""ingest._nvjpeg: which nvJPEG nvImageCodec gets (no GPU needed; the GPU side is in test_decode_gpu.py)."""
+
+from __future__ import annotations
+
+import ctypes
+
+from ingest import _nvjpeg
+
+MAPS = """\
+7f2a1f000000-7f2a1f200000 r-xp 00000000 08:01 1 /venv/torchvision.libs/libnvjpeg.36e11081.so.13
+7f2a1f200000-7f2a1f300000 r--p 00200000 08:01 1 /venv/torchvision.libs/libnvjpeg.36e11081.so.13
+7f2a20000000-7f2a20100000 r-xp 00000000 08:01 2 /site/nvidia/cu13/lib/libnvjpeg.so.13
+7f2a21000000-7f2a21100000 r-xp 00000000 08:01 3 /site/nvidia/nvjpeg2k/lib/libnvjpeg2k.so.0
+7f2a22000000-7f2a22100000 r-xp 00000000 08:01 4 /site/nvidia/nvimgcodec/extensions/libnvjpeg_ext.so.0.9.0
+7f2a23000000-7f2a23100000 rw-p 00000000 00:00 0
+7ffd00000000-7ffd00100000 rw-p 00000000 00:00 0 [stack]
+"""
+
+
+def test_loaded_lists_each_nvjpeg_once_and_nothing_else():
+    assert _nvjpeg.loaded(MAPS) == ["/site/nvidia/cu13/lib/libnvjpeg.so.13",
+                                    "/venv/torchvision.libs/libnvjpeg.36e11081.so.13"]
+    assert _nvjpeg.loaded("") == []
+
+
+def _fake_wheels(root, with_nvjpeg: bool):
+    (root / "nvidia" / "nvimgcodec").mkdir(parents=True)
+    (root / "nvidia" / "nvimgcodec" / "__init__.py").write_text("")
+    lib = root / "nvidia" / "cu13" / "lib" / _nvjpeg.SONAME
+    if with_nvjpeg:
+        lib.parent.mkdir(parents=True)
+        lib.write_bytes(b"not a library")
+    return lib
+
+
+def test_the_wheel_copy_is_the_one_beside_nvimgcodec(tmp_path, monkeypatch):
+    lib = _fake_wheels(tmp_path, with_nvjpeg=True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _nvjpeg.wheel_copy() == lib
+
+
+def test_no_wheel_copy_without_the_nvjpeg_wheel(tmp_path, monkeypatch):
+    _fake_wheels(tmp_path, with_nvjpeg=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _nvjpeg.wheel_copy() is None
+
+
+def test_preload_loads_the_wheel_copy_only_while_no_nvjpeg_is_loaded(tmp_path, monkeypatch):
+    opened = []
+    monkeypatch.setattr(ctypes, "CDLL", lambda path: opened.append(path))
+    monkeypatch.setattr(_nvjpeg, "wheel_copy", lambda: tmp_path / _nvjpeg.SONAME)
+    monkeypatch.setattr(_nvjpeg, "loaded", lambda maps=None: ["/venv/torchvision.libs/libnvjpeg.36e11081.so.13"])
+    assert _nvjpeg.preload() is None and opened == []   # too late: the loader would answer with that one
+    monkeypatch.setattr(_nvjpeg, "loaded", lambda maps=None: [])
+    assert _nvjpeg.preload() == tmp_path / _nvjpeg.SONAME
+    assert opened == [str(tmp_path / _nvjpeg.SONAME)]
+
+
+def test_preload_never_raises(tmp_path, monkeypatch):
+    bad = tmp_path / _nvjpeg.SONAME
+    bad.write_bytes(b"not a library")
+    monkeypatch.setattr(_nvjpeg, "loaded", lambda maps=None: [])
+    monkeypatch.setattr(_nvjpeg, "wheel_copy", lambda: bad)
+    assert _nvjpeg.preload() is None
+    monkeypatch.setattr(_nvjpeg, "wheel_copy", lambda: None)
+    assert _nvjpeg.preload() is None
