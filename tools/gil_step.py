@@ -65,10 +65,13 @@ count, failed = [0], []
 
 
 def pull():
+    # its own stream: on the default stream, which the training loop also uses, each hand-over would make the
+    # training wait for the loader's batch and the loader's output bound wait for the training
     try:
-        while not stop.is_set():
-            next(gen)
-            count[0] += 1
+        with torch.cuda.stream(torch.cuda.Stream(dev)):
+            while not stop.is_set():
+                next(gen)
+                count[0] += 1
     except Exception as err:  # noqa: BLE001 - reported in the JSON: a dead loader thread measures nothing
         failed.append(f"{type(err).__name__}: {err}")
 
