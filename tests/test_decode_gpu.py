@@ -301,7 +301,7 @@ def test_regions_decode_whichever_of_ingest_and_torchvision_is_imported_first(fi
     """torchvision bundles an nvJPEG under nvJPEG's soname; imported first, nvImageCodec gets it and (0.9 on
     torchvision 0.26's 13.0.1) fails every region. `import ingest` loads the nvidia-nvjpeg wheel's copy first;
     after torchvision, the decoder's check finds regions failing, warns once and decodes whole images on the GPU:
-    no image of a randomly cropped batch goes to the CPU decoder either way."""
+    no image of a randomly cropped batch goes to the CPU decoder either way. torchvision's GPU decode works in both."""
     pytest.importorskip("torchvision")
     data = samples()["baseline420.jpg"]
     (tmp_path / "a.jpg").write_bytes(data)
@@ -316,6 +316,8 @@ def test_regions_decode_whichever_of_ingest_and_torchvision_is_imported_first(fi
         "with CpuDecoder(threads=1) as cpu, GpuDecoder('cuda', cpu) as gpu:\n"
         "    _, origins, paths = gpu.decode_batch([data] * 4, ['a.jpg'] * 4, rois=[(13, 21, 150, 97)] * 4)\n"
         "    torch.cuda.synchronize()\n"
+        "import torchvision.io as tio\n"   # torchvision's own GPU decode keeps working beside ingest's nvJPEG
+        "assert tuple(tio.decode_jpeg(tio.read_file(sys.argv[1]), device='cuda').shape) == (3, 120, 176)\n"
         "print(gpu.regions, sorted(set(paths)), dict(gpu.fallbacks))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "a.jpg")], capture_output=True, text=True,
