@@ -494,16 +494,16 @@ def regions_decode(device: torch.device, engine: str) -> bool:
     failed on an H200 when nvImageCodec had torchvision's nvJPEG, see `ingest._nvjpeg`), decoders decode whole
     images instead, with a warning: right pixels for more decode work, instead of the CPU decoder for all."""
     data, name = _region_test_jpeg(), "<region decode check>"
-    try:
-        check = GpuDecoder(device, CpuDecoder(threads=1), backend="hybrid", engine=engine, cpu_threads=1,
-                           _check_regions=False)
-    except ConfigError:   # no CUDA decoder to ask
-        return True
-    with check:
-        _, _, (region,) = check.decode_batch([data], [name], rois=[(64, 32, 192, 160)])
-        if region == "gpu-roi":
+    with CpuDecoder(threads=1) as cpu:
+        try:
+            check = GpuDecoder(device, cpu, backend="hybrid", engine=engine, cpu_threads=1, _check_regions=False)
+        except ConfigError:   # no CUDA decoder to ask
             return True
-        _, _, (whole,) = check.decode_batch([data], [name])
+        with check:
+            _, _, (region,) = check.decode_batch([data], [name], rois=[(64, 32, 192, 160)])
+            if region == "gpu-roi":
+                return True
+            _, _, (whole,) = check.decode_batch([data], [name])
     if whole != "gpu":   # it refuses the image itself: nothing learnt about regions
         return True
     warnings.warn(f"ingest: nvImageCodec cannot decode JPEG regions on {device} in this process, so whole "
