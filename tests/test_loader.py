@@ -42,6 +42,7 @@ def test_batches_shapes_and_labels(image_folder):
     stats = loader.stats()
     assert stats["read_path"] == "posix" and stats["decode"] == "cpu"
     assert set(stats["decode_paths"]) == {"cpu"} and stats["decode_paths"]["cpu"] >= 21   # + the read-ahead
+    assert stats["gpu_fallbacks"] == {}   # no GPU decoder, so no image refused by one
     assert set(stats["stages"]) == {"read", "decode", "ops"}
     assert stats["stages"]["decode"]["batches"] >= 6
 
@@ -408,7 +409,7 @@ def test_worker_processes_match_threads_and_survive_epochs(image_folder, stages,
             for (a, la), (b, lb) in zip(got, want):
                 assert torch.equal(a, b) and torch.equal(la, lb)
         stats = loader.stats()
-        assert stats["workers"] == 2 and stats["decode_paths"]["cpu"] >= 2 * 21
+        assert stats["workers"] == 2 and stats["decode_paths"]["cpu"] >= 2 * 21 and stats["gpu_fallbacks"] == {}
         assert stats["stages"]["decode"]["batches"] >= 12
         if stages == "read":   # the workers only read: their read stage is reported beside this process's
             assert stats["worker_read"]["batches"] >= 12 and stats["worker_stages"] == "read"
