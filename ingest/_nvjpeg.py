@@ -46,6 +46,11 @@ def loaded(maps: str | None = None) -> list[str]:
     return sorted({line.split()[-1] for line in maps.splitlines() if _NVJPEG.search(line)})
 
 
+def describe() -> str:
+    """`loaded` for a message: the files, comma-separated, or "none found"."""
+    return ", ".join(loaded()) or "none found"
+
+
 def preload() -> Path | None:
     """Load the wheel's nvJPEG unless an nvJPEG is loaded already; the path loaded, or None. Never raises."""
     if loaded():

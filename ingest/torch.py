@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -372,27 +373,23 @@ class Loader:
         processes, if any)."""
         reports = [r for r in (self._pool.stats if self._pool else []) if r]
         totals = [StageStats(name) for name in STAGES]
-        paths, fallbacks, read_path = {}, {}, reports[0]["read_path"] if reports else None
+        paths, fallbacks, read_path = Counter(), Counter(), reports[0]["read_path"] if reports else None
         for r in reports:
             for t in totals:
                 t.add(*r["stages"][t.name])
-            for k, v in r["decode_paths"].items():
-                paths[k] = paths.get(k, 0) + v
-            for k, v in r.get("gpu_fallbacks", {}).items():
-                fallbacks[k] = fallbacks.get(k, 0) + v
+            paths.update(r["decode_paths"])
+            fallbacks.update(r.get("gpu_fallbacks", {}))
         stages = {t.name: t.as_dict(self.prefetch) for t in totals}
         out: dict[str, Any] = {}
         if self.pipeline is not None:
             if reports:   # reader processes: their read stage (summed), then this process's stages
                 out["worker_read"] = stages["read"]
             stages = {s.name: s.as_dict(self.prefetch) for s in self.pipeline.stage_stats}
-            paths = dict(self.pipeline.decode_paths)
-            for k, v in self.pipeline.gpu_fallbacks.items():
-                fallbacks[k] = fallbacks.get(k, 0) + v
+            paths = Counter(self.pipeline.decode_paths)
+            fallbacks.update(self.pipeline.gpu_fallbacks)
             read_path = read_path or self.pipeline.read_path
-        return {"read_path": read_path, "decode": self.decode, "decode_paths": paths, "gpu_fallbacks": fallbacks,
-                "device": str(self.device),
-                "workers": self.num_workers, "worker_stages": self.worker_stages, "stages": stages, **out,
+        return {"read_path": read_path, "decode": self.decode, "decode_paths": dict(paths),
+                "gpu_fallbacks": dict(fallbacks), "device": str(self.device), "workers": self.num_workers, "worker_stages": self.worker_stages, "stages": stages, **out,
                 "failures": list(self._failures.items) if self._failures else []}
 
     def __repr__(self) -> str:

@@ -64,3 +64,10 @@ def test_preload_never_raises(tmp_path, monkeypatch):
     assert _nvjpeg.preload() is None
     monkeypatch.setattr(_nvjpeg, "wheel_copy", lambda: None)
     assert _nvjpeg.preload() is None
+
+
+def test_describe_names_the_copies_for_a_message(monkeypatch):
+    monkeypatch.setattr(_nvjpeg, "loaded", lambda maps=None: ["/a/libnvjpeg.so.13", "/b/libnvjpeg.36e11081.so.13"])
+    assert _nvjpeg.describe() == "/a/libnvjpeg.so.13, /b/libnvjpeg.36e11081.so.13"
+    monkeypatch.setattr(_nvjpeg, "loaded", lambda maps=None: [])
+    assert _nvjpeg.describe() == "none found"

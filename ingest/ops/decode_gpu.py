@@ -289,8 +289,8 @@ class GpuDecoder:
         if all(not isinstance(images[i], DecodeError) for i in index.tolist()):
             self._warned = True
             warnings.warn(f"ingest: nvImageCodec decoded none of a batch's {len(index)} JPEGs on {self.device} "
-                          f"(why: {dict(self.fallbacks)}); the CPU decoder took them. nvJPEG loaded: "
-                          f"{', '.join(nvjpeg.loaded()) or 'none found'}", RuntimeWarning, stacklevel=3)
+                          f"(why: {dict(self.fallbacks)}); the CPU decoder took them. nvJPEG loaded: {nvjpeg.describe()}",
+                          RuntimeWarning, stacklevel=3)
 
     def recycle(self, images: Any) -> None:
         """Hand back a batch `decode_batch` returned as one `ImageArena` once nothing reads it any more: the
@@ -507,9 +507,8 @@ def regions_decode(device: torch.device, engine: str) -> bool:
     if whole != "gpu":   # it refuses the image itself: nothing learnt about regions
         return True
     warnings.warn(f"ingest: nvImageCodec cannot decode JPEG regions on {device} in this process, so whole "
-                  f"images are decoded and then cropped (slower). nvJPEG loaded: "
-                  f"{', '.join(nvjpeg.loaded()) or 'none found'}. A copy bundled with torchvision does this: "
-                  "import ingest before torchvision.", RuntimeWarning, stacklevel=4)
+                  f"images are decoded and then cropped (slower). nvJPEG loaded: {nvjpeg.describe()}. A copy bundled "
+                  "with torchvision does this: import ingest before torchvision.", RuntimeWarning, stacklevel=4)
     return False
 
 
