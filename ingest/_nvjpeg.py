@@ -10,14 +10,21 @@ instead of 10.9k img/s beside ResNet-18.
 So `import ingest` loads the nvidia-nvjpeg wheel's copy (the one nvImageCodec's RUNPATH names) first, where it is
 installed and no nvJPEG is loaded yet. Where one already is, `ingest.ops.decode_gpu.GpuDecoder` finds out with a
 region decode of its own and decodes whole images instead, with a warning that names the copies loaded.
+
+Worker processes are spawned, and a spawned child imports the user's main script before any code of ours runs
+in it, torchvision first if the script does. So the workers start with the wheel's copy in ``LD_PRELOAD``
+(:func:`in_children`): the dynamic loader maps it before the interpreter starts. It needs only the C library.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
+import os
 import re
 from pathlib import Path
+from typing import Iterator
 
 SONAME = "libnvjpeg.so.13"
 _NVJPEG = re.compile(r"/libnvjpeg(\.[0-9a-f]{8})?\.so[.0-9]*$")   # nvJPEG itself, not nvJPEG2000
@@ -63,3 +70,23 @@ def preload() -> Path | None:
     except OSError:
         return None
     return path
+
+
+@contextlib.contextmanager
+def in_children() -> Iterator[None]:
+    """Processes started inside this block (spawned: they inherit the environment) load the wheel's nvJPEG
+    first, through ``LD_PRELOAD``; the variable is as it was after the block. Nothing where the wheel is not
+    installed or the variable names it already."""
+    path = wheel_copy()
+    before = os.environ.get("LD_PRELOAD")
+    if path is None or str(path) in (before or "").replace(":", " ").split():
+        yield
+        return
+    os.environ["LD_PRELOAD"] = f"{path}:{before}" if before else str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = before

@@ -25,7 +25,7 @@ from ingest.ops import _nvimgcodec as native
 from ingest.ops import decode_gpu
 from ingest.ops.decode import CpuDecoder, jpeg_headers
 from ingest.ops.decode_gpu import GpuDecoder, clip_regions, clip_roi, gpu_decodable, orient
-from conftest import REALWORLD, encode, textured
+from conftest import REALWORLD, encode, jpeg_bytes, textured
 
 GPU_MEAN_DIFF = 2.0
 ROI_MEAN_DIFF = 1.0
@@ -329,6 +329,39 @@ def test_regions_decode_whichever_of_ingest_and_torchvision_is_imported_first(fi
     else:
         assert first == "torchvision", "loaded first, the wheel's nvJPEG decodes regions"
         assert paths.strip() == "['gpu'] {}" and "import ingest before torchvision" in done.stderr, done
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_worker_processes_decode_regions_when_the_script_imports_torchvision_first(tmp_path):
+    """A spawned worker imports the user's script, torchvision first here, before any ingest code runs in it;
+    it starts with the nvidia-nvjpeg wheel's copy preloaded (`ingest._nvjpeg.in_children`), so its decoder
+    decodes regions: every randomly cropped image is a GPU region decode, and no warning."""
+    pytest.importorskip("torchvision")
+    for k in range(8):
+        (tmp_path / "data" / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "data" / f"c{k % 2}" / f"{k}.jpg").write_bytes(jpeg_bytes(160 + 8 * k, 200, seed=k))
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import json, sys, warnings\nwarnings.simplefilter('always')\nimport torchvision\nimport ingest\n"
+        "from ingest.ops import RandomResizedCrop\n"
+        "if __name__ == '__main__':\n"
+        "    loader = ingest.Loader(sys.argv[1], batch_size=4, device='cuda', decode='mixed',\n"
+        "                           ops=[RandomResizedCrop(64)], num_workers=1, worker_stages='all')\n"
+        "    for _ in range(2):\n"
+        "        for x, y in loader:\n"
+        "            assert x.is_cuda\n"
+        "    stats = loader.stats()\n"
+        "    loader.close()\n"
+        "    print(json.dumps([stats['decode_paths'], stats['gpu_fallbacks']]))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "data")], capture_output=True, text=True,
+                          env=env, timeout=180)
+    assert done.returncode == 0, done.stderr
+    import json
+    paths, fallbacks = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(paths) == {"gpu-roi"} and paths["gpu-roi"] >= 16 and fallbacks == {}, done.stdout
+    assert "cannot decode JPEG regions" not in done.stderr, done.stderr
 
 
 @pytest.mark.gpu

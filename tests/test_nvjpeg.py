@@ -71,3 +71,30 @@ def test_describe_names_the_copies_for_a_message(monkeypatch):
     assert _nvjpeg.describe() == "/a/libnvjpeg.so.13, /b/libnvjpeg.36e11081.so.13"
     monkeypatch.setattr(_nvjpeg, "loaded", lambda maps=None: [])
     assert _nvjpeg.describe() == "none found"
+
+
+def test_children_started_inside_in_children_get_the_wheel_copy_in_ld_preload(tmp_path, monkeypatch):
+    """Spawned workers import the user's script (torchvision first, maybe) before any ingest code: the wheel's
+    nvJPEG goes first through LD_PRELOAD while they start, and the parent's environment is left as it was."""
+    import os
+    import subprocess
+    import sys
+    lib = _fake_wheels(tmp_path, with_nvjpeg=True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    read = [sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD', '-'))"]
+    for before in (None, "/opt/other.so"):
+        if before is None:
+            monkeypatch.delenv("LD_PRELOAD", raising=False)
+        else:
+            monkeypatch.setenv("LD_PRELOAD", before)
+        with _nvjpeg.in_children():
+            # the fake library is not loadable: ld.so says so on stderr and goes on, which is all this needs
+            seen = subprocess.run(read, capture_output=True, text=True, check=True).stdout.strip()
+            with _nvjpeg.in_children():   # nested: named once
+                assert os.environ["LD_PRELOAD"].split(":").count(str(lib)) == 1
+        assert seen == (f"{lib}:{before}" if before else str(lib))
+        assert os.environ.get("LD_PRELOAD") == before
+    _fake_wheels(tmp_path / "none", with_nvjpeg=False)
+    monkeypatch.syspath_prepend(str(tmp_path / "none"))   # found first: no nvJPEG wheel beside it
+    with _nvjpeg.in_children():
+        assert os.environ.get("LD_PRELOAD") == "/opt/other.so"
