@@ -294,6 +294,15 @@ def test_regions_are_decoded_unless_the_check_at_creation_failed(gpu, cpu):
     assert all(tuple(im.shape) == want.shape and mean_diff(im, want) < GPU_MEAN_DIFF for im in images)
 
 
+def run_script(script: Path, arg: Path) -> subprocess.CompletedProcess:
+    """``python script arg`` in a fresh process that imports this checkout's ingest; it must succeed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
+    done = subprocess.run([sys.executable, str(script), str(arg)], capture_output=True, text=True, env=env,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("first", ["ingest", "torchvision"])
@@ -319,10 +328,7 @@ def test_regions_decode_whichever_of_ingest_and_torchvision_is_imported_first(fi
         "import torchvision.io as tio\n"   # torchvision's own GPU decode keeps working beside ingest's nvJPEG
         "assert tuple(tio.decode_jpeg(tio.read_file(sys.argv[1]), device='cuda').shape) == (3, 120, 176)\n"
         "print(gpu.regions, sorted(set(paths)), dict(gpu.fallbacks))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "a.jpg")], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
+    done = run_script(script, tmp_path / "a.jpg")
     regions, paths = done.stdout.split(" ", 1)
     if regions == "True":
         assert paths.strip() == "['gpu-roi'] {}" and "cannot decode JPEG regions" not in done.stderr, done
@@ -354,10 +360,7 @@ def test_worker_processes_decode_regions_when_the_script_imports_torchvision_fir
         "    stats = loader.stats()\n"
         "    loader.close()\n"
         "    print(json.dumps([stats['decode_paths'], stats['gpu_fallbacks']]))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "data")], capture_output=True, text=True,
-                          env=env, timeout=180)
-    assert done.returncode == 0, done.stderr
+    done = run_script(script, tmp_path / "data")
     import json
     paths, fallbacks = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(paths) == {"gpu-roi"} and paths["gpu-roi"] >= 16 and fallbacks == {}, done.stdout
