@@ -378,7 +378,7 @@ class Loader:
             for t in totals:
                 t.add(*r["stages"][t.name])
             paths.update(r["decode_paths"])
-            fallbacks.update(r.get("gpu_fallbacks", {}))
+            fallbacks.update(r["gpu_fallbacks"])
         stages = {t.name: t.as_dict(self.prefetch) for t in totals}
         out: dict[str, Any] = {}
         if self.pipeline is not None:
@@ -389,7 +389,8 @@ class Loader:
             fallbacks.update(self.pipeline.gpu_fallbacks)
             read_path = read_path or self.pipeline.read_path
         return {"read_path": read_path, "decode": self.decode, "decode_paths": dict(paths),
-                "gpu_fallbacks": dict(fallbacks), "device": str(self.device), "workers": self.num_workers, "worker_stages": self.worker_stages, "stages": stages, **out,
+                "gpu_fallbacks": dict(fallbacks), "device": str(self.device), "workers": self.num_workers,
+                "worker_stages": self.worker_stages, "stages": stages, **out,
                 "failures": list(self._failures.items) if self._failures else []}
 
     def __repr__(self) -> str:

@@ -88,7 +88,8 @@ def analyse(trace_path: str, loop_tid: int, steps: int) -> dict:
     busy = union_ms(train)
     streams = Counter(e["args"].get("stream") for e in gpu if e["args"].get("stream") != stream)
     return {
-        "steps": steps, "training_stream": stream, "training_stream_found_by": found, "other_streams": dict(streams.most_common(8)),
+        "steps": steps, "training_stream": stream, "training_stream_found_by": found,
+        "other_streams": dict(streams.most_common(8)),
         "train_kernels_per_step": round(len(train) / steps, 1),
         "train_kernel_ms": round(sum(e - s for s, e in train) / 1000 / steps, 3),
         "train_busy_ms": round(busy / steps, 3),

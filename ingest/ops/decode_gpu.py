@@ -289,8 +289,8 @@ class GpuDecoder:
         if all(not isinstance(images[i], DecodeError) for i in index.tolist()):
             self._warned = True
             warnings.warn(f"ingest: nvImageCodec decoded none of a batch's {len(index)} JPEGs on {self.device} "
-                          f"(why: {dict(self.fallbacks)}); the CPU decoder took them. nvJPEG loaded: {nvjpeg.describe()}",
-                          RuntimeWarning, stacklevel=3)
+                          f"(why: {dict(self.fallbacks)}); the CPU decoder took them. "
+                          f"nvJPEG loaded: {nvjpeg.describe()}", RuntimeWarning, stacklevel=3)
 
     def recycle(self, images: Any) -> None:
         """Hand back a batch `decode_batch` returned as one `ImageArena` once nothing reads it any more: the
