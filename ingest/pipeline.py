@@ -190,9 +190,9 @@ class Pipeline:
             with torch.cuda.device(self.device):   # the caller's current device is left as it was
                 self.ops_stream = torch.cuda.Stream(self.device)
                 if decode == "mixed" and self.image_kind == "image" and not self.direct:   # a decoder only for JPEGs
-                    from .ops.decode_gpu import GpuDecoder, cpu_threads_each
-                    each = defaults.get("gpu_decoders")
-                    self.lanes = [(GpuDecoder(self.device, self.cpu, threads=each,
+                    from .ops.decode_gpu import Arenas, GpuDecoder, cpu_threads_each
+                    each, arenas = defaults.get("gpu_decoders"), Arenas()   # the lanes take each other's arenas
+                    self.lanes = [(GpuDecoder(self.device, self.cpu, threads=each, arenas=arenas,
                                               cpu_threads=cpu_threads_each(each * lanes)),
                                    torch.cuda.Stream(self.device)) for _ in range(lanes)]
                 else:
@@ -491,7 +491,7 @@ class Pipeline:
             if gpu is not None:
                 gpu.hold_until(ready)
                 if not _shares_memory(images, work.images):   # the ops wrote new memory: the arena is free
-                    gpu.recycle(work.images)
+                    gpu.recycle(work.images, ready)
         else:
             images, ready = _select_rows(self._execute(work), keep, failed), None
             values = self._targets(work)

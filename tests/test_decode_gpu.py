@@ -24,7 +24,7 @@ from ingest.errors import ConfigError, DecodeError
 from ingest.ops import _nvimgcodec as native
 from ingest.ops import decode_gpu
 from ingest.ops.decode import CpuDecoder, jpeg_headers
-from ingest.ops.decode_gpu import GpuDecoder, clip_regions, clip_roi, gpu_decodable, orient
+from ingest.ops.decode_gpu import Arenas, GpuDecoder, clip_regions, clip_roi, gpu_decodable, orient
 from conftest import REALWORLD, encode, jpeg_bytes, textured
 
 GPU_MEAN_DIFF = 2.0
@@ -149,16 +149,29 @@ def test_image_arena_is_a_sequence_of_views_and_the_warp_reads_it_in_place():
 
 
 def test_arena_size_stays_put_until_a_batch_outgrows_it_or_needs_under_half():
-    from types import SimpleNamespace
     mb = 1 << 20
-    state = SimpleNamespace(_arena=0)
-    sizes = [GpuDecoder._arena_bytes(state, need) for need in
+    arenas = Arenas()
+    sizes = [arenas.size_for(need) for need in
              (70 * mb, 80 * mb, 60 * mb, 87 * mb, 88 * mb + 1, 60 * mb, 57 * mb, 10 * mb, 1000)]
     assert sizes[0] == 88 * mb and sizes[0] % (2 * mb) == 0   # 70 MB and a quarter, in 2 MiB steps
     assert sizes[:4] == [88 * mb] * 4                         # the same block for every batch that fits
     assert sizes[4] == 112 * mb and sizes[4:7] == [112 * mb] * 3   # outgrown: a quarter above the new need
     assert sizes[7] == 14 * mb                                 # under half: shrinks with the batches
     assert sizes[8] == 2 * mb
+
+
+def test_arenas_handed_back_go_to_the_next_taker_and_a_new_size_drops_them():
+    """`Arenas` (CPU tensors stand in; no stream): the arenas handed back are taken oldest first, by any decoder
+    sharing them; one of another size is refused, at most ``keep`` wait, and a new size drops the spares."""
+    arenas, cpu, mb = Arenas(keep=2), torch.device("cpu"), 1 << 20
+    size = arenas.size_for(3 * mb)
+    a, b, c = (arenas.take(size, None, cpu) for _ in range(3))
+    assert size == 4 * mb and len({t.data_ptr() for t in (a, b, c)}) == 3
+    for t in (a, b, c, torch.empty(2 * mb, dtype=torch.uint8)):
+        arenas.give(t)
+    assert [e[0] for e in arenas._spare] == [a, b]   # two kept; the third and the odd size dropped
+    assert arenas.size_for(3 * mb + 5) == size and arenas.take(size, None, cpu) is a
+    assert arenas.size_for(9 * mb) == 12 * mb and not arenas._spare
 
 
 def test_decoders_share_this_process_share_of_the_cores(monkeypatch):
@@ -406,7 +419,39 @@ def test_a_recycled_arena_takes_the_next_batch_and_only_when_handed_back(gpu):
     assert third.storage.data_ptr() == first.storage.data_ptr()   # decoded into the arena handed back
     assert all(torch.equal(x, y) for x, y in zip(third, want_b))
     gpu.recycle([t for t in third])   # not an arena: ignored
-    assert not gpu._spare
+    assert not gpu.arenas._spare
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_decoders_sharing_arenas_write_one_only_after_the_event_of_its_last_read(cpu):
+    """Two decoders on two streams share `Arenas` (a pipeline's decode lanes): an arena the first decoded into
+    and handed back with the event after a slow read (queued behind a GPU sleep on a third stream) takes the
+    second's next batch, and that batch's decode waits for the read: the read sees the first batch's pixels."""
+    try:
+        arenas = Arenas()
+        lanes = [GpuDecoder(torch.device("cuda"), cpu, engine="native", arenas=arenas) for _ in range(2)]
+    except (ConfigError, ImportError) as err:
+        pytest.skip(str(err))
+    a = [encode(Image.fromarray(textured(96, 128, seed=s)), "JPEG", quality=90) for s in range(4)]
+    b = [encode(Image.fromarray(textured(96, 128, seed=s)), "JPEG", quality=90) for s in range(4, 8)]
+    streams = [torch.cuda.Stream() for _ in lanes]
+    with lanes[0], lanes[1]:
+        want_b = [t.clone() for t in decode(lanes[1], b, ["b"] * 4)[0]]
+        first, _, _ = decode(lanes[0], a, ["a"] * 4)
+        want_a = first.storage.clone()
+        reader = torch.cuda.Stream()
+        with torch.cuda.stream(reader):
+            torch.cuda._sleep(200_000_000)   # ~0.1-0.2 s of GPU time before the read
+            seen = first.storage.clone()
+            after = torch.cuda.Event()
+            after.record(reader)
+        lanes[0].recycle(first, after)
+        second, _, _ = lanes[1].decode_batch(b, ["b"] * 4, stream=streams[1])
+        assert second.storage.data_ptr() == first.storage.data_ptr()   # the other lane's arena
+        torch.cuda.synchronize()
+        assert torch.equal(seen, want_a)   # the decode into it waited for the read
+        assert all(torch.equal(x, y) for x, y in zip(second, want_b))
 
 
 @pytest.mark.gpu

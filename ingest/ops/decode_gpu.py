@@ -33,10 +33,11 @@ Decisions, and why:
   Python, cheaper than building an nvImageCodec CodeStream, and the same answer as the CPU path gives.
 - **Memory** (native): the batch's images live in one PyTorch-allocated buffer, allocated on the caller's
   stream (each image 256-byte aligned), so PyTorch's caching allocator reuses it and no per-image allocation
-  happens. Its size stays the same from batch to batch (`GpuDecoder._arena_bytes`), so that the allocator
+  happens. Its size stays the same from batch to batch (`Arenas.size_for`), so that the allocator
   reuses its blocks instead of caching one more whenever a batch needs a little more than the last. A caller
   done with a batch hands its arena back (:meth:`GpuDecoder.recycle`; the loader's ops stage does once the
-  ops wrote their output elsewhere), and the next batch decodes into it without a torch call. When
+  ops wrote their output elsewhere), and the next batch decodes into it without a torch call; decoders
+  given one :class:`Arenas` (a pipeline's decode lanes) take each other's. When
   every image was decoded there and none needs turning, the batch is returned as that buffer plus offsets and
   sizes (:class:`~ingest.ops.base.ImageArena`): the warp reads it without a tensor per image, whose creation
   cost a few microseconds each alone and gave up the GIL (a switch interval beside a busy thread) per call.
@@ -57,6 +58,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import threading
 import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -67,6 +69,7 @@ import numpy as np
 import torch
 
 from ingest import _nvjpeg as nvjpeg, defaults
+from ingest._driver import wait_for
 from ingest._numpy import zeros
 from ingest.errors import ConfigError, DecodeError
 from ingest.ops import _nvimgcodec as native
@@ -159,6 +162,71 @@ class _Job:
         return y1 - y0, x1 - x0, 3
 
 
+class Arenas:
+    """The native engine's batch arenas, shared by the decoders of one pipeline (its decode lanes): one size for
+    all (`size_for`), and the arenas handed back (`give`), each with the event after its last read, taken by
+    whichever decoder starts a batch next (`take`). Each lane keeping its own, a pipeline of two lanes held
+    four (~80 MB each for 256 ImageNet-sized regions) where three are ever in use: each lane's batch being
+    decoded and the one the ops stage reads."""
+
+    def __init__(self, keep: int = 2):
+        self.size = 0
+        self._keep = keep
+        self._spare: list[tuple[torch.Tensor, Any]] = []   # (arena, the event after its last read or None)
+        self._lock = threading.Lock()
+
+    def size_for(self, need: int) -> int:
+        """The size to allocate for a batch that needs ``need`` bytes: the same for every batch (a quarter
+        above the first one's need, in 2 MiB steps) until one needs more or less than half of it. Each
+        batch's need differs, and PyTorch's caching allocator keeps a new segment whenever no cached block is
+        large enough: ten segments (704 MB) held four arenas of ~70 MB on an H100
+        (`tools/profile_train_loader.py`). A new size drops the spares."""
+        with self._lock:
+            size = -(-(need + need // 4) // _ARENA_STEP) * _ARENA_STEP
+            if self.size // 2 <= need <= self.size or size == self.size:
+                return self.size
+            self.size, dropped, self._spare = size, self._spare, []
+        for entry in dropped:
+            _release(entry)
+        return self.size
+
+    def take(self, size: int, stream: torch.cuda.Stream, device: torch.device) -> torch.Tensor:
+        """An arena of ``size`` bytes that a decode on ``stream`` may write now: a spare once the host has seen
+        the event after its last read, else a new one allocated on ``stream`` once the work queued there has
+        run (the allocator hands out memory freed on a stream as soon as that stream's queue reaches the free).
+        nvImageCodec does not order its writes after the work queued on the stream it is given: an arena
+        handed back with its read still queued behind a GPU sleep was written before the read ran (H100)."""
+        with self._lock:
+            entry = self._spare.pop(0) if self._spare else None   # the oldest: its read is the likeliest done
+        if entry is not None:
+            arena, after = entry
+            if arena.numel() == size:
+                wait_for(after)
+                return arena
+            _release(entry)
+        with torch.cuda.stream(stream):
+            arena = torch.empty(size, dtype=torch.uint8, device=device)
+        if stream is not None:
+            stream.synchronize()   # only for a new arena: the first batches and a new size
+        return arena
+
+    def give(self, arena: torch.Tensor, after: Any = None) -> None:
+        """Hand ``arena`` back for a later batch. ``after``: a CUDA event recorded after every read of it (None:
+        those reads have run)."""
+        entry = (arena, after)
+        with self._lock:
+            if arena.numel() == self.size and len(self._spare) < self._keep:
+                self._spare.append(entry)
+                return
+        _release(entry)
+
+
+def _release(entry: tuple[torch.Tensor, Any]) -> None:
+    """Drop an arena once the event after its last read has run: its memory goes back to the allocator on
+    the stream it was allocated on, whose next arena there nvImageCodec may write at once (`Arenas.take`)."""
+    wait_for(entry[1])
+
+
 class GpuDecoder:
     """Decodes batches on ``device`` with nvImageCodec, falling back to ``cpu`` per image.
 
@@ -181,7 +249,8 @@ class GpuDecoder:
     """
 
     def __init__(self, device: torch.device | str | int, cpu: CpuDecoder, *, backend: str = "auto",
-                 threads: int = 1, engine: str = "auto", cpu_threads: int = 0, _check_regions: bool = True):
+                 threads: int = 1, engine: str = "auto", cpu_threads: int = 0, arenas: Arenas | None = None,
+                 _check_regions: bool = True):
         if backend not in BACKENDS:
             raise ConfigError(f"Unknown backend {backend!r}. Available: {', '.join(BACKENDS)}")
         if engine not in ENGINES:
@@ -195,8 +264,7 @@ class GpuDecoder:
         self.threads = threads
         self.cpu_threads = cpu_threads
         self.fallbacks: Counter[str] = Counter()
-        self._arena = 0   # bytes of the batch arena (native engine; see _arena_bytes)
-        self._spare: list[torch.Tensor] = []   # arenas handed back (`recycle`), for the next batches
+        self.arenas = arenas if arenas is not None else Arenas()   # native engine: batch arenas (see `recycle`)
         self._streams: list[torch.cuda.Stream] = []
         self._pool = None
         if lib is not None:
@@ -292,14 +360,14 @@ class GpuDecoder:
                           f"(why: {dict(self.fallbacks)}); the CPU decoder took them. "
                           f"nvJPEG loaded: {nvjpeg.describe()}", RuntimeWarning, stacklevel=3)
 
-    def recycle(self, images: Any) -> None:
-        """Hand back a batch `decode_batch` returned as one `ImageArena` once nothing reads it any more: the
-        work that read it was queued before, or waited for by, what comes next on the ``stream`` it was decoded
-        on. The next batch of the same arena size decodes into it instead of allocating one (a torch
-        allocation gives the GIL up twice, each a switch interval beside a busy Python thread). Anything else
-        is ignored. The caller must hold no view of it."""
-        if isinstance(images, ImageArena) and images.storage.numel() == self._arena and len(self._spare) < 2:
-            self._spare.append(images.storage)
+    def recycle(self, images: Any, after: Any = None) -> None:
+        """Hand back a batch `decode_batch` returned as one `ImageArena` once nothing will read it any more:
+        ``after`` is a CUDA event recorded after the reads queued so far (None: they have run). The next batch
+        of the same arena size (of any decoder sharing `arenas`) decodes into it, once that event has run,
+        instead of allocating one (a torch allocation gives the GIL up twice, each a switch interval beside a
+        busy Python thread). Anything else is ignored. The caller must hold no view of it."""
+        if isinstance(images, ImageArena):
+            self.arenas.give(images.storage, after)
 
     def hold_until(self, event: Any) -> None:
         """Order the reuse or release of every image returned so far after ``event`` (see Memory in the module
@@ -401,14 +469,7 @@ class GpuDecoder:
         hw = decoded_sizes(regions, rows)
         padded = -(-(hw[:, 0] * hw[:, 1] * 3) // _ALIGN) * _ALIGN
         offsets = np.concatenate(([0], np.cumsum(padded)[:-1]))
-        size = self._arena_bytes(int(padded.sum()))
-        spare = self._spare.pop() if self._spare else None
-        if spare is not None and spare.numel() == size:
-            storage = spare
-        else:
-            self._spare.clear()   # the size changed: the others are freed too
-            with torch.cuda.stream(stream):
-                storage = torch.empty(size, dtype=torch.uint8, device=self.device)
+        storage = self.arenas.take(self.arenas.size_for(int(padded.sum())), stream, self.device)
         addresses = (offsets + storage.data_ptr()).astype(np.uint64)
         regions = regions.astype(np.int32)
         chunks = [c for c in np.array_split(np.arange(n), len(self._decoders)) if len(c)]
@@ -428,16 +489,6 @@ class GpuDecoder:
         reasons = [why for batch in pending for why in batch.wait()]
         self.fallbacks.update(why for why in reasons if why is not None)
         return ImageArena(storage, offsets, hw), reasons
-
-    def _arena_bytes(self, need: int) -> int:
-        """The size to allocate for a batch that needs ``need`` bytes: the same for every batch (a quarter
-        above the first one's need, in 2 MiB steps) until one needs more or less than half of it. Each
-        batch's need differs, and PyTorch's caching allocator keeps a new segment whenever no cached block is
-        large enough: ten segments (704 MB) held four arenas of ~70 MB on an H100
-        (`tools/profile_train_loader.py`)."""
-        if need > self._arena or need < self._arena // 2:
-            self._arena = -(-(need + need // 4) // _ARENA_STEP) * _ARENA_STEP
-        return self._arena
 
     def _decode_chunk(self, decoder: Any, jobs: list[_Job], stream: torch.cuda.Stream
                       ) -> list[torch.Tensor | None]:
