@@ -429,17 +429,27 @@ class Pipeline:
         return out
 
     # -- stage 3: ops -------------------------------------------------------------------------
-    def start_outputs(self, ahead: int | None) -> None:
-        """A new run of batches (an executor starting): counts restart; ``ahead`` as in `bound_outputs`."""
+    def start_outputs(self, ahead: int | None, stop: threading.Event | None = None) -> None:
+        """A new run of batches (an executor starting): counts restart; ``ahead`` as in `bound_outputs`, and
+        the number of dense outputs kept for reuse (`_dense_output`); ``stop``: the executor's, which ends a
+        wait for one."""
         self._handed = deque(maxlen=64)
         self._handed_count = self._outputs = 0
         self.outputs_ahead = ahead
+        self._kept: list[torch.Tensor] = []   # dense outputs made, oldest first (`_dense_output`)
+        self._watched: deque = deque(maxlen=64)   # weak references to the outputs handed out
+        self._wakes: queue.SimpleQueue = queue.SimpleQueue()   # a hand-over, or an output dropped
+        self._used_on: set = set()   # the streams the consumer took batches on
+        self._stop_outputs = stop
 
     def handed_over(self, stream: torch.cuda.Stream) -> None:
         """The consumer took the next batch: an event on its ``stream``, where its use of the batch before is
         queued by then (the consumer's thread calls this)."""
         self._handed.append(recorded(stream))
         self._handed_count += 1
+        if stream is not None:
+            self._used_on.add(stream)
+        self._wakes.put(None)
 
     def bound_outputs(self) -> None:
         """Wait, before the ops stage allocates output number n, until the consumer's stream has run past the
@@ -449,13 +459,58 @@ class Pipeline:
         memory, which the cache then keeps. With the consumer's stream behind (the training loop's thread runs
         steps ahead of the GPU), that happened at times: one more float32 output batch (147 MiB at 256 x 224 x
         224) held for good. Bounded, the blocks in flight are the prefetched batches, the one the user holds
-        and the one before it. Rarely waits: only while the GPU is that far behind."""
+        and the one before it. Rarely waits: only while the GPU is that far behind. (Dense outputs are reused
+        instead: `_dense_output`.)"""
         k = self._outputs - self.outputs_ahead if self.outputs_ahead is not None else -1
         if k < 0:
             return
         i = k - (self._handed_count - len(self._handed))   # the deque holds the latest hand-overs
         if 0 <= i < len(self._handed):   # not handed over yet (cannot happen with a reserved place): no wait
             wait_for(self._handed[i])
+
+    def _dense_output(self, work: _Work) -> torch.Tensor | None:
+        """The tensor the ops write a batch of one output size to (None: a ragged batch, or no executor bound;
+        `bound_outputs` then): one of the `outputs_ahead` made before that nothing but this list holds any more
+        (no tensor or view of the user's: the storage's use count), its reuse queued on the ops stream after
+        what the consumer's streams have queued by now; else, while all of them are held, a wait for one to be
+        dropped (a weak reference to each handed out wakes it) or for the consumer to have taken every batch
+        made (it then waits for this one: a new one is made rather than stall it).
+
+        Why: a loop's variable still holds the batch before while ``next()`` hands over the next one, so with
+        the ops stage free to allocate as soon as the queue has room, four float32 outputs were in memory: the
+        one held, the one handed over, two queued (588 MB at batch 256), one more than a loop ever uses at once.
+        Reused, the outputs held are the one the loop uses, the queued ones and the one being made."""
+        plan = work.ops_plan
+        if self.outputs_ahead is None or plan is None or self.image_kind is None or not work.records:
+            return None
+        sizes, c = plan.out_sizes, _channels(work.images)
+        if c is None or any(s != sizes[0] for s in sizes):
+            return None
+        (h, w), dtype = sizes[0], plan.output.dtype
+        shape = (len(sizes), c, h, w) if plan.output.layout == "NCHW" else (len(sizes), h, w, c)
+        while True:
+            for out in self._kept:
+                if out.shape == shape and out.dtype == dtype and not _held_elsewhere(out):
+                    for stream in self._used_on:
+                        self.ops_stream.wait_event(recorded(stream))
+                    return out
+            stopped = self._stop_outputs is not None and self._stop_outputs.is_set()
+            if len(self._kept) < self.outputs_ahead or self._handed_count >= self._outputs or stopped:
+                break
+            try:
+                self._wakes.get(timeout=0.05)
+            except queue.Empty:   # a wake can be missed (a view of the user's dropped last): look again
+                pass
+        out = torch.empty(shape, dtype=dtype, device=self.device)   # on the ops stream (the caller's)
+        if len(self._kept) >= self.outputs_ahead:
+            self._kept.pop(0)   # held by the user: torch frees it once they drop it
+        self._kept.append(out)
+        return out
+
+    def _watch(self, images: torch.Tensor) -> None:
+        """Wake a `_dense_output` waiting for a batch to be dropped once ``images`` (what the user gets) is."""
+        wakes = self._wakes
+        self._watched.append(weakref.ref(images, lambda _: wakes.put(None)))   # SimpleQueue.put: reentrant
 
     def transform(self, work: _Work) -> Batch | None:
         if not work.records:
@@ -467,12 +522,18 @@ class Pipeline:
                                            np.array([work.records[k].label for k in keep], dtype=np.int64))
         labels = torch.from_numpy(host_labels)
         if self.ops_stream is not None:
-            self.bound_outputs()
-            self._outputs += 1
             with torch.cuda.stream(self.ops_stream):
                 if work.ready is not None:
                     self.ops_stream.wait_event(work.ready)
-                images = _select_rows(self._execute(work), keep, failed)
+                out = self._dense_output(work)
+                if out is None:
+                    self.bound_outputs()
+                self._outputs += 1
+                images = _select_rows(self._execute(work, out), keep, failed)
+                if out is not None:
+                    if images is out:
+                        images = out.detach()   # what the user holds is another tensor than the one kept
+                    self._watch(images)
                 values = self._targets(work)
                 fields = self._collate([values[k] for k in keep], names, work, keep)
                 if not self.labels_on_host:
@@ -556,10 +617,10 @@ class Pipeline:
             b /= (size[1], size[0], size[1], size[0])
         return b.astype(np.float32)
 
-    def _execute(self, work: _Work):
+    def _execute(self, work: _Work, out: torch.Tensor | None = None):
         if self.image_kind is None:
             return None
-        images = work.ops_plan.execute(work.images, origins=work.origins)
+        images = work.ops_plan.execute(work.images, origins=work.origins, out=out)
         if isinstance(images, list):
             images = stack_if_uniform(images)
         if work.ops_plan.output.layout is None:  # no op chose a layout: CHW shapes over HWC memory, as torch has it
@@ -619,6 +680,38 @@ def cuda_tensors(value: Any) -> Iterator[torch.Tensor]:
     elif isinstance(value, dict):
         for v in value.values():
             yield from cuda_tensors(v)
+
+
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _references(tensor: torch.Tensor) -> int:
+    """The references to ``tensor``'s memory (its storage's use count, as torch.multiprocessing reads it),
+    the storage object this takes included."""
+    storage = tensor.untyped_storage()   # held while its count is read
+    return _USE_COUNT(storage._cdata)
+
+
+_ALONE = _references(torch.empty(1)) if _USE_COUNT is not None else 0
+
+
+def _held_elsewhere(tensor: torch.Tensor) -> bool:
+    """Whether any tensor but ``tensor`` holds its memory (a view, the batch handed out); True where this torch
+    does not say."""
+    return _USE_COUNT is None or _references(tensor) > _ALONE
+
+
+def _channels(images: Any) -> int | None:
+    """The channels of a decoded batch (an arena of RGB images, a ``[N, H, W, C]`` tensor or a list of
+    ``[H, W, C]`` images); None if it has none or they differ."""
+    if isinstance(images, ImageArena):
+        return 3
+    if isinstance(images, torch.Tensor):
+        return images.shape[-1] if images.dim() == 4 else None
+    if isinstance(images, list) and images and all(isinstance(im, torch.Tensor) for im in images):
+        c = {im.shape[-1] for im in images}
+        return c.pop() if len(c) == 1 else None
+    return None
 
 
 def _shares_memory(images: Any, decoded: Any) -> bool:
@@ -838,7 +931,7 @@ class Executor:
         # ``prefetch`` places after the decode stage.
         lanes = len(pipeline.lanes)
         # Outputs in flight: those queued (``prefetch``), the one the consumer holds, the one it held before.
-        pipeline.start_outputs(prefetch + 1 if pipeline.consumer_stream is not None else None)
+        pipeline.start_outputs(prefetch + 1 if pipeline.consumer_stream is not None else None, self._stop)
         to_decode = [_Slots(self._stop, prefetch) for _ in range(lanes)]
         decoded = [_Slots(self._stop, max(1, prefetch // lanes)) for _ in range(lanes)]
         self._out = _Slots(self._stop, prefetch)
@@ -916,6 +1009,7 @@ class Executor:
                 t.join()
         for q in self._queues:
             q.clear()
+        self.pipeline.start_outputs(None)   # the outputs kept for reuse go (those the user holds stay theirs)
 
     def __del__(self) -> None:
         try:

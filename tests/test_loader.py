@@ -716,3 +716,70 @@ def test_the_ops_stage_waits_for_the_hand_over_an_output_bound_behind(monkeypatc
     p.start_outputs(None)   # no bound: never waits
     p._outputs = 50
     p.bound_outputs()
+
+
+def test_an_output_is_reused_once_nothing_but_the_ops_stage_holds_it(monkeypatch):
+    """`Pipeline._dense_output`: while fewer than ``ahead`` outputs exist a new one is made; then one that no
+    tensor of the user's holds (not even a view) is reused, its reuse queued after every stream the consumer
+    took batches on; while all are held it waits for one to be dropped, and makes a new one rather than wait
+    once the consumer has taken every batch made."""
+    from types import SimpleNamespace
+    from ingest import pipeline as pl
+    from ingest.ops.base import ImageSpec
+
+    monkeypatch.setattr(pl, "recorded", lambda stream: ("event on", stream))
+    waits = []
+    p = object.__new__(pl.Pipeline)
+    p.device, p.image_kind = torch.device("cpu"), "image"
+    p.ops_stream = SimpleNamespace(wait_event=waits.append)
+    p.consumer_stream = "loop"
+    stop = threading.Event()
+    p.start_outputs(3, stop)
+    plan = SimpleNamespace(out_sizes=[(4, 5)] * 2, output=ImageSpec(torch.float32, "NCHW"))
+    work = SimpleNamespace(ops_plan=plan, images=torch.zeros(2, 6, 7, 3, dtype=torch.uint8), records=[1, 2])
+
+    def make():
+        out = p._dense_output(work)
+        p._outputs += 1
+        handed = out.detach()
+        p._watch(handed)
+        return out, handed
+
+    made = [make() for _ in range(3)]
+    assert [tuple(o.shape) for o, _ in made] == [(2, 3, 4, 5)] * 3 and not waits
+    assert len({o.data_ptr() for o, _ in made}) == 3
+    p.handed_over("loop")
+    p.handed_over("side")
+    view = made[0][1][0, 1]   # the user keeps a view of batch 0 and drops batch 1
+    made[0] = made[0][0], None
+    made[1] = made[1][0], None
+    out, _ = make()
+    assert out is made[1][0]                      # the one nothing holds, not batch 0 (its view is held)
+    assert sorted(waits, key=str) == [("event on", "loop"), ("event on", "side")]
+
+    def drop_later():
+        time.sleep(0.2)
+        made[2] = made[2][0], None
+
+    waits.clear()
+    threading.Thread(target=drop_later).start()
+    t0 = time.perf_counter()
+    again, held = make()                           # all three held: waits for batch 2 to be dropped
+    assert again is made[2][0] and time.perf_counter() - t0 >= 0.15 and len(waits) == 2
+    p._handed_count = p._outputs                   # the consumer took every batch made: no wait, a new one
+    t0 = time.perf_counter()
+    new, _ = make()
+    assert time.perf_counter() - t0 < 0.1 and all(new is not o for o, _ in made)
+    assert len(p._kept) == 3 and view.shape == (4, 5)
+    p.start_outputs(None)
+    assert p._dense_output(work) is None          # no executor bound: torch allocates
+
+
+def test_held_elsewhere_counts_views_and_other_tensors_of_the_memory():
+    from ingest.pipeline import _held_elsewhere
+    t = torch.empty(8)
+    assert not _held_elsewhere(t)
+    v = t.view(2, 4).permute(1, 0)
+    assert _held_elsewhere(t)
+    del v
+    assert not _held_elsewhere(t)

@@ -236,14 +236,17 @@ if __name__ == "__main__":
     assert len(got["ours"]) >= 1 + workers and got["on_gpu0"] == [], got
 
 
-@pytest.mark.parametrize("bounded", [True, False])
-def test_outputs_in_flight_stay_bounded_behind_a_slow_consumer_stream(folder, bounded, monkeypatch):
+@pytest.mark.parametrize("way", ["reused", "bounded", "neither"])
+def test_outputs_in_flight_stay_bounded_behind_a_slow_consumer_stream(folder, way, monkeypatch):
     """The training loop's thread runs steps ahead of the GPU: each output it drops returns to torch's cache only
-    once its stream has run past it. The ops stage waits for that (`Pipeline.bound_outputs`), so the memory
-    torch reserves stays put; without the wait (``bounded=False``, to show the test can tell) every step behind
-    takes a new output's memory."""
+    once its stream has run past it. The ops stage reuses the outputs the loop dropped, queued after its stream
+    (`Pipeline._dense_output`), or, for batches it cannot (ragged ones), waits for the stream to pass the
+    hand-over before (`Pipeline.bound_outputs`), so the memory torch reserves stays put; with neither (to show
+    the test can tell) every step behind takes a new output's memory."""
     from ingest import pipeline as pl
-    if not bounded:
+    if way != "reused":
+        monkeypatch.setattr(pl.Pipeline, "_dense_output", lambda self, work: None)
+    if way == "neither":
         monkeypatch.setattr(pl.Pipeline, "bound_outputs", lambda self: None)
     ops = [RandomResizedCrop(256), Flip(p=0.5), Normalize(MEAN, STD)]
     # CPU decode: with GPU decode the unbounded control stayed within 3.3 outputs on an H200 (the loader did not
@@ -263,10 +266,55 @@ def test_outputs_in_flight_stay_bounded_behind_a_slow_consumer_stream(folder, bo
         grown = torch.cuda.memory_reserved() - base
         torch.cuda.synchronize()
     assert steps == 24
-    if bounded:
+    if way != "neither":
         assert grown <= 2 * out_bytes, f"{grown / out_bytes:.1f} outputs' worth of memory more"
     else:
         assert grown >= 6 * out_bytes
+
+
+@pytest.mark.parametrize("decode", ["mixed", "cpu"])
+def test_a_loop_uses_three_outputs_and_never_sees_one_rewritten_behind_its_stream(folder, decode):
+    """`Pipeline._dense_output`: a plain loop whose steps queue behind a slow stream gets every batch as it was
+    made (each batch's sum, taken on the loop's stream after the sleep, equals a loader's whose loop waited for
+    each batch), from prefetch + 1 = 3 output buffers taken in turn."""
+    ops = [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)]
+
+    def make():
+        return ingest.Loader(folder, batch_size=4, device="cuda", decode=decode, ops=ops, shuffle=True, seed=5,
+                             num_workers=0, last_batch="drop", prefetch=2)
+
+    with make() as loader:
+        want = [x.double().sum().item() for epoch in range(3) for x, _ in loader]
+    sums, buffers = [], set()
+    with make() as loader:
+        for epoch in range(3):
+            for x, _ in loader:
+                torch.cuda._sleep(20_000_000)   # the loop runs ahead of its stream
+                sums.append(x.double().sum())
+                buffers.add(x.untyped_storage().data_ptr())
+    assert [s.item() for s in sums] == want
+    assert len(want) == 12 and len(buffers) == 3
+
+
+def test_batches_the_user_keeps_are_never_written_again(folder):
+    """Batches kept (a list of them all, and a view of one) are not reused: each still holds what it held
+    when it was handed over, and a loader whose every output is kept still runs to the end."""
+    ops = [RandomResizedCrop(64), Normalize(MEAN, STD)]
+    loader = ingest.Loader(folder, batch_size=4, device="cuda", ops=ops, shuffle=True, seed=2, num_workers=0,
+                           last_batch="drop")
+    kept, copies, views = [], [], []
+    with loader:
+        for epoch in range(2):
+            for k, (x, _) in enumerate(loader):
+                copies.append(x.clone())
+                if k % 2:
+                    kept.append(x)
+                else:
+                    views.append(x[1:3, 0])   # only a view of this batch stays
+    torch.cuda.synchronize()
+    assert len(copies) == 8
+    assert all(torch.equal(x, c) for x, c in zip(kept, copies[1::2]))
+    assert all(torch.equal(v, c[1:3, 0]) for v, c in zip(views, copies[0::2]))
 
 
 @pytest.mark.parametrize("workers", [0, 2])

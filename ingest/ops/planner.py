@@ -309,9 +309,11 @@ class Sliced:
     def output(self) -> ImageSpec:
         return self.plans[0].output
 
-    def execute(self, images: torch.Tensor, origins: None = None) -> torch.Tensor:
-        """Every slice's plan on its rows of ``images`` (one ``[N, H, W, C]`` tensor), written to one new
-        ``[N, ...]`` tensor (its layout as :meth:`Plan.execute`'s ``out``). The outputs must share a size."""
+    def execute(self, images: torch.Tensor, origins: None = None, *, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """Every slice's plan on its rows of ``images`` (one ``[N, H, W, C]`` tensor), written to one
+        ``[N, ...]`` tensor, ``out`` or a new one (its layout as :meth:`Plan.execute`'s ``out``). The outputs
+        must share a size."""
         if origins is not None:
             raise ValueError("a sliced plan takes whole images (no `origins`)")
         sizes = self.out_sizes
@@ -320,7 +322,10 @@ class Sliced:
         (h, w), c = sizes[0], images.shape[3]
         spec = self.output
         shape = (len(sizes), c, h, w) if spec.layout == "NCHW" else (len(sizes), h, w, c)
-        out = torch.empty(shape, dtype=spec.dtype, device=images.device)
+        if out is None:
+            out = torch.empty(shape, dtype=spec.dtype, device=images.device)
+        elif tuple(out.shape) != shape or out.dtype != spec.dtype:
+            raise ValueError(f"`out` is {tuple(out.shape)} {out.dtype}; the batch is {shape} {spec.dtype}")
         for (a, b), p in zip(self.bounds, self.plans):   # tensor slicing keeps the GIL (narrow() would not)
             p.execute(images[a:b], out=out[a:b])
         return out
