@@ -438,6 +438,8 @@ class Pipeline:
         self.outputs_ahead = ahead
         self._kept: list[torch.Tensor] = []   # dense outputs made, oldest first (`_dense_output`)
         self._watched: deque = deque(maxlen=64)   # weak references to the outputs handed out
+        # id of a kept output -> (a weak reference to it, the events after its batch's last use or None)
+        self._dropped: dict[int, tuple] = {}
         self._wakes: queue.SimpleQueue = queue.SimpleQueue()   # a hand-over, or an output dropped
         self._used_on: set = set()   # the streams the consumer took batches on
         self._stop_outputs = stop
@@ -472,7 +474,7 @@ class Pipeline:
         """The tensor the ops write a batch of one output size to (None: a ragged batch, or no executor bound;
         `bound_outputs` then): one of the `outputs_ahead` made before that nothing but this list holds any more
         (no tensor or view of the user's: the storage's use count), its reuse queued on the ops stream after
-        what the consumer's streams have queued by now; else, while all of them are held, a wait for one to be
+        the consumer's use of its last batch (`_watch`); else, while all of them are held, a wait for one to be
         dropped (a weak reference to each handed out wakes it) or for the consumer to have taken every batch
         made (it then waits for this one: a new one is made rather than stall it).
 
@@ -491,8 +493,11 @@ class Pipeline:
         while True:
             for out in self._kept:
                 if out.shape == shape and out.dtype == dtype and not _held_elsewhere(out):
-                    for stream in self._used_on:
-                        self.ops_stream.wait_event(recorded(stream))
+                    ref, events = self._dropped.pop(id(out), (None, None))
+                    if ref is None or ref() is not out:
+                        events = None
+                    for event in events if events is not None else [recorded(s) for s in self._used_on]:
+                        self.ops_stream.wait_event(event)
                     return out
             stopped = self._stop_outputs is not None and self._stop_outputs.is_set()
             if len(self._kept) < self.outputs_ahead or self._handed_count >= self._outputs or stopped:
@@ -507,10 +512,23 @@ class Pipeline:
         self._kept.append(out)
         return out
 
-    def _watch(self, images: torch.Tensor) -> None:
-        """Wake a `_dense_output` waiting for a batch to be dropped once ``images`` (what the user gets) is."""
-        wakes = self._wakes
-        self._watched.append(weakref.ref(images, lambda _: wakes.put(None)))   # SimpleQueue.put: reentrant
+    def _watch(self, images: torch.Tensor, out: torch.Tensor) -> None:
+        """Once ``images`` (what the user gets, over the kept ``out``) is dropped: events on the consumer's
+        streams then, after every use of the batch queued there (the reuse of ``out`` waits for those, not for
+        the steps the loop queued since: recorded at the reuse instead, they held the next batch's ops behind
+        the step before it), and a wake for a `_dense_output` waiting for a drop. Where a view of the user's
+        still holds the memory (its base is ``out``, not ``images``), the reuse records its own events."""
+        wakes, dropped, streams, key = self._wakes, self._dropped, self._used_on, id(out)
+        kept = weakref.ref(out)   # not kept alive by this (an id can be another tensor's once it is gone)
+        alone = _ALONE + 1   # ``out`` and ``images``, which still holds its storage while this runs
+
+        def drop(_):
+            base = kept()
+            if base is not None:
+                dropped[key] = (kept, [recorded(s) for s in streams] if _references(base) <= alone else None)
+            wakes.put(None)   # SimpleQueue.put: safe wherever the drop happens
+
+        self._watched.append(weakref.ref(images, drop))
 
     def transform(self, work: _Work) -> Batch | None:
         if not work.records:
@@ -533,7 +551,7 @@ class Pipeline:
                 if out is not None:
                     if images is out:
                         images = out.detach()   # what the user holds is another tensor than the one kept
-                    self._watch(images)
+                    self._watch(images, out)
                 values = self._targets(work)
                 fields = self._collate([values[k] for k in keep], names, work, keep)
                 if not self.labels_on_host:

@@ -720,14 +720,16 @@ def test_the_ops_stage_waits_for_the_hand_over_an_output_bound_behind(monkeypatc
 
 def test_an_output_is_reused_once_nothing_but_the_ops_stage_holds_it(monkeypatch):
     """`Pipeline._dense_output`: while fewer than ``ahead`` outputs exist a new one is made; then one that no
-    tensor of the user's holds (not even a view) is reused, its reuse queued after every stream the consumer
-    took batches on; while all are held it waits for one to be dropped, and makes a new one rather than wait
-    once the consumer has taken every batch made."""
+    tensor of the user's holds (not even a view) is reused, its reuse queued after events recorded on every
+    stream the consumer took batches on when its batch was dropped (not after what the loop queued since);
+    while all are held it waits for one to be dropped, and makes a new one rather than wait once the consumer
+    has taken every batch made."""
     from types import SimpleNamespace
     from ingest import pipeline as pl
     from ingest.ops.base import ImageSpec
 
-    monkeypatch.setattr(pl, "recorded", lambda stream: ("event on", stream))
+    stamps = iter(range(1000))
+    monkeypatch.setattr(pl, "recorded", lambda stream: ("event on", stream, next(stamps)))
     waits = []
     p = object.__new__(pl.Pipeline)
     p.device, p.image_kind = torch.device("cpu"), "image"
@@ -742,7 +744,7 @@ def test_an_output_is_reused_once_nothing_but_the_ops_stage_holds_it(monkeypatch
         out = p._dense_output(work)
         p._outputs += 1
         handed = out.detach()
-        p._watch(handed)
+        p._watch(handed, out)
         return out, handed
 
     made = [make() for _ in range(3)]
@@ -753,9 +755,12 @@ def test_an_output_is_reused_once_nothing_but_the_ops_stage_holds_it(monkeypatch
     view = made[0][1][0, 1]   # the user keeps a view of batch 0 and drops batch 1
     made[0] = made[0][0], None
     made[1] = made[1][0], None
+    at_drop = sorted(p._dropped[id(made[1][0])][1])
+    assert [(e[0], e[1]) for e in at_drop] == [("event on", "loop"), ("event on", "side")]
+    p.handed_over("loop")                         # the loop queues more after the drop
     out, _ = make()
     assert out is made[1][0]                      # the one nothing holds, not batch 0 (its view is held)
-    assert sorted(waits, key=str) == [("event on", "loop"), ("event on", "side")]
+    assert sorted(waits) == at_drop               # after the drop, not after what came since
 
     def drop_later():
         time.sleep(0.2)
