@@ -45,7 +45,7 @@ from ._driver import Staging, recorded, wait_for
 from ._numpy import take
 from .io import ByteReader
 from .ops import planner
-from .ops.base import ImageArena, bind_thread, stack_if_uniform
+from .ops.base import ImageArena, arena_under, bind_thread, stack_if_uniform
 from .ops.decode import CpuDecoder
 from .sampler import BatchPlan
 
@@ -735,12 +735,10 @@ def _channels(images: Any) -> int | None:
 def _shares_memory(images: Any, decoded: Any) -> bool:
     """Whether a batch's output ``images`` may still be (or view) its ``decoded`` images' arena or batch tensor:
     True unless the output is one tensor in other memory."""
-    if isinstance(decoded, ImageArena):
-        start, size = decoded.storage.data_ptr(), decoded.storage.numel()
-    elif isinstance(decoded, torch.Tensor):   # a direct read's batch tensor
-        start, size = decoded.data_ptr(), decoded.numel() * decoded.element_size()
-    else:
+    arena = decoded if isinstance(decoded, torch.Tensor) else arena_under(decoded)   # a tensor: a direct read's
+    if arena is None:
         return True
+    start, size = arena.data_ptr(), arena.numel() * arena.element_size()
     if not isinstance(images, torch.Tensor):
         return True
     return start <= images.data_ptr() < start + size

@@ -72,6 +72,18 @@ def test_the_ops_output_frees_the_decoded_arena_only_when_it_is_other_memory():
     assert _shares_memory(arena.storage[12:24].view(1, 2, 2, 3), arena)  # a view of it (no ops)
     assert _shares_memory(list(arena), arena) and _shares_memory(arena, arena)
     assert _shares_memory(torch.zeros(1), [torch.zeros(1)])             # not an arena: nothing to free
+    # a batch with an image turned (a copy) comes back as a list of the arena's views and that copy
+    turned = [arena[0], arena[1].flip(0).contiguous()]
+    assert not _shares_memory(torch.zeros(2, 3, 2, 2), turned)
+    assert _shares_memory(arena.storage[12:24].view(1, 2, 2, 3), turned)
+
+
+def test_arena_under_finds_the_buffer_a_batch_views():
+    from ingest.ops.base import ImageArena, arena_under
+    arena = ImageArena(torch.zeros(64, dtype=torch.uint8), np.array([0, 12]), np.array([[2, 2], [2, 2]]))
+    assert arena_under(arena) is arena.storage
+    assert arena_under([torch.ones(2, 2, 3, dtype=torch.uint8), arena[1]]) is arena.storage
+    assert arena_under([arena[0].clone()]) is None and arena_under(torch.zeros(3)) is None
 
 
 def test_events_fall_back_to_torch_without_the_cuda_driver(monkeypatch):

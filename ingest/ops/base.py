@@ -72,6 +72,19 @@ class ImageArena(Sequence):
         return self.storage.data_ptr() + self.offsets
 
 
+def arena_under(images: Any) -> torch.Tensor | None:
+    """The 1-D buffer a decoded batch lives in: an `ImageArena`'s storage, or that of a list whose images
+    are views of one (a batch with an image turned or decoded on the CPU comes back as a list); else None."""
+    if isinstance(images, ImageArena):
+        return images.storage
+    if isinstance(images, list):
+        for im in images:
+            base = im._base if isinstance(im, torch.Tensor) else None
+            if base is not None and base.dim() == 1 and base.dtype == torch.uint8:
+                return base
+    return None
+
+
 Images = torch.Tensor | list[torch.Tensor] | ImageArena
 Rngs = SampleRandom | np.random.Generator | int | None
 

@@ -73,7 +73,7 @@ from ingest._driver import wait_for
 from ingest._numpy import zeros
 from ingest.errors import ConfigError, DecodeError
 from ingest.ops import _nvimgcodec as native
-from ingest.ops.base import ImageArena, bind_thread
+from ingest.ops.base import ImageArena, arena_under, bind_thread
 from ingest.ops.decode import Buffer, CpuDecoder, JpegHeader, Size, header_of, jpeg_headers
 
 #: Backend choices: "auto" (the ``hw_decoder_load`` setting: the hardware JPEG engine takes that share of a batch and
@@ -361,13 +361,15 @@ class GpuDecoder:
                           f"nvJPEG loaded: {nvjpeg.describe()}", RuntimeWarning, stacklevel=3)
 
     def recycle(self, images: Any, after: Any = None) -> None:
-        """Hand back a batch `decode_batch` returned as one `ImageArena` once nothing will read it any more:
+        """Hand back the arena of a batch `decode_batch` returned (an `ImageArena`, or a list of images most of
+        which view one: `arena_under`) once nothing will read it any more:
         ``after`` is a CUDA event recorded after the reads queued so far (None: they have run). The next batch
         of the same arena size (of any decoder sharing `arenas`) decodes into it, once that event has run,
         instead of allocating one (a torch allocation gives the GIL up twice, each a switch interval beside a
         busy Python thread). Anything else is ignored. The caller must hold no view of it."""
-        if isinstance(images, ImageArena):
-            self.arenas.give(images.storage, after)
+        storage = arena_under(images)
+        if storage is not None and storage.numel() == self.arenas.size:
+            self.arenas.give(storage, after)
 
     def hold_until(self, event: Any) -> None:
         """Order the reuse or release of every image returned so far after ``event`` (see Memory in the module
