@@ -402,8 +402,9 @@ def test_held_results_survive_later_batches(gpu):
 @pytest.mark.gpu
 @requires_gpu
 def test_a_recycled_arena_takes_the_next_batch_and_only_when_handed_back(gpu):
-    """`recycle` hands an arena back: the next batch of that size decodes into the same memory, with the
-    pixels it would have had in new memory; an arena not handed back is never written again."""
+    """`recycle` hands an arena back (an `ImageArena` or a list of its views): the next batch of that size
+    decodes into the same memory, with the pixels it would have had in new memory; an arena not handed back
+    is never written again."""
     if gpu.engine != "native":
         pytest.skip("arenas are the native engine's")
     a = [encode(Image.fromarray(textured(96, 128, seed=s)), "JPEG", quality=90) for s in range(4)]
@@ -418,8 +419,10 @@ def test_a_recycled_arena_takes_the_next_batch_and_only_when_handed_back(gpu):
     third, _, _ = decode(gpu, b, ["b"] * 4)
     assert third.storage.data_ptr() == first.storage.data_ptr()   # decoded into the arena handed back
     assert all(torch.equal(x, y) for x, y in zip(third, want_b))
-    gpu.recycle([t for t in third])   # not an arena: ignored
+    gpu.recycle([t.clone() for t in third])   # copies: no arena under them, ignored
     assert not gpu.arenas._spare
+    gpu.recycle([t for t in third])   # views of it (a batch with a turned image comes back so): handed back
+    assert gpu.arenas._spare[-1][0] is third.storage
 
 
 @pytest.mark.gpu
