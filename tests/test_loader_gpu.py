@@ -276,7 +276,8 @@ def test_outputs_in_flight_stay_bounded_behind_a_slow_consumer_stream(folder, wa
 def test_a_loop_uses_three_outputs_and_never_sees_one_rewritten_behind_its_stream(folder, decode):
     """`Pipeline._dense_output`: a plain loop whose steps queue behind a slow stream gets every batch as it was
     made (each batch's sum, taken on the loop's stream after the sleep, equals a loader's whose loop waited for
-    each batch), from prefetch + 1 = 3 output buffers taken in turn."""
+    each batch), each in one of at most prefetch + 1 = 3 output buffers the ops stage keeps (two where the loop
+    keeps up with the loader)."""
     ops = [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)]
 
     def make():
@@ -285,15 +286,16 @@ def test_a_loop_uses_three_outputs_and_never_sees_one_rewritten_behind_its_strea
 
     with make() as loader:
         want = [x.double().sum().item() for epoch in range(3) for x, _ in loader]
-    sums, buffers = [], set()
+    sums, kept = [], []
     with make() as loader:
         for epoch in range(3):
             for x, _ in loader:
                 torch.cuda._sleep(20_000_000)   # the loop runs ahead of its stream
                 sums.append(x.double().sum())
-                buffers.add(x.untyped_storage().data_ptr())
+                buffers = [t.data_ptr() for t in loader.pipeline._kept]
+                kept.append((x.untyped_storage().data_ptr() in buffers, len(buffers)))
     assert [s.item() for s in sums] == want
-    assert len(want) == 12 and len(buffers) == 3
+    assert len(want) == 12 and all(inside and n <= 3 for inside, n in kept), kept
 
 
 def test_batches_the_user_keeps_are_never_written_again(folder):
