@@ -84,7 +84,7 @@ BACKENDS = {"auto": None, "hw": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU"}
 ENGINES = ("auto", "native", "python")
 #: Start of each image in the native engine's arena, in bytes: 256-byte aligned and a whole number of pixels.
 _ALIGN = 768
-#: Granularity of the arena size (`GpuDecoder._arena_bytes`): PyTorch rounds large allocations to 2 MiB.
+#: Granularity of the arena size (`Arenas.size_for`): PyTorch rounds large allocations to 2 MiB.
 _ARENA_STEP = 2 << 20
 
 Roi = tuple[int, int, int, int]  # x0, y0, x1, y1 in (oriented) source pixels
