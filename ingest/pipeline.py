@@ -496,7 +496,7 @@ class Pipeline:
                     ref, events = self._dropped.pop(id(out), (None, None))
                     if ref is None or ref() is not out:
                         events = None
-                    for event in events if events is not None else [recorded(s) for s in self._used_on]:
+                    for event in events if events is not None else [recorded(s) for s in tuple(self._used_on)]:
                         self.ops_stream.wait_event(event)
                     return out
             stopped = self._stop_outputs is not None and self._stop_outputs.is_set()
@@ -525,7 +525,7 @@ class Pipeline:
         def drop(_):
             base = kept()
             if base is not None:
-                dropped[key] = (kept, [recorded(s) for s in streams] if _references(base) <= alone else None)
+                dropped[key] = (kept, [recorded(s) for s in tuple(streams)] if _references(base) <= alone else None)
             wakes.put(None)   # SimpleQueue.put: safe wherever the drop happens
 
         self._watched.append(weakref.ref(images, drop))
@@ -1025,7 +1025,8 @@ class Executor:
                 t.join()
         for q in self._queues:
             q.clear()
-        self.pipeline.start_outputs(None)   # the outputs kept for reuse go (those the user holds stay theirs)
+        if self.pipeline._stop_outputs is self._stop:   # not another executor's since
+            self.pipeline.start_outputs(None)   # the outputs kept for reuse go (those the user holds stay theirs)
 
     def __del__(self) -> None:
         try:

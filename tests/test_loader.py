@@ -800,3 +800,17 @@ def test_held_elsewhere_counts_views_and_other_tensors_of_the_memory():
     assert _held_elsewhere(t)
     del v
     assert not _held_elsewhere(t)
+
+
+def test_closing_an_old_executor_leaves_the_outputs_of_the_one_running_now():
+    """`Executor.close` lets the outputs kept for reuse go only if they are its own: an executor closed (or
+    collected) after another started on the same pipeline leaves that one's."""
+    from ingest.formats import MemorySource
+    from ingest.pipeline import Executor
+    p = ingest.Pipeline(MemorySource([jpeg_bytes(8, 8)] * 2, labels=[0, 1]), num_threads=1)
+    old, new = Executor(p, iter([]), prefetch=1), Executor(p, iter([]), prefetch=1)
+    p._kept.append(torch.zeros(1))
+    old.close()
+    assert len(p._kept) == 1
+    new.close()
+    assert p._kept == []
