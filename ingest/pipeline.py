@@ -488,8 +488,7 @@ class Pipeline:
         sizes, c = plan.out_sizes, _channels(work.images)
         if c is None or any(s != sizes[0] for s in sizes):
             return None
-        (h, w), dtype = sizes[0], plan.output.dtype
-        shape = (len(sizes), c, h, w) if plan.output.layout == "NCHW" else (len(sizes), h, w, c)
+        shape, dtype = plan.output.batch_shape(len(sizes), sizes[0], c), plan.output.dtype
         while True:
             for out in self._kept:
                 if out.shape == shape and out.dtype == dtype and not _held_elsewhere(out):

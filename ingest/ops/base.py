@@ -106,6 +106,11 @@ class ImageSpec:
         """True for uint8 ``[H, W, C]`` pixels, the input every op takes."""
         return self.dtype == torch.uint8 and self.layout is None
 
+    def batch_shape(self, n: int, size: tuple[int, int], channels: int) -> tuple[int, int, int, int]:
+        """The shape of the tensor holding ``n`` images of ``size`` (height, width) in this layout."""
+        (h, w), c = size, channels
+        return (n, c, h, w) if self.layout == "NCHW" else (n, h, w, c)
+
 
 PIXELS = ImageSpec()
 

@@ -319,9 +319,8 @@ class Sliced:
         sizes = self.out_sizes
         if any(s != sizes[0] for s in sizes):
             raise ValueError("a sliced plan's outputs must share a size")
-        (h, w), c = sizes[0], images.shape[3]
         spec = self.output
-        shape = (len(sizes), c, h, w) if spec.layout == "NCHW" else (len(sizes), h, w, c)
+        shape = spec.batch_shape(len(sizes), sizes[0], images.shape[3])
         if out is None:
             out = torch.empty(shape, dtype=spec.dtype, device=images.device)
         elif tuple(out.shape) != shape or out.dtype != spec.dtype:
