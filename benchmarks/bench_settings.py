@@ -67,9 +67,11 @@ def headline(result: dict) -> dict:
     """What a run's comparison needs from its bench_gpu result."""
     train = result.get("train") or {}
     keys = ("img_s", "data_wait_frac", "gpu_step_ms", "gpu_data_stall_frac", "loader_stages", "error")
+    memory = result.get("memory") or {}
+    stats = result.get("loader_stats") if isinstance(result.get("loader_stats"), dict) else {}
     return {"loader_img_s": result.get("img_s"), "error": result.get("error"),
-            "peak_mb": (result.get("memory") or {}).get("device_peak_mb"),
-            "train": {k: train[k] for k in keys if k in train}}
+            "peak_mb": memory.get("device_peak_mb"), "torch_max_reserved_mb": memory.get("torch_max_reserved_mb"),
+            "buffers": stats.get("buffers"), "train": {k: train[k] for k in keys if k in train}}
 
 
 def compare(rounds: list[dict], names: list[str]) -> dict:

@@ -191,7 +191,7 @@ class Pipeline:
                 self.ops_stream = torch.cuda.Stream(self.device)
                 if decode == "mixed" and self.image_kind == "image" and not self.direct:   # a decoder only for JPEGs
                     from .ops.decode_gpu import Arenas, GpuDecoder, cpu_threads_each
-                    each, arenas = defaults.get("gpu_decoders"), Arenas()   # the lanes take each other's arenas
+                    each, arenas = defaults.get("gpu_decoders"), Arenas(keep=lanes + 1)   # the lanes share them
                     self.lanes = [(GpuDecoder(self.device, self.cpu, threads=each, arenas=arenas,
                                               cpu_threads=cpu_threads_each(each * lanes)),
                                    torch.cuda.Stream(self.device)) for _ in range(lanes)]
@@ -279,13 +279,14 @@ class Pipeline:
     def _direct_buffer(self, n: int) -> torch.Tensor:
         """A ``[n, *shape]`` tensor for a direct read: one the ops stage handed back (`transform`: the ops wrote
         their output elsewhere), its reuse queued after the ops that read it, else a new one. Reusing them saves
-        the allocation and `record_stream` per batch, torch calls that each give the GIL up."""
+        the allocation and `record_stream` per batch, torch calls that each give the GIL up. A smaller batch (an
+        epoch's last) is read into the first rows of one."""
         if self._spare_direct:
             out, done = self._spare_direct.pop()
-            if out.shape[0] == n:
+            if out.shape[0] >= n:
                 if done is not None:
                     done.wait(self.decode_stream)
-                return out
+                return out if out.shape[0] == n else out[:n]
         out = self.source.batch_buffer(n, self.device)
         if self.device.type == "cuda":
             out.record_stream(self.ops_stream)  # allocated on the decode stream, used and freed on the ops stream
@@ -437,6 +438,7 @@ class Pipeline:
         self._handed_count = self._outputs = 0
         self.outputs_ahead = ahead
         self._kept: list[torch.Tensor] = []   # dense outputs made, oldest first (`_dense_output`)
+        self.outputs_made = 0                  # how many were allocated in this run
         self._watched: deque = deque(maxlen=64)   # weak references to the outputs handed out
         # id of a kept output -> (a weak reference to it, the events after its batch's last use or None)
         self._dropped: dict[int, tuple] = {}
@@ -489,9 +491,13 @@ class Pipeline:
         if c is None or any(s != sizes[0] for s in sizes):
             return None
         shape, dtype = plan.output.batch_shape(len(sizes), sizes[0], c), plan.output.dtype
+
+        def fits(out: torch.Tensor) -> bool:   # a smaller batch (an epoch's last) takes the first rows of one
+            return out.dtype == dtype and out.shape[1:] == shape[1:] and out.shape[0] >= shape[0]
+
         while True:
             for out in self._kept:
-                if out.shape == shape and out.dtype == dtype and not _held_elsewhere(out):
+                if fits(out) and not _held_elsewhere(out):
                     ref, events = self._dropped.pop(id(out), (None, None))
                     if ref is None or ref() is not out:
                         events = None
@@ -499,16 +505,17 @@ class Pipeline:
                         self.ops_stream.wait_event(event)
                     return out
             stopped = self._stop_outputs is not None and self._stop_outputs.is_set()
-            if len(self._kept) < self.outputs_ahead or self._handed_count >= self._outputs or stopped:
+            if sum(map(fits, self._kept)) < self.outputs_ahead or self._handed_count >= self._outputs or stopped:
                 break
             try:
                 self._wakes.get(timeout=0.05)
             except queue.Empty:   # a wake can be missed (a view of the user's dropped last): look again
                 pass
         out = torch.empty(shape, dtype=dtype, device=self.device)   # on the ops stream (the caller's)
-        if len(self._kept) >= self.outputs_ahead:
-            self._kept.pop(0)   # held by the user: torch frees it once they drop it
-        self._kept.append(out)
+        if len(self._kept) >= self.outputs_ahead:   # one that does not fit goes first, else the oldest
+            self._kept.pop(next((k for k, o in enumerate(self._kept) if not fits(o)), 0))  # torch frees it once
+        self._kept.append(out)                                                            # the user drops it
+        self.outputs_made += 1
         return out
 
     def _watch(self, images: torch.Tensor, out: torch.Tensor) -> None:
@@ -546,10 +553,12 @@ class Pipeline:
                 if out is None:
                     self.bound_outputs()
                 self._outputs += 1
-                images = _select_rows(self._execute(work, out), keep, failed)
+                # the ops write the first rows of ``out``: all of them, or a smaller batch's (a view of the
+                # user's, which holds ``out``'s memory as a detached batch would: what the user holds is
+                # another tensor than the one kept)
+                images = _select_rows(self._execute(work, None if out is None else out[:len(work.ops_plan.out_sizes)]),
+                                      keep, failed)
                 if out is not None:
-                    if images is out:
-                        images = out.detach()   # what the user holds is another tensor than the one kept
                     self._watch(images, out)
                 values = self._targets(work)
                 fields = self._collate([values[k] for k in keep], names, work, keep)
@@ -575,7 +584,8 @@ class Pipeline:
             values = self._targets(work)
             fields = self._collate([values[k] for k in keep], names, work, keep)
         if self.direct and len(self._spare_direct) < 2 and not _shares_memory(images, work.images):
-            self._spare_direct.append((work.images, ready))   # for the next reads (`_direct_buffer`)
+            whole = work.images if work.images._base is None else work.images._base   # a smaller batch's rows
+            self._spare_direct.append((whole, ready))   # for the next reads (`_direct_buffer`)
         indices = torch.from_numpy(np.ascontiguousarray(_select_rows(work.indices, keep, failed)))
         is_pad = torch.from_numpy(np.ascontiguousarray(_select_rows(work.is_pad, keep, failed)))
         return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)

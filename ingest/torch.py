@@ -370,7 +370,8 @@ class Loader:
         """Which read and decode paths ran (and why GPU-eligible images went to the CPU decoder instead:
         ``gpu_fallbacks``), per-stage busy and CPU seconds (`StageStats`) and queue occupancy
         (counting the work read ahead into the next epoch), the current epoch's failures (summed over worker
-        processes, if any)."""
+        processes, if any); where this process's ops stage runs on CUDA, ``buffers``: how many output batches
+        (`Pipeline._dense_output`) and GPU decode arenas it allocated, and the arenas' size."""
         reports = [r for r in (self._pool.stats if self._pool else []) if r]
         totals = [StageStats(name) for name in STAGES]
         paths, fallbacks, read_path = Counter(), Counter(), reports[0]["read_path"] if reports else None
@@ -388,6 +389,11 @@ class Loader:
             paths = Counter(self.pipeline.decode_paths)
             fallbacks.update(self.pipeline.gpu_fallbacks)
             read_path = read_path or self.pipeline.read_path
+            if self.pipeline.device.type == "cuda":   # how many batch buffers this process allocated
+                gpu = self.pipeline.lanes[0][0]
+                out["buffers"] = {"outputs_made": self.pipeline.outputs_made,
+                                  "arenas_made": gpu.arenas.made if gpu is not None else 0,
+                                  "arena_mb": round(gpu.arenas.size / 2**20, 1) if gpu is not None else 0}
         return {"read_path": read_path, "decode": self.decode, "decode_paths": dict(paths),
                 "gpu_fallbacks": dict(fallbacks), "device": str(self.device), "workers": self.num_workers,
                 "worker_stages": self.worker_stages, "stages": stages, **out,

@@ -148,16 +148,15 @@ def test_image_arena_is_a_sequence_of_views_and_the_warp_reads_it_in_place():
     assert torch.equal(resample.warp(arena, warp), resample.warp(as_list(arena), warp))
 
 
-def test_arena_size_stays_put_until_a_batch_outgrows_it_or_needs_under_half():
+def test_arena_size_stays_put_until_a_batch_outgrows_it():
     mb = 1 << 20
     arenas = Arenas()
     sizes = [arenas.size_for(need) for need in
-             (70 * mb, 80 * mb, 60 * mb, 87 * mb, 88 * mb + 1, 60 * mb, 57 * mb, 10 * mb, 1000)]
+             (70 * mb, 80 * mb, 60 * mb, 87 * mb, 88 * mb + 1, 60 * mb, 10 * mb, 1000, 112 * mb)]
     assert sizes[0] == 88 * mb and sizes[0] % (2 * mb) == 0   # 70 MB and a quarter, in 2 MiB steps
     assert sizes[:4] == [88 * mb] * 4                         # the same block for every batch that fits
-    assert sizes[4] == 112 * mb and sizes[4:7] == [112 * mb] * 3   # outgrown: a quarter above the new need
-    assert sizes[7] == 14 * mb                                 # under half: shrinks with the batches
-    assert sizes[8] == 2 * mb
+    assert sizes[4] == 112 * mb                               # outgrown: a quarter above the new need
+    assert sizes[5:] == [112 * mb] * 4                        # smaller batches (an epoch's last) fit in it
 
 
 def test_arenas_handed_back_go_to_the_next_taker_and_a_new_size_drops_them():
@@ -172,6 +171,7 @@ def test_arenas_handed_back_go_to_the_next_taker_and_a_new_size_drops_them():
     assert [e[0] for e in arenas._spare] == [a, b]   # two kept; the third and the odd size dropped
     assert arenas.size_for(3 * mb + 5) == size and arenas.take(size, None, cpu) is a
     assert arenas.size_for(9 * mb) == 12 * mb and not arenas._spare
+    assert arenas.made == 3   # the spare taken was not allocated again
 
 
 def test_decoders_share_this_process_share_of_the_cores(monkeypatch):

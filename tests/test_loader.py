@@ -792,6 +792,44 @@ def test_an_output_is_reused_once_nothing_but_the_ops_stage_holds_it(monkeypatch
     assert p._dense_output(work) is None          # no executor bound: torch allocates
 
 
+def test_a_smaller_batch_is_written_into_a_kept_output_and_another_shape_replaces_one(monkeypatch):
+    """`Pipeline._dense_output`: an epoch's smaller last batch takes a kept output that nothing holds (its first
+    rows), with no wait and nothing made; a batch of another output size makes a new one, which replaces a
+    kept output that does not fit it rather than one that does."""
+    from types import SimpleNamespace
+    from ingest import pipeline as pl
+    from ingest.ops.base import ImageSpec
+
+    monkeypatch.setattr(pl, "recorded", lambda stream: None)
+    p = object.__new__(pl.Pipeline)
+    p.device, p.image_kind = torch.device("cpu"), "image"
+    p.ops_stream = SimpleNamespace(wait_event=lambda event: None)
+    p.start_outputs(2, threading.Event())
+
+    def work(n, size=(4, 5)):
+        plan = SimpleNamespace(out_sizes=[size] * n, output=ImageSpec(torch.float32, "NCHW"))
+        return SimpleNamespace(ops_plan=plan, images=torch.zeros(n, 6, 7, 3, dtype=torch.uint8), records=[0] * n)
+
+    def make(w):
+        out = p._dense_output(w)
+        p._outputs += 1
+        handed = out[:len(w.records)]
+        p._watch(handed, out)
+        return out, handed
+
+    a, b = make(work(3)), make(work(3))
+    held = b[1]
+    a = a[0]
+    t0 = time.perf_counter()
+    small, _ = make(work(1))                 # batch b is held, a is not: a's first row takes it
+    assert small is a and time.perf_counter() - t0 < 0.04
+    assert [tuple(o.shape) for o in p._kept] == [(3, 3, 4, 5)] * 2
+    wide, _ = make(work(3, (4, 9)))          # another size: a new output, replacing the oldest that fits
+    assert tuple(wide.shape) == (3, 3, 4, 9) and len(p._kept) == 2 and held.shape == (3, 3, 4, 5)
+    again, _ = make(work(3))                 # back to the first size: the wide one does not fit, so it goes
+    assert [tuple(o.shape) for o in p._kept] == [(3, 3, 4, 5)] * 2 and again is not wide
+
+
 def test_held_elsewhere_counts_views_and_other_tensors_of_the_memory():
     from ingest.pipeline import _held_elsewhere
     t = torch.empty(8)

@@ -277,12 +277,13 @@ def test_a_loop_uses_three_outputs_and_never_sees_one_rewritten_behind_its_strea
     """`Pipeline._dense_output`: a plain loop whose steps queue behind a slow stream gets every batch as it was
     made (each batch's sum, taken on the loop's stream after the sleep, equals a loader's whose loop waited for
     each batch), each in one of at most prefetch + 1 = 3 output buffers the ops stage keeps (two where the loop
-    keeps up with the loader)."""
+    keeps up with the loader). Each epoch's smaller last batch is written into the first rows of one of them,
+    and decoded into an arena of the same size as the others: neither is made again for it."""
     ops = [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)]
 
-    def make():
-        return ingest.Loader(folder, batch_size=4, device="cuda", decode=decode, ops=ops, shuffle=True, seed=5,
-                             num_workers=0, last_batch="drop", prefetch=2)
+    def make():   # 19 images: batches of 6, 6, 6 and 1
+        return ingest.Loader(folder, batch_size=6, device="cuda", decode=decode, ops=ops, shuffle=True, seed=5,
+                             num_workers=0, last_batch="partial", prefetch=2)
 
     with make() as loader:
         want = [x.double().sum().item() for epoch in range(3) for x, _ in loader]
@@ -293,9 +294,16 @@ def test_a_loop_uses_three_outputs_and_never_sees_one_rewritten_behind_its_strea
                 torch.cuda._sleep(20_000_000)   # the loop runs ahead of its stream
                 sums.append(x.double().sum())
                 buffers = [t.data_ptr() for t in loader.pipeline._kept]
-                kept.append((x.untyped_storage().data_ptr() in buffers, len(buffers)))
+                kept.append((x.untyped_storage().data_ptr() in buffers, len(buffers), len(x)))
+        assert [t.shape[0] for t in loader.pipeline._kept] == [6] * len(loader.pipeline._kept)
+        made = loader.stats()["buffers"]
+        assert made["outputs_made"] <= 3, made
+        if decode == "mixed":
+            # each lane's batch, those queued for the ops stage and the ops stage's: never one more per epoch
+            assert made["arenas_made"] <= len(loader.pipeline.lanes) + 2 + 1, made
     assert [s.item() for s in sums] == want
-    assert len(want) == 12 and all(inside and n <= 3 for inside, n in kept), kept
+    assert [n for _, _, n in kept] == [6, 6, 6, 1] * 3
+    assert all(inside and n <= 3 for inside, n, _ in kept), kept
 
 
 def test_batches_the_user_keeps_are_never_written_again(folder):

@@ -179,8 +179,8 @@ def test_cuda_loaders_run_in_this_process_by_default(tmp_path, image_folder):
 def test_raw_loader_reuses_its_batch_tensors_and_matches_the_cpu_loader(tmp_path, monkeypatch):
     """The ops stage hands each direct-read batch tensor back once the ops wrote their output elsewhere, and the
     read stage reads the next batches into it (`Pipeline._direct_buffer`): no more allocations over three epochs
-    than the pipeline holds batches at once, the reuse ordered after the ops that read it, and every batch equal
-    to the CPU loader's."""
+    than the pipeline holds batches at once, the reuse ordered after the ops that read it, each epoch's smaller
+    last batch read into the first rows of one, and every batch equal to the CPU loader's."""
     import ingest
     from ingest.ops import Flip, Normalize, RandomResizedCrop
     images = images_of(48, 40, 40)
@@ -202,18 +202,21 @@ def test_raw_loader_reuses_its_batch_tensors_and_matches_the_cpu_loader(tmp_path
         return transform(self, work)
     monkeypatch.setattr(Pipeline, "transform", behind)
     ops = [RandomResizedCrop(24), Flip(), Normalize([120.0] * 3, [60.0] * 3)]
-    kw = dict(batch_size=8, ops=ops, shuffle=True, seed=3, num_workers=0)
+    kw = dict(batch_size=10, ops=ops, shuffle=True, seed=3, num_workers=0, last_batch="partial")
     root = str(tmp_path / "raw")
     gpu, cpu = ingest.Loader(root, device="cuda", **kw), ingest.Loader(root, device="cpu", **kw)
+    sizes = []
     try:
         for _ in range(3):
             for (xg, yg), (xc, yc) in zip(gpu, cpu):
+                sizes.append(len(xg))
                 assert torch.equal(yg.cpu(), yc)
                 assert torch.allclose(xg.cpu(), xc, atol=0.05), float((xg.cpu() - xc).abs().max())
     finally:
         gpu.close()
         cpu.close()
-    # 18 batches (and those read ahead) into the tensors the pipeline's queues hold at once, and no decoder
+    assert sizes == [10, 10, 10, 10, 8] * 3
+    # 15 batches (and those read ahead) into the tensors the pipeline's queues hold at once, and no decoder
     assert made.count("cuda:0") <= 9, made
     assert gpu.pipeline.lanes[0][0] is None
 

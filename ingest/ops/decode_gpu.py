@@ -31,10 +31,10 @@ Decisions, and why:
   orientation 1; an oriented image is decoded whole and reported at origin (0, 0).
 - **Sizes** (:meth:`GpuDecoder.probe`) come from the CPU decoder's header parse: a few segments read in
   Python, cheaper than building an nvImageCodec CodeStream, and the same answer as the CPU path gives.
-- **Memory** (native): the batch's images live in one PyTorch-allocated buffer, allocated on the caller's
-  stream (each image 256-byte aligned), so PyTorch's caching allocator reuses it and no per-image allocation
-  happens. Its size stays the same from batch to batch (`Arenas.size_for`), so that the allocator
-  reuses its blocks instead of caching one more whenever a batch needs a little more than the last. A caller
+- **Memory** (native): the batch's images live in one PyTorch-allocated buffer, allocated on one stream of
+  the decoder's `Arenas` (each image 256-byte aligned), so PyTorch's caching allocator reuses it and no
+  per-image allocation happens. Its size stays the same from batch to batch (`Arenas.size_for`), so that the
+  allocator reuses its blocks instead of caching one more whenever a batch needs a little more than the last. A caller
   done with a batch hands its arena back (:meth:`GpuDecoder.recycle`; the loader's ops stage does once the
   ops wrote their output elsewhere), and the next batch decodes into it without a torch call; decoders
   given one :class:`Arenas` (a pipeline's decode lanes) take each other's. When
@@ -167,33 +167,42 @@ class Arenas:
     all (`size_for`), and the arenas handed back (`give`), each with the event after its last read, taken by
     whichever decoder starts a batch next (`take`). Each lane keeping its own, a pipeline of two lanes held
     four (~80 MB each for 256 ImageNet-sized regions) where three are ever in use: each lane's batch being
-    decoded and the one the ops stage reads."""
+    decoded and the one the ops stage reads.
+
+    Every arena is allocated on one stream of the pool's (PyTorch's caching allocator reuses a freed block only
+    for allocations on the stream it was allocated on): an arena dropped by one lane, its memory back in the
+    cache, then serves the next arena whichever lane takes it, instead of the other lane's stream allocating
+    more. :attr:`made` counts the arenas allocated."""
 
     def __init__(self, keep: int = 2):
         self.size = 0
+        self.made = 0
         self._keep = keep
         self._spare: list[tuple[torch.Tensor, Any]] = []   # (arena, the event after its last read or None)
         self._lock = threading.Lock()
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}   # per device: where arenas are allocated
+        self._takers: set[torch.cuda.Stream] = set()   # the streams decodes into arenas were queued on
 
     def size_for(self, need: int) -> int:
         """The size to allocate for a batch that needs ``need`` bytes: the same for every batch (a quarter
-        above the first one's need, in 2 MiB steps) until one needs more or less than half of it. Each
-        batch's need differs, and PyTorch's caching allocator keeps a new segment whenever no cached block is
-        large enough: ten segments (704 MB) held four arenas of ~70 MB on an H100
-        (`tools/profile_train_loader.py`). A new size drops the spares."""
+        above the first one's need, in 2 MiB steps) until one needs more. Each batch's need differs, and
+        PyTorch's caching allocator keeps a new segment whenever no cached block is large enough: ten segments
+        (704 MB) held four arenas of ~70 MB on an H100 (`tools/profile_train_loader.py`). A smaller batch (an
+        epoch's last) decodes into the start of one: shrinking for it, then growing back for the next epoch,
+        dropped every arena twice per epoch. A new size drops the spares."""
         with self._lock:
-            size = -(-(need + need // 4) // _ARENA_STEP) * _ARENA_STEP
-            if self.size // 2 <= need <= self.size or size == self.size:
+            if need <= self.size:
                 return self.size
-            self.size, dropped, self._spare = size, self._spare, []
+            self.size = -(-(need + need // 4) // _ARENA_STEP) * _ARENA_STEP
+            dropped, self._spare = self._spare, []
         for entry in dropped:
             _release(entry)
         return self.size
 
     def take(self, size: int, stream: torch.cuda.Stream, device: torch.device) -> torch.Tensor:
         """An arena of ``size`` bytes that a decode on ``stream`` may write now: a spare once the host has seen
-        the event after its last read, else a new one allocated on ``stream`` once the work queued there has
-        run (the allocator hands out memory freed on a stream as soon as that stream's queue reaches the free).
+        the event after its last read, else a new one, allocated on the pool's stream and complete (nothing is
+        queued there) before it is returned.
         nvImageCodec does not order its writes after the work queued on the stream it is given: an arena
         handed back with its read still queued behind a GPU sleep was written before the read ran (H100)."""
         with self._lock:
@@ -204,10 +213,23 @@ class Arenas:
                 wait_for(after)
                 return arena
             _release(entry)
-        with torch.cuda.stream(stream):
+        if stream is None:   # CPU tensors standing in (tests)
             arena = torch.empty(size, dtype=torch.uint8, device=device)
-        if stream is not None:
-            stream.synchronize()   # only for a new arena: the first batches and a new size
+        else:
+            with self._lock:
+                home = self._streams.get(device)
+                if home is None:
+                    home = self._streams[device] = torch.cuda.Stream(device)
+                self._takers.add(stream)
+                takers = tuple(self._takers)
+            with torch.cuda.stream(home):
+                arena = torch.empty(size, dtype=torch.uint8, device=device)
+            # The block may be an arena dropped with decodes still queued on a lane's stream (a batch the CPU
+            # decoder took whole: no image views it); its reads were waited for on the host (`_release`).
+            for taker in takers:
+                taker.synchronize()
+        with self._lock:
+            self.made += 1
         return arena
 
     def give(self, arena: torch.Tensor, after: Any = None) -> None:
