@@ -10,6 +10,7 @@ therefore works on ``(N,)`` columns and makes its zeroed arrays here.
 from __future__ import annotations
 
 import math
+from itertools import product
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def columns(*cols, n: int | None = None, dtype=np.float64) -> np.ndarray:
 
 def assign(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` for two arrays of one shape ``(n, ...)``, one ``(n,)`` column at a time."""
-    for index in np.ndindex(dst.shape[1:]):
+    for index in product(*map(range, dst.shape[1:])):   # np.ndindex cost ~20 us to set up per call
         dst[(slice(None), *index)] = src[(slice(None), *index)]
 
 

@@ -45,7 +45,7 @@ from ._driver import Staging, recorded, wait_for
 from ._numpy import take
 from .io import ByteReader
 from .ops import planner
-from .ops.base import ImageArena, arena_under, bind_thread, stack_if_uniform
+from .ops.base import ImageArena, arena_under, bind_thread, same_size, stack_if_uniform
 from .ops.decode import CpuDecoder
 from .sampler import BatchPlan
 
@@ -488,7 +488,7 @@ class Pipeline:
         if self.outputs_ahead is None or plan is None or self.image_kind is None or not work.records:
             return None
         sizes, c = plan.out_sizes, _channels(work.images)
-        if c is None or any(s != sizes[0] for s in sizes):
+        if c is None or not same_size(sizes):
             return None
         shape, dtype = plan.output.batch_shape(len(sizes), sizes[0], c), plan.output.dtype
 

@@ -18,7 +18,7 @@ import torch
 
 from .._driver import Staging
 from .._numpy import assign, zeros
-from .base import ImageArena, device_and_channels
+from .base import ImageArena, device_and_channels, size_array
 
 SOURCE = r"""
 // ip: int64, 16 per sample: 0 source pointer, 1 output offset (elements), 2 source height, 3 source width,
@@ -277,7 +277,7 @@ def pack(images: torch.Tensor | list[torch.Tensor] | ImageArena, out_sizes: Sequ
     :func:`ingest.ops.resample._setup`. A batch tensor's source pointers are computed, not read per image."""
     n = len(images)
     c = device_and_channels(images)[1]
-    out_hw = np.asarray(out_sizes, dtype=np.int64).reshape(n, 2)
+    out_hw = size_array(out_sizes)
     count = out_hw[:, 0] * out_hw[:, 1] * c
     buf = zeros(16 * (2 * n + 1), np.int64)   # np.zeros of 1 KB and more gives the GIL up (ingest._numpy)
     ip = buf[:16 * n].reshape(n, 16)

@@ -21,7 +21,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from .._numpy import columns, zeros
-from .base import Size, size_list
+from .base import Size, size_array, size_list
 
 
 class Steps(NamedTuple):
@@ -179,7 +179,7 @@ class Warp:
 
     def regions(self) -> np.ndarray:
         """:meth:`roi` as an ``[N, 4]`` int64 array."""
-        hw = np.asarray(self.source_sizes, dtype=np.int64).reshape(-1, 2)
+        hw = size_array(self.source_sizes)
         lo = np.maximum(np.floor(self.box[:, :2]).astype(np.int64), 0)
         hi = np.minimum(np.ceil(self.box[:, 2:]).astype(np.int64), hw[:, ::-1])
         return np.concatenate([lo, hi], axis=1)
@@ -192,9 +192,9 @@ class Warp:
         the decoder did; left out, it is inferred from the sizes (k/8 when they match a JPEG DCT scaling
         exactly, which rounds the size up).
         """
-        arrived = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        arrived = size_array(sizes)
         if scales is None:
-            s = _dct_scale(np.asarray(self.source_sizes, dtype=np.int64).reshape(-1, 2), arrived)
+            s = _dct_scale(size_array(self.source_sizes), arrived)
         else:
             s = np.repeat(np.broadcast_to(np.asarray(scales, dtype=np.float64), (len(arrived),))[:, None], 2, 1)
         m = self.matrix.copy()
@@ -237,7 +237,7 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
     Built from (N,) columns and `stacked_matmul`, so that no numpy call works on more than 500 elements at a
     batch size up to 500 (see `bounds`).
     """
-    src = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    src = size_array(sizes)
     n = len(src)
     box = columns(0.0, 0.0, src[:, 1], src[:, 0])
     m, cur = eye(n), src

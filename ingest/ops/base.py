@@ -140,9 +140,34 @@ def per_sample(rngs: Rngs, n: int) -> SampleRandom:
     return SampleRandom.eager(int(rngs), n)
 
 
+def same_size(sizes: Sequence[Size]) -> bool:
+    """Whether every pair of ``sizes`` equals the first (True for none): one ``list.count`` in C, where a
+    generator over a batch's samples took ~70 us per 512."""
+    sizes = sizes if isinstance(sizes, list) else list(sizes)
+    return not sizes or sizes.count(sizes[0]) == len(sizes)
+
+
+def _repeated(sizes: Any) -> bool:
+    """Whether ``sizes`` is a list of one (height, width) tuple repeated (what `size_list` makes of equal
+    sizes); numpy converting such a list pair by pair took ~80 us per 256 samples."""
+    return isinstance(sizes, list) and bool(sizes) and isinstance(sizes[0], tuple) and same_size(sizes)
+
+
+def size_array(sizes: Sequence[Size] | np.ndarray) -> np.ndarray:
+    """``(height, width)`` pairs as an ``(N, 2)`` int64 array (an int64 array of that shape is returned as is)."""
+    if _repeated(sizes):
+        h, w = sizes[0]
+        hw = np.empty((len(sizes), 2), dtype=np.int64)
+        hw[:, 0], hw[:, 1] = h, w
+        return hw
+    return np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+
+
 def size_list(sizes: Sequence[Size] | np.ndarray) -> list[Size]:
     """``(height, width)`` int pairs from an ``(N, 2)`` array or a sequence of pairs, as a list of tuples
     (through one ``tolist``: no Python int conversion per sample; one tuple repeated when all are equal)."""
+    if _repeated(sizes):
+        return [tuple(map(int, sizes[0]))] * len(sizes)
     hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     if len(hw) and (hw[:, 0] == hw[0, 0]).all() and (hw[:, 1] == hw[0, 1]).all():   # (N,): keeps the GIL
         return [tuple(hw[0].tolist())] * len(hw)

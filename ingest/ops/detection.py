@@ -20,7 +20,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from .affine import Steps, eye
-from .base import Images, Rngs, Size, as_list, pad_crop, per_sample, probability, stack_if_uniform
+from .base import (Images, Rngs, Size, as_list, pad_crop, per_sample, probability, size_array,
+                   stack_if_uniform)
 from .geometry import GeometryOp, _fill, _positive_int, _range, _size_pair
 
 
@@ -87,7 +88,7 @@ class RandomIoUCrop(GeometryOp):
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes: Sequence[np.ndarray] | None = None) -> np.ndarray:
         rngs = per_sample(rngs, len(sizes))
-        hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        hw = size_array(sizes)
         out = np.concatenate([np.zeros_like(hw), hw, np.zeros_like(hw[:, :1])], axis=1)  # whole images
         padded, valid = _padded([np.zeros((0, 4))] * len(hw) if boxes is None else boxes)
         # NaN stands for None (no crop); a round's draws come from a child stream of its own, taken for the
@@ -169,7 +170,7 @@ class ZoomOut(GeometryOp):
         self.p = probability(p)
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
-        hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        hw = size_array(sizes)
         u = per_sample(rngs, len(hw)).random(4)  # the coin, the ratio, the position x and y
         r = np.where(u[:, 0] < self.p, self.ratio[0] + u[:, 1] * (self.ratio[1] - self.ratio[0]), 1.0)
         ch, cw = (hw[:, 0] * r).astype(np.int64), (hw[:, 1] * r).astype(np.int64)

@@ -27,8 +27,8 @@ from ..errors import ConfigError
 from . import resample
 from .._numpy import columns, copy, zeros
 from .affine import Steps, compose, eye
-from .base import (Images, Op, Rngs, Size, as_list, fill_for, pad_crop, per_sample, probability, size_list, sizes_of,
-                   stack_if_uniform)
+from .base import (Images, Op, Rngs, Size, as_list, fill_for, pad_crop, per_sample, probability, size_array,
+                   size_list, sizes_of, stack_if_uniform)
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 _TORCH_MODE = {"nearest": "nearest-exact", "bilinear": "bilinear", "bicubic": "bicubic"}
@@ -131,7 +131,7 @@ class GeometryOp(Op):
 
     def steps(self, sizes: Sequence[Size] | np.ndarray, params: Any) -> Steps:
         """This op on a batch of ``sizes`` with its drawn ``params``, as per-sample affine maps."""
-        st = self._steps(np.asarray(sizes, dtype=np.int64).reshape(-1, 2), params)
+        st = self._steps(size_array(sizes), params)
         return st._replace(interpolation=self.interpolation, antialias=self.antialias, fill=self.fill)
 
     def box_filter(self, boxes: np.ndarray, owner: np.ndarray, params: Any) -> np.ndarray | None:
@@ -260,7 +260,7 @@ class CenterCrop(GeometryOp):
 
     def _apply_cpu(self, images: Images, params: Any) -> Images:
         ch, cw = self.size
-        sizes = np.asarray(sizes_of(images), dtype=np.int64).reshape(-1, 2)
+        sizes = size_array(sizes_of(images))
         top, left = self._offset(sizes[:, 0], ch), self._offset(sizes[:, 1], cw)
         if isinstance(images, torch.Tensor):
             return pad_crop(images, int(top[0]), int(left[0]), ch, cw, self.fill)
@@ -290,7 +290,7 @@ class RandomResizedCrop(GeometryOp):
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
         rngs = per_sample(rngs, len(sizes))
-        hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        hw = size_array(sizes)
         h, w = hw[:, 0], hw[:, 1]
         # Per sample: 10 areas and 10 aspects, then the position (used if an attempt fits). The attempts run one
         # after another over the samples still without a fit, so no array holds more than the batch: numpy lets

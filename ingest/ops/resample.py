@@ -33,7 +33,8 @@ from .._numpy import copy
 from ..errors import ConfigError
 from . import _warp_kernel
 from .affine import Warp
-from .base import ImageArena, Images, Size, as_list, copy_into, device_and_channels, fill_for, pad_crop, sizes_of
+from .base import (ImageArena, Images, Size, as_list, copy_into, device_and_channels, fill_for, pad_crop, size_array,
+                   sizes_of)
 
 
 class Epilogue(NamedTuple):
@@ -72,7 +73,7 @@ class _Setup(NamedTuple):
 
 
 def _setup(w: Warp, sizes: Sequence[Size]) -> _Setup:
-    hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    hw = size_array(sizes)
     if w.matrix.shape != (len(hw), 3, 3) or len(w.out_sizes) != len(hw) or w.box.shape != (len(hw), 4):
         raise ValueError(f"the warp is for {len(w.out_sizes)} samples, the batch has {len(hw)}")
     if w.interpolation not in ("nearest", "bilinear", "bicubic"):
