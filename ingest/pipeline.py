@@ -89,6 +89,7 @@ class _Work:
     labels: np.ndarray | None = None                  # the batch's labels when known without records
     boxes: list[np.ndarray] | None = None             # each sample's boxes as absolute ltrb (detection)
     failures: Failures | None = None   # the budget of the batch's epoch: `Pipeline.failures` when it was read
+    buffer: Any = None   # a direct read's batch tensor (`images` may be its first rows: `Pipeline._direct_buffer`)
 
 
 class Failures:
@@ -208,6 +209,7 @@ class Pipeline:
         # hand-over the GPU has passed (None: no bound).
         self.start_outputs(None)
         self._spare_direct: list[tuple[torch.Tensor, Any]] = []   # direct-read batch tensors handed back
+        self._direct_rows = 0   # the rows of the largest direct-read batch so far
         self._counts = threading.Lock()
         self._labels = source.labels() if self.direct else None
         # Detection: a "boxes" field (ltrb or xywh, absolute or relative, as the source says) follows the
@@ -263,31 +265,34 @@ class Pipeline:
         # On the decode stream (idle here): KvikIO writes outside torch's streams, so the read first waits for
         # the work queued on the current stream, which must not be the training loop's.
         with torch.cuda.stream(self.decode_stream) if self.decode_stream is not None else _nothing():
-            out = self._direct_buffer(len(idx))
+            buffer = self._direct_buffer(len(idx))
+            out = buffer if buffer.shape[0] == len(idx) else buffer[:len(idx)]   # a smaller batch: its first rows
             self.source.read_batch(idx, out, self.reader)
         labels = take(self._labels, idx) if len(self._labels) else np.full(len(idx), -1, dtype=np.int64)
         # No per-sample Python objects: names are made only if a message needs one, records are all alike.
         work = _Work(plan, _Names(self.source, idx), idx, plan.is_pad, [_NO_FIELDS] * len(idx), labels=labels,
                      failures=self.failures)
         work.sizes = [tuple(out.shape[1:3])] * len(idx)
-        work.images = out
+        work.images, work.buffer = out, buffer
         if self.device.type == "cuda":
             work.ready = recorded(self.decode_stream)
         self._count_paths({"none (raw, direct read)": len(idx)})
         return work
 
     def _direct_buffer(self, n: int) -> torch.Tensor:
-        """A ``[n, *shape]`` tensor for a direct read: one the ops stage handed back (`transform`: the ops wrote
+        """A ``[m, *shape]`` tensor (m >= n) for a direct read: one the ops stage handed back (`transform`: the ops wrote
         their output elsewhere), its reuse queued after the ops that read it, else a new one. Reusing them saves
         the allocation and `record_stream` per batch, torch calls that each give the GIL up. A smaller batch (an
-        epoch's last) is read into the first rows of one."""
+        epoch's last) is read into the first rows of one as large as the largest batch so far, so that it serves
+        the batches after it too."""
         if self._spare_direct:
             out, done = self._spare_direct.pop()
             if out.shape[0] >= n:
                 if done is not None:
                     done.wait(self.decode_stream)
-                return out if out.shape[0] == n else out[:n]
-        out = self.source.batch_buffer(n, self.device)
+                return out
+        self._direct_rows = max(self._direct_rows, n)
+        out = self.source.batch_buffer(self._direct_rows, self.device)
         if self.device.type == "cuda":
             out.record_stream(self.ops_stream)  # allocated on the decode stream, used and freed on the ops stream
         return out
@@ -511,7 +516,9 @@ class Pipeline:
                 self._wakes.get(timeout=0.05)
             except queue.Empty:   # a wake can be missed (a view of the user's dropped last): look again
                 pass
-        out = torch.empty(shape, dtype=dtype, device=self.device)   # on the ops stream (the caller's)
+        # as many rows as the largest kept of its sample shape: a smaller batch's output serves full ones after it
+        rows = max([shape[0]] + [o.shape[0] for o in self._kept if o.dtype == dtype and o.shape[1:] == shape[1:]])
+        out = torch.empty((rows, *shape[1:]), dtype=dtype, device=self.device)   # on the ops stream (the caller's)
         if len(self._kept) >= self.outputs_ahead:   # one that does not fit goes first, else the oldest
             self._kept.pop(next((k for k, o in enumerate(self._kept) if not fits(o)), 0))  # torch frees it once
         self._kept.append(out)                                                            # the user drops it
@@ -583,9 +590,8 @@ class Pipeline:
             images, ready = _select_rows(self._execute(work), keep, failed), None
             values = self._targets(work)
             fields = self._collate([values[k] for k in keep], names, work, keep)
-        if self.direct and len(self._spare_direct) < 2 and not _shares_memory(images, work.images):
-            whole = work.images if work.images._base is None else work.images._base   # a smaller batch's rows
-            self._spare_direct.append((whole, ready))   # for the next reads (`_direct_buffer`)
+        if work.buffer is not None and len(self._spare_direct) < 2 and not _shares_memory(images, work.images):
+            self._spare_direct.append((work.buffer, ready))   # for the next reads (`_direct_buffer`)
         indices = torch.from_numpy(np.ascontiguousarray(_select_rows(work.indices, keep, failed)))
         is_pad = torch.from_numpy(np.ascontiguousarray(_select_rows(work.is_pad, keep, failed)))
         return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)

@@ -828,6 +828,10 @@ def test_a_smaller_batch_is_written_into_a_kept_output_and_another_shape_replace
     assert tuple(wide.shape) == (3, 3, 4, 9) and len(p._kept) == 2 and held.shape == (3, 3, 4, 5)
     again, _ = make(work(3))                 # back to the first size: the wide one does not fit, so it goes
     assert [tuple(o.shape) for o in p._kept] == [(3, 3, 4, 5)] * 2 and again is not wide
+    keep = [o[:1] for o in p._kept]          # both held, the consumer took every batch made: a smaller batch's
+    p._handed_count = p._outputs             # new output has a full batch's rows
+    last, _ = make(work(1))
+    assert tuple(last.shape) == (3, 3, 4, 5) and len(keep) == 2
 
 
 def test_held_elsewhere_counts_views_and_other_tensors_of_the_memory():

@@ -579,10 +579,12 @@ def test_raw_loader_reads_into_the_batch_tensors_the_ops_handed_back(tmp_path, m
     made = []
     real = RawSource.batch_buffer
     monkeypatch.setattr(RawSource, "batch_buffer", lambda self, n, *a, **k: made.append(n) or real(self, n, *a, **k))
-    got = epochs(ingest.Loader(str(root), batch_size=8, ops=ops, shuffle=True, num_workers=0))
-    assert len(got) == 18 and len(made) <= 9, made
+    kw = dict(batch_size=10, ops=ops, shuffle=True, num_workers=0, last_batch="partial")  # 10, 10, 10, 10, 8
+    got = epochs(ingest.Loader(str(root), **kw))
+    assert [len(x) for x, _ in got] == [10, 10, 10, 10, 8] * 3 and len(made) <= 9, made
+    assert made == [10] * len(made), made   # a smaller batch reads into the first rows of a full one
     monkeypatch.setattr(Pipeline, "_direct_buffer", lambda self, n: real(self.source, n, self.device))
-    want = epochs(ingest.Loader(str(root), batch_size=8, ops=ops, shuffle=True, num_workers=0))
+    want = epochs(ingest.Loader(str(root), **kw))
     for (x, y), (xw, yw) in zip(got, want):
         assert torch.equal(x, xw) and torch.equal(y, yw)
 
