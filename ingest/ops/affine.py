@@ -242,7 +242,7 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
     box = columns(0.0, 0.0, src[:, 1], src[:, 0])
     m, cur = eye(n), src
     resampler, fill = None, None
-    for st in steps:
+    for k, st in enumerate(steps):
         if st.resamples.any():
             region = st.crop if st.crop is not None else columns(0.0, 0.0, cur[:, 1], cur[:, 0])
             mapped = bounds(m, region)
@@ -251,7 +251,7 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
             resampler = st
         if st.fill is not None:
             fill = st.fill
-        m = stacked_matmul(m, st.matrix)
+        m = st.matrix if k == 0 else stacked_matmul(m, st.matrix)   # the identity times it, exactly
         cur = st.out_sizes
     return Warp(m, size_list(cur), box,
                 interpolation=resampler.interpolation if resampler else "nearest",
