@@ -280,11 +280,11 @@ class Pipeline:
         return work
 
     def _direct_buffer(self, n: int) -> torch.Tensor:
-        """A ``[m, *shape]`` tensor (m >= n) for a direct read: one the ops stage handed back (`transform`: the ops wrote
-        their output elsewhere), its reuse queued after the ops that read it, else a new one. Reusing them saves
-        the allocation and `record_stream` per batch, torch calls that each give the GIL up. A smaller batch (an
-        epoch's last) is read into the first rows of one as large as the largest batch so far, so that it serves
-        the batches after it too."""
+        """A ``[m, *shape]`` tensor (m >= n) for a direct read: one the ops stage handed back (`transform`: the
+        ops wrote their output elsewhere), its reuse queued after the ops that read it, else a new one. Reusing
+        them saves the allocation and `record_stream` per batch, torch calls that each give the GIL up. A smaller
+        batch (an epoch's last) is read into the first rows of one as large as the largest batch so far, so that
+        it serves the batches after it too."""
         if self._spare_direct:
             out, done = self._spare_direct.pop()
             if out.shape[0] >= n:
@@ -497,8 +497,11 @@ class Pipeline:
             return None
         shape, dtype = plan.output.batch_shape(len(sizes), sizes[0], c), plan.output.dtype
 
+        def alike(out: torch.Tensor) -> bool:   # of this batch's dtype and sample shape
+            return out.dtype == dtype and out.shape[1:] == shape[1:]
+
         def fits(out: torch.Tensor) -> bool:   # a smaller batch (an epoch's last) takes the first rows of one
-            return out.dtype == dtype and out.shape[1:] == shape[1:] and out.shape[0] >= shape[0]
+            return alike(out) and out.shape[0] >= shape[0]
 
         while True:
             for out in self._kept:
@@ -517,7 +520,7 @@ class Pipeline:
             except queue.Empty:   # a wake can be missed (a view of the user's dropped last): look again
                 pass
         # as many rows as the largest kept of its sample shape: a smaller batch's output serves full ones after it
-        rows = max([shape[0]] + [o.shape[0] for o in self._kept if o.dtype == dtype and o.shape[1:] == shape[1:]])
+        rows = max([shape[0]] + [o.shape[0] for o in self._kept if alike(o)])
         out = torch.empty((rows, *shape[1:]), dtype=dtype, device=self.device)   # on the ops stream (the caller's)
         if len(self._kept) >= self.outputs_ahead:   # one that does not fit goes first, else the oldest
             self._kept.pop(next((k for k, o in enumerate(self._kept) if not fits(o)), 0))  # torch frees it once

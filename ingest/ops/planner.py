@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import chain
 from typing import Any, Callable, Sequence
 
@@ -292,15 +293,17 @@ class Sliced:
     plans: list[Plan]
     warp = None
 
-    @property
+    # Joined once, in C: the pipeline reads out_sizes three times per batch (its output, the rows written, this
+    # execute's check), as a Plan's list field.
+    @cached_property
     def sizes(self) -> list[Size]:
-        return list(chain.from_iterable(p.sizes for p in self.plans))   # joined in C, not sample by sample
+        return list(chain.from_iterable(p.sizes for p in self.plans))
 
-    @property
+    @cached_property
     def out_sizes(self) -> list[Size]:
         return list(chain.from_iterable(p.out_sizes for p in self.plans))
 
-    @property
+    @cached_property
     def content_sizes(self) -> list[Size] | None:
         if self.plans[0].content_sizes is None:
             return None
