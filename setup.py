@@ -7,8 +7,9 @@
 - ``ingest.formats._wire``: a batch of TFRecord records' ``tf.train.Example`` features located in one call;
   without it `ingest.formats.tfrecord` parses each record with protobuf (which stays the fallback for records
   the scan does not take).
-- ``ingest._random``: a batch's per-sample uniform numbers (`ingest.random.SampleRandom.random`) in one call
-  holding the GIL; without it numpy makes the same numbers, letting the GIL go on large arrays.
+- ``ingest._random``: a batch's per-sample uniform numbers (`ingest.random.SampleRandom.random`), and its
+  RandomResizedCrop regions, in one call holding the GIL each; without it numpy makes the same numbers, in
+  many more calls, letting the GIL go on large arrays.
 - ``ingest.ops._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
   the same loop through ctypes, slower beside busy Python threads (``ingest.ops._nvimgcodec``).
 
@@ -22,7 +23,9 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 setup(ext_modules=[
     Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS),
-    Extension("ingest._random", ["ingest/_random.c"], optional=True, extra_compile_args=FLAGS),
+    # no fused multiply-adds: its arithmetic must round as numpy's (the fallback) does
+    Extension("ingest._random", ["ingest/_random.c"], optional=True, extra_compile_args=FLAGS + ["-ffp-contract=off"],
+              libraries=["m"]),
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),

@@ -157,6 +157,13 @@ class SampleRandom:
         span = high - low
         return low + np.minimum((self.random(k) * span).astype(np.int64), span - 1)
 
+    def advance(self, calls: int) -> int:
+        """Take ``calls`` call numbers for a draw made elsewhere from this source's keys (native code that
+        draws for a whole op: `ingest._random`); returns the first."""
+        first = self.calls
+        self.calls += calls
+        return first
+
     def spawn(self) -> "SampleRandom":
         """A child source (one call of this one): its keys hash this source's keys and call number, so it can
         make any number of draws, on any subset of the samples, without touching this stream."""

@@ -176,19 +176,48 @@ def _rrc_params_all_attempts_at_once(op, sizes, rngs):
     return np.stack([top, left, ch, cw], axis=1)
 
 
+@pytest.mark.parametrize("engine", ["native", "numpy"])
 @pytest.mark.parametrize("scale,ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 1.0), (2.0, 5.0)),
                                          ((0.9, 1.0), (0.1, 0.2))])
-def test_random_resized_crop_draws_attempt_by_attempt_as_all_at_once(scale, ratio):
-    """The draw that runs the attempts one after another over the samples still without a fit gives the
-    parameters of the [B, 10] form, for batches above and below numpy's 500-element GIL threshold, sizes from
-    1 pixel up and aspects that force the fallback."""
+def test_random_resized_crop_draws_attempt_by_attempt_as_all_at_once(scale, ratio, engine, monkeypatch):
+    """The draw (in one call of `ingest._random`, or numpy running the attempts one after another over the
+    samples still without a fit) gives the parameters of the [B, 10] form, for batches above and below numpy's
+    500-element GIL threshold, sizes from 1 pixel up and aspects that force the fallback."""
+    import ingest.random as rnd
     from ingest.random import SampleRandom
+    if engine == "native" and rnd.NATIVE is None:
+        pytest.skip("ingest._random was not built")
+    if engine == "numpy":
+        monkeypatch.setattr(rnd, "NATIVE", None)
     op = RandomResizedCrop(16, scale=scale, ratio=ratio)
     rng = np.random.default_rng(3)
     for n in (1, 7, 256, 700):
         sizes = [(int(h), int(w)) for h, w in rng.integers(1, 900, (n, 2))]
         a, b = SampleRandom.keyed(9, n, np.arange(n)), SampleRandom.keyed(9, n, np.arange(n))
         assert np.array_equal(op.draw(sizes, a), _rrc_params_all_attempts_at_once(op, sizes, b))
+        assert a.calls == b.calls == 2   # either engine takes the two calls: later ops draw the same numbers
+
+
+def test_native_resized_crops_equal_numpys_and_check_their_buffers(monkeypatch):
+    """`ingest._random.resized_crops` gives the numpy draw's regions on 20,000 samples of ImageNet-like and
+    extreme sizes (1 pixel to 20,000), with a strided key view; and names what is wrong with its buffers or
+    sizes instead of reading past them."""
+    import ingest.random as rnd
+    from ingest.random import SampleRandom
+    if rnd.NATIVE is None:
+        pytest.skip("ingest._random was not built")
+    rng = np.random.default_rng(12)
+    sizes = np.concatenate([rng.integers(1, 20_000, (10_000, 2)), rng.integers(200, 600, (10_000, 2))])
+    op = RandomResizedCrop(224)
+    keys = SampleRandom.keyed(3, 1, np.arange(2 * len(sizes))).keys[::2]    # not contiguous
+    module, native = rnd.NATIVE, op.draw(sizes, SampleRandom(keys, calls=5))
+    monkeypatch.setattr(rnd, "NATIVE", None)
+    assert np.array_equal(native, op.draw(sizes, SampleRandom(keys, calls=5)))
+    out, hw, k = np.empty((2, 4), np.int64), np.array([[5, 5], [0, 7]], np.int64), keys[:2].copy()
+    with pytest.raises(ValueError, match="sample 1 is 0 x 7"):
+        module.resized_crops(k, 0, hw, 0.08, 1.0, 0.75, 4 / 3, out)
+    with pytest.raises(ValueError, match="resized_crops: 16 key bytes, 32 size bytes and 32 output bytes"):
+        module.resized_crops(k, 0, hw, 0.08, 1.0, 0.75, 4 / 3, out[:1])
 
 
 def test_bounds_corner_by_corner_equal_the_four_corners_at_once():

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import random
 from ..errors import ConfigError
 from . import resample
 from .._numpy import columns, copy, zeros
@@ -291,6 +292,11 @@ class RandomResizedCrop(GeometryOp):
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
         rngs = per_sample(rngs, len(sizes))
         hw = size_array(sizes)
+        if random.NATIVE is not None:   # the procedure below in one call (ingest/_random.c)
+            out = np.empty((len(hw), 4), dtype=np.int64)
+            random.NATIVE.resized_crops(np.ascontiguousarray(rngs.keys), rngs.advance(2), np.ascontiguousarray(hw),
+                                        *self.scale, *self.ratio, out)
+            return out
         h, w = hw[:, 0], hw[:, 1]
         # Per sample: 10 areas and 10 aspects, then the position (used if an attempt fits). The attempts run one
         # after another over the samples still without a fit, so no array holds more than the batch: numpy lets
