@@ -18,7 +18,7 @@
  * sizes(paths, out, threads) -> None: out[k] = size in bytes of paths[k] (stat), or -errno.
  *
  * plan_rows(files, offsets, slot, fd_table, row, gap, chunk, max_rows, base, base_len,
- *           fds, task_offsets, first, addrs, lens, want) -> (tasks, segments, total bytes, longest task)
+ *           fds, task_offsets, first, addrs, lens, want[, dense]) -> (tasks, segments, total bytes, longest task)
  *   The tasks `read` takes for n fixed-size rows of `row` bytes (row k at offsets[k] of file files[k]) landing
  *   in host memory at base + slot[k] * row (slot None: base + k * row), in one call that keeps the GIL
  *   (io.plan_rows + ByteReader._rows_posix do the same with numpy, whose array operations give the GIL up on
@@ -26,7 +26,9 @@
  *   previous task when it is in the same file, starts at or after its end and at most `gap` bytes later (the
  *   gap read and dropped), while the task stays in one `chunk`-byte piece of its first span and holds at
  *   most `max_rows` rows of that span. fd_table[f] is file f's open descriptor. Outputs (int64, or uint64 for
- *   addrs): n entries (fds, task_offsets, want: each task's bytes), n + 1 (first), 2n (addrs, lens).
+ *   addrs): n entries (fds, task_offsets, want: each task's bytes), n + 1 (first), 2n (addrs, lens), and
+ *   where given n (dense: 1 for a task whose rows are back to back in the file and land back to back in
+ *   memory, in order, so that its bytes can be read as they are to its first address; else 0).
  *
  * addresses(buffers, out) -> None: out[k] = the address of the first byte of buffers[k] (any contiguous buffer),
  *   for a planner that turns views of a file's memory map into byte ranges of the file (ingest/formats/lmdb.py).
@@ -407,10 +409,10 @@ static int row_order(const void *pa, const void *pb) {
 }
 
 static PyObject *py_plan_rows(PyObject *self, PyObject *args) {
-    PyObject *files, *offsets, *slot, *table, *fds, *toffsets, *first, *addrs, *lens, *want;
+    PyObject *files, *offsets, *slot, *table, *fds, *toffsets, *first, *addrs, *lens, *want, *dense = Py_None;
     long long row, gap, chunk, max_rows, base, base_len;
-    if (!PyArg_ParseTuple(args, "OOOOLLLLLLOOOOOO:plan_rows", &files, &offsets, &slot, &table, &row, &gap, &chunk,
-                          &max_rows, &base, &base_len, &fds, &toffsets, &first, &addrs, &lens, &want))
+    if (!PyArg_ParseTuple(args, "OOOOLLLLLLOOOOOO|O:plan_rows", &files, &offsets, &slot, &table, &row, &gap, &chunk,
+                          &max_rows, &base, &base_len, &fds, &toffsets, &first, &addrs, &lens, &want, &dense))
         return NULL;
     Args a = {0};
     PyObject *result = NULL;
@@ -434,8 +436,13 @@ static PyObject *py_plan_rows(PyObject *self, PyObject *args) {
         int64s(&a, lens, 2 * n, 1, "lens") < 0 || int64s(&a, want, n, 1, "want") < 0)
         goto done;
     int64_t *t_fd = a.views[o].buf, *t_off = a.views[o + 1].buf, *t_first = a.views[o + 2].buf,
-            *s_len = a.views[o + 4].buf, *t_want = a.views[o + 5].buf;
+            *s_len = a.views[o + 4].buf, *t_want = a.views[o + 5].buf, *t_dense = NULL;
     uint64_t *s_addr = a.views[o + 3].buf;
+    if (dense != Py_None) {
+        if (int64s(&a, dense, n, 1, "dense") < 0)
+            goto done;
+        t_dense = a.views[o + 6].buf;
+    }
     if (row <= 0 || gap < 0 || chunk < 0 || max_rows <= 0 || base_len < 0) {
         PyErr_SetString(PyExc_ValueError, "plan_rows: row and max_rows must be > 0, gap, chunk, base_len >= 0");
         goto done;
@@ -467,17 +474,23 @@ static PyObject *py_plan_rows(PyObject *self, PyObject *args) {
         piece = (r->offset - keys[seg_start].offset) / span;
         int lead = new_span || piece != prev_piece || (i - seg_start) / max_rows != (i - 1 - seg_start) / max_rows;
         prev_piece = piece;
+        int64_t dest = slots ? slots[r->k] : r->k;
         if (lead) {
             t_first[tasks] = segs;
             t_fd[tasks] = fd_of[r->file];
             t_off[tasks] = r->offset;
+            if (t_dense)
+                t_dense[tasks] = 1;
             tasks++;
-        } else if (r->offset > p->offset + row) {   /* the gap: read and dropped */
-            s_addr[segs] = 0;
-            s_len[segs++] = r->offset - p->offset - row;
-            total += r->offset - p->offset - row;
+        } else {
+            if (r->offset > p->offset + row) {   /* the gap: read and dropped */
+                s_addr[segs] = 0;
+                s_len[segs++] = r->offset - p->offset - row;
+                total += r->offset - p->offset - row;
+            }
+            if (t_dense && (r->offset != p->offset + row || dest != (slots ? slots[p->k] : p->k) + 1))
+                t_dense[tasks - 1] = 0;
         }
-        int64_t dest = slots ? slots[r->k] : r->k;
         s_addr[segs] = (uint64_t)base + (uint64_t)(dest * row);
         s_len[segs++] = row;
         total += row;

@@ -282,10 +282,7 @@ class ByteReader:
         kvikio = (self.device_path if out.is_cuda else self.path) == "kvikio"
         try:
             if NATIVE is not None:   # planned in one native call (numpy's would give the GIL up ~20 times)
-                host = self._staging.take(n * row) if out.is_cuda else out.numpy().view(np.uint8).reshape(-1)
-                if self._rows_native(paths, files, offsets, row, host, handles, kvikio):
-                    if out.is_cuda:
-                        self._staging.upload(host, out, torch.cuda.current_stream(out.device))
+                if self._rows_native(paths, files, offsets, out, handles, kvikio):
                     return
             plan = plan_rows(files, offsets, row)
             large = plan.nbytes >= self._kvikio_min_read if kvikio else np.zeros(len(plan.nbytes), dtype=bool)
@@ -306,12 +303,16 @@ class ByteReader:
             if own:
                 handles.close()
 
-    def _rows_native(self, paths: Sequence[str], files: np.ndarray, offsets: np.ndarray, row: int, host: np.ndarray,
+    def _rows_native(self, paths: Sequence[str], files: np.ndarray, offsets: np.ndarray, out: torch.Tensor,
                      handles, kvikio: bool) -> bool:
-        """Read every row into ``host`` (uint8, row k at byte k * row) with the tasks ``ingest._readv.plan_rows``
-        makes in one call (the same reads as `plan_rows` + `_rows_posix`), unless ``kvikio`` and a task would
-        be large enough for KvikIO: then nothing is read and False is returned."""
+        """Read every row into ``out`` with the tasks ``ingest._readv.plan_rows`` makes in one call (the same
+        reads as `plan_rows` + `_rows_posix`): by native preadv into ``out`` (CPU) or a pinned buffer and one
+        copy (CUDA); with ``kvikio``, when a task is large enough for KvikIO and every task's rows are back to
+        back (a batch read in order), each task is one KvikIO read straight into its rows. Returns False, having
+        read nothing, where KvikIO should read some tasks and not others (`read_rows` then splits the batch)."""
         n = len(offsets)
+        row = out.numel() * out.element_size() // n
+        host = self._staging.take(n * row) if out.is_cuda else out.numpy().view(np.uint8).reshape(-1)
         files, offsets = np.ascontiguousarray(files), np.ascontiguousarray(offsets)
         listed = files.tolist()
         if listed and min(listed) < 0:
@@ -321,19 +322,29 @@ class ByteReader:
         for file, fd in fd_of.items():
             table[file] = fd
         path_of = {fd: paths[file] for file, fd in fd_of.items()}
-        fds, starts, want = (np.empty(n, dtype=np.int64) for _ in range(3))
+        fds, starts, want, dense = (np.empty(n, dtype=np.int64) for _ in range(4))
         first, lens, addrs = np.empty(n + 1, dtype=np.int64), np.empty(2 * n, dtype=np.int64), \
             np.empty(2 * n, dtype=np.uint64)
         tasks, segments, total, longest = NATIVE.plan_rows(
             files, offsets, None, table, row, COALESCE_GAP, READ_CHUNK, MAX_RUN_ROWS, host.ctypes.data, host.nbytes,
-            fds, starts, first, addrs, lens, want)
+            fds, starts, first, addrs, lens, want, dense)
         if kvikio and longest >= self._kvikio_min_read:
-            return False
+            if not dense[:tasks].all():
+                return False
+            # A task's first row, from its first address (row k lands at byte k * row of ``host``).
+            lead = ((addrs[first[:tasks]] - np.uint64(host.ctypes.data)) // np.uint64(row)).astype(np.int64)
+            file_of = {fd: file for file, fd in fd_of.items()}
+            runs = [Run(file_of[fd], at, size, np.arange(k, k + size // row), _ZERO, True) for fd, at, size, k in
+                    zip(fds[:tasks].tolist(), starts[:tasks].tolist(), want[:tasks].tolist(), lead.tolist())]
+            self._rows_kvikio(paths, runs, _rows_of(out, n), handles)
+            return True
         got = np.empty(tasks, dtype=np.int64)
         threads = max(1, min(self.threads, max(-(-tasks // MIN_SHARE), total >> 20)))
         NATIVE.read([None] * tasks, fds[:tasks], starts[:tasks], first[:tasks + 1], addrs[:segments],
                     lens[:segments], got, threads)
         _check_reads(got, want[:tasks], lambda k: (path_of[int(fds[k])], int(starts[k])))
+        if out.is_cuda:
+            self._staging.upload(host, out, torch.cuda.current_stream(out.device))
         return True
 
     def _rows_some_staged(self, paths: Sequence[str], plan: "RowPlan", which: np.ndarray, flat: torch.Tensor,

@@ -315,17 +315,20 @@ def test_native_row_plan_reads_what_the_numpy_plan_reads(tmp_path, rows, row, ga
     host = np.zeros(n * row + 5, dtype=np.uint8)
     table = np.array([os.open(p, os.O_RDONLY) for p in paths], dtype=np.int64)
     try:
-        fds, starts, want = (np.empty(n, dtype=np.int64) for _ in range(3))
+        fds, starts, want, dense = (np.empty(n, dtype=np.int64) for _ in range(4))
         first, lens, addrs = np.empty(n + 1, np.int64), np.empty(2 * n, np.int64), np.empty(2 * n, np.uint64)
         tasks, segments, total, longest = ingest_io.NATIVE.plan_rows(
             files, offsets, None, table, row, gap, chunk, max_rows, host.ctypes.data, host.nbytes,
-            fds, starts, first, addrs, lens, want)
+            fds, starts, first, addrs, lens, want, dense)
         plan = ingest_io.plan_rows(files, offsets, row, gap=gap, chunk=chunk) if max_rows == ingest_io.MAX_RUN_ROWS \
             else None
-        if plan is not None:   # the numpy plan's runs: same count, starts and sizes
+        if plan is not None:   # the numpy plan's runs: same count, starts, sizes and density
             lead = np.flatnonzero(plan.lead)
             assert tasks == len(plan.nbytes) and starts[:tasks].tolist() == plan.pos[lead].tolist()
-            assert want[:tasks].tolist() == plan.nbytes.tolist()
+            assert want[:tasks].tolist() == plan.nbytes.tolist() and dense[:tasks].tolist() == plan.dense.tolist()
+        for t in np.flatnonzero(dense[:tasks]).tolist():   # a dense task's rows land back to back, no gap read
+            a, b = first[t], first[t + 1]
+            assert (lens[a:b] == row).all() and (np.diff(addrs[a:b].astype(np.int64)) == row).all()
         assert longest == want[:tasks].max() and total == lens[:segments].sum()
         assert (np.diff(first[:tasks + 1]) > 0).all()   # every task has a segment
         got = np.empty(tasks, dtype=np.int64)

@@ -279,6 +279,30 @@ def test_kvikio_branch_of_read_rows(tmp_path, layout, threshold):
     assert np.array_equal(out.numpy(), np.stack([images[i] for i in idx]))
 
 
+@pytest.mark.parametrize("idx", [np.arange(30), np.arange(4, 26)])
+def test_kvikio_reads_a_batch_in_order_from_the_native_plan(tmp_path, monkeypatch, idx):
+    """A batch read in order (rows back to back in the shards and in the batch, across a shard boundary) goes
+    to KvikIO as the native plan's tasks, one read each straight into its rows: numpy's plan is not made."""
+    import ingest.io as ingest_io
+    if ingest_io.NATIVE is None:
+        pytest.skip("ingest._readv was not built")
+    images = fixed_images(30, 16, 16)
+    src = RawSource(write_shards(tmp_path / "ds", images, shards=2, align=256))
+    reads = []
+
+    class Counted(_FakeKvikIO.CuFile):
+        def pread(self, buf, size, offset):
+            reads.append((size, offset))
+            return super().pread(buf, size, offset)
+
+    monkeypatch.setattr(ingest_io, "plan_rows", lambda *a, **k: pytest.fail("the numpy plan was made"))
+    with ByteReader("posix") as reader:
+        reader.path, reader._kvikio, reader._kvikio_min_read = "kvikio", type("K", (), {"CuFile": Counted}), 0
+        out = src.read_batch(idx, src.batch_buffer(len(idx)), reader)
+    assert np.array_equal(out.numpy(), np.stack([images[i] for i in idx]))
+    assert len(reads) == 2 and sum(size for size, _ in reads) == len(idx) * 16 * 16 * 3   # one read per shard
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 60)), min_size=1, max_size=40),
        st.integers(1, 48), st.integers(0, 64), st.integers(1, 300))
