@@ -128,7 +128,7 @@ def test_image_arena_is_a_sequence_of_views_and_the_warp_reads_it_in_place():
     """The native engine's batch: each image contiguous at its own offset of one buffer; the warp's kernel
     arguments (pointers, sizes, strides) come from the arrays and equal those of the per-image views."""
     from ingest.ops import _warp_kernel, resample
-    from ingest.ops.base import ImageArena, as_list, sizes_of
+    from ingest.ops.base import ImageArena, as_list, size_array_of, sizes_of
     from ingest.ops.geometry import Resize
     from ingest.ops.planner import plan
     hw = np.array([(5, 7), (3, 2), (4, 9), (1, 1)])
@@ -136,6 +136,9 @@ def test_image_arena_is_a_sequence_of_views_and_the_warp_reads_it_in_place():
     storage = (torch.arange(3072) % 251).to(torch.uint8)
     arena = ImageArena(storage, offsets, hw)
     assert len(arena) == 4 and sizes_of(arena) == [tuple(x) for x in hw.tolist()]
+    for images in (arena, as_list(arena)):   # the array form: the arena's own, or made from the views
+        assert size_array_of(images).dtype == np.int64 and size_array_of(images).tolist() == hw.tolist()
+    assert size_array_of(torch.zeros(3, 4, 5, 3, dtype=torch.uint8)).tolist() == [[4, 5]] * 3
     for image, (h, w), start in zip(arena, hw.tolist(), offsets.tolist()):
         assert image.shape == (h, w, 3) and image.is_contiguous()
         assert image.data_ptr() == storage.data_ptr() + start

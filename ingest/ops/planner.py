@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from . import resample
 from .affine import Steps, Warp, clip_polygons, compose, map_boxes, map_points, nonempty, polygon_parts_kept
 from .base import (PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, copy_into, device_and_channels, per_sample,
-                   same_size, size_array, size_list, sizes_of)
+                   same_size, size_array, size_array_of, size_list, sizes_of)
 from .geometry import GeometryOp
 
 #: Per-box target fields that :meth:`Plan.targets` prunes together with the boxes (COCO's names).
@@ -71,16 +71,16 @@ class Stage:
         if not len(images):
             return images
         device, channels = device_and_channels(images)
-        sizes = sizes_of(images)
-        if device.type == "cpu" and origins is None and scales is None and sizes == self.in_sizes:
+        planned = origins is None and scales is None and sizes_of(images) == self.in_sizes
+        if device.type == "cpu" and planned:
             for op, params in self.drawn:  # op by op with torch's kernels: torchvision's results
                 images = op.apply(images, params)
             return self.epilogue.apply(images, None) if self.epilogue else images
         w = self.warp
         if origins is not None:
-            w = w.shifted(origins).rescaled(sizes, 1.0 if scales is None else scales)
-        elif scales is not None or sizes != self.in_sizes:
-            w = w.rescaled(sizes, scales)
+            w = w.shifted(origins).rescaled(size_array_of(images), 1.0 if scales is None else scales)
+        elif not planned:
+            w = w.rescaled(size_array_of(images), scales)
         epilogue = self.epilogue.epilogue(channels) if self.epilogue else None
         return resample.warp(images, w, epilogue=epilogue, out=out)
 

@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from . import _warp_kernel
 from .affine import Warp
 from .base import (ImageArena, Images, Size, as_list, copy_into, device_and_channels, fill_for, pad_crop, size_array,
-                   sizes_of)
+                   size_array_of, sizes_of)
 
 
 class Epilogue(NamedTuple):
@@ -120,7 +120,7 @@ def warp(images: Images, w: Warp, *, epilogue: Epilogue | None = None, out: torc
             im.dim() != 3 or im.dtype != torch.uint8 or im.device != device or im.shape[2] != channels
             for im in images):
         raise ValueError("warp takes [H, W, C] uint8 images with one channel count, all on one device")
-    setup = _setup(w, sizes_of(images))
+    setup = _setup(w, size_array_of(images))
     fill = _fill_values(w.fill, channels)
     if device.type == "cuda" and channels <= 4 and _warp_kernel.available():
         return _warp_kernel.launch(images, w.out_sizes, setup, w.interpolation, fill,
