@@ -321,7 +321,7 @@ class ByteReader:
         table = np.full(max(listed) + 1 if listed else 0, -1, dtype=np.int64)
         for file, fd in fd_of.items():
             table[file] = fd
-        path_of = {fd: paths[file] for file, fd in fd_of.items()}
+        file_of = {fd: file for file, fd in fd_of.items()}
         fds, starts, want, dense = (np.empty(n, dtype=np.int64) for _ in range(4))
         first, lens, addrs = np.empty(n + 1, dtype=np.int64), np.empty(2 * n, dtype=np.int64), \
             np.empty(2 * n, dtype=np.uint64)
@@ -333,7 +333,6 @@ class ByteReader:
                 return False
             # A task's first row, from its first address (row k lands at byte k * row of ``host``).
             lead = ((addrs[first[:tasks]] - np.uint64(host.ctypes.data)) // np.uint64(row)).astype(np.int64)
-            file_of = {fd: file for file, fd in fd_of.items()}
             runs = [Run(file_of[fd], at, size, np.arange(k, k + size // row), _ZERO, True) for fd, at, size, k in
                     zip(fds[:tasks].tolist(), starts[:tasks].tolist(), want[:tasks].tolist(), lead.tolist())]
             self._rows_kvikio(paths, runs, _rows_of(out, n), handles)
@@ -342,7 +341,7 @@ class ByteReader:
         threads = max(1, min(self.threads, max(-(-tasks // MIN_SHARE), total >> 20)))
         NATIVE.read([None] * tasks, fds[:tasks], starts[:tasks], first[:tasks + 1], addrs[:segments],
                     lens[:segments], got, threads)
-        _check_reads(got, want[:tasks], lambda k: (path_of[int(fds[k])], int(starts[k])))
+        _check_reads(got, want[:tasks], lambda k: (paths[file_of[int(fds[k])]], int(starts[k])))
         if out.is_cuda:
             self._staging.upload(host, out, torch.cuda.current_stream(out.device))
         return True

@@ -21,7 +21,6 @@ cryptography. The streams are fixed by this module (stable across numpy versions
 from __future__ import annotations
 
 import functools
-
 from typing import Sequence
 
 import numpy as np
