@@ -15,6 +15,12 @@
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
 | keep_freed_memory | INGEST_KEEP_FREED_MEMORY | auto  | auto: glibc keeps freed memory for reuse in the training process once a Loader runs its pipeline there (`ingest._malloc.keep_freed_memory`); off: leave its malloc alone |
 
+"cores" is this process's share of the host (`cores`): the CPUs it may run on (its affinity, which a container's
+or a batch job's cpuset narrows where `os.cpu_count` still counts the whole machine) over torchrun's
+``LOCAL_WORLD_SIZE`` processes, which share them. Each rank of two on a 32-core host therefore starts the
+threads one process starts on a 16-core host, and a job given 8 cores of a 128-core node starts 8 decode
+threads, not 128. Where each rank is bound to its own cores (its affinity already its share), set the counts.
+
 ``ops_threads``: torch runs a thread's CPU ops on every core by default, but beside the decode pool that
 oversubscribes the cores, and OpenMP threads spin while they wait: on 2 cores the ops of a 128-image batch
 (RandomResizedCrop 224, flip, normalize) took 869 ms on 2 intra-op threads against 306 ms on one, and the
@@ -112,11 +118,11 @@ def _choice(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
     return parse
 
 
-# name -> (env var, default, parser)
+# name -> (env var, default or a function making it, parser)
 _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "io": ("INGEST_IO", "auto", _choice("io", ("auto", "kvikio", "posix"))),
-    "io_threads": ("INGEST_IO_THREADS", min(32, max(8, os.cpu_count() or 1)), _integer("io_threads", 1)),
-    "decode_threads": ("INGEST_DECODE_THREADS", os.cpu_count() or 1, _integer("decode_threads", 1)),
+    "io_threads": ("INGEST_IO_THREADS", lambda: min(32, max(8, cores())), _integer("io_threads", 1)),
+    "decode_threads": ("INGEST_DECODE_THREADS", lambda: cores(), _integer("decode_threads", 1)),
     "gpu_decoders": ("INGEST_GPU_DECODERS", 1, _integer("gpu_decoders", 1)),
     "gpu_decode_threads": ("INGEST_GPU_DECODE_THREADS", "auto", _integer("gpu_decode_threads", 1, words=("auto",))),
     "decode_batches": ("INGEST_DECODE_BATCHES", "auto", _integer("decode_batches", 1, words=("auto",))),
@@ -141,7 +147,9 @@ def get(name: str) -> Any:
         return _values[name]
     env, default, parse = _SPEC[name]
     raw = os.environ.get(env)
-    return default if raw is None or raw == "" else parse(raw)
+    if raw is None or raw == "":
+        return default() if callable(default) else default
+    return parse(raw)
 
 
 @contextlib.contextmanager
@@ -173,7 +181,18 @@ def set(**settings: Any) -> contextlib.AbstractContextManager[None]:  # noqa: A0
 def ops_threads() -> int:
     """The ``ops_threads`` setting as a count (``auto``: half the cores, at least one)."""
     value = get("ops_threads")
-    return max(1, (os.cpu_count() or 1) // 2) if value == "auto" else value
+    return max(1, cores() // 2) if value == "auto" else value
+
+
+def cores() -> int:
+    """This process's share of the host's cores, which the thread defaults follow: the CPUs it may run on over
+    the ``LOCAL_WORLD_SIZE`` processes torchrun started on this host (at least one)."""
+    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    except ValueError:
+        raise ConfigError(f"LOCAL_WORLD_SIZE must be a process count, got {os.environ['LOCAL_WORLD_SIZE']!r}") from None
+    return max(1, mine // ranks)
 
 
 def names() -> list[str]:

@@ -148,7 +148,7 @@ class Loader:
                                      num_threads=num_threads)
         if self.worker_stages == "read":
             self._check_read_stage()
-        worker_threads = num_threads or max(1, (os.cpu_count() or 1) // max(num_workers, 1))
+        worker_threads = num_threads or max(1, defaults.cores() // max(num_workers, 1))
         self._spec = dict(source=source, ops=self.ops, device=str(self.device), decode=self.decode, io=io,
                           num_threads=worker_threads, sampler=self.sampler, prefetch=prefetch,
                           max_failures=max_failures, stages=self.worker_stages)
@@ -488,7 +488,7 @@ def auto_workers(device: torch.device, decode: str, fields: dict) -> int:
     JPEGs, `docs/design.md`) that trained as fast as four full workers (7.9-8.4k against 7.8k img/s) at a
     fraction of their GPU memory (each worker holds its own context and decode buffers)."""
     python_bound = decode == "cpu" or "boxes" in fields
-    return min(4, max(1, (os.cpu_count() or 1) // 4)) if device.type == "cuda" and python_bound else 0
+    return min(4, max(1, defaults.cores() // 4)) if device.type == "cuda" and python_bound else 0
 
 
 def _is_path(source: Any) -> bool:

@@ -182,6 +182,31 @@ def test_decode_threads_and_num_workers_settings(monkeypatch):
         defaults.set(num_workers=-1)
 
 
+def test_thread_defaults_follow_this_process_share_of_the_host(monkeypatch):
+    """The CPUs this process may run on (not the machine's count) over torchrun's ranks on the host."""
+    from ingest.ops.decode_gpu import cpu_threads_each
+    for name in ("INGEST_IO_THREADS", "INGEST_DECODE_THREADS", "INGEST_OPS_THREADS", "INGEST_GPU_DECODE_THREADS",
+                 "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 128)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(40, 72)), raising=False)  # a 32-CPU cpuset
+    assert defaults.cores() == 32
+    assert [defaults.get("io_threads"), defaults.get("decode_threads"), defaults.ops_threads()] == [32, 32, 16]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")   # two torchrun ranks share it: each gets what 16 cores give
+    assert defaults.cores() == 16 and cpu_threads_each(2) == 8
+    assert [defaults.get("io_threads"), defaults.get("decode_threads"), defaults.ops_threads()] == [16, 16, 8]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert defaults.get("io_threads") == 8, "reads that wait on a disk still get 8"
+    assert [defaults.cores(), defaults.get("decode_threads"), defaults.ops_threads()] == [4, 4, 2]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+    assert [defaults.cores(), defaults.get("decode_threads"), defaults.ops_threads()] == [1, 1, 1]  # never none
+    monkeypatch.setenv("INGEST_DECODE_THREADS", "12")   # a set count is taken as it is
+    assert defaults.get("decode_threads") == 12
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE must be a process count, got 'two'"):
+        defaults.cores()
+
+
 def test_shared_reader_takes_its_buffers_in_turn_and_grows_them(tmp_path):
     """A reader process's reader: K shared buffers used in turn; a buffer is new (its handle must cross to the
     parent) the first time and when a batch outgrows it, and reused, same storage, otherwise."""

@@ -663,7 +663,7 @@ def test_keep_freed_memory_is_taken_where_the_pipeline_runs_unless_off(monkeypat
 def test_auto_workers_only_where_python_work_per_sample_feeds_a_gpu(monkeypatch):
     from ingest.formats.base import Field
     from ingest.torch import auto_workers
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr("ingest.defaults.cores", lambda: 16)
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     plain = {"image": Field("image"), "label": Field("int")}
     boxes = {**plain, "boxes": Field("floats")}
@@ -671,7 +671,7 @@ def test_auto_workers_only_where_python_work_per_sample_feeds_a_gpu(monkeypatch)
     assert auto_workers(cuda, "cpu", plain) == 4
     assert auto_workers(cuda, "mixed", boxes) == 4, "detection targets: Python work per sample"
     assert auto_workers(cpu, "cpu", plain) == 0 and auto_workers(cpu, "cpu", boxes) == 0
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("ingest.defaults.cores", lambda: 2)
     assert auto_workers(cuda, "cpu", plain) == 1
 
 

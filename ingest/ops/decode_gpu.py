@@ -109,14 +109,12 @@ _ORIENT = {
 
 def cpu_threads_each(decoders: int) -> int:
     """nvImageCodec CPU threads for each of ``decoders`` decoders in this process: the ``gpu_decode_threads``
-    setting, or ("auto") this process's share of the cores (torchrun's ``LOCAL_WORLD_SIZE`` processes share
-    them) split between its decoders. Each decoder otherwise starts one per core: two decode lanes on a 16-core H100 ran 32 threads, and two ranks of two
-    lanes on a 32-core host 128, beside the training loops' own threads."""
+    setting, or ("auto") this process's share of the cores (`defaults.cores`) split between its decoders. Each
+    decoder otherwise starts one per core: two decode lanes on a 16-core H100 ran 32 threads, and two ranks of
+    two lanes on a 32-core host 128, beside the training loops' own threads."""
     if defaults.get("gpu_decode_threads") != "auto":
         return defaults.get("gpu_decode_threads")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return max(1, cores // (ranks * max(1, decoders)))
+    return max(1, defaults.cores() // max(1, decoders))
 
 
 def available() -> bool:
