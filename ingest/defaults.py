@@ -10,6 +10,7 @@
 | gpu_decode_threads | INGEST_GPU_DECODE_THREADS | auto | nvImageCodec CPU threads of each GPU decoder a loader makes: auto (this process's share of the cores over its decoders, `ingest.ops.decode_gpu.cpu_threads_each`) or a count |
 | decode_batches  | INGEST_DECODE_BATCHES   | auto    | batches a loader decodes at once, each on its own thread (and GPU decoders and stream): auto is 2 for GPU decode, else 1 |
 | hw_decoder_load | INGEST_HW_DECODER_LOAD  | 0.65    | the share of a batch's JPEGs the hardware decoder takes, the rest going to the CUDA decoder (DALI's name and default), or auto (nvImageCodec picks the backend per image: the hardware decoder takes all it can) |
+| hybrid_huffman_threshold | INGEST_HYBRID_HUFFMAN_THRESHOLD | 1000000 | images the CUDA decoder takes with more pixels than this decode their Huffman stage on the GPU, the others on its CPU threads (DALI's name and default) |
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode or detection feeding CUDA, else 0) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
@@ -53,6 +54,15 @@ against DALI in the last: 1.04 and 0.97 with the split, 0.97 and 0.99 without). 
 (within a level or two) while nvImageCodec gives the engine the first share of each batch, so an image's
 pixels depend on its place in the batch, as with DALI. "auto" gives the fastest decode alone and pixels that
 do not depend on the batch.
+
+``hybrid_huffman_threshold``: the CUDA decoder's share of the JPEGs (``hw_decoder_load``) decodes its Huffman stage
+on nvImageCodec's CPU threads unless an image has more pixels than this; past it nvJPEG's GPU_HYBRID backend runs
+it on the GPU. The pixels are the same either way. 0 puts every one on the GPU: on an H100 the CUDA decoder alone
+then ran 9.4k against 4.7k img/s at half the CPU time, and the split decoder 14.1k against 13.1k img/s at 86
+against 140 ms of CPU per 256-image batch, but beside ResNet-18 its kernels took GPU time from the training step
+(28.3-29.8 against 26 ms) and training ran 6% slower in three paired rounds
+(`benchmarks/results/bench_settings_h100_gpu_huffman.json`). So the default is DALI's; a lower threshold pays
+where the CPU, not the GPU, is short (few cores per GPU).
 
 ``keep_freed_memory``: by default glibc hands freed memory back to the kernel (past 128 KB free at the top of
 the heap) and gives every block of 128 KB or more its own mapping, so each record copied out of its file (a
@@ -127,6 +137,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "gpu_decode_threads": ("INGEST_GPU_DECODE_THREADS", "auto", _integer("gpu_decode_threads", 1, words=("auto",))),
     "decode_batches": ("INGEST_DECODE_BATCHES", "auto", _integer("decode_batches", 1, words=("auto",))),
     "hw_decoder_load": ("INGEST_HW_DECODER_LOAD", 0.65, _fraction("hw_decoder_load")),
+    "hybrid_huffman_threshold": ("INGEST_HYBRID_HUFFMAN_THRESHOLD", 1_000_000, _integer("hybrid_huffman_threshold", 0)),
     "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),
     "ops_threads": ("INGEST_OPS_THREADS", "auto", _integer("ops_threads", 1, words=("auto",))),
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),

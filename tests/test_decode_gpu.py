@@ -192,6 +192,17 @@ def test_decoders_share_this_process_share_of_the_cores(monkeypatch):
         decode_gpu.cpu_threads_each(2)
 
 
+def test_huffman_threshold_setting_reaches_the_cuda_decoder():
+    from ingest import defaults
+    assert defaults.get("hybrid_huffman_threshold") == 1_000_000   # DALI's default
+    assert decode_gpu.decoder_options().split() == [":fancy_upsampling=1",
+                                                    "nvjpeg_cuda_decoder:hybrid_huffman_threshold=1000000"]
+    with defaults.set(hybrid_huffman_threshold="0"):   # every CUDA-decoder image's Huffman stage on the GPU
+        assert "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0" in decode_gpu.decoder_options()
+    with pytest.raises(ConfigError, match="`hybrid_huffman_threshold` must be an integer >= 0, got -1"):
+        defaults.set(hybrid_huffman_threshold=-1)
+
+
 def test_option_errors():
     with pytest.raises(ConfigError, match="Unknown backend 'nvjpeg'. Available: auto, hw, hybrid"):
         GpuDecoder("cuda", CpuDecoder(threads=1), backend="nvjpeg")
@@ -519,6 +530,35 @@ def test_real_files_in_one_batch(gpu, cpu):
             continue
         assert isinstance(image, torch.Tensor), f"{name}: {image}"
         assert mean_diff(image, want) < GPU_MEAN_DIFF, f"{name} ({path})"
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_huffman_on_the_gpu_or_the_cpu_gives_the_same_pixels(cpu, engine):
+    """``hybrid_huffman_threshold`` moves the CUDA decoder's Huffman stage between the GPU and its CPU threads:
+    the same images decode on the GPU either way, to the same pixels (sizes past the threshold and below it)."""
+    from ingest import defaults
+    named = {**samples(), "large.jpg": encode(Image.fromarray(textured(720, 1280)), "JPEG", quality=85)}
+    names, datas = list(named), list(named.values())
+    out = {}
+    for threshold in (0, 500_000, 10**9):   # all on the GPU; the large one only; none
+        with defaults.set(hybrid_huffman_threshold=threshold):
+            try:
+                dec = GpuDecoder("cuda", cpu, backend="hybrid", engine=engine)
+            except ImportError as err:
+                pytest.skip(str(err))
+            with dec:
+                images, _, paths = decode(dec, datas, names)
+                out[threshold] = [im.cpu() if isinstance(im, torch.Tensor) else im for im in images], paths
+    (base, base_paths) = out[10**9]
+    assert base_paths.count("gpu") == 7 and base_paths[names.index("large.jpg")] == "gpu"
+    for threshold in (0, 500_000):
+        images, paths = out[threshold]
+        assert paths == base_paths, threshold
+        for name, a, b, path in zip(names, images, base, paths):
+            if path == "gpu":
+                assert torch.equal(a, b), (threshold, name)
 
 
 @pytest.mark.gpu

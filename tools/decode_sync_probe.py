@@ -88,7 +88,8 @@ def main() -> None:
     p.add_argument("--trace", action="store_true", help="profile the beside_default case's CUDA API calls")
     a = p.parse_args()
     if a.options:
-        decode_gpu._DECODER_OPTIONS += " " + a.options
+        base = decode_gpu.decoder_options
+        decode_gpu.decoder_options = lambda: base() + " " + a.options
     files = sorted(glob.glob(f"{a.data}/*/*.jpg"))[: a.batch * a.batches]
     datas = [open(f, "rb").read() for f in files]
     batches = [datas[k:k + a.batch] for k in range(0, len(datas), a.batch)]
@@ -96,7 +97,7 @@ def main() -> None:
     rate = cycles_per_ms()
     decode_stream = torch.cuda.Stream()
     side = torch.cuda.Stream()
-    out = {"device": torch.cuda.get_device_name(), "backend": a.backend, "options": decode_gpu._DECODER_OPTIONS,
+    out = {"device": torch.cuda.get_device_name(), "backend": a.backend, "options": decode_gpu.decoder_options(),
            "batch": a.batch, "sleep_ms": a.sleep_ms,
            "side_stream_flags": "torch.cuda.Stream() (non-blocking)"}
     with CpuDecoder() as cpu, GpuDecoder("cuda", cpu, backend=a.backend, cpu_threads=cpu_threads_each(2)) as gpu:

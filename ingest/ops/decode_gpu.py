@@ -92,8 +92,16 @@ Roi = tuple[int, int, int, int]  # x0, y0, x1, y1 in (oriented) source pixels
 #: Huffman baseline and extended. Progressive JPEGs go to the CPU: the hardware decoder refuses them, and
 #: nvImageCodec 0.9's CUDA decoder got a valid 12-scan one (jpeg-decoder/subtract-with-overflow.jpg) wrong.
 _GPU_PROCESSES = (0xC0, 0xC1)
-#: Chroma upsampling as libjpeg does it by default (nvImageCodec's default is 0), so GPU and CPU agree.
-_DECODER_OPTIONS = ":fancy_upsampling=1"
+
+
+def decoder_options() -> str:
+    """nvImageCodec's options for a decoder: chroma upsampling as libjpeg does it by default (nvImageCodec's
+    default is 0), so GPU and CPU agree; and the ``hybrid_huffman_threshold`` setting: the CUDA decoder's images
+    of more pixels decode their Huffman stage on the GPU (nvJPEG's GPU_HYBRID backend), the others on its CPU
+    threads. Either way the pixels are the same."""
+    threshold = defaults.get("hybrid_huffman_threshold")
+    return f":fancy_upsampling=1 nvjpeg_cuda_decoder:hybrid_huffman_threshold={threshold}"
+
 
 # Displayed from stored pixels [H, W, C] per EXIF orientation: the CPU decoder's table, in torch.
 _ORIENT = {
@@ -431,14 +439,14 @@ class GpuDecoder:
 
     def _new_native_decoder(self, lib: native.Library) -> native.BatchDecoder:
         return self._first_decoder(lambda backends: native.BatchDecoder(
-            lib, self.device.index, backends=backends, options=_DECODER_OPTIONS, cpu_threads=self.cpu_threads),
+            lib, self.device.index, backends=backends, options=decoder_options(), cpu_threads=self.cpu_threads),
             native.Unavailable)
 
     def _new_decoder(self, nvimgcodec: Any) -> Any:
         def make(backends):
             chosen = None if backends is None else [
                 nvimgcodec.Backend(getattr(nvimgcodec.BackendKind, kind), load_hint=load) for kind, load in backends]
-            return nvimgcodec.Decoder(device_id=self.device.index, backends=chosen, options=_DECODER_OPTIONS,
+            return nvimgcodec.Decoder(device_id=self.device.index, backends=chosen, options=decoder_options(),
                                       max_num_cpu_threads=self.cpu_threads)
         # nvImageCodec raises its own exception type when a backend is unsupported
         return self._first_decoder(make, Exception)
