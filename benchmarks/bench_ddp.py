@@ -120,7 +120,8 @@ def rank_main(args) -> int:
     mem = bench_gpu.MemSampler(dev)
     mem.start()
     if args.feed == "dali":
-        args.threads = args.threads or max(1, len(os.sched_getaffinity(0)) // world)
+        from ingest import defaults
+        args.threads = args.threads or defaults.cores()   # this rank's share of the host, as ingest's threads take
         feed = bench_gpu.build_dali(args, dev, shard=(rank, world))
     else:
         args.ingest_workers = None   # ingest's defaults, as bench_gpu's variant a
