@@ -6,7 +6,10 @@ adds DALI's variant ``d`` to each round. Machines differ by more than most setti
 moved 18% between sessions), so a setting is only ever compared with the first one in the same round: the JSON
 has every run's headline (loader img/s, training img/s, the GPU's time per step and the share it stalled for
 batches, peak memory, each stage's cost beside training) and, per setting, its training rate over the first
-setting's in each round.
+setting's in each round. ``--synthetic`` adds the same model trained on synthetic data (variant ``s``) to each
+round: its GPU time per step depends on nothing but the host, so a round whose synthetic step is over 5% above the
+session's fastest ran on a slowed GPU (other tenants; H100 hosts here ran ResNet-18's step at 26 to 43 ms), and
+each setting's ``mean_steady`` leaves such rounds out.
 
     python benchmarks/bench_settings.py --data /dev/shm/ingest_bench_20k --out $OUT/settings.json \\
         --setting auto=INGEST_HW_DECODER_LOAD=auto --setting split=INGEST_HW_DECODER_LOAD=0.65 --rounds 3
@@ -37,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a named setting: INGEST_* variables for its runs (NAME= alone: the defaults)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--dali", action="store_true", help="DALI's variant d in each round too")
+    p.add_argument("--synthetic", action="store_true",
+                   help="the model on synthetic data (variant s) in each round too, to flag rounds on a slowed host")
     p.add_argument("--seconds", type=float, default=5.0, help="bench_gpu --seconds (the loader alone)")
     p.add_argument("--train-seconds", type=float, default=10.0)
     p.add_argument("--warmup-seconds", type=float, default=2.0)
@@ -46,6 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     names = [n for n, _ in a.settings]
     if len(set(names)) != len(names):
         p.error(f"setting names must differ, got {names}")
+    if {"dali", "synthetic"} & set(names):
+        p.error("'dali' and 'synthetic' name the reference runs; give the setting another name")
     return a
 
 
@@ -74,13 +81,27 @@ def headline(result: dict) -> dict:
             "buffers": stats.get("buffers"), "train": {k: train[k] for k in keys if k in train}}
 
 
+STEADY = 1.05   # a round whose synthetic GPU step is more than this over the session's fastest ran on a slowed host
+
+
+def steady_rounds(rounds: list[dict]) -> list[int] | None:
+    """The rounds whose synthetic-data GPU step is within `STEADY` of the fastest round's (None: no synthetic runs)."""
+    steps = [_get(r.get("synthetic") or {}, "train", "gpu_step_ms") for r in rounds]
+    if not any(steps):
+        return None
+    fastest = min(s for s in steps if s)
+    return [k for k, s in enumerate(steps) if s and s <= fastest * STEADY]
+
+
 def compare(rounds: list[dict], names: list[str]) -> dict:
     """Per setting, its training img/s over the first setting's in each round (None where either failed), their
-    mean, and in how many rounds it was faster; with DALI, each setting's over DALI's in the same round."""
+    mean, and in how many rounds it was faster; with DALI, each setting's over DALI's in the same round. With
+    synthetic runs, also ``steady_rounds`` (`steady_rounds`) and each setting's mean over those alone."""
     def train(run):
         return _get(run or {}, "train", "img_s")
 
-    out = {}
+    steady = steady_rounds(rounds)
+    out = {} if steady is None else {"steady_rounds": steady}
     base = names[0]
     for name in names:
         per = [_ratio(train(r.get(name)), train(r.get(base))) for r in rounds]
@@ -88,6 +109,9 @@ def compare(rounds: list[dict], names: list[str]) -> dict:
         got = [x for x in per if x is not None]
         if got and name != base:
             row["mean"], row["faster_rounds"] = round(statistics.mean(got), 4), sum(x > 1 for x in got)
+            calm = [per[k] for k in steady or () if per[k] is not None]
+            if calm:
+                row["mean_steady"] = round(statistics.mean(calm), 4)
         if any("dali" in r for r in rounds):
             row["train_over_dali"] = [_ratio(train(r.get(name)), train(r.get("dali"))) for r in rounds]
         out[name] = row
@@ -125,6 +149,9 @@ def main(argv=None) -> int:
         if args.dali:
             report_d = run_bench(args, "d", {}, runs_dir / f"dali_r{rnd}.json")
             this["dali"] = headline(report_d.get("results", {}).get("dali_mixed", report_d))
+        if args.synthetic:
+            report_s = run_bench(args, "s", {}, runs_dir / f"synthetic_r{rnd}.json")
+            this["synthetic"] = headline(report_s.get("results", {}).get("synthetic", report_s))
         report["rounds"].append(this)
         report["compared"] = compare(report["rounds"], names)
         out.write_text(json.dumps(report, indent=1) + "\n")

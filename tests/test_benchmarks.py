@@ -61,6 +61,23 @@ def test_bench_settings_pairs_each_setting_with_the_first_in_its_round():
     assert got["b"] == {"train_over_a": [1.1, 0.9, None], "mean": 1.0, "faster_rounds": 1,
                         "train_over_dali": [0.55, 1.8, None]}
     assert got["a"]["train_over_a"] == [1.0, 1.0, None] and "mean" not in got["a"]
+    assert "steady_rounds" not in got
+
+
+def test_bench_settings_leaves_rounds_on_a_slowed_host_out_of_the_steady_mean():
+    import bench_settings
+    run = lambda img_s, step=None: {"train": {"img_s": img_s, **({"gpu_step_ms": step} if step else {})}}  # noqa: E731
+    rounds = [{"a": run(100), "b": run(110), "synthetic": run(500, 20.0)},
+              {"a": run(100), "b": run(80), "synthetic": run(400, 24.0)},      # 20% slower GPU: not steady
+              {"a": run(100), "b": run(104), "synthetic": run(490, 20.9)},     # within 5% of the fastest
+              {"a": run(100), "b": run(100), "synthetic": {"error": "failed", "train": {}}}]
+    assert bench_settings.steady_rounds(rounds) == [0, 2]
+    got = bench_settings.compare(rounds, ["a", "b"])
+    assert got["steady_rounds"] == [0, 2]
+    assert got["b"]["mean"] == 0.985 and got["b"]["mean_steady"] == 1.07
+    assert "mean_steady" not in got["a"]
+    with pytest.raises(SystemExit):
+        bench_settings.parse_args(["--out", "x.json", "--setting", "dali=INGEST_DECODE_THREADS=1"])
 
 
 def test_bench_settings_runs_each_setting_with_its_environment(tmp_path):
@@ -68,7 +85,7 @@ def test_bench_settings_runs_each_setting_with_its_environment(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_settings.py"), "--dry-run",
                            "--out", str(out), "--rounds", "1", "--seconds", "0.5", "--train-seconds", "0.5",
                            "--warmup-seconds", "0.2", "--setting", "plain=",
-                           "--setting", "one=INGEST_DECODE_THREADS=1"],
+                           "--setting", "one=INGEST_DECODE_THREADS=1", "--synthetic"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
@@ -77,3 +94,4 @@ def test_bench_settings_runs_each_setting_with_its_environment(tmp_path):
     for name in ("plain", "one"):
         assert only[name]["error"] is None and only[name]["train"]["img_s"] > 0, only[name]
     assert report["compared"]["one"]["train_over_plain"][0] > 0
+    assert only["synthetic"]["error"] is None and only["synthetic"]["train"]["img_s"] > 0, only["synthetic"]
