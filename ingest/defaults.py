@@ -17,10 +17,14 @@
 | keep_freed_memory | INGEST_KEEP_FREED_MEMORY | auto  | auto: glibc keeps freed memory for reuse in the training process once a Loader runs its pipeline there (`ingest._malloc.keep_freed_memory`); off: leave its malloc alone |
 
 "cores" is this process's share of the host (`cores`): the CPUs it may run on (its affinity, which a container's
-or a batch job's cpuset narrows where `os.cpu_count` still counts the whole machine) over torchrun's
-``LOCAL_WORLD_SIZE`` processes, which share them. Each rank of two on a 32-core host therefore starts the
-threads one process starts on a 16-core host, and a job given 8 cores of a 128-core node starts 8 decode
-threads, not 128. Where each rank is bound to its own cores (its affinity already its share), set the counts.
+or a batch job's cpuset narrows where `os.cpu_count` still counts the whole machine) over the torchrun ranks
+that share them. Each rank of two on a 32-core host therefore starts the threads one process starts on a 16-core
+host, and a job given 8 cores of a 128-core node starts 8 decode threads, not 128. How many ranks share this
+process's CPUs: torchrun's ``LOCAL_WORLD_SIZE`` times the part of the job's CPUs (its cgroup's cpuset) that the
+affinity covers, so a rank bound to its own cores (``torchrun --numa-binding=exclusive``) keeps them all, and
+eight ranks bound to their GPU's NUMA node of a two-node host (``--numa-binding=node``) count four to a node.
+Where the cpuset cannot be read, every local rank is taken to share the affinity. A CPU quota (a container's
+``--cpus``) is not a cpuset and is not seen: set the counts there.
 
 ``ops_threads``: torch runs a thread's CPU ops on every core by default, but beside the decode pool that
 oversubscribes the cores, and OpenMP threads spin while they wait: on 2 cores the ops of a 128-image batch
@@ -84,6 +88,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .errors import ConfigError
@@ -197,13 +202,63 @@ def ops_threads() -> int:
 
 def cores() -> int:
     """This process's share of the host's cores, which the thread defaults follow: the CPUs it may run on over
-    the ``LOCAL_WORLD_SIZE`` processes torchrun started on this host (at least one)."""
+    the torchrun ranks on this host that share them (`sharing`; at least one)."""
     mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
         ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
     except ValueError:
         raise ConfigError(f"LOCAL_WORLD_SIZE must be a process count, got {os.environ['LOCAL_WORLD_SIZE']!r}") from None
-    return max(1, mine // ranks)
+    return max(1, mine // sharing(mine, ranks, job_cpus() if ranks > 1 else None))
+
+
+def sharing(mine: int, ranks: int, job: int | None) -> int:
+    """How many of a host's ``ranks`` processes share the ``mine`` CPUs of one's affinity, the job having ``job``
+    CPUs (None: unknown, then all of them): the ranks spread evenly over the job's CPUs, so those an affinity of a
+    quarter of them holds are a quarter of the ranks (1 to ``ranks``). Not bound, every rank's affinity is the
+    whole cpuset; bound to its own cores, one; bound to its GPU's NUMA node, that node's share."""
+    if job is None or job < mine:
+        return ranks
+    return min(ranks, max(1, int(ranks * mine / job + 0.5)))   # halves round up: fewer threads each
+
+
+CGROUPS, CGROUP_FS = Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")   # module values, so tests can move them
+
+
+def job_cpus() -> int | None:
+    """How many CPUs this process's cgroup lets its job use (the cpuset of the container or batch job; an
+    affinity set inside it, as torchrun's NUMA binding sets, does not change it), or None where no cpuset is
+    found. cgroup v2: ``cpuset.cpus.effective`` of the process's group or the nearest parent that has one; v1:
+    the cpuset hierarchy's ``cpuset.effective_cpus``."""
+    try:
+        lines = CGROUPS.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, group = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            root, name = CGROUP_FS, "cpuset.cpus.effective"
+        elif "cpuset" in controllers.split(","):
+            root, name = CGROUP_FS / "cpuset", "cpuset.effective_cpus"
+        else:
+            continue
+        here = root / group.strip().lstrip("/")
+        for folder in (here, *[p for p in here.parents if p.is_relative_to(root)]):
+            try:
+                count = cpu_list_size((folder / name).read_text())
+            except (OSError, ValueError):
+                continue
+            if count:
+                return count
+    return None
+
+
+def cpu_list_size(text: str) -> int:
+    """How many CPUs a kernel CPU list names (``0-3,8-11`` is 8; empty is 0). ValueError if it is not one."""
+    count = 0
+    for part in filter(None, text.strip().split(",")):
+        first, _, last = part.partition("-")
+        count += int(last or first) - int(first) + 1
+    return count
 
 
 def names() -> list[str]:

@@ -179,6 +179,7 @@ def test_arenas_handed_back_go_to_the_next_taker_and_a_new_size_drops_them():
 
 def test_decoders_share_this_process_share_of_the_cores(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    monkeypatch.setattr("ingest.defaults.job_cpus", lambda: 32)   # not bound: the ranks share the job's CPUs
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert decode_gpu.cpu_threads_each(1) == 32 and decode_gpu.cpu_threads_each(2) == 16
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")            # two torchrun ranks on this host

@@ -190,6 +190,7 @@ def test_thread_defaults_follow_this_process_share_of_the_host(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 128)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(40, 72)), raising=False)  # a 32-CPU cpuset
+    monkeypatch.setattr(defaults, "job_cpus", lambda: 32)   # the job's cpuset: every rank may run on all of it
     assert defaults.cores() == 32
     assert [defaults.get("io_threads"), defaults.get("decode_threads"), defaults.ops_threads()] == [32, 32, 16]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")   # two torchrun ranks share it: each gets what 16 cores give
@@ -205,6 +206,51 @@ def test_thread_defaults_follow_this_process_share_of_the_host(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
     with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE must be a process count, got 'two'"):
         defaults.cores()
+
+
+def test_ranks_bound_to_their_own_cores_or_numa_node_keep_their_share(monkeypatch):
+    """torchrun --numa-binding narrows each rank's affinity inside the job's cpuset: the ranks sharing it are
+    the part of the job's CPUs it covers, not all of LOCAL_WORLD_SIZE (which left an exclusively bound rank of
+    eight 2 of its 16 cores)."""
+    for name in ("INGEST_DECODE_THREADS", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setattr(defaults, "job_cpus", lambda: 128)   # 8 GPUs, 128 CPUs in two NUMA nodes of 64
+    for affinity, share in ((range(16, 32), 16),     # --numa-binding=exclusive: its own 16 cores
+                            (range(64, 128), 16),    # =node: four ranks to a node
+                            (range(0, 128), 16),     # not bound: all eight share all of them
+                            (range(0, 24), 12)):     # uneven: 1.5 ranks' worth of CPUs, taken as 2
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid, a=affinity: set(a), raising=False)
+        assert defaults.cores() == share and defaults.get("decode_threads") == share, affinity
+    monkeypatch.setattr(defaults, "job_cpus", lambda: None)   # no cpuset found: every rank shares the affinity
+    assert defaults.cores() == 3
+    assert [defaults.sharing(16, 8, j) for j in (None, 8, 16, 32, 128, 1000)] == [8, 8, 8, 4, 1, 1]
+
+
+@pytest.mark.parametrize("layout", ["v2", "v2-parent", "v1", "none"])
+def test_the_job_cpuset_is_read_from_the_process_cgroup(tmp_path, monkeypatch, layout):
+    fs = tmp_path / "cgroup"
+    if layout.startswith("v2"):
+        (tmp_path / "self").write_text("0::/job.slice/step_0\n")
+        group = fs / "job.slice" / "step_0"
+        group.mkdir(parents=True)   # the step's own group has no cpuset controller: its parent's set applies
+        ((fs / "job.slice") if layout == "v2-parent" else group).joinpath("cpuset.cpus.effective").write_text(
+            "0-15,64-79\n")
+    elif layout == "v1":
+        (tmp_path / "self").write_text("4:memory:/other\n3:cpuset,cpuacct:/docker/abc\n0::/\n")
+        (fs / "cpuset" / "docker" / "abc").mkdir(parents=True)
+        (fs / "cpuset" / "docker" / "abc" / "cpuset.effective_cpus").write_text("0-15,64-79\n")
+    else:
+        (tmp_path / "self").write_text("0::/\n")
+        fs.mkdir()
+    monkeypatch.setattr(defaults, "CGROUPS", tmp_path / "self")
+    monkeypatch.setattr(defaults, "CGROUP_FS", fs)
+    assert defaults.job_cpus() == (None if layout == "none" else 32)
+    monkeypatch.setattr(defaults, "CGROUPS", tmp_path / "missing")
+    assert defaults.job_cpus() is None
+    assert [defaults.cpu_list_size(t) for t in ("0", "0-3,8-11", "5,7\n", "")] == [1, 8, 2, 0]
+    with pytest.raises(ValueError):
+        defaults.cpu_list_size("0-x")
 
 
 def test_shared_reader_takes_its_buffers_in_turn_and_grows_them(tmp_path):
