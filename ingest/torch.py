@@ -139,7 +139,7 @@ class Loader:
             raise ConfigError(f"Unknown worker_stages {worker_stages!r}. Available: auto, "
                               f"{', '.join(WORKER_STAGES)}")
         # "auto" is "all": "read" trained slower beside ResNet-18 on an H100, at a quarter of the GPU memory
-        # (docs/design.md), so it is a choice to make, not the default, until it trains faster.
+        # (docs/measurements.md), so it is a choice to make, not the default, until it trains faster.
         self.worker_stages = ("all" if worker_stages == "auto" else worker_stages) if num_workers else None
         if self.worker_stages != "all":   # this process runs the pipeline, or its decode and ops
             if defaults.get("keep_freed_memory") == "auto":
@@ -485,7 +485,7 @@ def auto_workers(device: torch.device, decode: str, fields: dict) -> int:
 
     GPU decode, raw shards and the fused ops cost a few Python calls per batch, so they run in the training
     process: one CUDA context, no copy between processes. On an H100 (ResNet-18 fed by 256-image batches of
-    JPEGs, `docs/design.md`) that trained as fast as four full workers (7.9-8.4k against 7.8k img/s) at a
+    JPEGs, `docs/measurements.md`) that trained as fast as four full workers (7.9-8.4k against 7.8k img/s) at a
     fraction of their GPU memory (each worker holds its own context and decode buffers)."""
     python_bound = decode == "cpu" or "boxes" in fields
     return min(4, max(1, defaults.cores() // 4)) if device.type == "cuda" and python_bound else 0
