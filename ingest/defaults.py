@@ -234,7 +234,7 @@ def job_cpus() -> int | None:
     except OSError:
         return None
     for line in lines:
-        _, controllers, group = (line.split(":", 2) + ["", ""])[:3]
+        controllers, _, group = line.partition(":")[2].partition(":")   # "id:controllers:path"
         if controllers == "":
             root, name = CGROUP_FS, "cpuset.cpus.effective"
         elif "cpuset" in controllers.split(","):
