@@ -312,12 +312,7 @@ class ByteReader:
         read nothing, where KvikIO should read some tasks and not others (`read_rows` then splits the batch)."""
         n = len(offsets)
         row = out.numel() * out.element_size() // n
-        # A CUDA batch that KvikIO may read in order is planned at a stand-in address first: only rows that
-        # go through preadv need the pinned staging buffer (taking one grew the ring to a batch per slot).
-        if not out.is_cuda:
-            host = out.numpy().view(np.uint8).reshape(-1)
-        else:
-            host = None if kvikio else self._staging.take(n * row)
+        host = self._staging.take(n * row) if out.is_cuda else out.numpy().view(np.uint8).reshape(-1)
         files, offsets = np.ascontiguousarray(files), np.ascontiguousarray(offsets)
         listed = files.tolist()
         if listed and min(listed) < 0:
@@ -330,25 +325,18 @@ class ByteReader:
         fds, starts, want, dense = (np.empty(n, dtype=np.int64) for _ in range(4))
         first, lens, addrs = np.empty(n + 1, dtype=np.int64), np.empty(2 * n, dtype=np.int64), \
             np.empty(2 * n, dtype=np.uint64)
-        def plan(base: int) -> tuple[int, int, int, int]:
-            return NATIVE.plan_rows(files, offsets, None, table, row, COALESCE_GAP, READ_CHUNK, MAX_RUN_ROWS, base,
-                                    n * row, fds, starts, first, addrs, lens, want, dense)
-
-        base = host.ctypes.data if host is not None else _PLAN_BASE
-        tasks, segments, total, longest = plan(base)
+        tasks, segments, total, longest = NATIVE.plan_rows(
+            files, offsets, None, table, row, COALESCE_GAP, READ_CHUNK, MAX_RUN_ROWS, host.ctypes.data, host.nbytes,
+            fds, starts, first, addrs, lens, want, dense)
         if kvikio and longest >= self._kvikio_min_read:
             if not dense[:tasks].all():
                 return False
-            # A task's first row, from its first address (row k lands at byte k * row from ``base``).
-            lead = ((addrs[first[:tasks]] - np.uint64(base)) // np.uint64(row)).astype(np.int64)
+            # A task's first row, from its first address (row k lands at byte k * row of ``host``).
+            lead = ((addrs[first[:tasks]] - np.uint64(host.ctypes.data)) // np.uint64(row)).astype(np.int64)
             runs = [Run(file_of[fd], at, size, np.arange(k, k + size // row), _ZERO, True) for fd, at, size, k in
                     zip(fds[:tasks].tolist(), starts[:tasks].tolist(), want[:tasks].tolist(), lead.tolist())]
             self._rows_kvikio(paths, runs, _rows_of(out, n), handles)
             return True
-        if host is None:   # preadv after all: into a staging buffer, planned again at its address (one more
-            # native call with the GIL kept, ~30 us for 512 shuffled rows on 2 cores)
-            host = self._staging.take(n * row)
-            tasks, segments, total, longest = plan(host.ctypes.data)
         got = np.empty(tasks, dtype=np.int64)
         threads = max(1, min(self.threads, max(-(-tasks // MIN_SHARE), total >> 20)))
         NATIVE.read([None] * tasks, fds[:tasks], starts[:tasks], first[:tasks + 1], addrs[:segments],
@@ -534,9 +522,6 @@ READ_CHUNK = 16 << 20
 #: thread). A shuffled batch of 512 x 196 KB rows from page cache on an H100 host, compat mode:
 #: KvikIO per read 50k rows/s, native preadv 90k; 512 consecutive rows (16 MiB reads): KvikIO 134k, native 76k.
 KVIKIO_MIN_READ = 1 << 20
-# Where `ByteReader._rows_native` plans a CUDA batch before it knows whether preadv needs a staging buffer: any
-# address but 0, which the plan gives the gap segments it reads and drops.
-_PLAN_BASE = 1 << 40
 #: Rows per read at most: a posix read scatters with two iovecs per row, and IOV_MAX is 1024 on Linux.
 MAX_RUN_ROWS = 512
 

@@ -65,22 +65,6 @@ def test_read_batch_into_cuda_equals_written_arrays(tmp_path, align, order, io):
     assert np.array_equal(out.cpu().numpy(), np.stack([images[i] for i in idx]))
 
 
-def test_a_batch_kvikio_reads_in_order_takes_no_pinned_staging(tmp_path):
-    """Read in order, a batch goes to KvikIO straight into its rows: the reader's pinned ring stays empty (a
-    staging buffer taken for it anyway grew each slot to a batch). Shuffled, its small reads are staged."""
-    images = images_of(48)
-    src = write(tmp_path, images, shards=2, align=256)
-    with kvikio_reader(threads=4, threshold=0) as reader:
-        out = src.read_batch(np.arange(48), src.batch_buffer(48, "cuda"), reader)
-        assert np.array_equal(out.cpu().numpy(), np.stack(images))
-        assert "_staging" not in vars(reader) or not any(vars(reader)["_staging"]._slots)
-        reader._kvikio_min_read = 1 << 20   # the default: these 768-byte rows are small reads
-        idx = np.random.default_rng(2).permutation(48)
-        out = src.read_batch(idx, src.batch_buffer(48, "cuda"), reader)
-        assert np.array_equal(out.cpu().numpy(), np.stack([images[i] for i in idx]))
-        assert any(reader._staging._slots)
-
-
 def test_kvikio_and_posix_paths_give_identical_bytes(tmp_path):
     images = [textured(64, 48, seed=i) for i in range(64)]
     src = write(tmp_path, images, shards=2)
