@@ -20,12 +20,14 @@ declared in pyproject.toml.
 from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+# no fused multiply-adds: arithmetic that the Python planner does in numpy must round as numpy's does
+EXACT = FLAGS + ["-ffp-contract=off"]
+NATIVE = ["ingest/_native"]   # headers shared by the extensions and the native engine
 
 setup(ext_modules=[
     Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS),
-    # no fused multiply-adds: its arithmetic must round as numpy's (the fallback) does
-    Extension("ingest._random", ["ingest/_random.c"], optional=True, extra_compile_args=FLAGS + ["-ffp-contract=off"],
-              libraries=["m"]),
+    Extension("ingest._random", ["ingest/_random.c"], optional=True, extra_compile_args=EXACT, include_dirs=NATIVE,
+              depends=["ingest/_native/random_core.h"], libraries=["m"]),
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),

@@ -1,10 +1,9 @@
 /* The per-sample random numbers of `ingest.random.SampleRandom.random` for a whole batch in one call, holding
  * the GIL: numpy's version is ~15 array operations, each of which lets the GIL go on arrays of more than 500
  * elements (a [256, 10] draw is 2,560), and beside a busy Python thread each such release costs up to a
- * switch interval (5 ms) to get the GIL back. The arithmetic is the module's exactly (uint64, wrapping):
+ * switch interval (5 ms) to get the GIL back. The arithmetic is the module's exactly, defined in
+ * ingest/_native/random_core.h (shared with the native planner, ingest/_native/plan.c):
  *
- *   mix(x)        splitmix64's finalizer
- *   combine(h, v) mix(h ^ mix(v + GOLDEN))
  *   h[n]          combine(keys[n], call)
  *   bits[n, j]    combine(h[n], j)            (k columns), or mix(h[n]) (k < 0: one number per sample)
  *   out           (bits >> 11) * 2**-53       (a double in [0, 1), exact)
@@ -26,22 +25,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <math.h>
-#include <stdint.h>
 
-#define GOLDEN 0x9E3779B97F4A7C15ULL
-
-static inline uint64_t mix(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xBF58476D1CE4E5B9ULL;
-    x ^= x >> 27;
-    x *= 0x94D049BB133111EBULL;
-    return x ^ (x >> 31);
-}
-
-static inline uint64_t combine(uint64_t h, uint64_t v) { return mix(h ^ mix(v + GOLDEN)); }
-
-static inline double unit(uint64_t x) { return (double)(x >> 11) * 0x1.0p-53; }
+#include "random_core.h"   /* ingest/_native: the arithmetic, shared with the native planner */
 
 static PyObject *py_uniform(PyObject *self, PyObject *args) {
     Py_buffer keys, out;
@@ -59,45 +44,18 @@ static PyObject *py_uniform(PyObject *self, PyObject *args) {
     const uint64_t *key = keys.buf;
     double *o = out.buf;
     for (Py_ssize_t n = 0; n < b; ++n) {
-        uint64_t h = combine(key[n], (uint64_t)call);
+        uint64_t h = ing_combine(key[n], (uint64_t)call);
         if (k < 0)
-            o[n] = unit(mix(h));
+            o[n] = ing_unit(ing_mix(h));
         else
             for (Py_ssize_t j = 0; j < k; ++j)
-                o[n * k + j] = unit(combine(h, (uint64_t)j));
+                o[n * k + j] = ing_unit(ing_combine(h, (uint64_t)j));
     }
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&keys);
     PyBuffer_Release(&out);
     return result;
-}
-
-/* One sample of resized_crops; u: 20 numbers of the first call, at: 2 of the second. */
-static void resized_crop(int64_t h, int64_t w, const double *u, const double *at, const double scale[2],
-                         const double ratio[2], int64_t *out) {
-    double lo = log(ratio[0]), hi = log(ratio[1]);
-    int64_t ch = 0, cw = 0;
-    int found = 0;
-    for (int j = 0; j < 10 && !found; ++j) {
-        double area = (double)(h * w) * (scale[0] + (scale[1] - scale[0]) * u[j]);
-        double aspect = exp(lo + (hi - lo) * u[10 + j]);
-        int64_t tw = (int64_t)rint(sqrt(area * aspect)), th = (int64_t)rint(sqrt(area / aspect));
-        if (tw > 0 && tw <= w && th > 0 && th <= h)
-            cw = tw, ch = th, found = 1;
-    }
-    if (found) {
-        out[0] = (int64_t)(at[0] * (double)(h - ch + 1));
-        out[1] = (int64_t)(at[1] * (double)(w - cw + 1));
-    } else {   /* the whole image, narrowed to the nearest allowed aspect */
-        double in_ratio = (double)w / (double)h;
-        cw = in_ratio > ratio[1] ? (int64_t)rint((double)h * ratio[1]) : w;
-        ch = in_ratio < ratio[0] ? (int64_t)rint((double)w / ratio[0]) : h;
-        out[0] = (h - ch) / 2;
-        out[1] = (w - cw) / 2;
-    }
-    out[2] = ch;
-    out[3] = cw;
 }
 
 static PyObject *py_resized_crops(PyObject *self, PyObject *args) {
@@ -122,15 +80,9 @@ static PyObject *py_resized_crops(PyObject *self, PyObject *args) {
                          (long long)hw[2 * n + 1]);
             goto done;
         }
-    for (Py_ssize_t n = 0; n < b; ++n) {
-        double u[20], at[2];
-        uint64_t first = combine(key[n], (uint64_t)call), second = combine(key[n], (uint64_t)call + 1);
-        for (int j = 0; j < 20; ++j)
-            u[j] = unit(combine(first, (uint64_t)j));
-        for (int j = 0; j < 2; ++j)
-            at[j] = unit(combine(second, (uint64_t)j));
-        resized_crop(hw[2 * n], hw[2 * n + 1], u, at, scale, ratio, (int64_t *)out.buf + 4 * n);
-    }
+    for (Py_ssize_t n = 0; n < b; ++n)
+        ing_resized_crop_keyed(key[n], (uint64_t)call, hw[2 * n], hw[2 * n + 1], scale, ratio,
+                               (int64_t *)out.buf + 4 * n);
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&keys);
