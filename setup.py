@@ -10,6 +10,9 @@
 - ``ingest._random``: a batch's per-sample uniform numbers (`ingest.random.SampleRandom.random`), and its
   RandomResizedCrop regions, in one call holding the GIL each; without it numpy makes the same numbers, in
   many more calls, letting the GIL go on large arrays.
+- ``ingest._plan``: the native planner (``ingest/_native/plan.c``: a batch's draws, composed warp and warp
+  kernel arguments in C, as the Python planner makes them) bound for `ingest.native_plan` and its tests; the
+  native engine compiles the same file. Without it the Python planner is the only one.
 - ``ingest.ops._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
   the same loop through ctypes, slower beside busy Python threads (``ingest.ops._nvimgcodec``).
 
@@ -28,6 +31,9 @@ setup(ext_modules=[
     Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest._random", ["ingest/_random.c"], optional=True, extra_compile_args=EXACT, include_dirs=NATIVE,
               depends=["ingest/_native/random_core.h"], libraries=["m"]),
+    Extension("ingest._plan", ["ingest/_native/plan_py.c", "ingest/_native/plan.c"], optional=True,
+              extra_compile_args=EXACT, include_dirs=NATIVE,
+              depends=["ingest/_native/plan.h", "ingest/_native/random_core.h"], libraries=["m"]),
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),

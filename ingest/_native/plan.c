@@ -1,0 +1,384 @@
+/* The native planner (plan.h): ingest/ops/planner.py's `plan` for the chains plan.h lists, then
+ * _warp_kernel.pack's argument rows, in the same double operations in the same order (built with
+ * -ffp-contract=off), so that both give the same numbers. Each step names the Python it mirrors. */
+#include "plan.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "random_core.h"
+
+#define BLOCK_X 32   /* _warp_kernel._BLOCK */
+#define BLOCK_Y 8
+
+const char *ing_strerror(int code) {
+    switch (code) {
+    case ING_OK: return "ok";
+    case ING_EINVAL: return "a malformed chain description or argument";
+    case ING_EUNSUPPORTED: return "a chain the native planner does not run";
+    case ING_ESIZE: return "a size below 1 x 1, or a negative dataset index or epoch";
+    default: return "unknown error";
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- parsing */
+
+/* An integer held exactly in a double, within [lo, hi]; else -1 (callers' ranges exclude it). */
+static int64_t whole(double v, int64_t lo, int64_t hi) {
+    if (!(v >= (double)lo && v <= (double)hi) || v != floor(v))
+        return -1;
+    return (int64_t)v;
+}
+
+static int parse_op(const double *r, ing_op *op) {
+    memset(op, 0, sizeof *op);
+    op->kind = (int32_t)whole(r[0], 0, 1000);
+    switch (op->kind) {
+    case ING_RESIZE:
+        op->mode = (int32_t)whole(r[1], 0, 2);
+        op->size[0] = whole(r[2], 1, INT32_MAX);
+        op->size[1] = op->mode == ING_RESIZE_SIZE ? whole(r[3], 1, INT32_MAX) : 0;
+        op->max_size = whole(r[4], 0, INT32_MAX);
+        op->interpolation = (int32_t)whole(r[5], 0, 2);
+        op->antialias = (int32_t)whole(r[6], 0, 1);
+        if (op->mode < 0 || op->size[0] < 0 || op->size[1] < 0 || op->max_size < 0 || op->interpolation < 0 ||
+            op->antialias < 0 || (op->max_size && (op->mode != ING_RESIZE_SHORTER || op->max_size <= op->size[0])))
+            return ING_EINVAL;
+        return ING_OK;
+    case ING_CENTER_CROP:
+    case ING_RANDOM_RESIZED_CROP:
+        op->size[0] = whole(r[1], 1, INT32_MAX);
+        op->size[1] = whole(r[2], 1, INT32_MAX);
+        if (op->size[0] < 0 || op->size[1] < 0)
+            return ING_EINVAL;
+        if (op->kind == ING_CENTER_CROP)
+            return ING_OK;
+        op->scale[0] = r[3], op->scale[1] = r[4], op->ratio[0] = r[5], op->ratio[1] = r[6];
+        op->interpolation = (int32_t)whole(r[7], 0, 2);
+        op->antialias = (int32_t)whole(r[8], 0, 1);
+        /* geometry._range: 0 < min <= max, finite */
+        if (!(0.0 < op->scale[0] && op->scale[0] <= op->scale[1] && isfinite(op->scale[1])) ||
+            !(0.0 < op->ratio[0] && op->ratio[0] <= op->ratio[1] && isfinite(op->ratio[1])) ||
+            op->interpolation < 0 || op->antialias < 0)
+            return ING_EINVAL;
+        return ING_OK;
+    case ING_FLIP:
+        op->p = r[1];
+        op->horizontal = (int32_t)whole(r[2], 0, 1);
+        op->vertical = (int32_t)whole(r[3], 0, 1);
+        if (!(op->p >= 0.0 && op->p <= 1.0) || op->horizontal < 0 || op->vertical < 0 ||
+            !(op->horizontal || op->vertical))
+            return ING_EINVAL;
+        return ING_OK;
+    default:
+        return ING_EUNSUPPORTED;
+    }
+}
+
+int ing_chain_parse(ing_chain *chain, const double *desc, int64_t len, uint64_t seed) {
+    if (!chain || !desc || len < 2 * ING_RECORD)
+        return ING_EINVAL;
+    if (desc[0] != ING_DESC_VERSION)
+        return ING_EUNSUPPORTED;
+    memset(chain, 0, sizeof *chain);
+    int64_t nops = whole(desc[1], 1, ING_MAX_OPS);
+    chain->channels = (int32_t)whole(desc[2], 1, 4);
+    chain->normalize = (int32_t)whole(desc[3], 0, 1);
+    chain->kind = (int32_t)whole(desc[4], 0, 3);
+    chain->nchw = (int32_t)whole(desc[5], 0, 1);
+    if (nops < 0 || chain->channels < 0 || chain->normalize < 0 || chain->kind < 0 || chain->nchw < 0 ||
+        len != ING_RECORD * (2 + nops))
+        return ING_EINVAL;
+    chain->nops = (int32_t)nops;
+    for (int c = 0; c < 4; ++c) {
+        chain->a[c] = desc[6 + c];
+        chain->b[c] = desc[10 + c];
+        chain->fill[c] = desc[ING_RECORD + c];
+    }
+    for (int k = 0; k < chain->nops; ++k) {
+        int err = parse_op(desc + ING_RECORD * (2 + k), &chain->ops[k]);
+        if (err)
+            return err;
+    }
+    chain->seed = seed;
+    return ING_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- planning */
+
+/* One op on one sample (GeometryOp._steps, one row): its map (3x3, output -> input), output size, the input
+ * region it reads (crop: x0 y0 x1 y1, or none: the whole input) and whether it resamples. */
+typedef struct {
+    double m[9];
+    int64_t out[2];
+    double crop[4];
+    int cropped, resamples;
+} step;
+
+static void identity(double m[9]) {
+    memset(m, 0, 9 * sizeof *m);
+    m[0] = m[4] = m[8] = 1.0;
+}
+
+/* Resize._output_sizes, one row, in its int64 and float64 operations. */
+static void resize_size(const ing_op *op, int64_t h, int64_t w, int64_t out[2]) {
+    if (op->mode == ING_RESIZE_SIZE) {
+        out[0] = op->size[0], out[1] = op->size[1];
+        return;
+    }
+    int portrait = w <= h;
+    int64_t shorter = portrait ? w : h, longer = portrait ? h : w, new_short, new_long;
+    if (op->mode == ING_RESIZE_LONGER) {
+        new_short = (int64_t)((double)(op->size[0] * shorter) / (double)longer);
+        new_long = op->size[0];
+    } else {
+        new_short = op->size[0];
+        new_long = (int64_t)((double)(op->size[0] * longer) / (double)shorter);
+        if (op->max_size && new_long > op->max_size) {
+            new_short = (int64_t)((double)(op->max_size * new_short) / (double)new_long);
+            new_long = op->max_size;
+        }
+    }
+    if (new_short < 1)
+        new_short = 1;
+    out[0] = portrait ? new_long : new_short;
+    out[1] = portrait ? new_short : new_long;
+}
+
+/* CenterCrop._offset: torchvision pads (c - n) // 2 before a crop larger than the image, else anchors at
+ * round((n - c) / 2), ties to even. */
+static int64_t centre_offset(int64_t n, int64_t c) {
+    return c > n ? -((c - n) / 2) : (int64_t)rint((double)(n - c) / 2.0);
+}
+
+/* One sample through op `op` (its draws made): `hw` its input size, `key` its key, `call` the op's first call
+ * number. `params` gets the op's 4 parameters. */
+static void op_step(const ing_op *op, const int64_t hw[2], uint64_t key, uint64_t call, step *st, int64_t params[4]) {
+    double h = (double)hw[0], w = (double)hw[1];
+    identity(st->m);
+    st->cropped = st->resamples = 0;
+    memset(params, 0, 4 * sizeof *params);
+    switch (op->kind) {
+    case ING_RESIZE:
+        resize_size(op, hw[0], hw[1], st->out);
+        st->m[0] = w / (double)st->out[1];
+        st->m[4] = h / (double)st->out[0];
+        st->resamples = st->out[0] != hw[0] || st->out[1] != hw[1];
+        params[0] = st->out[0], params[1] = st->out[1];
+        break;
+    case ING_CENTER_CROP: {
+        int64_t top = centre_offset(hw[0], op->size[0]), left = centre_offset(hw[1], op->size[1]);
+        st->m[2] = (double)left, st->m[5] = (double)top;
+        st->out[0] = op->size[0], st->out[1] = op->size[1];
+        st->crop[0] = (double)left, st->crop[1] = (double)top;
+        st->crop[2] = (double)(left + op->size[1]), st->crop[3] = (double)(top + op->size[0]);
+        st->cropped = 1;
+        params[0] = st->out[0], params[1] = st->out[1];
+        break;
+    }
+    case ING_RANDOM_RESIZED_CROP: {
+        ing_resized_crop_keyed(key, call, hw[0], hw[1], op->scale, op->ratio, params);
+        double top = (double)params[0], left = (double)params[1], ch = (double)params[2], cw = (double)params[3];
+        st->m[0] = cw / (double)op->size[1], st->m[2] = left;
+        st->m[4] = ch / (double)op->size[0], st->m[5] = top;
+        st->out[0] = op->size[0], st->out[1] = op->size[1];
+        st->crop[0] = left, st->crop[1] = top, st->crop[2] = left + cw, st->crop[3] = top + ch;
+        st->cropped = 1;
+        st->resamples = params[2] != op->size[0] || params[3] != op->size[1];
+        break;
+    }
+    case ING_FLIP: {   /* Flip.draw: random(2), column 0 left-right, column 1 top-bottom */
+        uint64_t c = ing_combine(key, call);
+        int fx = op->horizontal && ing_unit(ing_combine(c, 0)) < op->p;
+        int fy = op->vertical && ing_unit(ing_combine(c, 1)) < op->p;
+        st->m[0] = fx ? -1.0 : 1.0, st->m[2] = fx ? w : 0.0;
+        st->m[4] = fy ? -1.0 : 1.0, st->m[5] = fy ? h : 0.0;
+        st->out[0] = hw[0], st->out[1] = hw[1];
+        params[0] = fx, params[1] = fy;
+        break;
+    }
+    }
+}
+
+/* The call numbers an op's draw takes (RandomResizedCrop's advance(2), Flip's random(2)). */
+static uint64_t op_calls(const ing_op *op) {
+    return op->kind == ING_RANDOM_RESIZED_CROP ? 2 : op->kind == ING_FLIP ? 1 : 0;
+}
+
+/* a @ b for 3x3 matrices, each entry summed left to right (numpy's matmul of these matrices, tested). */
+static void matmul(const double a[9], const double b[9], double out[9]) {
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+            out[3 * i + j] = a[3 * i] * b[j] + a[3 * i + 1] * b[3 + j] + a[3 * i + 2] * b[6 + j];
+}
+
+static double min2(double a, double b) { return b < a ? b : a; }
+static double max2(double a, double b) { return b > a ? b : a; }
+
+/* affine.bounds, one row: the rectangle r (x0 y0 x1 y1) mapped by m, its four corners' min and max. */
+static void bounds(const double m[9], const double r[4], double out[4]) {
+    const double xs[4] = {r[0], r[2], r[2], r[0]}, ys[4] = {r[1], r[1], r[3], r[3]};
+    for (int axis = 0; axis < 2; ++axis) {
+        const double *row = m + 3 * axis;
+        double p[4];
+        for (int k = 0; k < 4; ++k)
+            p[k] = row[0] * xs[k] + row[1] * ys[k] + row[2];
+        out[axis] = min2(min2(min2(p[0], p[1]), p[2]), p[3]);
+        out[axis + 2] = max2(max2(max2(p[0], p[1]), p[2]), p[3]);
+    }
+}
+
+int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t epoch, const int64_t *hw,
+             ing_plan_out *plan) {
+    if (!chain || n < 0 || (n && (!index || !hw || !plan || !plan->sample)) || !plan)
+        return ING_EINVAL;
+    if (epoch < 0)
+        return ING_ESIZE;
+    for (int64_t k = 0; k < n; ++k)
+        if (index[k] < 0 || hw[2 * k] < 1 || hw[2 * k + 1] < 1)
+            return ING_ESIZE;
+    uint64_t prefix = ing_prefix(chain->seed, (uint64_t)epoch);
+    int resampler = -1;   /* the last op that resamples any sample (affine.compose) */
+    for (int64_t k = 0; k < n; ++k) {
+        ing_sample *s = &plan->sample[k];
+        uint64_t key = ing_combine(prefix, (uint64_t)index[k]), call = 0;
+        int64_t cur[2] = {hw[2 * k], hw[2 * k + 1]};
+        double m[9], next[9];
+        identity(m);
+        /* affine.compose: the box starts as the whole source; an op that resamples sets it to its input
+         * region (its crop, else its whole input) mapped to the source */
+        s->box[0] = 0.0, s->box[1] = 0.0, s->box[2] = (double)cur[1], s->box[3] = (double)cur[0];
+        for (int j = 0; j < chain->nops; ++j) {
+            const ing_op *op = &chain->ops[j];
+            int64_t unused[4];
+            int64_t *params = plan->params ? plan->params + 4 * (k * chain->nops + j) : unused;
+            step st;
+            op_step(op, cur, key, call, &st, params);
+            call += op_calls(op);
+            if (st.resamples) {
+                double whole_input[4] = {0.0, 0.0, (double)cur[1], (double)cur[0]};
+                bounds(m, st.cropped ? st.crop : whole_input, s->box);
+                if (j > resampler)
+                    resampler = j;
+            }
+            if (j == 0) {
+                memcpy(m, st.m, sizeof m);
+            } else {
+                matmul(m, st.m, next);
+                memcpy(m, next, sizeof m);
+            }
+            cur[0] = st.out[0], cur[1] = st.out[1];
+        }
+        memcpy(s->matrix, m, 6 * sizeof *m);
+        s->out_hw[0] = cur[0], s->out_hw[1] = cur[1];
+        s->src_hw[0] = hw[2 * k], s->src_hw[1] = hw[2 * k + 1];
+        /* Warp.regions: floor / ceil of the box, clipped to the image */
+        double lo[2] = {floor(s->box[0]), floor(s->box[1])}, hi[2] = {ceil(s->box[2]), ceil(s->box[3])};
+        for (int a = 0; a < 2; ++a) {
+            int64_t l = (int64_t)lo[a], h = (int64_t)hi[a], size = s->src_hw[1 - a];
+            s->region[a] = l > 0 ? l : 0;
+            s->region[2 + a] = h < size ? h : size;
+        }
+    }
+    if (resampler < 0) {
+        plan->interpolation = ING_NEAREST;
+        plan->antialias = 0;
+    } else {
+        plan->interpolation = chain->ops[resampler].interpolation;
+        plan->antialias = chain->ops[resampler].antialias;
+    }
+    return ING_OK;
+}
+
+int64_t ing_out_elements(const ing_chain *chain, int64_t n, const ing_plan_out *plan) {
+    int64_t total = 0;
+    for (int64_t k = 0; k < n; ++k)
+        total += plan->sample[k].out_hw[0] * plan->sample[k].out_hw[1] * chain->channels;
+    return total;
+}
+
+/* ---------------------------------------------------------------------------------------------- packing */
+
+/* affine._dct_scale, one row: (sx, sy) = k/8 where a JPEG decoder scaling by k/8 gives exactly `arrived`
+ * from `probed` (the largest such k), else the plain size ratio per axis. */
+static void dct_scale(const int64_t probed[2], const int64_t arrived[2], double s[2]) {
+    s[0] = (double)arrived[1] / (double)(probed[1] > 1 ? probed[1] : 1);
+    s[1] = (double)arrived[0] / (double)(probed[0] > 1 ? probed[0] : 1);
+    for (int k = 1; k <= 8; ++k) {
+        int exact = 1;
+        for (int a = 0; a < 2; ++a)
+            exact &= ceil((double)(probed[a] * k) / 8.0 - 1e-9) == (double)arrived[a];
+        if (exact)
+            s[0] = s[1] = (double)k / 8.0;
+    }
+}
+
+int ing_pack(const ing_chain *chain, int64_t n, const ing_plan_out *plan, const int64_t *origins,
+             const int64_t *decoded_hw, const uint64_t *src, const int64_t *src_strides, int64_t *ip, double *fp,
+             int32_t grid[3]) {
+    if (!chain || n < 0 || !plan || !ip || !fp || !grid || (n && (!plan->sample || !decoded_hw || !src)))
+        return ING_EINVAL;
+    for (int64_t k = 0; k < n; ++k)
+        if (decoded_hw[2 * k] < 1 || decoded_hw[2 * k + 1] < 1)
+            return ING_ESIZE;
+    const int64_t c = chain->channels;
+    memset(ip, 0, (size_t)(16 * n) * sizeof *ip);
+    memset(fp, 0, (size_t)(16 * (n + 1)) * sizeof *fp);
+    for (int j = 0; j < c; ++j) {
+        fp[j] = chain->fill[j];
+        if (chain->normalize)
+            fp[4 + j] = chain->a[j], fp[8 + j] = chain->b[j];
+    }
+    /* resample._setup's constants */
+    const double eps = 1e-6, tiny = 1e-9, factor = plan->interpolation == ING_BICUBIC ? 2.0 : 1.0;
+    int64_t offset = 0, max_h = 0, max_w = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        const ing_sample *s = &plan->sample[k];
+        const int64_t *dhw = decoded_hw + 2 * k;
+        int64_t *I = ip + 16 * k;
+        double *P = fp + 16 * (k + 1), *m = P, *box = P + 6;
+        memcpy(m, s->matrix, 6 * sizeof *m);
+        memcpy(box, s->box, 4 * sizeof *box);
+        if (origins) {   /* Warp.shifted(origins), then rescaled at 1.0: a no-op on the numbers */
+            double ox = (double)origins[2 * k], oy = (double)origins[2 * k + 1];
+            m[2] -= ox, m[5] -= oy;
+            box[0] -= ox, box[1] -= oy, box[2] -= ox, box[3] -= oy;
+        } else if (dhw[0] != s->src_hw[0] || dhw[1] != s->src_hw[1]) {   /* Warp.rescaled(decoded_hw) */
+            double sc[2];
+            dct_scale(s->src_hw, dhw, sc);
+            for (int j = 0; j < 3; ++j)
+                m[j] *= sc[0], m[3 + j] *= sc[1];
+            box[0] *= sc[0], box[1] *= sc[1], box[2] *= sc[0], box[3] *= sc[1];
+        }
+        /* resample._setup */
+        double a00 = fabs(m[0]), a01 = fabs(m[1]), a10 = fabs(m[3]), a11 = fabs(m[4]);
+        int aligned = (a01 < tiny && a10 < tiny) || (a00 < tiny && a11 < tiny);
+        int aa = aligned && plan->antialias && plan->interpolation != ING_NEAREST;
+        double scale_x = max2(a00 + a01, 1.0), scale_y = max2(a10 + a11, 1.0);
+        P[10] = scale_x * factor, P[11] = scale_y * factor;
+        P[12] = 1.0 / scale_x, P[13] = 1.0 / scale_y;
+        /* _warp_kernel.pack */
+        I[0] = (int64_t)src[k];
+        I[1] = offset;
+        I[2] = dhw[0], I[3] = dhw[1];
+        if (src_strides) {
+            I[4] = src_strides[3 * k], I[5] = src_strides[3 * k + 1], I[6] = src_strides[3 * k + 2];
+        } else {
+            I[4] = dhw[1] * c, I[5] = c, I[6] = 1;
+        }
+        I[7] = (int64_t)floor(box[0] + eps), I[8] = (int64_t)floor(box[1] + eps);
+        I[9] = (int64_t)ceil(box[2] - eps), I[10] = (int64_t)ceil(box[3] - eps);
+        I[11] = s->out_hw[0], I[12] = s->out_hw[1];
+        I[13] = aa;
+        offset += s->out_hw[0] * s->out_hw[1] * c;
+        if (s->out_hw[0] > max_h)
+            max_h = s->out_hw[0];
+        if (s->out_hw[1] > max_w)
+            max_w = s->out_hw[1];
+    }
+    grid[0] = (int32_t)((max_w + BLOCK_X - 1) / BLOCK_X);
+    grid[1] = (int32_t)((max_h + BLOCK_Y - 1) / BLOCK_Y);
+    grid[2] = (int32_t)n;
+    return ING_OK;
+}

@@ -1,0 +1,160 @@
+/* ingest._plan: the native planner (plan.h) bound for `ingest.native_plan`, which allocates the arrays and reads
+ * the results; the native engine calls plan.c directly. Every array is a buffer of the caller's (C-contiguous,
+ * the dtype and size given), checked here; a description is parsed on each call.
+ *
+ * plan(desc, seed, indices, epoch, sizes, samples, params) -> (interpolation, antialias)
+ *   desc     float64 description (plan.h, ing_chain_parse)      seed   an int in [0, 2**64)
+ *   indices  int64 [n] dataset indices                           epoch  an int >= 0
+ *   sizes    int64 [n, 2] probed (height, width)
+ *   samples  writable [n] ing_sample records (SAMPLE_BYTES each)
+ *   params   writable int64 [n, nops, 4], or None
+ *
+ * pack(desc, seed, samples, interpolation, antialias, origins, decoded, src, strides, ip, fp) -> (gx, gy, gz)
+ *   samples  [n] ing_sample records from plan; interpolation, antialias: plan's result
+ *   origins  int64 [n, 2] (x0, y0), or None      decoded  int64 [n, 2] (height, width)
+ *   src      uint64 [n] pointers                 strides  int64 [n, 3] bytes, or None
+ *   ip       writable int64 [n, 16]              fp       writable float64 [n + 1, 16]
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "plan.h"
+
+/* A buffer argument, or none for None when `optional`. */
+typedef struct {
+    Py_buffer view;
+    int held;
+} arg;
+
+static int get(PyObject *obj, arg *a, int writable, int optional, const char *name, Py_ssize_t bytes) {
+    a->held = 0;
+    if (obj == Py_None && optional)
+        return 0;
+    if (PyObject_GetBuffer(obj, &a->view, (writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    a->held = 1;
+    if (a->view.len != bytes) {
+        PyErr_Format(PyExc_ValueError, "`%s` has %zd bytes, expected %zd", name, a->view.len, bytes);
+        return -1;
+    }
+    return 0;
+}
+
+static void release(arg *args, int count) {
+    for (int k = 0; k < count; ++k)
+        if (args[k].held)
+            PyBuffer_Release(&args[k].view);
+}
+
+static void *at(const arg *a) { return a->held ? a->view.buf : NULL; }
+
+static int fail(int code) {
+    PyErr_Format(code == ING_EINVAL ? PyExc_ValueError : PyExc_RuntimeError, "native planner: %s (%d)",
+                 ing_strerror(code), code);
+    return -1;
+}
+
+/* The chain of `desc`; -1 with an exception set on failure. */
+static int chain_of(PyObject *desc, unsigned long long seed, ing_chain *chain) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(desc, &view, PyBUF_SIMPLE | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    int err = view.len % sizeof(double) ? ING_EINVAL
+                                        : ing_chain_parse(chain, view.buf, view.len / (Py_ssize_t)sizeof(double), seed);
+    PyBuffer_Release(&view);
+    return err ? fail(err) : 0;
+}
+
+static PyObject *py_plan(PyObject *self, PyObject *args) {
+    PyObject *desc, *indices, *sizes, *samples, *params;
+    unsigned long long seed;
+    long long epoch;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OKnOLOOO:plan", &desc, &seed, &n, &indices, &epoch, &sizes, &samples, &params))
+        return NULL;
+    ing_chain chain;
+    if (chain_of(desc, seed, &chain) < 0)
+        return NULL;
+    arg a[4] = {{.held = 0}};
+    PyObject *result = NULL;
+    if (n < 0 || get(indices, &a[0], 0, 0, "indices", n * 8) < 0 || get(sizes, &a[1], 0, 0, "sizes", n * 16) < 0 ||
+        get(samples, &a[2], 1, 0, "samples", n * (Py_ssize_t)sizeof(ing_sample)) < 0 ||
+        get(params, &a[3], 1, 1, "params", n * chain.nops * 32) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "plan: n < 0");
+        goto done;
+    }
+    ing_plan_out out = {.sample = at(&a[2]), .params = at(&a[3])};
+    int err = ing_plan(&chain, n, at(&a[0]), epoch, at(&a[1]), &out);
+    if (err)
+        fail(err);
+    else
+        result = Py_BuildValue("(ii)", out.interpolation, out.antialias);
+done:
+    release(a, 4);
+    return result;
+}
+
+static PyObject *py_pack(PyObject *self, PyObject *args) {
+    PyObject *desc, *samples, *origins, *decoded, *src, *strides, *ip, *fp;
+    unsigned long long seed;
+    int interpolation, antialias;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OKnOiiOOOOOO:pack", &desc, &seed, &n, &samples, &interpolation, &antialias, &origins,
+                          &decoded, &src, &strides, &ip, &fp))
+        return NULL;
+    ing_chain chain;
+    if (chain_of(desc, seed, &chain) < 0)
+        return NULL;
+    arg a[7] = {{.held = 0}};
+    PyObject *result = NULL;
+    if (n < 0 || get(samples, &a[0], 0, 0, "samples", n * (Py_ssize_t)sizeof(ing_sample)) < 0 ||
+        get(origins, &a[1], 0, 1, "origins", n * 16) < 0 || get(decoded, &a[2], 0, 0, "decoded", n * 16) < 0 ||
+        get(src, &a[3], 0, 0, "src", n * 8) < 0 || get(strides, &a[4], 0, 1, "strides", n * 24) < 0 ||
+        get(ip, &a[5], 1, 0, "ip", n * 128) < 0 || get(fp, &a[6], 1, 0, "fp", (n + 1) * 128) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "pack: n < 0");
+        goto done;
+    }
+    ing_plan_out plan = {.sample = at(&a[0]), .interpolation = interpolation, .antialias = antialias};
+    int32_t grid[3];
+    int err = ing_pack(&chain, n, &plan, at(&a[1]), at(&a[2]), at(&a[3]), at(&a[4]), at(&a[5]), at(&a[6]), grid);
+    if (err)
+        fail(err);
+    else
+        result = Py_BuildValue("(iii)", grid[0], grid[1], grid[2]);
+done:
+    release(a, 7);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"plan", py_plan, METH_VARARGS, "A batch's draws and composed warp (see the top of ingest/_native/plan_py.c)."},
+    {"pack", py_pack, METH_VARARGS, "A batch's warp kernel arguments (see the top of ingest/_native/plan_py.c)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_plan", .m_size = -1, .m_methods = methods};
+
+PyMODINIT_FUNC PyInit__plan(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    /* plan.h's numbers, for ingest.native_plan to check its own copies against */
+    struct {
+        const char *name;
+        long value;
+    } constants[] = {
+        {"SAMPLE_BYTES", (long)sizeof(ing_sample)}, {"RECORD", ING_RECORD}, {"MAX_OPS", ING_MAX_OPS},
+        {"DESC_VERSION", ING_DESC_VERSION}, {"RESIZE", ING_RESIZE}, {"CENTER_CROP", ING_CENTER_CROP},
+        {"RANDOM_RESIZED_CROP", ING_RANDOM_RESIZED_CROP}, {"FLIP", ING_FLIP}, {"RESIZE_SIZE", ING_RESIZE_SIZE},
+        {"RESIZE_SHORTER", ING_RESIZE_SHORTER}, {"RESIZE_LONGER", ING_RESIZE_LONGER}, {"NEAREST", ING_NEAREST},
+        {"BILINEAR", ING_BILINEAR}, {"BICUBIC", ING_BICUBIC},
+    };
+    for (size_t k = 0; k < sizeof constants / sizeof constants[0]; ++k)
+        if (PyModule_AddIntConstant(m, constants[k].name, constants[k].value) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    return m;
+}

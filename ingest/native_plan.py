@@ -1,0 +1,139 @@
+"""The native planner's Python side: which op chains it runs, their flat description, and a binding for tests.
+
+The native engine plans a batch in C (``ingest/_native/plan.h``): the draws, the composed warp, the regions to
+decode and the warp kernel's argument rows, the numbers `ingest.ops.planner.plan` and
+`ingest.ops._warp_kernel.pack` make. It runs the chains :func:`describe` describes:
+
+    any sequence of Resize, CenterCrop, RandomResizedCrop and Flip (HorizontalFlip, VerticalFlip), at least one,
+    optionally followed by Normalize
+
+on images of 1 to 4 channels. For any other chain :func:`describe` returns None and the Python stages run it
+(they also raise the ConfigError of a chain that is wrong for the images, e.g. a fill or a Normalize with three
+values on one channel). :func:`plan` and :func:`pack` call the C code through ``ingest._plan`` (built by
+setup.py where a C compiler is found; ``NATIVE`` is None without it).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+from .ops import _warp_kernel, resample
+from .ops.base import Op
+from .ops.geometry import CenterCrop, Flip, HorizontalFlip, RandomResizedCrop, Resize, VerticalFlip
+from .ops.normalize import Normalize
+
+try:
+    from . import _plan as NATIVE
+except ImportError:
+    NATIVE = None
+
+# plan.h's numbers (tests check them against ingest._plan's)
+RECORD, MAX_OPS, DESC_VERSION = 16, 16, 1
+RESIZE, CENTER_CROP, RANDOM_RESIZED_CROP, FLIP = 1, 2, 3, 4
+RESIZE_SIZE, RESIZE_SHORTER, RESIZE_LONGER = 0, 1, 2
+INTERPOLATIONS = {"nearest": 0, "bilinear": 1, "bicubic": 2}
+
+#: One ``ing_sample`` of plan.h.
+SAMPLE = np.dtype([("region", np.int64, 4), ("out_hw", np.int64, 2), ("src_hw", np.int64, 2),
+                   ("matrix", np.float64, 6), ("box", np.float64, 4)])
+
+#: The op classes the native planner runs, exactly (a subclass may change what they do).
+_GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, Flip, HorizontalFlip, VerticalFlip)
+
+
+def describe(ops: Sequence[Op], channels: int = 3) -> np.ndarray | None:
+    """The float64 description (plan.h, ``ing_chain_parse``) of ``ops`` on images of ``channels`` channels, or
+    None when the native planner does not run that chain."""
+    ops = list(ops)
+    normalize = ops.pop() if ops and type(ops[-1]) is Normalize else None
+    if not ops or len(ops) > MAX_OPS or not all(type(op) in _GEOMETRY for op in ops) or not 1 <= channels <= 4:
+        return None
+    fill = next((op.fill for op in reversed(ops) if op.fill is not None), (0.0,))
+    try:
+        fill_values = resample._fill_values(fill, channels)
+        epilogue = normalize.epilogue(channels) if normalize is not None else None
+    except ConfigError:
+        return None
+    desc = np.zeros((2 + len(ops), RECORD), dtype=np.float64)
+    desc[0, :6] = DESC_VERSION, len(ops), channels, normalize is not None, 0, 0
+    if epilogue is not None:
+        desc[0, 4:6] = _warp_kernel._KINDS[epilogue.dtype], epilogue.layout == "NCHW"
+        desc[0, 6:6 + channels], desc[0, 10:10 + channels] = epilogue.a, epilogue.b
+    desc[1, :channels] = fill_values
+    for row, op in zip(desc[2:], ops):
+        row[:9] = _record(op)
+    return desc.reshape(-1)
+
+
+def _record(op: Op) -> list[float]:
+    """One op's description record (its first 9 fields)."""
+    if isinstance(op, Resize):
+        if op.size is not None:
+            mode, size = RESIZE_SIZE, op.size
+        elif op.shorter is not None:
+            mode, size = RESIZE_SHORTER, (op.shorter, 0)
+        else:
+            mode, size = RESIZE_LONGER, (op.longer, 0)
+        fields = [RESIZE, mode, *size, op.max_size or 0, INTERPOLATIONS[op.interpolation], op.antialias]
+    elif isinstance(op, CenterCrop):
+        fields = [CENTER_CROP, *op.size]
+    elif isinstance(op, RandomResizedCrop):
+        fields = [RANDOM_RESIZED_CROP, *op.size, *op.scale, *op.ratio, INTERPOLATIONS[op.interpolation],
+                  op.antialias]
+    else:
+        fields = [FLIP, op.p, op.horizontal, op.vertical]
+    return [float(v) for v in fields] + [0.0] * (9 - len(fields))
+
+
+class NativePlan(NamedTuple):
+    """A batch planned by the native planner (plan.h's ``ing_plan_out``)."""
+
+    samples: np.ndarray        # (N,) `SAMPLE` records: region, out_hw, src_hw, matrix (2 x 3), box
+    params: np.ndarray         # (N, ops, 4) int64: each op's drawn parameters (plan.h)
+    interpolation: str         # the batch's filter, and whether it antialiases
+    antialias: bool
+
+
+def _check_seed(seed: int) -> int:
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"the native planner takes a seed in [0, 2**64), got {seed}")
+    return int(seed)
+
+
+def plan(desc: np.ndarray, seed: int, epoch: int, indices: Sequence[int] | np.ndarray,
+         sizes: Sequence[tuple[int, int]] | np.ndarray) -> NativePlan:
+    """The chain ``desc`` planned for dataset ``indices`` of ``epoch`` on the probed ``sizes`` (height, width)."""
+    idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+    hw = np.ascontiguousarray(sizes, dtype=np.int64).reshape(-1, 2)
+    if len(hw) != len(idx):
+        raise ValueError(f"got {len(idx)} indices and {len(hw)} sizes")
+    n, nops = len(idx), int(desc[1])
+    samples = np.zeros(n, dtype=SAMPLE)
+    params = np.zeros((n, nops, 4), dtype=np.int64)
+    interpolation, antialias = NATIVE.plan(np.ascontiguousarray(desc, dtype=np.float64), _check_seed(seed), n, idx,
+                                           int(epoch), hw, samples, params)
+    names = {v: k for k, v in INTERPOLATIONS.items()}
+    return NativePlan(samples, params, names[interpolation], bool(antialias))
+
+
+def pack(desc: np.ndarray, planned: NativePlan, decoded_hw: np.ndarray, src: np.ndarray,
+         origins: np.ndarray | None = None, strides: np.ndarray | None = None
+         ) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
+    """The warp kernel's ``ip`` (N, 16), ``fp`` (N + 1, 16) and grid for the decoded batch (plan.h, ``ing_pack``):
+    ``decoded_hw`` (N, 2), ``src`` (N,) pointers, ``origins`` (N, 2) (x0, y0) of decoded regions or None (whole
+    images), ``strides`` (N, 3) bytes or None (dense)."""
+    n = len(planned.samples)
+
+    def arg(a, dtype, shape):
+        return None if a is None else np.ascontiguousarray(a, dtype=dtype).reshape(shape)
+
+    ip = np.empty((n, 16), dtype=np.int64)
+    fp = np.empty((n + 1, 16), dtype=np.float64)
+    grid = NATIVE.pack(np.ascontiguousarray(desc, dtype=np.float64), 0, n, planned.samples,
+                       INTERPOLATIONS[planned.interpolation], int(planned.antialias), arg(origins, np.int64, (n, 2)),
+                       arg(decoded_hw, np.int64, (n, 2)), arg(src, np.uint64, (n,)), arg(strides, np.int64, (n, 3)),
+                       ip, fp)
+    return ip, fp, grid
