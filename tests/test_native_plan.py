@@ -1,0 +1,298 @@
+"""The native planner (ingest/_native/plan.c through ``ingest._plan``) against the Python planner: for every
+chain it runs, the same draws, output sizes, regions to decode, composed warps and filter, and the same warp
+kernel argument rows as `_warp_kernel.pack` makes for the decoded batch, whole, as regions (the GPU decoder's
+origins) or downscaled.
+
+Every number is compared exactly: integers, and doubles to the last bit (as values: the sign of a zero is not
+compared, which no comparison of the kernel's can tell). Exact, not within a tolerance, because plan.c does
+each double operation of the numpy code in the same order and rounds each on its own (-ffp-contract=off),
+calls the same libm exp and log for RandomResizedCrop (``ingest._random`` is its Python draw), and numpy's
+3 x 3 products of these maps (scales, translations, flips) equal the left-to-right sums it makes. CPU only:
+arrays are compared, no pixels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ingest import native_plan, random as rnd
+from ingest.ops import _warp_kernel, planner, resample
+from ingest.ops.base import ImageArena, size_array_of
+from ingest.ops.color import ColorJitter
+from ingest.ops.decode_gpu import clip_regions
+from ingest.ops.geometry import (CenterCrop, Flip, HorizontalFlip, RandomResizedCrop, Resize, Rotate,
+                                 VerticalFlip)
+from ingest.ops.normalize import Normalize
+from ingest.random import SampleRandom
+
+pytestmark = pytest.mark.skipif(native_plan.NATIVE is None, reason="ingest._plan is not built")
+
+MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+
+CHAINS = {
+    "imagenet-train": [RandomResizedCrop(224), HorizontalFlip(), Normalize(MEAN, STD)],
+    "imagenet-val": [Resize(256), CenterCrop(224), Normalize(MEAN, STD)],
+    "rrc-bicubic-no-aa-both-flips": [RandomResizedCrop((160, 192), scale=(0.25, 1.0), ratio=(0.5, 2.0),
+                                                       interpolation="bicubic", antialias=False),
+                                     Flip(0.3, vertical=True)],
+    "shorter-max-size-nearest-fill": [Resize(shorter=128, max_size=150, interpolation="nearest"),
+                                      CenterCrop((100, 120), fill=(10, 20.5, 30)), VerticalFlip(0.7)],
+    "longer-then-padding-crop": [Resize(longer=300, antialias=False), CenterCrop(350, fill=7)],
+    "fixed-resize-rrc-fp16-nhwc": [Resize((64, 96), interpolation="bicubic"), RandomResizedCrop(32, scale=(0.5, 0.9)),
+                                   HorizontalFlip(1.0),
+                                   Normalize(MEAN, STD, dtype=torch.float16, layout="NHWC")],
+    "crop-only": [CenterCrop(200)],
+    "flips-rrc-resize-bf16": [Flip(horizontal=True, vertical=True), RandomResizedCrop(48),
+                              Resize(64, antialias=False), Normalize(120.0, 60.0, dtype=torch.bfloat16)],
+    # Resize(100) never resamples the 100 x 200 crops: the batch's filter is the crop's (affine.compose)
+    "resize-that-keeps-size": [RandomResizedCrop((100, 200), interpolation="bicubic"),
+                               Resize(100, interpolation="nearest")],
+    "rrc-then-resize": [RandomResizedCrop(224, ratio=(1.0, 1.0)), Resize(200, interpolation="bicubic"),
+                        Normalize(MEAN, STD, dtype=torch.uint8, scale=64, shift=128)],
+}
+
+
+def random_sizes(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Probed sizes: mostly photos, some tiny or extreme in aspect (RandomResizedCrop's fallback, Resize's
+    one-row floor)."""
+    hw = rng.integers(40, 1200, (n, 2))
+    odd = rng.random(n)
+    hw[odd < 0.1] = rng.integers(1, 5, (int((odd < 0.1).sum()), 2))
+    thin = (odd >= 0.1) & (odd < 0.2)
+    hw[thin, rng.integers(0, 2)] = rng.integers(1, 4, int(thin.sum()))
+    return hw
+
+
+def draw_batch(seed: int):
+    """A batch's (seed, epoch, dataset indices, probed sizes)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 80))
+    key = [0, 1, 2**63 + 5, 2**64 - 1, int(rng.integers(0, 2**62))][int(rng.integers(0, 5))]
+    return key, int(rng.integers(0, 1000)), rng.integers(0, 2**40, n), random_sizes(rng, n)
+
+
+def python_plan(ops, seed, epoch, idx, hw):
+    return planner.plan(ops, hw, SampleRandom.keyed(seed, epoch, idx))
+
+
+@pytest.mark.parametrize("engine", ["native", "numpy"])
+@pytest.mark.parametrize("name", sorted(CHAINS))
+def test_plan_matches_the_python_planner(name, engine, monkeypatch):
+    if engine == "numpy":   # the Python planner's numpy draws, not ingest._random's
+        monkeypatch.setattr(rnd, "NATIVE", None)
+    ops = CHAINS[name]
+    desc = native_plan.describe(ops)
+    assert desc is not None
+    for trial in range(12):
+        seed, epoch, idx, hw = draw_batch(1000 * trial + len(name))
+        p = python_plan(ops, seed, epoch, idx, hw)
+        q = native_plan.plan(desc, seed, epoch, idx, hw)
+        w, s = p.warp, q.samples
+        assert len(p.stages) == 1
+        np.testing.assert_array_equal(s["region"], w.regions())
+        np.testing.assert_array_equal(s["out_hw"], np.array(p.out_sizes).reshape(-1, 2))
+        np.testing.assert_array_equal(s["src_hw"], hw)
+        np.testing.assert_array_equal(s["matrix"].reshape(-1, 2, 3), w.matrix[:, :2])
+        np.testing.assert_array_equal(w.matrix[:, 2], np.tile([0.0, 0.0, 1.0], (len(hw), 1)))
+        np.testing.assert_array_equal(s["box"], w.box)
+        assert (q.interpolation, q.antialias) == (w.interpolation, w.antialias)
+        for k, ((op, params), steps) in enumerate(zip(p.stages[0].drawn, p.stages[0].steps)):
+            got = q.params[:, k]
+            if isinstance(op, RandomResizedCrop):
+                np.testing.assert_array_equal(got, params)
+            elif isinstance(op, Flip):
+                np.testing.assert_array_equal(got[:, :2], params.astype(np.int64))
+            else:
+                np.testing.assert_array_equal(got[:, :2], steps.out_sizes)
+
+
+def decoded_batch(planned, rng, case):
+    """What a decoder returned for the plan's regions: (origins or None, decoded sizes), as
+    `Stage.run` takes them. "regions": the GPU decoder (a region where it is worth decoding alone, else the
+    whole image, origin (0, 0)); "dct": whole images downscaled by k/8 or to another size; "stand-ins": origins
+    and sizes that fit nothing (a failed decode's blank)."""
+    hw = planned["src_hw"]
+    n = len(hw)
+    if case == "regions":
+        table = np.zeros((n, 7), dtype=np.int64)
+        table[:, 1], table[:, 2], table[:, 6] = hw[:, 0], hw[:, 1], 1
+        regions = clip_regions(planned["region"], table)
+        cropped = regions[:, 2] > regions[:, 0]
+        origins = np.where(cropped[:, None], regions[:, :2], 0)
+        decoded = np.where(cropped[:, None], np.stack([regions[:, 3] - regions[:, 1],
+                                                       regions[:, 2] - regions[:, 0]], 1), hw)
+        return origins, decoded
+    if case == "dct":
+        k = rng.integers(1, 9, n)[:, None]
+        decoded = np.maximum(np.ceil(hw * k / 8), 1).astype(np.int64)
+        other = rng.random(n) < 0.3
+        decoded[other] = rng.integers(1, 900, (int(other.sum()), 2))
+        return None, decoded
+    return rng.integers(-50, 400, (n, 2)), rng.integers(1, 600, (n, 2))
+
+
+def python_pack(p, images, origins, channels):
+    """The kernel arguments `Plan.execute` gives the warp kernel on CUDA: the first stage's warp fitted to what
+    the decoder returned (`Stage.run`), then `resample.warp`'s own steps into `_warp_kernel.pack`."""
+    seen = []
+
+    def warp(images, w, *, epilogue=None, out=None):
+        seen.append((w, epilogue))
+        return images
+
+    planned = origins is None and size_array_of(images).tolist() == np.array(p.sizes).reshape(-1, 2).tolist()
+    if planned:   # Stage.run on CUDA uses the plan's warp as it is
+        stage = p.stages[0]
+        seen.append((stage.warp, stage.epilogue.epilogue(channels) if stage.epilogue else None))
+    else:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(resample, "warp", warp)
+            p.execute(images, origins=None if origins is None else [tuple(o) for o in origins.tolist()])
+    (w, epilogue), = seen
+    setup = resample._setup(w, size_array_of(images))
+    packed = _warp_kernel.pack(images, w.out_sizes, setup, resample._fill_values(w.fill, channels),
+                               epilogue[:2] if epilogue else None)
+    return w, epilogue, packed
+
+
+def arena(decoded: np.ndarray, channels: int) -> ImageArena:
+    """A batch of images of ``decoded`` sizes as the GPU decoder's arena returns it (dense, one buffer); only
+    its addresses are read, so the buffer is one byte."""
+    sizes = decoded[:, 0] * decoded[:, 1] * channels
+    return ImageArena(torch.zeros(1, dtype=torch.uint8), np.concatenate([[0], np.cumsum(sizes)[:-1]]), decoded,
+                      channels)
+
+
+def strided(decoded: np.ndarray, channels: int, rng) -> list[torch.Tensor]:
+    """Images of ``decoded`` sizes with strides of every kind (broadcast rows and columns, a channel-reversed
+    view), each its own small allocation."""
+    out = []
+    for h, w in decoded.tolist():
+        base = torch.zeros(1, 1, channels + 2, dtype=torch.uint8)
+        im = base[..., :channels].expand(h, w, channels)
+        out.append(im.flip(2) if rng.random() < 0.5 else im)
+    return out
+
+
+@pytest.mark.parametrize("case", ["planned", "regions", "dct", "stand-ins"])
+@pytest.mark.parametrize("name", sorted(CHAINS))
+def test_pack_matches_the_warp_kernel_arguments(name, case):
+    ops = CHAINS[name]
+    desc = native_plan.describe(ops)
+    rng = np.random.default_rng(len(name) + 7 * len(case))
+    for trial in range(6):
+        seed, epoch, idx, hw = draw_batch(777 * trial + len(name))
+        p = python_plan(ops, seed, epoch, idx, hw)
+        q = native_plan.plan(desc, seed, epoch, idx, hw)
+        origins, decoded = (None, hw) if case == "planned" else decoded_batch(q.samples, rng, case)
+        if trial % 2:
+            images, strides = strided(decoded, 3, rng), None
+            src = np.array([im.data_ptr() for im in images], dtype=np.uint64)
+            strides = np.array([im.stride() for im in images], dtype=np.int64)
+        else:
+            images, strides = arena(decoded, 3), None
+            src = images.pointers().astype(np.uint64)
+        w, epilogue, want = python_pack(p, images, origins, 3)
+        ip, fp, grid = native_plan.pack(desc, q, decoded, src, origins, strides)
+        np.testing.assert_array_equal(ip, want.ip)
+        np.testing.assert_array_equal(fp, want.fp)
+        assert grid == want.grid
+        # what launch passes besides the rows: the kernel, dtype, layout and whether to normalize
+        assert q.interpolation == w.interpolation
+        kind, nchw = (_warp_kernel._KINDS[epilogue.dtype], epilogue.layout == "NCHW") if epilogue else (0, False)
+        assert (desc[3], desc[4], desc[5]) == (epilogue is not None, kind, nchw)
+
+
+@pytest.mark.parametrize("channels", [1, 2, 4])
+def test_other_channel_counts(channels):
+    ops = [Resize(40), CenterCrop(32, fill=9.5), HorizontalFlip(), Normalize(100.0, 50.0)]
+    desc = native_plan.describe(ops, channels)
+    seed, epoch, idx, hw = draw_batch(channels)
+    p = python_plan(ops, seed, epoch, idx, hw)
+    q = native_plan.plan(desc, seed, epoch, idx, hw)
+    images = arena(hw, channels)
+    want = python_pack(p, images, np.zeros((len(hw), 2), dtype=np.int64), channels)[2]
+    ip, fp, grid = native_plan.pack(desc, q, hw, images.pointers(), np.zeros((len(hw), 2)))
+    np.testing.assert_array_equal(ip, want.ip)
+    np.testing.assert_array_equal(fp, want.fp)
+    assert grid == want.grid
+
+
+def test_an_empty_batch():
+    desc = native_plan.describe(CHAINS["imagenet-train"])
+    q = native_plan.plan(desc, 1, 0, [], np.zeros((0, 2)))
+    ip, fp, grid = native_plan.pack(desc, q, np.zeros((0, 2)), np.zeros(0))
+    assert ip.shape == (0, 16) and grid == (0, 0, 0)
+    np.testing.assert_array_equal(fp[0, :3], 0.0)
+    np.testing.assert_array_equal(fp[0, 4:7], np.array(1.0) / STD)
+
+
+class MyResize(Resize):
+    pass
+
+
+@pytest.mark.parametrize("ops", [
+    [],
+    [Normalize(MEAN, STD)],
+    [RandomResizedCrop(224), ColorJitter(0.4, 0.4, 0.4), Normalize(MEAN, STD)],
+    [Rotate(10)],
+    [RandomResizedCrop(224), Rotate((-5, 5))],
+    [MyResize(256), CenterCrop(224)],
+    [CenterCrop(224, fill=(1, 2))],                      # two fill values for three channels
+    [CenterCrop(224), Normalize((1.0, 2.0), (60.0, 60.0))],  # two means for three channels
+    [Resize(8)] * 17,                                    # more ops than ING_MAX_OPS
+], ids=lambda ops: "+".join(type(op).__name__ for op in ops) or "none")
+def test_unsupported_chains_are_not_described(ops):
+    assert native_plan.describe(ops) is None
+
+
+def test_channel_counts_past_the_kernels_are_not_described():
+    assert native_plan.describe([CenterCrop(8)], channels=5) is None
+    assert native_plan.describe([CenterCrop(8)], channels=0) is None
+
+
+def test_constants_match_the_header():
+    c = native_plan.NATIVE
+    assert native_plan.SAMPLE.itemsize == c.SAMPLE_BYTES
+    assert (native_plan.RECORD, native_plan.MAX_OPS, native_plan.DESC_VERSION) == (c.RECORD, c.MAX_OPS,
+                                                                                     c.DESC_VERSION)
+    assert (native_plan.RESIZE, native_plan.CENTER_CROP, native_plan.RANDOM_RESIZED_CROP, native_plan.FLIP) == (
+        c.RESIZE, c.CENTER_CROP, c.RANDOM_RESIZED_CROP, c.FLIP)
+    assert (native_plan.RESIZE_SIZE, native_plan.RESIZE_SHORTER, native_plan.RESIZE_LONGER) == (
+        c.RESIZE_SIZE, c.RESIZE_SHORTER, c.RESIZE_LONGER)
+    assert native_plan.INTERPOLATIONS == {"nearest": c.NEAREST, "bilinear": c.BILINEAR, "bicubic": c.BICUBIC}
+
+
+def test_bad_arguments_are_errors():
+    desc = native_plan.describe(CHAINS["imagenet-val"])
+    with pytest.raises(RuntimeError, match="size below 1"):
+        native_plan.plan(desc, 0, 0, [1, 2], [[10, 10], [0, 10]])
+    with pytest.raises(RuntimeError, match="negative dataset index"):
+        native_plan.plan(desc, 0, 0, [-1], [[10, 10]])
+    with pytest.raises(ValueError, match="seed"):
+        native_plan.plan(desc, 2**64, 0, [1], [[10, 10]])
+    broken = desc.copy()
+    broken[0] = 99
+    with pytest.raises(RuntimeError, match="does not run"):
+        native_plan.plan(broken, 0, 0, [1], [[10, 10]])
+    broken = desc.copy()
+    broken[2 * native_plan.RECORD + 1] = 7   # no such Resize mode
+    with pytest.raises(ValueError, match="malformed"):
+        native_plan.plan(broken, 0, 0, [1], [[10, 10]])
+    with pytest.raises(ValueError, match="bytes"):
+        native_plan.NATIVE.plan(desc, 0, 2, np.zeros(1, np.int64), 0, np.ones((2, 2), np.int64),
+                                np.zeros(2, native_plan.SAMPLE), None)
+
+
+@pytest.mark.parametrize("sizes", [[[50, 80], [120, 50], [50, 50]], [[50, 80], [121, 60], [50, 50]]],
+                         ids=["none-resamples", "one-resamples"])
+def test_the_batch_filter_is_the_last_op_that_resamples_any_sample(sizes):
+    ops = [HorizontalFlip(), Resize(50, interpolation="bicubic", antialias=False), Normalize(MEAN, STD)]
+    hw = np.array(sizes)
+    p = python_plan(ops, 3, 1, [4, 5, 6], hw)
+    q = native_plan.plan(native_plan.describe(ops), 3, 1, [4, 5, 6], hw)
+    assert (q.interpolation, q.antialias) == (p.warp.interpolation, p.warp.antialias)
+    assert q.interpolation == ("nearest" if sizes[1] == [120, 50] else "bicubic")
+    np.testing.assert_array_equal(q.samples["box"], p.warp.box)
