@@ -17,7 +17,7 @@ const char *ing_strerror(int code) {
     case ING_OK: return "ok";
     case ING_EINVAL: return "a malformed chain description or argument";
     case ING_EUNSUPPORTED: return "a chain the native planner does not run";
-    case ING_ESIZE: return "a size below 1 x 1, or a negative dataset index or epoch";
+    case ING_ESIZE: return "a size below 1 or above 2**31 - 1, or a negative dataset index or epoch";
     default: return "unknown error";
     }
 }
@@ -106,6 +106,9 @@ int ing_chain_parse(ing_chain *chain, const double *desc, int64_t len, uint64_t 
 }
 
 /* ---------------------------------------------------------------------------------------------- planning */
+
+/* A size the planner takes: 1 to 2**31 - 1 each way (so that no product of the arithmetic overflows). */
+static int fits(const int64_t hw[2]) { return hw[0] >= 1 && hw[1] >= 1 && hw[0] <= INT32_MAX && hw[1] <= INT32_MAX; }
 
 /* One op on one sample (GeometryOp._steps, one row): its map (3x3, output -> input), output size, the input
  * region it reads (crop: x0 y0 x1 y1, or none: the whole input) and whether it resamples. */
@@ -236,7 +239,7 @@ int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t ep
     if (epoch < 0)
         return ING_ESIZE;
     for (int64_t k = 0; k < n; ++k)
-        if (index[k] < 0 || hw[2 * k] < 1 || hw[2 * k + 1] < 1)
+        if (index[k] < 0 || !fits(hw + 2 * k))
             return ING_ESIZE;
     uint64_t prefix = ing_prefix(chain->seed, (uint64_t)epoch);
     int resampler = -1;   /* the last op that resamples any sample (affine.compose) */
@@ -320,7 +323,7 @@ int ing_pack(const ing_chain *chain, int64_t n, const ing_plan_out *plan, const 
     if (!chain || n < 0 || !plan || !ip || !fp || !grid || (n && (!plan->sample || !decoded_hw || !src)))
         return ING_EINVAL;
     for (int64_t k = 0; k < n; ++k)
-        if (decoded_hw[2 * k] < 1 || decoded_hw[2 * k + 1] < 1)
+        if (!fits(decoded_hw + 2 * k))
             return ING_ESIZE;
     const int64_t c = chain->channels;
     memset(ip, 0, (size_t)(16 * n) * sizeof *ip);

@@ -35,7 +35,8 @@ enum {
     ING_OK = 0,
     ING_EINVAL = -1,        /* a malformed description or argument (a NULL array, n < 0, ...) */
     ING_EUNSUPPORTED = -2,  /* a description of something this planner does not run (an unknown op, version) */
-    ING_ESIZE = -3,         /* a probed or decoded size below 1 x 1, or a dataset index or epoch below 0 */
+    ING_ESIZE = -3,         /* a probed or decoded side below 1 or above 2**31 - 1, or a dataset index or
+                               epoch below 0 */
 };
 
 /* Interpolation codes: the kernel's NEAREST / BILINEAR / BICUBIC (kernel function warp_nearest, ...). */
@@ -119,7 +120,7 @@ typedef struct {
 } ing_plan_out;
 
 /* ing_plan: every op's draws and the composed warp for n samples: dataset indices `index` (n, >= 0) of `epoch`
- * (>= 0), probed sizes `hw` (n x 2: height, width, each >= 1). What planner.plan(ops, hw,
+ * (>= 0), probed sizes `hw` (n x 2: height, width, each in 1 .. 2**31 - 1). What planner.plan(ops, hw,
  * SampleRandom.keyed(seed, epoch, index)).warp holds, per sample; draws depend only on (seed, epoch, index[k],
  * hw[k]) and the ops. */
 int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t epoch, const int64_t *hw,
@@ -135,7 +136,7 @@ int64_t ing_out_elements(const ing_chain *chain, int64_t n, const ing_plan_out *
  *               (planner.Stage.run: `warp.shifted(origins).rescaled(decoded_hw, 1.0)`, the GPU decoder's case).
  *               NULL: whole images, rescaled from the probed size when `decoded_hw` differs (by k/8 when it is
  *               a JPEG DCT scaling, else the ratio: `warp.rescaled(decoded_hw)`), as planned when it does not.
- *   decoded_hw  n x 2: the decoded pixels' height, width (each >= 1)
+ *   decoded_hw  n x 2: the decoded pixels' height, width (each in 1 .. 2**31 - 1)
  *   src         n device pointers to each sample's first decoded pixel (uint8)
  *   src_strides NULL (each image dense HWC: row w * C, column C, channel 1 bytes), or n x 3 byte strides of
  *               row, column, channel
