@@ -17,10 +17,11 @@
  *   ... decode sample k's region (or the whole image) ...
  *   ing_pack(&chain, n, &plan, origins, decoded_hw, src, strides, ip, fp, grid)  the kernel's arguments
  *   launch warp_{nearest,bilinear,bicubic}[plan.interpolation](ip, fp, out, chain.channels, chain.kind,
- *          chain.nchw, chain.normalize) on grid x (32, 8, 1) threads
+ *          chain.nchw, chain.normalize) on grid x (32, 8, 1) threads, `out` holding
+ *          ing_out_elements(&chain, n, &plan) elements of chain.kind (samples one after another)
  *
- * Every function returns ING_OK (0) or a negative error code (`ing_strerror`); on error the outputs are
- * unspecified. Built with -ffp-contract=off: every double operation rounds on its own, as numpy's do.
+ * ing_chain_parse, ing_plan and ing_pack return ING_OK (0) or a negative error code (`ing_strerror`); on error
+ * their outputs are unspecified. Built with -ffp-contract=off: every double operation rounds on its own, as numpy's do.
  */
 #ifndef INGEST_NATIVE_PLAN_H
 #define INGEST_NATIVE_PLAN_H
