@@ -1,7 +1,7 @@
 /* ingest._plan: the native planner (plan.h) bound for `ingest.native_plan`, which allocates the arrays and reads
  * the results; the native engine calls plan.c directly. Every array is a buffer of the caller's (C-contiguous,
- * the dtype and size given), checked here; a description is parsed on each call. Calls keep the GIL (a batch's
- * plan is microseconds of work).
+ * the dtype and size given), checked here; a description is parsed on each call. Calls keep the GIL: it serves
+ * tests, not a hot path.
  *
  * plan(desc, seed, indices, epoch, sizes, samples, params) -> (interpolation, antialias)
  *   desc     float64 description (plan.h, ing_chain_parse)      seed   an int in [0, 2**64)
