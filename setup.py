@@ -12,10 +12,17 @@
   many more calls, letting the GIL go on large arrays.
 - ``ingest.ops._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
   the same loop through ctypes, slower beside busy Python threads (``ingest.ops._nvimgcodec``).
+- ``ingest._engine``: the native engine (``ingest/_native/engine.c`` with the native planner, ``plan.c``): a
+  batch from its indices to the device batch on native threads (`ingest.native`); without it the Python stages
+  run. It loads libcuda at run time.
+
+Shared pure-C pieces live in ``ingest/_native/*.h`` and are included by the modules that use them.
 
 They need only a C compiler and Python's headers (no CUDA, no nvImageCodec header). Everything else is
 declared in pyproject.toml.
 """
+
+import os
 
 from setuptools import Extension, setup
 
@@ -29,4 +36,7 @@ setup(ext_modules=[
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),
-])
+] + ([  # the planner's arithmetic must round as numpy's does: no fused multiply-adds
+    Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
+              extra_compile_args=FLAGS + ["-ffp-contract=off"], libraries=["m", "dl", "pthread"]),
+] if os.path.exists("ingest/_native/plan.c") else []))
