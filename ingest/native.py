@@ -237,8 +237,8 @@ class NativeExecutor:
         slots = prefetch + 1
         gpu = None if dry else _gpu_arguments(pipeline)
         self._engine = ENGINE.Engine(
-            list(table.paths), np.ascontiguousarray(table.files, np.int64), np.ascontiguousarray(table.offsets, np.int64),
-            np.ascontiguousarray(table.sizes, np.int64),
+            list(table.paths), np.ascontiguousarray(table.files, np.int64),
+            np.ascontiguousarray(table.offsets, np.int64), np.ascontiguousarray(table.sizes, np.int64),
             None if table.labels is None else np.ascontiguousarray(table.labels, np.int64), _KINDS[table.kind],
             np.ascontiguousarray(chain.desc, np.float64), sampler.seed, self._batch, slots,
             read_threads or defaults.get("io_threads"), pipeline.cpu.max_pixels,

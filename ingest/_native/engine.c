@@ -254,6 +254,7 @@ struct Engine {
     Ready rq[QCAP];
     int rq_head, rq_len;
     int *free_slots;
+    char *slot_given; /* 1 while a slot is Python's (from next() to release()) */
     int nfree_slots, starving;
     /* per slot */
     Py_buffer *slot_idx, *slot_pad, *slot_dry;
@@ -955,7 +956,8 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
                 ip[16 * q + 1] = e->p_row[q] * e->row_elems;
             size_t bytes = (size_t)(16 * m2 + 16 * (m2 + 1)) * sizeof(int64_t);
             CUdeviceptr d_ip = e->slot_args[slot], d_fp = d_ip + (CUdeviceptr)(16 * m2 * sizeof(int64_t)), d_out = out;
-            int channels = e->chain.channels, kind = e->chain.kind, nchw = e->chain.nchw, normalize = e->chain.normalize;
+            int channels = e->chain.channels, kind = e->chain.kind, nchw = e->chain.nchw;
+            int normalize = e->chain.normalize;
             void *params[] = {&d_ip, &d_fp, &d_out, &channels, &kind, &nchw, &normalize};
             int which = j->interpolation >= 0 && j->interpolation < 3 ? j->interpolation : 0;
             if (!cuok(e, cu.MemcpyHtoDAsync(d_ip, ip, bytes, e->stream), "cuMemcpyHtoDAsync (kernel arguments)") ||
@@ -1135,6 +1137,7 @@ static void engine_free(Engine *e) {
     free(e->slot_free);
     free(e->slot_nnotes);
     free(e->free_slots);
+    free(e->slot_given);
     free(e->g_pos);
     free(e->p_src);
     free(e->p_plan);
@@ -1147,6 +1150,7 @@ static void engine_free(Engine *e) {
     e->slot_ready = e->slot_free = NULL;
     e->slot_nnotes = NULL;
     e->free_slots = NULL;
+    e->slot_given = NULL;
     e->g_pos = NULL;
     e->p_src = NULL;
     e->p_plan = NULL;
@@ -1555,6 +1559,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->slot_ready = calloc((size_t)slots, sizeof(CUevent));
     e->slot_free = calloc((size_t)slots, sizeof(CUevent));
     e->free_slots = calloc((size_t)slots, sizeof(int));
+    e->slot_given = calloc((size_t)slots, 1);
     e->slot_held = calloc((size_t)slots * 3, 1);
     e->slot_idx = calloc((size_t)slots, sizeof(Py_buffer));
     e->slot_pad = calloc((size_t)slots, sizeof(Py_buffer));
@@ -1563,8 +1568,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->p_src = calloc((size_t)B, sizeof(uint64_t));
     e->p_plan = calloc((size_t)B, sizeof(ing_sample));
     if (!e->slot_out || !e->slot_lbl || !e->slot_args || !e->slot_host || !e->slot_notes || !e->slot_nnotes ||
-        !e->slot_ready || !e->slot_free || !e->free_slots || !e->slot_held || !e->slot_idx || !e->slot_pad ||
-        !e->slot_dry || !e->g_pos || !e->p_src || !e->p_plan) {
+        !e->slot_ready || !e->slot_free || !e->free_slots || !e->slot_given || !e->slot_held || !e->slot_idx ||
+        !e->slot_pad || !e->slot_dry || !e->g_pos || !e->p_src || !e->p_plan) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -1768,16 +1773,16 @@ static PyObject *Engine_release(Engine *e, PyObject *args) {
         }
     }
     pthread_mutex_lock(&e->lock);
-    int known = 0;
-    for (int k = 0; k < e->nfree_slots; ++k)
-        known |= e->free_slots[k] == slot;
-    if (!known)
+    int known = !e->slot_given[slot];
+    if (!known) {
+        e->slot_given[slot] = 0;
         e->free_slots[e->nfree_slots++] = (int)slot;
+    }
     pthread_cond_broadcast(&e->cond);
     pthread_mutex_unlock(&e->lock);
     leave(e);
     if (known) {
-        PyErr_Format(PyExc_ValueError, "slot %zd was released twice", slot);
+        PyErr_Format(PyExc_ValueError, "slot %zd was released twice (or before next() gave it)", slot);
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1801,6 +1806,8 @@ static PyObject *Engine_next(Engine *e, PyObject *args) {
         e->rq_head = (e->rq_head + 1) % QCAP;
         e->rq_len--;
         got = 1;
+        if (r.kind == R_BATCH)
+            e->slot_given[r.slot] = 1;
         pthread_cond_broadcast(&e->cond);
     } else if (e->stop) {
         memcpy(error, e->error, sizeof error);
@@ -1883,7 +1890,8 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
         return NULL;
     pthread_mutex_lock(&e->lock);
     long long v[8] = {e->st_batches, e->st_samples, e->st_fallbacks, e->st_failures, e->st_bytes, e->st_arena_allocs,
-                      e->st_starved, (long long)(e->arena_cap[0] > e->arena_cap[1] ? e->arena_cap[0] : e->arena_cap[1])};
+                      e->st_starved,
+                      (long long)(e->arena_cap[0] > e->arena_cap[1] ? e->arena_cap[0] : e->arena_cap[1])};
     pthread_mutex_unlock(&e->lock);
     leave(e);
     return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "batches", v[0], "samples", v[1], "fallbacks", v[2], "failures", v[3],
@@ -1957,7 +1965,8 @@ PyMODINIT_FUNC PyInit__engine(void) {
         return NULL;
     Py_INCREF(&EngineType);
     if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
-        PyModule_AddIntConstant(m, "WHOLE", FMT_WHOLE) < 0 || PyModule_AddIntConstant(m, "RECORDIO", FMT_RECORDIO) < 0 ||
+        PyModule_AddIntConstant(m, "WHOLE", FMT_WHOLE) < 0 ||
+        PyModule_AddIntConstant(m, "RECORDIO", FMT_RECORDIO) < 0 ||
         PyModule_AddIntConstant(m, "BATCH", R_BATCH) < 0 || PyModule_AddIntConstant(m, "EPOCH_END", R_EPOCH) < 0 ||
         PyModule_AddIntConstant(m, "NOTE_READ", NOTE_READ) < 0 ||
         PyModule_AddIntConstant(m, "NOTE_FALLBACK", NOTE_FALLBACK) < 0 ||
