@@ -165,8 +165,8 @@ def _gpu_arguments(pipeline: Pipeline) -> tuple:
     destroy = tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in (lib.ImageDestroy, lib.CodeStreamDestroy))
     import cupy
     device = pipeline.device
-    with cupy.cuda.Device(device.index):
-        kernels = tuple(_warp_kernel._function(name).ptr for name in ("nearest", "bilinear", "bicubic"))
+    with cupy.cuda.Device(device.index):   # a RawKernel's Function (its CUfunction: .ptr) for this device
+        kernels = tuple(_warp_kernel._function(name).kernel.ptr for name in ("nearest", "bilinear", "bicubic"))
     return (device.index, lib.loop_functions, destroy, lib.instance, tuple(d.handle for d in decoders),
             ctypes.addressof(decoders[0].params),
             (bytes(info), nv.ImageInfo.buffer.offset, nv.ImageInfo.cuda_stream.offset,
@@ -306,6 +306,8 @@ class NativeExecutor:
     def _unstarve(self) -> None:
         """Every slot is out and nothing is ready: the oldest slot out gets new tensors (the user keeps the old ones)
         and goes back to the engine."""
+        if not self._out:
+            raise RuntimeError("the native engine waits for an output slot, but none is out")
         k = self._out.pop(0)
         self._slots[k].generation += 1   # its drop callbacks no longer count
         self._slots[k].lost = True
@@ -357,7 +359,10 @@ class NativeExecutor:
                     continue
                 return batch
             images, labels = slot.shown[:rows], slot.labels[:rows]
+            paths = self.pipeline.decode_paths   # (the stats' decode paths: GPU rows and those filled here)
+            paths["gpu"] = paths.get("gpu", 0) + rows - len(fallback or ())
             if fallback:
+                paths["cpu-fallback"] = paths.get("cpu-fallback", 0) + len(fallback)
                 images, labels = self._complete(k, epoch, number, rows, fallback, images, labels, failures)
             if self.with_fields:
                 indices = torch.from_numpy(slot.indices[:rows].copy())

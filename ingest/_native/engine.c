@@ -1827,7 +1827,7 @@ static PyObject *Engine_next(Engine *e, PyObject *args) {
         result = Py_BuildValue("(iiLLLO)", R_EPOCH, -1, (long long)r.epoch, 0LL, 0LL, Py_None);
         goto done;
     }
-    if (e->gpu && stream) {
+    if (e->gpu) { /* (stream 0: the legacy default stream) */
         CUcontext popped;
         CUresult c = cu.CtxPush(e->ctx);
         if (c == 0) {
