@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from ingest import defaults, native
@@ -150,14 +149,17 @@ def test_recordio_parse_matches_the_reader(tmp_path, name):
 # -- the dry run against the Python read stage and planner ------------------------------------------------
 
 
-def tree_with_oddities(root: Path) -> Path:
-    """An image folder with a PNG, an EXIF-rotated JPEG and a progressive JPEG among baseline ones."""
-    make_image_folder(root, {"a": 6, "b": 5, "c": 4})
-    Image.fromarray(textured(40, 50, 1)).save(root / "a" / "z.png")
+def tree_with_oddities(root: Path, size=(48, 64)) -> Path:
+    """An image folder with a PNG, an EXIF-rotated JPEG and a progressive JPEG among baseline ones (images of
+    about ``size``)."""
+    make_image_folder(root, {"a": 6, "b": 5, "c": 4} if size == (48, 64) else {"a": 9, "b": 8, "c": 7}, size=size)
+    h, w = size
+    Image.fromarray(textured(h - 8, w - 14, 1)).save(root / "a" / "z.png")
     exif = Image.Exif()
     exif[0x0112] = 6
-    (root / "b" / "z_rotated.jpg").write_bytes(encode(Image.fromarray(textured(30, 44, 2)), "JPEG", exif=exif))
-    (root / "c" / "z_progressive.jpg").write_bytes(encode(Image.fromarray(textured(36, 40, 3)), "JPEG",
+    (root / "b" / "z_rotated.jpg").write_bytes(encode(Image.fromarray(textured(h - 18, w - 20, 2)), "JPEG",
+                                                      exif=exif))
+    (root / "c" / "z_progressive.jpg").write_bytes(encode(Image.fromarray(textured(h - 12, w - 24, 3)), "JPEG",
                                                           progressive=True))
     return root
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import ingest
 from ingest import defaults, native
@@ -19,7 +17,8 @@ from ingest.formats.base import Field, Record
 from ingest.formats.recordio import RecordIOWriter
 from ingest.ops import Flip, HorizontalFlip, Normalize, RandomResizedCrop
 from ingest.ops.geometry import CenterCrop, Resize
-from conftest import encode, jpeg_bytes, make_image_folder, textured
+from conftest import jpeg_bytes, make_image_folder
+from test_native import tree_with_oddities
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -69,24 +68,13 @@ def compare(a, b, ops, epochs=2, off_rows=None):
     return n
 
 
-def odd_tree(root):
-    make_image_folder(root, {"a": 9, "b": 8, "c": 7}, size=(120, 160))
-    Image.fromarray(textured(90, 110, 1)).save(root / "a" / "z.png")
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    (root / "b" / "z_rotated.jpg").write_bytes(encode(Image.fromarray(textured(100, 140, 2)), "JPEG", exif=exif))
-    (root / "c" / "z_progressive.jpg").write_bytes(encode(Image.fromarray(textured(96, 128, 3)), "JPEG",
-                                                          progressive=True))
-    return root
-
-
 @pytest.mark.parametrize("chain", list(CHAINS))
 def test_file_tree_gives_the_python_engines_samples(tmp_path, chain):
     """One decoder backend (the CUDA decoder alone): the same samples, pixels and all; the PNG, the rotated and
     the progressive JPEG are completed in Python inside their batches."""
     ops = CHAINS[chain]
     with defaults.set(hw_decoder_load=0):
-        a, b = pair(odd_tree(tmp_path / "t"), ops, batch_size=8, shuffle=True, seed=4)
+        a, b = pair(tree_with_oddities(tmp_path / "t", (120, 160)), ops, batch_size=8, shuffle=True, seed=4)
         with a, b:
             assert compare(a, b, ops, off_rows=2) == 8
             stats = a.stats()
