@@ -198,6 +198,20 @@ def test_dry_run_of_a_recordio_file_reads_labels_from_the_records(tmp_path):
         ex.close()
 
 
+def test_dry_run_of_a_file_list_without_sizes_reads_whole_files(image_folder):
+    tree = FileTree(image_folder)
+    src = FileList([tree.name(i) for i in range(len(tree))], tree.labels())   # no sizes: the engine stats them
+    assert (src.native_table().sizes == -1).all()
+    ex, pipe, sampler = dry(src)
+    try:
+        for batch, plan in zip(ex, sampler.batches(0)):
+            check_same(batch, python_rows(pipe, plan))
+        total = sum(os.path.getsize(src.name(i)) for i in range(len(src)))
+        assert ex.stats()["bytes_read"] >= total   # (and the next epoch's read-ahead)
+    finally:
+        ex.close()
+
+
 def test_dry_run_resumes_mid_epoch_and_runs_on(image_folder):
     src = FileTree(image_folder)
     ex, pipe, sampler = dry(src, start=2, epoch=3)
