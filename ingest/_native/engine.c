@@ -115,13 +115,15 @@ static struct {
 #define CU_STREAM_NON_BLOCKING 0x1u
 #define CU_EVENT_DISABLE_TIMING 0x2u
 
-/* Loads libcuda once (called with the GIL held); NULL or a message saying what is missing. */
+/* Loads libcuda once (called with the GIL held); NULL or a message saying what is missing. The environment
+ * variable INGEST_CUDA_LIBRARY names another library to load instead (the tests' CPU stand-in). */
 static const char *load_cuda(void) {
     if (cu.lib != NULL)
         return NULL;
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    const char *name = getenv("INGEST_CUDA_LIBRARY");
+    void *lib = dlopen(name && name[0] ? name : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL)
-        return "cannot load libcuda.so.1";
+        return "cannot load libcuda.so.1 (or INGEST_CUDA_LIBRARY)";
     struct {
         const char *name;
         void **slot;
@@ -518,6 +520,8 @@ static int read_batch(Engine *e, Job *j) {
         j->want[k] = e->sizes[i];
         j->got[k] = 0;
         j->state[k] = ST_OK;
+        j->why[k] = 0;
+        j->status[k] = 0;
         stat |= j->want[k] < 0;
     }
     e->reading = j;
