@@ -36,6 +36,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import weakref
@@ -215,13 +216,15 @@ class NativeExecutor:
     iterating again continues with it. ``plans_of(epoch, start, offset)`` gives an epoch's plans, ``budget()`` a
     new epoch's failure budget. `close()` (also on collection) stops and joins every native thread.
 
-    ``dry``: no CUDA; each batch is a `DryBatch` of the engine's plan for its rows (tests)."""
+    ``dry``: no CUDA; each batch is a `DryBatch` of the engine's plan for its rows (tests). ``gpu``: the engine's
+    `gpu` argument instead of the one made from the pipeline's decoders (tests run the GPU path on a stand-in
+    driver, with host memory as device memory on a CPU pipeline)."""
 
     native = True
 
     def __init__(self, pipeline: Pipeline, chain: Chain, sampler: Sampler, *, epoch: int, start: int, offset: int,
                  failures: Failures, budget: Callable[[], Failures], prefetch: int = 2, with_fields: bool = False,
-                 dry: bool = False, read_threads: int | None = None):
+                 dry: bool = False, read_threads: int | None = None, gpu: tuple | None = None):
         self.pipeline, self.chain, self.sampler, self.prefetch = pipeline, chain, sampler, prefetch
         self.with_fields, self.dry = with_fields, dry
         self.device = pipeline.device
@@ -235,7 +238,8 @@ class NativeExecutor:
         self._batch = sampler.batch_size
         table = chain.table
         slots = prefetch + 1
-        gpu = None if dry else _gpu_arguments(pipeline)
+        gpu = None if dry else gpu or _gpu_arguments(pipeline)
+        self._cuda = self.device.type == "cuda"
         self._engine = ENGINE.Engine(
             list(table.paths), np.ascontiguousarray(table.files, np.int64),
             np.ascontiguousarray(table.offsets, np.int64), np.ascontiguousarray(table.sizes, np.int64),
@@ -267,7 +271,7 @@ class NativeExecutor:
             return
         h, w = self.chain.size
         shape = (self._batch, 3, h, w) if self.chain.layout == "NCHW" else (self._batch, h, w, 3)
-        with torch.cuda.device(self.device):
+        with self._on_device():
             out = torch.empty(shape, dtype=self.chain.dtype, device=self.device)
             labels = torch.empty(self._batch, dtype=torch.int64, device=self.device)
         old = self._slots[k]
@@ -329,7 +333,7 @@ class NativeExecutor:
     def __next__(self) -> Batch:
         if self._closed:
             raise StopIteration
-        stream = 0 if self.dry else torch._C._cuda_getCurrentRawStream(self.device.index)
+        stream = torch._C._cuda_getCurrentRawStream(self.device.index) if self._cuda else 0
         while True:
             item = self._engine.next(stream)
             if item is None:
@@ -404,7 +408,7 @@ class NativeExecutor:
                          self.sampler.seed)
         pipe = self._fallback_pipeline()
         pipe.failures = failures
-        with torch.cuda.device(self.device):
+        with self._on_device():
             done = pipe.run(plan)
             got = [] if done is None else done.indices.tolist()
             # rows of the samples that came back, in their order (a failed sample is left out of `done`)
@@ -413,9 +417,10 @@ class NativeExecutor:
                 by_index.setdefault(i, []).append(r)
             filled = [by_index[i].pop(0) for i in got]
             if filled:
-                stream = torch.cuda.current_stream(self.device)
-                for t in (done.images, done.labels):
-                    t.record_stream(stream)
+                if self._cuda:   # (made on the fallback pipeline's stream, read on this one)
+                    stream = torch.cuda.current_stream(self.device)
+                    for t in (done.images, done.labels):
+                        t.record_stream(stream)
                 where = torch.tensor(filled, dtype=torch.long, device=self.device)
                 images[where] = done.images
                 labels[where] = done.labels
@@ -424,6 +429,9 @@ class NativeExecutor:
                 keep = torch.tensor(sorted(set(range(rows)) - set(dropped)), dtype=torch.long, device=self.device)
                 images, labels = images[keep], labels[keep]
         return images, labels
+
+    def _on_device(self) -> contextlib.AbstractContextManager:
+        return torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
 
     def _fallback_pipeline(self) -> Pipeline:
         if self._fallback is None:
