@@ -29,14 +29,19 @@ from setuptools import Extension, setup
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 setup(ext_modules=[
-    Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS,
+              depends=["ingest/_native/preadv.h"]),
     # no fused multiply-adds: its arithmetic must round as numpy's (the fallback) does
     Extension("ingest._random", ["ingest/_random.c"], optional=True, extra_compile_args=FLAGS + ["-ffp-contract=off"],
               libraries=["m"]),
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
-    Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS),
-    Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
+              depends=["ingest/_native/jpeg_scan.h"]),
+    Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS,
+              depends=["ingest/_native/nvloop.h"]),
 ] + ([  # the planner's arithmetic must round as numpy's does: no fused multiply-adds
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
-              extra_compile_args=FLAGS + ["-ffp-contract=off"], libraries=["m", "dl", "pthread"]),
+              extra_compile_args=FLAGS + ["-ffp-contract=off"], libraries=["m", "dl", "pthread"],
+              depends=["ingest/_native/" + h for h in ("jpeg_scan.h", "nvloop.h", "plan.h", "preadv.h",
+                                                       "random_core.h")]),
 ] if os.path.exists("ingest/_native/plan.c") else []))
