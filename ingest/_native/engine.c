@@ -52,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "jpeg_scan.h"
@@ -256,7 +257,9 @@ struct Engine {
     Ready rq[QCAP];
     int rq_head, rq_len;
     int *free_slots;
-    char *slot_given; /* 1 while a slot is Python's (from next() to release()) */
+    char *slot_given; /* 1 while a slot is Python's (from next() to release()); GIL-protected, as are: */
+    int *pending;     /* slots released, handed to the engine by the next next() (its lock taken once a batch) */
+    int npending;
     int nfree_slots, starving;
     /* per slot */
     Py_buffer *slot_idx, *slot_pad, *slot_dry;
@@ -1142,6 +1145,7 @@ static void engine_free(Engine *e) {
     free(e->slot_nnotes);
     free(e->free_slots);
     free(e->slot_given);
+    free(e->pending);
     free(e->g_pos);
     free(e->p_src);
     free(e->p_plan);
@@ -1155,6 +1159,7 @@ static void engine_free(Engine *e) {
     e->slot_nnotes = NULL;
     e->free_slots = NULL;
     e->slot_given = NULL;
+    e->pending = NULL;
     e->g_pos = NULL;
     e->p_src = NULL;
     e->p_plan = NULL;
@@ -1181,10 +1186,11 @@ static void release_buffers(Engine *e) {
     e->slot_idx = e->slot_pad = e->slot_dry = NULL;
 }
 
-/* A method's entry (GIL held): 0 with an exception set in a forked child or once closed, else the call is counted
- * (`leave` ends it), so that a close() from another thread frees nothing while it runs. `closed` is set and
- * checked with the GIL held, so no call starts once close() has begun. */
-static int enter(Engine *e) {
+/* A method's entry (GIL held): 0 with an exception set in a forked child or once closed. `closed` is set and
+ * checked with the GIL held, and close() frees only after it gave the GIL up: a method that keeps the GIL
+ * throughout cannot overlap the freeing. next(), which gives it up while it waits, is counted in `users`
+ * (`enter_waiting` / `leave`), and close() frees nothing before the count is back at 0. */
+static int alive(Engine *e) {
     if (e->pid != getpid()) {
         PyErr_SetString(PyExc_RuntimeError, "this native engine belongs to the parent process (forked)");
         return 0;
@@ -1193,17 +1199,22 @@ static int enter(Engine *e) {
         PyErr_SetString(PyExc_RuntimeError, "the native engine is closed");
         return 0;
     }
-    pthread_mutex_lock(&e->lock);
-    e->users++;
-    pthread_mutex_unlock(&e->lock);
+    return 1;
+}
+
+static int enter_waiting(Engine *e) {
+    if (!alive(e))
+        return 0;
+    __atomic_add_fetch(&e->users, 1, __ATOMIC_ACQ_REL);
     return 1;
 }
 
 static void leave(Engine *e) {
-    pthread_mutex_lock(&e->lock);
-    if (--e->users == 0)
+    if (__atomic_sub_fetch(&e->users, 1, __ATOMIC_ACQ_REL) == 0 && e->closed) {
+        pthread_mutex_lock(&e->lock); /* close() waits for the count */
         pthread_cond_broadcast(&e->cond);
-    pthread_mutex_unlock(&e->lock);
+        pthread_mutex_unlock(&e->lock);
+    }
 }
 
 static void engine_close(Engine *e) {
@@ -1213,8 +1224,16 @@ static void engine_close(Engine *e) {
     Py_BEGIN_ALLOW_THREADS
     engine_join(e); /* (stop is set: a next() waiting returns) */
     pthread_mutex_lock(&e->lock);
-    while (e->users > 0)
-        pthread_cond_wait(&e->cond, &e->lock);
+    while (__atomic_load_n(&e->users, __ATOMIC_ACQUIRE) > 0) { /* (timed: a wake-up may come before the wait) */
+        struct timespec at;
+        clock_gettime(CLOCK_REALTIME, &at);
+        at.tv_nsec += 10 * 1000 * 1000;
+        if (at.tv_nsec >= 1000000000L) {
+            at.tv_sec++;
+            at.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&e->cond, &e->lock, &at);
+    }
     pthread_mutex_unlock(&e->lock);
     engine_free(e);
     Py_END_ALLOW_THREADS
@@ -1564,6 +1583,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->slot_free = calloc((size_t)slots, sizeof(CUevent));
     e->free_slots = calloc((size_t)slots, sizeof(int));
     e->slot_given = calloc((size_t)slots, 1);
+    e->pending = calloc((size_t)slots, sizeof(int));
     e->slot_held = calloc((size_t)slots * 3, 1);
     e->slot_idx = calloc((size_t)slots, sizeof(Py_buffer));
     e->slot_pad = calloc((size_t)slots, sizeof(Py_buffer));
@@ -1572,7 +1592,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->p_src = calloc((size_t)B, sizeof(uint64_t));
     e->p_plan = calloc((size_t)B, sizeof(ing_sample));
     if (!e->slot_out || !e->slot_lbl || !e->slot_args || !e->slot_host || !e->slot_notes || !e->slot_nnotes ||
-        !e->slot_ready || !e->slot_free || !e->free_slots || !e->slot_given || !e->slot_held || !e->slot_idx ||
+        !e->slot_ready || !e->slot_free || !e->free_slots || !e->slot_given || !e->pending || !e->slot_held || !e->slot_idx ||
         !e->slot_pad || !e->slot_dry || !e->g_pos || !e->p_src || !e->p_plan) {
         PyErr_NoMemory();
         goto fail;
@@ -1642,13 +1662,11 @@ fail:
 static PyObject *Engine_add_epoch(Engine *e, PyObject *args) {
     long long epoch, number0;
     PyObject *indices, *bounds, *pad;
-    if (!PyArg_ParseTuple(args, "LLOOO:add_epoch", &epoch, &number0, &indices, &bounds, &pad) || !enter(e))
+    if (!PyArg_ParseTuple(args, "LLOOO:add_epoch", &epoch, &number0, &indices, &bounds, &pad) || !alive(e))
         return NULL;
     Epoch *ep = calloc(1, sizeof(Epoch));
-    if (ep == NULL) {
-        leave(e);
+    if (ep == NULL)
         return PyErr_NoMemory();
-    }
     int64_t count = 0, nb = 0;
     Py_buffer p = {0};
     int have_pad = 0;
@@ -1692,7 +1710,6 @@ static PyObject *Engine_add_epoch(Engine *e, PyObject *args) {
     e->epochs_tail = ep;
     pthread_cond_broadcast(&e->cond);
     pthread_mutex_unlock(&e->lock);
-    leave(e);
     Py_RETURN_NONE;
 bad:
     if (have_pad)
@@ -1701,7 +1718,6 @@ bad:
     free(ep->bounds);
     free(ep->pad);
     free(ep);
-    leave(e);
     return NULL;
 }
 
@@ -1731,7 +1747,7 @@ static PyObject *Engine_set_slot(Engine *e, PyObject *args) {
     Py_ssize_t slot;
     unsigned long long out, labels;
     PyObject *idx = Py_None, *pad = Py_None, *dry = Py_None;
-    if (!PyArg_ParseTuple(args, "nKK|OOO:set_slot", &slot, &out, &labels, &idx, &pad, &dry) || !enter(e))
+    if (!PyArg_ParseTuple(args, "nKK|OOO:set_slot", &slot, &out, &labels, &idx, &pad, &dry) || !alive(e))
         return NULL;
     PyObject *result = NULL;
     if (slot < 0 || slot >= e->nslots) {
@@ -1749,18 +1765,20 @@ static PyObject *Engine_set_slot(Engine *e, PyObject *args) {
     pthread_mutex_unlock(&e->lock);
     result = Py_NewRef(Py_None);
 done:
-    leave(e);
     return result;
 }
 
 static PyObject *Engine_release(Engine *e, PyObject *args) {
     Py_ssize_t slot;
     unsigned long long stream = 0;
-    if (!PyArg_ParseTuple(args, "n|K:release", &slot, &stream) || !enter(e))
+    if (!PyArg_ParseTuple(args, "n|K:release", &slot, &stream) || !alive(e))
         return NULL;
     if (slot < 0 || slot >= e->nslots) {
         PyErr_Format(PyExc_IndexError, "slot %zd out of range", slot);
-        leave(e);
+        return NULL;
+    }
+    if (!e->slot_given[slot]) {
+        PyErr_Format(PyExc_ValueError, "slot %zd was released twice (or before next() gave it)", slot);
         return NULL;
     }
     if (e->gpu) { /* the slot's next kernel waits for the work queued on the consumer's stream so far */
@@ -1772,37 +1790,40 @@ static PyObject *Engine_release(Engine *e, PyObject *args) {
         }
         if (r != 0) {
             PyErr_Format(PyExc_RuntimeError, "CUDA driver call cuEventRecord failed (CUresult %d)", r);
-            leave(e);
             return NULL;
         }
     }
-    pthread_mutex_lock(&e->lock);
-    int known = !e->slot_given[slot];
-    if (!known) {
-        e->slot_given[slot] = 0;
+    e->slot_given[slot] = 0;
+    if (__atomic_load_n(&e->users, __ATOMIC_ACQUIRE) == 0) {
+        e->pending[e->npending++] = (int)slot; /* the next next() hands it over, under the lock it takes anyway */
+    } else { /* a next() waits (another thread's): hand it over now */
+        pthread_mutex_lock(&e->lock);
         e->free_slots[e->nfree_slots++] = (int)slot;
-    }
-    pthread_cond_broadcast(&e->cond);
-    pthread_mutex_unlock(&e->lock);
-    leave(e);
-    if (known) {
-        PyErr_Format(PyExc_ValueError, "slot %zd was released twice (or before next() gave it)", slot);
-        return NULL;
+        pthread_cond_broadcast(&e->cond);
+        pthread_mutex_unlock(&e->lock);
     }
     Py_RETURN_NONE;
 }
 
 static PyObject *Engine_next(Engine *e, PyObject *args) {
     unsigned long long stream = 0;
-    if (!PyArg_ParseTuple(args, "|K:next", &stream) || !enter(e))
+    if (!PyArg_ParseTuple(args, "|K:next", &stream) || !enter_waiting(e))
         return NULL;
     PyObject *result = NULL;
     Ready r;
     int got = 0, starved = 0;
     char error[sizeof e->error];
     error[0] = 0;
+    int handed[64], nhanded = e->npending < 64 ? e->npending : 64; /* the slots released since the last call */
+    memcpy(handed, e->pending, (size_t)nhanded * sizeof(int));
+    e->npending -= nhanded;
+    memmove(e->pending, e->pending + nhanded, (size_t)e->npending * sizeof(int));
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&e->lock);
+    for (int q = 0; q < nhanded; ++q)
+        e->free_slots[e->nfree_slots++] = handed[q];
+    if (nhanded)
+        pthread_cond_broadcast(&e->cond);
     while (e->rq_len == 0 && !e->stop && !(e->starving && e->nfree_slots == 0))
         pthread_cond_wait(&e->cond, &e->lock);
     if (e->rq_len > 0) {
@@ -1869,15 +1890,13 @@ done:
 
 static PyObject *Engine_labels(Engine *e, PyObject *args) {
     Py_ssize_t slot;
-    if (!PyArg_ParseTuple(args, "n:labels", &slot) || !enter(e))
+    if (!PyArg_ParseTuple(args, "n:labels", &slot) || !alive(e))
         return NULL;
-    PyObject *result = NULL;
-    if (slot < 0 || slot >= e->nslots)
+    if (slot < 0 || slot >= e->nslots) {
         PyErr_Format(PyExc_IndexError, "slot %zd out of range", slot);
-    else /* a copy: the host labels of a slot's last batch */
-        result = PyBytes_FromStringAndSize((const char *)e->slot_host[slot], e->batch * 8);
-    leave(e);
-    return result;
+        return NULL;
+    } /* a copy: the host labels of a slot's last batch */
+    return PyBytes_FromStringAndSize((const char *)e->slot_host[slot], e->batch * 8);
 }
 
 static PyObject *Engine_close(Engine *e, PyObject *unused) {
@@ -1890,14 +1909,13 @@ static PyObject *Engine_close(Engine *e, PyObject *unused) {
 }
 
 static PyObject *Engine_stats(Engine *e, PyObject *unused) {
-    if (!enter(e))
+    if (!alive(e))
         return NULL;
     pthread_mutex_lock(&e->lock);
     long long v[8] = {e->st_batches, e->st_samples, e->st_fallbacks, e->st_failures, e->st_bytes, e->st_arena_allocs,
                       e->st_starved,
                       (long long)(e->arena_cap[0] > e->arena_cap[1] ? e->arena_cap[0] : e->arena_cap[1])};
     pthread_mutex_unlock(&e->lock);
-    leave(e);
     return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "batches", v[0], "samples", v[1], "fallbacks", v[2], "failures", v[3],
                          "bytes_read", v[4], "arenas_made", v[5], "slot_waits", v[6], "arena_bytes", v[7]);
 }
