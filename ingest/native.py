@@ -236,6 +236,7 @@ class NativeExecutor:
         self.fallbacks: Counter[str] = Counter()
         self._fallback: Pipeline | None = None
         self._batch = sampler.batch_size
+        self.outputs_made = 0   # output tensors allocated: the ring at start, then one per slot replaced
         table = chain.table
         slots = prefetch + 1
         gpu = None if dry else gpu or _gpu_arguments(pipeline)
@@ -274,6 +275,7 @@ class NativeExecutor:
         with self._on_device():
             out = torch.empty(shape, dtype=self.chain.dtype, device=self.device)
             labels = torch.empty(self._batch, dtype=torch.int64, device=self.device)
+        self.outputs_made += 1
         old = self._slots[k]
         slot = _Slot(out, labels, self.chain.layout, self._batch)
         if old is not None:
@@ -441,10 +443,9 @@ class NativeExecutor:
 
     # -- the rest ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """The engine's counts and why samples fell back."""
-        if self._closed:
-            return {"fallbacks": dict(self.fallbacks)}
-        return {**self._engine.stats(), "fallbacks": dict(self.fallbacks)}
+        """The engine's counts, why samples fell back and how many output tensors were made."""
+        own = {"fallbacks": dict(self.fallbacks), "outputs_made": self.outputs_made}
+        return own if self._closed else {**self._engine.stats(), **own}
 
     def close(self) -> None:
         """Stop and join the engine's threads; the slots the user holds stay theirs."""

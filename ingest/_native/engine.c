@@ -26,8 +26,10 @@
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
  * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from
  * next(); it gives it back with release(k, stream) once nothing of the user's holds it, recording there the event
- * the slot's next kernel waits for. While every slot is out and nothing is ready, next() returns None ("starved")
- * so that Python can replace a held slot's tensors (set_slot) and release it.
+ * the slot's next kernel waits for (the slot reaches the engine with the next next() call, which takes the engine's
+ * lock anyway: waking the engine's threads from the training thread at every drop cost it more than the rest of
+ * its per-batch work). While every slot is out and nothing is ready, next() returns None ("starved") so that
+ * Python can replace a held slot's tensors (set_slot) and release it.
  *
  * Device memory the engine owns: two decode arenas (cuMemAlloc, sized from the first batch's need and a quarter, in
  * 2 MiB steps, grown only) and per slot the kernel's argument buffer. nvImageCodec does not order its writes after
