@@ -232,6 +232,7 @@ class NativeExecutor:
         self._failures: dict[int, Failures] = {epoch: failures}
         self._plans_of = sampler.batches
         self._closed = False
+        self._pid = os.getpid()   # a forked child's copy leaves the engine (its parent's) alone
         self.ended: EpochEnd | None = None
         self.fallbacks: Counter[str] = Counter()
         self._fallback: Pipeline | None = None
@@ -454,6 +455,8 @@ class NativeExecutor:
         self._closed = True
         from .pipeline import CLOSE_AT_EXIT
         CLOSE_AT_EXIT.discard(self)
+        if self._pid != os.getpid():
+            return
         self._engine.close()
         if self._fallback is not None:
             self._fallback.close()
