@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -238,6 +239,7 @@ class NativeExecutor:
         self._fallback: Pipeline | None = None
         self._batch = sampler.batch_size
         self.outputs_made = 0   # output tensors allocated: the ring at start, then one per slot replaced
+        self._python = [0.0, 0]   # seconds of __next__ outside the engine's wait, and the batches they made
         table = chain.table
         slots = prefetch + 1
         gpu = None if dry else gpu or _gpu_arguments(pipeline)
@@ -248,7 +250,7 @@ class NativeExecutor:
             None if table.labels is None else np.ascontiguousarray(table.labels, np.int64), _KINDS[table.kind],
             np.ascontiguousarray(chain.desc, np.float64), sampler.seed, self._batch, slots,
             read_threads or defaults.get("io_threads"), pipeline.cpu.max_pixels,
-            all(gpu.regions for gpu, _ in pipeline.lanes if gpu is not None), gpu)
+            all(lane.regions for lane, _ in pipeline.lanes if lane is not None), gpu)
         self._slots: list[_Slot | None] = [None] * slots
         self._dry: list[np.ndarray] = []
         self._out: list[int] = []   # slots handed out and not given back, oldest first
@@ -336,9 +338,12 @@ class NativeExecutor:
     def __next__(self) -> Batch:
         if self._closed:
             raise StopIteration
+        start = time.perf_counter()
         stream = torch._C._cuda_getCurrentRawStream(self.device.index) if self._cuda else 0
         while True:
+            waited = time.perf_counter()
             item = self._engine.next(stream)
+            start += time.perf_counter() - waited   # (the wait, the GIL given up, is not this thread's work)
             if item is None:
                 self._unstarve()
                 continue
@@ -380,7 +385,10 @@ class NativeExecutor:
                 self._watch(k, images, labels)
             else:   # a new tensor (a fallback dropped): the slot is free once the copies queued so far have run
                 self._give_back(k)
-            return Batch(images, labels, indices, is_pad, {}, None, number)
+            batch = Batch(images, labels, indices, is_pad, {}, None, number)
+            self._python[0] += time.perf_counter() - start
+            self._python[1] += 1
+            return batch
 
     def _notes(self, notes: list, failures: Failures) -> list[tuple[int, int]]:
         """Count the batch's read failures against ``failures`` (raising its typed error where the budget says)
@@ -445,7 +453,10 @@ class NativeExecutor:
     # -- the rest ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """The engine's counts, why samples fell back and how many output tensors were made."""
-        own = {"fallbacks": dict(self.fallbacks), "outputs_made": self.outputs_made}
+        seconds, batches = self._python
+        own = {"fallbacks": dict(self.fallbacks), "outputs_made": self.outputs_made,
+               # the training thread's time per batch in __next__ besides the engine's wait (drops not included)
+               "python_ms_per_batch": round(1e3 * seconds / max(batches, 1), 4)}
         return own if self._closed else {**self._engine.stats(), **own}
 
     def close(self) -> None:

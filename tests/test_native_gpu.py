@@ -52,7 +52,8 @@ def levels(x: torch.Tensor, ops) -> torch.Tensor:
 def compare(a, b, ops, epochs=2, off_rows=None):
     """Both loaders' epochs: equal labels and shapes, pixels within the decoders' tolerance; with ``off_rows``,
     at most that many rows differ by more than a level (rows both engines decode with the same decoder and
-    warp are equal; an EXIF-rotated JPEG is decoded on the GPU by one and on the CPU by the other). Returns
+    warp are equal; an EXIF-rotated JPEG is decoded on the GPU by one and on the CPU by the other, and the rows
+    the native engine leaves to Python are warped in a batch of their own, whose filter could differ). Returns
     the batches compared."""
     n = off = 0
     for _ in range(epochs):
@@ -76,7 +77,7 @@ def test_file_tree_gives_the_python_engines_samples(tmp_path, chain):
     with defaults.set(hw_decoder_load=0):
         a, b = pair(tree_with_oddities(tmp_path / "t", (120, 160)), ops, batch_size=8, shuffle=True, seed=4)
         with a, b:
-            assert compare(a, b, ops, off_rows=2) == 8
+            assert compare(a, b, ops, off_rows=6) == 8   # the 3 odd files of 2 epochs at most
             stats = a.stats()
     assert stats["engine"] == "native"
     assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 4, "oriented": 2}   # two epochs
