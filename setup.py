@@ -15,6 +15,11 @@
   native engine compiles the same file. Without it the Python planner is the only one.
 - ``ingest.ops._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
   the same loop through ctypes, slower beside busy Python threads (``ingest.ops._nvimgcodec``).
+- ``ingest._engine``: the native engine (``ingest/_native/engine.c`` with the native planner, ``plan.c``): a
+  batch from its indices to the device batch on native threads (`ingest.native`); without it the Python stages
+  run. It loads libcuda at run time.
+
+Shared pure-C pieces live in ``ingest/_native/*.h`` and are included by the modules that use them.
 
 They need only a C compiler and Python's headers (no CUDA, no nvImageCodec header). Everything else is
 declared in pyproject.toml.
@@ -28,13 +33,20 @@ EXACT = FLAGS + ["-ffp-contract=off"]
 NATIVE = ["ingest/_native"]   # headers shared by the extensions and the native engine
 
 setup(ext_modules=[
-    Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS,
+              depends=["ingest/_native/preadv.h"]),
     Extension("ingest._random", ["ingest/_random.c"], optional=True, extra_compile_args=EXACT, include_dirs=NATIVE,
               depends=["ingest/_native/random_core.h"], libraries=["m"]),
     Extension("ingest._plan", ["ingest/_native/plan_py.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE,
               depends=["ingest/_native/plan.h", "ingest/_native/random_core.h"], libraries=["m"]),
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
-    Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS),
-    Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
+              depends=["ingest/_native/jpeg_scan.h"]),
+    Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS,
+              depends=["ingest/_native/nvloop.h"]),
+    Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
+              extra_compile_args=EXACT, include_dirs=NATIVE, libraries=["m", "dl", "pthread"],
+              depends=["ingest/_native/" + h for h in ("jpeg_scan.h", "nvloop.h", "plan.h", "preadv.h",
+                                                       "random_core.h")]),
 ])

@@ -49,9 +49,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#ifndef IOV_MAX
-#define IOV_MAX 1024
-#endif
+#include "_native/preadv.h"
 
 /* -- a parallel for over task indices --------------------------------------------------------------- */
 
@@ -180,7 +178,6 @@ static void run_all(Batch *b, long threads) {
 /* -- the two kinds of task -------------------------------------------------------------------------- */
 
 static void read_task(Batch *b, Py_ssize_t k) {
-    struct iovec iov[IOV_MAX];
     int fd = (int)b->fds[k];
     if (fd < 0) {
         fd = open(b->paths[k], O_RDONLY | O_CLOEXEC);
@@ -189,35 +186,8 @@ static void read_task(Batch *b, Py_ssize_t k) {
             return;
         }
     }
-    int64_t done = 0, offset = b->offsets[k];
-    Py_ssize_t s = b->first[k], end = b->first[k + 1];
-    size_t into = 0; /* bytes of segment s already read */
-    while (s < end) {
-        int cnt = 0;
-        for (Py_ssize_t t = s; t < end && cnt < IOV_MAX; ++t, ++cnt) {
-            size_t skip = t == s ? into : 0;
-            iov[cnt].iov_base = (b->addrs[t] ? (char *)(uintptr_t)b->addrs[t] : b->scratch) + skip;
-            iov[cnt].iov_len = (size_t)b->lens[t] - skip;
-        }
-        ssize_t got = preadv(fd, iov, cnt, offset + done);
-        if (got < 0) {
-            if (errno == EINTR)
-                continue;
-            done = -(int64_t)errno;
-            break;
-        }
-        if (got == 0)
-            break; /* the file ends early: the caller sees a short count */
-        done += got;
-        size_t left = (size_t)got;
-        while (s < end && left >= (size_t)b->lens[s] - into) {
-            left -= (size_t)b->lens[s] - into;
-            into = 0;
-            ++s;
-        }
-        into += left;
-    }
-    b->out[k] = done;
+    b->out[k] = ing_preadv_full(fd, b->offsets[k], b->addrs + b->first[k], b->lens + b->first[k],
+                                b->first[k + 1] - b->first[k], b->scratch);
     if (b->fds[k] < 0)
         close(fd);
 }

@@ -15,6 +15,7 @@
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
 | keep_freed_memory | INGEST_KEEP_FREED_MEMORY | auto  | auto: glibc keeps freed memory for reuse in the training process once a Loader runs its pipeline there (`ingest._malloc.keep_freed_memory`); off: leave its malloc alone |
+| engine          | INGEST_ENGINE           | auto    | what runs a Loader's batches in the training process: auto (the native engine, `ingest.native`, where the loader is eligible, else the Python stages), python, or native (a ConfigError naming why where it is not eligible) |
 
 "cores" is this process's share of the host (`cores`): the CPUs it may run on (its affinity, which a container's
 or a batch job's cpuset narrows where `os.cpu_count` still counts the whole machine) over the torchrun ranks
@@ -147,6 +148,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "ops_threads": ("INGEST_OPS_THREADS", "auto", _integer("ops_threads", 1, words=("auto",))),
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),
     "keep_freed_memory": ("INGEST_KEEP_FREED_MEMORY", "auto", _choice("keep_freed_memory", ("auto", "off"))),
+    "engine": ("INGEST_ENGINE", "auto", _choice("engine", ("auto", "python", "native"))),
 }
 _values: dict[str, Any] = {}
 

@@ -148,6 +148,13 @@ class Loader:
                                      num_threads=num_threads)
         if self.worker_stages == "read":
             self._check_read_stage()
+        # The native engine (`ingest.native`) runs the epochs where eligible and the ``engine`` setting allows.
+        from . import native
+        chain, why = native.why_not(source, self.ops, device=self.device, decode=self.decode, workers=num_workers,
+                                    streamed=self._stream is not None or self._streamed is not None,
+                                    tuple_output=True, pipeline=self.pipeline)
+        self._native = native.choose(defaults.get("engine"), chain, why)
+        self.engine = "native" if self._native is not None else "python"   # what runs (`stats()["engine"]`)
         worker_threads = num_threads or max(1, defaults.cores() // max(num_workers, 1))
         self._spec = dict(source=source, ops=self.ops, device=str(self.device), decode=self.decode, io=io,
                           num_threads=worker_threads, sampler=self.sampler, prefetch=prefetch,
@@ -206,6 +213,16 @@ class Loader:
             plans = self.sampler.batches(self.epoch, start, self._offset)
         # A fractional budget is a share of the samples this epoch reads (None: unknown, for a stream).
         self._failures = Failures(self.max_failures, self.sampler.samples(start, self._offset) if self._stream is None else None)
+        if self._native is not None and self._native_output():
+            from .native import NativeExecutor
+            self.pipeline.with_fields = self.output != "tuple"
+            sampler = self.sampler
+            self.engine = "native"
+            self._executor = NativeExecutor(self.pipeline, self._native, sampler, epoch=self.epoch, start=start,
+                                            offset=self._offset, failures=self._failures,
+                                            budget=partial(Failures, self.max_failures, sampler.samples(0, 0)),
+                                            prefetch=self.prefetch, with_fields=self.output != "tuple")
+            return self._iterate(self._executor, self._run)
         read = None
         if self.pipeline is not None:   # set below where this process's ops stage makes the batches
             self.pipeline.consumer_stream = None
@@ -228,7 +245,19 @@ class Loader:
         if self.device.type == "cuda":
             self.pipeline.consumer_stream = torch.cuda.current_stream(self.device)
         self._executor = Executor(self.pipeline, plans, prefetch=self.prefetch, read=read)
+        self.engine = "python"
         return self._iterate(self._executor, self._run)
+
+    def _native_output(self) -> bool:
+        """Whether the native engine gives what this iteration yields (a dict asks for every field); a
+        ConfigError where the ``engine`` setting is "native" and it does not."""
+        extra = set(fields_of(self.source)) - {"image", "label"}
+        if self.output == "tuple" or not extra:
+            return True
+        if defaults.get("engine") == "native":
+            raise ConfigError(f"engine='native', but output='dict' asks for fields the native engine does not "
+                              f"collate: {', '.join(sorted(extra))}")
+        return False
 
     def _chained(self, epoch: int, start: int, offset: int) -> Executor | None:
         """The running executor, if the consumer took every batch of the last epoch and it has read on into
@@ -394,7 +423,9 @@ class Loader:
                 out["buffers"] = {"outputs_made": self.pipeline.outputs_made,
                                   "arenas_made": gpu.arenas.made if gpu is not None else 0,
                                   "arena_mb": round(gpu.arenas.size / 2**20, 1) if gpu is not None else 0}
-        return {"read_path": read_path, "decode": self.decode, "decode_paths": dict(paths),
+        if getattr(self._executor, "native", False):   # the native engine's counts
+            out["native"] = self._executor.stats()
+        return {"engine": self.engine, "read_path": read_path, "decode": self.decode, "decode_paths": dict(paths),
                 "gpu_fallbacks": dict(fallbacks), "device": str(self.device), "workers": self.num_workers,
                 "worker_stages": self.worker_stages, "stages": stages, **out,
                 "failures": list(self._failures.items) if self._failures else []}

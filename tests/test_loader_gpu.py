@@ -281,9 +281,10 @@ def test_a_loop_uses_three_outputs_and_never_sees_one_rewritten_behind_its_strea
     and decoded into an arena of the same size as the others: neither is made again for it."""
     ops = [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)]
 
-    def make():   # 19 images: batches of 6, 6, 6 and 1
-        return ingest.Loader(folder, batch_size=6, device="cuda", decode=decode, ops=ops, shuffle=True, seed=5,
-                             num_workers=0, last_batch="partial", prefetch=2)
+    def make():   # 19 images: batches of 6, 6, 6 and 1; the Python executor's outputs (the native engine's ring:
+        with ingest.defaults.set(engine="python"):   # tests/test_native_gpu.py)
+            return ingest.Loader(folder, batch_size=6, device="cuda", decode=decode, ops=ops, shuffle=True, seed=5,
+                                 num_workers=0, last_batch="partial", prefetch=2)
 
     with make() as loader:
         want = [x.double().sum().item() for epoch in range(3) for x, _ in loader]

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import ConfigError, SourceError
 from ._images import image_extension
+from ._native_table import NativeTable
 from .base import Location, Record, check_index, check_indices
 
 #: Extensions recognised as images by default (lower case, with the dot).
@@ -68,6 +69,13 @@ class FileList:
 
     def labels(self) -> np.ndarray:
         return self._labels
+
+    def native_table(self) -> NativeTable:
+        """Every sample for the native engine: its whole file (the listed size, else -1: to its end) and label."""
+        n = len(self._paths)
+        sizes = self._sizes if self._sizes is not None else np.full(n, -1, np.int64)
+        return NativeTable(self._paths, np.arange(n, dtype=np.int64), np.zeros(n, np.int64), sizes, self._labels,
+                           "whole")
 
     def name(self, i: int) -> str:
         return self._paths[check_index(i, len(self._paths))]

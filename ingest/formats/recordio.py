@@ -38,6 +38,7 @@ import numpy as np
 
 from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError
+from ._native_table import NativeTable
 from ._shards import RecordTable, read_index_rows, resolve_indexes, resolve_shards
 from .base import Field, Location, Record, batch_structs, parse_or_error, read_location
 
@@ -325,6 +326,12 @@ class RecordIOSource:
     def name(self, i: int) -> str:
         i = self._table.index(i)
         return f"{self._table.path(i)}:{self._table.offsets[i]}"
+
+    def native_table(self) -> NativeTable:
+        """Every record's byte range for the native engine, which reads each label from its IRHeader."""
+        t = self._table
+        return NativeTable(t.shards, np.frombuffer(t.shard_of, np.intc).astype(np.int64),
+                           np.frombuffer(t.offsets, np.int64), np.frombuffer(t.sizes, np.int64), None, "recordio")
 
     def __repr__(self) -> str:
         return f"RecordIOSource({len(self.shards)} files, {len(self)} records)"

@@ -27,31 +27,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { FN_CREATE, FN_INFO, FN_SUB, FN_IMAGE, FN_DECODE, FN_WAIT, FN_STATUS, FN_FUTURE_DESTROY, FN_COUNT };
-#define OUT_PARSE 0x10000u
-#define OUT_NOT_JPEG 0x20000u
-#define OUT_DECODE 0x40000u
+#include "../_native/nvloop.h"
 
-typedef int (*create_fn)(void *, void **, const unsigned char *, size_t, const void *);
-typedef int (*info_fn)(void *, void *);
-typedef int (*sub_fn)(void *, void **, const void *);
-typedef int (*image_fn)(void *, void **, const void *);
-typedef int (*decode_fn)(void *, void *const *, void *const *, int, const void *, void **);
-typedef int (*future_fn)(void *);
-typedef int (*status_fn)(void *, uint32_t *, size_t *);
+#define FN_COUNT ING_NV_COUNT
+#define OUT_PARSE ING_NV_OUT_PARSE
+#define OUT_NOT_JPEG ING_NV_OUT_NOT_JPEG
+#define OUT_DECODE ING_NV_OUT_DECODE
 
-typedef struct {
-    create_fn create;
-    info_fn info;
-    sub_fn sub;
-    image_fn image;
-    decode_fn decode;
-    future_fn wait;
-    status_fn status;
-    future_fn destroy;
-} Functions;
-
-static int read_functions(PyObject *tuple, Functions *f) {
+static int read_functions(PyObject *tuple, ing_nv_functions *f) {
     void *p[FN_COUNT];
     if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != FN_COUNT) {
         PyErr_Format(PyExc_TypeError, "fns must be a tuple of %d function addresses", FN_COUNT);
@@ -64,14 +47,7 @@ static int read_functions(PyObject *tuple, Functions *f) {
             return -1;
         }
     }
-    f->create = (create_fn)p[FN_CREATE];
-    f->info = (info_fn)p[FN_INFO];
-    f->sub = (sub_fn)p[FN_SUB];
-    f->image = (image_fn)p[FN_IMAGE];
-    f->decode = (decode_fn)p[FN_DECODE];
-    f->wait = (future_fn)p[FN_WAIT];
-    f->status = (status_fn)p[FN_STATUS];
-    f->destroy = (future_fn)p[FN_FUTURE_DESTROY];
+    ing_nv_functions_from(f, p);
     return 0;
 }
 
@@ -91,65 +67,11 @@ static int to_pointer(PyObject *obj, void *out) {
     return PyErr_Occurred() ? 0 : 1;
 }
 
-typedef struct {
-    void **parents, **subs, **images;
-    char *infos, *views, *probe;
-    Py_ssize_t info_stride, view_stride, start_off, end_off, codec_off;
-} Slots;
-
-/* The loop itself, GIL released: returns the batch decode's status, fills out[]. */
-static int run(const Functions *f, void *instance, void *decoder, const void *params, Py_ssize_t n,
-               const Py_buffer *datas, const int32_t *regions, const Slots *s, uint32_t *out,
-               void **streams, void **images, Py_ssize_t *picked, uint32_t *statuses) {
-    Py_ssize_t m = 0;
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        int st = f->create(instance, &s->parents[i], (const unsigned char *)datas[i].buf, (size_t)datas[i].len, NULL);
-        if (st == 0) { /* parse now: one stream no parser takes would fail the whole batch's decode call */
-            st = f->info(s->parents[i], s->probe);
-            if (st == 0 && strcmp(s->probe + s->codec_off, "jpeg") != 0) {
-                out[i] = OUT_NOT_JPEG;
-                continue;
-            }
-        }
-        void *source = s->parents[i];
-        const int32_t *r = regions + 4 * i;
-        if (st == 0 && r[2] > r[0]) {
-            char *view = s->views + i * s->view_stride;
-            int32_t *start = (int32_t *)(view + s->start_off), *end = (int32_t *)(view + s->end_off);
-            start[0] = r[1]; start[1] = r[0]; end[0] = r[3]; end[1] = r[2];  /* (y, x) order */
-            st = f->sub(s->parents[i], &s->subs[i], view);
-            source = s->subs[i];
-        }
-        if (st == 0) st = f->image(instance, &s->images[i], s->infos + i * s->info_stride);
-        if (st != 0) {
-            out[i] = OUT_PARSE | (uint32_t)st;
-            continue;
-        }
-        streams[m] = source;
-        images[m] = s->images[i];
-        picked[m++] = i;
-    }
-    if (m == 0) return 0;
-    void *future = NULL;
-    int st = f->decode(decoder, streams, images, (int)m, params, &future);
-    for (Py_ssize_t k = 0; k < m; ++k) statuses[k] = 0;
-    if (future != NULL) {
-        f->wait(future);
-        if (st == 0) {
-            size_t size = (size_t)m;
-            f->status(future, statuses, &size);
-        }
-        f->destroy(future);
-    }
-    for (Py_ssize_t k = 0; k < m; ++k) out[picked[k]] = st != 0 ? (OUT_DECODE | (uint32_t)st) : statuses[k];
-    return st;
-}
-
 static PyObject *decode(PyObject *self, PyObject *args) {
     PyObject *fns_obj, *datas_obj, *regions_obj, *out_obj;
     void *instance, *decoder, *params;
-    Slots s;
-    Functions f;
+    ing_nv_slots s;
+    ing_nv_functions f;
     (void)self;
     if (!PyArg_ParseTuple(args, "OO&O&O&OO(O&O&O&)(O&n)(O&nnn)(O&n)O", &fns_obj, to_pointer, &instance,
                           to_pointer, &decoder, to_pointer, &params, &datas_obj, &regions_obj,
@@ -166,8 +88,9 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer regions, out;
     int have_regions = 0, have_out = 0;
     Py_buffer *datas = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
-    /* One block for the loop's scratch: streams, images, picked, statuses. */
-    char *scratch = PyMem_Malloc((size_t)(n ? n : 1) * (2 * sizeof(void *) + sizeof(Py_ssize_t) + sizeof(uint32_t)));
+    /* One block for the loop's scratch: streams, images, data pointers, picked, lengths, statuses. */
+    char *scratch = PyMem_Malloc((size_t)(n ? n : 1) *
+                                 (3 * sizeof(void *) + sizeof(Py_ssize_t) + sizeof(size_t) + sizeof(uint32_t)));
     if (datas == NULL || scratch == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -179,12 +102,18 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     for (; got < n; ++got)
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &datas[got], PyBUF_C_CONTIGUOUS) < 0) goto done;
     void **streams = (void **)scratch, **images = streams + n;
-    Py_ssize_t *picked = (Py_ssize_t *)(images + n);
-    uint32_t *statuses = (uint32_t *)(picked + n);
+    const unsigned char **ptrs = (const unsigned char **)(images + n);
+    ptrdiff_t *picked = (ptrdiff_t *)(ptrs + n);
+    size_t *lens = (size_t *)(picked + n);
+    uint32_t *statuses = (uint32_t *)(lens + n);
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        ptrs[k] = (const unsigned char *)datas[k].buf;
+        lens[k] = (size_t)datas[k].len;
+    }
     int st;
     Py_BEGIN_ALLOW_THREADS
-    st = run(&f, instance, decoder, params, n, datas, (const int32_t *)regions.buf, &s, (uint32_t *)out.buf,
-             streams, images, picked, statuses);
+    st = ing_nv_run(&f, instance, decoder, params, n, ptrs, lens, (const int32_t *)regions.buf, &s,
+                    (uint32_t *)out.buf, streams, images, picked, statuses);
     Py_END_ALLOW_THREADS
     result = PyLong_FromLong(st);
 done:

@@ -1,0 +1,2003 @@
+/* ingest._engine: the native engine. A batch goes from the sampler's dataset indices to the finished device batch
+ * on native threads that never take the GIL; the training process's Python touches each batch once, to take it.
+ *
+ *   reader thread      takes the next batch of the epoch queued by Python (add_epoch), lays its byte ranges out in
+ *                      a pinned host arena, reads them with preadv on the read team (preadv.h), parses each record
+ *                      (WHOLE: the range is the image; RECORDIO: the IRHeader), scans the JPEG header (jpeg_scan.h)
+ *                      and plans the op chain (plan.h: draws, regions to decode, output sizes)
+ *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
+ *                      (one thread per nvImageCodec decoder, nvloop.h), then takes a free output slot, packs the
+ *                      warp kernel's arguments (plan.h), uploads them and the labels from pinned memory, launches
+ *                      the fused warp + normalize kernel into the slot's output, records the slot's event and puts
+ *                      the batch on the ready queue
+ *   Python (next)      waits for the ready queue with the GIL released, makes the consumer's stream wait on the
+ *                      batch's event and returns (kind, slot, epoch, number, rows, notes)
+ *
+ * Without a `gpu` argument (dry mode) the decode thread stops after planning and writes each row's plan into the
+ * slot's `dry` array instead (no CUDA is touched), so that reads, parsing, header scans and plans are testable on
+ * any machine.
+ *
+ * Rows. A batch's samples keep their order; a sample that cannot be read is dropped natively and reported as a
+ * note (index, row -1, NOTE_READ, -errno or the bytes read, bytes wanted); a sample the GPU path does not take
+ * (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, more than max_pixels, EXIF- or
+ * XMP-oriented, a RecordIO record that is split or damaged, or one nvImageCodec refuses) keeps its row and is
+ * reported as a note (index, row, NOTE_FALLBACK, why, nvImageCodec status): Python fills that row.
+ *
+ * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
+ * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from
+ * next(); it gives it back with release(k, stream) once nothing of the user's holds it, recording there the event
+ * the slot's next kernel waits for (the slot reaches the engine with the next next() call, which takes the engine's
+ * lock anyway: waking the engine's threads from the training thread at every drop cost it more than the rest of
+ * its per-batch work). While every slot is out and nothing is ready, next() returns None ("starved") so that
+ * Python can replace a held slot's tensors (set_slot) and release it.
+ *
+ * Device memory the engine owns: two decode arenas (cuMemAlloc, sized from the first batch's need and a quarter, in
+ * 2 MiB steps, grown only) and per slot the kernel's argument buffer. nvImageCodec does not order its writes after
+ * work queued on its stream, so an arena is decoded into only after the host has seen the event recorded after the
+ * last kernel that read it.
+ *
+ * libcuda is dlopen'ed at run time; nvImageCodec's function addresses, handles and struct layouts and the warp
+ * kernel's CUfunction handles come from Python (ingest/native.py), so this builds with a C compiler and Python's
+ * headers alone. A forked child cannot use an engine of its parent's (its threads did not fork): every method
+ * raises there, and the child's copy is dropped without touching its locks.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jpeg_scan.h"
+#include "nvloop.h"
+#include "plan.h"
+#include "preadv.h"
+
+enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_COUNT };
+enum { ST_OK = 0, ST_FAILED = 1, ST_FALLBACK = 2 };
+enum { NOTE_READ = 1, NOTE_FALLBACK = 2 };
+/* why a sample falls back */
+enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5 };
+enum { R_BATCH = 0, R_EPOCH = 1 };
+/* dry-mode columns per row */
+enum { D_INDEX, D_LABEL, D_STATUS, D_H, D_W, D_RX0, D_RY0, D_RX1, D_RY1, D_DX0, D_DY0, D_DX1, D_DY1, D_OH, D_OW,
+       D_PAD, D_COLS };
+
+#define QCAP 256          /* entries of the decode and ready queues (batches are bounded by jobs and slots) */
+#define JOBS 3            /* host batches in flight: being read, waiting, being decoded */
+#define ARENAS 2          /* device decode arenas: one decoded into while the kernel reads the other */
+#define ALIGN 768         /* each image's start in an arena: 256-byte aligned and a whole number of RGB pixels */
+#define ARENA_STEP ((size_t)2 << 20)
+#define RECORDIO_MAGIC 0xCED7230Au
+#define LEN_MASK ((1u << 29) - 1)
+#define KEEP_OPEN_FILES 4096 /* sources of at most this many files keep them open */
+
+/* -- the CUDA driver, loaded at run time ------------------------------------------------------------------ */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext, *CUstream, *CUevent, *CUfunction;
+
+static struct {
+    void *lib;
+    CUresult (*Init)(unsigned);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*PrimaryRetain)(CUcontext *, CUdevice);
+    CUresult (*PrimaryRelease)(CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxPush)(CUcontext);
+    CUresult (*CtxPop)(CUcontext *);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventSynchronize)(CUevent);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*MemFreeHost)(void *);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void **, void **);
+    CUresult (*GetErrorString)(CUresult, const char **);
+} cu;
+
+#define CU_STREAM_NON_BLOCKING 0x1u
+#define CU_EVENT_DISABLE_TIMING 0x2u
+
+/* Loads libcuda once (called with the GIL held); NULL or a message saying what is missing. The environment
+ * variable INGEST_CUDA_LIBRARY names another library to load instead (the tests' CPU stand-in). */
+static const char *load_cuda(void) {
+    if (cu.lib != NULL)
+        return NULL;
+    const char *name = getenv("INGEST_CUDA_LIBRARY");
+    void *lib = dlopen(name && name[0] ? name : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL)
+        return "cannot load libcuda.so.1 (or INGEST_CUDA_LIBRARY)";
+    struct {
+        const char *name;
+        void **slot;
+    } names[] = {
+        {"cuInit", (void **)&cu.Init}, {"cuDeviceGet", (void **)&cu.DeviceGet},
+        {"cuDevicePrimaryCtxRetain", (void **)&cu.PrimaryRetain},
+        {"cuDevicePrimaryCtxRelease_v2", (void **)&cu.PrimaryRelease},
+        {"cuCtxSetCurrent", (void **)&cu.CtxSetCurrent}, {"cuCtxPushCurrent_v2", (void **)&cu.CtxPush},
+        {"cuCtxPopCurrent_v2", (void **)&cu.CtxPop}, {"cuStreamCreate", (void **)&cu.StreamCreate},
+        {"cuStreamDestroy_v2", (void **)&cu.StreamDestroy}, {"cuStreamSynchronize", (void **)&cu.StreamSynchronize},
+        {"cuStreamWaitEvent", (void **)&cu.StreamWaitEvent}, {"cuEventCreate", (void **)&cu.EventCreate},
+        {"cuEventDestroy_v2", (void **)&cu.EventDestroy}, {"cuEventRecord", (void **)&cu.EventRecord},
+        {"cuEventSynchronize", (void **)&cu.EventSynchronize}, {"cuMemAlloc_v2", (void **)&cu.MemAlloc},
+        {"cuMemFree_v2", (void **)&cu.MemFree}, {"cuMemHostAlloc", (void **)&cu.MemHostAlloc},
+        {"cuMemFreeHost", (void **)&cu.MemFreeHost}, {"cuMemcpyHtoDAsync_v2", (void **)&cu.MemcpyHtoDAsync},
+        {"cuLaunchKernel", (void **)&cu.LaunchKernel}, {"cuGetErrorString", (void **)&cu.GetErrorString},
+    };
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; ++k) {
+        *names[k].slot = dlsym(lib, names[k].name);
+        if (*names[k].slot == NULL) {
+            memset(&cu, 0, sizeof cu);
+            dlclose(lib);
+            return "libcuda.so.1 lacks a driver function the engine calls";
+        }
+    }
+    cu.lib = lib;
+    return NULL;
+}
+
+/* -- the engine's state ------------------------------------------------------------------------------------ */
+
+typedef struct Epoch {
+    struct Epoch *next;
+    int64_t epoch, number0, batches;
+    int64_t *indices, *bounds; /* bounds: batches + 1 positions in indices */
+    uint8_t *pad;
+} Epoch;
+
+typedef struct {
+    int64_t index, row, stage, code, status;
+} Note;
+
+typedef struct {
+    int64_t epoch, number, n;
+    int64_t *index, *label, *off, *want, *got, *img, *hdr, *hw, *ok_pos, *ok_index, *ok_hw;
+    uint8_t *pad;
+    int32_t *state, *why;
+    uint32_t *status;      /* nvImageCodec's per-image status of a refused image */
+    Note *notes;           /* the batch's read failures */
+    int64_t nnotes;
+    ing_sample *plan;      /* per sample k (valid while state[k] == ST_OK) */
+    ing_sample *ok_plan;   /* ing_plan's output over the samples planned */
+    int64_t nok;
+    int32_t interpolation, antialias;
+    unsigned char *host;   /* the read arena (pinned with a GPU) */
+    size_t cap;
+    CUevent done;          /* recorded after the GPU work that reads `host` */
+    int recorded;
+    int arena;             /* the device arena its images were decoded into */
+    int64_t next_task;     /* the read team's next sample */
+} Job;
+
+typedef struct Engine Engine;
+typedef void (*team_fn)(Engine *, int);
+
+typedef struct Team Team;
+typedef struct {
+    Team *team;
+    int id;
+} TeamArg;
+
+/* Threads that run fn(engine, id) once per round (`team_run`), the caller being id 0. */
+struct Team {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    unsigned long round;
+    int running, started, stop, size;
+    team_fn fn;
+    Engine *engine;
+    pthread_t *threads;
+    TeamArg *args;
+};
+
+typedef struct {
+    void *handle;
+    ing_nv_slots slots;
+    void **streams, **images;
+    ptrdiff_t *picked;
+    uint32_t *statuses, *out;
+    const unsigned char **ptrs;
+    size_t *lens;
+    int32_t *regions;
+    int64_t first, count; /* this batch's share of the GPU list */
+    int call;             /* nvimgcodecDecoderDecode's status */
+} Decoder;
+
+typedef struct {
+    int kind, slot;
+    int64_t epoch, number, rows;
+} Ready;
+
+struct Engine {
+    PyObject_HEAD
+    pid_t pid;
+    int closed;
+    /* the table */
+    int64_t n, nfiles;
+    char **paths;
+    char *path_block;
+    int64_t *files, *offsets, *sizes, *labels;
+    int *fds;
+    int keep_open, format;
+    ing_chain chain;
+    int64_t batch, nslots, max_pixels, out_h, out_w, row_elems;
+    int regions;
+    /* queues and their one lock */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int stop, users; /* users: Python calls inside a method (close waits for them) */
+    char error[512];
+    Epoch *epochs, *epochs_tail;
+    Job jobs[JOBS];
+    Job *free_jobs[JOBS];
+    int nfree_jobs;
+    struct {
+        Job *job;
+        int64_t epoch;
+    } dq[QCAP];
+    int dq_head, dq_len;
+    Ready rq[QCAP];
+    int rq_head, rq_len;
+    int *free_slots;
+    char *slot_given; /* 1 while a slot is Python's (from next() to release()); GIL-protected, as are: */
+    int *pending;     /* slots released, handed to the engine by the next next() (its lock taken once a batch) */
+    int npending;
+    int nfree_slots, starving;
+    /* per slot */
+    Py_buffer *slot_idx, *slot_pad, *slot_dry;
+    char *slot_held; /* 3 flags per slot: which of the buffers above are held */
+    CUdeviceptr *slot_out, *slot_lbl, *slot_args;
+    unsigned char **slot_host; /* pinned (host memory dry): labels (batch int64), then the kernel's arguments */
+    Note **slot_notes;
+    int64_t *slot_nnotes;
+    CUevent *slot_ready, *slot_free;
+    /* threads */
+    Team readers, decoders;
+    pthread_t reader, decoder;
+    int reader_started, decoder_started, teams_made;
+    Job *reading;
+    /* GPU */
+    int gpu;
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream stream;
+    ing_nv_functions nv;
+    int (*image_destroy)(void *), (*stream_destroy)(void *);
+    void *instance, *params;
+    Decoder *dec;
+    int ndec;
+    ptrdiff_t info_stride, view_stride, probe_size, off_buffer, off_stream, off_h, off_w, off_row, off_start,
+        off_end, off_codec;
+    CUfunction kernels[3];
+    CUdeviceptr arena[ARENAS];
+    size_t arena_cap[ARENAS];
+    CUevent arena_ev[ARENAS];
+    int arena_used[ARENAS];
+    int64_t batches_decoded;
+    /* the decode thread's per-batch scratch */
+    int64_t *g_pos, *g_reg, *g_org, *g_dec, *g_aoff, *g_row, *p_org, *p_dec, *p_row;
+    uint64_t *p_src;
+    ing_sample *p_plan;
+    /* counts */
+    int64_t st_batches, st_samples, st_fallbacks, st_failures, st_bytes, st_arena_allocs, st_starved;
+};
+
+/* -- errors ------------------------------------------------------------------------------------------------ */
+
+/* Stops the engine with a message (the first one is kept); next() raises it once the ready batches are taken. */
+static void fail(Engine *e, const char *fmt, ...) {
+    pthread_mutex_lock(&e->lock);
+    if (!e->error[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->error, sizeof e->error, fmt, ap);
+        va_end(ap);
+    }
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cond);
+    pthread_mutex_unlock(&e->lock);
+}
+
+static int cuok(Engine *e, CUresult r, const char *what) {
+    if (r == 0)
+        return 1;
+    const char *text = NULL;
+    if (cu.GetErrorString == NULL || cu.GetErrorString(r, &text) != 0 || text == NULL)
+        text = "unknown error";
+    fail(e, "CUDA driver call %s failed: %s (CUresult %d)", what, text, r);
+    return 0;
+}
+
+/* -- teams ------------------------------------------------------------------------------------------------- */
+
+static void *team_main(void *arg) {
+    TeamArg *a = arg;
+    Team *t = a->team;
+    unsigned long seen = 0; /* rounds start at 1: a thread that starts late still takes the round it was made for */
+    if (t->engine->gpu)
+        cu.CtxSetCurrent(t->engine->ctx);
+    pthread_mutex_lock(&t->lock);
+    for (;;) {
+        while (t->round == seen && !t->stop)
+            pthread_cond_wait(&t->wake, &t->lock);
+        if (t->round == seen)
+            break; /* stopped with no round pending (a pending round is always finished) */
+        seen = t->round;
+        pthread_mutex_unlock(&t->lock);
+        t->fn(t->engine, a->id);
+        pthread_mutex_lock(&t->lock);
+        if (--t->running == 0)
+            pthread_cond_broadcast(&t->done);
+    }
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+/* A team of `size` threads, the caller included; 0 on success. */
+static int team_init(Team *t, Engine *e, int size) {
+    memset(t, 0, sizeof *t);
+    t->engine = e;
+    t->size = size < 1 ? 1 : size;
+    if (pthread_mutex_init(&t->lock, NULL) || pthread_cond_init(&t->wake, NULL) || pthread_cond_init(&t->done, NULL))
+        return -1;
+    t->threads = calloc((size_t)t->size, sizeof(pthread_t));
+    t->args = calloc((size_t)t->size, sizeof(TeamArg));
+    if (t->threads == NULL || t->args == NULL)
+        return -1;
+    for (int k = 1; k < t->size; ++k) {
+        t->args[k].team = t;
+        t->args[k].id = k;
+        if (pthread_create(&t->threads[k], NULL, team_main, &t->args[k]) != 0)
+            return -1;
+        t->started++;
+    }
+    return 0;
+}
+
+/* Runs fn on every member once, the caller as member 0; returns when all are done. */
+static void team_run(Team *t, team_fn fn) {
+    pthread_mutex_lock(&t->lock);
+    t->fn = fn;
+    t->running = t->started;
+    t->round++;
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    fn(t->engine, 0);
+    pthread_mutex_lock(&t->lock);
+    while (t->running > 0)
+        pthread_cond_wait(&t->done, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* Joins the team's threads (no round may be running: the coordinators are joined first). */
+static void team_stop(Team *t) {
+    if (t->threads == NULL)
+        return;
+    pthread_mutex_lock(&t->lock);
+    t->stop = 1;
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    for (int k = 1; k <= t->started; ++k)
+        pthread_join(t->threads[k], NULL);
+    free(t->threads);
+    free(t->args);
+    t->threads = NULL;
+    t->args = NULL;
+    pthread_cond_destroy(&t->wake);
+    pthread_cond_destroy(&t->done);
+    pthread_mutex_destroy(&t->lock);
+}
+
+/* -- reading ----------------------------------------------------------------------------------------------- */
+
+/* An open descriptor of file f (kept open for sources of few files), or -errno. */
+static int open_file(Engine *e, int64_t f) {
+    if (!e->keep_open) {
+        int fd = open(e->paths[f], O_RDONLY | O_CLOEXEC);
+        return fd < 0 ? -errno : fd;
+    }
+    int fd = __atomic_load_n(&e->fds[f], __ATOMIC_ACQUIRE);
+    if (fd >= 0)
+        return fd;
+    fd = open(e->paths[f], O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int expected = -1;
+    if (!__atomic_compare_exchange_n(&e->fds[f], &expected, fd, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        close(fd); /* another thread opened it first */
+        return expected;
+    }
+    return fd;
+}
+
+static void done_with(Engine *e, int fd) {
+    if (!e->keep_open && fd >= 0)
+        close(fd);
+}
+
+/* Team member: the sizes of whole-file samples (size -1 in the table). */
+static void stat_fn(Engine *e, int id) {
+    Job *j = e->reading;
+    for (;;) {
+        int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
+        if (k >= j->n)
+            return;
+        if (j->want[k] >= 0)
+            continue;
+        int64_t i = j->index[k];
+        int fd = open_file(e, e->files[i]);
+        struct stat st;
+        if (fd < 0) {
+            j->got[k] = fd;
+        } else if (fstat(fd, &st) != 0) {
+            j->got[k] = -errno;
+        } else {
+            int64_t left = (int64_t)st.st_size - e->offsets[i];
+            j->want[k] = left > 0 ? left : 0;
+        }
+        if (j->got[k] < 0)
+            j->state[k] = ST_FAILED;
+        done_with(e, fd);
+    }
+}
+
+/* Team member: each sample's bytes into the host arena. */
+static void read_fn(Engine *e, int id) {
+    Job *j = e->reading;
+    for (;;) {
+        int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
+        if (k >= j->n)
+            return;
+        if (j->state[k] != ST_OK)
+            continue;
+        int64_t i = j->index[k], len = j->want[k];
+        if (len == 0) {
+            j->got[k] = 0;
+            continue;
+        }
+        int fd = open_file(e, e->files[i]);
+        if (fd < 0) {
+            j->got[k] = fd;
+            continue;
+        }
+        uint64_t addr = (uint64_t)(uintptr_t)(j->host + j->off[k]);
+        j->got[k] = ing_preadv_full(fd, e->offsets[i], &addr, &len, 1, NULL);
+        done_with(e, fd);
+    }
+}
+
+static void note(Job *j, Note *notes, int64_t *count, int64_t k, int64_t row, int64_t stage, int64_t code,
+                 int64_t status) {
+    notes[*count] = (Note){j->index[k], row, stage, code, status};
+    ++*count;
+}
+
+/* The host arena of at least `need` bytes (its GPU reads are over: take_job waited). */
+static int ensure_host(Engine *e, Job *j, size_t need) {
+    if (need <= j->cap && j->host != NULL)
+        return 1;
+    size_t cap = need + need / 4 + 4096;
+    if (e->gpu) {
+        if (j->host != NULL)
+            cu.MemFreeHost(j->host);
+        j->host = NULL;
+        j->cap = 0;
+        if (!cuok(e, cu.MemHostAlloc((void **)&j->host, cap, 0), "cuMemHostAlloc")) {
+            j->host = NULL;
+            return 0;
+        }
+    } else {
+        free(j->host);
+        j->cap = 0;
+        if ((j->host = malloc(cap)) == NULL) {
+            fail(e, "out of host memory for a read arena of %zu bytes", cap);
+            return 0;
+        }
+    }
+    j->cap = cap;
+    return 1;
+}
+
+static int read_batch(Engine *e, Job *j) {
+    int stat = 0;
+    for (int64_t k = 0; k < j->n; ++k) {
+        int64_t i = j->index[k];
+        j->want[k] = e->sizes[i];
+        j->got[k] = 0;
+        j->state[k] = ST_OK;
+        j->why[k] = 0;
+        j->status[k] = 0;
+        stat |= j->want[k] < 0;
+    }
+    e->reading = j;
+    if (stat) {
+        j->next_task = 0;
+        team_run(&e->readers, stat_fn);
+    }
+    size_t total = 0;
+    for (int64_t k = 0; k < j->n; ++k) {
+        j->off[k] = (int64_t)total;
+        if (j->state[k] == ST_OK)
+            total += ((size_t)j->want[k] + 63) & ~(size_t)63;
+    }
+    if (!ensure_host(e, j, total))
+        return 0;
+    j->next_task = 0;
+    team_run(&e->readers, read_fn);
+    return 1;
+}
+
+/* -- parsing and probing ----------------------------------------------------------------------------------- */
+
+static uint32_t le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* recordio._class_label: the header's label when it is a whole number in [0, 2**31), else -1 (NaN fails). */
+static int64_t class_label(float label) {
+    double v = (double)label;
+    return v >= 0.0 && v < 2147483648.0 && v == floor(v) ? (int64_t)v : -1;
+}
+
+/* The image of an unsplit RecordIO record (magic, lrec with flag 0, IRHeader, `flag` float labels, image), as
+ * recordio.unpack reads it; 0 for anything else (split records, damage: the Python reader joins or reports them). */
+static int recordio_image(const unsigned char *p, int64_t len, int64_t *start, int64_t *end, int64_t *label) {
+    if (len <= 32 || le32(p) != RECORDIO_MAGIC)
+        return 0;
+    uint32_t lrec = le32(p + 4), flag = le32(p + 8);
+    if (lrec > LEN_MASK || lrec < 24 || 8 + (int64_t)lrec > len)
+        return 0;
+    if (flag > (lrec - 24) / 4)
+        return 0;
+    int64_t s = 32 + 4 * (int64_t)flag, stop = 8 + (int64_t)lrec;
+    if (s >= stop)
+        return 0;
+    float value;
+    uint32_t bits = le32(p + 12);
+    memcpy(&value, &bits, sizeof value);
+    *start = s;
+    *end = stop;
+    *label = flag == 0 ? class_label(value) : -1;
+    return 1;
+}
+
+/* decode_gpu.gpu_decodable, and orientation 1 (the engine decodes only images that need no turning). */
+static int why_not_gpu(const int64_t *row, int64_t max_pixels) {
+    int64_t pixels = row[1] * row[2];
+    if (row[0] != 1 || row[8] != 1 || (row[5] != 0xC0 && row[5] != 0xC1) || row[4] != 8 ||
+        (row[3] != 1 && row[3] != 3) || row[7] != 0 || pixels <= 0 || pixels > max_pixels)
+        return WHY_HEADER;
+    return row[6] != 1 ? WHY_ORIENTED : 0;
+}
+
+/* Parses, probes and plans a read batch; notes go to the job's own list (copied to the slot later). */
+static int prepare_batch(Engine *e, Job *j) {
+    Note *notes = j->notes;
+    int64_t *nnotes = &j->nnotes;
+    *nnotes = 0;
+    for (int64_t k = 0; k < j->n; ++k) {
+        if (j->state[k] == ST_OK && (j->got[k] < 0 || j->got[k] < j->want[k]))
+            j->state[k] = ST_FAILED;
+        if (j->state[k] == ST_FAILED) {
+            note(j, notes, nnotes, k, -1, NOTE_READ, j->got[k], j->want[k]);
+            continue;
+        }
+        int64_t i = j->index[k], start = 0, stop = j->got[k], label = e->labels ? e->labels[i] : -1;
+        const unsigned char *p = j->host + j->off[k];
+        j->label[k] = label;
+        if (e->format == FMT_RECORDIO) {
+            int64_t own;
+            if (!recordio_image(p, j->got[k], &start, &stop, &own)) {
+                j->state[k] = ST_FALLBACK;
+                j->why[k] = WHY_RECORD;
+                continue;
+            }
+            if (e->labels == NULL)
+                j->label[k] = own;
+        }
+        j->img[2 * k] = j->off[k] + start;
+        j->img[2 * k + 1] = stop - start;
+        int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
+        ing_jpeg_scan(p + start, stop - start, row);
+        int why = why_not_gpu(row, e->max_pixels);
+        if (why) {
+            j->state[k] = ST_FALLBACK;
+            j->why[k] = why;
+            continue;
+        }
+        j->hw[2 * k] = row[1];
+        j->hw[2 * k + 1] = row[2];
+    }
+    /* plan the samples the GPU path takes */
+    int64_t m = 0;
+    for (int64_t k = 0; k < j->n; ++k)
+        if (j->state[k] == ST_OK) {
+            j->ok_pos[m] = k;
+            j->ok_index[m] = j->index[k];
+            j->ok_hw[2 * m] = j->hw[2 * k];
+            j->ok_hw[2 * m + 1] = j->hw[2 * k + 1];
+            ++m;
+        }
+    j->nok = m;
+    j->interpolation = ING_NEAREST;
+    j->antialias = 0;
+    if (m > 0) {
+        ing_plan_out out = {.sample = j->ok_plan, .params = NULL};
+        int st = ing_plan(&e->chain, m, j->ok_index, j->epoch, j->ok_hw, &out);
+        if (st != ING_OK) {
+            fail(e, "the native planner failed on batch %lld of epoch %lld: %s", (long long)j->number,
+                 (long long)j->epoch, ing_strerror(st));
+            return 0;
+        }
+        j->interpolation = out.interpolation;
+        j->antialias = out.antialias;
+        for (int64_t q = 0; q < m; ++q) {
+            int64_t k = j->ok_pos[q];
+            j->plan[k] = j->ok_plan[q];
+            if (j->ok_plan[q].out_hw[0] != e->out_h || j->ok_plan[q].out_hw[1] != e->out_w) {
+                j->state[k] = ST_FALLBACK; /* not the chain's fixed output size: Python plans it */
+                j->why[k] = WHY_PLAN;
+            }
+        }
+    }
+    return 1;
+}
+
+/* -- queues ------------------------------------------------------------------------------------------------ */
+
+static Job *take_job(Engine *e) {
+    pthread_mutex_lock(&e->lock);
+    while (e->nfree_jobs == 0 && !e->stop)
+        pthread_cond_wait(&e->cond, &e->lock);
+    Job *j = e->stop ? NULL : e->free_jobs[--e->nfree_jobs];
+    pthread_mutex_unlock(&e->lock);
+    if (j != NULL && e->gpu && j->recorded && !cuok(e, cu.EventSynchronize(j->done), "cuEventSynchronize"))
+        return NULL; /* (the job is lost to the pool: the engine is stopping anyway) */
+    return j;
+}
+
+static void give_job(Engine *e, Job *j) {
+    pthread_mutex_lock(&e->lock);
+    e->free_jobs[e->nfree_jobs++] = j;
+    pthread_cond_broadcast(&e->cond);
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* Queues a batch (job) or an epoch's end (job NULL) for the decode thread; 0 once stopping. */
+static int push_decode(Engine *e, Job *j, int64_t epoch) {
+    pthread_mutex_lock(&e->lock);
+    while (e->dq_len == QCAP && !e->stop)
+        pthread_cond_wait(&e->cond, &e->lock);
+    int ok = !e->stop;
+    if (ok) {
+        int at = (e->dq_head + e->dq_len++) % QCAP;
+        e->dq[at].job = j;
+        e->dq[at].epoch = epoch;
+        pthread_cond_broadcast(&e->cond);
+    }
+    pthread_mutex_unlock(&e->lock);
+    return ok;
+}
+
+static int push_ready(Engine *e, Ready r) {
+    pthread_mutex_lock(&e->lock);
+    while (e->rq_len == QCAP && !e->stop)
+        pthread_cond_wait(&e->cond, &e->lock);
+    int ok = !e->stop;
+    if (ok) {
+        e->rq[(e->rq_head + e->rq_len++) % QCAP] = r;
+        pthread_cond_broadcast(&e->cond);
+    }
+    pthread_mutex_unlock(&e->lock);
+    return ok;
+}
+
+/* A free output slot (waiting, and saying so to next(), while every slot is out); -1 once stopping. */
+static int take_slot(Engine *e) {
+    pthread_mutex_lock(&e->lock);
+    while (e->nfree_slots == 0 && !e->stop) {
+        if (!e->starving) {
+            e->starving = 1;
+            e->st_starved++;
+            pthread_cond_broadcast(&e->cond);
+        }
+        pthread_cond_wait(&e->cond, &e->lock);
+    }
+    e->starving = 0;
+    int slot = e->stop ? -1 : e->free_slots[--e->nfree_slots];
+    pthread_mutex_unlock(&e->lock);
+    return slot;
+}
+
+/* -- the reader thread ------------------------------------------------------------------------------------- */
+
+static void *reader_main(void *arg) {
+    Engine *e = arg;
+    if (e->gpu && !cuok(e, cu.CtxSetCurrent(e->ctx), "cuCtxSetCurrent"))
+        return NULL;
+    for (;;) {
+        pthread_mutex_lock(&e->lock);
+        while (e->epochs == NULL && !e->stop)
+            pthread_cond_wait(&e->cond, &e->lock);
+        Epoch *ep = e->stop ? NULL : e->epochs;
+        pthread_mutex_unlock(&e->lock);
+        if (ep == NULL)
+            return NULL;
+        for (int64_t b = 0; b < ep->batches; ++b) {
+            Job *j = take_job(e);
+            if (j == NULL)
+                return NULL;
+            int64_t first = ep->bounds[b];
+            j->epoch = ep->epoch;
+            j->number = ep->number0 + b;
+            j->n = ep->bounds[b + 1] - first;
+            memcpy(j->index, ep->indices + first, (size_t)j->n * sizeof(int64_t));
+            memcpy(j->pad, ep->pad + first, (size_t)j->n);
+            if (!read_batch(e, j) || !prepare_batch(e, j) || !push_decode(e, j, -1)) {
+                give_job(e, j);
+                return NULL;
+            }
+        }
+        if (!push_decode(e, NULL, ep->epoch))
+            return NULL;
+        pthread_mutex_lock(&e->lock);
+        e->epochs = ep->next;
+        if (e->epochs == NULL)
+            e->epochs_tail = NULL;
+        pthread_mutex_unlock(&e->lock);
+        free(ep->indices);
+        free(ep->bounds);
+        free(ep->pad);
+        free(ep);
+    }
+}
+
+/* -- decoding and the kernel ------------------------------------------------------------------------------- */
+
+/* Team member: decoder `id` decodes its share of the batch's GPU list. */
+static void decode_fn(Engine *e, int id) {
+    Decoder *d = &e->dec[id];
+    d->call = 0;
+    if (d->count > 0)
+        d->call = ing_nv_run(&e->nv, e->instance, d->handle, e->params, (ptrdiff_t)d->count, d->ptrs, d->lens,
+                             d->regions, &d->slots, d->out, d->streams, d->images, d->picked, d->statuses);
+}
+
+static void put_ptr(char *base, ptrdiff_t off, const void *value) { memcpy(base + off, &value, sizeof value); }
+
+/* Decodes the batch's GPU samples (their regions: decode_gpu.clip_regions) into a device arena; refused ones
+ * fall back. Fills g_pos/g_reg/g_org/g_dec/g_aoff for the kernel. Returns the count of the GPU list, or -1. */
+static int64_t decode_batch(Engine *e, Job *j) {
+    int64_t m = 0;
+    size_t need = 0;
+    for (int64_t k = 0; k < j->n; ++k) {
+        if (j->state[k] != ST_OK)
+            continue;
+        const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k, *r = j->plan[k].region;
+        int64_t h = row[1], w = row[2];
+        int64_t x0 = r[0] > 0 ? r[0] : 0, y0 = r[1] > 0 ? r[1] : 0, x1 = r[2] < w ? r[2] : w, y1 = r[3] < h ? r[3] : h;
+        int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h;
+        int keep = e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0];
+        int64_t *g = e->g_reg + 4 * m;
+        if (keep) {
+            g[0] = x0, g[1] = y0, g[2] = x1, g[3] = y1;
+            e->g_org[2 * m] = x0, e->g_org[2 * m + 1] = y0;
+            e->g_dec[2 * m] = y1 - y0, e->g_dec[2 * m + 1] = x1 - x0;
+        } else {
+            g[0] = g[1] = g[2] = g[3] = 0;
+            e->g_org[2 * m] = e->g_org[2 * m + 1] = 0;
+            e->g_dec[2 * m] = h, e->g_dec[2 * m + 1] = w;
+        }
+        e->g_pos[m] = k;
+        e->g_aoff[m] = (int64_t)need;
+        size_t bytes = (size_t)(e->g_dec[2 * m] * e->g_dec[2 * m + 1] * 3);
+        need += (bytes + ALIGN - 1) / ALIGN * ALIGN;
+        ++m;
+    }
+    if (m == 0)
+        return 0;
+    int a = (int)(e->batches_decoded++ % ARENAS);
+    j->arena = a;
+    if (e->arena_used[a] && !cuok(e, cu.EventSynchronize(e->arena_ev[a]), "cuEventSynchronize"))
+        return -1;
+    if (need > e->arena_cap[a]) {
+        size_t size = (need + need / 4 + ARENA_STEP - 1) / ARENA_STEP * ARENA_STEP;
+        if (e->arena[a] != 0)
+            cu.MemFree(e->arena[a]);
+        e->arena[a] = 0;
+        e->arena_cap[a] = 0;
+        if (!cuok(e, cu.MemAlloc(&e->arena[a], size), "cuMemAlloc (decode arena)")) {
+            e->arena[a] = 0;
+            return -1;
+        }
+        e->arena_cap[a] = size;
+        e->st_arena_allocs++;
+    }
+    /* np.array_split's shares: the first m % ndec decoders take one more */
+    int64_t first = 0;
+    for (int d = 0; d < e->ndec; ++d) {
+        Decoder *dc = &e->dec[d];
+        dc->first = first;
+        dc->count = m / e->ndec + (d < m % e->ndec);
+        for (int64_t i = 0; i < dc->count; ++i) {
+            int64_t g = first + i, k = e->g_pos[g];
+            char *info = dc->slots.infos + i * e->info_stride;
+            uint32_t h = (uint32_t)e->g_dec[2 * g], w = (uint32_t)e->g_dec[2 * g + 1];
+            size_t row = (size_t)w * 3;
+            put_ptr(info, e->off_buffer, (void *)(uintptr_t)(e->arena[a] + (CUdeviceptr)e->g_aoff[g]));
+            put_ptr(info, e->off_stream, e->stream);
+            memcpy(info + e->off_h, &h, sizeof h);
+            memcpy(info + e->off_w, &w, sizeof w);
+            memcpy(info + e->off_row, &row, sizeof row);
+            dc->ptrs[i] = j->host + j->img[2 * k];
+            dc->lens[i] = (size_t)j->img[2 * k + 1];
+            for (int c = 0; c < 4; ++c)
+                dc->regions[4 * i + c] = (int32_t)e->g_reg[4 * g + c];
+        }
+        first += dc->count;
+    }
+    team_run(&e->decoders, decode_fn);
+    for (int d = 0; d < e->ndec; ++d) {
+        Decoder *dc = &e->dec[d];
+        for (int64_t i = 0; i < dc->count; ++i) {
+            int64_t k = e->g_pos[dc->first + i];
+            if (dc->out[i] != ING_NV_SUCCESS) {
+                j->state[k] = ST_FALLBACK;
+                j->why[k] = WHY_DECODER;
+                j->status[k] = dc->out[i];
+            }
+        }
+    }
+    if (!cuok(e, cu.EventRecord(j->done, e->stream), "cuEventRecord"))
+        return -1;
+    j->recorded = 1;
+    return m;
+}
+
+/* Takes a slot and writes the batch into it: rows, labels, indices, padding, notes, and (GPU) the kernel. */
+static int output_batch(Engine *e, Job *j, int64_t m) {
+    const Note *notes = j->notes;
+    int64_t nnotes = j->nnotes;
+    int slot = take_slot(e);
+    if (slot < 0)
+        return 0;
+    pthread_mutex_lock(&e->lock); /* set_slot may have replaced them while the slot was out */
+    CUdeviceptr out = e->slot_out[slot], labels_dev = e->slot_lbl[slot];
+    int64_t *idx = e->slot_held[3 * slot] ? e->slot_idx[slot].buf : NULL;
+    uint8_t *pad = e->slot_held[3 * slot + 1] ? e->slot_pad[slot].buf : NULL;
+    int64_t *dry = e->slot_held[3 * slot + 2] ? e->slot_dry[slot].buf : NULL;
+    pthread_mutex_unlock(&e->lock);
+    if (e->gpu && !cuok(e, cu.EventSynchronize(e->slot_ready[slot]), "cuEventSynchronize"))
+        return 0; /* the slot's pinned memory is written below: its last uploads must have run */
+    int64_t *labels = (int64_t *)e->slot_host[slot];
+    int64_t rows = 0;
+    Note *kept = e->slot_notes[slot];
+    int64_t nkept = 0;
+    for (int64_t q = 0; q < nnotes; ++q)
+        if (notes[q].stage == NOTE_READ)
+            kept[nkept++] = notes[q];
+    for (int64_t k = 0; k < j->n; ++k) {
+        if (j->state[k] == ST_FAILED) {
+            e->g_row[k] = -1;
+            continue;
+        }
+        e->g_row[k] = rows;
+        labels[rows] = j->label[k];
+        if (idx)
+            idx[rows] = j->index[k];
+        if (pad)
+            pad[rows] = j->pad[k];
+        if (j->state[k] == ST_FALLBACK)
+            kept[nkept++] = (Note){j->index[k], rows, NOTE_FALLBACK, j->why[k], j->status[k]};
+        if (dry) {
+            int64_t *d = dry + D_COLS * rows;
+            memset(d, 0, D_COLS * sizeof(int64_t));
+            d[D_INDEX] = j->index[k];
+            d[D_LABEL] = j->label[k];
+            d[D_STATUS] = j->state[k] == ST_OK ? 0 : 1;
+            d[D_PAD] = j->pad[k];
+            if (j->state[k] == ST_OK || j->why[k] == WHY_PLAN) {
+                const ing_sample *s = &j->plan[k];
+                const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k, *r = s->region;
+                int64_t h = row[1], w = row[2];
+                int64_t x0 = r[0] > 0 ? r[0] : 0, y0 = r[1] > 0 ? r[1] : 0, x1 = r[2] < w ? r[2] : w,
+                        y1 = r[3] < h ? r[3] : h;
+                int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h;
+                d[D_H] = h, d[D_W] = w;
+                memcpy(d + D_RX0, r, 4 * sizeof(int64_t));
+                if (e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0])
+                    d[D_DX0] = x0, d[D_DY0] = y0, d[D_DX1] = x1, d[D_DY1] = y1;
+                d[D_OH] = s->out_hw[0], d[D_OW] = s->out_hw[1];
+            }
+        }
+        ++rows;
+    }
+    e->slot_nnotes[slot] = nkept;
+    if (e->gpu) {
+        if (!cuok(e, cu.StreamWaitEvent(e->stream, e->slot_free[slot], 0), "cuStreamWaitEvent"))
+            return 0;
+        /* the GPU list's samples that decoded, packed in the order of their rows */
+        int64_t m2 = 0;
+        for (int64_t g = 0; g < m; ++g) {
+            int64_t k = e->g_pos[g];
+            if (j->state[k] != ST_OK)
+                continue;
+            e->p_plan[m2] = j->plan[k];
+            e->p_org[2 * m2] = e->g_org[2 * g], e->p_org[2 * m2 + 1] = e->g_org[2 * g + 1];
+            e->p_dec[2 * m2] = e->g_dec[2 * g], e->p_dec[2 * m2 + 1] = e->g_dec[2 * g + 1];
+            e->p_src[m2] = (uint64_t)(e->arena[j->arena] + (CUdeviceptr)e->g_aoff[g]);
+            e->p_row[m2] = e->g_row[k];
+            ++m2;
+        }
+        if (m2 > 0) {
+            int64_t *ip = (int64_t *)(e->slot_host[slot] + (size_t)e->batch * sizeof(int64_t));
+            double *fp = (double *)(ip + 16 * m2);
+            int32_t grid[3];
+            ing_plan_out plan = {.sample = e->p_plan, .params = NULL, .interpolation = j->interpolation,
+                                 .antialias = j->antialias};
+            int st = ing_pack(&e->chain, m2, &plan, e->p_org, e->p_dec, e->p_src, NULL, ip, fp, grid);
+            if (st != ING_OK) {
+                fail(e, "the native planner could not pack batch %lld of epoch %lld: %s", (long long)j->number,
+                     (long long)j->epoch, ing_strerror(st));
+                return 0;
+            }
+            for (int64_t q = 0; q < m2; ++q)
+                ip[16 * q + 1] = e->p_row[q] * e->row_elems;
+            size_t bytes = (size_t)(16 * m2 + 16 * (m2 + 1)) * sizeof(int64_t);
+            CUdeviceptr d_ip = e->slot_args[slot], d_fp = d_ip + (CUdeviceptr)(16 * m2 * sizeof(int64_t)), d_out = out;
+            int channels = e->chain.channels, kind = e->chain.kind, nchw = e->chain.nchw;
+            int normalize = e->chain.normalize;
+            void *params[] = {&d_ip, &d_fp, &d_out, &channels, &kind, &nchw, &normalize};
+            int which = j->interpolation >= 0 && j->interpolation < 3 ? j->interpolation : 0;
+            if (!cuok(e, cu.MemcpyHtoDAsync(d_ip, ip, bytes, e->stream), "cuMemcpyHtoDAsync (kernel arguments)") ||
+                !cuok(e, cu.LaunchKernel(e->kernels[which], (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2],
+                                         32, 8, 1, 0, e->stream, params, NULL), "cuLaunchKernel (warp)"))
+                return 0;
+        }
+        if (m > 0) { /* the arena is free once the kernel ran (or at once when nothing of it was kept) */
+            if (!cuok(e, cu.EventRecord(e->arena_ev[j->arena], e->stream), "cuEventRecord"))
+                return 0;
+            e->arena_used[j->arena] = 1;
+        }
+        if (rows > 0 && !cuok(e, cu.MemcpyHtoDAsync(labels_dev, labels, (size_t)rows * sizeof(int64_t), e->stream),
+                              "cuMemcpyHtoDAsync (labels)"))
+            return 0;
+        if (!cuok(e, cu.EventRecord(e->slot_ready[slot], e->stream), "cuEventRecord"))
+            return 0;
+    }
+    pthread_mutex_lock(&e->lock);
+    e->st_batches++;
+    e->st_samples += rows;
+    for (int64_t q = 0; q < nkept; ++q) {
+        e->st_fallbacks += kept[q].stage == NOTE_FALLBACK;
+        e->st_failures += kept[q].stage == NOTE_READ;
+    }
+    for (int64_t k = 0; k < j->n; ++k)
+        e->st_bytes += j->got[k] > 0 ? j->got[k] : 0;
+    pthread_mutex_unlock(&e->lock);
+    return push_ready(e, (Ready){R_BATCH, slot, j->epoch, j->number, rows});
+}
+
+static void *decoder_main(void *arg) {
+    Engine *e = arg;
+    if (e->gpu && !cuok(e, cu.CtxSetCurrent(e->ctx), "cuCtxSetCurrent"))
+        return NULL;
+    for (;;) {
+        pthread_mutex_lock(&e->lock);
+        while (e->dq_len == 0 && !e->stop)
+            pthread_cond_wait(&e->cond, &e->lock);
+        if (e->stop) {
+            pthread_mutex_unlock(&e->lock);
+            break;
+        }
+        Job *j = e->dq[e->dq_head].job;
+        int64_t epoch = e->dq[e->dq_head].epoch;
+        e->dq_head = (e->dq_head + 1) % QCAP;
+        e->dq_len--;
+        pthread_cond_broadcast(&e->cond);
+        pthread_mutex_unlock(&e->lock);
+        if (j == NULL) {
+            if (!push_ready(e, (Ready){R_EPOCH, -1, epoch, 0, 0}))
+                break;
+            continue;
+        }
+        int64_t m = 0;
+        int ok = 1;
+        if (e->gpu)
+            ok = (m = decode_batch(e, j)) >= 0;
+        ok = ok && output_batch(e, j, m);
+        give_job(e, j);
+        if (!ok)
+            break;
+    }
+    return NULL;
+}
+
+/* -- construction and teardown ----------------------------------------------------------------------------- */
+
+static void engine_join(Engine *e) {
+    pthread_mutex_lock(&e->lock);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cond);
+    pthread_mutex_unlock(&e->lock);
+    if (e->reader_started)
+        pthread_join(e->reader, NULL);
+    if (e->decoder_started)
+        pthread_join(e->decoder, NULL);
+    e->reader_started = e->decoder_started = 0;
+    if (e->teams_made) {
+        team_stop(&e->readers);
+        team_stop(&e->decoders);
+        e->teams_made = 0;
+    }
+}
+
+/* Frees everything native (called once the threads are joined; GPU memory after the stream has run). */
+static void engine_free(Engine *e) {
+    if (e->gpu && e->ctx != NULL) {
+        cu.CtxPush(e->ctx);
+        if (e->stream != NULL)
+            cu.StreamSynchronize(e->stream);
+        for (int a = 0; a < ARENAS; ++a) {
+            if (e->arena[a])
+                cu.MemFree(e->arena[a]);
+            if (e->arena_ev[a])
+                cu.EventDestroy(e->arena_ev[a]);
+        }
+        for (int64_t s = 0; s < e->nslots; ++s) {
+            if (e->slot_args && e->slot_args[s])
+                cu.MemFree(e->slot_args[s]);
+            if (e->slot_host && e->slot_host[s])
+                cu.MemFreeHost(e->slot_host[s]);
+            if (e->slot_ready && e->slot_ready[s])
+                cu.EventDestroy(e->slot_ready[s]);
+            if (e->slot_free && e->slot_free[s])
+                cu.EventDestroy(e->slot_free[s]);
+        }
+        for (int k = 0; k < JOBS; ++k) {
+            if (e->jobs[k].host)
+                cu.MemFreeHost(e->jobs[k].host);
+            if (e->jobs[k].done)
+                cu.EventDestroy(e->jobs[k].done);
+            e->jobs[k].host = NULL;
+        }
+        for (int d = 0; e->dec && d < e->ndec; ++d) {
+            Decoder *dc = &e->dec[d];
+            for (int64_t i = 0; i < e->batch; ++i) {
+                if (dc->slots.images && dc->slots.images[i])
+                    e->image_destroy(dc->slots.images[i]);
+                if (dc->slots.subs && dc->slots.subs[i])
+                    e->stream_destroy(dc->slots.subs[i]);
+                if (dc->slots.parents && dc->slots.parents[i])
+                    e->stream_destroy(dc->slots.parents[i]);
+            }
+        }
+        if (e->stream != NULL)
+            cu.StreamDestroy(e->stream);
+        CUcontext popped;
+        cu.CtxPop(&popped);
+        cu.PrimaryRelease(e->dev);
+        e->ctx = NULL;
+    } else if (e->slot_host) {
+        for (int64_t s = 0; s < e->nslots; ++s)
+            free(e->slot_host[s]);
+    }
+    for (int k = 0; k < JOBS; ++k) {
+        Job *j = &e->jobs[k];
+        if (!e->gpu)
+            free(j->host);
+        free(j->index); /* one block holds every per-sample array of the job */
+        free(j->plan);  /* and one its plans */
+        free(j->notes);
+        j->index = NULL;
+        j->plan = NULL;
+        j->notes = NULL;
+    }
+    for (int d = 0; e->dec && d < e->ndec; ++d) {
+        Decoder *dc = &e->dec[d];
+        free(dc->slots.parents);
+        free(dc->slots.infos);
+    }
+    free(e->dec);
+    e->dec = NULL;
+    if (e->fds) {
+        for (int64_t f = 0; f < e->nfiles; ++f)
+            if (e->fds[f] >= 0)
+                close(e->fds[f]);
+        free(e->fds);
+        e->fds = NULL;
+    }
+    while (e->epochs) {
+        Epoch *ep = e->epochs;
+        e->epochs = ep->next;
+        free(ep->indices);
+        free(ep->bounds);
+        free(ep->pad);
+        free(ep);
+    }
+    for (int64_t s = 0; e->slot_notes && s < e->nslots; ++s)
+        free(e->slot_notes[s]);
+    free(e->slot_notes);
+    free(e->slot_host);
+    free(e->slot_out);
+    free(e->slot_lbl);
+    free(e->slot_args);
+    free(e->slot_ready);
+    free(e->slot_free);
+    free(e->slot_nnotes);
+    free(e->free_slots);
+    free(e->slot_given);
+    free(e->pending);
+    free(e->g_pos);
+    free(e->p_src);
+    free(e->p_plan);
+    free(e->paths);
+    free(e->path_block);
+    free(e->files);
+    e->slot_notes = NULL;
+    e->slot_host = NULL;
+    e->slot_out = e->slot_lbl = e->slot_args = NULL;
+    e->slot_ready = e->slot_free = NULL;
+    e->slot_nnotes = NULL;
+    e->free_slots = NULL;
+    e->slot_given = NULL;
+    e->pending = NULL;
+    e->g_pos = NULL;
+    e->p_src = NULL;
+    e->p_plan = NULL;
+    e->paths = NULL;
+    e->path_block = NULL;
+    e->files = NULL;
+}
+
+/* Releases the Python buffers the slots hold (GIL held). */
+static void release_buffers(Engine *e) {
+    for (int64_t s = 0; e->slot_held && s < e->nslots; ++s) {
+        if (e->slot_held[3 * s])
+            PyBuffer_Release(&e->slot_idx[s]);
+        if (e->slot_held[3 * s + 1])
+            PyBuffer_Release(&e->slot_pad[s]);
+        if (e->slot_held[3 * s + 2])
+            PyBuffer_Release(&e->slot_dry[s]);
+    }
+    free(e->slot_held);
+    free(e->slot_idx);
+    free(e->slot_pad);
+    free(e->slot_dry);
+    e->slot_held = NULL;
+    e->slot_idx = e->slot_pad = e->slot_dry = NULL;
+}
+
+/* A method's entry (GIL held): 0 with an exception set in a forked child or once closed. `closed` is set and
+ * checked with the GIL held, and close() frees only after it gave the GIL up: a method that keeps the GIL
+ * throughout cannot overlap the freeing. next(), which gives it up while it waits, is counted in `users`
+ * (`enter_waiting` / `leave`), and close() frees nothing before the count is back at 0. */
+static int alive(Engine *e) {
+    if (e->pid != getpid()) {
+        PyErr_SetString(PyExc_RuntimeError, "this native engine belongs to the parent process (forked)");
+        return 0;
+    }
+    if (e->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "the native engine is closed");
+        return 0;
+    }
+    return 1;
+}
+
+static int enter_waiting(Engine *e) {
+    if (!alive(e))
+        return 0;
+    __atomic_add_fetch(&e->users, 1, __ATOMIC_ACQ_REL);
+    return 1;
+}
+
+static void leave(Engine *e) {
+    if (__atomic_sub_fetch(&e->users, 1, __ATOMIC_ACQ_REL) == 0 && e->closed) {
+        pthread_mutex_lock(&e->lock); /* close() waits for the count */
+        pthread_cond_broadcast(&e->cond);
+        pthread_mutex_unlock(&e->lock);
+    }
+}
+
+static void engine_close(Engine *e) {
+    if (e->closed)
+        return;
+    e->closed = 1;
+    Py_BEGIN_ALLOW_THREADS
+    engine_join(e); /* (stop is set: a next() waiting returns) */
+    pthread_mutex_lock(&e->lock);
+    while (__atomic_load_n(&e->users, __ATOMIC_ACQUIRE) > 0) { /* (timed: a wake-up may come before the wait) */
+        struct timespec at;
+        clock_gettime(CLOCK_REALTIME, &at);
+        at.tv_nsec += 10 * 1000 * 1000;
+        if (at.tv_nsec >= 1000000000L) {
+            at.tv_sec++;
+            at.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&e->cond, &e->lock, &at);
+    }
+    pthread_mutex_unlock(&e->lock);
+    engine_free(e);
+    Py_END_ALLOW_THREADS
+    release_buffers(e);
+    pthread_cond_destroy(&e->cond);
+    pthread_mutex_destroy(&e->lock);
+}
+
+static void Engine_dealloc(Engine *e) {
+    if (e->pid == getpid())
+        engine_close(e); /* a forked child's copy is dropped as it is: its threads and locks are the parent's */
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+/* An int64 buffer of `count` items (count < 0: any), copied into new memory; NULL with an exception set. */
+static int64_t *copy_int64s(PyObject *obj, int64_t count, int64_t *got, const char *name) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    int64_t *out = NULL;
+    if (v.len % 8 || (count >= 0 && v.len != count * 8)) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %lld int64 values, got %zd bytes", name, (long long)count, v.len);
+    } else if ((out = malloc(v.len ? (size_t)v.len : 8)) == NULL) {
+        PyErr_NoMemory();
+    } else {
+        memcpy(out, v.buf, (size_t)v.len);
+        if (got)
+            *got = v.len / 8;
+    }
+    PyBuffer_Release(&v);
+    return out;
+}
+
+static int alloc_job(Engine *e, Job *j) {
+    int64_t B = e->batch;
+    /* one block: 11 int64 arrays of B, hdr (9 B), hw, ok_hw, img (2 B each), then state, why, status, pad */
+    size_t ints = (size_t)B * (11 + 9 + 6), bytes = ints * 8 + (size_t)B * (4 + 4 + 4 + 1);
+    char *block = calloc(1, bytes + 16);
+    ing_sample *plans = calloc((size_t)(2 * B), sizeof(ing_sample));
+    Note *notes = calloc((size_t)B, sizeof(Note));
+    if (block == NULL || plans == NULL || notes == NULL) {
+        free(block);
+        free(plans);
+        free(notes);
+        return -1;
+    }
+    j->notes = notes;
+    int64_t *p = (int64_t *)block;
+    j->index = p, p += B;
+    j->label = p, p += B;
+    j->off = p, p += B;
+    j->want = p, p += B;
+    j->got = p, p += B;
+    j->ok_pos = p, p += B;
+    j->ok_index = p, p += B;
+    p += 4 * B; /* spare */
+    j->hdr = p, p += 9 * B;
+    j->hw = p, p += 2 * B;
+    j->ok_hw = p, p += 2 * B;
+    j->img = p, p += 2 * B;
+    j->state = (int32_t *)p;
+    j->why = j->state + B;
+    j->status = (uint32_t *)(j->why + B);
+    j->pad = (uint8_t *)(j->status + B);
+    j->plan = plans;
+    j->ok_plan = plans + B;
+    return 0;
+}
+
+
+/* The GPU part of the constructor (the `gpu` tuple); 0 on success, -1 with an exception set. */
+static int setup_gpu(Engine *e, PyObject *gpu) {
+    int device;
+    PyObject *fns, *destroys, *decoders, *kernels;
+    unsigned long long instance, params;
+    Py_buffer info_t, view_t, probe_t;
+    if (!PyArg_ParseTuple(gpu, "iOOKOK(y*nnnnn)(y*nn)(y*n)O:gpu", &device, &fns, &destroys, &instance, &decoders,
+                          &params, &info_t, &e->off_buffer, &e->off_stream, &e->off_h, &e->off_w, &e->off_row,
+                          &view_t, &e->off_start, &e->off_end, &probe_t, &e->off_codec, &kernels))
+        return -1;
+    int result = -1;
+    void *fp[ING_NV_COUNT];
+    if (!PyTuple_Check(fns) || PyTuple_GET_SIZE(fns) != ING_NV_COUNT || !PyTuple_Check(destroys) ||
+        PyTuple_GET_SIZE(destroys) != 2 || !PyTuple_Check(kernels) || PyTuple_GET_SIZE(kernels) != 3 ||
+        !PyTuple_Check(decoders) || PyTuple_GET_SIZE(decoders) < 1) {
+        PyErr_SetString(PyExc_TypeError, "gpu: expected 8 nvImageCodec functions, 2 destroy functions, 3 kernels "
+                                         "and at least one decoder");
+        goto done;
+    }
+    for (int k = 0; k < ING_NV_COUNT; ++k)
+        if ((fp[k] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(fns, k))) == NULL)
+            goto bad_address;
+    ing_nv_functions_from(&e->nv, fp);
+    if ((*(void **)&e->image_destroy = PyLong_AsVoidPtr(PyTuple_GET_ITEM(destroys, 0))) == NULL ||
+        (*(void **)&e->stream_destroy = PyLong_AsVoidPtr(PyTuple_GET_ITEM(destroys, 1))) == NULL)
+        goto bad_address;
+    for (int k = 0; k < 3; ++k)
+        if ((e->kernels[k] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(kernels, k))) == NULL)
+            goto bad_address;
+    e->instance = (void *)(uintptr_t)instance;
+    e->params = (void *)(uintptr_t)params;
+    e->info_stride = info_t.len;
+    e->view_stride = view_t.len;
+    e->probe_size = probe_t.len;
+    if (e->off_buffer + 8 > info_t.len || e->off_stream + 8 > info_t.len || e->off_h + 4 > info_t.len ||
+        e->off_w + 4 > info_t.len || e->off_row + 8 > info_t.len || e->off_start + 8 > view_t.len ||
+        e->off_end + 8 > view_t.len || e->off_codec >= probe_t.len) {
+        PyErr_SetString(PyExc_ValueError, "gpu: a struct field offset lies outside its struct");
+        goto done;
+    }
+    const char *why = load_cuda();
+    if (why != NULL) {
+        PyErr_SetString(PyExc_ImportError, why);
+        goto done;
+    }
+    e->ndec = (int)PyTuple_GET_SIZE(decoders);
+    if ((e->dec = calloc((size_t)e->ndec, sizeof(Decoder))) == NULL)
+        goto nomem;
+    int64_t B = e->batch;
+    for (int d = 0; d < e->ndec; ++d) {
+        Decoder *dc = &e->dec[d];
+        if ((dc->handle = PyLong_AsVoidPtr(PyTuple_GET_ITEM(decoders, d))) == NULL)
+            goto bad_address;
+        /* handles and scratch in one block: parents, subs, images, streams, images picked (void *), ptrs,
+         * picked, lens, then statuses, out (uint32) and regions (int32 x 4) */
+        size_t words = (size_t)B * 8;
+        char *block = calloc(1, words * 8 + (size_t)B * (4 + 4 + 16));
+        char *structs = calloc(1, (size_t)B * (size_t)(e->info_stride + e->view_stride) + (size_t)e->probe_size);
+        if (block == NULL || structs == NULL) {
+            free(block);
+            free(structs);
+            goto nomem;
+        }
+        void **w = (void **)block;
+        dc->slots.parents = w, w += B;
+        dc->slots.subs = w, w += B;
+        dc->slots.images = w, w += B;
+        dc->streams = w, w += B;
+        dc->images = w, w += B;
+        dc->ptrs = (const unsigned char **)w, w += B;
+        dc->picked = (ptrdiff_t *)w, w += B;
+        dc->lens = (size_t *)w, w += B;
+        dc->statuses = (uint32_t *)w;
+        dc->out = dc->statuses + B;
+        dc->regions = (int32_t *)(dc->out + B);
+        dc->slots.infos = structs;
+        dc->slots.views = structs + B * e->info_stride;
+        dc->slots.probe = dc->slots.views + B * e->view_stride;
+        dc->slots.info_stride = e->info_stride;
+        dc->slots.view_stride = e->view_stride;
+        dc->slots.start_off = e->off_start;
+        dc->slots.end_off = e->off_end;
+        dc->slots.codec_off = e->off_codec;
+        for (int64_t i = 0; i < B; ++i) {
+            memcpy(dc->slots.infos + i * e->info_stride, info_t.buf, (size_t)e->info_stride);
+            memcpy(dc->slots.views + i * e->view_stride, view_t.buf, (size_t)e->view_stride);
+        }
+        memcpy(dc->slots.probe, probe_t.buf, (size_t)e->probe_size);
+    }
+    /* the device's primary context (torch's), a stream of the engine's own, events, argument buffers */
+    if (!cuok(e, cu.Init(0), "cuInit") || !cuok(e, cu.DeviceGet(&e->dev, device), "cuDeviceGet") ||
+        !cuok(e, cu.PrimaryRetain(&e->ctx, e->dev), "cuDevicePrimaryCtxRetain"))
+        goto cuda_failed;
+    e->gpu = 1;
+    cu.CtxPush(e->ctx);
+    int ok = cuok(e, cu.StreamCreate(&e->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    for (int a = 0; ok && a < ARENAS; ++a)
+        ok = cuok(e, cu.EventCreate(&e->arena_ev[a], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    for (int k = 0; ok && k < JOBS; ++k)
+        ok = cuok(e, cu.EventCreate(&e->jobs[k].done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    size_t host_bytes = (size_t)B * 8 + (size_t)(32 * B + 16) * 8;
+    for (int64_t s = 0; ok && s < e->nslots; ++s) {
+        ok = cuok(e, cu.EventCreate(&e->slot_ready[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate") &&
+             cuok(e, cu.EventCreate(&e->slot_free[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate") &&
+             cuok(e, cu.MemAlloc(&e->slot_args[s], (size_t)(32 * B + 16) * 8), "cuMemAlloc (kernel arguments)") &&
+             cuok(e, cu.MemHostAlloc((void **)&e->slot_host[s], host_bytes, 0), "cuMemHostAlloc");
+    }
+    CUcontext popped;
+    cu.CtxPop(&popped);
+    if (!ok)
+        goto cuda_failed;
+    result = 0;
+    goto done;
+cuda_failed:
+    PyErr_SetString(PyExc_RuntimeError, e->error);
+    goto done;
+bad_address:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "gpu: a null address");
+    goto done;
+nomem:
+    PyErr_NoMemory();
+done:
+    PyBuffer_Release(&info_t);
+    PyBuffer_Release(&view_t);
+    PyBuffer_Release(&probe_t);
+    return result;
+}
+
+static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"paths", "files", "offsets", "sizes", "labels", "format", "desc", "seed", "batch_size",
+                             "slots", "read_threads", "max_pixels", "regions", "gpu", NULL};
+    PyObject *paths, *files, *offsets, *sizes, *labels, *desc_obj, *gpu = Py_None;
+    int format, regions;
+    unsigned long long seed;
+    Py_ssize_t batch, slots, threads;
+    long long max_pixels;
+    if (e->pid != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "an Engine is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|O:Engine", kwlist, &paths, &files, &offsets, &sizes,
+                                     &labels, &format, &desc_obj, &seed, &batch, &slots, &threads, &max_pixels,
+                                     &regions, &gpu))
+        return -1;
+    if (format < 0 || format >= FMT_COUNT || batch < 1 || slots < 1 || threads < 1 || max_pixels < 1) {
+        PyErr_SetString(PyExc_ValueError, "Engine: format, batch_size, slots, read_threads or max_pixels out of range");
+        return -1;
+    }
+    if (pthread_mutex_init(&e->lock, NULL) || pthread_cond_init(&e->cond, NULL)) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine: cannot make a lock");
+        return -1;
+    }
+    e->pid = getpid();
+    e->format = format;
+    e->batch = batch;
+    e->nslots = slots;
+    e->max_pixels = max_pixels;
+    e->regions = regions;
+    /* the table */
+    if (!PyList_Check(paths)) {
+        PyErr_SetString(PyExc_TypeError, "paths must be a list");
+        goto fail;
+    }
+    e->nfiles = PyList_GET_SIZE(paths);
+    int64_t n = -1;
+    if ((e->files = copy_int64s(files, -1, &n, "files")) == NULL)
+        goto fail;
+    e->n = n;
+    /* offsets, sizes and labels live in one block after files: copy each, then move them in */
+    int64_t *off = copy_int64s(offsets, n, NULL, "offsets"), *siz = off ? copy_int64s(sizes, n, NULL, "sizes") : NULL;
+    int64_t *lab = NULL;
+    if (siz && labels != Py_None)
+        lab = copy_int64s(labels, n, NULL, "labels");
+    if (off == NULL || siz == NULL || (labels != Py_None && lab == NULL)) {
+        free(off);
+        free(siz);
+        free(lab);
+        goto fail;
+    }
+    int64_t *block = realloc(e->files, (size_t)(n ? n : 1) * 4 * sizeof(int64_t));
+    if (block == NULL) {
+        free(off);
+        free(siz);
+        free(lab);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    e->files = block;
+    e->offsets = block + n;
+    e->sizes = block + 2 * n;
+    memcpy(e->offsets, off, (size_t)n * 8);
+    memcpy(e->sizes, siz, (size_t)n * 8);
+    if (lab) {
+        e->labels = block + 3 * n;
+        memcpy(e->labels, lab, (size_t)n * 8);
+    }
+    free(off);
+    free(siz);
+    free(lab);
+    for (int64_t i = 0; i < n; ++i)
+        if (e->files[i] < 0 || e->files[i] >= e->nfiles || e->offsets[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "sample %lld: file %lld or offset %lld out of range", (long long)i,
+                         (long long)e->files[i], (long long)e->offsets[i]);
+            goto fail;
+        }
+    size_t total = 0;
+    for (int64_t f = 0; f < e->nfiles; ++f) {
+        PyObject *bytes = NULL;
+        if (!PyUnicode_FSConverter(PyList_GET_ITEM(paths, f), &bytes))
+            goto fail;
+        total += (size_t)PyBytes_GET_SIZE(bytes) + 1;
+        Py_DECREF(bytes);
+    }
+    e->paths = calloc((size_t)(e->nfiles ? e->nfiles : 1), sizeof(char *));
+    e->path_block = malloc(total ? total : 1);
+    if (e->paths == NULL || e->path_block == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    char *at = e->path_block;
+    for (int64_t f = 0; f < e->nfiles; ++f) {
+        PyObject *bytes = NULL;
+        if (!PyUnicode_FSConverter(PyList_GET_ITEM(paths, f), &bytes))
+            goto fail;
+        size_t len = (size_t)PyBytes_GET_SIZE(bytes);
+        memcpy(at, PyBytes_AS_STRING(bytes), len + 1);
+        e->paths[f] = at;
+        at += len + 1;
+        Py_DECREF(bytes);
+    }
+    e->keep_open = e->nfiles <= KEEP_OPEN_FILES;
+    if (e->keep_open) {
+        if ((e->fds = malloc((size_t)(e->nfiles ? e->nfiles : 1) * sizeof(int))) == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (int64_t f = 0; f < e->nfiles; ++f)
+            e->fds[f] = -1;
+    }
+    /* the chain */
+    Py_buffer desc;
+    if (PyObject_GetBuffer(desc_obj, &desc, PyBUF_C_CONTIGUOUS) < 0)
+        goto fail;
+    int st = desc.len % 8 ? ING_EINVAL : ing_chain_parse(&e->chain, desc.buf, desc.len / 8, (uint64_t)seed);
+    PyBuffer_Release(&desc);
+    if (st != ING_OK) {
+        PyErr_Format(PyExc_ValueError, "desc: %s", ing_strerror(st));
+        goto fail;
+    }
+    /* the chain's fixed output size: plan one 64 x 64 and one 480 x 640 sample (the Python side checked it) */
+    {
+        int64_t idx[2] = {0, 1}, hw[4] = {64, 64, 480, 640};
+        ing_sample two[2];
+        ing_plan_out out = {.sample = two, .params = NULL};
+        if ((st = ing_plan(&e->chain, 2, idx, 0, hw, &out)) != ING_OK) {
+            PyErr_Format(PyExc_ValueError, "desc: %s", ing_strerror(st));
+            goto fail;
+        }
+        if (two[0].out_hw[0] != two[1].out_hw[0] || two[0].out_hw[1] != two[1].out_hw[1]) {
+            PyErr_SetString(PyExc_ValueError, "desc: the chain's output size depends on the image's");
+            goto fail;
+        }
+        e->out_h = two[0].out_hw[0];
+        e->out_w = two[0].out_hw[1];
+        e->row_elems = e->out_h * e->out_w * e->chain.channels;
+    }
+    /* per batch and per slot */
+    int64_t B = batch;
+    e->slot_out = calloc((size_t)slots, sizeof(CUdeviceptr));
+    e->slot_lbl = calloc((size_t)slots, sizeof(CUdeviceptr));
+    e->slot_args = calloc((size_t)slots, sizeof(CUdeviceptr));
+    e->slot_host = calloc((size_t)slots, sizeof(unsigned char *));
+    e->slot_notes = calloc((size_t)slots, sizeof(Note *));
+    e->slot_nnotes = calloc((size_t)slots, sizeof(int64_t));
+    e->slot_ready = calloc((size_t)slots, sizeof(CUevent));
+    e->slot_free = calloc((size_t)slots, sizeof(CUevent));
+    e->free_slots = calloc((size_t)slots, sizeof(int));
+    e->slot_given = calloc((size_t)slots, 1);
+    e->pending = calloc((size_t)slots, sizeof(int));
+    e->slot_held = calloc((size_t)slots * 3, 1);
+    e->slot_idx = calloc((size_t)slots, sizeof(Py_buffer));
+    e->slot_pad = calloc((size_t)slots, sizeof(Py_buffer));
+    e->slot_dry = calloc((size_t)slots, sizeof(Py_buffer));
+    e->g_pos = calloc((size_t)B * 16, sizeof(int64_t));
+    e->p_src = calloc((size_t)B, sizeof(uint64_t));
+    e->p_plan = calloc((size_t)B, sizeof(ing_sample));
+    if (!e->slot_out || !e->slot_lbl || !e->slot_args || !e->slot_host || !e->slot_notes || !e->slot_nnotes ||
+        !e->slot_ready || !e->slot_free || !e->free_slots || !e->slot_given || !e->pending || !e->slot_held || !e->slot_idx ||
+        !e->slot_pad || !e->slot_dry || !e->g_pos || !e->p_src || !e->p_plan) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    e->g_reg = e->g_pos + B;
+    e->g_org = e->g_reg + 4 * B;
+    e->g_dec = e->g_org + 2 * B;
+    e->g_aoff = e->g_dec + 2 * B;
+    e->g_row = e->g_aoff + B;
+    e->p_org = e->g_row + B;
+    e->p_dec = e->p_org + 2 * B;
+    e->p_row = e->p_dec + 2 * B; /* 16 B in all */
+    for (int64_t s = 0; s < slots; ++s)
+        if ((e->slot_notes[s] = calloc((size_t)B, sizeof(Note))) == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+    for (int k = 0; k < JOBS; ++k) {
+        if (alloc_job(e, &e->jobs[k]) < 0) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        e->free_jobs[e->nfree_jobs++] = &e->jobs[k];
+    }
+    if (gpu != Py_None) {
+        if (setup_gpu(e, gpu) < 0)
+            goto fail;
+    } else {
+        for (int64_t s = 0; s < slots; ++s)
+            if ((e->slot_host[s] = calloc((size_t)B, sizeof(int64_t))) == NULL) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+    }
+    for (int64_t s = slots - 1; s >= 0; --s) /* slot 0 is taken first */
+        e->free_slots[e->nfree_slots++] = (int)s;
+    /* threads */
+    if (team_init(&e->readers, e, (int)threads) < 0 || team_init(&e->decoders, e, e->gpu ? e->ndec : 1) < 0) {
+        e->teams_made = 1;
+        PyErr_SetString(PyExc_RuntimeError, "Engine: cannot start its threads");
+        goto fail;
+    }
+    e->teams_made = 1;
+    if (pthread_create(&e->reader, NULL, reader_main, e) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine: cannot start its reader thread");
+        goto fail;
+    }
+    e->reader_started = 1;
+    if (pthread_create(&e->decoder, NULL, decoder_main, e) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine: cannot start its decode thread");
+        goto fail;
+    }
+    e->decoder_started = 1;
+    return 0;
+fail:
+    e->closed = 1;
+    Py_BEGIN_ALLOW_THREADS
+    engine_join(e);
+    engine_free(e);
+    Py_END_ALLOW_THREADS
+    release_buffers(e);
+    return -1;
+}
+
+/* -- methods ----------------------------------------------------------------------------------------------- */
+
+static PyObject *Engine_add_epoch(Engine *e, PyObject *args) {
+    long long epoch, number0;
+    PyObject *indices, *bounds, *pad;
+    if (!PyArg_ParseTuple(args, "LLOOO:add_epoch", &epoch, &number0, &indices, &bounds, &pad) || !alive(e))
+        return NULL;
+    Epoch *ep = calloc(1, sizeof(Epoch));
+    if (ep == NULL)
+        return PyErr_NoMemory();
+    int64_t count = 0, nb = 0;
+    Py_buffer p = {0};
+    int have_pad = 0;
+    if ((ep->indices = copy_int64s(indices, -1, &count, "indices")) == NULL ||
+        (ep->bounds = copy_int64s(bounds, -1, &nb, "bounds")) == NULL)
+        goto bad;
+    if (PyObject_GetBuffer(pad, &p, PyBUF_C_CONTIGUOUS) < 0)
+        goto bad;
+    have_pad = 1;
+    if (p.len != count || nb < 1 || ep->bounds[0] != 0 || ep->bounds[nb - 1] != count) {
+        PyErr_SetString(PyExc_ValueError, "add_epoch: pad must hold a byte per index and bounds run from 0 to the "
+                                          "number of indices");
+        goto bad;
+    }
+    for (int64_t b = 0; b + 1 < nb; ++b)
+        if (ep->bounds[b + 1] <= ep->bounds[b] || ep->bounds[b + 1] - ep->bounds[b] > e->batch) {
+            PyErr_Format(PyExc_ValueError, "add_epoch: batch %lld holds %lld samples (1 to %lld allowed)",
+                         (long long)b, (long long)(ep->bounds[b + 1] - ep->bounds[b]), (long long)e->batch);
+            goto bad;
+        }
+    for (int64_t k = 0; k < count; ++k)
+        if (ep->indices[k] < 0 || ep->indices[k] >= e->n) {
+            PyErr_Format(PyExc_IndexError, "add_epoch: dataset index %lld is out of range (%lld samples)",
+                         (long long)ep->indices[k], (long long)e->n);
+            goto bad;
+        }
+    if ((ep->pad = malloc(count ? (size_t)count : 1)) == NULL) {
+        PyErr_NoMemory();
+        goto bad;
+    }
+    memcpy(ep->pad, p.buf, (size_t)count);
+    PyBuffer_Release(&p);
+    ep->epoch = epoch;
+    ep->number0 = number0;
+    ep->batches = nb - 1;
+    pthread_mutex_lock(&e->lock);
+    if (e->epochs_tail)
+        e->epochs_tail->next = ep;
+    else
+        e->epochs = ep;
+    e->epochs_tail = ep;
+    pthread_cond_broadcast(&e->cond);
+    pthread_mutex_unlock(&e->lock);
+    Py_RETURN_NONE;
+bad:
+    if (have_pad)
+        PyBuffer_Release(&p);
+    free(ep->indices);
+    free(ep->bounds);
+    free(ep->pad);
+    free(ep);
+    return NULL;
+}
+
+/* Holds `obj` as slot buffer `which` (0 indices, 1 pad, 2 dry) of `bytes`, replacing one held before. */
+static int hold(Engine *e, int64_t slot, int which, PyObject *obj, Py_ssize_t bytes) {
+    Py_buffer *views[3] = {e->slot_idx, e->slot_pad, e->slot_dry};
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (v.len < bytes) {
+        PyErr_Format(PyExc_ValueError, "set_slot: a buffer of %zd bytes where %zd are needed", v.len, bytes);
+        PyBuffer_Release(&v);
+        return -1;
+    }
+    pthread_mutex_lock(&e->lock);
+    Py_buffer old = views[which][slot];
+    int had = e->slot_held[3 * slot + which];
+    views[which][slot] = v;
+    e->slot_held[3 * slot + which] = 1;
+    pthread_mutex_unlock(&e->lock);
+    if (had)
+        PyBuffer_Release(&old);
+    return 0;
+}
+
+static PyObject *Engine_set_slot(Engine *e, PyObject *args) {
+    Py_ssize_t slot;
+    unsigned long long out, labels;
+    PyObject *idx = Py_None, *pad = Py_None, *dry = Py_None;
+    if (!PyArg_ParseTuple(args, "nKK|OOO:set_slot", &slot, &out, &labels, &idx, &pad, &dry) || !alive(e))
+        return NULL;
+    PyObject *result = NULL;
+    if (slot < 0 || slot >= e->nslots) {
+        PyErr_Format(PyExc_IndexError, "slot %zd out of range", slot);
+        goto done;
+    }
+    /* (only a slot that is out, Python's, is set: the engine reads these when it takes a slot) */
+    if ((idx != Py_None && hold(e, slot, 0, idx, e->batch * 8) < 0) ||
+        (pad != Py_None && hold(e, slot, 1, pad, e->batch) < 0) ||
+        (dry != Py_None && hold(e, slot, 2, dry, e->batch * D_COLS * 8) < 0))
+        goto done;
+    pthread_mutex_lock(&e->lock);
+    e->slot_out[slot] = (CUdeviceptr)out;
+    e->slot_lbl[slot] = (CUdeviceptr)labels;
+    pthread_mutex_unlock(&e->lock);
+    result = Py_NewRef(Py_None);
+done:
+    return result;
+}
+
+static PyObject *Engine_release(Engine *e, PyObject *args) {
+    Py_ssize_t slot;
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, "n|K:release", &slot, &stream) || !alive(e))
+        return NULL;
+    if (slot < 0 || slot >= e->nslots) {
+        PyErr_Format(PyExc_IndexError, "slot %zd out of range", slot);
+        return NULL;
+    }
+    if (!e->slot_given[slot]) {
+        PyErr_Format(PyExc_ValueError, "slot %zd was released twice (or before next() gave it)", slot);
+        return NULL;
+    }
+    if (e->gpu) { /* the slot's next kernel waits for the work queued on the consumer's stream so far */
+        CUcontext popped;
+        CUresult r = cu.CtxPush(e->ctx);
+        if (r == 0) {
+            r = cu.EventRecord(e->slot_free[slot], (CUstream)(uintptr_t)stream);
+            cu.CtxPop(&popped);
+        }
+        if (r != 0) {
+            PyErr_Format(PyExc_RuntimeError, "CUDA driver call cuEventRecord failed (CUresult %d)", r);
+            return NULL;
+        }
+    }
+    e->slot_given[slot] = 0;
+    if (__atomic_load_n(&e->users, __ATOMIC_ACQUIRE) == 0) {
+        e->pending[e->npending++] = (int)slot; /* the next next() hands it over, under the lock it takes anyway */
+    } else { /* a next() waits (another thread's): hand it over now */
+        pthread_mutex_lock(&e->lock);
+        e->free_slots[e->nfree_slots++] = (int)slot;
+        pthread_cond_broadcast(&e->cond);
+        pthread_mutex_unlock(&e->lock);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_next(Engine *e, PyObject *args) {
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, "|K:next", &stream) || !enter_waiting(e))
+        return NULL;
+    PyObject *result = NULL;
+    Ready r;
+    int got = 0, starved = 0;
+    char error[sizeof e->error];
+    error[0] = 0;
+    int handed[64], nhanded = e->npending < 64 ? e->npending : 64; /* the slots released since the last call */
+    memcpy(handed, e->pending, (size_t)nhanded * sizeof(int));
+    e->npending -= nhanded;
+    memmove(e->pending, e->pending + nhanded, (size_t)e->npending * sizeof(int));
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&e->lock);
+    for (int q = 0; q < nhanded; ++q)
+        e->free_slots[e->nfree_slots++] = handed[q];
+    if (nhanded)
+        pthread_cond_broadcast(&e->cond);
+    while (e->rq_len == 0 && !e->stop && !(e->starving && e->nfree_slots == 0))
+        pthread_cond_wait(&e->cond, &e->lock);
+    if (e->rq_len > 0) {
+        r = e->rq[e->rq_head];
+        e->rq_head = (e->rq_head + 1) % QCAP;
+        e->rq_len--;
+        got = 1;
+        if (r.kind == R_BATCH)
+            e->slot_given[r.slot] = 1;
+        pthread_cond_broadcast(&e->cond);
+    } else if (e->stop) {
+        memcpy(error, e->error, sizeof error);
+    } else {
+        starved = 1;
+    }
+    pthread_mutex_unlock(&e->lock);
+    Py_END_ALLOW_THREADS
+    if (!got) {
+        if (starved)
+            result = Py_NewRef(Py_None);
+        else
+            PyErr_SetString(PyExc_RuntimeError, error[0] ? error : "the native engine stopped");
+        goto done;
+    }
+    if (r.kind == R_EPOCH) {
+        result = Py_BuildValue("(iiLLLO)", R_EPOCH, -1, (long long)r.epoch, 0LL, 0LL, Py_None);
+        goto done;
+    }
+    if (e->gpu) { /* (stream 0: the legacy default stream) */
+        CUcontext popped;
+        CUresult c = cu.CtxPush(e->ctx);
+        if (c == 0) {
+            c = cu.StreamWaitEvent((CUstream)(uintptr_t)stream, e->slot_ready[r.slot], 0);
+            cu.CtxPop(&popped);
+        }
+        if (c != 0) {
+            PyErr_Format(PyExc_RuntimeError, "CUDA driver call cuStreamWaitEvent failed (CUresult %d)", c);
+            goto done;
+        }
+    }
+    PyObject *notes = Py_NewRef(Py_None);
+    int64_t count = e->slot_nnotes[r.slot];
+    if (count > 0) {
+        Py_DECREF(notes);
+        if ((notes = PyList_New(count)) == NULL)
+            goto done;
+        for (int64_t q = 0; q < count; ++q) {
+            Note *t = &e->slot_notes[r.slot][q];
+            PyObject *item = Py_BuildValue("(LLLLL)", (long long)t->index, (long long)t->row, (long long)t->stage,
+                                           (long long)t->code, (long long)t->status);
+            if (item == NULL) {
+                Py_DECREF(notes);
+                goto done;
+            }
+            PyList_SET_ITEM(notes, q, item);
+        }
+    }
+    result = Py_BuildValue("(iiLLLN)", R_BATCH, r.slot, (long long)r.epoch, (long long)r.number, (long long)r.rows,
+                           notes);
+done:
+    leave(e);
+    return result;
+}
+
+static PyObject *Engine_labels(Engine *e, PyObject *args) {
+    Py_ssize_t slot;
+    if (!PyArg_ParseTuple(args, "n:labels", &slot) || !alive(e))
+        return NULL;
+    if (slot < 0 || slot >= e->nslots) {
+        PyErr_Format(PyExc_IndexError, "slot %zd out of range", slot);
+        return NULL;
+    } /* a copy: the host labels of a slot's last batch */
+    return PyBytes_FromStringAndSize((const char *)e->slot_host[slot], e->batch * 8);
+}
+
+static PyObject *Engine_close(Engine *e, PyObject *unused) {
+    if (e->pid != getpid()) {
+        PyErr_SetString(PyExc_RuntimeError, "this native engine belongs to the parent process (forked)");
+        return NULL;
+    }
+    engine_close(e);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_stats(Engine *e, PyObject *unused) {
+    if (!alive(e))
+        return NULL;
+    pthread_mutex_lock(&e->lock);
+    long long v[8] = {e->st_batches, e->st_samples, e->st_fallbacks, e->st_failures, e->st_bytes, e->st_arena_allocs,
+                      e->st_starved,
+                      (long long)(e->arena_cap[0] > e->arena_cap[1] ? e->arena_cap[0] : e->arena_cap[1])};
+    pthread_mutex_unlock(&e->lock);
+    return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "batches", v[0], "samples", v[1], "fallbacks", v[2], "failures", v[3],
+                         "bytes_read", v[4], "arenas_made", v[5], "slot_waits", v[6], "arena_bytes", v[7]);
+}
+
+static PyObject *Engine_output_size(Engine *e, void *unused) {
+    return Py_BuildValue("(LL)", (long long)e->out_h, (long long)e->out_w);
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"add_epoch", (PyCFunction)Engine_add_epoch, METH_VARARGS,
+     "add_epoch(epoch, number0, indices, bounds, pad): queue an epoch's batches (see the top of engine.c)."},
+    {"set_slot", (PyCFunction)Engine_set_slot, METH_VARARGS,
+     "set_slot(k, out, labels[, indices, pad, dry]): slot k's device addresses and host arrays."},
+    {"release", (PyCFunction)Engine_release, METH_VARARGS,
+     "release(k[, stream]): slot k is free once the work queued on stream so far has run."},
+    {"next", (PyCFunction)Engine_next, METH_VARARGS,
+     "next([stream]) -> (kind, slot, epoch, number, rows, notes) or None (every slot is out): the GIL released."},
+    {"labels", (PyCFunction)Engine_labels, METH_VARARGS, "labels(k) -> bytes: slot k's host labels."},
+    {"close", (PyCFunction)Engine_close, METH_NOARGS, "Stop and join every thread, free everything native."},
+    {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counts: batches, samples, fallbacks, failures, ..."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Engine_getset[] = {
+    {"output_size", (getter)Engine_output_size, NULL, "The chain's fixed output (height, width).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ingest._engine.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The native engine (see ingest/_native/engine.c).",
+    .tp_methods = Engine_methods,
+    .tp_getset = Engine_getset,
+    .tp_init = (initproc)Engine_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* -- module-level helpers for tests: the engine's parse and header scan on single buffers ------------------- */
+
+static PyObject *py_recordio_image(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*:recordio_image", &b))
+        return NULL;
+    int64_t start, end, label;
+    int ok = recordio_image(b.buf, b.len, &start, &end, &label);
+    PyBuffer_Release(&b);
+    if (!ok)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(LLL)", (long long)start, (long long)end, (long long)label);
+}
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_engine", .m_size = -1};
+
+static PyMethodDef functions[] = {
+    {"recordio_image", py_recordio_image, METH_VARARGS,
+     "recordio_image(record) -> (start, end, label) of its image, or None where the engine leaves it to Python."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyMODINIT_FUNC PyInit__engine(void) {
+    if (PyType_Ready(&EngineType) < 0)
+        return NULL;
+    module.m_methods = functions;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
+        PyModule_AddIntConstant(m, "WHOLE", FMT_WHOLE) < 0 ||
+        PyModule_AddIntConstant(m, "RECORDIO", FMT_RECORDIO) < 0 ||
+        PyModule_AddIntConstant(m, "BATCH", R_BATCH) < 0 || PyModule_AddIntConstant(m, "EPOCH_END", R_EPOCH) < 0 ||
+        PyModule_AddIntConstant(m, "NOTE_READ", NOTE_READ) < 0 ||
+        PyModule_AddIntConstant(m, "NOTE_FALLBACK", NOTE_FALLBACK) < 0 ||
+        PyModule_AddIntConstant(m, "DRY_COLUMNS", D_COLS) < 0) {
+        Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

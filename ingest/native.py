@@ -1,0 +1,501 @@
+"""The native engine's Python side: who may run on it (`why_not`), and `NativeExecutor`, the executor the Loader
+iterates in its place.
+
+The engine (``ingest/_native/engine.c``, module ``ingest._engine``) runs a batch from its dataset indices to the
+finished device batch on native threads: byte-range reads into a pinned arena, the record parse (file trees and
+RecordIO), the JPEG header scan, the op chain's draws (the native planner, ``plan.h``), nvImageCodec's decode of
+each sample's region into a device arena, the fused warp + normalize kernel into a preallocated output, the labels
+and an event per batch. The training thread's Python per batch is one native ``next()`` (the GIL released while it
+waits; the consumer's stream made to wait on the batch's event in C) and the wrapping of the batch's output slot.
+
+Rules:
+
+- **Eligible** (`why_not` returns None): a CUDA device with decode "mixed", no worker processes, a source with
+  ``native_table()`` (file trees, RecordIO), encoded images and nothing else asked for (``output="tuple"``, or
+  a source with only an image and a label), a chain `ingest.native_plan.describe` takes whose output size is
+  fixed, nvImageCodec's native binding and CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs
+  the native engine where eligible, "python" never, "native" raises a ConfigError naming why where not.
+- **Same samples** as the Python engine for the same seed: the same order, draws (keyed by seed, epoch and dataset
+  index), labels, regions and kernel arguments; pixels within the decoders' tolerance (a decoder's backend
+  depends on the image's place in its share of the batch, as in the Python engine).
+- **Output ring**: ``prefetch + 1`` output tensors (and label tensors) made at start (the chains have a fixed
+  output size). A batch hands out views of its slot's tensors; once the user drops both, the slot goes back to
+  the engine after an event recorded on the stream that took the batch. A slot still viewed elsewhere (a view
+  the user kept) gets new tensors before its reuse; so does the oldest slot out when every slot is out and
+  nothing is ready (the user keeps every batch), rather than stall.
+- **Failures**: a sample that cannot be read is dropped natively and counted here against the epoch's
+  `pipeline.Failures` with the error the Python read stage raises (`io.read_error`, `io.short_read`: they name
+  the file). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a split RecordIO record, one
+  nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline with CPU decoding for
+  those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is dropped from the
+  batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a CPU decode, per
+  batch that has one; `stats()["native"]["fallbacks"]` counts them.
+- **Epochs**: the engine runs on into the next epoch, as the Python executor does; each epoch's indices and batch
+  bounds are made once from the sampler's plans and handed over as arrays, one epoch ahead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import time
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from . import defaults, io
+from .errors import ConfigError
+from .formats.base import Location, fields_of
+from .ops import planner
+from .pipeline import Batch, EpochEnd, Failures, Pipeline
+from .sampler import BatchPlan, Sampler
+
+try:
+    from . import _engine as ENGINE
+except ImportError:   # built where a C compiler was found (setup.py)
+    ENGINE = None
+
+ENGINES = ("auto", "python", "native")
+#: Why a sample fell back to the Python path, by the engine's code (`stats()["native"]["fallbacks"]`).
+FALLBACK_REASONS = {1: "not a GPU JPEG", 2: "oriented", 3: "record", 4: "decoder", 5: "plan"}
+_KINDS = {"whole": 0, "recordio": 1}
+_DTYPES = {torch.uint8: 0, torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What the engine runs: the source's table, the chain's description, and the output each batch fills."""
+
+    table: Any            # formats._native_table.NativeTable
+    desc: np.ndarray      # float64 (ingest.native_plan.describe)
+    size: tuple[int, int]   # the fixed output (height, width)
+    dtype: torch.dtype
+    layout: str | None    # the ops' output layout; None: NHWC memory handed out as NCHW views
+
+
+def why_not(source, ops, *, device: torch.device, decode: str, workers: int, streamed: bool, tuple_output: bool,
+            pipeline: Pipeline | None) -> tuple[Chain | None, str | None]:
+    """(the chain, None) where a Loader of these settings can run on the native engine, else (None, why not)."""
+    if ENGINE is None:
+        return None, "the native engine (ingest._engine) was not built"
+    if device.type != "cuda" or decode != "mixed":
+        return None, f"it decodes on the GPU for a CUDA device (device={device}, decode={decode!r})"
+    if workers or streamed or pipeline is None:
+        return None, "it runs in the training process on a seekable source (no worker processes, no stream)"
+    if getattr(source, "native_table", None) is None:
+        return None, f"{type(source).__name__} gives no native table (file trees and RecordIO do)"
+    fields = fields_of(source)
+    if pipeline.image_kind != "image" or pipeline.direct or "boxes" in fields:
+        return None, "it takes encoded images without boxes"
+    if not tuple_output and set(fields) - {"image", "label"}:
+        extra = ", ".join(sorted(set(fields) - {"image", "label"}))
+        return None, f"output='dict' asks for fields it does not collate ({extra})"
+    chain, why = chain_for(source, ops)
+    if chain is None:
+        return None, why
+    lanes = [gpu for gpu, _ in pipeline.lanes if gpu is not None]
+    if not lanes or any(gpu.engine != "native" for gpu in lanes):
+        return None, "nvImageCodec's native binding did not load (see ingest.ops._nvimgcodec)"
+    from .ops import _warp_kernel
+    if not _warp_kernel.available():
+        return None, "CuPy (the warp kernel) is not installed"
+    return chain, None
+
+
+def chain_for(source, ops) -> tuple[Chain | None, str | None]:
+    """(the source's table and the ops' chain, None), or (None, why) where the planner or the source cannot give
+    them: the part of `why_not` that needs no GPU."""
+    try:
+        from .native_plan import describe
+    except ImportError:
+        return None, "the native planner (ingest.native_plan) is missing"
+    desc = describe(ops, 3)
+    if desc is None:
+        return None, "its op chain is not one the native planner runs (see ingest.native_plan)"
+    probe = planner.plan(ops, [(64, 64), (480, 640)], 0)
+    if probe.out_sizes[0] != probe.out_sizes[1]:
+        return None, "its op chain's output size depends on the image's (the output ring is made at start)"
+    table_of = getattr(source, "native_table", None)
+    if table_of is None:
+        return None, f"{type(source).__name__} gives no native table (file trees and RecordIO do)"
+    return Chain(table_of(), desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout), None
+
+
+def choose(setting: str, chain: Chain | None, why: str | None) -> Chain | None:
+    """The chain to run natively under the ``engine`` setting, or None for the Python stages."""
+    if setting not in ENGINES:
+        raise ConfigError(f"Unknown engine {setting!r}. Available: {', '.join(ENGINES)}")
+    if setting == "native" and chain is None:
+        raise ConfigError(f"engine='native', but this loader cannot run on the native engine: {why}")
+    return chain if setting != "python" else None
+
+
+def epoch_arrays(plans: Iterator[BatchPlan]) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
+    """One epoch's plans as the engine takes them: the first batch number, the indices, batch bounds and padding
+    flags; None for an epoch without batches."""
+    plans = list(plans)
+    if not plans:
+        return None
+    indices = np.concatenate([p.indices for p in plans]).astype(np.int64)
+    pad = np.concatenate([p.is_pad for p in plans]).astype(np.uint8)
+    bounds = np.zeros(len(plans) + 1, np.int64)
+    bounds[1:] = np.cumsum([len(p.indices) for p in plans])
+    return plans[0].number, indices, bounds, pad
+
+
+def _gpu_arguments(pipeline: Pipeline) -> tuple:
+    """The engine's `gpu` argument: nvImageCodec's functions, handles and struct layouts (from the ctypes binding),
+    the pipeline's decoders (every lane's: the Python stages do not run meanwhile) and the kernels."""
+    from .ops import _nvimgcodec as nv, _warp_kernel
+    lib = nv.load()
+    decoders = [d for gpu, _ in pipeline.lanes if gpu is not None for d in gpu._decoders]
+    info = nv.new(nv.ImageInfo)
+    info.color_spec, info.chroma_subsampling, info.sample_format = nv.COLORSPEC_SRGB, nv.SAMPLING_NONE, \
+        nv.SAMPLEFORMAT_I_RGB
+    info.num_planes, info.buffer_kind = 1, nv.BUFFER_STRIDED_DEVICE
+    info.plane_info[0].num_channels, info.plane_info[0].sample_type = 3, nv.SAMPLE_UINT8
+    plane = nv.ImageInfo.plane_info.offset
+    view = nv.new(nv.CodeStreamView)
+    view.region.ndim = 2
+    region = nv.CodeStreamView.region.offset
+    destroy = tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in (lib.ImageDestroy, lib.CodeStreamDestroy))
+    import cupy
+    device = pipeline.device
+    with cupy.cuda.Device(device.index):   # a RawKernel's Function (its CUfunction: .ptr) for this device
+        kernels = tuple(_warp_kernel._function(name).kernel.ptr for name in ("nearest", "bilinear", "bicubic"))
+    return (device.index, lib.loop_functions, destroy, lib.instance, tuple(d.handle for d in decoders),
+            ctypes.addressof(decoders[0].params),
+            (bytes(info), nv.ImageInfo.buffer.offset, nv.ImageInfo.cuda_stream.offset,
+             plane + nv.ImagePlaneInfo.height.offset, plane + nv.ImagePlaneInfo.width.offset,
+             plane + nv.ImagePlaneInfo.row_stride.offset),
+            (bytes(view), region + nv.Region.start.offset, region + nv.Region.end.offset),
+            (bytes(nv.new(nv.CodeStreamInfo)), nv.CodeStreamInfo.codec_name.offset), kernels)
+
+
+def _references(tensor: torch.Tensor) -> int:
+    """The references to ``tensor``'s memory (its storage's use count), or 0 where torch does not say."""
+    return _USE_COUNT(tensor.untyped_storage()._cdata) if _USE_COUNT is not None else 0
+
+
+class _Slot:
+    """One output slot's tensors on the Python side: the output and label tensors the engine writes (``out``,
+    ``labels``), the view handed out of the output (``shown``), host arrays of the rows' dataset indices and
+    padding flags, and the storage use counts of the two tensors with nothing of the user's alive."""
+
+    __slots__ = ("out", "labels", "shown", "address", "indices", "pad", "alone", "generation", "pending", "stream",
+                 "lost", "watching")
+
+    def __init__(self, out: torch.Tensor, labels: torch.Tensor, layout: str | None, batch: int):
+        self.out, self.labels = out, labels
+        self.shown = out.permute(0, 3, 1, 2) if layout is None else out
+        self.address = out.data_ptr()
+        self.watching: tuple = ()
+        self.indices = np.zeros(batch, np.int64)
+        self.pad = np.zeros(batch, np.uint8)
+        self.alone = (_references(out), _references(labels))
+        self.generation, self.pending, self.stream, self.lost = 0, 0, 0, False
+
+    def held(self, dying: int) -> bool:
+        """Whether anything but this slot (and the tensor handed out that is being dropped: 0 the images, 1 the
+        labels, which holds its memory while its drop is seen) holds either tensor's memory; True where torch
+        does not say."""
+        if _USE_COUNT is None:
+            return True
+        return (_references(self.out) > self.alone[0] + (dying == 0)
+                or _references(self.labels) > self.alone[1] + (dying == 1))
+
+
+class NativeExecutor:
+    """Runs a Loader's epochs on the native engine: iterate it for `Batch`es, as `pipeline.Executor`. Iteration
+    stops at an epoch's end (``ended`` holds the `EpochEnd`) while the engine reads on into the next epoch;
+    iterating again continues with it. ``plans_of(epoch, start, offset)`` gives an epoch's plans, ``budget()`` a
+    new epoch's failure budget. `close()` (also on collection) stops and joins every native thread.
+
+    ``dry``: no CUDA; each batch is a `DryBatch` of the engine's plan for its rows (tests). ``gpu``: the engine's
+    `gpu` argument instead of the one made from the pipeline's decoders (tests run the GPU path on a stand-in
+    driver, with host memory as device memory on a CPU pipeline)."""
+
+    native = True
+
+    def __init__(self, pipeline: Pipeline, chain: Chain, sampler: Sampler, *, epoch: int, start: int, offset: int,
+                 failures: Failures, budget: Callable[[], Failures], prefetch: int = 2, with_fields: bool = False,
+                 dry: bool = False, read_threads: int | None = None, gpu: tuple | None = None):
+        self.pipeline, self.chain, self.sampler, self.prefetch = pipeline, chain, sampler, prefetch
+        self.with_fields, self.dry = with_fields, dry
+        self.device = pipeline.device
+        self._budget = budget
+        self._failures: dict[int, Failures] = {epoch: failures}
+        self._plans_of = sampler.batches
+        self._closed = False
+        self._pid = os.getpid()   # a forked child's copy leaves the engine (its parent's) alone
+        self.ended: EpochEnd | None = None
+        self.fallbacks: Counter[str] = Counter()
+        self._fallback: Pipeline | None = None
+        self._batch = sampler.batch_size
+        self.outputs_made = 0   # output tensors allocated: the ring at start, then one per slot replaced
+        self._python = [0.0, 0]   # seconds of __next__ outside the engine's wait, and the batches they made
+        table = chain.table
+        slots = prefetch + 1
+        gpu = None if dry else gpu or _gpu_arguments(pipeline)
+        self._cuda = self.device.type == "cuda"
+        self._engine = ENGINE.Engine(
+            list(table.paths), np.ascontiguousarray(table.files, np.int64),
+            np.ascontiguousarray(table.offsets, np.int64), np.ascontiguousarray(table.sizes, np.int64),
+            None if table.labels is None else np.ascontiguousarray(table.labels, np.int64), _KINDS[table.kind],
+            np.ascontiguousarray(chain.desc, np.float64), sampler.seed, self._batch, slots,
+            read_threads or defaults.get("io_threads"), pipeline.cpu.max_pixels,
+            all(lane.regions for lane, _ in pipeline.lanes if lane is not None), gpu)
+        self._slots: list[_Slot | None] = [None] * slots
+        self._dry: list[np.ndarray] = []
+        self._out: list[int] = []   # slots handed out and not given back, oldest first
+        for k in range(slots):
+            self._fill_slot(k)
+        self._epoch = epoch
+        self._add_epoch(epoch, start, offset)
+        self._add_epoch(epoch + 1, 0, 0)
+        from .pipeline import CLOSE_AT_EXIT
+        CLOSE_AT_EXIT.add(self)
+
+    # -- slots ----------------------------------------------------------------------------------------
+    def _fill_slot(self, k: int) -> None:
+        """Make slot k's tensors (at start, and for a slot still held elsewhere) and hand them to the engine."""
+        if self.dry:
+            if k >= len(self._dry):
+                self._dry.append(np.zeros((self._batch, ENGINE.DRY_COLUMNS), np.int64))
+                self._slots[k] = _Slot(torch.empty((self._batch, 1, 1, 1), dtype=torch.uint8),
+                                       torch.empty(self._batch, dtype=torch.int64), "NHWC", self._batch)
+                slot = self._slots[k]
+                self._engine.set_slot(k, 0, 0, slot.indices, slot.pad, self._dry[k])
+            return
+        h, w = self.chain.size
+        shape = (self._batch, 3, h, w) if self.chain.layout == "NCHW" else (self._batch, h, w, 3)
+        with self._on_device():
+            out = torch.empty(shape, dtype=self.chain.dtype, device=self.device)
+            labels = torch.empty(self._batch, dtype=torch.int64, device=self.device)
+        self.outputs_made += 1
+        old = self._slots[k]
+        slot = _Slot(out, labels, self.chain.layout, self._batch)
+        if old is not None:
+            slot.generation = old.generation + 1
+            slot.indices, slot.pad = old.indices, old.pad
+        self._slots[k] = slot
+        self._engine.set_slot(k, out.data_ptr(), labels.data_ptr(), slot.indices, slot.pad)
+
+    def _give_back(self, k: int) -> None:
+        slot = self._slots[k]
+        if k in self._out:
+            self._out.remove(k)
+        if slot.lost:   # a view of the user's still holds its memory: new tensors first
+            self._fill_slot(k)
+        self._engine.release(k, slot.stream)
+
+    def _watch(self, k: int, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """Give slot k back once both tensors handed out are dropped (wherever that happens)."""
+        slot = self._slots[k]
+        slot.pending, generation = 2, slot.generation
+        me = weakref.ref(self)
+
+        def dropped(which: int):
+            ex = me()
+            if ex is None or ex._closed or ex._slots[k] is not slot or slot.generation != generation:
+                return
+            slot.pending -= 1
+            if slot.pending == 0:
+                slot.lost = slot.held(which)
+                ex._give_back(k)
+
+        slot.watching = (weakref.ref(images, lambda _: dropped(0)), weakref.ref(labels, lambda _: dropped(1)))
+
+    def _unstarve(self) -> None:
+        """Every slot is out and nothing is ready: the oldest slot out gets new tensors (the user keeps the old ones)
+        and goes back to the engine."""
+        if not self._out:
+            raise RuntimeError("the native engine waits for an output slot, but none is out")
+        k = self._out.pop(0)
+        self._slots[k].generation += 1   # its drop callbacks no longer count
+        self._slots[k].lost = True
+        self._give_back(k)
+
+    # -- epochs -----------------------------------------------------------------------------------------
+    def _add_epoch(self, epoch: int, start: int, offset: int) -> None:
+        arrays = epoch_arrays(self._plans_of(epoch, start, offset))
+        if arrays is None:
+            number, indices, bounds, pad = start, np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.uint8)
+        else:
+            number, indices, bounds, pad = arrays
+        self._engine.add_epoch(epoch, number, indices, bounds, pad)
+
+    # -- iteration ----------------------------------------------------------------------------------------
+    def __iter__(self) -> "NativeExecutor":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._closed:
+            raise StopIteration
+        start = time.perf_counter()
+        stream = torch._C._cuda_getCurrentRawStream(self.device.index) if self._cuda else 0
+        while True:
+            waited = time.perf_counter()
+            item = self._engine.next(stream)
+            start += time.perf_counter() - waited   # (the wait, the GIL given up, is not this thread's work)
+            if item is None:
+                self._unstarve()
+                continue
+            kind, k, epoch, number, rows, notes = item
+            if kind == ENGINE.EPOCH_END:
+                failures = self._budget()
+                self._failures[epoch + 1] = failures
+                self._failures.pop(epoch - 1, None)
+                self.ended = EpochEnd(epoch + 1, failures)
+                self._add_epoch(epoch + 2, 0, 0)
+                raise StopIteration
+            failures = self._failures[epoch]
+            slot = self._slots[k]
+            slot.stream = stream
+            self._out.append(k)
+            try:
+                fallback = self._notes(notes, failures) if notes is not None else None
+            except BaseException:
+                self._give_back(k)
+                raise
+            if rows == 0 or self.dry:   # every sample failed (and the budget allowed it), or a dry run
+                batch = DryBatch(self._dry[k][:rows].copy(), number, epoch, notes) if self.dry and rows else None
+                self._give_back(k)
+                if batch is None:
+                    continue
+                return batch
+            images, labels = slot.shown[:rows], slot.labels[:rows]
+            paths = self.pipeline.decode_paths   # (the stats' decode paths: GPU rows and those filled here)
+            paths["gpu"] = paths.get("gpu", 0) + rows - len(fallback or ())
+            if fallback:
+                paths["cpu-fallback"] = paths.get("cpu-fallback", 0) + len(fallback)
+                images, labels = self._complete(k, epoch, number, rows, fallback, images, labels, failures)
+            if self.with_fields:
+                indices = torch.from_numpy(slot.indices[:rows].copy())
+                is_pad = torch.from_numpy(slot.pad[:rows].astype(bool))
+            else:
+                indices = is_pad = _NONE
+            if images.data_ptr() == slot.address:
+                self._watch(k, images, labels)
+            else:   # a new tensor (a fallback dropped): the slot is free once the copies queued so far have run
+                self._give_back(k)
+            batch = Batch(images, labels, indices, is_pad, {}, None, number)
+            self._python[0] += time.perf_counter() - start
+            self._python[1] += 1
+            return batch
+
+    def _notes(self, notes: list, failures: Failures) -> list[tuple[int, int]]:
+        """Count the batch's read failures against ``failures`` (raising its typed error where the budget says)
+        and return its fallbacks, (dataset index, row)."""
+        fallback = []
+        source = self.pipeline.source
+        table = self.chain.table
+        for index, row, stage, code, status in notes:
+            if stage == ENGINE.NOTE_FALLBACK:
+                self.fallbacks[FALLBACK_REASONS.get(code, str(code))] += 1
+                fallback.append((index, row))
+                continue
+            path, offset = table.paths[int(table.files[index])], int(table.offsets[index])
+            err = (io.read_error(Location(path, offset), OSError(-code, os.strerror(-code))) if code < 0 else
+                   io.short_read(code, status, path, offset))
+            failures.add(source.name(index), "read", err)
+        return fallback
+
+    def _complete(self, k: int, epoch: int, number: int, rows: int, fallback: list[tuple[int, int]],
+                  images: torch.Tensor, labels: torch.Tensor, failures: Failures):
+        """Fill the fallback rows through a Python pipeline decoding on the CPU: the same reads, probes, draws and
+        ops for those samples; rows whose sample fails there are dropped (the batch is then a new tensor)."""
+        index = np.array([i for i, _ in fallback], np.int64)
+        at = np.array([r for _, r in fallback], np.int64)
+        pad = self._slots[k].pad[at].astype(bool)
+        plan = BatchPlan(epoch, number, index, pad,
+                         np.random.SeedSequence([self.sampler.seed, epoch, self.sampler.shard_id, number]),
+                         self.sampler.seed)
+        pipe = self._fallback_pipeline()
+        pipe.failures = failures
+        with self._on_device():
+            done = pipe.run(plan)
+            got = [] if done is None else done.indices.tolist()
+            # rows of the samples that came back, in their order (a failed sample is left out of `done`)
+            by_index = {}
+            for i, r in fallback:
+                by_index.setdefault(i, []).append(r)
+            filled = [by_index[i].pop(0) for i in got]
+            if filled:
+                if self._cuda:   # (made on the fallback pipeline's stream, read on this one)
+                    stream = torch.cuda.current_stream(self.device)
+                    for t in (done.images, done.labels):
+                        t.record_stream(stream)
+                where = torch.tensor(filled, dtype=torch.long, device=self.device)
+                images[where] = done.images
+                labels[where] = done.labels
+            dropped = sorted(set(at.tolist()) - set(filled))
+            if dropped:
+                keep = torch.tensor(sorted(set(range(rows)) - set(dropped)), dtype=torch.long, device=self.device)
+                images, labels = images[keep], labels[keep]
+        return images, labels
+
+    def _on_device(self) -> contextlib.AbstractContextManager:
+        return torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
+
+    def _fallback_pipeline(self) -> Pipeline:
+        if self._fallback is None:
+            p = self.pipeline
+            self._fallback = Pipeline(p.source, ops=p.ops, device=p.device, decode="cpu")
+        return self._fallback
+
+    # -- the rest ----------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """The engine's counts, why samples fell back and how many output tensors were made."""
+        seconds, batches = self._python
+        own = {"fallbacks": dict(self.fallbacks), "outputs_made": self.outputs_made,
+               # the training thread's time per batch in __next__ besides the engine's wait (drops not included)
+               "python_ms_per_batch": round(1e3 * seconds / max(batches, 1), 4)}
+        return own if self._closed else {**self._engine.stats(), **own}
+
+    def close(self) -> None:
+        """Stop and join the engine's threads; the slots the user holds stay theirs."""
+        if self._closed:
+            return
+        self._closed = True
+        from .pipeline import CLOSE_AT_EXIT
+        CLOSE_AT_EXIT.discard(self)
+        if self._pid != os.getpid():
+            return
+        self._engine.close()
+        if self._fallback is not None:
+            self._fallback.close()
+            self._fallback = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+_NONE = torch.zeros(0, dtype=torch.int64)
+
+
+@dataclass
+class DryBatch:
+    """A dry run's batch: per row, the engine's columns (``ingest._engine``'s dry layout: index, label, status
+    (0 GPU path, 1 fallback), probed height and width, plan region, decode region, output height and width, pad)."""
+
+    rows: np.ndarray
+    number: int
+    epoch: int
+    notes: list | None
+
+    COLUMNS = ("index", "label", "status", "h", "w", "rx0", "ry0", "rx1", "ry1", "dx0", "dy0", "dx1", "dy1",
+               "out_h", "out_w", "pad")
+
+    def column(self, name: str) -> np.ndarray:
+        return self.rows[:, self.COLUMNS.index(name)]
+

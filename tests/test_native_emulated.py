@@ -1,0 +1,348 @@
+"""The native engine's GPU path on the CPU: the engine loads a stand-in CUDA driver (``INGEST_CUDA_LIBRARY``) whose
+device memory is host memory, whose copies are memcpy and whose kernel launch runs the warp kernel's own source
+compiled as C++ (tests/test_ops.py's harness), and is given stand-in nvImageCodec functions that "decode" each
+image (or region) as a known pattern of its absolute pixel coordinates. Every batch the engine makes must then
+equal the kernel run on the Python planner's warp over whole pattern images: this checks the engine's regions,
+origins, arena offsets, kernel arguments and rows, the labels' upload, the decode threads' shares, and an image
+the decoder refuses (its row left to Python), without a GPU. Runs in a child process (the stand-in driver is
+loaded once per process)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ingest import native
+
+pytestmark = pytest.mark.skipif(native.ENGINE is None, reason="ingest._engine was not built")
+
+_FAKE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+/* -- the driver: host memory, synchronous copies, no-op events, the kernel run on the CPU -- */
+int cuInit(unsigned) { return 0; }
+int cuDeviceGet(int *d, int i) { *d = i; return 0; }
+int cuDevicePrimaryCtxRetain(void **c, int) { *c = (void *)0x1; return 0; }
+int cuDevicePrimaryCtxRelease_v2(int) { return 0; }
+int cuCtxSetCurrent(void *) { return 0; }
+int cuCtxPushCurrent_v2(void *) { return 0; }
+int cuCtxPopCurrent_v2(void **c) { if (c) *c = (void *)0x1; return 0; }
+int cuStreamCreate(void **s, unsigned) { *s = malloc(1); return 0; }
+int cuStreamDestroy_v2(void *s) { free(s); return 0; }
+int cuStreamSynchronize(void *) { return 0; }
+int cuStreamWaitEvent(void *, void *, unsigned) { return 0; }
+int cuEventCreate(void **e, unsigned) { *e = malloc(1); return 0; }
+int cuEventDestroy_v2(void *e) { free(e); return 0; }
+int cuEventRecord(void *, void *) { return 0; }
+int cuEventSynchronize(void *) { return 0; }
+int cuMemAlloc_v2(unsigned long long *p, size_t n) { void *m = malloc(n); *p = (unsigned long long)(uintptr_t)m; return m ? 0 : 2; }
+int cuMemFree_v2(unsigned long long p) { free((void *)(uintptr_t)p); return 0; }
+int cuMemHostAlloc(void **p, size_t n, unsigned) { *p = malloc(n); return *p ? 0 : 2; }
+int cuMemFreeHost(void *p) { free(p); return 0; }
+int cuMemcpyHtoDAsync_v2(unsigned long long d, const void *s, size_t n, void *) {
+    memcpy((void *)(uintptr_t)d, s, n);
+    return 0;
+}
+static int launches;
+int fake_launches(void) { return launches; }
+void run(int, int, int, int, const long long *, const double *, unsigned char *, int, int, int, int);
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned,
+                   void *, void **p, void **) {
+    if (bx != 32 || by != 8 || bz != 1) return 1;
+    ++launches;
+    run((int)(intptr_t)f - 1, gx, gy, gz, *(const long long **)p[0], *(const double **)p[1],
+        *(unsigned char **)p[2], *(int *)p[3], *(int *)p[4], *(int *)p[5], *(int *)p[6]);
+    return 0;
+}
+int cuGetErrorString(int, const char **s) { *s = "stand-in"; return 0; }
+
+/* -- nvImageCodec: code streams, regions, images; "decoding" writes pattern(x, y, c) of absolute coordinates -- */
+struct Stream { const unsigned char *data; size_t len; int x0, y0, sub; };
+struct Image { unsigned char *buf; unsigned h, w; size_t stride; };
+static long refused = -1;
+void fake_refuse(long n) { refused = n; }
+int nv_create(void *, void **h, const unsigned char *d, size_t n, const void *) {
+    Stream *s = (Stream *)(*h ? *h : calloc(1, sizeof(Stream)));
+    s->data = d, s->len = n, s->sub = 0, s->x0 = s->y0 = 0;
+    *h = s;
+    return 0;
+}
+int nv_info(void *, void *probe) { strcpy((char *)probe, "jpeg"); return 0; }
+int nv_sub(void *parent, void **h, const void *view) {
+    Stream *s = (Stream *)(*h ? *h : calloc(1, sizeof(Stream)));
+    *s = *(Stream *)parent;
+    const int *v = (const int *)view;   /* start (y, x) at 0, end (y, x) at 8 */
+    s->y0 = v[0], s->x0 = v[1], s->sub = 1;
+    *h = s;
+    return 0;
+}
+int nv_image(void *, void **h, const void *info) {
+    Image *im = (Image *)(*h ? *h : calloc(1, sizeof(Image)));
+    const char *i = (const char *)info;   /* buffer 0, stream 8, height 16, width 20, row stride 24 */
+    memcpy(&im->buf, i, 8), memcpy(&im->h, i + 16, 4), memcpy(&im->w, i + 20, 4), memcpy(&im->stride, i + 24, 8);
+    *h = im;
+    return 0;
+}
+static unsigned char level(size_t len, int x, int y, int c) {
+    double v = 0.5 * (x + 2 * y) + 20 * c + (double)(len % 16);
+    return v > 255 ? 255 : (unsigned char)v;
+}
+int nv_decode(void *, void *const *streams, void *const *images, int n, const void *, void **future) {
+    uint32_t *st = (uint32_t *)calloc((size_t)n + 1, 4);
+    st[0] = (uint32_t)n;
+    for (int k = 0; k < n; ++k) {
+        Stream *s = (Stream *)streams[k];
+        Image *im = (Image *)images[k];
+        if ((long)s->len == refused) { st[k + 1] = 0x7; continue; }
+        for (unsigned y = 0; y < im->h; ++y)
+            for (unsigned x = 0; x < im->w; ++x)
+                for (int c = 0; c < 3; ++c)
+                    im->buf[y * im->stride + x * 3 + c] = level(s->len, s->x0 + (int)x, s->y0 + (int)y, c);
+        st[k + 1] = 1;
+    }
+    *future = st;
+    return 0;
+}
+int nv_wait(void *) { return 0; }
+int nv_status(void *f, uint32_t *out, size_t *size) {
+    uint32_t *st = (uint32_t *)f;
+    for (uint32_t k = 0; k < st[0]; ++k) out[k] = st[k + 1];
+    *size = st[0];
+    return 0;
+}
+int nv_future_destroy(void *f) { free(f); return 0; }
+int nv_destroy(void *h) { free(h); return 0; }
+}
+"""
+
+MEAN, STD = (123.7, 116.3, 103.5), (58.4, 57.1, 57.4)
+
+
+def chains():
+    from ingest.ops import Flip, Normalize, RandomResizedCrop
+    from ingest.ops.geometry import CenterCrop, Resize
+    return {"rrc-flip-normalize": [RandomResizedCrop(24), Flip(p=0.5), Normalize(MEAN, STD)],
+            "resize-crop-uint8": [Resize((40, 52)), CenterCrop(32), Flip(p=0.5)]}
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory) -> Path:
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler for the stand-in driver")
+    from ingest.ops import _warp_kernel
+    from test_ops import _DRIVER, _PRELUDE
+    d = tmp_path_factory.mktemp("stand_in")
+    (d / "fake.cpp").write_text(_PRELUDE + _warp_kernel.SOURCE + _DRIVER + _FAKE)
+    subprocess.run([compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-Wno-unknown-pragmas", str(d / "fake.cpp"),
+                    "-o", str(d / "fake.so")], check=True, capture_output=True)
+    return d / "fake.so"
+
+
+@pytest.mark.parametrize("regions", [True, False], ids=["regions", "whole"])
+@pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8"])
+def test_gpu_path_on_a_stand_in_driver_matches_the_planner(tmp_path, stand_in, chain, regions):
+    from test_native import tree_with_oddities
+    root = tree_with_oddities(tmp_path / "t")
+    env = dict(os.environ, INGEST_CUDA_LIBRARY=str(stand_in),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, __file__, str(stand_in), str(root), chain, str(int(regions))], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "batches compared: 5" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8"])
+def test_executor_on_a_stand_in_driver_keeps_what_the_loop_keeps(tmp_path, stand_in, chain):
+    from test_native import tree_with_oddities
+    root = tree_with_oddities(tmp_path / "t")
+    env = dict(os.environ, INGEST_CUDA_LIBRARY=str(stand_in),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, __file__, str(stand_in), str(root), chain, "executor"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "executor batches compared: 15" in done.stdout, done.stdout
+
+
+def child(lib_path: str, root: str, chain_name: str, regions: bool) -> None:
+    """Run one epoch (and the next one's first batches) on the engine with the stand-ins, then compare."""
+    from ingest.formats.filetree import FileTree
+    from ingest.pipeline import Pipeline
+    from ingest.sampler import Sampler
+
+    ops = chains()[chain_name]
+    src = FileTree(root)
+    fake, gpu, refused = stand_in_gpu(lib_path, src, regions)
+    chain, why = native.chain_for(src, ops)
+    assert chain is not None, why
+    B, slots = 4, 3
+    sampler = Sampler(len(src), B, shuffle=True, seed=9)
+    t = chain.table
+    engine = native.ENGINE.Engine(list(t.paths), t.files, t.offsets, t.sizes, t.labels, 0, chain.desc, sampler.seed,
+                                  B, slots, 2, 89_478_485, regions, gpu)
+    h, w = chain.size
+    shape = (B, 3, h, w) if chain.layout == "NCHW" else (B, h, w, 3)
+    outs = [torch.full(shape, 7, dtype=chain.dtype) for _ in range(slots)]
+    labels = [torch.full((B,), -5, dtype=torch.int64) for _ in range(slots)]
+    indices = [np.zeros(B, np.int64) for _ in range(slots)]
+    pads = [np.zeros(B, np.uint8) for _ in range(slots)]
+    for k in range(slots):
+        engine.set_slot(k, outs[k].data_ptr(), labels[k].data_ptr(), indices[k], pads[k])
+    for epoch in (0, 1):
+        _, idx, bounds, pad = native.epoch_arrays(sampler.batches(epoch))
+        engine.add_epoch(epoch, 0, idx, bounds, pad)
+    got = []
+    while True:
+        kind, k, epoch, number, rows, notes = engine.next(0)
+        if kind == native.ENGINE.EPOCH_END:
+            break
+        got.append((number, outs[k][:rows].clone(), labels[k][:rows].clone(), indices[k][:rows].copy(), notes))
+        engine.release(k, 0)
+    stats = engine.stats()
+    engine.close()
+    assert fake.fake_launches() >= len(got) and stats["arenas_made"] >= 1
+
+    pipe = Pipeline(src, ops=ops, device="cpu")
+    compared = 0
+    for (number, out, lab, idx, notes), plan in zip(got, sampler.batches(0)):
+        work = pipe.read(plan)
+        assert idx.tolist() == work.indices.tolist() and lab.tolist() == [r.label for r in work.records]
+        fallback = {row: code for _, row, stage, code, _ in notes or () if stage == native.ENGINE.NOTE_FALLBACK}
+        assert set(fallback) == set(fallback_rows(src, idx, refused))
+        assert all(code == 4 for row, code in fallback.items() if os.path.getsize(src.name(idx[row])) == refused)
+        want = kernel_reference(fake, work, ops)
+        for row in range(len(idx)):
+            if row not in fallback:
+                assert_close(out[row], want[row], ops, f"batch {number} row {row}")
+        compared += 1
+    print(f"batches compared: {compared}")
+
+
+def stand_in_gpu(lib_path: str, src, regions: bool):
+    """The stand-in library, the engine's `gpu` argument for it, and the byte size of the image it refuses."""
+    fake = ctypes.CDLL(lib_path)
+
+    def address(name):
+        return ctypes.cast(getattr(fake, name), ctypes.c_void_p).value
+
+    refused = os.path.getsize(src.name(1))   # the stand-in decoder refuses images of this many bytes
+    fake.fake_refuse(ctypes.c_long(refused))
+    fns = tuple(address(n) for n in ("nv_create", "nv_info", "nv_sub", "nv_image", "nv_decode", "nv_wait",
+                                     "nv_status", "nv_future_destroy"))
+    gpu = (0, fns, (address("nv_destroy"), address("nv_destroy")), 1, (11, 12), 1,
+           (bytes(32), 0, 8, 16, 20, 24), (bytes(16), 0, 8), (bytes(16), 0), (1, 2, 3))
+    return fake, gpu, refused
+
+
+def fallback_rows(src, idx, refused: int) -> list[int]:
+    """The rows Python fills: the PNG, the rotated and the progressive JPEG, and the image the decoder refuses."""
+    return [row for row, i in enumerate(idx.tolist())
+            if os.path.basename(src.name(i)).startswith("z") or os.path.getsize(src.name(i)) == refused]
+
+
+def kernel_reference(fake, work, ops) -> torch.Tensor:
+    """The kernel run on the Python planner's warp over whole pattern images (what the stand-in decodes)."""
+    from ingest.ops import Normalize, _warp_kernel
+    from ingest.ops.base import sizes_of
+    from ingest.ops.resample import _fill_values, _setup
+    normalize = ops[-1] if isinstance(ops[-1], Normalize) else None
+    ims = [torch.from_numpy(pattern(hh, ww, len(r.image))) for (hh, ww), r in zip(work.sizes, work.records)]
+    warp, c = work.ops_plan.warp, 3
+    coefficients = normalize.epilogue(c)[:2] if normalize else None
+    packed = _warp_kernel.pack(ims, warp.out_sizes, _setup(warp, sizes_of(ims)), _fill_values(warp.fill, c),
+                               coefficients)
+    dtype = normalize.dtype if normalize else torch.uint8
+    nchw = normalize is not None and normalize.layout == "NCHW"
+    want, _ = _warp_kernel.output(packed, dtype, "cpu", nchw)
+    fake.run(["nearest", "bilinear", "bicubic"].index(warp.interpolation), *packed.grid,
+             ctypes.c_void_p(packed.ip.ctypes.data), ctypes.c_void_p(packed.fp.ctypes.data),
+             ctypes.c_void_p(want.data_ptr()), c, _warp_kernel._KINDS[dtype], int(nchw), int(normalize is not None))
+    return want
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, ops, what: str) -> None:
+    from ingest.ops import Normalize
+    scale = STD[0] if isinstance(ops[-1], Normalize) else 1.0
+    diff = (got.double() - want.double()).abs() * scale
+    assert diff.max() <= 1.05, f"{what}: {diff.max():.3f} levels off"   # (a level of the channel of least std)
+
+
+def child_executor(lib_path: str, root: str, chain_name: str) -> None:
+    """The NativeExecutor over the stand-ins (a CPU pipeline, host tensors as its ring) for three epochs, the loop
+    keeping every other batch whole and a view of the others: slots held are replaced, a starved engine gets
+    the oldest slot out back, fallback rows are filled by the Python pipeline; every batch is as planned and
+    what the loop kept is never written again."""
+    from ingest.formats.filetree import FileTree
+    from ingest.pipeline import Failures, Pipeline
+    from ingest.sampler import Sampler
+
+    ops = chains()[chain_name]
+    src = FileTree(root)
+    fake, gpu, refused = stand_in_gpu(lib_path, src, True)
+    chain, why = native.chain_for(src, ops)
+    pipe = Pipeline(src, ops=ops, device="cpu")
+    sampler = Sampler(len(src), 4, shuffle=True, seed=9)
+    ex = native.NativeExecutor(pipe, chain, sampler, epoch=0, start=0, offset=0, failures=Failures(0, 0),
+                               budget=lambda: Failures(0, 0), prefetch=1, gpu=gpu)
+    kept, views, seen = [], [], []
+    for epoch in range(3):
+        for k, batch in enumerate(ex):
+            x, y = batch.images, batch.labels
+            seen.append((epoch, batch.number, x.clone(), y.clone()))
+            if k % 2:
+                kept.append((len(seen) - 1, x, y))
+            else:
+                views.append((len(seen) - 1, x[:1, 0]))
+            del batch, x, y
+        assert ex.ended.epoch == epoch + 1
+    stats = ex.stats()
+    ex.close()
+    assert stats["slot_waits"] > 0 and sum(stats["fallbacks"].values()) == 3 * 4, stats
+    assert stats["outputs_made"] > 2, stats   # slots held by the loop were replaced
+    for at, x, y in kept:
+        assert torch.equal(x, seen[at][2]) and torch.equal(y, seen[at][3])
+    for at, v in views:
+        assert torch.equal(v, seen[at][2][:1, 0])
+    reference = Pipeline(src, ops=ops, device="cpu")
+    compared = 0
+    for epoch in range(3):
+        for plan in sampler.batches(epoch):
+            _, number, x, y = seen[compared]
+            work = reference.read(plan)
+            want = kernel_reference(fake, work, ops)
+            python = reference.run(plan)   # the Python stages' batch: the fallback rows' reference
+            assert torch.equal(y, python.labels)
+            rows = fallback_rows(src, plan.indices, refused)
+            for row in range(len(plan.indices)):
+                if row in rows:
+                    assert_close(x[row], python.images[row], ops, f"epoch {epoch} batch {number} fallback row {row}")
+                else:
+                    got = x[row].permute(1, 2, 0) if chain.layout is None else x[row]
+                    assert_close(got, want[row], ops, f"epoch {epoch} batch {number} row {row}")
+            compared += 1
+    print(f"executor batches compared: {compared}")
+
+
+def pattern(h: int, w: int, length: int) -> np.ndarray:
+    """What the stand-in decoder writes for a whole image of ``length`` encoded bytes."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    out = np.stack([0.5 * (x + 2 * y) + 20 * c + length % 16 for c in range(3)], -1)
+    return np.minimum(out, 255).astype(np.uint8)
+
+
+if __name__ == "__main__":
+    if sys.argv[4] == "executor":
+        child_executor(sys.argv[1], sys.argv[2], sys.argv[3])
+    else:
+        child(sys.argv[1], sys.argv[2], sys.argv[3], bool(int(sys.argv[4])))

@@ -1,0 +1,196 @@
+"""The native engine on CUDA (run on the device machine): the same samples as the Python engine for the same seed
+(order, labels, crops and flips; pixels within the decoders' tolerance) on a file tree with fallbacks (PNG,
+EXIF-rotated, progressive JPEGs) and on a RecordIO file; the output ring (a loop's batches never rewritten behind
+its stream, batches and views the user keeps never written again); read failures naming the file; shutdown."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import ingest
+from ingest import defaults, native
+from ingest.errors import SourceError
+from ingest.formats.base import Field, Record
+from ingest.formats.recordio import RecordIOWriter
+from ingest.ops import Flip, HorizontalFlip, Normalize, RandomResizedCrop
+from ingest.ops.geometry import CenterCrop, Resize
+from conftest import jpeg_bytes, make_image_folder
+from test_native import tree_with_oddities
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.skipif(native.ENGINE is None, reason="ingest._engine was not built")]
+MEAN, STD = (123.7, 116.3, 103.5), (58.4, 57.1, 57.4)
+CHAINS = {
+    "rrc-flip-normalize": [RandomResizedCrop(64), Flip(p=0.5), Normalize(MEAN, STD)],
+    "resize-crop-uint8": [Resize((72, 96)), CenterCrop(64), HorizontalFlip(p=0.5)],
+    "rrc-nhwc-bf16": [RandomResizedCrop((48, 80)), Normalize(MEAN, STD, dtype=torch.bfloat16, layout="NHWC")],
+}
+
+
+def pair(path, ops, **kw):
+    """The same Loader on the native engine and on the Python stages."""
+    with defaults.set(engine="native"):
+        a = ingest.Loader(path, device="cuda", ops=ops, num_workers=0, **kw)
+    with defaults.set(engine="python"):
+        b = ingest.Loader(path, device="cuda", ops=ops, num_workers=0, **kw)
+    assert a.engine == "native" and b.engine == "python"
+    return a, b
+
+
+def levels(x: torch.Tensor, ops) -> torch.Tensor:
+    """A batch back in pixel levels (undoing Normalize), float64 on the host."""
+    x = x.double().cpu()
+    if isinstance(ops[-1], Normalize):
+        x = x * torch.tensor(STD, dtype=torch.float64).view((1, 3, 1, 1) if x.shape[1] == 3 else (1, 1, 1, 3))
+    return x
+
+
+def compare(a, b, ops, epochs=2, off_rows=None):
+    """Both loaders' epochs: equal labels and shapes, pixels within the decoders' tolerance; with ``off_rows``,
+    at most that many rows differ by more than a level (rows both engines decode with the same decoder and
+    warp are equal; an EXIF-rotated JPEG is decoded on the GPU by one and on the CPU by the other, and the rows
+    the native engine leaves to Python are warped in a batch of their own, whose filter could differ). Returns
+    the batches compared."""
+    n = off = 0
+    for _ in range(epochs):
+        for (xa, ya), (xb, yb) in zip(a, b):
+            assert xa.is_cuda and ya.is_cuda and xa.shape == xb.shape and xa.dtype == xb.dtype
+            assert torch.equal(ya.cpu(), yb.cpu())
+            diff = (levels(xa, ops) - levels(xb, ops)).abs()
+            assert diff.mean() < 1.5, f"mean abs diff {diff.mean():.3f} levels"
+            off += int((diff.flatten(1).amax(1) > 1.0).sum())
+            n += 1
+    if off_rows is not None:
+        assert off <= off_rows, f"{off} rows differ by more than a level"
+    return n
+
+
+@pytest.mark.parametrize("chain", list(CHAINS))
+def test_file_tree_gives_the_python_engines_samples(tmp_path, chain):
+    """One decoder backend (the CUDA decoder alone): the same samples, pixels and all; the PNG, the rotated and
+    the progressive JPEG are completed in Python inside their batches."""
+    ops = CHAINS[chain]
+    with defaults.set(hw_decoder_load=0):
+        a, b = pair(tree_with_oddities(tmp_path / "t", (120, 160)), ops, batch_size=8, shuffle=True, seed=4)
+        with a, b:
+            assert compare(a, b, ops, off_rows=6) == 8   # the 3 odd files of 2 epochs at most
+            stats = a.stats()
+    assert stats["engine"] == "native"
+    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 4, "oriented": 2}   # two epochs
+    assert stats["decode_paths"]["gpu"] == 2 * 24 and stats["decode_paths"]["cpu-fallback"] == 6
+
+
+def test_file_tree_with_the_hardware_split(tmp_path):
+    """The default split between the hardware decoder and the CUDA decoder: an image's pixels depend on its place
+    in a decoder's share (as with DALI), so only the labels and crops match exactly."""
+    ops = CHAINS["rrc-flip-normalize"]
+    a, b = pair(make_image_folder(tmp_path / "t", {"a": 20, "b": 12}, size=(120, 160)), ops, batch_size=16,
+                shuffle=True, seed=7)
+    with a, b:
+        assert compare(a, b, ops) == 4
+
+
+def test_recordio_gives_the_python_engines_samples(tmp_path):
+    writer = RecordIOWriter(tmp_path, "data", {"image": Field("image"), "label": Field("int")})
+    for i in range(21):
+        writer.add(Record(jpeg_bytes(100 + 3 * i, 130 + 2 * i, seed=i), (5 * i) % 7))
+    writer.close()
+    ops = CHAINS["rrc-flip-normalize"]
+    with defaults.set(hw_decoder_load=0):
+        a, b = pair(tmp_path / "data.rec", ops, batch_size=8, shuffle=True, seed=1)
+        with a, b:
+            assert compare(a, b, ops, off_rows=0) == 6
+
+
+def test_a_loop_behind_its_stream_never_sees_a_batch_rewritten(tmp_path):
+    """Each batch's sum, taken on the loop's stream after a sleep that puts the loop ahead of the GPU, equals the
+    one taken when the loop waits for each batch; the batches live in the ring of prefetch + 1 outputs."""
+    folder = make_image_folder(tmp_path / "t", {"a": 10, "b": 9}, size=(120, 160))
+    ops = CHAINS["rrc-flip-normalize"]
+
+    def make():   # 19 images: batches of 6, 6, 6 and 1
+        with defaults.set(engine="native"):
+            return ingest.Loader(folder, batch_size=6, device="cuda", ops=ops, shuffle=True, seed=5,
+                                 last_batch="partial", prefetch=2)
+
+    with make() as loader:
+        want = [x.double().sum().item() for epoch in range(3) for x, _ in loader]
+    sums, places = [], set()
+    with make() as loader:
+        for epoch in range(3):
+            for x, _ in loader:
+                torch.cuda._sleep(20_000_000)
+                sums.append(x.double().sum())
+                places.add(x.untyped_storage().data_ptr())
+        made = loader.stats()["native"]["outputs_made"]
+    assert [s.item() for s in sums] == want
+    assert len(places) <= 3 and made == 3, (places, made)   # the ring made at start, and nothing after
+
+
+def test_batches_and_views_the_user_keeps_are_never_written_again(tmp_path):
+    folder = make_image_folder(tmp_path / "t", {"a": 10, "b": 9}, size=(120, 160))
+    ops = [RandomResizedCrop(64), Normalize(MEAN, STD)]
+    with defaults.set(engine="native"):
+        loader = ingest.Loader(folder, batch_size=4, device="cuda", ops=ops, shuffle=True, seed=2, last_batch="drop",
+                               prefetch=1)
+    kept, copies, views = [], [], []
+    with loader:
+        for epoch in range(3):
+            for k, (x, y) in enumerate(loader):
+                copies.append((x.clone(), y.clone()))
+                if k % 2:
+                    kept.append((x, y))       # every other batch kept whole: its slot is replaced
+                else:
+                    views.append(x[1:3, 0])   # only a view of this one stays: its slot too
+    torch.cuda.synchronize()
+    assert len(copies) == 12
+    assert all(torch.equal(x, c) and torch.equal(y, d) for (x, y), (c, d) in zip(kept, copies[1::2]))
+    assert all(torch.equal(v, c[1:3, 0]) for v, (c, _) in zip(views, copies[0::2]))
+
+
+def test_a_missing_file_fails_its_batch_with_an_error_naming_it(tmp_path):
+    folder = make_image_folder(tmp_path / "t", {"a": 6, "b": 6}, size=(120, 160))
+    gone = sorted((folder / "b").iterdir())[2]
+    ops = CHAINS["rrc-flip-normalize"]
+    with defaults.set(engine="native"):
+        strict = ingest.Loader(folder, batch_size=4, device="cuda", ops=ops)
+        lenient = ingest.Loader(folder, batch_size=4, device="cuda", ops=ops, max_failures=1)
+    os.remove(gone)
+    with strict, pytest.raises(SourceError, match=f"{gone}: cannot read"):
+        list(strict)
+    with lenient:
+        got = sum(len(y) for _, y in lenient)
+        assert got == 11 and [f[0] for f in lenient.stats()["failures"]] == [str(gone)]
+
+
+def test_close_mid_epoch_leaves_no_thread_and_frees_the_engine(tmp_path):
+    folder = make_image_folder(tmp_path / "t", {"a": 12, "b": 12}, size=(120, 160))
+
+    def run_two_batches():
+        with defaults.set(engine="native"):
+            loader = ingest.Loader(folder, batch_size=4, device="cuda", ops=CHAINS["rrc-flip-normalize"])
+        it = iter(loader)
+        next(it)
+        next(it)
+        loader.close()
+
+    run_two_batches()   # nvImageCodec's and CUDA's own threads, started once per process
+    before = len(os.listdir("/proc/self/task"))
+    for _ in range(3):
+        run_two_batches()
+    torch.cuda.synchronize()
+    assert len(os.listdir("/proc/self/task")) <= before
+
+
+def test_engine_auto_picks_native_and_python_where_not_eligible(tmp_path):
+    folder = make_image_folder(tmp_path / "t", {"a": 4}, size=(120, 160))
+    with ingest.Loader(folder, batch_size=2, device="cuda", ops=CHAINS["rrc-flip-normalize"]) as loader:
+        next(iter(loader))
+        assert loader.stats()["engine"] == "native"
+    with ingest.Loader(folder, batch_size=2, device="cuda", ops=[Resize(shorter=64)]) as loader:
+        next(iter(loader))
+        assert loader.stats()["engine"] == "python"
