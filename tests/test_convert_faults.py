@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -86,6 +87,79 @@ def test_a_file_size_limit_fails_every_format_with_one_line(folder, tmp_path):
     assert ".lmdb" in lines[1] and ".raw" in lines[2]
     for fmt in ("tfrecord", "lmdb", "raw"):
         committed_shards_are_whole(tmp_path / fmt)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (by parent pid, from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _semaphores(pid: int) -> set[str]:
+    """The POSIX semaphores ``pid`` has mapped (multiprocessing's live in /dev/shm as sem.*)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return {line.split()[-1] for line in f if "/dev/shm/sem." in line}
+    except OSError:
+        return set()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_kill_9_of_the_driver_leaves_no_worker_and_no_semaphore(tmp_path):
+    src = make_image_folder(tmp_path / "src", {"a": 60, "b": 60})
+    out = tmp_path / "out"
+    code = ("import sys; from ingest.tools.convert import convert\n"
+            "if __name__ == '__main__':\n"
+            "    convert(sys.argv[1], sys.argv[2], to='tfrecord', shard_size=1, quality=60, workers=2, "
+            "progress=False)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(out)])
+    try:
+        deadline = time.monotonic() + 90
+        started = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            partial = out / manifest.PARTIAL
+            if partial.exists() and len(partial.read_text().splitlines()) > 3:   # workers are writing
+                started = True
+                break
+            time.sleep(0.02)
+        below, sems = _descendants(proc.pid), _semaphores(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    if not started:
+        pytest.skip("the conversion ended before the workers were seen writing")
+    assert len(below) >= 3   # the workers, the fork server, the resource tracker
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in below):
+        time.sleep(0.05)
+    left = [p for p in below if _alive(p)]
+    for pid in left:   # so that a failure leaves nothing running either
+        os.kill(pid, signal.SIGKILL)
+    assert not left
+    time.sleep(0.2)
+    assert sems and not [s for s in sems if os.path.exists(s)]
 
 
 def test_the_output_and_the_source_are_kept_apart(folder, tmp_path):
