@@ -67,3 +67,8 @@ class WriteError(IngestError):
         super().__init__(f"{path}: {message}")
         self.path = path
         self.errno = errno
+
+
+class OutsideRootError(SourceError):
+    """A path a dataset's own files name (a COCO ``file_name``) leads outside the root it must stay in: an
+    absolute path, ``..``, or a link to elsewhere. ``path`` is the path as named."""
