@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from conftest import jpeg_bytes
 from test_coco import SQUARE, ann, write_coco
 
@@ -172,3 +174,67 @@ def test_masks_beyond_the_address_space_are_refused_not_a_crash(tmp_path):
                           text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused:" in proc.stdout and "do not fit in memory" in proc.stdout and str(path) in proc.stdout
+
+
+# -- fuzz: any JSON value at any place of a valid file ----------------------------------------------------
+
+_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2 ** 70, max_value=2 ** 70),
+                    st.sampled_from([2 ** 63, -2 ** 63 - 1, 2 ** 64, 10 ** 400, 0, -1, 1, 1e308, -0.0]),
+                    st.floats(allow_nan=False, allow_infinity=False),
+                    st.text(max_size=6), st.sampled_from(["\0", "\ud800", "../x.jpg", "/dev/zero", "", "a/../b"]))
+_VALUES = st.recursive(_LEAVES, lambda inner: st.one_of(st.lists(inner, max_size=7),
+                                                        st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+                       max_leaves=12)
+
+
+def _paths(node, prefix=()):
+    """Every path (a tuple of keys and indices) into a JSON document."""
+    yield prefix
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield from _paths(child, (*prefix, key))
+
+
+def _replaced(node, path, value):
+    if not path:
+        return value
+    node = copy.copy(node)
+    node[path[0]] = _replaced(node[path[0]], path[1:], value)
+    return node
+
+
+@pytest.fixture(scope="module")
+def seed_coco(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz")
+    rle = {"size": [24, 16], "counts": [100, 50, 234]}
+    path = write_coco(root, [ann(10, 1, [1, 2, 6, 8]), ann(11, 2, [0, 0, 4, 4], 2, iscrowd=1, segmentation=rle),
+                             ann(12, 1, [3, 3, 5, 5], 1, segmentation=None)])
+    return path, json.loads(path.read_text())
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_coco_json_gives_records_or_ingest_errors(seed_coco, data):
+    """Replace up to three places of a valid instances file by random JSON values: opening it and reading
+    every image (boxes, masks and polygons) gives records or IngestErrors, never another exception, and
+    never reads a file outside the images root."""
+    path, doc = seed_coco
+    for _ in range(data.draw(st.integers(1, 3))):
+        place = data.draw(st.sampled_from(list(_paths(doc))))
+        doc = _replaced(doc, place, data.draw(_VALUES))
+    path.write_bytes(json.dumps(doc).encode("utf-8", "surrogatepass"))
+    root = path.parent.parent / "img"
+    for masks in ("masks", "polygons"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                source = open_coco(path, masks=masks)
+        except IngestError:
+            continue
+        for i in range(len(source)):
+            try:
+                loc = source.locate(i)
+                assert os.path.realpath(loc.path).startswith(str(root.resolve()) + os.sep)
+                source.parse(i, read_location(loc))
+            except IngestError:
+                pass
