@@ -335,8 +335,9 @@ class Loader:
         each sample once; later epochs are those of an uninterrupted run of this configuration.
 
         Notes: every field is checked before anything changes (`check_state`): its type (ints are ints, not
-        strings, floats or bools) and its range, and that the state comes from this dataset, seed and shuffle (``fingerprint``: a state saved before it
-        existed is accepted on the other checks). A ConfigError names the field that fails."""
+        strings, floats or bools) and its range, and that the state comes from this dataset, seed and
+        shuffle (``fingerprint``: a state saved before it existed is accepted on the other checks). A
+        ConfigError names the field that fails."""
         if self._stream is not None:
             raise ConfigError("a Loader over a streamed iterator cannot resume from a state_dict")
         s = self.sampler
@@ -354,7 +355,10 @@ class Loader:
             position = saved.position(batch, offset)
             self._resume = (epoch, 0, position) if position < s.n else (epoch + 1, 0, 0)
 
-    def _dataset_fingerprint(self) -> str:
+    def _dataset_fingerprint(self) -> str | None:
+        """`dataset_fingerprint` of the source, made once (None over a streamed iterator, which cannot resume)."""
+        if self._stream is not None:
+            return None
         if getattr(self, "_fingerprint", None) is None:
             self._fingerprint = dataset_fingerprint(self.source)
         return self._fingerprint
@@ -435,7 +439,8 @@ def check_state(state: Any, sampler: Sampler) -> Sampler:
     """Raise ConfigError, naming the field, unless ``state`` is a `Loader.state_dict` that ``sampler``'s
     loader can resume: every field of `STATE_FIELDS` there (but `OPTIONAL_STATE`) and of its type and range,
     no other field, the dataset order's fields (seed, shuffle, number of samples) equal to the sampler's,
-    and ``batch``, ``offset`` and ``position`` inside the epoch of the saved layout. Returns the sampler of the saved layout."""
+    and ``batch``, ``offset`` and ``position`` inside the epoch of the saved layout. Returns the sampler of
+    the saved layout."""
     if not isinstance(state, dict):
         raise ConfigError(f"`state` must be a dict from Loader.state_dict(), got {type(state).__name__}")
     missing = [k for k in STATE_FIELDS if k not in state and k not in OPTIONAL_STATE]

@@ -172,7 +172,8 @@ class CocoSource:
             raise ConfigError(f"`max_bytes` must be an int >= 1, got {max_bytes!r}")
         self.path = path
         self.root = os.fspath(images) if images is not None else os.path.dirname(os.path.abspath(path))
-        self.allow_outside_root, self.max_bytes, self.check_sizes = bool(allow_outside_root), max_bytes, bool(check_sizes)
+        self.allow_outside_root, self.check_sizes = bool(allow_outside_root), bool(check_sizes)
+        self.max_bytes = max_bytes
         self._real_root: str | None = None
         self.box_format, self.relative, self.masks = box_format, bool(relative), masks
         self.contiguous_ids, self.include_crowd = bool(contiguous_ids), bool(include_crowd)
