@@ -214,3 +214,20 @@ def test_a_stale_lock_and_temporary_directory_of_a_killed_run_are_taken_over(fol
     summary = convert(str(folder), str(out), to="tfrecord", shard_size=4, resume=True, progress=False)
     assert summary.resumed == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == whole
+
+
+def test_a_lock_file_that_cannot_be_written_is_a_write_error_and_is_not_left(folder, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(convert_mod.os, "pwrite", full)
+        with pytest.raises(WriteError, match="the lock file.*No space left") as info:
+            convert(str(folder), str(out), to="tfrecord", progress=False)
+    assert info.value.path.endswith(convert_mod.LOCK) and os.listdir(out) == []
+    (out / convert_mod.LOCK).write_bytes(b"\xff\xfe binary notes")   # the user's, not UTF-8
+    with pytest.raises(ConfigError, match="not written by a conversion"):
+        convert(str(folder), str(out), to="tfrecord", progress=False)
+    assert (out / convert_mod.LOCK).read_bytes() == b"\xff\xfe binary notes"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import glob
 import inspect
@@ -232,7 +233,8 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
     try:
         with _exclusive(dst):
             kept = _previous_shards(dst, plan, resume)
-            _fresh_tmp(plan.job.tmp, set(plan.stems))
+            with _writing(plan.job.tmp, "the temporary directory"):
+                _fresh_tmp(plan.job.tmp, set(plan.stems))
             summary = _run(plan, dst, kept, runner, Failures(max_failures, len(plan.job.view)), bar)
     finally:
         runner.close()
@@ -367,27 +369,34 @@ def _exclusive(dst: str) -> Iterator[None]:
                               "output directory") from None
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         created = False
-    with os.fdopen(fd, "r+") as f:
+    try:   # raw descriptor calls: a buffered file would raise a failed flush again when closed
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ConfigError(f"another conversion is writing into {dst!r} (it holds {path})") from None
-        if not created and not _stale_lock(dst, f.read(len(_LOCK_MAGIC) + 1)):
+        if not created and not _stale_lock(dst, os.pread(fd, len(_LOCK_MAGIC) + 1, 0)):
             raise ConfigError(f"{path} was not written by a conversion (its first line is not "
                               f"{_LOCK_MAGIC!r}); move it away or choose another output directory")
-        token = secrets.token_hex(16)
-        f.seek(0)
-        f.truncate()
-        f.write(f"{_LOCK_MAGIC}\npid {os.getpid()}\ntoken {token}\n")
-        f.flush()
+        content = f"{_LOCK_MAGIC}\npid {os.getpid()}\ntoken {secrets.token_hex(16)}\n".encode()
+        try:
+            with _writing(path, "the lock file"):
+                os.ftruncate(fd, 0)
+                if os.pwrite(fd, content, 0) != len(content):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except WriteError:
+            if created:   # a lock file this run made and could not fill is no one's
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            raise
         try:
             yield
         finally:
-            f.seek(0)
-            mine = f"token {token}" in f.read(4096)
             with contextlib.suppress(OSError):
-                if mine and os.path.samestat(os.stat(path, follow_symlinks=False), os.fstat(f.fileno())):
+                if os.pread(fd, len(content) + 1, 0) == content and os.path.samestat(
+                        os.stat(path, follow_symlinks=False), os.fstat(fd)):
                     os.remove(path)
+    finally:
+        os.close(fd)
 
 
 #: First line of the lock file a conversion holds (`_exclusive`).
@@ -396,11 +405,11 @@ _LOCK_MAGIC = "ingest convert lock"
 TMP_OWNER = ".made-by-ingest-convert"
 
 
-def _stale_lock(dst: str, head: str) -> bool:
+def _stale_lock(dst: str, head: bytes) -> bool:
     """Whether a lock file no process holds, starting with ``head``, is a conversion's own."""
-    if head.startswith(_LOCK_MAGIC + "\n"):
+    if head == (_LOCK_MAGIC + "\n").encode():
         return True
-    return head == "" and any(os.path.exists(os.path.join(dst, name)) for name in (manifest.PARTIAL,
+    return head == b"" and any(os.path.exists(os.path.join(dst, name)) for name in (manifest.PARTIAL,
                                                                                    manifest.MANIFEST))
 
 
@@ -417,8 +426,12 @@ def _fresh_tmp(tmp: str, stems: Sequence[str]) -> None:
                               "choose another output directory")
         shutil.rmtree(tmp)
     os.makedirs(tmp)
-    with open(os.path.join(tmp, TMP_OWNER), "w") as f:
-        f.write("ingest convert writes its shards here before it renames them into the directory above\n")
+    try:
+        with open(os.path.join(tmp, TMP_OWNER), "w") as f:
+            f.write("ingest convert writes its shards here before it renames them into the directory above\n")
+    except OSError:   # made just now and holding nothing else: without its mark a next run would refuse it
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _check_apart(src: Any, dst: str) -> None:
