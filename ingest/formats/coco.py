@@ -174,7 +174,7 @@ class CocoSource:
         self.root = os.fspath(images) if images is not None else os.path.dirname(os.path.abspath(path))
         self.allow_outside_root, self.check_sizes = bool(allow_outside_root), bool(check_sizes)
         self.max_bytes = max_bytes
-        self._real_root: str | None = None
+        self._real_dirs: dict[str, str] = {}
         self.box_format, self.relative, self.masks = box_format, bool(relative), masks
         self.contiguous_ids, self.include_crowd = bool(contiguous_ids), bool(include_crowd)
         self.skip_empty, self.size_threshold = bool(skip_empty), float(size_threshold)
@@ -320,16 +320,19 @@ class CocoSource:
             reason = "it is not valid Unicode" if isinstance(err, UnicodeEncodeError) else err
             raise CorruptRecordError(f"{image}: file_name {short(name)} cannot name a file: {reason}",
                                      path=self.path, index=i) from None
-        if not self.allow_outside_root:
-            if self._real_root is None:
-                self._real_root = os.path.realpath(self.root)
-            real, root = os.path.realpath(path), self._real_root
-            if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
-                raise OutsideRootError(f"{self.path}: {image}: file_name {short(name)} leads outside the images "
-                                       f"root {self.root} (to {real}); pass allow_outside_root=True to read it",
-                                       path=path)
         try:
-            st = os.stat(path)
+            if self.allow_outside_root:
+                st = os.stat(path)
+            else:   # the directory resolved (once per directory), then the file itself: one lstat if no link
+                real = self._real_dir(os.path.dirname(path))
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):
+                    real, st = os.path.realpath(path), os.stat(path)
+                root = self._real_dir(self.root)
+                if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+                    raise OutsideRootError(f"{self.path}: {image}: file_name {short(name)} leads outside the "
+                                           f"images root {self.root} (to {real}); pass allow_outside_root=True "
+                                           "to read it", path=path)
         except OSError as err:
             raise read_error(Location(path), err) from err
         if not stat.S_ISREG(st.st_mode):
@@ -366,6 +369,15 @@ class CocoSource:
         if self._score is not None:
             fields["scores"] = self._score[lo:hi].copy()
         return Record(raw, -1, fields)
+
+    def _real_dir(self, directory: str) -> str:
+        """``os.path.realpath(directory)``, remembered (a few directories hold a dataset's images)."""
+        real = self._real_dirs.get(directory)
+        if real is None:
+            if len(self._real_dirs) >= 4096:
+                self._real_dirs.clear()
+            real = self._real_dirs[directory] = os.path.realpath(directory)
+        return real
 
     def _check_size(self, i: int, j: int, raw: Any) -> None:
         """CorruptRecordError when the image's size (from its header, EXIF orientation applied) is not the
@@ -459,6 +471,7 @@ class CocoSource:
     # -- pickling: a cached source travels as its paths and re-maps the cache ---------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
+        state["_real_dirs"] = {}   # resolved again where it is unpickled
         if self._cache is not None:
             state["_a"] = None
         return state
