@@ -15,7 +15,10 @@
 Writers are deterministic, so the output is byte-identical whatever ran the jobs. ``resume=True`` keeps the
 shards a killed run committed (their sha256 checked again) and redoes the rest, giving the same bytes as an
 uninterrupted run. Bad samples are skipped and reported under ``max_failures`` (as in the Loader); with the
-default 0 the first one stops the conversion, naming it.
+default 0 the first one stops the conversion, naming it. An error writing the output (a full disk, a
+file-size limit) is not a bad sample: it stops the conversion whatever the budget (`WriteError`, naming the
+file), and the shard it hit is never committed. DST may not lie inside the source nor the source inside DST;
+a ``.ingest-lock`` or ``.ingest-tmp`` there that a conversion did not make is refused, never deleted.
 """
 
 from __future__ import annotations
