@@ -56,3 +56,19 @@ class FailureBudgetExceeded(IngestError):
     def __init__(self, message: str, failures: list[tuple[str, str, str]]):
         super().__init__(message)
         self.failures = failures
+
+
+class WriteError(IngestError):
+    """Output could not be written (a full disk, a file-size limit, an I/O error). Not a bad sample: it stops
+    a conversion whatever its failure budget. ``path`` is the file (or directory) being written, ``errno``
+    the operating system's error number when there is one."""
+
+    def __init__(self, message: str, *, path: str, errno: int | None = None):
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.errno = errno
+
+
+class OutsideRootError(SourceError):
+    """A path a dataset's own files name (a COCO ``file_name``) leads outside the root it must stay in: an
+    absolute path, ``..``, or a link to elsewhere. ``path`` is the path as named."""

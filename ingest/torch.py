@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,7 +24,7 @@ from .formats.base import Location, Record, Source, check_index, fields_of
 from .formats.filetree import IMAGE_EXTENSIONS
 from .formats.memory import MemorySource
 from .pipeline import STAGES, Batch, EpochEnd, Executor, Failures, Pipeline, StageStats, cuda_tensors, resolve_device
-from .sampler import BatchPlan, Sampler
+from .sampler import LAST_BATCH, BatchPlan, Sampler
 from .stream import DEFAULT_BUFFER, StreamedSource
 from .workers import STAGES as WORKER_STAGES
 from .workers import WorkerPool
@@ -339,7 +341,8 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Where the next batch comes from. Save it with the model; `load_state_dict` resumes exactly there,
         with the same order and the same augmentation randomness as an uninterrupted run, on this number of
-        ranks or another (``position``: samples of the epoch's global order delivered by all ranks)."""
+        ranks or another (``position``: samples of the epoch's global order delivered by all ranks).
+        ``fingerprint`` identifies the dataset (`dataset_fingerprint`)."""
         if self._resume is not None:
             epoch, batch, offset = self._resume
         elif self._finished:
@@ -349,7 +352,8 @@ class Loader:
         s = self.sampler
         return {"epoch": epoch, "batch": batch, "offset": offset, "position": s.position(batch, offset),
                 "seed": s.seed, "shuffle": s.shuffle, "batch_size": s.batch_size, "num_shards": s.num_shards,
-                "shard_id": s.shard_id, "num_samples": s.n, "last_batch": s.last_batch}
+                "shard_id": s.shard_id, "num_samples": s.n, "last_batch": s.last_batch,
+                "fingerprint": self._dataset_fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter()`` resume where ``state`` (from `state_dict`, usually rank 0's) points.
@@ -357,42 +361,36 @@ class Loader:
         With the same number of ranks, batch size and last-batch policy every rank resumes at the saved batch
         of its own shard. Otherwise (elastic resume: N ranks saved, M resume) the rest of the epoch is the
         part of its global order not yet delivered, ``state["position"]`` on, sharded over this loader's ranks,
-        each sample once; later epochs are those of an uninterrupted run of this configuration. ConfigError,
-        saying what differs, when the state comes from another dataset, seed or shuffle, or points outside
-        its epoch."""
+        each sample once; later epochs are those of an uninterrupted run of this configuration.
+
+        Notes: every field is checked before anything changes (`check_state`): its type (ints are ints, not
+        strings, floats or bools) and its range, and that the state comes from this dataset, seed and
+        shuffle (``fingerprint``: a state saved before it existed is accepted on the other checks). A
+        ConfigError names the field that fails."""
         if self._stream is not None:
             raise ConfigError("a Loader over a streamed iterator cannot resume from a state_dict")
-        if not isinstance(state, dict):
-            raise ConfigError(f"`state` must be a dict from Loader.state_dict(), got {type(state).__name__}")
         s = self.sampler
-        order = {"seed": s.seed, "shuffle": s.shuffle, "num_samples": s.n}   # what the global order depends on
-        layout = {"batch_size": s.batch_size, "num_shards": s.num_shards, "last_batch": s.last_batch}
-        missing = sorted(({"epoch", "batch"} | set(order) | set(layout)) - set(state))
-        if missing:
-            raise ConfigError(f"checkpoint is missing {', '.join(missing)}: not a Loader.state_dict()")
-        diff = {k: (state[k], v) for k, v in order.items() if state[k] != v}
-        if diff:
-            raise ConfigError("checkpoint comes from another dataset order (saved, current): "
-                              + ", ".join(f"{k}={a!r}/{b!r}" for k, (a, b) in diff.items()))
-        for key in ("epoch", "batch", "offset", "position"):
-            value = state.get(key, 0)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise ConfigError(f"checkpoint `{key}` must be an int >= 0, got {value!r}")
+        saved = check_state(state, s)
+        saved_print = state.get("fingerprint")
+        if saved_print is not None and saved_print != self._dataset_fingerprint():
+            raise ConfigError(f"checkpoint `fingerprint` {saved_print!r} is not this dataset's "
+                              f"({self._dataset_fingerprint()!r}): it was saved over other samples")
         epoch, batch, offset = int(state["epoch"]), int(state["batch"]), int(state.get("offset", 0))
-        if offset > s.n:
-            raise ConfigError(f"checkpoint `offset` {offset} is past the {s.n} samples of an epoch")
-        saved = Sampler(s.n, state["batch_size"], shuffle=s.shuffle, seed=s.seed, num_shards=state["num_shards"],
-                        last_batch=state["last_batch"])
-        top = saved.num_batches(offset)
-        if batch > top:
-            raise ConfigError(f"checkpoint `batch` must be an int in [0, {top}] (its loader had {top} batches "
-                              f"in that epoch), got {batch}")
         self._close_executor()
+        layout = {"batch_size": s.batch_size, "num_shards": s.num_shards, "last_batch": s.last_batch}
         if all(state[k] == v for k, v in layout.items()):
             self._resume = (epoch, batch, offset)
         else:
             position = saved.position(batch, offset)
             self._resume = (epoch, 0, position) if position < s.n else (epoch + 1, 0, 0)
+
+    def _dataset_fingerprint(self) -> str | None:
+        """`dataset_fingerprint` of the source, made once (None over a streamed iterator, which cannot resume)."""
+        if self._stream is not None:
+            return None
+        if getattr(self, "_fingerprint", None) is None:
+            self._fingerprint = dataset_fingerprint(self.source)
+        return self._fingerprint
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -433,6 +431,92 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.source!r}, batch_size={self.sampler.batch_size}, device='{self.device}', "
                 f"decode='{self.decode}', num_workers={self.num_workers}, ops={self.ops!r})")
+
+
+#: Fields of `Loader.state_dict`; ``fingerprint`` may be absent (states saved before it existed).
+STATE_FIELDS = ("epoch", "batch", "offset", "position", "seed", "shuffle", "batch_size", "num_shards", "shard_id",
+                "num_samples", "last_batch", "fingerprint")
+#: Fields a state may lack (states saved by earlier versions): offset and position 0, shard 0, no fingerprint.
+OPTIONAL_STATE = ("offset", "position", "shard_id", "fingerprint")
+#: Samples whose names go into `dataset_fingerprint` (spread evenly, the first and the last among them).
+FINGERPRINT_SAMPLES = 16
+
+
+def dataset_fingerprint(source: Any) -> str:
+    """A short hash identifying a dataset for checkpoints: its length, its class names and the file names
+    (the last path component, so a dataset moved to another directory keeps its fingerprint) of up to
+    `FINGERPRINT_SAMPLES` samples spread over it; a streamed source's shard file names stand for the
+    samples, which it can only name while it holds them."""
+    n = len(source)
+    digest = hashlib.sha256(f"{n}\0".encode())
+    digest.update("\0".join(map(str, getattr(source, "classes", ()))).encode("utf-8", "surrogatepass") + b"\1")
+    if isinstance(source, StreamedSource):
+        names = [str(shard) for shard in getattr(source.source, "shards", ())]
+    else:
+        spread = (round(k * (n - 1) / (FINGERPRINT_SAMPLES - 1)) for k in range(FINGERPRINT_SAMPLES))
+        picks = sorted(set(spread)) if n else []
+        names = []
+        for i in picks:
+            try:
+                names.append(str(source.name(i)))
+            except (IngestError, OSError, LookupError, AttributeError):   # a source that cannot name its samples
+                names.append("?")
+    for name in names:
+        digest.update(os.path.basename(name.rstrip("/")).encode("utf-8", "surrogatepass") + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def check_state(state: Any, sampler: Sampler) -> Sampler:
+    """Raise ConfigError, naming the field, unless ``state`` is a `Loader.state_dict` that ``sampler``'s
+    loader can resume: every field of `STATE_FIELDS` there (but `OPTIONAL_STATE`) and of its type and range,
+    no other field, the dataset order's fields (seed, shuffle, number of samples) equal to the sampler's,
+    and ``batch``, ``offset`` and ``position`` inside the epoch of the saved layout. Returns the sampler of
+    the saved layout."""
+    if not isinstance(state, dict):
+        raise ConfigError(f"`state` must be a dict from Loader.state_dict(), got {type(state).__name__}")
+    missing = [k for k in STATE_FIELDS if k not in state and k not in OPTIONAL_STATE]
+    if missing:
+        raise ConfigError(f"checkpoint is missing {', '.join(missing)}: not a Loader.state_dict()")
+    unknown = sorted(map(repr, set(state) - set(STATE_FIELDS)))
+    if unknown:
+        raise ConfigError(f"checkpoint has unknown field(s) {', '.join(unknown)}: not a Loader.state_dict()")
+    for key in ("epoch", "batch", "offset", "position", "seed", "num_samples", "shard_id"):
+        _state_int(state, key, 0)
+    for key in ("batch_size", "num_shards"):
+        _state_int(state, key, 1)
+    if not isinstance(state["shuffle"], (bool, np.bool_)):
+        raise ConfigError(f"checkpoint `shuffle` must be a bool, got {state['shuffle']!r}")
+    if not isinstance(state["last_batch"], str) or state["last_batch"] not in LAST_BATCH:
+        raise ConfigError(f"checkpoint `last_batch` must be one of {', '.join(LAST_BATCH)}, got "
+                          f"{state['last_batch']!r}")
+    fingerprint = state.get("fingerprint")
+    if fingerprint is not None and not (isinstance(fingerprint, str) and re.fullmatch(r"[0-9a-f]{16}", fingerprint)):
+        raise ConfigError(f"checkpoint `fingerprint` must be 16 hex digits, got {fingerprint!r}")
+    if not int(state.get("shard_id", 0)) < int(state["num_shards"]):
+        raise ConfigError(f"checkpoint `shard_id` must be < its `num_shards` {state['num_shards']}, got "
+                          f"{state['shard_id']}")
+    order = {"seed": sampler.seed, "shuffle": sampler.shuffle, "num_samples": sampler.n}
+    diff = {k: (state[k], v) for k, v in order.items() if state[k] != v}
+    if diff:
+        raise ConfigError("checkpoint comes from another dataset order (saved, current): "
+                          + ", ".join(f"{k}={a!r}/{b!r}" for k, (a, b) in diff.items()))
+    batch, offset = int(state["batch"]), int(state.get("offset", 0))
+    for key in ("offset", "position"):   # position is what batch and offset give; only its range is checked
+        if int(state.get(key, 0)) > sampler.n:
+            raise ConfigError(f"checkpoint `{key}` {state[key]} is past the {sampler.n} samples of an epoch")
+    saved = Sampler(sampler.n, int(state["batch_size"]), shuffle=sampler.shuffle, seed=sampler.seed,
+                    num_shards=int(state["num_shards"]), last_batch=state["last_batch"])
+    top = saved.num_batches(offset)
+    if batch > top:
+        raise ConfigError(f"checkpoint `batch` must be an int in [0, {top}] (its loader had {top} batches "
+                          f"in that epoch), got {batch}")
+    return saved
+
+
+def _state_int(state: dict[str, Any], key: str, low: int) -> None:
+    value = state.get(key, low)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ConfigError(f"checkpoint `{key}` must be an int >= {low}, got {value!r}")
 
 
 def _epochs(plans: Iterator[BatchPlan], epoch: int, plans_of: Callable[[int, int, int], Iterator[BatchPlan]],

@@ -467,5 +467,5 @@ def test_results_need_their_images_in_the_ground_truth(tmp_path):
     with pytest.raises(CorruptRecordError, match=r"results\[0\] .*image_id 5 is not in images") as info:
         CocoSource.results(results, gt, cache=False)
     assert info.value.path == str(results)
-    with pytest.raises(ConfigError, match="Unknown option.* ltrb. Available: box_format, cache"):
+    with pytest.raises(ConfigError, match="Unknown option.* ltrb. Available: allow_outside_root, box_format, cache"):
         CocoSource.results(results, gt, ltrb=True)

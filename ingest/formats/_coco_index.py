@@ -9,12 +9,13 @@ import math
 import os
 import reprlib
 import shutil
+import sys
 import warnings
 from typing import Any, Iterable
 
 import numpy as np
 
-from ..errors import ConfigError, CorruptRecordError, SourceError
+from ..errors import ConfigError, CorruptRecordError, IngestError, SourceError
 
 #: Version of the cache layout; bump it when the arrays change meaning.
 CACHE_VERSION = 3
@@ -22,6 +23,13 @@ CACHE_VERSION = 3
 NO_SEG, POLYGONS, RLE = 0, 1, 2
 #: JSON number types (bool excluded: ``type(True) is bool``).
 NUMBER = frozenset({int, float})
+#: Ids are int64 in the parsed arrays; JSON integers outside this range are refused (ids) or ignored.
+INT64 = (-(1 << 63), (1 << 63) - 1)
+#: Largest declared image width or height (int32, as every decoder's sizes are).
+MAX_SIDE = (1 << 31) - 1
+#: What a malformed file can make Python or numpy raise past the checks below (a number too large for a
+#: double, a list where a number belongs); `parse_instances` and `parse_results` turn it into a SourceError.
+_MALFORMED = (OverflowError, TypeError, ValueError, RecursionError, AttributeError, KeyError, IndexError)
 
 
 def load_json(path: str) -> Any:
@@ -33,6 +41,8 @@ def load_json(path: str) -> Any:
         raise SourceError(f"cannot read {path!r}: {err.strerror}", path=path) from err
     except (ValueError, UnicodeDecodeError) as err:
         raise SourceError(f"{path} is not valid JSON: {err}", path=path) from err
+    except RecursionError:
+        raise SourceError(f"{path}: its JSON nests deeper than Python's recursion limit allows", path=path) from None
 
 
 _repr = reprlib.Repr()
@@ -45,7 +55,26 @@ def short(value: Any) -> str:
 
 
 def is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite JSON number that fits a double (an int past 1.8e308 does not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return -sys.float_info.max <= v <= sys.float_info.max if isinstance(v, int) else math.isfinite(v)
+
+
+def is_int64(v: Any) -> bool:
+    return type(v) is int and INT64[0] <= v <= INT64[1]
+
+
+def float_array(values: list) -> np.ndarray:
+    """JSON numbers as float64; a value that is not one (a string, a null, a list, an int too large for a
+    double) becomes NaN, which marks its image invalid."""
+    try:
+        arr = np.array(values)
+        if arr.ndim == 1 and arr.dtype.kind in "iuf":
+            return arr.astype(np.float64)
+    except (ValueError, OverflowError, RecursionError):   # nested or ragged lists
+        pass
+    return np.array([float(v) if is_number(v) else np.nan for v in values], dtype=np.float64)
 
 
 def rle_string_total(counts: bytes) -> int | None:
@@ -83,7 +112,7 @@ def parse_instances(path: str) -> dict[str, np.ndarray]:
         raise SourceError(f"{path} is a COCO results file ({len(data)} detections without images or categories), "
                           "not an instances file: open it with CocoSource.results(path, "
                           "ground_truth='instances_*.json')", path=path)
-    return Builder(data, path).arrays()
+    return _build(path, lambda: Builder(data, path).arrays())
 
 
 def parse_results(path: str, ground_truth: str) -> dict[str, np.ndarray]:
@@ -91,7 +120,18 @@ def parse_results(path: str, ground_truth: str) -> dict[str, np.ndarray]:
     data, truth = load_json(path), load_json(ground_truth)
     if not isinstance(data, list):
         raise SourceError(f"{path} is not a COCO results file (expected a JSON list of detections)", path=path)
-    return Builder(truth, ground_truth, results_as_annotations(data, path), path).arrays()
+    return _build(path, lambda: Builder(truth, ground_truth, results_as_annotations(data, path), path).arrays())
+
+
+def _build(path: str, build) -> dict[str, np.ndarray]:
+    """``build()``, with what a malformed file makes Python or numpy raise past the checks as a SourceError."""
+    try:
+        return build()
+    except IngestError:
+        raise
+    except _MALFORMED as err:
+        raise SourceError(f"{path} is not a COCO file this reader can take ({type(err).__name__}: "
+                          f"{short(str(err))})", path=path) from err
 
 
 class Builder:
@@ -108,7 +148,10 @@ class Builder:
             raise SourceError(f"{path} is not a COCO instances file (expected an object with an 'images' "
                               "list)", path=path)
         self._images(data["images"])
-        self._categories(data.get("categories") or [])
+        cats = data.get("categories") or []
+        if not isinstance(cats, list):
+            raise SourceError(f"{path}: 'categories' must be a list, got {type(cats).__name__}", path=path)
+        self._categories(cats)
         anns = results if results is not None else data.get("annotations") or []
         if not isinstance(anns, list):
             raise SourceError(f"{path}: 'annotations' must be a list", path=path)
@@ -122,8 +165,8 @@ class Builder:
     def _images(self, images: list) -> None:
         ids, files, widths, heights = [], [], [], []
         for k, im in enumerate(images):
-            if type(im) is not dict or type(im.get("id")) is not int:
-                raise self._fail_open(f"images[{k}]", f"'id' must be an integer, got {short(_get(im, 'id'))}")
+            if type(im) is not dict or not is_int64(im.get("id")):
+                raise self._fail_open(f"images[{k}]", f"'id' must be a 64-bit integer, got {short(_get(im, 'id'))}")
             name = im.get("file_name")
             if type(name) is not str or not name:
                 raise self._fail_open(f"images[{k}] (id {im['id']})", f"'file_name' must be a path, got {short(name)}")
@@ -141,18 +184,19 @@ class Builder:
         self.img_h = np.zeros(len(ids), dtype=np.int64)
         for j, k in enumerate(order.tolist()):
             w, h = widths[k], heights[k]
-            if type(w) is int and type(h) is int and w > 0 and h > 0:
+            if type(w) is int and type(h) is int and 0 < w <= MAX_SIDE and 0 < h <= MAX_SIDE:
                 self.img_w[j], self.img_h[j] = w, h
             else:
-                self.errors[j] = (f"images[{k}] (id {ids[k]}): width and height must be integers > 0, got "
-                                  f"{short(w)} x {short(h)}")
+                self.errors[j] = (f"images[{k}] (id {ids[k]}): width and height must be integers in [1, "
+                                  f"{MAX_SIDE}], got {short(w)} x {short(h)}")
         self.img_pos = dict(zip(self.img_id.tolist(), range(len(ids))))
 
     def _categories(self, cats: list) -> None:
         found: dict[int, str] = {}
         for k, c in enumerate(cats):
-            if type(c) is not dict or type(c.get("id")) is not int:
-                raise self._fail_open(f"categories[{k}]", f"'id' must be an integer, got {short(_get(c, 'id'))}")
+            if type(c) is not dict or not is_int64(c.get("id")):
+                raise self._fail_open(f"categories[{k}]",
+                                      f"'id' must be a 64-bit integer, got {short(_get(c, 'id'))}")
             if c["id"] in found:
                 raise self._fail_open(f"categories[{k}]", f"category id {c['id']} appears more than once")
             name = c.get("name")
@@ -184,7 +228,7 @@ class Builder:
                                       f"image_id {short(iid)} is not in images", self.ann_path)
             owner.append(j)
             i = a.get("id")
-            aid.append(i if type(i) is int else -1)
+            aid.append(i if is_int64(i) else -1)
             c = a.get("category_id")
             cat.append(cat_pos.get(c, -1) if type(c) is int else -1)
             seg = a.get("segmentation")
@@ -234,21 +278,22 @@ class Builder:
         self.ann_start = np.searchsorted(owner_arr[order], np.arange(len(self.img_id) + 1)).astype(np.int64)
         self.ann_id = np.array(aid, dtype=np.int64)[order]
         self.ann_cat = np.array(cat, dtype=np.int64)[order]
-        self.ann_box = np.array(box, dtype=np.float64).reshape(-1, 4)[order]
-        self.ann_area = np.array(area, dtype=np.float64)[order]
+        try:   # the values are numbers; only an int too large for a double fails (NaN marks it below)
+            boxes, areas = np.array(box, dtype=np.float64).reshape(-1, 4), np.array(area, dtype=np.float64)
+        except OverflowError:
+            boxes, areas = float_array([v for b in box for v in b]).reshape(-1, 4), float_array(area)
+        self.ann_box = boxes[order]
+        self.ann_area = areas[order]
         self.ann_crowd = np.array(crowd, dtype=np.uint8)[order]
         self.ann_score = np.array(score, dtype=np.float32)[order] if score else np.zeros(0, np.float32)
         self.seg_kind = np.array(kind, dtype=np.uint8)[order]
         self.part_lo, self.part_hi = (np.array(v, dtype=np.int64)[order] for v in (plo, phi))
         self.rle_lo, self.rle_hi = (np.array(v, dtype=np.int64)[order] for v in (rlo, rhi))
-        coords = np.array(self._coords)
-        if coords.dtype.kind not in "iuf":  # strings or nulls among the coordinates: NaN marks them below
-            coords = np.array([v if type(v) in NUMBER else np.nan for v in self._coords])
-        self.coords = coords.astype(np.float64)
+        self.coords = float_array(self._coords)   # NaN where a coordinate is not a number: marked below
         self.part_start = np.array(self._part_end, dtype=np.int64)
         self.rle = np.frombuffer(bytes(self._rle), dtype=np.uint8)
-        bad = ~np.isfinite(np.array(box, dtype=np.float64).reshape(-1, 4)).all(1)
-        bad |= ~np.isfinite(np.array(area, dtype=np.float64))
+        bad = ~np.isfinite(boxes).all(1)
+        bad |= ~np.isfinite(areas)
         bad_parts = np.searchsorted(self.part_start, np.flatnonzero(~np.isfinite(self.coords)), side="right") - 1
         bad[np.searchsorted(np.array(plo, dtype=np.int64), bad_parts, side="right") - 1] = True
         for row in np.flatnonzero(bad).tolist():
@@ -271,8 +316,8 @@ class Builder:
             return f"RLE size {short(seg['size'])} differs from the image's [height, width] [{h}, {w}]"
         counts = seg["counts"]
         if isinstance(counts, list):
-            if not all(type(c) is int and c >= 0 for c in counts):
-                return "uncompressed RLE counts must be integers >= 0"
+            if not all(type(c) is int and 0 <= c < 1 << 32 for c in counts):
+                return "uncompressed RLE counts must be integers in [0, 2**32)"
             if sum(counts) != h * w:
                 return f"RLE counts sum to {sum(counts)}, not height x width = {h * w}"
             from pycocotools import mask as mask_utils

@@ -39,7 +39,13 @@ named ``"N/A"`` (torchvision's COCO category list has the same shape). Samples a
 **Images.** ``file_name`` is joined to ``images``; by default (``images=None``) to the JSON's directory,
 which suits exports that store paths like ``JPEGImages/x.jpg`` (labelme, CVAT). The official COCO layout
 keeps images elsewhere: pass ``images=".../train2017"``. Files are not checked at open (118k stats); a
-missing one fails its read (the loader's `SourceError` naming it, under its failure budget).
+missing one fails its read (the loader's `SourceError` naming it, under its failure budget). A file is read
+only when it stays inside the images root once links are resolved (an absolute ``file_name``, ``..`` or a
+link to elsewhere is an `OutsideRootError` unless ``allow_outside_root=True``), is a regular file (not a
+device or a pipe) and holds at most ``max_bytes`` (default: 8 bytes per pixel of the ``max_pixels``
+setting, what an uncompressed 16-bit RGBA image of that size takes); it is read to its size at ``locate``.
+With ``check_sizes`` (default) each image's header size, EXIF orientation applied, must be the declared
+``width`` and ``height``, which its annotations are in: otherwise its read fails (`CorruptRecordError`).
 
 **Options** (DALI's ``readers.coco`` names in brackets): ``box_format="ltrb"`` [``ltrb``],
 ``relative`` [``ratio``], ``skip_empty`` drops images left without objects after the other filters
@@ -63,26 +69,36 @@ supercategory) are not read, so nulls there do not matter.
 **Errors.** A file that is not a COCO instances file, a duplicate image or category id, or an annotation
 whose ``image_id`` is not an image raises at open. Errors inside one image's annotations (negative box
 width or height, unknown ``category_id``, RLE whose size differs from the image or whose counts do not sum
-to height x width, non-finite or odd-length polygons, missing image size) make that image's `parse` raise
+to height x width, non-finite or odd-length polygons, numbers too large for a double, a missing image
+size or one over 2**31 - 1, a ``file_name`` with a NUL or a lone surrogate) make that image's read raise
 `CorruptRecordError` naming the JSON, the annotation's position and id, so the loader's failure budget
 decides; `summary` counts them. With ``masks="masks"``, an object without segmentation, a polygon reaching
 more than an image size outside its image (pycocotools' rasteriser allocates in proportion to the extent)
-and masks of one image over `MAX_MASK_BYTES` fail the same way.
+and masks of one image over `MAX_MASK_BYTES` or beyond the memory numpy can allocate fail the same way
+(pycocotools decodes one mask at a time: it does not check its own allocations). Ids outside int64, a
+``categories`` that is not a list or JSON nested past the recursion limit fail at open (`SourceError` or
+`CorruptRecordError` naming the file).
 """
 
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import os
+import stat
+import struct
 import warnings
 from typing import Any, Iterable
 
 import numpy as np
+from PIL import Image
 
-from ..errors import ConfigError, CorruptRecordError, SourceError
+from .. import defaults
+from ..errors import ConfigError, CorruptRecordError, OutsideRootError, SourceError
+from ..io import read_error
 from ._coco_index import (NO_SEG, POLYGONS, REPAIR_KEYS, RLE, is_number, load_cache, open_arrays, parse_instances,
-                          parse_results, polygon_rle, unpack)
+                          parse_results, polygon_rle, short, unpack)
 from .base import Field, Location, Record, check_index
 
 BOX_FORMATS = ("xywh", "ltrb")
@@ -91,6 +107,12 @@ MAX_MASK_BYTES = 1 << 31
 #: Largest category id usable as a label as it is (``contiguous_ids=False``): `classes` has one name per id.
 MAX_CLASS_ID = 1 << 20
 MASK_MODES = (None, "polygons", "masks")
+#: Bytes per pixel an encoded image may take at the most (16-bit RGBA stored uncompressed), times the
+#: ``max_pixels`` setting, is the default bound on an image file's size (`CocoSource` ``max_bytes``).
+MAX_BYTES_PER_PIXEL = 8
+#: What Pillow raises for a header it cannot read (its plugins raise more than OSError).
+_PILLOW_ERRORS = (OSError, ValueError, SyntaxError, EOFError, TypeError, IndexError, KeyError, struct.error,
+                  Image.DecompressionBombError)
 
 
 class CocoSource:
@@ -101,10 +123,12 @@ class CocoSource:
     def __init__(self, annotations: str | os.PathLike, *, images: str | os.PathLike | None = None,
                  box_format: str = "xywh", relative: bool = False, contiguous_ids: bool = True,
                  include_crowd: bool = True, masks: str | None = None, skip_empty: bool = False,
-                 size_threshold: float = 0.0, image_ids: Iterable[int] | None = None, cache: Any = True):
+                 size_threshold: float = 0.0, image_ids: Iterable[int] | None = None, cache: Any = True,
+                 allow_outside_root: bool = False, max_bytes: int | None = None, check_sizes: bool = True):
         path = os.fspath(annotations)
         self._setup(path, images, box_format, relative, contiguous_ids, include_crowd, masks, skip_empty,
-                    size_threshold, image_ids)
+                    size_threshold, image_ids, allow_outside_root=allow_outside_root, max_bytes=max_bytes,
+                    check_sizes=check_sizes)
         self._paths = [path]
         arrays, self._stamp, self._cache = open_arrays(self._paths, cache, lambda: parse_instances(path))
         self._select(arrays)
@@ -134,15 +158,23 @@ class CocoSource:
     def _setup(self, path: str, images: Any = None, box_format: str = "xywh", relative: bool = False,
                contiguous_ids: bool = True, include_crowd: bool = True, masks: str | None = None,
                skip_empty: bool = False, size_threshold: float = 0.0, image_ids: Iterable[int] | None = None,
-               cache: Any = True, scored: bool = False) -> None:
+               cache: Any = True, scored: bool = False, allow_outside_root: bool = False,
+               max_bytes: int | None = None, check_sizes: bool = True) -> None:
         if box_format not in BOX_FORMATS:
             raise ConfigError(f"`box_format` must be one of {', '.join(BOX_FORMATS)}; got {box_format!r}")
         if masks not in MASK_MODES:
             raise ConfigError(f"`masks` must be None, 'polygons' or 'masks'; got {masks!r}")
         if not is_number(size_threshold) or size_threshold < 0:
             raise ConfigError(f"`size_threshold` must be a number >= 0, got {size_threshold!r}")
+        if max_bytes is None:
+            max_bytes = MAX_BYTES_PER_PIXEL * defaults.get("max_pixels")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ConfigError(f"`max_bytes` must be an int >= 1, got {max_bytes!r}")
         self.path = path
         self.root = os.fspath(images) if images is not None else os.path.dirname(os.path.abspath(path))
+        self.allow_outside_root, self.check_sizes = bool(allow_outside_root), bool(check_sizes)
+        self.max_bytes = max_bytes
+        self._real_dirs: dict[str, str] = {}
         self.box_format, self.relative, self.masks = box_format, bool(relative), masks
         self.contiguous_ids, self.include_crowd = bool(contiguous_ids), bool(include_crowd)
         self.skip_empty, self.size_threshold = bool(skip_empty), float(size_threshold)
@@ -256,11 +288,59 @@ class CocoSource:
         return len(self._img)
 
     def locate(self, i: int) -> Location:
-        return Location(self.name(i))
+        """The whole image file, after the checks of `_image_file`."""
+        path, size = self._image_file(i)
+        return Location(path, 0, size)
 
     def name(self, i: int) -> str:
-        j = int(self._img[check_index(i, len(self._img))])
+        path = self._joined(int(self._img[check_index(i, len(self._img))]))
+        try:
+            os.fsencode(path)
+        except UnicodeEncodeError:   # printable in messages: a lone surrogate is no file name
+            return path.encode("utf-8", "backslashreplace").decode("utf-8")
+        return path
+
+    def _joined(self, j: int) -> str:
         return os.path.join(self.root, unpack(self._a["img_file"], self._a["img_file_end"], j))
+
+    def _image_file(self, i: int) -> tuple[str, int]:
+        """Path and size of sample ``i``'s image file. Refused: a ``file_name`` that cannot name a file (a NUL,
+        a lone surrogate: CorruptRecordError), one leading outside the images root (absolute, ``..`` or a link
+        to elsewhere: OutsideRootError, unless ``allow_outside_root``), anything but a regular file and a file
+        over ``max_bytes`` (SourceError)."""
+        j = int(self._img[check_index(i, len(self._img))])
+        image = f"image id {int(self._a['img_id'][j])}"
+        name = unpack(self._a["img_file"], self._a["img_file_end"], j)
+        path = os.path.join(self.root, name)
+        try:
+            if "\0" in name:
+                raise ValueError("it holds a NUL character")
+            os.fsencode(path)
+        except (ValueError, UnicodeEncodeError) as err:
+            reason = "it is not valid Unicode" if isinstance(err, UnicodeEncodeError) else err
+            raise CorruptRecordError(f"{image}: file_name {short(name)} cannot name a file: {reason}",
+                                     path=self.path, index=i) from None
+        try:
+            if self.allow_outside_root:
+                st = os.stat(path)
+            else:   # the directory resolved (once per directory), then the file itself: one lstat if no link
+                real = self._real_dir(os.path.dirname(path))
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):
+                    real, st = os.path.realpath(path), os.stat(path)
+                root = self._real_dir(self.root)
+                if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+                    raise OutsideRootError(f"{self.path}: {image}: file_name {short(name)} leads outside the "
+                                           f"images root {self.root} (to {real}); pass allow_outside_root=True "
+                                           "to read it", path=path)
+        except OSError as err:
+            raise read_error(Location(path), err) from err
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError(f"{path}: {image} is not a regular file", path=path)
+        if st.st_size > self.max_bytes:
+            raise SourceError(f"{path}: {image} is {st.st_size} bytes, over `max_bytes` {self.max_bytes}",
+                              path=path)
+        return path, st.st_size
 
     def labels(self) -> np.ndarray:
         return np.full(len(self._img), -1, dtype=np.int64)
@@ -275,6 +355,8 @@ class CocoSource:
         j = int(self._img[i])
         if j in self._errors:
             raise CorruptRecordError(self._errors[j], path=self.path, index=i)
+        if self.check_sizes:
+            self._check_size(i, j, raw)
         lo, hi = int(self._start[i]), int(self._start[i + 1])
         # Copies: a record's arrays belong to its user, who may change them in place.
         fields: dict[str, Any] = {"image_id": int(self._a["img_id"][j]), "boxes": self._boxes[lo:hi].copy(),
@@ -287,6 +369,32 @@ class CocoSource:
         if self._score is not None:
             fields["scores"] = self._score[lo:hi].copy()
         return Record(raw, -1, fields)
+
+    def _real_dir(self, directory: str) -> str:
+        """``os.path.realpath(directory)``, remembered (a few directories hold a dataset's images)."""
+        real = self._real_dirs.get(directory)
+        if real is None:
+            if len(self._real_dirs) >= 4096:
+                self._real_dirs.clear()
+            real = self._real_dirs[directory] = os.path.realpath(directory)
+        return real
+
+    def _check_size(self, i: int, j: int, raw: Any) -> None:
+        """CorruptRecordError when the image's size (from its header, EXIF orientation applied) is not the
+        declared width and height, which its boxes, polygons and masks are in. An image whose header Pillow
+        cannot read is left to the decoder to refuse."""
+        try:
+            with Image.open(io.BytesIO(memoryview(raw).cast("B"))) as img:
+                w, h = img.size
+                if img.getexif().get(0x0112, 1) in (5, 6, 7, 8):   # turned a quarter: displayed sideways
+                    w, h = h, w
+        except _PILLOW_ERRORS:   # a header Pillow refuses is the decoder's to report
+            return
+        dw, dh = int(self._a["img_w"][j]), int(self._a["img_h"][j])
+        if (w, h) != (dw, dh):
+            raise CorruptRecordError(f"image id {int(self._a['img_id'][j])} ({self.name(i)}) declares width x "
+                                     f"height {dw} x {dh}, but the image is {w} x {h} (EXIF orientation applied); "
+                                     "its annotations are in the declared frame", path=self.path, index=i)
 
     def _parts(self, ann: int) -> list[np.ndarray]:
         a = self._a
@@ -315,9 +423,14 @@ class CocoSource:
             except ValueError as err:
                 raise CorruptRecordError(f"annotation id {int(self._a['ann_id'][ann])}: {err}", path=self.path,
                                          index=i) from None
-        if not rles:
-            return np.zeros((0, h, w), dtype=np.uint8)
-        return np.ascontiguousarray(mask_utils.decode(rles).transpose(2, 0, 1))
+        try:   # numpy allocates the whole batch (MemoryError if it cannot); pycocotools one mask at a time
+            out = np.empty((len(rles), h, w), dtype=np.uint8)
+        except MemoryError:
+            raise CorruptRecordError(f"{len(rles)} masks of {h}x{w} do not fit in memory", path=self.path,
+                                     index=i) from None
+        for k, rle in enumerate(rles):   # pycocotools does not check its allocations: one h x w at a time
+            out[k] = mask_utils.decode([rle])[:, :, 0]
+        return out
 
     def _polygons(self, j: int, anns: np.ndarray) -> str:
         h, w = int(self._a["img_h"][j]), int(self._a["img_w"][j])
@@ -358,6 +471,7 @@ class CocoSource:
     # -- pickling: a cached source travels as its paths and re-maps the cache ---------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
+        state["_real_dirs"] = {}   # resolved again where it is unpickled
         if self._cache is not None:
             state["_a"] = None
         return state

@@ -730,8 +730,11 @@ class LMDBWriter:
         if os.path.exists(os.path.join(self.path, "data.mdb")):
             raise ConfigError(f"{self.path!r} already holds an LMDB; write into a new directory")
         self._map_size = 1 << 26
-        self._env = _lmdb.open(self.path, map_size=self._map_size, subdir=True, lock=False, sync=False,
-                               metasync=False, meminit=True, max_dbs=0)
+        try:
+            self._env = _lmdb.open(self.path, map_size=self._map_size, subdir=True, lock=False, sync=False,
+                                   metasync=False, meminit=True, max_dbs=0)
+        except _lmdb.Error as err:
+            raise self._write_error(err) from err
         self._pending: list[tuple[bytes, bytes]] = []
         self._labels: list[int] = []
         self._hash = hashlib.sha256()
@@ -753,6 +756,7 @@ class LMDBWriter:
             self._hash.update(value)
 
     def _flush(self) -> None:
+        """Commit the pending records; liblmdb's write errors (a full disk, a file-size limit) are OSErrors."""
         while self._pending:
             try:
                 with self._env.begin(write=True) as txn:
@@ -762,6 +766,8 @@ class LMDBWriter:
             except _lmdb.MapFullError:
                 self._map_size *= 2
                 self._env.set_mapsize(self._map_size)
+            except _lmdb.Error as err:
+                raise self._write_error(err) from err
 
     def close(self) -> list[str]:
         """Write the labels and ``__meta__``, sync and close; the names of the files written."""
@@ -772,6 +778,16 @@ class LMDBWriter:
                 "classes": self.classes, "content_sha256": self._hash.hexdigest()}
         self._put(META_KEY, json.dumps(meta, sort_keys=True).encode())
         self._flush()
-        self._env.sync(True)
-        self._env.close()
+        try:
+            self._env.sync(True)
+        except _lmdb.Error as err:
+            raise self._write_error(err) from err
+        finally:
+            self._env.close()
         return [os.path.join(self.stem + ".lmdb", "data.mdb")]
+
+    def _write_error(self, err: Exception) -> OSError:
+        """liblmdb's error as an OSError naming the database (py-lmdb gives no errno)."""
+        out = OSError(str(err))
+        out.filename = self.path
+        return out

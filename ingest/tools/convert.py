@@ -15,18 +15,24 @@
 Writers are deterministic, so the output is byte-identical whatever ran the jobs. ``resume=True`` keeps the
 shards a killed run committed (their sha256 checked again) and redoes the rest, giving the same bytes as an
 uninterrupted run. Bad samples are skipped and reported under ``max_failures`` (as in the Loader); with the
-default 0 the first one stops the conversion, naming it.
+default 0 the first one stops the conversion, naming it. An error writing the output (a full disk, a
+file-size limit) is not a bad sample: it stops the conversion whatever the budget (`WriteError`, naming the
+file), and the shard it hit is never committed. DST may not lie inside the source nor the source inside DST;
+a ``.ingest-lock`` or ``.ingest-tmp`` there that a conversion did not make is refused, never deleted.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
+import glob
 import inspect
 import json
 import os
 import re
+import secrets
 import shutil
 import sys
 import tempfile
@@ -36,7 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, IngestError
+from ..errors import ConfigError, IngestError, WriteError
 from ..formats import check_options, detect, fields_of, open_source, writer_class
 from ..formats.base import Field, Record
 from ..ops.decode import CpuDecoder
@@ -94,11 +100,18 @@ def set_tick(fn: Callable[[], None]) -> None:
 
 def write_shard(job: Job, stem: str, start: int, stop: int) -> dict[str, Any]:
     """Write source samples ``[start, stop)`` as shard ``stem`` into ``job.tmp/stem/``; return its manifest
-    entry (with ``files`` empty when it stopped at a failure under ``stop_on_failure``)."""
+    entry (with ``files`` empty when it stopped at a failure under ``stop_on_failure``).
+
+    Notes: a sample the reader, the transform or the writer refuses (IngestError, ValueError, an unreadable
+    source file) is a bad sample, counted against the budget. An error writing the output (OSError from the
+    writer: a full disk, a file-size limit, an I/O error) is not: it raises `WriteError` naming the file,
+    whatever the budget, and the shard, which may hold part of a record, is never committed."""
     directory = os.path.join(job.tmp, stem)
     shutil.rmtree(directory, ignore_errors=True)
-    os.makedirs(directory)
-    writer = writer_class(job.format)(directory, stem, job.fields, **job.options)
+    with _writing(directory, f"shard {stem}"):
+        os.makedirs(directory)
+        writer = writer_class(job.format)(directory, stem, job.fields, **job.options)
+    where = getattr(writer, "path", directory)
     decoder = CpuDecoder(threads=1) if job.transform.active else None
     failures, count = [], 0
     try:
@@ -109,9 +122,12 @@ def write_shard(job: Job, stem: str, start: int, stop: int) -> dict[str, Any]:
                 try:
                     record = _project(job.transform.apply(record, name, decoder), job.fields)
                     stage = "write"
-                    writer.add(record)
+                    with _writing(where, f"shard {stem} (source sample {start + count})"):
+                        writer.add(record)
                     count += 1
                 except (IngestError, ValueError, OSError) as e:
+                    if isinstance(e, WriteError):
+                        raise
                     err = e
             _tick()
             if err is not None:
@@ -121,12 +137,26 @@ def write_shard(job: Job, stem: str, start: int, stop: int) -> dict[str, Any]:
                         writer.close()
                     return {"stem": stem, "start": start, "stop": stop, "count": 0, "bytes": 0, "files": [],
                             "failures": failures}
-        files = [manifest.file_entry(directory, name) for name in writer.close()]
+        with _writing(where, f"shard {stem}"):
+            files = [manifest.file_entry(directory, name) for name in writer.close()]
     finally:
         if decoder is not None:
             decoder.close()
     return {"stem": stem, "start": start, "stop": stop, "count": count,
             "bytes": sum(f["bytes"] for f in files), "files": files, "failures": failures}
+
+
+@contextlib.contextmanager
+def _writing(path: str, what: str) -> Iterator[None]:
+    """An OSError inside the block (writing ``what`` into ``path``) becomes a `WriteError` naming the file
+    the system names, else ``path``."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or (str(err.args[0]) if len(err.args) == 1 else str(err))
+        code = f" (errno {err.errno})" if err.errno is not None else ""
+        raise WriteError(f"writing {what} failed: {reason}{code}; nothing of it was committed",
+                         path=err.filename or path, errno=err.errno) from err
 
 
 def _output_fields(fields: dict[str, Field], drop: Sequence[str]) -> dict[str, Field]:
@@ -194,6 +224,7 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
     if workers > 1 and ray not in (False, None):
         raise ConfigError("give `workers` or `ray`, not both: on Ray the cluster's CPUs set the parallelism")
     Failures(max_failures, 0)   # validate now
+    _check_apart(src, dst)
     plan = plan_conversion(src, dst, to=to, source_format=source_format, shard_size=shard_size,
                            shard_bytes=shard_bytes, transform=Transform(max_side, quality,
                                                                None if raw_size is None else tuple(raw_size)),
@@ -205,8 +236,8 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
     try:
         with _exclusive(dst):
             kept = _previous_shards(dst, plan, resume)
-            shutil.rmtree(plan.job.tmp, ignore_errors=True)
-            os.makedirs(plan.job.tmp)
+            with _writing(plan.job.tmp, "the temporary directory"):
+                _fresh_tmp(plan.job.tmp, set(plan.stems))
             summary = _run(plan, dst, kept, runner, Failures(max_failures, len(plan.job.view)), bar)
     finally:
         runner.close()
@@ -246,7 +277,8 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
         if name in inspect.signature(writer).parameters and name not in options:
             options[name] = value
     with tempfile.TemporaryDirectory() as scratch:   # a writer refusing these fields fails here, not in a job
-        writer(scratch, "probe", fields, **options).close()
+        with _writing(scratch, "a probe of the writer"):
+            writer(scratch, "probe", fields, **options).close()
     if not sharded:
         ranges = [(0, n)]
     elif transform.raw_size is not None and shard_size is None:   # every sample has the same, known size
@@ -283,18 +315,20 @@ def _run(plan: Plan, dst: str, kept: dict[int, dict[str, Any]], runner: Any, fai
         for item in shard["failures"]:
             failures.record(*item)
     committed = dict(kept)
-    journal = manifest.Journal(dst, plan.header, [kept[k] for k in sorted(kept)])
+    with _writing(os.path.join(dst, manifest.PARTIAL), "the journal"):
+        journal = manifest.Journal(dst, plan.header, [kept[k] for k in sorted(kept)])
     done = {"samples": sum(s["stop"] - s["start"] for s in kept.values()),
             "bytes": sum(s["bytes"] for s in kept.values())}
 
     def commit(k: int, shard: dict[str, Any]) -> None:
         for item in shard["failures"]:
             failures.record(*item)   # raises past the budget, before anything of this shard is committed
-        _move_files(os.path.join(plan.job.tmp, shard["stem"]), dst, shard["files"])
+        with _writing(dst, f"shard {shard['stem']}"):
+            _move_files(os.path.join(plan.job.tmp, shard["stem"]), dst, shard["files"])
+            journal.commit(shard)
         committed[k] = shard
         done["samples"] += shard["stop"] - shard["start"]
         done["bytes"] += shard["bytes"]
-        journal.commit(shard)
         bar.update(done["samples"], len(committed), done["bytes"], force=True)
 
     todo = [(k, plan.stems[k], *plan.ranges[k]) for k in range(len(plan.ranges)) if k not in kept]
@@ -303,7 +337,8 @@ def _run(plan: Plan, dst: str, kept: dict[int, dict[str, Any]], runner: Any, fai
                                                                done["bytes"]))
     shards = [committed[k] for k in range(len(plan.ranges))]
     total = {"count": sum(s["count"] for s in shards), "bytes": sum(s["bytes"] for s in shards)}
-    manifest.write_atomic(os.path.join(dst, manifest.MANIFEST), {**plan.header, "shards": shards, **total})
+    with _writing(os.path.join(dst, manifest.MANIFEST), "the manifest"):
+        manifest.write_atomic(os.path.join(dst, manifest.MANIFEST), {**plan.header, "shards": shards, **total})
     journal.remove()
     shutil.rmtree(plan.job.tmp, ignore_errors=True)
     return Summary(samples=total["count"], written=done["samples"] - resumed_samples, shards=len(shards),
@@ -318,20 +353,112 @@ def _jsonable(options: dict[str, Any]) -> Any:
 @contextlib.contextmanager
 def _exclusive(dst: str) -> Iterator[None]:
     """Create ``dst`` and hold its lock file for the conversion: a second conversion into the same directory
-    fails at once instead of interleaving its shards."""
+    fails at once instead of interleaving its shards.
+
+    Notes: the lock file holds `_LOCK_MAGIC`, this process's pid and a random token. An existing one is taken
+    over only when no process holds it and it is a conversion's (the magic line; or empty, as older versions
+    left it, beside a converter manifest or journal); anything else under that name is the user's and is
+    refused, untouched. At the end the file is removed only while it still holds this run's token."""
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise ConfigError(f"output {dst!r} exists and is not a directory")
     os.makedirs(dst, exist_ok=True)
     path = os.path.join(dst, LOCK)
-    with open(path, "w") as f:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        created = True
+    except FileExistsError:
+        if os.path.islink(path) or not os.path.isfile(path):
+            raise ConfigError(f"{path} is not a lock file a conversion wrote; move it away or choose another "
+                              "output directory") from None
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        created = False
+    try:   # raw descriptor calls: a buffered file would raise a failed flush again when closed
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ConfigError(f"another conversion is writing into {dst!r} (it holds {path})") from None
+        if not created and not _stale_lock(dst, os.pread(fd, len(_LOCK_MAGIC) + 1, 0)):
+            raise ConfigError(f"{path} was not written by a conversion (its first line is not "
+                              f"{_LOCK_MAGIC!r}); move it away or choose another output directory")
+        content = f"{_LOCK_MAGIC}\npid {os.getpid()}\ntoken {secrets.token_hex(16)}\n".encode()
+        try:
+            with _writing(path, "the lock file"):
+                os.ftruncate(fd, 0)
+                if os.pwrite(fd, content, 0) != len(content):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except WriteError:
+            if created:   # a lock file this run made and could not fill is no one's
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            raise
         try:
             yield
         finally:
-            os.remove(path)
+            with contextlib.suppress(OSError):
+                if os.pread(fd, len(content) + 1, 0) == content and os.path.samestat(
+                        os.stat(path, follow_symlinks=False), os.fstat(fd)):
+                    os.remove(path)
+    finally:
+        os.close(fd)
+
+
+#: First line of the lock file a conversion holds (`_exclusive`).
+_LOCK_MAGIC = "ingest convert lock"
+#: The file that marks ``DST/.ingest-tmp`` as made by a conversion (`_fresh_tmp`).
+TMP_OWNER = ".made-by-ingest-convert"
+
+
+def _stale_lock(dst: str, head: bytes) -> bool:
+    """Whether a lock file no process holds, starting with ``head``, is a conversion's own."""
+    if head == (_LOCK_MAGIC + "\n").encode():
+        return True
+    return head == b"" and any(os.path.exists(os.path.join(dst, name)) for name in (manifest.PARTIAL,
+                                                                                   manifest.MANIFEST))
+
+
+def _fresh_tmp(tmp: str, stems: Sequence[str]) -> None:
+    """Make ``tmp`` (``DST/.ingest-tmp``) empty, marked as this tool's. An existing one is removed only when
+    it is a conversion's: it holds the mark, or (as older versions left it) only shard directories named
+    like this plan's ``stems``. Anything else of that name is the user's: refused, never deleted."""
+    if os.path.lexists(tmp):
+        entries = os.listdir(tmp) if os.path.isdir(tmp) and not os.path.islink(tmp) else None
+        mine = entries is not None and (TMP_OWNER in entries or bool(entries) and all(
+            e in stems and os.path.isdir(os.path.join(tmp, e)) for e in entries))
+        if not mine:
+            raise ConfigError(f"{tmp} was not made by a conversion (no {TMP_OWNER} in it); move it away or "
+                              "choose another output directory")
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    try:
+        with open(os.path.join(tmp, TMP_OWNER), "w") as f:
+            f.write("ingest convert writes its shards here before it renames them into the directory above\n")
+    except OSError:   # made just now and holding nothing else: without its mark a next run would refuse it
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _check_apart(src: Any, dst: str) -> None:
+    """Refuse an output directory inside a source directory (the source would read the output as it grows)
+    or equal to it, and a source inside the output (a resume would write over it). Links are resolved."""
+    paths = [src] if isinstance(src, (str, os.PathLike)) else src if isinstance(src, (list, tuple)) else []
+    out = os.path.realpath(dst)
+    for path in paths:
+        if not isinstance(path, (str, os.PathLike)):
+            continue
+        path = os.fspath(path)
+        root = path
+        while glob.has_magic(root):   # a glob reads below its fixed directory part
+            root = os.path.dirname(root)
+        real = os.path.realpath(root or ".")
+        if os.path.isdir(real) and _within(out, real):
+            raise ConfigError(f"the output directory {dst!r} is inside the source {path!r}; choose one outside it")
+        if _within(real, out):
+            raise ConfigError(f"the source {path!r} is inside the output directory {dst!r}; choose another output")
+
+
+def _within(path: str, directory: str) -> bool:
+    """Whether the resolved ``path`` is ``directory`` or below it."""
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
 def _previous_shards(dst: str, plan: Plan, resume: bool) -> dict[int, dict[str, Any]]:

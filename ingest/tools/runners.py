@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import os
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Callable, Sequence
 
@@ -102,12 +104,27 @@ _worker_job = None
 _worker_counter = None
 
 
-def _init_worker(job, counter) -> None:
+def _init_worker(job, counter, driver) -> None:
     global _worker_job, _worker_counter
+    _exit_with_driver(driver)
     import torch
     torch.set_num_threads(1)   # one job per process; the processes are the parallelism
     _worker_job, _worker_counter = job, counter
     convert.set_tick(_count)
+
+
+def _exit_with_driver(driver) -> None:
+    """Exit this worker process when ``driver`` (the read end of a pipe whose only write end the driver holds)
+    reaches its end: the driver closed it or died, even by SIGKILL. Without this a worker waits on the job
+    queue forever (it holds that queue's write end itself), and with it the fork server and the resource
+    tracker, which exit after the last worker and then remove the semaphores."""
+    def watch() -> None:
+        try:
+            driver.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        os._exit(1)
+    threading.Thread(target=watch, name="ingest-convert-driver-watch", daemon=True).start()
 
 
 def _count() -> None:
@@ -122,14 +139,16 @@ def _write_in_worker(stem: str, start: int, stop: int) -> dict:
 class PoolRunner(Runner):
     """Runs jobs in ``workers`` processes, two jobs per process in flight. The processes fork from a server
     process that has imported ingest (and torch) once, instead of each importing it again (spawn); the server
-    has run no threads, so forking it is safe."""
+    has run no threads, so forking it is safe. Workers exit when the driver does, however it ends."""
 
     def __init__(self, job: "convert.Job", workers: int):
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload([convert.__name__])
         self._counter = ctx.Value("q", 0)
+        # Workers exit when this pipe's write end closes, which only this process holds (`_exit_with_driver`).
+        self._alive_r, self._alive_w = ctx.Pipe(duplex=False)
         self._pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                         initargs=(job, self._counter))
+                                         initargs=(job, self._counter, self._alive_r))
         self.window = 2 * workers
 
     def _submit(self, stem, start, stop):
@@ -154,6 +173,8 @@ class PoolRunner(Runner):
             if process.is_alive():
                 process.terminate()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._alive_w.close()
+        self._alive_r.close()
 
 
 class RayRunner(Runner):
