@@ -39,7 +39,8 @@ def test_bench_ddp_ratios_over_one_gpu():
 
 
 @pytest.mark.parametrize("script", ["bench_gpu.py", "bench_ddp.py", "bench_raw.py", "bench_formats.py",
-                                    "bench_detection.py", "bench_read_gil.py", "bench_settings.py"])
+                                    "bench_detection.py", "bench_read_gil.py", "bench_settings.py",
+                                    "bench_gil.py"])
 def test_benchmark_scripts_parse_their_options(script):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True,
                           text=True, timeout=120)
@@ -95,3 +96,45 @@ def test_bench_settings_runs_each_setting_with_its_environment(tmp_path):
         assert only[name]["error"] is None and only[name]["train"]["img_s"] > 0, only[name]
     assert report["compared"]["one"]["train_over_plain"][0] > 0
     assert only["synthetic"]["error"] is None and only["synthetic"]["train"]["img_s"] > 0, only["synthetic"]
+
+
+def test_bench_gil_names_devices_alternates_feeds_and_averages_rounds():
+    import argparse
+    import bench_gil
+    assert bench_gil.device_slug("NVIDIA H100 80GB HBM3", 16) == "h100-16cores"
+    assert bench_gil.device_slug("NVIDIA H200", 32) == "h200-32cores"
+    assert bench_gil.device_slug("cpu", 2) == "cpu-2cores"
+    args = argparse.Namespace(inputs=["filetree", "lmdb", "raw"])
+    sources = {"filetree": "/t", "lmdb": "/l", "raw": "/r", "raw_npy": "/n"}
+    cases = bench_gil.plan_cases(args, sources, {"python": True, "native": "not built"}, True)
+    assert [bench_gil.case_key(c) for c in cases] == [
+        "filetree:ingest_python", "filetree:dali", "filetree:ingest_native", "lmdb:ingest_python", "lmdb:dali",
+        "lmdb:ingest_native", "raw:ingest_python", "raw:dali", "raw:ingest_native"]
+    assert [c.get("skipped") for c in cases][1:6] == [None, "not built", None, bench_gil.DALI_SKIPS["lmdb"],
+                                                      "not built"]
+    assert cases[7]["path"] == "/n"   # DALI reads the .npy copy of the raw shards
+    no_dali = bench_gil.plan_cases(args, sources, {"python": True}, "unavailable: no module")
+    assert [c.get("skipped") for c in no_dali if c["feed"] == "dali"] == ["unavailable: no module"] * 3
+    run = lambda share, img_s: {"gil_share_left": share, "img_s_alone": img_s}  # noqa: E731
+    summary = bench_gil.summarize([{"a": run(0.5, 100), "b": {"skipped": "why"}},
+                                   {"a": run(0.7, 300), "b": {"skipped": "why"}, "c": {"error": "boom"}}])
+    assert summary["a"]["gil_share_left"] == 0.6 and summary["a"]["gil_share_left_rounds"] == [0.5, 0.7]
+    assert summary["a"]["img_s_alone"] == 200
+    assert summary["b"] == {"skipped": "why"} and summary["c"] == {"error": "boom"}
+
+
+def test_bench_gil_skips_an_engine_the_loader_did_not_run():
+    import bench_gil
+    from types import SimpleNamespace
+    feed = lambda stats: SimpleNamespace(stats=lambda: stats)  # noqa: E731
+    native = {"feed": "ingest", "engine": "native"}
+    res = {}
+    bench_gil.check_engine(native, feed({"engine": "native"}), res)   # ran as asked: no skip
+    assert res == {"engine_reported": "native"}
+    with pytest.raises(bench_gil.Skip, match="ran 'python': no compiler"):
+        bench_gil.check_engine(native, feed({"engine": "python", "engine_reason": "no compiler"}), {})
+    with pytest.raises(bench_gil.Skip, match="ran 'python': raw only"):
+        bench_gil.check_engine(native, feed({"engine": {"name": "python", "reason": "raw only"}}), {})
+    with pytest.raises(bench_gil.Skip, match="reports no engine"):
+        bench_gil.check_engine(native, feed({}), {})
+    bench_gil.check_engine({"feed": "ingest", "engine": "python"}, feed({}), {})   # an ingest before engines
