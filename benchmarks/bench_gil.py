@@ -284,23 +284,24 @@ def child_argv(args) -> list[str]:
 FIGURES = ("gil_share_left", "busy_lost_ms_per_batch", "img_s_alone", "img_s_beside", "img_s_beside_over_alone")
 
 
-def summarize(rounds: list[dict]) -> dict:
-    """Each case's figures, the mean over the rounds it ran in (and each round's value)."""
+def summarize(rounds: list[dict], figures: tuple[str, ...] = FIGURES, done: str = "gil_share_left",
+              keep: tuple[str, ...] = ("engine_reported",)) -> dict:
+    """Each case's ``figures``, the mean over the rounds where it gave ``done`` (and each round's value), plus
+    the first such round's ``keep`` fields; a case that never did: its skip reason or error."""
     out: dict = {}
     for key in dict.fromkeys(k for r in rounds for k in r):
         runs = [r[key] for r in rounds if key in r]
-        done = [x for x in runs if x.get("gil_share_left") is not None]
-        if not done:
-            first = runs[0]
-            out[key] = {"skipped": first["skipped"]} if first.get("skipped") else {"error": first.get("error")}
+        ran = [x for x in runs if x.get(done) is not None]
+        if not ran:
+            out[key] = {"skipped": runs[0]["skipped"]} if runs[0].get("skipped") else {"error": runs[0].get("error")}
             continue
         row = {}
-        for f in FIGURES:
-            vals = [x[f] for x in done if x.get(f) is not None]
+        for f in figures:
+            vals = [x[f] for x in ran if x.get(f) is not None]
             if vals:
-                row[f] = round(sum(vals) / len(vals), 4 if f in ("gil_share_left", "img_s_beside_over_alone") else 2)
+                row[f] = round(sum(vals) / len(vals), 4 if "over" in f or "share" in f else 2)
                 row[f + "_rounds"] = vals
-        row["engine_reported"] = done[0].get("engine_reported")
+        row.update({k: ran[0].get(k) for k in keep})
         out[key] = row
     return out
 

@@ -40,7 +40,7 @@ def test_bench_ddp_ratios_over_one_gpu():
 
 @pytest.mark.parametrize("script", ["bench_gpu.py", "bench_ddp.py", "bench_raw.py", "bench_formats.py",
                                     "bench_detection.py", "bench_read_gil.py", "bench_settings.py",
-                                    "bench_gil.py"])
+                                    "bench_gil.py", "bench_ramp.py"])
 def test_benchmark_scripts_parse_their_options(script):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True,
                           text=True, timeout=120)
@@ -138,3 +138,20 @@ def test_bench_gil_skips_an_engine_the_loader_did_not_run():
     with pytest.raises(bench_gil.Skip, match="reports no engine"):
         bench_gil.check_engine(native, feed({}), {})
     bench_gil.check_engine({"feed": "ingest", "engine": "python"}, feed({}), {})   # an ingest before engines
+
+
+def test_bench_ramp_rates_by_window_first_and_steady():
+    import bench_ramp
+    # 8 steps of 10 images: the first two take 2 s each, the rest 1 s (step ends at 2, 4, 5, 6, ...)
+    ends = [2.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+    got = bench_ramp.ramp(ends, batch=10, window=2, steady_from=5)
+    assert got["windows_img_s"] == [5.0, 10.0, 10.0, 10.0]
+    assert got["first_img_s"] == 5.0 and got["steady_img_s"] == 10.0 and got["first_over_steady"] == 0.5
+    assert got["all_img_s"] == 8.0 and got["all_over_steady"] == 0.8
+    summary = {"dali": {"first_img_s": 10.0, "steady_img_s": 20.0, "device_peak_mb": 100.0},
+               "ingest_python": {"first_img_s": 5.0, "steady_img_s": 22.0, "device_peak_mb": 90.0}}
+    assert bench_ramp.derive(summary) == {"ingest_python_first_over_dali_first": 0.5,
+                                          "ingest_python_steady_over_dali_steady": 1.1,
+                                          "ingest_python_memory_over_dali": 0.9}
+    with pytest.raises(SystemExit):
+        bench_ramp.parse_args(["--out", "x.json", "--steps", "10", "--steady-from", "10"])
