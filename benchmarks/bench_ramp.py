@@ -23,7 +23,7 @@ Device memory (bench_gpu's device-wide peak) is sampled from the loader's build 
 
     python benchmarks/bench_ramp.py --smoke --out /tmp/ramp.json        # CPU, tiny: every code path
     python benchmarks/bench_ramp.py --data /dev/shm/ingest_bench_20k --out $OUT/bench_ramp.json \\
-        --setting default= --setting nopad=INGEST_NVJPEG_HOST_PADDING=0,INGEST_NVJPEG_DEVICE_PADDING=0 --rounds 2
+        --setting default= --setting nopad=INGEST_NVJPEG_HOST_PADDING=0 --rounds 2
 """
 
 from __future__ import annotations
