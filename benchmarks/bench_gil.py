@@ -23,14 +23,18 @@ Each case runs in its own subprocess (a fresh CUDA context): the busy thread alo
 the loader is built and warmed up, runs alone for ``--seconds`` (``img_s_alone``), then beside the busy thread
 for ``--seconds`` (``img_s_beside``, ``busy_rate_beside``). Also per case: ``busy_lost_ms_per_batch``, the busy
 thread's lost time over the batches taken meanwhile ((1 - gil_share_left) x window / batches: what a batch
-costs a training thread in GIL time, hand-off waits included). Cases alternate within a round (ingest, DALI,
+costs a training thread in GIL time, hand-off waits included), and where the busy thread's time went in each
+phase, from the kernel's ``schedstat``: ``busy_beside_sleep_frac`` (asleep: it waits on nothing but the GIL)
+against ``busy_beside_runqueue_frac`` (runnable, waiting for a core). On a host with cores to spare the GIL's
+waits show as sleep; where the cores are all busy (the loader's threads, other tenants) the thread's wake-ups
+queue too, and part of the GIL's cost shows as run-queue time: compare with ``busy_alone_runqueue_frac``. Cases alternate within a round (ingest, DALI,
 ingest, ... per input); with ``--rounds`` > 1 every other round runs in reverse order, and ``summary`` holds
 each figure's mean over the rounds.
 
 The JSON goes to ``<--out-dir>/<device slug>/<--name>.json`` (default out-dir benchmarks/results/bench_gil),
 with the device name, the host's core count, the versions and every figure.
 
-    python benchmarks/bench_gil.py --smoke                        # CPU, tiny data, < 1 min: every code path
+    python benchmarks/bench_gil.py --smoke          # CPU, tiny data: every code path (about a minute on 2 cores)
     python benchmarks/bench_gil.py --data /dev/shm/ingest_gil_10k --work /dev/shm/ingest_gil_packed \\
         --n 10000 --batch 256 --threads 16 --out-dir $OUT --name gil     # GPU machine
 """
@@ -281,7 +285,8 @@ def child_argv(args) -> list[str]:
     return out + (["--smoke"] if args.smoke else [])
 
 
-FIGURES = ("gil_share_left", "busy_lost_ms_per_batch", "img_s_alone", "img_s_beside", "img_s_beside_over_alone")
+FIGURES = ("gil_share_left", "busy_lost_ms_per_batch", "img_s_alone", "img_s_beside", "img_s_beside_over_alone",
+           "busy_beside_sleep_frac", "busy_beside_runqueue_frac")
 
 
 def summarize(rounds: list[dict], figures: tuple[str, ...] = FIGURES, done: str = "gil_share_left",
@@ -299,7 +304,7 @@ def summarize(rounds: list[dict], figures: tuple[str, ...] = FIGURES, done: str 
         for f in figures:
             vals = [x[f] for x in ran if x.get(f) is not None]
             if vals:
-                row[f] = round(sum(vals) / len(vals), 4 if "over" in f or "share" in f else 2)
+                row[f] = round(sum(vals) / len(vals), 4 if "over" in f or "share" in f or "frac" in f else 2)
                 row[f + "_rounds"] = vals
         row.update({k: ran[0].get(k) for k in keep})
         out[key] = row
@@ -342,9 +347,10 @@ class Skip(Exception):
 def measure(case: dict, args, dev, res: dict, flush) -> None:
     res.update(input=case["input"], feed=case["feed"], engine=case.get("engine"), path=case["path"])
     with bench_gpu.Busy() as busy:                  # alone: nothing else started in this process yet
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), schedstat(busy)
         time.sleep(args.busy_seconds)
         alone = busy.count / (time.perf_counter() - t0)
+        res.update(where_time_went(busy, before, time.perf_counter() - t0, "busy_alone"))
     res["busy_rate_alone"] = round(alone, 1)
     with contextlib.ExitStack() as stack:
         try:
@@ -369,9 +375,10 @@ def measure(case: dict, args, dev, res: dict, flush) -> None:
         batches, seconds = window(gen, args, dev)
         res.update(img_s_alone=round(batches * args.batch / seconds, 1), batches_alone=batches)
         with bench_gpu.Busy() as busy:
-            t0 = time.perf_counter()
+            t0, before = time.perf_counter(), schedstat(busy)
             batches, seconds = window(gen, args, dev)
             beside = busy.count / (time.perf_counter() - t0)
+            res.update(where_time_went(busy, before, time.perf_counter() - t0, "busy_beside"))
         share = beside / alone
         res.update(img_s_beside=round(batches * args.batch / seconds, 1), batches_beside=batches,
                    seconds_beside=round(seconds, 3), busy_rate_beside=round(beside, 1),
@@ -385,6 +392,28 @@ def measure(case: dict, args, dev, res: dict, flush) -> None:
         flush()
         if feed.close is not None:
             feed.close()
+
+
+def schedstat(busy) -> tuple[float, float] | None:
+    """The busy thread's seconds on a CPU and waiting in the run queue so far (Linux ``schedstat``), or None."""
+    try:
+        with open(f"/proc/self/task/{busy._thread.native_id}/schedstat") as f:
+            on_cpu, queued, _ = (int(v) for v in f.read().split())
+        return on_cpu / 1e9, queued / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def where_time_went(busy, before, wall: float, prefix: str) -> dict:
+    """Where the busy thread's wall time went since ``before`` (`schedstat`): on a CPU (``cpu_frac``), runnable but
+    waiting for a core (``runqueue_frac``) and asleep (``sleep_frac``: waiting for the GIL, the only thing it waits
+    on). Empty where the kernel does not report it."""
+    after = schedstat(busy)
+    if before is None or after is None or wall <= 0:
+        return {}
+    cpu, queued = after[0] - before[0], after[1] - before[1]
+    return {f"{prefix}_cpu_frac": round(cpu / wall, 4), f"{prefix}_runqueue_frac": round(queued / wall, 4),
+            f"{prefix}_sleep_frac": round(max(0.0, 1 - (cpu + queued) / wall), 4)}
 
 
 def window(gen, args, dev) -> tuple[int, float]:

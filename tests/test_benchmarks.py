@@ -155,3 +155,30 @@ def test_bench_ramp_rates_by_window_first_and_steady():
                                           "ingest_python_memory_over_dali": 0.9}
     with pytest.raises(SystemExit):
         bench_ramp.parse_args(["--out", "x.json", "--steps", "10", "--steady-from", "10"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux schedstat")
+def test_bench_gil_tells_gil_waits_from_cpu_time():
+    """The busy thread sleeps only while another thread holds the GIL: alone its sleep share is about 0; while
+    this thread holds the GIL through one long C call (``sum`` over a range never gives it up) it is large,
+    whatever the host's load adds to its run-queue share."""
+    import time
+    import bench_gil
+    import bench_gpu
+
+    def sleep_share(hold_gil: bool) -> float:
+        with bench_gpu.Busy() as busy:
+            time.sleep(0.05)
+            t0, before = time.perf_counter(), bench_gil.schedstat(busy)
+            if before is None:
+                pytest.skip("this kernel reports no schedstat")
+            if hold_gil:
+                sum(range(20_000_000))
+            else:
+                time.sleep(0.5)
+            got = bench_gil.where_time_went(busy, before, time.perf_counter() - t0, "x")
+        assert got["x_cpu_frac"] + got["x_runqueue_frac"] <= 1.05
+        return got["x_sleep_frac"]
+
+    assert sleep_share(hold_gil=False) < 0.1
+    assert sleep_share(hold_gil=True) > 0.25
