@@ -27,9 +27,9 @@ costs a training thread in GIL time, hand-off waits included), and where the bus
 phase, from the kernel's ``schedstat``: ``busy_beside_sleep_frac`` (asleep: it waits on nothing but the GIL)
 against ``busy_beside_runqueue_frac`` (runnable, waiting for a core). On a host with cores to spare the GIL's
 waits show as sleep; where the cores are all busy (the loader's threads, other tenants) the thread's wake-ups
-queue too, and part of the GIL's cost shows as run-queue time: compare with ``busy_alone_runqueue_frac``. Cases alternate within a round (ingest, DALI,
-ingest, ... per input); with ``--rounds`` > 1 every other round runs in reverse order, and ``summary`` holds
-each figure's mean over the rounds.
+queue too, and part of the GIL's cost shows as run-queue time: compare with ``busy_alone_runqueue_frac``.
+Cases alternate within a round (ingest, DALI, ingest, ... per input); with ``--rounds`` > 1 every other round
+runs in reverse order, and ``summary`` holds each figure's mean over the rounds.
 
 The JSON goes to ``<--out-dir>/<device slug>/<--name>.json`` (default out-dir benchmarks/results/bench_gil),
 with the device name, the host's core count, the versions and every figure.
@@ -85,7 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prefetch", type=int, default=2, help="ingest Loader prefetch (DALI's queue depth is 2)")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="cuda (default) or cpu (--smoke)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny data and windows: checks every code path")
-    p.add_argument("--out-dir", default=str(HERE / "results" / "bench_gil"))
+    p.add_argument("--out-dir", default=None, help="default benchmarks/results/bench_gil (--smoke: a temporary "
+                                                    "directory's bench_gil_smoke)")
     p.add_argument("--name", default="bench_gil", help="the JSON's file name, without .json")
     p.add_argument("--child", help=argparse.SUPPRESS)          # a case, as JSON
     p.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -97,6 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(a, key) is None:
             setattr(a, key, tiny if smoke else full)
     a.threads = a.threads or (2 if smoke else os.cpu_count() or 1)
+    a.out_dir = a.out_dir or str(Path(tempfile.gettempdir()) / "bench_gil_smoke" if smoke
+                                 else HERE / "results" / "bench_gil")
     a.inputs = [x for x in a.inputs.split(",") if x]
     a.engines = [x for x in a.engines.split(",") if x]
     unknown = set(a.inputs) - set(INPUTS)
