@@ -218,7 +218,7 @@ def main():
                            ops=[RandomResizedCrop(32), Flip()], shuffle=True)
     for _ in range(2):
         for x, y in loader:
-            assert x.device.index == 1
+            assert x.device.index == 1 and y.device.index == 1, (x.device, y.device)
     ours = {{os.getpid()}} | {{int(p) for p in os.listdir("/proc") if p.isdigit()
                               and open(f"/proc/{{p}}/stat").read().split(")")[-1].split()[1] == str(os.getpid())}}
     pynvml.nvmlInit()
