@@ -557,29 +557,34 @@ def build_dataloader(args, dev) -> Feed:
     return Feed(dl, lambda b: (b[0].to(dev, non_blocking=nb), b[1].to(dev, non_blocking=nb)), first_iter=first)
 
 
-def build_dali(args, dev, shard: tuple[int, int] = (0, 1)) -> Feed:
-    """DALI's mixed training pipeline; ``shard`` is (this rank, ranks) under torchrun (bench_ddp)."""
-    if dev.type != "cuda":
-        raise RuntimeError("unavailable: DALI's mixed pipeline needs a GPU")
+def build_dali(args, dev, shard: tuple[int, int] = (0, 1), reader=None) -> Feed:
+    """DALI's mixed training pipeline; ``shard`` is (this rank, ranks) under torchrun (bench_ddp). ``reader(fn,
+    types, shard)`` -> (encoded images, labels) replaces ``readers.file`` over ``args.data`` (bench_gil: the
+    record formats' readers); it names its reader "Reader". On the CPU (a dry run) the same pipeline runs on
+    DALI's CPU backend, which checks every operator argument."""
     try:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
     except Exception as err:  # noqa: BLE001 - ImportError, or a missing shared library (OSError/RuntimeError)
         raise RuntimeError(f"unavailable: {type(err).__name__}: {err}") from err
+    cuda = dev.type == "cuda"
 
     @pipeline_def
     def train(root):
-        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="Reader", shard_id=shard[0],
-                                        num_shards=shard[1])
-        images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB,
+        if reader is None:
+            jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="Reader", shard_id=shard[0],
+                                            num_shards=shard[1])
+        else:
+            jpegs, labels = reader(fn, types, shard)
+        images = fn.decoders.image_random_crop(jpegs, device="mixed" if cuda else "cpu", output_type=types.RGB,
                                                random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
         images = fn.resize(images, resize_x=224, resize_y=224)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=MEAN, std=STD,
                                           mirror=fn.random.coin_flip(probability=0.5))
-        return images, labels.gpu()
+        return images, labels.gpu() if cuda else labels
 
-    pipe = train(root=args.data, batch_size=args.batch, num_threads=args.threads, device_id=dev.index or 0,
-                 seed=0, prefetch_queue_depth=2)
+    pipe = train(root=args.data, batch_size=args.batch, num_threads=args.threads,
+                 device_id=(dev.index or 0) if cuda else None, seed=0, prefetch_queue_depth=2)
     pipe.build()
     it = DALIGenericIterator([pipe], ["data", "label"], reader_name="Reader",
                              last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)

@@ -513,14 +513,7 @@ def dali_numpy(src: RawSource, args, report) -> dict:
     except ImportError as err:
         return {"skipped": f"nvidia.dali does not import: {err}"}
     root = Path(args.data + "_npy")
-    if not root.exists() or len(list(root.glob("*.npy"))) != len(src):
-        tmp = Path(str(root) + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for i in range(len(src)):
-            np.save(tmp / f"{i:08d}.npy", src.parse(i, _read(src, i)).image)
-        shutil.rmtree(root, ignore_errors=True)
-        os.replace(tmp, root)
+    npy_files(src, root)
     res = {"files": len(src)}
     for device in ("cpu", "gpu"):
         @pipeline_def(batch_size=args.batch, num_threads=max(args.threads), device_id=0, prefetch_queue_depth=2)
@@ -539,6 +532,21 @@ def dali_numpy(src: RawSource, args, report) -> dict:
         except Exception as err:
             res[f"reader_{device}"] = {"error": f"{type(err).__name__}: {err}"[:500]}
     return res
+
+
+def npy_files(src: RawSource, root: Path) -> bool:
+    """One .npy per sample of ``src`` in ``root`` (DALI's numpy reader reads files, not shards), written under a
+    temporary name and renamed; kept when ``root`` already holds one per sample. True when written."""
+    if root.exists() and len(list(root.glob("*.npy"))) == len(src):
+        return False
+    tmp = Path(str(root) + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for i in range(len(src)):
+        np.save(tmp / f"{i:08d}.npy", src.parse(i, _read(src, i)).image)
+    shutil.rmtree(root, ignore_errors=True)
+    os.replace(tmp, root)
+    return True
 
 
 def dali_jpeg(src: RawSource, args, report) -> dict:

@@ -11,6 +11,8 @@
 | decode_batches  | INGEST_DECODE_BATCHES   | auto    | batches a loader decodes at once, each on its own thread (and GPU decoders and stream): auto is 2 for GPU decode, else 1 |
 | hw_decoder_load | INGEST_HW_DECODER_LOAD  | 0.65    | the share of a batch's JPEGs the hardware decoder takes, the rest going to the CUDA decoder (DALI's name and default), or auto (nvImageCodec picks the backend per image: the hardware decoder takes all it can) |
 | hybrid_huffman_threshold | INGEST_HYBRID_HUFFMAN_THRESHOLD | 1000000 | images the CUDA decoder takes with more pixels than this decode their Huffman stage on the GPU, the others on its CPU threads (DALI's name and default) |
+| nvjpeg_host_padding | INGEST_NVJPEG_HOST_PADDING | 8388608 | bytes nvJPEG adds to each pinned host buffer it allocates, so a thread's buffers rarely grow again (DALI's ``host_memory_padding`` and default); 0: none |
+| nvjpeg_device_padding | INGEST_NVJPEG_DEVICE_PADDING | 0 | bytes nvJPEG adds to each device buffer it allocates (DALI's ``device_memory_padding``, whose default is 16 MiB); 0: none |
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode or detection feeding CUDA, else 0) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
@@ -68,6 +70,18 @@ against 140 ms of CPU per 256-image batch, but beside ResNet-18 its kernels took
 (28.3-29.8 against 26 ms) and training ran 6% slower in three paired rounds
 (`benchmarks/results/bench_settings_h100_gpu_huffman.json`). So the default is DALI's; a lower threshold pays
 where the CPU, not the GPU, is short (few cores per GPU).
+
+``nvjpeg_host_padding``, ``nvjpeg_device_padding``: nvJPEG (under nvImageCodec's CUDA decoder) keeps two pinned
+buffers and a device buffer per decoding thread and grows one whenever an image needs more than it holds; freeing
+the old one (``cudaFreeHost`` / ``cudaFree``) waits for every kernel queued on the GPU, the training step's
+included. Each thread meets ever bigger images at its own times, so without padding the waits went on for epochs
+(on an H100 still in the fourth pass over the same 3,840 images, `benchmarks/results/decode_sync_probe_h100.json`)
+and fall on the first training steps most. Padding every allocation stops the regrowth once a buffer holds an
+image plus the padding. The pinned padding is DALI's 8 MiB (host memory only: two buffers per nvImageCodec
+thread). The device padding stays 0: nvImageCodec's CUDA decoder applies it only when the caller gives it a device
+allocator of its own (its ``nvjpeg_cuda_decoder`` sets it to 0 otherwise; ingest gives none), and DALI's 16 MiB,
+where it applied, cost 144 MB of device memory for no steady-state speed on an H200
+(`bench_settings_h200_nvjpeg_padding.json`). What the padding is for is the start: `benchmarks/bench_ramp.py`.
 
 ``keep_freed_memory``: by default glibc hands freed memory back to the kernel (past 128 KB free at the top of
 the heap) and gives every block of 128 KB or more its own mapping, so each record copied out of its file (a
@@ -144,6 +158,8 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "decode_batches": ("INGEST_DECODE_BATCHES", "auto", _integer("decode_batches", 1, words=("auto",))),
     "hw_decoder_load": ("INGEST_HW_DECODER_LOAD", 0.65, _fraction("hw_decoder_load")),
     "hybrid_huffman_threshold": ("INGEST_HYBRID_HUFFMAN_THRESHOLD", 1_000_000, _integer("hybrid_huffman_threshold", 0)),
+    "nvjpeg_host_padding": ("INGEST_NVJPEG_HOST_PADDING", 8 << 20, _integer("nvjpeg_host_padding", 0)),
+    "nvjpeg_device_padding": ("INGEST_NVJPEG_DEVICE_PADDING", 0, _integer("nvjpeg_device_padding", 0)),
     "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),
     "ops_threads": ("INGEST_OPS_THREADS", "auto", _integer("ops_threads", 1, words=("auto",))),
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),

@@ -39,7 +39,8 @@ def test_bench_ddp_ratios_over_one_gpu():
 
 
 @pytest.mark.parametrize("script", ["bench_gpu.py", "bench_ddp.py", "bench_raw.py", "bench_formats.py",
-                                    "bench_detection.py", "bench_read_gil.py", "bench_settings.py"])
+                                    "bench_detection.py", "bench_read_gil.py", "bench_settings.py",
+                                    "bench_gil.py", "bench_ramp.py"])
 def test_benchmark_scripts_parse_their_options(script):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True,
                           text=True, timeout=120)
@@ -95,3 +96,89 @@ def test_bench_settings_runs_each_setting_with_its_environment(tmp_path):
         assert only[name]["error"] is None and only[name]["train"]["img_s"] > 0, only[name]
     assert report["compared"]["one"]["train_over_plain"][0] > 0
     assert only["synthetic"]["error"] is None and only["synthetic"]["train"]["img_s"] > 0, only["synthetic"]
+
+
+def test_bench_gil_names_devices_alternates_feeds_and_averages_rounds():
+    import argparse
+    import bench_gil
+    assert bench_gil.device_slug("NVIDIA H100 80GB HBM3", 16) == "h100-16cores"
+    assert bench_gil.device_slug("NVIDIA H200", 32) == "h200-32cores"
+    assert bench_gil.device_slug("cpu", 2) == "cpu-2cores"
+    args = argparse.Namespace(inputs=["filetree", "lmdb", "raw"])
+    sources = {"filetree": "/t", "lmdb": "/l", "raw": "/r", "raw_npy": "/n"}
+    cases = bench_gil.plan_cases(args, sources, {"python": True, "native": "not built"}, True)
+    assert [bench_gil.case_key(c) for c in cases] == [
+        "filetree:ingest_python", "filetree:dali", "filetree:ingest_native", "lmdb:ingest_python", "lmdb:dali",
+        "lmdb:ingest_native", "raw:ingest_python", "raw:dali", "raw:ingest_native"]
+    assert [c.get("skipped") for c in cases][1:6] == [None, "not built", None, bench_gil.DALI_SKIPS["lmdb"],
+                                                      "not built"]
+    assert cases[7]["path"] == "/n"   # DALI reads the .npy copy of the raw shards
+    no_dali = bench_gil.plan_cases(args, sources, {"python": True}, "unavailable: no module")
+    assert [c.get("skipped") for c in no_dali if c["feed"] == "dali"] == ["unavailable: no module"] * 3
+    run = lambda share, img_s: {"gil_share_left": share, "img_s_alone": img_s}  # noqa: E731
+    summary = bench_gil.summarize([{"a": run(0.5, 100), "b": {"skipped": "why"}},
+                                   {"a": run(0.7, 300), "b": {"skipped": "why"}, "c": {"error": "boom"}}])
+    assert summary["a"]["gil_share_left"] == 0.6 and summary["a"]["gil_share_left_rounds"] == [0.5, 0.7]
+    assert summary["a"]["img_s_alone"] == 200
+    assert summary["b"] == {"skipped": "why"} and summary["c"] == {"error": "boom"}
+
+
+def test_bench_gil_skips_an_engine_the_loader_did_not_run():
+    import bench_gil
+    from types import SimpleNamespace
+    feed = lambda stats: SimpleNamespace(stats=lambda: stats)  # noqa: E731
+    native = {"feed": "ingest", "engine": "native"}
+    res = {}
+    bench_gil.check_engine(native, feed({"engine": "native"}), res)   # ran as asked: no skip
+    assert res == {"engine_reported": "native"}
+    with pytest.raises(bench_gil.Skip, match="ran 'python': no compiler"):
+        bench_gil.check_engine(native, feed({"engine": "python", "engine_reason": "no compiler"}), {})
+    with pytest.raises(bench_gil.Skip, match="ran 'python': raw only"):
+        bench_gil.check_engine(native, feed({"engine": {"name": "python", "reason": "raw only"}}), {})
+    with pytest.raises(bench_gil.Skip, match="reports no engine"):
+        bench_gil.check_engine(native, feed({}), {})
+    bench_gil.check_engine({"feed": "ingest", "engine": "python"}, feed({}), {})   # an ingest before engines
+
+
+def test_bench_ramp_rates_by_window_first_and_steady():
+    import bench_ramp
+    # 8 steps of 10 images: the first two take 2 s each, the rest 1 s (step ends at 2, 4, 5, 6, ...)
+    ends = [2.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+    got = bench_ramp.ramp(ends, batch=10, window=2, steady_from=5)
+    assert got["windows_img_s"] == [5.0, 10.0, 10.0, 10.0]
+    assert got["first_img_s"] == 5.0 and got["steady_img_s"] == 10.0 and got["first_over_steady"] == 0.5
+    assert got["all_img_s"] == 8.0 and got["all_over_steady"] == 0.8
+    summary = {"dali": {"first_img_s": 10.0, "steady_img_s": 20.0, "device_peak_mb": 100.0},
+               "ingest_python": {"first_img_s": 5.0, "steady_img_s": 22.0, "device_peak_mb": 90.0}}
+    assert bench_ramp.derive(summary) == {"ingest_python_first_over_dali_first": 0.5,
+                                          "ingest_python_steady_over_dali_steady": 1.1,
+                                          "ingest_python_memory_over_dali": 0.9}
+    with pytest.raises(SystemExit):
+        bench_ramp.parse_args(["--out", "x.json", "--steps", "10", "--steady-from", "10"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux schedstat")
+def test_bench_gil_tells_gil_waits_from_cpu_time():
+    """The busy thread sleeps only while another thread holds the GIL: alone its sleep share is about 0; while
+    this thread holds the GIL through one long C call (``sum`` over a range never gives it up) it is large,
+    whatever the host's load adds to its run-queue share."""
+    import time
+    import bench_gil
+    import bench_gpu
+
+    def sleep_share(hold_gil: bool) -> float:
+        with bench_gpu.Busy() as busy:
+            time.sleep(0.05)
+            t0, before = time.perf_counter(), bench_gil.schedstat(busy)
+            if before is None:
+                pytest.skip("this kernel reports no schedstat")
+            if hold_gil:
+                sum(range(20_000_000))
+            else:
+                time.sleep(0.5)
+            got = bench_gil.where_time_went(busy, before, time.perf_counter() - t0, "x")
+        assert got["x_cpu_frac"] + got["x_runqueue_frac"] <= 1.05
+        return got["x_sleep_frac"]
+
+    assert sleep_share(hold_gil=False) < 0.1
+    assert sleep_share(hold_gil=True) > 0.25

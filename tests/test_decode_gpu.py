@@ -196,12 +196,25 @@ def test_decoders_share_this_process_share_of_the_cores(monkeypatch):
 def test_huffman_threshold_setting_reaches_the_cuda_decoder():
     from ingest import defaults
     assert defaults.get("hybrid_huffman_threshold") == 1_000_000   # DALI's default
-    assert decode_gpu.decoder_options().split() == [":fancy_upsampling=1",
-                                                    "nvjpeg_cuda_decoder:hybrid_huffman_threshold=1000000"]
+    assert decode_gpu.decoder_options().split()[:2] == [":fancy_upsampling=1",
+                                                        "nvjpeg_cuda_decoder:hybrid_huffman_threshold=1000000"]
     with defaults.set(hybrid_huffman_threshold="0"):   # every CUDA-decoder image's Huffman stage on the GPU
         assert "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0" in decode_gpu.decoder_options()
     with pytest.raises(ConfigError, match="`hybrid_huffman_threshold` must be an integer >= 0, got -1"):
         defaults.set(hybrid_huffman_threshold=-1)
+
+
+def test_nvjpeg_paddings_reach_every_decoder_and_zero_leaves_them_out(monkeypatch):
+    from ingest import defaults
+    assert decode_gpu.decoder_options().split()[2:] == [":host_memory_padding=8388608"]   # DALI's; no device padding
+    with defaults.set(nvjpeg_host_padding=0, nvjpeg_device_padding=16 << 20):   # DALI's device padding
+        assert decode_gpu.decoder_options().split()[2:] == [":device_memory_padding=16777216"]
+    monkeypatch.setenv("INGEST_NVJPEG_HOST_PADDING", "0")
+    monkeypatch.setenv("INGEST_NVJPEG_DEVICE_PADDING", "0")
+    assert decode_gpu.decoder_options().split() == [":fancy_upsampling=1",
+                                                    "nvjpeg_cuda_decoder:hybrid_huffman_threshold=1000000"]
+    with pytest.raises(ConfigError, match="`nvjpeg_device_padding` must be an integer >= 0, got -1"):
+        defaults.set(nvjpeg_device_padding=-1)
 
 
 def test_option_errors():

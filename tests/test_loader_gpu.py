@@ -218,7 +218,7 @@ def main():
                            ops=[RandomResizedCrop(32), Flip()], shuffle=True)
     for _ in range(2):
         for x, y in loader:
-            assert x.device.index == 1
+            assert x.device.index == 1 and y.device.index == 1, (x.device, y.device)
     ours = {{os.getpid()}} | {{int(p) for p in os.listdir("/proc") if p.isdigit()
                               and open(f"/proc/{{p}}/stat").read().split(")")[-1].split()[1] == str(os.getpid())}}
     pynvml.nvmlInit()
@@ -357,21 +357,31 @@ def test_batches_taken_on_a_thread_that_never_touched_cuda(folder, workers):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_batches_of_gpu1_taken_on_a_thread_on_gpu0(folder):
-    """A thread working on GPU 0 takes a GPU 1 loader's batches: they arrive on GPU 1, and the thread is left
-    on GPU 0."""
+@pytest.mark.parametrize("ops, ragged", [([Resize((32, 32))], False), ([Resize(32)], True)],
+                         ids=["dense", "ragged"])
+def test_batches_of_gpu1_taken_on_a_thread_on_gpu0(folder, ops, ragged):
+    """A thread working on GPU 0 takes a GPU 1 loader's batches: every image and label arrives on GPU 1, and
+    the thread is left on GPU 0. `Resize(32)` keeps each image's aspect, so the folder's mixed sizes make
+    ragged batches (a list of tensors); `Resize((32, 32))` makes one tensor per batch."""
     import threading
-    loader = ingest.Loader(folder, batch_size=8, device="cuda:1", ops=[Resize(32)], num_workers=0)
-    seen = {}
+    loader = ingest.Loader(folder, batch_size=8, device="cuda:1", ops=ops, num_workers=0)
+    seen = {"images": 0, "devices": set(), "lists": set()}
 
     def consume():
-        torch.cuda.set_device(0)
-        torch.ones(1, device="cuda:0")
-        seen["devices"] = {x.device.index for x, _ in loader}
-        seen["after"] = torch.cuda.current_device()
+        try:
+            torch.cuda.set_device(0)
+            torch.ones(1, device="cuda:0")
+            for x, y in loader:
+                images = x if isinstance(x, list) else [x]
+                seen["lists"].add(isinstance(x, list))
+                seen["devices"] |= {t.device.index for t in images} | {y.device.index}
+                seen["images"] += len(y)
+            seen["after"] = torch.cuda.current_device()
+        except BaseException as err:   # noqa: BLE001 - reported by the assert below, not lost in the thread
+            seen["error"] = f"{type(err).__name__}: {err}"
 
     thread = threading.Thread(target=consume)
     thread.start()
     thread.join(120)
     loader.close()
-    assert seen == {"devices": {1}, "after": 0}
+    assert seen == {"images": 19, "devices": {1}, "lists": {ragged}, "after": 0}

@@ -96,11 +96,19 @@ _GPU_PROCESSES = (0xC0, 0xC1)
 
 def decoder_options() -> str:
     """nvImageCodec's options for a decoder: chroma upsampling as libjpeg does it by default (nvImageCodec's
-    default is 0), so GPU and CPU agree; and the ``hybrid_huffman_threshold`` setting: the CUDA decoder's images
+    default is 0), so GPU and CPU agree; the ``hybrid_huffman_threshold`` setting: the CUDA decoder's images
     of more pixels decode their Huffman stage on the GPU (nvJPEG's GPU_HYBRID backend), the others on its CPU
-    threads. Either way the pixels are the same."""
+    threads (either way the pixels are the same); and the ``nvjpeg_host_padding`` / ``nvjpeg_device_padding``
+    settings (DALI's ``host_memory_padding`` / ``device_memory_padding``, left out where 0): bytes added to each
+    buffer nvJPEG allocates, so that its threads' buffers stop growing after their first images instead of
+    freeing and regrowing them (each free waits for the whole GPU) through the first epochs."""
     threshold = defaults.get("hybrid_huffman_threshold")
-    return f":fancy_upsampling=1 nvjpeg_cuda_decoder:hybrid_huffman_threshold={threshold}"
+    options = [":fancy_upsampling=1", f"nvjpeg_cuda_decoder:hybrid_huffman_threshold={threshold}"]
+    for name, option in (("nvjpeg_host_padding", "host_memory_padding"),
+                         ("nvjpeg_device_padding", "device_memory_padding")):
+        if defaults.get(name):
+            options.append(f":{option}={defaults.get(name)}")
+    return " ".join(options)
 
 
 # Displayed from stored pixels [H, W, C] per EXIF orientation: the CPU decoder's table, in torch.
