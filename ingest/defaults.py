@@ -18,6 +18,7 @@
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
 | keep_freed_memory | INGEST_KEEP_FREED_MEMORY | auto  | auto: glibc keeps freed memory for reuse in the training process once a Loader runs its pipeline there (`ingest._malloc.keep_freed_memory`); off: leave its malloc alone |
 | engine          | INGEST_ENGINE           | auto    | what runs a Loader's batches in the training process: auto (the native engine, `ingest.native`, where the loader is eligible, else the Python stages), python, or native (a ConfigError naming why where it is not eligible) |
+| engine_nice     | INGEST_ENGINE_NICE      | 10      | the nice value (0-19) of the native engine's threads, so that the training thread, which launches the model's kernels, takes a core first when they are short; 0: as the process |
 
 "cores" is this process's share of the host (`cores`): the CPUs it may run on (its affinity, which a container's
 or a batch job's cpuset narrows where `os.cpu_count` still counts the whole machine) over the torchrun ranks
@@ -165,6 +166,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),
     "keep_freed_memory": ("INGEST_KEEP_FREED_MEMORY", "auto", _choice("keep_freed_memory", ("auto", "off"))),
     "engine": ("INGEST_ENGINE", "auto", _choice("engine", ("auto", "python", "native"))),
+    "engine_nice": ("INGEST_ENGINE_NICE", 10, _integer("engine_nice", 0)),
 }
 _values: dict[str, Any] = {}
 

@@ -250,7 +250,8 @@ class NativeExecutor:
             None if table.labels is None else np.ascontiguousarray(table.labels, np.int64), _KINDS[table.kind],
             np.ascontiguousarray(chain.desc, np.float64), sampler.seed, self._batch, slots,
             read_threads or defaults.get("io_threads"), pipeline.cpu.max_pixels,
-            all(lane.regions for lane, _ in pipeline.lanes if lane is not None), gpu)
+            all(lane.regions for lane, _ in pipeline.lanes if lane is not None), gpu,
+            min(19, defaults.get("engine_nice")))
         self._slots: list[_Slot | None] = [None] * slots
         self._dry: list[np.ndarray] = []
         self._out: list[int] = []   # slots handed out and not given back, oldest first

@@ -362,3 +362,35 @@ def test_release_twice_is_refused(image_folder):
             ex._engine.release(slot)
     finally:
         ex.close()
+
+
+def _engine_nice_values() -> list[int]:
+    """The nice value (field 19 of /proc/self/task/TID/stat) of each of this process's engine threads (named
+    ingest-*)."""
+    values = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:   # a thread that ended meanwhile
+            continue
+        name, _, rest = stat.partition("(")[2].rpartition(")")
+        if name.startswith("ingest-"):
+            values.append(int(rest.split()[16]))
+    return values
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread nice values are read from Linux /proc")
+@pytest.mark.parametrize("nice", [0, 7])
+def test_the_engine_threads_run_at_the_engine_nice_setting(image_folder, nice):
+    assert _engine_nice_values() == []
+    with defaults.set(engine_nice=nice):
+        ex, _, _ = dry(FileTree(image_folder), batch_size=2, read_threads=3)
+    try:
+        next(ex)
+        values = _engine_nice_values()
+        assert len(values) >= 4   # reader, decode thread, 2 read helpers
+        assert set(values) == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)}
+    finally:
+        ex.close()
+    assert _engine_nice_values() == []

@@ -53,7 +53,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -242,6 +244,7 @@ struct Engine {
     ing_chain chain;
     int64_t batch, nslots, max_pixels, out_h, out_w, row_elems;
     int regions;
+    int nice;             /* added to each engine thread's nice value (0: unchanged) */
     /* queues and their one lock */
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -328,12 +331,25 @@ static int cuok(Engine *e, CUresult r, const char *what) {
     return 0;
 }
 
+/* Names the calling engine thread (as `top -H` and /proc show it) and adds the engine's nice value to its own (Linux:
+ * per thread), so that the training thread, which launches the model's kernels, wins the cores when they are short. */
+static void engine_thread_start(const Engine *e, const char *name) {
+    pthread_setname_np(pthread_self(), name);
+    if (e->nice > 0) {
+        errno = 0;
+        int base = getpriority(PRIO_PROCESS, 0);
+        if (errno == 0)
+            setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), base + e->nice > 19 ? 19 : base + e->nice);
+    }
+}
+
 /* -- teams ------------------------------------------------------------------------------------------------- */
 
 static void *team_main(void *arg) {
     TeamArg *a = arg;
     Team *t = a->team;
     unsigned long seen = 0; /* rounds start at 1: a thread that starts late still takes the round it was made for */
+    engine_thread_start(t->engine, "ingest-team");
     if (t->engine->gpu)
         cu.CtxSetCurrent(t->engine->ctx);
     pthread_mutex_lock(&t->lock);
@@ -733,6 +749,7 @@ static int take_slot(Engine *e) {
 
 static void *reader_main(void *arg) {
     Engine *e = arg;
+    engine_thread_start(e, "ingest-reader");
     if (e->gpu && !cuok(e, cu.CtxSetCurrent(e->ctx), "cuCtxSetCurrent"))
         return NULL;
     for (;;) {
@@ -1000,6 +1017,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
 
 static void *decoder_main(void *arg) {
     Engine *e = arg;
+    engine_thread_start(e, "ingest-decoder");
     if (e->gpu && !cuok(e, cu.CtxSetCurrent(e->ctx), "cuCtxSetCurrent"))
         return NULL;
     for (;;) {
@@ -1437,9 +1455,9 @@ done:
 
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"paths", "files", "offsets", "sizes", "labels", "format", "desc", "seed", "batch_size",
-                             "slots", "read_threads", "max_pixels", "regions", "gpu", NULL};
+                             "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", NULL};
     PyObject *paths, *files, *offsets, *sizes, *labels, *desc_obj, *gpu = Py_None;
-    int format, regions;
+    int format, regions, nice = 0;
     unsigned long long seed;
     Py_ssize_t batch, slots, threads;
     long long max_pixels;
@@ -1447,12 +1465,14 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "an Engine is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|O:Engine", kwlist, &paths, &files, &offsets, &sizes,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|Oi:Engine", kwlist, &paths, &files, &offsets, &sizes,
                                      &labels, &format, &desc_obj, &seed, &batch, &slots, &threads, &max_pixels,
-                                     &regions, &gpu))
+                                     &regions, &gpu, &nice))
         return -1;
-    if (format < 0 || format >= FMT_COUNT || batch < 1 || slots < 1 || threads < 1 || max_pixels < 1) {
-        PyErr_SetString(PyExc_ValueError, "Engine: format, batch_size, slots, read_threads or max_pixels out of range");
+    if (format < 0 || format >= FMT_COUNT || batch < 1 || slots < 1 || threads < 1 || max_pixels < 1 || nice < 0 ||
+        nice > 19) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Engine: format, batch_size, slots, read_threads, max_pixels or nice out of range");
         return -1;
     }
     if (pthread_mutex_init(&e->lock, NULL) || pthread_cond_init(&e->cond, NULL)) {
@@ -1465,6 +1485,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->nslots = slots;
     e->max_pixels = max_pixels;
     e->regions = regions;
+    e->nice = nice;
     /* the table */
     if (!PyList_Check(paths)) {
         PyErr_SetString(PyExc_TypeError, "paths must be a list");
