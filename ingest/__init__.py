@@ -6,9 +6,9 @@
     for images, labels in loader: ...
 """
 
-from . import _nvjpeg
+from .decode import _nvjpeg
 
-_nvjpeg.preload()   # before anything loads another nvJPEG under the same soname (see ingest._nvjpeg)
+_nvjpeg.preload()   # before anything loads another nvJPEG under the same soname (see ingest.decode._nvjpeg)
 
 from . import defaults, errors, formats  # noqa: E402
 from .errors import (ConfigError, CorruptRecordError, DecodeError, FailureBudgetExceeded, IngestError,

@@ -46,7 +46,7 @@ from ._numpy import take
 from .io import ByteReader
 from .ops import planner
 from .ops.base import ImageArena, arena_under, bind_thread, same_size, stack_if_uniform
-from .ops.decode import CpuDecoder
+from .decode.cpu import CpuDecoder
 from .sampler import BatchPlan
 
 log = logging.getLogger("ingest")
@@ -79,7 +79,7 @@ class _Work:
     is_pad: np.ndarray
     records: list[Record]
     sizes: list[tuple[int, int]] = field(default_factory=list)   # probed (oriented) image sizes
-    headers: np.ndarray | None = None  # the batch's JPEG header table (`ops.decode.jpeg_headers`), if probed
+    headers: np.ndarray | None = None  # the batch's JPEG header table (`decode.cpu.jpeg_headers`), if probed
     ops_plan: Any = None
     images: Any = None
     origins: list[tuple[int, int]] | None = None
@@ -191,7 +191,7 @@ class Pipeline:
             with torch.cuda.device(self.device):   # the caller's current device is left as it was
                 self.ops_stream = torch.cuda.Stream(self.device)
                 if decode == "mixed" and self.image_kind == "image" and not self.direct:   # a decoder only for JPEGs
-                    from .ops.decode_gpu import Arenas, GpuDecoder, cpu_threads_each
+                    from .decode.gpu import Arenas, GpuDecoder, cpu_threads_each
                     each, arenas = defaults.get("gpu_decoders"), Arenas(keep=lanes + 1)   # the lanes share them
                     self.lanes = [(GpuDecoder(self.device, self.cpu, threads=each, arenas=arenas,
                                               cpu_threads=cpu_threads_each(each * lanes)),

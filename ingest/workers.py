@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from . import _nvjpeg
+from .decode import _nvjpeg
 from ._malloc import keep_freed_memory
 from .collate import to_device
 from .errors import IngestError
@@ -166,7 +166,7 @@ class WorkerPool:
                                    args=(spec, w, num_workers, self._commands[w], self._results[w], os.getpid()))
                        for w in range(num_workers)]
         # on CUDA the workers may decode on the GPU: their nvImageCodec gets the nvJPEG wheel's copy whatever
-        # the user's script imports first (`ingest._nvjpeg`)
+        # the user's script imports first (`ingest.decode._nvjpeg`)
         with _nvjpeg.in_children() if self.device.type == "cuda" else contextlib.nullcontext():
             for p in self._procs:
                 p.start()

@@ -17,7 +17,7 @@ from conftest import jpeg_bytes, make_image_folder
 
 from ingest.errors import ConfigError, FailureBudgetExceeded
 from ingest.formats import FileTree, iter_records, open_source, writer_class
-from ingest.ops.decode import CpuDecoder
+from ingest.decode.cpu import CpuDecoder
 from ingest.tools import convert as convert_mod
 from ingest.tools import manifest
 from ingest.tools.convert import convert, parse_bytes, plan_shards

@@ -19,7 +19,7 @@ from ingest import defaults
 from ingest.errors import ConfigError, DecodeError, FailureBudgetExceeded, SourceError
 from ingest.formats import check_format
 from ingest.ops import Flip, Normalize, RandomResizedCrop, Resize
-from ingest.ops.decode import CpuDecoder
+from ingest.decode.cpu import CpuDecoder
 from ingest.pipeline import Failures
 from conftest import jpeg_bytes, make_image_folder
 

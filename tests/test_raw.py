@@ -20,7 +20,7 @@ from ingest.errors import ConfigError, CorruptRecordError, IngestError, SourceEr
 from ingest.formats import RAW_INDEX, Field, Record, check_format, detect, open_source
 from ingest.formats.raw import RawSource, RawWriter, write_dataset_index
 from ingest.io import ByteReader, plan_rows
-from ingest.ops.decode import CpuDecoder
+from ingest.decode.cpu import CpuDecoder
 
 PIXELS = {"image": Field("pixels", None, "uint8"), "label": Field("int")}
 

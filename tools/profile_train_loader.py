@@ -26,7 +26,7 @@ from profile_raw_loader import endless, finish, sample_stacks  # noqa: E402
 
 import ingest  # noqa: E402
 from ingest.ops import Flip, Normalize, RandomResizedCrop  # noqa: E402
-from ingest.ops import _nvimgcodec  # noqa: E402
+from ingest.decode import _nvimgcodec  # noqa: E402
 
 CALLS = {"native_decode": [0.0, 0], "pipeline_decode": [0.0, 0]}
 

@@ -220,7 +220,7 @@ class RawWriter:
 
     def _decode(self, data: Any) -> np.ndarray:
         if self._decoder is None:
-            from ..ops.decode import CpuDecoder
+            from ..decode.cpu import CpuDecoder
             self._decoder = CpuDecoder(threads=1)
         return self._decoder.decode(data, f"{self.path} [sample {self._count}]")
 

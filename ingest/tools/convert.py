@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import ConfigError, IngestError
 from ..formats import check_options, detect, fields_of, open_source, writer_class
 from ..formats.base import Field, Record
-from ..ops.decode import CpuDecoder
+from ..decode.cpu import CpuDecoder
 from ..pipeline import Failures
 from . import manifest
 from .progress import Progress, Summary
