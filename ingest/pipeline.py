@@ -41,11 +41,12 @@ from . import defaults
 from .errors import ConfigError, CorruptRecordError, FailureBudgetExceeded, IngestError
 from .collate import collate, to_device
 from .formats.base import Location, Record, Source, fields_of, locate_each, parse_each
-from ._driver import Staging, recorded, wait_for
+from ._driver import Staging, bind_thread, recorded, wait_for
 from ._numpy import take
 from .io import ByteReader
 from .ops import planner
-from .ops.base import ImageArena, arena_under, bind_thread, same_size, stack_if_uniform
+from .decode.arena import ImageArena, arena_under
+from .ops.base import same_size, stack_if_uniform
 from .decode.cpu import CpuDecoder
 from .sampler import BatchPlan
 

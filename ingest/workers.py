@@ -54,7 +54,7 @@ from .collate import to_device
 from .errors import IngestError
 from .formats.base import Record
 from .io import ByteReader
-from .ops.base import bind_thread
+from ._driver import bind_thread
 from .pipeline import CLOSE_AT_EXIT, Batch, Failures, Pipeline, _Work
 
 #: What worker processes run: every stage (batches come back on the GPU), or only the read stage (read,

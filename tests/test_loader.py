@@ -79,7 +79,7 @@ def test_the_ops_output_frees_the_decoded_arena_only_when_it_is_other_memory():
 
 
 def test_arena_under_finds_the_buffer_a_batch_views():
-    from ingest.ops.base import ImageArena, arena_under
+    from ingest.decode.arena import ImageArena, arena_under
     arena = ImageArena(torch.zeros(64, dtype=torch.uint8), np.array([0, 12]), np.array([[2, 2], [2, 2]]))
     assert arena_under(arena) is arena.storage
     assert arena_under([torch.ones(2, 2, 3, dtype=torch.uint8), arena[1]]) is arena.storage

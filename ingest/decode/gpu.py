@@ -39,7 +39,7 @@ Decisions, and why:
   ops wrote their output elsewhere), and the next batch decodes into it without a torch call; decoders
   given one :class:`Arenas` (a pipeline's decode lanes) take each other's. When
   every image was decoded there and none needs turning, the batch is returned as that buffer plus offsets and
-  sizes (:class:`~ingest.ops.base.ImageArena`): the warp reads it without a tensor per image, whose creation
+  sizes (:class:`~ingest.decode.arena.ImageArena`): the warp reads it without a tensor per image, whose creation
   cost a few microseconds each alone and gave up the GIL (a switch interval beside a busy thread) per call.
   (python) images of orientation 1 are zero-copy views of nvImageCodec's buffers, which it frees with
   ``cudaFreeAsync`` on the stream it decoded on, ignoring other streams. Either way a caller that reads the
@@ -70,11 +70,11 @@ import torch
 
 from ingest import defaults
 from ingest.decode import _nvjpeg as nvjpeg
-from ingest._driver import wait_for
+from ingest._driver import bind_thread, wait_for
 from ingest._numpy import zeros
 from ingest.errors import ConfigError, DecodeError
 from ingest.decode import _nvimgcodec as native
-from ingest.ops.base import ImageArena, arena_under, bind_thread
+from ingest.decode.arena import ImageArena, arena_under
 from ingest.decode.cpu import Buffer, CpuDecoder, JpegHeader, Size, header_of, jpeg_headers
 
 #: Backend choices: "auto" (the ``hw_decoder_load`` setting: the hardware JPEG engine takes that share of a batch and
@@ -330,7 +330,7 @@ class GpuDecoder:
 
         ``rois[i]`` = (x0, y0, x1, y1), the source region sample i needs, or None (or an [n, 4] array, x1 <= x0
         for none). Returns, per sample: the image (or its :class:`DecodeError`; when the native engine decoded
-        every image and none needs turning, the images come as one :class:`~ingest.ops.base.ImageArena`, a
+        every image and none needs turning, the images come as one :class:`~ingest.decode.arena.ImageArena`, a
         sequence of the same views), the (x0, y0) of what was decoded in source pixels (a region decode
         returns just the region) and the path that decoded it: "gpu", "gpu-roi" or "cpu-fallback".
         ``headers``: the batch's header table from `CpuDecoder.probe_batch`, to skip reading them again.

@@ -32,17 +32,18 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, IngestError
+from ..errors import ConfigError
 from ..formats import check_options, detect, fields_of, open_source, writer_class
-from ..formats.base import Field, Record
-from ..decode.cpu import CpuDecoder
+from ..formats.base import Field
 from ..pipeline import Failures
 from . import manifest
+from .jobs import Job, check_shard
 from .progress import Progress, Summary
+from .runners import make_runner
 from .source_view import SourceView
 from .transform import Transform
 
@@ -70,65 +71,6 @@ def parse_bytes(text: str | int) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class Job:
-    """What every shard job of one conversion shares (shipped once to each worker process or Ray node)."""
-
-    view: SourceView
-    format: str
-    fields: dict[str, Field]
-    options: dict[str, Any]      # writer options
-    transform: Transform
-    tmp: str                     # DST/.ingest-tmp
-    stop_on_failure: bool
-
-
-#: Called once per sample a job has handled (the progress counter of the process running the job).
-_tick: Callable[[], None] = lambda: None
-
-
-def set_tick(fn: Callable[[], None]) -> None:
-    global _tick
-    _tick = fn
-
-
-def write_shard(job: Job, stem: str, start: int, stop: int) -> dict[str, Any]:
-    """Write source samples ``[start, stop)`` as shard ``stem`` into ``job.tmp/stem/``; return its manifest
-    entry (with ``files`` empty when it stopped at a failure under ``stop_on_failure``)."""
-    directory = os.path.join(job.tmp, stem)
-    shutil.rmtree(directory, ignore_errors=True)
-    os.makedirs(directory)
-    writer = writer_class(job.format)(directory, stem, job.fields, **job.options)
-    decoder = CpuDecoder(threads=1) if job.transform.active else None
-    failures, count = [], 0
-    try:
-        for name, record, err in job.view.read(start, stop):
-            stage = "read"
-            if err is None:
-                stage = "transform"
-                try:
-                    record = _project(job.transform.apply(record, name, decoder), job.fields)
-                    stage = "write"
-                    writer.add(record)
-                    count += 1
-                except (IngestError, ValueError, OSError) as e:
-                    err = e
-            _tick()
-            if err is not None:
-                failures.append([name, stage, f"{type(err).__name__}: {err}"])
-                if job.stop_on_failure:   # the driver fails the conversion on it; the shard is never committed
-                    with contextlib.suppress(IngestError, ValueError, OSError):
-                        writer.close()
-                    return {"stem": stem, "start": start, "stop": stop, "count": 0, "bytes": 0, "files": [],
-                            "failures": failures}
-        files = [manifest.file_entry(directory, name) for name in writer.close()]
-    finally:
-        if decoder is not None:
-            decoder.close()
-    return {"stem": stem, "start": start, "stop": stop, "count": count,
-            "bytes": sum(f["bytes"] for f in files), "files": files, "failures": failures}
-
-
 def _output_fields(fields: dict[str, Field], drop: Sequence[str]) -> dict[str, Field]:
     """``fields`` less those named in ``drop`` (which must exist; 'image' cannot be dropped)."""
     missing = sorted(set(drop) - set(fields))
@@ -137,17 +79,6 @@ def _output_fields(fields: dict[str, Field], drop: Sequence[str]) -> dict[str, F
     if "image" in drop:
         raise ConfigError("the 'image' field cannot be dropped")
     return {name: f for name, f in fields.items() if name not in drop}
-
-
-def _project(record: Record, fields: dict[str, Field]) -> Record:
-    """The record holding only the declared ``fields`` (the label -1 when 'label' is not one of them)."""
-    return Record(record.image, record.label if "label" in fields else -1,
-                  {k: v for k, v in record.fields.items() if k in fields})
-
-
-def check_shard(dst: str, shard: dict[str, Any]) -> list[str]:
-    """`manifest.check_shard` as a job (hashing a kept shard on resume runs where the writing does)."""
-    return manifest.check_shard(dst, shard)
 
 
 def plan_shards(n: int, *, shard_size: int | None = None, shard_bytes: int | None = None,
@@ -199,7 +130,6 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
                                                                None if raw_size is None else tuple(raw_size)),
                            prefix=prefix, writer_options=writer_options, source_options=source_options,
                            drop_fields=tuple(drop_fields), stop_on_failure=max_failures == 0)
-    from .runners import make_runner   # runners imports this module
     runner = make_runner(plan.job, workers=workers, ray=ray)
     bar = Progress(len(plan.job.view), len(plan.ranges), enabled=progress)
     try:
