@@ -30,8 +30,9 @@ def write_shards(root: Path, images: list[np.ndarray], *, shards: int = 1, field
     """``images`` split over ``shards`` shards ``part-<k>``; labels i % 3; returns root."""
     root.mkdir(parents=True, exist_ok=True)
     per = -(-len(images) // shards)
+    decode = CpuDecoder(threads=1).decode   # for encoded images
     for k in range(shards):
-        with RawWriter(root, f"part-{k:03d}", fields or PIXELS, align=align, classes=classes) as w:
+        with RawWriter(root, f"part-{k:03d}", fields or PIXELS, align=align, classes=classes, decode=decode) as w:
             for i in range(k * per, min(len(images), (k + 1) * per)):
                 w.add(Record(images[i], i % 3, extra(i)))
     return root

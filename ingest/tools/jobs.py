@@ -6,6 +6,7 @@ run them wherever they run; the converter (`ingest.tools.convert`) plans them an
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import shutil
 from dataclasses import dataclass
@@ -48,8 +49,10 @@ def write_shard(job: Job, stem: str, start: int, stop: int) -> dict[str, Any]:
     directory = os.path.join(job.tmp, stem)
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
-    writer = writer_class(job.format)(directory, stem, job.fields, **job.options)
-    decoder = CpuDecoder(threads=1) if job.transform.active else None
+    writer = writer_class(job.format)
+    decodes = "decode" in inspect.signature(writer).parameters   # a writer that stores pixels (raw)
+    decoder = CpuDecoder(threads=1) if job.transform.active or decodes else None
+    writer = writer(directory, stem, job.fields, **job.options, **({"decode": decoder.decode} if decodes else {}))
     failures, count = [], 0
     try:
         for name, record, err in job.view.read(start, stop):
