@@ -14,7 +14,7 @@ from . import defaults, errors, formats  # noqa: E402
 from .errors import (ConfigError, CorruptRecordError, DecodeError, FailureBudgetExceeded, IngestError,
                      SourceError)
 from .formats import FileList, FileTree, MemorySource
-from .pipeline import Batch, Pipeline
+from .engine import Batch, Pipeline
 from .sampler import Sampler
 from .torch import GenericIterator, Loader
 

@@ -38,7 +38,7 @@ cores (at least 8, for reads that wait on a disk; at most 32). Shuffled batches 
 `benchmarks/results/bench_raw_h100.json`, ``by_threads``); the raw loader on a 32-core H200 host ran the same
 with 8 and 32 (87-101k img/s, `tools/profile_raw_loader.py`), where 8 threads already kept up.
 
-``decode_batches``: "auto" decodes two batches at once where the GPU decodes (`ingest.pipeline.Pipeline.lanes`):
+``decode_batches``: "auto" decodes two batches at once where the GPU decodes (`ingest.engine.decode.DecodeStage.lanes`):
 one batch's Python work then overlaps the other's native decode. On an H100 the loader alone ran 24.3k against
 15.6k img/s with one, and ResNet-18 fed by it trained at 9.1k against 8.3k, for 330 MB more device memory
 (`benchmarks/results/bench_gpu_h100_lanes*.json`). CPU decode keeps one: its pool already decodes a batch on

@@ -86,7 +86,7 @@ class ByteReader:
     reader (``shared=K``) reads into K shared-memory buffers taken in turn and reused, so that no batch
     allocates, maps and faults in new shared memory, and its handle crosses to the training process only
     when a buffer is new or grown: `last_arena` is ``(slot, buffer, bytes used, new)`` for the latest batch. The
-    receiver must be done with a buffer before its turn comes again (`ingest.workers` says why it is)."""
+    receiver must be done with a buffer before its turn comes again (`ingest.engine.workers` says why it is)."""
 
     def __init__(self, io: str | None = None, *, threads: int | None = None, pin: bool = False,
                  shared: int = 0):

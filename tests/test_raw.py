@@ -586,12 +586,12 @@ def test_writer_options_are_checked(tmp_path):
 
 
 def test_raw_loader_reads_into_the_batch_tensors_the_ops_handed_back(tmp_path, monkeypatch):
-    """Direct reads reuse the batch tensors whose ops wrote their output elsewhere (`Pipeline._direct_buffer`):
+    """Direct reads reuse the batch tensors whose ops wrote their output elsewhere (`ReadStage._direct_buffer`):
     over three epochs no more tensors are made than the pipeline holds at once, and the batches are those of a
     loader that makes a new tensor per batch."""
     import ingest
     from ingest.ops import Flip, Normalize, RandomResizedCrop
-    from ingest.pipeline import Pipeline
+    from ingest.engine.read import ReadStage
     images = fixed_images(48, 20, 20)
     root = write_shards(tmp_path / "ds", images, shards=2)
     ops = [RandomResizedCrop(12), Flip(), Normalize([120.0] * 3, [60.0] * 3)]
@@ -608,7 +608,7 @@ def test_raw_loader_reads_into_the_batch_tensors_the_ops_handed_back(tmp_path, m
     got = epochs(ingest.Loader(str(root), **kw))
     assert [len(x) for x, _ in got] == [10, 10, 10, 10, 8] * 3 and len(made) <= 9, made
     assert made == [10] * len(made), made   # a smaller batch reads into the first rows of a full one
-    monkeypatch.setattr(Pipeline, "_direct_buffer", lambda self, n: real(self.source, n, self.device))
+    monkeypatch.setattr(ReadStage, "_direct_buffer", lambda self, n: real(self.source, n, self.device))
     want = epochs(ingest.Loader(str(root), **kw))
     for (x, y), (xw, yw) in zip(got, want):
         assert torch.equal(x, xw) and torch.equal(y, yw)

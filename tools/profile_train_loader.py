@@ -109,7 +109,7 @@ def main() -> None:
     args = p.parse_args()
     if args.switch:
         sys.setswitchinterval(args.switch)
-    from ingest import pipeline
+    from ingest.engine import pipeline
     timed_method(_nvimgcodec.BatchDecoder, "submit", "native_decode")
     timed_method(pipeline.Pipeline, "decode", "pipeline_decode")
     ops = [RandomResizedCrop(224), Flip(p=0.5),

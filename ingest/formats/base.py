@@ -44,7 +44,7 @@ from .._numpy import extremes
 from ..errors import IngestError
 from ..io import Location, ProcessLocal  # noqa: F401 - part of the source contract
 
-#: Field kinds and how a batch collates them (see `ingest.pipeline.collate`).
+#: Field kinds and how a batch collates them (see `ingest.engine.collate`).
 KINDS = {
     "image": "encoded image bytes (JPEG, PNG, ...): decoded; 'image' goes through the ops",
     "pixels": "decoded uint8 pixels [H, W, C] (Caffe raw Datum, raw shards): 'image' goes through the ops",

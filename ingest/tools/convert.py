@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..formats import check_options, detect, fields_of, open_source, writer_class
 from ..formats.base import Field
-from ..pipeline import Failures
+from ..engine import Failures
 from . import manifest
 from .jobs import Job, check_shard
 from .progress import Progress, Summary
