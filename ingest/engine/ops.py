@@ -16,8 +16,8 @@ from ..ops import planner
 from ..ops.base import stack_if_uniform
 from .base import Stage
 from .batch import Batch, _select_rows, _Work, cuda_tensors, split_fields
-from .collate import collate, to_device
 from .boxes import BoxFields
+from .collate import collate, to_device
 from .outputs import Outputs
 
 
@@ -69,6 +69,7 @@ class OpsStage(Stage, BoxFields):
         self.consumer_stream, self.with_fields = consumer_stream, with_fields
 
     def run(self, work: _Work) -> Batch | None:
+        """The batch's ops, other fields and targets on the ops stream; None when every sample failed."""
         if not work.records:
             return None  # every sample of the batch failed (and the budget allowed it)
         failed = set(work.failed)
