@@ -63,7 +63,6 @@ class StageStats:
                 "mean_queue_after": round(self.occupancy / max(self.batches, 1), 3), "queue_depth": depth}
 
 
-
 class Stage(ABC):
     """One step of the per-batch path (see the module docstring for the contract every stage states)."""
 

@@ -123,7 +123,6 @@ class _Names:
         return list, ([self[k] for k in range(len(self))],)
 
 
-
 def _select(work: _Work, keep: list[int]) -> _Work:
     return _Work(work.plan, [work.names[k] for k in keep], work.indices[keep], work.is_pad[keep],
                  [work.records[k] for k in keep], failures=work.failures)
@@ -145,7 +144,6 @@ def cuda_tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from cuda_tensors(v)
 
 
-
 def _select_rows(images: Any, keep: list[int], failed: set[int]) -> Any:
     """The rows of a batch (tensor, array or list) whose samples did not fail. Without failures, the batch
     itself: no fancy indexing, with which numpy gives the GIL up on more than 500 rows (ingest._numpy)."""
@@ -158,10 +156,10 @@ def _select_rows(images: Any, keep: list[int], failed: set[int]) -> Any:
     return [images[k] for k in keep]
 
 
-
 def split_fields(source: Source) -> tuple[str | None, dict[str, Field]]:
     """The kind of a source's image field ("image", "pixels", or None for none) and its fields other than the
     image and the label."""
     fields = fields_of(source)
     image = fields.get("image")
-    return (image.kind if image is not None else None), {k: f for k, f in fields.items() if k not in ("image", "label")}
+    extra = {k: f for k, f in fields.items() if k not in ("image", "label")}
+    return (image.kind if image is not None else None), extra

@@ -115,7 +115,6 @@ class _Turns:
         return sum(slot.items.qsize() for slot in self.slots)
 
 
-
 class Executor:
     """A `Pipeline` run on stage threads (read, one per decode lane, ops) over ``plans``: iterate it for
     `Batch`es. Where the plans hold an `EpochEnd` between two epochs, iteration stops there (`ended` holds it)

@@ -172,7 +172,6 @@ class OpsStage(Stage, BoxFields):
         return images
 
 
-
 def _shares_memory(images: Any, decoded: Any) -> bool:
     """Whether a batch's output ``images`` may still be (or view) its ``decoded`` images' arena or batch tensor:
     True unless the output is one tensor in other memory."""

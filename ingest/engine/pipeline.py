@@ -43,7 +43,6 @@ def resolve_device(device: str | torch.device, decode: str | None) -> tuple[torc
     return device, decode
 
 
-
 class Pipeline:
     """Per-batch work of each stage (`read_stage`, `decode_stage`, `ops_stage`), with no threads of its own.
 
