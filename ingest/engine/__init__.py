@@ -11,6 +11,7 @@
     boxes      detection boxes: the source's box format and the per-box fields
     pipeline   Pipeline: the three stages of one loader, made together; eager runs
     executor   Executor: the stages on threads, joined by bounded queues (`_Slots`, `_Turns`)
+    lifecycle  CLOSE_AT_EXIT: executors and worker pools closed by an exit hook, before finalization
     workers    WorkerPool: the pipeline (or its read stage) in worker processes
 
 The layer order of the package (`tests/test_layers.py`): errors/defaults < io < formats < decode < ops <
@@ -19,7 +20,8 @@ engine < torch < tools; this package imports nothing from `ingest.torch` or `ing
 
 from .base import Stage, StageStats
 from .batch import Batch, Failures
-from .executor import CLOSE_AT_EXIT, EpochEnd, Executor
+from .executor import EpochEnd, Executor
+from .lifecycle import CLOSE_AT_EXIT
 from .pipeline import STAGES, Pipeline, resolve_device
 
 __all__ = ["Batch", "CLOSE_AT_EXIT", "EpochEnd", "Executor", "Failures", "Pipeline", "STAGES", "Stage",

@@ -16,10 +16,8 @@ events, never by host synchronisation; the consumer's stream waits on the batch'
 
 from __future__ import annotations
 
-import atexit
 import queue
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -30,6 +28,7 @@ from .._driver import bind_thread
 from ..sampler import BatchPlan
 from .base import StageStats
 from .batch import Batch, Failures, _Work
+from .lifecycle import CLOSE_AT_EXIT
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -240,13 +239,3 @@ def set_thread_torch_threads(n: int) -> None:
     restore = threading.Thread(target=torch.set_num_threads, args=(default,), name="ingest-threads")
     restore.start()
     restore.join()
-
-
-#: Executors and worker pools still open, closed by an exit hook (see `Executor`); each leaves on close().
-CLOSE_AT_EXIT: "weakref.WeakSet[Any]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    for obj in list(CLOSE_AT_EXIT):
-        obj.close()

@@ -56,7 +56,7 @@ from ..formats.base import Record
 from ..io import ByteReader
 from .batch import Batch, Failures, _Work
 from .collate import to_device
-from .executor import CLOSE_AT_EXIT
+from .lifecycle import CLOSE_AT_EXIT
 from .pipeline import Pipeline
 
 #: What worker processes run: every stage (batches come back on the GPU), or only the read stage (read,
