@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("formats", ("ingest.formats", "ingest.stream")),
     ("decode", ("ingest.decode",)),
     ("ops", ("ingest.ops",)),
-    ("engine", ("ingest.engine",)),
+    ("engine", ("ingest.engine", "ingest.native", "ingest._native")),   # the native engine: read to ops in C
     ("torch", ("ingest.torch", "ingest")),
     ("tools", ("ingest.tools",)),
 )
