@@ -2,7 +2,7 @@
 
 - ``ingest._readv``: a batch of file reads on native threads with the GIL released once per batch; without
   it `ingest.io` reads on Python threads.
-- ``ingest.ops._jpeg``: the JPEG headers of a batch in one call; without it `ingest.ops.decode` reads them one
+- ``ingest.decode._jpeg``: the JPEG headers of a batch in one call; without it `ingest.decode.cpu` reads them one
   by one in Python.
 - ``ingest.formats._wire``: a batch of TFRecord records' ``tf.train.Example`` features located in one call;
   without it `ingest.formats.tfrecord` parses each record with protobuf (which stays the fallback for records
@@ -13,8 +13,8 @@
 - ``ingest._plan``: the native planner (``ingest/_native/plan.c``: a batch's draws, composed warp and warp
   kernel arguments in C, as the Python planner makes them) bound for `ingest.native_plan` and its tests; the
   native engine compiles the same file. Without it the Python planner is the only one.
-- ``ingest.ops._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
-  the same loop through ctypes, slower beside busy Python threads (``ingest.ops._nvimgcodec``).
+- ``ingest.decode._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
+  the same loop through ctypes, slower beside busy Python threads (``ingest.decode._nvimgcodec``).
 - ``ingest._engine``: the native engine (``ingest/_native/engine.c`` with the native planner, ``plan.c``): a
   batch from its indices to the device batch on native threads (`ingest.native`); without it the Python stages
   run. It loads libcuda at run time.
@@ -41,9 +41,9 @@ setup(ext_modules=[
               extra_compile_args=EXACT, include_dirs=NATIVE,
               depends=["ingest/_native/plan.h", "ingest/_native/random_core.h"], libraries=["m"]),
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
-    Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
+    Extension("ingest.decode._jpeg", ["ingest/decode/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
               depends=["ingest/_native/jpeg_scan.h"]),
-    Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS,
+    Extension("ingest.decode._nvloop", ["ingest/decode/_nvloop.c"], optional=True, extra_compile_args=FLAGS,
               depends=["ingest/_native/nvloop.h"]),
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE, libraries=["m", "dl", "pthread"],

@@ -935,8 +935,8 @@ def ingest_gpu_case(batches, dev, args, threads: int) -> dict:
     if dev.type != "cuda":
         raise RuntimeError("unavailable: needs a GPU")
     import torch
-    from ingest.ops.decode import CpuDecoder
-    from ingest.ops.decode_gpu import GpuDecoder
+    from ingest.decode.cpu import CpuDecoder
+    from ingest.decode.gpu import GpuDecoder
     cpu = CpuDecoder(**_kwargs_for(CpuDecoder, threads=args.threads))
     ctor = _kwargs_for(GpuDecoder, threads=threads)
     if threads > 1 and not ctor:
@@ -1000,8 +1000,8 @@ def ingest_lanes_case(batches, dev, args, _threads: int = 1) -> dict:
         raise RuntimeError("unavailable: needs a GPU")
     import torch
     from ingest import defaults
-    from ingest.ops.decode import CpuDecoder
-    from ingest.ops.decode_gpu import GpuDecoder, cpu_threads_each
+    from ingest.decode.cpu import CpuDecoder
+    from ingest.decode.gpu import GpuDecoder, cpu_threads_each
     lanes = defaults.get("decode_batches")
     lanes = 2 if lanes == "auto" else int(lanes)
     each = defaults.get("gpu_decoders")
@@ -1049,7 +1049,7 @@ def beside_busy(case, batches, dev, args, interval) -> dict:
 
 def ingest_cpu_case(batches, args) -> dict:
     import torch
-    from ingest.ops.decode import CpuDecoder
+    from ingest.decode.cpu import CpuDecoder
     cpu = CpuDecoder(**_kwargs_for(CpuDecoder, threads=args.threads))
     out = cpu.decode_batch(batches[0][0], batches[0][1])
     failed = sum(isinstance(im, BaseException) for im in out)

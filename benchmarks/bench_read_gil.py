@@ -29,7 +29,7 @@ import make_data  # noqa: E402
 from bench_gpu import host_info, versions  # noqa: E402
 from ingest.formats import detect, open_source  # noqa: E402
 from ingest.ops import Flip, Normalize, RandomResizedCrop  # noqa: E402
-from ingest.pipeline import Pipeline  # noqa: E402
+from ingest.engine import Pipeline  # noqa: E402
 from ingest.sampler import Sampler  # noqa: E402
 
 FORMATS = ("tfrecord", "lmdb", "recordio", "wds")

@@ -6,15 +6,15 @@
     for images, labels in loader: ...
 """
 
-from . import _nvjpeg
+from .decode import _nvjpeg
 
-_nvjpeg.preload()   # before anything loads another nvJPEG under the same soname (see ingest._nvjpeg)
+_nvjpeg.preload()   # before anything loads another nvJPEG under the same soname (see ingest.decode._nvjpeg)
 
 from . import defaults, errors, formats  # noqa: E402
 from .errors import (ConfigError, CorruptRecordError, DecodeError, FailureBudgetExceeded, IngestError,
                      SourceError)
 from .formats import FileList, FileTree, MemorySource
-from .pipeline import Batch, Pipeline
+from .engine import Batch, Pipeline
 from .sampler import Sampler
 from .torch import GenericIterator, Loader
 

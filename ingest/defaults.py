@@ -7,7 +7,7 @@
 | io_threads      | INGEST_IO_THREADS       | cores, 8-32 | threads issuing a batch's reads (and KvikIO's own thread pool) |
 | decode_threads  | INGEST_DECODE_THREADS   | cores   | CPU decode / CPU op threads                           |
 | gpu_decoders    | INGEST_GPU_DECODERS     | 1       | nvImageCodec decoders sharing each batch, one thread each |
-| gpu_decode_threads | INGEST_GPU_DECODE_THREADS | auto | nvImageCodec CPU threads of each GPU decoder a loader makes: auto (this process's share of the cores over its decoders, `ingest.ops.decode_gpu.cpu_threads_each`) or a count |
+| gpu_decode_threads | INGEST_GPU_DECODE_THREADS | auto | nvImageCodec CPU threads of each GPU decoder a loader makes: auto (this process's share of the cores over its decoders, `ingest.decode.gpu.cpu_threads_each`) or a count |
 | decode_batches  | INGEST_DECODE_BATCHES   | auto    | batches a loader decodes at once, each on its own thread (and GPU decoders and stream): auto is 2 for GPU decode, else 1 |
 | hw_decoder_load | INGEST_HW_DECODER_LOAD  | 0.65    | the share of a batch's JPEGs the hardware decoder takes, the rest going to the CUDA decoder (DALI's name and default), or auto (nvImageCodec picks the backend per image: the hardware decoder takes all it can) |
 | hybrid_huffman_threshold | INGEST_HYBRID_HUFFMAN_THRESHOLD | 1000000 | images the CUDA decoder takes with more pixels than this decode their Huffman stage on the GPU, the others on its CPU threads (DALI's name and default) |
@@ -42,7 +42,7 @@ cores (at least 8, for reads that wait on a disk; at most 32). Shuffled batches 
 `benchmarks/results/bench_raw_h100.json`, ``by_threads``); the raw loader on a 32-core H200 host ran the same
 with 8 and 32 (87-101k img/s, `tools/profile_raw_loader.py`), where 8 threads already kept up.
 
-``decode_batches``: "auto" decodes two batches at once where the GPU decodes (`ingest.pipeline.Pipeline.lanes`):
+``decode_batches``: "auto" decodes two batches at once where the GPU decodes (`ingest.engine.decode.DecodeStage.lanes`):
 one batch's Python work then overlaps the other's native decode. On an H100 the loader alone ran 24.3k against
 15.6k img/s with one, and ResNet-18 fed by it trained at 9.1k against 8.3k, for 330 MB more device memory
 (`benchmarks/results/bench_gpu_h100_lanes*.json`). CPU decode keeps one: its pool already decodes a batch on

@@ -1,4 +1,4 @@
-"""Byte-range reads. One `ByteReader` reads a batch of `Location`s on a thread pool:
+"""Byte-range reads. One `ByteReader` reads a batch of `Location`s (byte ranges) on a thread pool:
 
 - ``kvikio``: KvikIO's ``CuFile`` (GPUDirect Storage where the host has it, KvikIO's compat mode where
   not). ``io="auto"`` takes it for device destinations when CUDA and KvikIO are present (see `resolve_io`
@@ -21,8 +21,9 @@ import errno
 import functools
 import logging
 import os
+import threading
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -31,7 +32,6 @@ from . import defaults
 from ._driver import Staging
 from ._threads import Threads
 from .errors import ConfigError, CorruptRecordError, SourceError
-from .formats.base import Location
 
 try:
     from . import _readv as NATIVE
@@ -41,6 +41,17 @@ except ImportError:  # built by setup.py where a C compiler is found
 log = logging.getLogger("ingest")
 
 MIN_SHARE = 8  # files per pool task at least (ByteReader._shared_map)
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where sample bytes live: ``length`` bytes of ``path`` from ``offset`` (``None``: to the end of the
+    file), or ``data`` when the source already holds the bytes in memory (then ``path`` is a display name)."""
+
+    path: str
+    offset: int = 0
+    length: int | None = None
+    data: Any = None  # bytes | memoryview | np.ndarray
 
 
 def kvikio_usable() -> bool:
@@ -75,7 +86,7 @@ class ByteReader:
     reader (``shared=K``) reads into K shared-memory buffers taken in turn and reused, so that no batch
     allocates, maps and faults in new shared memory, and its handle crosses to the training process only
     when a buffer is new or grown: `last_arena` is ``(slot, buffer, bytes used, new)`` for the latest batch. The
-    receiver must be done with a buffer before its turn comes again (`ingest.workers` says why it is)."""
+    receiver must be done with a buffer before its turn comes again (`ingest.engine.workers` says why it is)."""
 
     def __init__(self, io: str | None = None, *, threads: int | None = None, pin: bool = False,
                  shared: int = 0):
@@ -665,11 +676,53 @@ def _preadv_full(fd: int, iovs: list[memoryview], offset: int) -> int:
     return done
 
 
+class ProcessLocal:
+    """Handles (open files, LMDB environments, KvikIO handles) opened on first use in the process that uses
+    them, shared by its threads, and never pickled: ``get(key, opener)`` returns the handle for ``key``,
+    opening it with ``opener()`` once per process. A source keeps one as an attribute; pickling it (to send
+    the source to a worker process) gives an empty one. A forked child never uses the parent's handles: it
+    drops them, and with ``close_inherited`` also closes them with ``close`` (for handles a library allows
+    only one of per process, such as LMDB environments)."""
+
+    def __init__(self, close: Callable[[Any], None] | None = None, *, close_inherited: bool = False):
+        self._pid = os.getpid()
+        self._handles: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+        self._close = close
+        self._close_inherited = close_inherited and close is not None
+
+    def get(self, key: Any, opener: Callable[[], Any]) -> Any:
+        if self._pid != os.getpid():  # inherited through fork: never use the parent's handles
+            inherited = self._handles
+            self._pid, self._handles, self._lock = os.getpid(), {}, threading.Lock()
+            if self._close_inherited:
+                for h in inherited.values():
+                    self._close(h)
+        handle = self._handles.get(key)
+        if handle is None:
+            with self._lock:
+                handle = self._handles.get(key)
+                if handle is None:
+                    handle = self._handles[key] = opener()
+        return handle
+
+    def close(self) -> None:
+        handles, self._handles = self._handles, {}
+        if self._close is not None and self._pid == os.getpid():
+            for h in handles.values():
+                self._close(h)
+
+    def __getstate__(self):
+        return {"close": self._close, "close_inherited": self._close_inherited}
+
+    def __setstate__(self, state):
+        self.__init__(state["close"], close_inherited=state["close_inherited"])
+
+
 def file_handles():
     """A per-process cache of open files for `ByteReader.read_rows` (posix descriptors and KvikIO
     ``CuFile``s, keyed by kind and path), closed by its ``close()``; an attribute of the source that owns
     the files, so that they are opened once per process and never pickled."""
-    from .formats.base import ProcessLocal
     return ProcessLocal(close=_close_handle)
 
 

@@ -52,7 +52,7 @@ from . import defaults, io
 from .errors import ConfigError
 from .formats.base import Location, fields_of
 from .ops import planner
-from .pipeline import Batch, EpochEnd, Failures, Pipeline
+from .engine import Batch, EpochEnd, Failures, Pipeline
 from .sampler import BatchPlan, Sampler
 
 try:
@@ -101,7 +101,7 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
         return None, why
     lanes = [gpu for gpu, _ in pipeline.lanes if gpu is not None]
     if not lanes or any(gpu.engine != "native" for gpu in lanes):
-        return None, "nvImageCodec's native binding did not load (see ingest.ops._nvimgcodec)"
+        return None, "nvImageCodec's native binding did not load (see ingest.decode._nvimgcodec)"
     from .ops import _warp_kernel
     if not _warp_kernel.available():
         return None, "CuPy (the warp kernel) is not installed"
@@ -152,7 +152,8 @@ def epoch_arrays(plans: Iterator[BatchPlan]) -> tuple[int, np.ndarray, np.ndarra
 def _gpu_arguments(pipeline: Pipeline) -> tuple:
     """The engine's `gpu` argument: nvImageCodec's functions, handles and struct layouts (from the ctypes binding),
     the pipeline's decoders (every lane's: the Python stages do not run meanwhile) and the kernels."""
-    from .ops import _nvimgcodec as nv, _warp_kernel
+    from .decode import _nvimgcodec as nv
+    from .ops import _warp_kernel
     lib = nv.load()
     decoders = [d for gpu, _ in pipeline.lanes if gpu is not None for d in gpu._decoders]
     info = nv.new(nv.ImageInfo)
@@ -249,7 +250,7 @@ class NativeExecutor:
             np.ascontiguousarray(table.offsets, np.int64), np.ascontiguousarray(table.sizes, np.int64),
             None if table.labels is None else np.ascontiguousarray(table.labels, np.int64), _KINDS[table.kind],
             np.ascontiguousarray(chain.desc, np.float64), sampler.seed, self._batch, slots,
-            read_threads or defaults.get("io_threads"), pipeline.cpu.max_pixels,
+            read_threads or defaults.get("io_threads"), pipeline.decode_stage.cpu.max_pixels,
             all(lane.regions for lane, _ in pipeline.lanes if lane is not None), gpu,
             min(19, defaults.get("engine_nice")))
         self._slots: list[_Slot | None] = [None] * slots
@@ -260,7 +261,7 @@ class NativeExecutor:
         self._epoch = epoch
         self._add_epoch(epoch, start, offset)
         self._add_epoch(epoch + 1, 0, 0)
-        from .pipeline import CLOSE_AT_EXIT
+        from .engine import CLOSE_AT_EXIT
         CLOSE_AT_EXIT.add(self)
 
     # -- slots ----------------------------------------------------------------------------------------
@@ -372,10 +373,10 @@ class NativeExecutor:
                     continue
                 return batch
             images, labels = slot.shown[:rows], slot.labels[:rows]
-            paths = self.pipeline.decode_paths   # (the stats' decode paths: GPU rows and those filled here)
-            paths["gpu"] = paths.get("gpu", 0) + rows - len(fallback or ())
+            # the stats' decode paths: GPU rows and those filled here
+            self.pipeline.decode_stage.count_paths({"gpu": rows - len(fallback or ()),
+                                                    **({"cpu-fallback": len(fallback)} if fallback else {})})
             if fallback:
-                paths["cpu-fallback"] = paths.get("cpu-fallback", 0) + len(fallback)
                 images, labels = self._complete(k, epoch, number, rows, fallback, images, labels, failures)
             if self.with_fields:
                 indices = torch.from_numpy(slot.indices[:rows].copy())
@@ -419,7 +420,7 @@ class NativeExecutor:
                          np.random.SeedSequence([self.sampler.seed, epoch, self.sampler.shard_id, number]),
                          self.sampler.seed)
         pipe = self._fallback_pipeline()
-        pipe.failures = failures
+        pipe.start_epoch(failures)
         with self._on_device():
             done = pipe.run(plan)
             got = [] if done is None else done.indices.tolist()
@@ -465,7 +466,7 @@ class NativeExecutor:
         if self._closed:
             return
         self._closed = True
-        from .pipeline import CLOSE_AT_EXIT
+        from .engine import CLOSE_AT_EXIT
         CLOSE_AT_EXIT.discard(self)
         if self._pid != os.getpid():
             return

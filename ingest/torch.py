@@ -23,11 +23,12 @@ from .formats import detect, open_source
 from .formats.base import Location, Record, Source, check_index, fields_of
 from .formats.filetree import IMAGE_EXTENSIONS
 from .formats.memory import MemorySource
-from .pipeline import STAGES, Batch, EpochEnd, Executor, Failures, Pipeline, StageStats, cuda_tensors, resolve_device
+from .engine import STAGES, Batch, EpochEnd, Executor, Failures, Pipeline, StageStats, resolve_device
+from .engine.batch import cuda_tensors
 from .sampler import LAST_BATCH, BatchPlan, Sampler
 from .stream import DEFAULT_BUFFER, StreamedSource
-from .workers import STAGES as WORKER_STAGES
-from .workers import WorkerPool
+from .engine.workers import STAGES as WORKER_STAGES
+from .engine.workers import WorkerPool
 
 OUTPUTS = ("tuple", "dict")
 
@@ -45,7 +46,7 @@ class Loader:
     shuffled, then a ``shuffle_buffer``-record buffer.
 
     ``num_workers``: 0 runs the pipeline on threads of this process; W > 0 adds W worker processes (batch b
-    on worker b % W; see `ingest.workers`). ``worker_stages`` says what they run: "all" (the default,
+    on worker b % W; see `ingest.engine.workers`). ``worker_stages`` says what they run: "all" (the default,
     "auto": each worker runs the whole pipeline, with ``num_threads`` or cores / W decode threads, and on
     CUDA its own context) or "read" (reading, parsing, header probes and drawing the augmentation: CPU work,
     no CUDA context) with decode and ops on this process's threads and its one CUDA context: about a quarter
@@ -57,7 +58,7 @@ class Loader:
     ``if __name__ == "__main__":`` guard.
 
     Iterating yields ``(images, labels)``, or with ``output="dict"`` a dict with ``images``, ``labels``,
-    every other field the source declares (collated by kind, see `ingest.collate`), ``indices`` (dataset
+    every other field the source declares (collated by kind, see `ingest.engine.collate`), ``indices`` (dataset
     indices) and ``is_pad`` (padding of the last batch). Every ``iter()``
     starts the next epoch (or resumes the one `load_state_dict` points into). Without worker processes the
     pipeline reads on into the next epoch while the last one's batches are consumed, as DALI's does: a loader
@@ -217,7 +218,7 @@ class Loader:
         self._failures = Failures(self.max_failures, self.sampler.samples(start, self._offset) if self._stream is None else None)
         if self._native is not None and self._native_output():
             from .native import NativeExecutor
-            self.pipeline.with_fields = self.output != "tuple"
+            self.pipeline.deliver(None, with_fields=self.output != "tuple")
             sampler = self.sampler
             self.engine = "native"
             self._executor = NativeExecutor(self.pipeline, self._native, sampler, epoch=self.epoch, start=start,
@@ -227,7 +228,7 @@ class Loader:
             return self._iterate(self._executor, self._run)
         read = None
         if self.pipeline is not None:   # set below where this process's ops stage makes the batches
-            self.pipeline.consumer_stream = None
+            self.pipeline.deliver(None, with_fields=self.output != "tuple")
         if self.num_workers:
             if self._pool is None:
                 self._pool = WorkerPool(self._spec, self.num_workers)
@@ -242,10 +243,9 @@ class Loader:
             plans_of = sampler.batches if streamed is None else partial(streamed.plans, sampler)
             plans = _epochs(plans, self.epoch, plans_of, self.pipeline,
                             partial(Failures, self.max_failures, sampler.samples(0, 0)))
-        self.pipeline.failures = self._failures
-        self.pipeline.with_fields = self.output != "tuple"
-        if self.device.type == "cuda":
-            self.pipeline.consumer_stream = torch.cuda.current_stream(self.device)
+        self.pipeline.start_epoch(self._failures)
+        self.pipeline.deliver(torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None,
+                              with_fields=self.output != "tuple")
         self._executor = Executor(self.pipeline, plans, prefetch=self.prefetch, read=read)
         self.engine = "python"
         return self._iterate(self._executor, self._run)
@@ -297,9 +297,9 @@ class Loader:
                 stream = torch.cuda.current_stream(self.device)
                 stream.wait_event(batch.ready)
                 if self.pipeline is not None and self.pipeline.outputs_ahead is not None:
-                    self.pipeline.handed_over(stream)   # bounds the outputs in flight (`Pipeline.bound_outputs`)
+                    self.pipeline.handed_over(stream)   # bounds the outputs in flight (`Outputs.bound_outputs`)
                 marked = self.pipeline.consumer_stream if self.pipeline is not None else None
-                if stream != marked:   # else this process's ops stage marked them (`Pipeline.consumer_stream`)
+                if stream != marked:   # else this process's ops stage marked them (`OpsStage.consumer_stream`)
                     for t in cuda_tensors((batch.images, batch.labels, batch.fields)):
                         t.record_stream(stream)
         if self.output == "tuple":
@@ -398,7 +398,7 @@ class Loader:
         ``gpu_fallbacks``), per-stage busy and CPU seconds (`StageStats`) and queue occupancy
         (counting the work read ahead into the next epoch), the current epoch's failures (summed over worker
         processes, if any); where this process's ops stage runs on CUDA, ``buffers``: how many output batches
-        (`Pipeline._dense_output`) and GPU decode arenas it allocated, and the arenas' size."""
+        (`Outputs.dense_output`) and GPU decode arenas it allocated, and the arenas' size."""
         reports = [r for r in (self._pool.stats if self._pool else []) if r]
         totals = [StageStats(name) for name in STAGES]
         paths, fallbacks, read_path = Counter(), Counter(), reports[0]["read_path"] if reports else None
@@ -530,7 +530,7 @@ def _epochs(plans: Iterator[BatchPlan], epoch: int, plans_of: Callable[[int, int
         epoch += 1
         failures = budget()
         yield EpochEnd(epoch, failures)
-        pipeline.failures = failures
+        pipeline.start_epoch(failures)
         yield from plans_of(epoch, 0, 0)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import ingest  # noqa: F401 - before any test module imports torchvision: ingest's nvJPEG first (ingest._nvjpeg)
+import ingest  # noqa: F401 - before any test module imports torchvision: ingest's nvJPEG first (ingest.decode._nvjpeg)
 import numpy as np
 import pytest
 import torch

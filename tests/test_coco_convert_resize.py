@@ -17,7 +17,7 @@ from ingest.formats import open_source
 from ingest.formats.base import Record, iter_records
 from ingest.formats.coco import CocoSource
 from ingest.ops import Resize
-from ingest.ops.decode import CpuDecoder
+from ingest.decode.cpu import CpuDecoder
 from ingest.tools.convert import convert
 from ingest.tools.transform import Transform
 

@@ -17,8 +17,9 @@ from conftest import jpeg_bytes, make_image_folder
 
 from ingest.errors import ConfigError, FailureBudgetExceeded
 from ingest.formats import FileTree, iter_records, open_source, writer_class
-from ingest.ops.decode import CpuDecoder
+from ingest.decode.cpu import CpuDecoder
 from ingest.tools import convert as convert_mod
+from ingest.tools import jobs as jobs_mod
 from ingest.tools import manifest
 from ingest.tools.convert import convert, parse_bytes, plan_shards
 
@@ -101,7 +102,7 @@ class Crash(Exception):
 
 def crash_after(monkeypatch, k: int) -> None:
     """Make the (inline) converter die when it starts its shard number ``k``."""
-    real, calls = convert_mod.write_shard, []
+    real, calls = jobs_mod.write_shard, []
 
     def write_shard(*args):
         calls.append(args)
@@ -109,7 +110,7 @@ def crash_after(monkeypatch, k: int) -> None:
             raise Crash("killed")
         return real(*args)
 
-    monkeypatch.setattr(convert_mod, "write_shard", write_shard)
+    monkeypatch.setattr(jobs_mod, "write_shard", write_shard)
 
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "filetree"])

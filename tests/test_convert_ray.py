@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import make_image_folder
 
-from ingest.tools import convert as convert_mod
+from ingest.tools import jobs as jobs_mod
 from ingest.tools import manifest
 from ingest.tools.cli import main
 from ingest.tools.convert import convert
@@ -46,7 +46,7 @@ def test_ray_output_is_byte_identical(local_ray, folder, tmp_path, capsys):
 def test_ray_resumes_an_interrupted_run(local_ray, folder, tmp_path, monkeypatch):
     convert(str(folder), str(tmp_path / "whole"), to="wds", shard_size=4, progress=False)
     out = tmp_path / "out"
-    real, calls = convert_mod.write_shard, []
+    real, calls = jobs_mod.write_shard, []
 
     def dies_at_third(*args):
         calls.append(args)
@@ -55,7 +55,7 @@ def test_ray_resumes_an_interrupted_run(local_ray, folder, tmp_path, monkeypatch
         return real(*args)
 
     with monkeypatch.context() as m:
-        m.setattr(convert_mod, "write_shard", dies_at_third)
+        m.setattr(jobs_mod, "write_shard", dies_at_third)
         with pytest.raises(KeyboardInterrupt):
             convert(str(folder), str(out), to="wds", shard_size=4, progress=False)
     assert len(manifest.load(str(out))[0]["shards"]) == 2

@@ -22,7 +22,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from ingest.errors import ConfigError, CorruptRecordError, DecodeError
-from ingest.ops.decode import CpuDecoder
+from ingest.decode.cpu import CpuDecoder
 from conftest import REALWORLD, encode, textured
 
 JPEG_MEAN_DIFF = 1.0

@@ -21,16 +21,16 @@ import torch
 from PIL import Image
 
 from ingest.errors import ConfigError, DecodeError
-from ingest.ops import _nvimgcodec as native
-from ingest.ops import decode_gpu
-from ingest.ops.decode import CpuDecoder, jpeg_headers
-from ingest.ops.decode_gpu import Arenas, GpuDecoder, clip_regions, clip_roi, gpu_decodable, orient
+from ingest.decode import _nvimgcodec as native
+from ingest.decode import gpu as decode_gpu
+from ingest.decode.cpu import CpuDecoder, jpeg_headers
+from ingest.decode.gpu import Arenas, GpuDecoder, clip_regions, clip_roi, gpu_decodable, orient
 from conftest import REALWORLD, encode, jpeg_bytes, textured
 
 GPU_MEAN_DIFF = 2.0
 ROI_MEAN_DIFF = 1.0
 #: Damaged inside the entropy data with the file's end intact: libjpeg warns (the CPU decoder refuses it),
-#: nvJPEG may not notice. Either outcome is accepted on the GPU path, see ingest.ops.decode_gpu.
+#: nvJPEG may not notice. Either outcome is accepted on the GPU path, see ingest.decode.gpu.
 GPU_MAY_DECODE = {"jpeg/jpeg-decoder/40bb78b1ac031125a6d8466b374962a8.jpg"}
 
 requires_gpu = pytest.mark.skipif(not decode_gpu.available(),
@@ -360,8 +360,8 @@ def test_regions_decode_whichever_of_ingest_and_torchvision_is_imported_first(fi
     script.write_text(
         f"import sys, warnings\nwarnings.simplefilter('always')\nimport {first}\nimport {other}\n"
         "import torch\n"
-        "from ingest.ops.decode import CpuDecoder\n"
-        "from ingest.ops.decode_gpu import GpuDecoder\n"
+        "from ingest.decode.cpu import CpuDecoder\n"
+        "from ingest.decode.gpu import GpuDecoder\n"
         "data = open(sys.argv[1], 'rb').read()\n"
         "with CpuDecoder(threads=1) as cpu, GpuDecoder('cuda', cpu) as gpu:\n"
         "    _, origins, paths = gpu.decode_batch([data] * 4, ['a.jpg'] * 4, rois=[(13, 21, 150, 97)] * 4)\n"
@@ -382,7 +382,7 @@ def test_regions_decode_whichever_of_ingest_and_torchvision_is_imported_first(fi
 @requires_gpu
 def test_worker_processes_decode_regions_when_the_script_imports_torchvision_first(tmp_path):
     """A spawned worker imports the user's script, torchvision first here, before any ingest code runs in it;
-    it starts with the nvidia-nvjpeg wheel's copy preloaded (`ingest._nvjpeg.in_children`), so its decoder
+    it starts with the nvidia-nvjpeg wheel's copy preloaded (`ingest.decode._nvjpeg.in_children`), so its decoder
     decodes regions: every randomly cropped image is a GPU region decode, and no warning."""
     pytest.importorskip("torchvision")
     for k in range(8):
@@ -624,8 +624,8 @@ def test_nvimgcodec_prints_nothing(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(
         "import sys, torch\n"
-        "from ingest.ops.decode import CpuDecoder\n"
-        "from ingest.ops.decode_gpu import GpuDecoder\n"
+        "from ingest.decode.cpu import CpuDecoder\n"
+        "from ingest.decode.gpu import GpuDecoder\n"
         "datas = [open(p, 'rb').read() for p in sys.argv[1:]]\n"
         "with CpuDecoder(threads=1) as cpu, GpuDecoder('cuda', cpu) as gpu:\n"
         "    images, _, paths = gpu.decode_batch(datas, sys.argv[1:])\n"
@@ -670,7 +670,7 @@ def test_hw_decoder_load_splits_between_the_hardware_and_cuda_decoders_or_takes_
 def test_batch_planning_helpers_match_their_row_by_row_forms():
     """`clip_regions` and `decoded_sizes` work column by column (numpy gives the GIL up on more than 500 items):
     the same answers as `clip_roi` per row and the [n, 2] form they replace, on random regions and headers."""
-    from ingest.ops.decode_gpu import decoded_sizes
+    from ingest.decode.gpu import decoded_sizes
     rng = np.random.default_rng(3)
     n = 700   # past numpy's threshold
     table = np.zeros((n, 9), np.int64)

@@ -19,8 +19,8 @@ from ingest import defaults
 from ingest.errors import ConfigError, DecodeError, FailureBudgetExceeded, SourceError
 from ingest.formats import check_format
 from ingest.ops import Flip, Normalize, RandomResizedCrop, Resize
-from ingest.ops.decode import CpuDecoder
-from ingest.pipeline import Failures
+from ingest.decode.cpu import CpuDecoder
+from ingest.engine import Failures
 from conftest import jpeg_bytes, make_image_folder
 
 MEAN, STD = (123.7, 116.3, 103.5), (58.4, 57.1, 57.4)
@@ -257,7 +257,7 @@ def test_failed_sample_stand_in_is_sized_from_the_output(tmp_path):
     root = make_image_folder(tmp_path / "t", {"a": 4}, size=(40, 50))
     (root / "a" / "0001.jpg").write_bytes(_claiming(jpeg_bytes(16, 16), 4000, 6000))
     pipe = ingest.Pipeline(ingest.formats.FileTree(root), ops=train_ops(24), num_threads=1)
-    pipe.failures = Failures(1, 4)
+    pipe.start_epoch(Failures(1, 4))
     plan = next(ingest.sampler.Sampler(4, 4).batches(0))
     work = pipe.decode(pipe.read(plan))
     stand_in = work.images[1]

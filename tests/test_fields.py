@@ -9,7 +9,7 @@ import torch
 import torchvision
 
 import ingest
-from ingest.collate import collate
+from ingest.engine.collate import collate
 from ingest.errors import ConfigError, SourceError
 from ingest.formats import Field, Location, Record, check_format, detect
 from ingest.formats.base import check_index
@@ -343,10 +343,10 @@ def test_an_unknown_reader_option_names_the_valid_ones(image_folder):
 def test_tuple_output_skips_the_other_fields(monkeypatch):
     """(images, labels) batches do not pay for fields nobody receives (no collation); switching to
     output="dict" brings every field back at the next epoch."""
-    import ingest.pipeline
+    import ingest.engine.ops
     calls = []
-    real = ingest.pipeline.collate
-    monkeypatch.setattr(ingest.pipeline, "collate", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    real = ingest.engine.ops.collate
+    monkeypatch.setattr(ingest.engine.ops, "collate", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     loader = ingest.Loader(Rich(), batch_size=5, decode="cpu", ops=[ingest.ops.Resize((16, 16))])
     batches = list(loader)
     assert [tuple(b[0].shape) for b in batches] == [(5, 3, 16, 16)] * 2 and calls == []

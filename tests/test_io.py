@@ -170,7 +170,7 @@ def test_io_choice_and_defaults(monkeypatch):
 
 
 def test_decode_threads_and_num_workers_settings(monkeypatch):
-    from ingest.ops.decode import CpuDecoder
+    from ingest.decode.cpu import CpuDecoder
     with defaults.set(decode_threads=3):
         with CpuDecoder() as dec:
             assert dec.threads == 3
@@ -184,7 +184,7 @@ def test_decode_threads_and_num_workers_settings(monkeypatch):
 
 def test_thread_defaults_follow_this_process_share_of_the_host(monkeypatch):
     """The CPUs this process may run on (not the machine's count) over torchrun's ranks on the host."""
-    from ingest.ops.decode_gpu import cpu_threads_each
+    from ingest.decode.gpu import cpu_threads_each
     for name in ("INGEST_IO_THREADS", "INGEST_DECODE_THREADS", "INGEST_OPS_THREADS", "INGEST_GPU_DECODE_THREADS",
                  "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
@@ -339,7 +339,7 @@ def test_readers_and_decoders_work_in_a_forked_child(tmp_path, monkeypatch):
     parent's copy would have waited forever for threads that fork did not copy."""
     import signal
     from conftest import jpeg_bytes
-    from ingest.ops.decode import CpuDecoder
+    from ingest.decode.cpu import CpuDecoder
     monkeypatch.setattr(ingest_io, "NATIVE", None)   # the reads on Python threads
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(range(256)) * 40)

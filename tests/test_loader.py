@@ -49,7 +49,7 @@ def test_batches_shapes_and_labels(image_folder):
 
 def test_stage_cpu_seconds_count_the_threads_own_work_not_its_waits():
     """`StageStats` splits a stage's busy time into what its thread computed (the GIL it needs) and waits."""
-    from ingest.pipeline import StageStats
+    from ingest.engine import StageStats
 
     def spin(seconds):
         end = time.perf_counter() + seconds
@@ -66,7 +66,7 @@ def test_stage_cpu_seconds_count_the_threads_own_work_not_its_waits():
 
 def test_the_ops_output_frees_the_decoded_arena_only_when_it_is_other_memory():
     from ingest.ops.base import ImageArena
-    from ingest.pipeline import _shares_memory
+    from ingest.engine.ops import _shares_memory
     arena = ImageArena(torch.zeros(64, dtype=torch.uint8), np.array([0, 12]), np.array([[2, 2], [2, 2]]))
     assert not _shares_memory(torch.zeros(2, 3, 2, 2), arena)          # the warp wrote a new tensor
     assert _shares_memory(arena.storage[12:24].view(1, 2, 2, 3), arena)  # a view of it (no ops)
@@ -79,7 +79,7 @@ def test_the_ops_output_frees_the_decoded_arena_only_when_it_is_other_memory():
 
 
 def test_arena_under_finds_the_buffer_a_batch_views():
-    from ingest.ops.base import ImageArena, arena_under
+    from ingest.decode.arena import ImageArena, arena_under
     arena = ImageArena(torch.zeros(64, dtype=torch.uint8), np.array([0, 12]), np.array([[2, 2], [2, 2]]))
     assert arena_under(arena) is arena.storage
     assert arena_under([torch.ones(2, 2, 3, dtype=torch.uint8), arena[1]]) is arena.storage
@@ -478,9 +478,9 @@ def test_read_stage_batches_cross_processes_as_buffer_ranges(tmp_path):
     travel by value."""
     from ingest.formats.base import Location, Record
     from ingest.io import ByteReader
-    from ingest.pipeline import Failures, _Work
+    from ingest.engine.batch import Failures, _Work
     from ingest.sampler import BatchPlan
-    from ingest.workers import _InArena, pack_work, take_buffer, unpack_work
+    from ingest.engine.workers import _InArena, pack_work, take_buffer, unpack_work
     (tmp_path / "data").write_bytes(bytes(range(100)))
     reader = ByteReader("posix", shared=2)
     read = reader.read([Location(str(tmp_path / "data"), 0, 100)])[0]
@@ -546,8 +546,8 @@ def test_worker_stages_choices(image_folder):
 
 
 def test_small_cpu_tensors_cross_to_the_parent_by_value():
-    from ingest.pipeline import Batch
-    from ingest.workers import _ByValue, _transport
+    from ingest.engine import Batch
+    from ingest.engine.workers import _ByValue, _transport
     big = torch.zeros(1 << 15, dtype=torch.int64)   # 256 KiB: shared as torch shares tensors
     batch = Batch(torch.zeros(2, 3, 4, 4), torch.tensor([3, 4]), torch.tensor([10, 11]), torch.tensor([False, True]),
                   {"boxes_lengths": torch.tensor([1, 0]), "big": big, "caption": ["a", "b"]}, None, 5)
@@ -565,8 +565,8 @@ def test_read_ahead_reads_the_next_batch_while_this_one_is_used():
     """A full worker's read-ahead: items in order, each the read stage's result, the next one read on another
     thread before the consumer asks for it; a read's error comes out at its own item; close() waits."""
     import threading
-    from ingest.pipeline import StageStats
-    from ingest.workers import _ReadAhead
+    from ingest.engine import StageStats
+    from ingest.engine.workers import _ReadAhead
 
     class Reads:
         def __init__(self):
@@ -677,7 +677,7 @@ def test_auto_workers_only_where_python_work_per_sample_feeds_a_gpu(monkeypatch)
 
 def test_shares_memory_of_a_direct_read_batch_tensor():
     """A raw batch tensor goes back for reuse only when the ops' output is one tensor in other memory."""
-    from ingest.pipeline import _shares_memory
+    from ingest.engine.ops import _shares_memory
     read = torch.zeros(4, 8, 8, 3, dtype=torch.uint8)
     assert _shares_memory(read, read) and _shares_memory(read[1:], read) and _shares_memory(read[:, 2:6], read)
     assert not _shares_memory(torch.zeros(4, 3, 4, 4), read)
@@ -685,9 +685,9 @@ def test_shares_memory_of_a_direct_read_batch_tensor():
 
 
 def test_the_ops_stage_waits_for_the_hand_over_an_output_bound_behind(monkeypatch):
-    """`Pipeline.bound_outputs`: before output n the ops stage waits (host) for the consumer's stream to pass the
+    """`Outputs.bound_outputs`: before output n the ops stage waits (host) for the consumer's stream to pass the
     hand-over of output n - ahead, only where that event has not completed; never for one not handed over."""
-    from ingest import pipeline as pl
+    from ingest.engine import outputs as pl
 
     class Event:
         def __init__(self, k):
@@ -701,7 +701,7 @@ def test_the_ops_stage_waits_for_the_hand_over_an_output_bound_behind(monkeypatc
 
     made = []
     monkeypatch.setattr(pl, "recorded", lambda stream: made.append(Event(len(made))) or made[-1])
-    p = object.__new__(pl.Pipeline)
+    p = pl.Outputs(torch.device("cpu"), "image", None)
     p.start_outputs(3)
     for n in range(3):   # the first outputs wait for nothing
         p.bound_outputs()
@@ -731,32 +731,29 @@ def test_the_ops_stage_waits_for_the_hand_over_an_output_bound_behind(monkeypatc
 
 
 def test_an_output_is_reused_once_nothing_but_the_ops_stage_holds_it(monkeypatch):
-    """`Pipeline._dense_output`: while fewer than ``ahead`` outputs exist a new one is made; then one that no
+    """`Outputs.dense_output`: while fewer than ``ahead`` outputs exist a new one is made; then one that no
     tensor of the user's holds (not even a view) is reused, its reuse queued after events recorded on every
     stream the consumer took batches on when its batch was dropped (not after what the loop queued since);
     while all are held it waits for one to be dropped, and makes a new one rather than wait once the consumer
     has taken every batch made."""
     from types import SimpleNamespace
-    from ingest import pipeline as pl
+    from ingest.engine import outputs as pl
     from ingest.ops.base import ImageSpec
 
     stamps = iter(range(1000))
     monkeypatch.setattr(pl, "recorded", lambda stream: ("event on", stream, next(stamps)))
     waits = []
-    p = object.__new__(pl.Pipeline)
-    p.device, p.image_kind = torch.device("cpu"), "image"
-    p.ops_stream = SimpleNamespace(wait_event=waits.append)
-    p.consumer_stream = "loop"
+    p = pl.Outputs(torch.device("cpu"), "image", SimpleNamespace(wait_event=waits.append))
     stop = threading.Event()
     p.start_outputs(3, stop)
     plan = SimpleNamespace(out_sizes=[(4, 5)] * 2, output=ImageSpec(torch.float32, "NCHW"))
     work = SimpleNamespace(ops_plan=plan, images=torch.zeros(2, 6, 7, 3, dtype=torch.uint8), records=[1, 2])
 
     def make():
-        out = p._dense_output(work)
+        out = p.dense_output(work)
         p._outputs += 1
         handed = out.detach()
-        p._watch(handed, out)
+        p.watch(handed, out)
         return out, handed
 
     made = [make() for _ in range(3)]
@@ -789,21 +786,19 @@ def test_an_output_is_reused_once_nothing_but_the_ops_stage_holds_it(monkeypatch
     assert time.perf_counter() - t0 < 0.1 and all(new is not o for o, _ in made)
     assert len(p._kept) == 3 and view.shape == (4, 5)
     p.start_outputs(None)
-    assert p._dense_output(work) is None          # no executor bound: torch allocates
+    assert p.dense_output(work) is None          # no executor bound: torch allocates
 
 
 def test_a_smaller_batch_is_written_into_a_kept_output_and_another_shape_replaces_one(monkeypatch):
-    """`Pipeline._dense_output`: an epoch's smaller last batch takes a kept output that nothing holds (its first
+    """`Outputs.dense_output`: an epoch's smaller last batch takes a kept output that nothing holds (its first
     rows), with no wait and nothing made; a batch of another output size makes a new one, which replaces a
     kept output that does not fit it rather than one that does."""
     from types import SimpleNamespace
-    from ingest import pipeline as pl
+    from ingest.engine import outputs as pl
     from ingest.ops.base import ImageSpec
 
     monkeypatch.setattr(pl, "recorded", lambda stream: None)
-    p = object.__new__(pl.Pipeline)
-    p.device, p.image_kind = torch.device("cpu"), "image"
-    p.ops_stream = SimpleNamespace(wait_event=lambda event: None)
+    p = pl.Outputs(torch.device("cpu"), "image", SimpleNamespace(wait_event=lambda event: None))
     p.start_outputs(2, threading.Event())
 
     def work(n, size=(4, 5)):
@@ -811,10 +806,10 @@ def test_a_smaller_batch_is_written_into_a_kept_output_and_another_shape_replace
         return SimpleNamespace(ops_plan=plan, images=torch.zeros(n, 6, 7, 3, dtype=torch.uint8), records=[0] * n)
 
     def make(w):
-        out = p._dense_output(w)
+        out = p.dense_output(w)
         p._outputs += 1
         handed = out[:len(w.records)]
-        p._watch(handed, out)
+        p.watch(handed, out)
         return out, handed
 
     a, b = make(work(3)), make(work(3))
@@ -835,7 +830,7 @@ def test_a_smaller_batch_is_written_into_a_kept_output_and_another_shape_replace
 
 
 def test_held_elsewhere_counts_views_and_other_tensors_of_the_memory():
-    from ingest.pipeline import _held_elsewhere
+    from ingest.engine.outputs import _held_elsewhere
     t = torch.empty(8)
     assert not _held_elsewhere(t)
     v = t.view(2, 4).permute(1, 0)
@@ -848,11 +843,12 @@ def test_closing_an_old_executor_leaves_the_outputs_of_the_one_running_now():
     """`Executor.close` lets the outputs kept for reuse go only if they are its own: an executor closed (or
     collected) after another started on the same pipeline leaves that one's."""
     from ingest.formats import MemorySource
-    from ingest.pipeline import Executor
+    from ingest.engine import Executor
     p = ingest.Pipeline(MemorySource([jpeg_bytes(8, 8)] * 2, labels=[0, 1]), num_threads=1)
     old, new = Executor(p, iter([]), prefetch=1), Executor(p, iter([]), prefetch=1)
-    p._kept.append(torch.zeros(1))
+    kept = p.ops_stage.outputs._kept
+    kept.append(torch.zeros(1))
     old.close()
-    assert len(p._kept) == 1
+    assert len(p.ops_stage.outputs._kept) == 1
     new.close()
-    assert p._kept == []
+    assert p.ops_stage.outputs._kept == []

@@ -180,7 +180,7 @@ def test_decode_lanes_match_one_and_each_has_its_decoder_and_stream(folder):
 def test_views_of_one_buffer_cross_and_copy_as_that_buffer():
     """A ragged batch's images (views of the warp's one output buffer) cross to the parent as one buffer and
     are copied once there, into views of a new buffer with the same values; separate tensors stay separate."""
-    from ingest.workers import _Views, _clone, _transport
+    from ingest.engine.workers import _Views, _clone, _transport
     flat = torch.arange(2 * 3 * 3 + 4 * 5 * 3, dtype=torch.uint8, device="cuda")
     images = [flat[:18].view(2, 3, 3), flat[18:].view(4, 5, 3)]
     sent = _transport(images)
@@ -240,14 +240,14 @@ if __name__ == "__main__":
 def test_outputs_in_flight_stay_bounded_behind_a_slow_consumer_stream(folder, way, monkeypatch):
     """The training loop's thread runs steps ahead of the GPU: each output it drops returns to torch's cache only
     once its stream has run past it. The ops stage reuses the outputs the loop dropped, queued after its stream
-    (`Pipeline._dense_output`), or, for batches it cannot (ragged ones), waits for the stream to pass the
-    hand-over before (`Pipeline.bound_outputs`), so the memory torch reserves stays put; with neither (to show
+    (`Outputs.dense_output`), or, for batches it cannot (ragged ones), waits for the stream to pass the
+    hand-over before (`Outputs.bound_outputs`), so the memory torch reserves stays put; with neither (to show
     the test can tell) every step behind takes a new output's memory."""
-    from ingest import pipeline as pl
+    from ingest.engine.outputs import Outputs
     if way != "reused":
-        monkeypatch.setattr(pl.Pipeline, "_dense_output", lambda self, work: None)
+        monkeypatch.setattr(Outputs, "dense_output", lambda self, work: None)
     if way == "neither":
-        monkeypatch.setattr(pl.Pipeline, "bound_outputs", lambda self: None)
+        monkeypatch.setattr(Outputs, "bound_outputs", lambda self: None)
     ops = [RandomResizedCrop(256), Flip(p=0.5), Normalize(MEAN, STD)]
     # CPU decode: with GPU decode the unbounded control stayed within 3.3 outputs on an H200 (the loader did not
     # run ahead of the slow stream there: something else waits for it), so it could not tell
@@ -274,7 +274,7 @@ def test_outputs_in_flight_stay_bounded_behind_a_slow_consumer_stream(folder, wa
 
 @pytest.mark.parametrize("decode", ["mixed", "cpu"])
 def test_a_loop_uses_three_outputs_and_never_sees_one_rewritten_behind_its_stream(folder, decode):
-    """`Pipeline._dense_output`: a plain loop whose steps queue behind a slow stream gets every batch as it was
+    """`Outputs.dense_output`: a plain loop whose steps queue behind a slow stream gets every batch as it was
     made (each batch's sum, taken on the loop's stream after the sleep, equals a loader's whose loop waited for
     each batch), each in one of at most prefetch + 1 = 3 output buffers the ops stage keeps (two where the loop
     keeps up with the loader). Each epoch's smaller last batch is written into the first rows of one of them,
@@ -294,9 +294,9 @@ def test_a_loop_uses_three_outputs_and_never_sees_one_rewritten_behind_its_strea
             for x, _ in loader:
                 torch.cuda._sleep(20_000_000)   # the loop runs ahead of its stream
                 sums.append(x.double().sum())
-                buffers = [t.data_ptr() for t in loader.pipeline._kept]
+                buffers = [t.data_ptr() for t in loader.pipeline.ops_stage.outputs._kept]
                 kept.append((x.untyped_storage().data_ptr() in buffers, len(buffers), len(x)))
-        assert [t.shape[0] for t in loader.pipeline._kept] == [6] * len(loader.pipeline._kept)
+        assert [t.shape[0] for t in loader.pipeline.ops_stage.outputs._kept] == [6] * len(loader.pipeline.ops_stage.outputs._kept)
         made = loader.stats()["buffers"]
         assert made["outputs_made"] <= 3, made
         if decode == "mixed":

@@ -20,9 +20,9 @@ from ingest.formats.base import Field, Record, read_location
 from ingest.formats.filetree import FileList, FileTree
 from ingest.formats.recordio import RecordIOSource, RecordIOWriter, chunks
 from ingest.ops.color import ColorJitter
-from ingest.ops.decode_gpu import clip_regions
+from ingest.decode.gpu import clip_regions
 from ingest.ops.geometry import CenterCrop, HorizontalFlip, RandomResizedCrop, Resize
-from ingest.pipeline import Failures, Pipeline
+from ingest.engine import Failures, Pipeline
 from ingest.sampler import Sampler
 from ingest.torch import Loader
 from conftest import encode, jpeg_bytes, make_image_folder, textured

@@ -178,7 +178,7 @@ def test_executor_on_a_stand_in_driver_keeps_what_the_loop_keeps(tmp_path, stand
 def child(lib_path: str, root: str, chain_name: str, regions: bool) -> None:
     """Run one epoch (and the next one's first batches) on the engine with the stand-ins, then compare."""
     from ingest.formats.filetree import FileTree
-    from ingest.pipeline import Pipeline
+    from ingest.engine import Pipeline
     from ingest.sampler import Sampler
 
     ops = chains()[chain_name]
@@ -284,7 +284,7 @@ def child_executor(lib_path: str, root: str, chain_name: str) -> None:
     the oldest slot out back, fallback rows are filled by the Python pipeline; every batch is as planned and
     what the loop kept is never written again."""
     from ingest.formats.filetree import FileTree
-    from ingest.pipeline import Failures, Pipeline
+    from ingest.engine import Failures, Pipeline
     from ingest.sampler import Sampler
 
     ops = chains()[chain_name]

@@ -21,7 +21,7 @@ from ingest import native_plan, random as rnd
 from ingest.ops import _warp_kernel, planner, resample
 from ingest.ops.base import ImageArena, size_array_of
 from ingest.ops.color import ColorJitter
-from ingest.ops.decode_gpu import clip_regions
+from ingest.decode.gpu import clip_regions
 from ingest.ops.geometry import (CenterCrop, Flip, HorizontalFlip, RandomResizedCrop, Resize, Rotate,
                                  VerticalFlip)
 from ingest.ops.normalize import Normalize

@@ -1,4 +1,4 @@
-"""The ctypes binding to nvImageCodec's C API (ingest.ops._nvimgcodec), without a GPU.
+"""The ctypes binding to nvImageCodec's C API (ingest.decode._nvimgcodec), without a GPU.
 
 - Struct layouts and enum values are compared with the C header, compiled by gcc (skipped without gcc or
   the header). A wrong offset would be read by the library as garbage, so every field of every mirrored struct
@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ingest.ops import _nvimgcodec as native
-from ingest.ops import decode_gpu
+from ingest.decode import _nvimgcodec as native
+from ingest.decode import gpu as decode_gpu
 from conftest import encode, textured
 
 
@@ -150,7 +150,7 @@ def test_without_either_engine_the_error_names_the_extra(monkeypatch):
 
 def test_unknown_engine_is_rejected():
     from ingest.errors import ConfigError
-    from ingest.ops.decode import CpuDecoder
+    from ingest.decode.cpu import CpuDecoder
     with pytest.raises(ConfigError, match="Unknown engine 'fast'. Available: auto, native, python"):
         decode_gpu.GpuDecoder("cuda", CpuDecoder(threads=1), engine="fast")
 
@@ -170,7 +170,7 @@ def module_decoder():
 def host_decoder(request, module_decoder, monkeypatch):
     """The module's decoder, driven by the compiled loop and by the ctypes one (its fallback)."""
     if request.param == "compiled" and native.LOOP is None:
-        pytest.skip("ingest.ops._nvloop is not built here")
+        pytest.skip("ingest.decode._nvloop is not built here")
     if request.param == "ctypes":
         monkeypatch.setattr(native, "LOOP", None)
     return module_decoder
@@ -187,12 +187,12 @@ def _decode(decoder, datas, shapes, regions=None):
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: the compiled loop is optional")
 def test_the_compiled_loop_is_built_where_a_compiler_is():
-    assert native.LOOP is not None, "setup.py should have built ingest.ops._nvloop"
+    assert native.LOOP is not None, "setup.py should have built ingest.decode._nvloop"
     assert (native.LOOP.OUT_PARSE, native.LOOP.OUT_NOT_JPEG, native.LOOP.OUT_DECODE) == \
         (native.OUT_PARSE, native.OUT_NOT_JPEG, native.OUT_DECODE)
 
 
-@pytest.mark.skipif(native.LOOP is None, reason="ingest.ops._nvloop is not built here")
+@pytest.mark.skipif(native.LOOP is None, reason="ingest.decode._nvloop is not built here")
 def test_the_compiled_loop_checks_its_arguments():
     fns = (1,) * 8
     slots, infos, views, probe = (1, 1, 1), (1, 0), (1, 0, 0, 0), (1, 0)
@@ -263,7 +263,7 @@ def test_nothing_reaches_the_console(tmp_path):
     script = tmp_path / "quiet.py"
     script.write_text(textwrap.dedent(f"""\
         import numpy as np
-        from ingest.ops import _nvimgcodec as native
+        from ingest.decode import _nvimgcodec as native
         lib = native.load({str(LIBRARY)!r})
         dec = native.BatchDecoder(lib, native.DEVICE_CPU_ONLY, backends=["CPU_ONLY"])
         good = open({str(tmp_path / 'a.jpg')!r}, "rb").read()

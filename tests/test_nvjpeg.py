@@ -1,10 +1,10 @@
-"""ingest._nvjpeg: which nvJPEG nvImageCodec gets (no GPU needed; the GPU side is in test_decode_gpu.py)."""
+"""ingest.decode._nvjpeg: which nvJPEG nvImageCodec gets (no GPU needed; the GPU side is in test_decode_gpu.py)."""
 
 from __future__ import annotations
 
 import ctypes
 
-from ingest import _nvjpeg
+from ingest.decode import _nvjpeg
 
 MAPS = """\
 7f2a1f000000-7f2a1f200000 r-xp 00000000 08:01 1 /venv/torchvision.libs/libnvjpeg.36e11081.so.13

@@ -12,7 +12,7 @@ import torch
 from conftest import make_image_folder, requires_cuda
 from ingest.formats import open_source
 from ingest.ops import ColorJitter, Flip, RandomIoUCrop, RandomResizedCrop, Rotate, ZoomOut, per_sample, plan
-from ingest.pipeline import Failures, Pipeline
+from ingest.engine import Failures, Pipeline
 from ingest.random import SampleRandom
 from ingest.sampler import Sampler
 
@@ -96,7 +96,7 @@ def test_pipeline_output_per_index_ignores_batch_size_and_failed_neighbours(tmp_
     root = make_image_folder(tmp_path / "d", {"a": 6, "b": 5})
     (root / "b" / "9999.jpg").write_bytes(b"\xff\xd8 not a jpeg")  # fails at its header, in some batch
     pipe = Pipeline(open_source(root), ops=[RandomResizedCrop(24), Flip(), ColorJitter(0.3)], num_threads=1)
-    pipe.failures = Failures(10, 12)
+    pipe.start_epoch(Failures(10, 12))
     try:
         alone, batched = pipeline_images(pipe, 1), pipeline_images(pipe, 5)
     finally:

@@ -20,7 +20,7 @@ from ingest.errors import ConfigError, CorruptRecordError, IngestError, SourceEr
 from ingest.formats import RAW_INDEX, Field, Record, check_format, detect, open_source
 from ingest.formats.raw import RawSource, RawWriter, write_dataset_index
 from ingest.io import ByteReader, plan_rows
-from ingest.ops.decode import CpuDecoder
+from ingest.decode.cpu import CpuDecoder
 
 PIXELS = {"image": Field("pixels", None, "uint8"), "label": Field("int")}
 
@@ -30,8 +30,9 @@ def write_shards(root: Path, images: list[np.ndarray], *, shards: int = 1, field
     """``images`` split over ``shards`` shards ``part-<k>``; labels i % 3; returns root."""
     root.mkdir(parents=True, exist_ok=True)
     per = -(-len(images) // shards)
+    decode = CpuDecoder(threads=1).decode   # for encoded images
     for k in range(shards):
-        with RawWriter(root, f"part-{k:03d}", fields or PIXELS, align=align, classes=classes) as w:
+        with RawWriter(root, f"part-{k:03d}", fields or PIXELS, align=align, classes=classes, decode=decode) as w:
             for i in range(k * per, min(len(images), (k + 1) * per)):
                 w.add(Record(images[i], i % 3, extra(i)))
     return root
@@ -585,12 +586,12 @@ def test_writer_options_are_checked(tmp_path):
 
 
 def test_raw_loader_reads_into_the_batch_tensors_the_ops_handed_back(tmp_path, monkeypatch):
-    """Direct reads reuse the batch tensors whose ops wrote their output elsewhere (`Pipeline._direct_buffer`):
+    """Direct reads reuse the batch tensors whose ops wrote their output elsewhere (`ReadStage._direct_buffer`):
     over three epochs no more tensors are made than the pipeline holds at once, and the batches are those of a
     loader that makes a new tensor per batch."""
     import ingest
     from ingest.ops import Flip, Normalize, RandomResizedCrop
-    from ingest.pipeline import Pipeline
+    from ingest.engine.read import ReadStage
     images = fixed_images(48, 20, 20)
     root = write_shards(tmp_path / "ds", images, shards=2)
     ops = [RandomResizedCrop(12), Flip(), Normalize([120.0] * 3, [60.0] * 3)]
@@ -607,7 +608,7 @@ def test_raw_loader_reads_into_the_batch_tensors_the_ops_handed_back(tmp_path, m
     got = epochs(ingest.Loader(str(root), **kw))
     assert [len(x) for x, _ in got] == [10, 10, 10, 10, 8] * 3 and len(made) <= 9, made
     assert made == [10] * len(made), made   # a smaller batch reads into the first rows of a full one
-    monkeypatch.setattr(Pipeline, "_direct_buffer", lambda self, n: real(self.source, n, self.device))
+    monkeypatch.setattr(ReadStage, "_direct_buffer", lambda self, n: real(self.source, n, self.device))
     want = epochs(ingest.Loader(str(root), **kw))
     for (x, y), (xw, yw) in zip(got, want):
         assert torch.equal(x, xw) and torch.equal(y, yw)

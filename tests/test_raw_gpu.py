@@ -12,7 +12,7 @@ from conftest import requires_cuda, textured
 from ingest.formats import Field, Record
 from ingest.formats.raw import RawSource, RawWriter
 from ingest.io import READ_CHUNK, ByteReader
-from ingest.pipeline import Pipeline
+from ingest.engine import Pipeline
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 
@@ -178,7 +178,7 @@ def test_cuda_loaders_run_in_this_process_by_default(tmp_path, image_folder):
 
 def test_raw_loader_reuses_its_batch_tensors_and_matches_the_cpu_loader(tmp_path, monkeypatch):
     """The ops stage hands each direct-read batch tensor back once the ops wrote their output elsewhere, and the
-    read stage reads the next batches into it (`Pipeline._direct_buffer`): no more allocations over three epochs
+    read stage reads the next batches into it (`ReadStage._direct_buffer`): no more allocations over three epochs
     than the pipeline holds batches at once, the reuse ordered after the ops that read it, each epoch's smaller
     last batch read into the first rows of one, and every batch equal to the CPU loader's."""
     import ingest

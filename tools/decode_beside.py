@@ -24,9 +24,9 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parent / "benchmarks")]
 import torch  # noqa: E402
 
 from bench_gpu import Busy  # noqa: E402
-from ingest.ops import _nvimgcodec as native  # noqa: E402
-from ingest.ops.decode import CpuDecoder  # noqa: E402
-from ingest.ops.decode_gpu import GpuDecoder  # noqa: E402
+from ingest.decode import _nvimgcodec as native  # noqa: E402
+from ingest.decode.cpu import CpuDecoder  # noqa: E402
+from ingest.decode.gpu import GpuDecoder  # noqa: E402
 
 
 class BusyProcess:

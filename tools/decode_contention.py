@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ingest.ops import _nvimgcodec as native
-from ingest.ops.decode import CpuDecoder
-from ingest.ops.decode_gpu import GpuDecoder
+from ingest.decode import _nvimgcodec as native
+from ingest.decode.cpu import CpuDecoder
+from ingest.decode.gpu import GpuDecoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_gpu import Busy  # noqa: E402 - the benchmark's busy thread, so both measure the same thing

@@ -23,8 +23,8 @@ import ingest
 sys.path.insert(0, str(Path(ingest.__file__).resolve().parents[1] / "benchmarks"))
 from bench_gpu import Busy  # noqa: E402
 
-from ingest.ops import decode_gpu  # noqa: E402
-from ingest.ops.decode import jpeg_headers  # noqa: E402
+from ingest.decode import gpu as decode_gpu  # noqa: E402
+from ingest.decode.cpu import jpeg_headers  # noqa: E402
 
 
 def plan(datas) -> None:

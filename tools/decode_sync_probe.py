@@ -37,11 +37,11 @@ import json
 import statistics
 import time
 
-import ingest  # noqa: F401 - first: ingest's nvJPEG (ingest._nvjpeg)
+import ingest  # noqa: F401 - first: ingest's nvJPEG (ingest.decode._nvjpeg)
 import torch
-from ingest.ops.decode import CpuDecoder
-from ingest.ops import decode_gpu
-from ingest.ops.decode_gpu import GpuDecoder, cpu_threads_each
+from ingest.decode.cpu import CpuDecoder
+from ingest.decode import gpu as decode_gpu
+from ingest.decode.gpu import GpuDecoder, cpu_threads_each
 
 
 def cycles_per_ms() -> float:

@@ -22,8 +22,8 @@ import glob, json, sys
 import numpy as np
 import ingest  # noqa: F401 - first: ingest's nvJPEG
 import torch
-from ingest.ops.decode import CpuDecoder
-from ingest.ops.decode_gpu import GpuDecoder
+from ingest.decode.cpu import CpuDecoder
+from ingest.decode.gpu import GpuDecoder
 data, backend, threads, decoders, batch, batches = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
     int(sys.argv[5]), int(sys.argv[6])
 mb = lambda b: round(b / 2**20, 1)

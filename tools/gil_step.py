@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-import ingest  # noqa: F401 - before bench_gpu's model imports torchvision: ingest's nvJPEG first (ingest._nvjpeg)
+import ingest  # noqa: F401 - before bench_gpu's model imports torchvision: ingest's nvJPEG first (ingest.decode._nvjpeg)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_gpu  # noqa: E402

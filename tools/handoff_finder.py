@@ -102,8 +102,8 @@ def busy() -> Busy:
 
 
 def decode_case(args):
-    from ingest.ops.decode import CpuDecoder
-    from ingest.ops.decode_gpu import GpuDecoder
+    from ingest.decode.cpu import CpuDecoder
+    from ingest.decode.gpu import GpuDecoder
     files = sorted(p for p in Path(args.data).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))[:args.batch * 8]
     datas = [p.read_bytes() for p in files]
     names = [str(p) for p in files]

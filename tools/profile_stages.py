@@ -13,8 +13,8 @@ from ingest.formats import FileTree
 from ingest.io import ByteReader
 from ingest.ops import Flip, Normalize, RandomResizedCrop
 from ingest.ops import planner
-from ingest.ops.decode import CpuDecoder
-from ingest.ops.decode_gpu import GpuDecoder
+from ingest.decode.cpu import CpuDecoder
+from ingest.decode.gpu import GpuDecoder
 from profile_raw_loader import endless  # this folder, on sys.path when run as a script
 
 MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)

@@ -26,7 +26,7 @@ from profile_raw_loader import endless, finish, sample_stacks  # noqa: E402
 
 import ingest  # noqa: E402
 from ingest.ops import Flip, Normalize, RandomResizedCrop  # noqa: E402
-from ingest.ops import _nvimgcodec  # noqa: E402
+from ingest.decode import _nvimgcodec  # noqa: E402
 
 CALLS = {"native_decode": [0.0, 0], "pipeline_decode": [0.0, 0]}
 
@@ -109,7 +109,7 @@ def main() -> None:
     args = p.parse_args()
     if args.switch:
         sys.setswitchinterval(args.switch)
-    from ingest import pipeline
+    from ingest.engine import pipeline
     timed_method(_nvimgcodec.BatchDecoder, "submit", "native_decode")
     timed_method(pipeline.Pipeline, "decode", "pipeline_decode")
     ops = [RandomResizedCrop(224), Flip(p=0.5),

@@ -1,5 +1,5 @@
 """Developer script: where a Loader's time goes, per stage, on the GPU path: each stage's busy and CPU
-milliseconds per batch (`ingest.pipeline.StageStats`; CPU time is the stage thread's own, i.e. roughly the GIL
+milliseconds per batch (`ingest.engine.StageStats`; CPU time is the stage thread's own, i.e. roughly the GIL
 it holds), for each dataset given, each worker layout and each CPython switch interval asked for.
 
 Usage: python tools/stage_cpu.py DATA [DATA ...] [--workers 0,4:read] [--switch-intervals-us 5000]

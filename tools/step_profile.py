@@ -109,7 +109,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="DALI's num_threads")
     p.add_argument("--torchvision-first", action="store_true",
-                   help="import torchvision before ingest (see ingest._nvjpeg); by default ingest comes first")
+                   help="import torchvision before ingest (see ingest.decode._nvjpeg); by default ingest comes first")
     a = p.parse_args()
     for name in (["torchvision"] if a.torchvision_first else []) + ["ingest"]:
         importlib.import_module(name)

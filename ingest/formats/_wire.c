@@ -25,7 +25,7 @@
  * checksummed on up to CRC_THREADS native threads and scanned with the GIL released once (a 256-record batch of
  * 80 KB images is ~20 MB to checksum: ~2 ms on one core, which made the read stage of the training process the
  * slowest stage on an H100); without CRCs the scan takes tens of microseconds and keeps the GIL (see
- * ingest/ops/_jpeg.c for why short native calls keep it).
+ * ingest/decode/_jpeg.c for why short native calls keep it).
  *
  * examples(records, keys, kinds, out, side, crc) -> int
  *   records  a sequence of n contiguous byte buffers, each one whole framed TFRecord record

@@ -35,8 +35,6 @@ deterministically (the same records give the same bytes).
 
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
@@ -44,8 +42,9 @@ import numpy as np
 
 from .._numpy import extremes
 from ..errors import IngestError
+from ..io import Location, ProcessLocal  # noqa: F401 - part of the source contract
 
-#: Field kinds and how a batch collates them (see `ingest.pipeline.collate`).
+#: Field kinds and how a batch collates them (see `ingest.engine.collate`).
 KINDS = {
     "image": "encoded image bytes (JPEG, PNG, ...): decoded; 'image' goes through the ops",
     "pixels": "decoded uint8 pixels [H, W, C] (Caffe raw Datum, raw shards): 'image' goes through the ops",
@@ -96,17 +95,6 @@ DEFAULT_FIELDS = {"image": Field("image"), "label": Field("int")}
 def fields_of(source: Any) -> dict[str, Field]:
     """The fields a source declares (`DEFAULT_FIELDS` when it declares none)."""
     return dict(getattr(source, "fields", None) or DEFAULT_FIELDS)
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where sample bytes live: ``length`` bytes of ``path`` from ``offset`` (``None``: to the end of the
-    file), or ``data`` when the source already holds the bytes in memory (then ``path`` is a display name)."""
-
-    path: str
-    offset: int = 0
-    length: int | None = None
-    data: Any = None  # bytes | memoryview | np.ndarray
 
 
 @dataclass
@@ -246,49 +234,6 @@ def check_indices(indices: Any, n: int) -> np.ndarray:
         raise IndexError(f"sample index {int(bad)} out of range for a source of {n} samples")
     idx = idx.astype(np.int64, copy=False)
     return np.where(idx < 0, idx + n, idx) if low < 0 else idx
-
-
-class ProcessLocal:
-    """Handles (open files, LMDB environments, KvikIO handles) opened on first use in the process that uses
-    them, shared by its threads, and never pickled: ``get(key, opener)`` returns the handle for ``key``,
-    opening it with ``opener()`` once per process. A source keeps one as an attribute; pickling it (to send
-    the source to a worker process) gives an empty one. A forked child never uses the parent's handles: it
-    drops them, and with ``close_inherited`` also closes them with ``close`` (for handles a library allows
-    only one of per process, such as LMDB environments)."""
-
-    def __init__(self, close: Callable[[Any], None] | None = None, *, close_inherited: bool = False):
-        self._pid = os.getpid()
-        self._handles: dict[Any, Any] = {}
-        self._lock = threading.Lock()
-        self._close = close
-        self._close_inherited = close_inherited and close is not None
-
-    def get(self, key: Any, opener: Callable[[], Any]) -> Any:
-        if self._pid != os.getpid():  # inherited through fork: never use the parent's handles
-            inherited = self._handles
-            self._pid, self._handles, self._lock = os.getpid(), {}, threading.Lock()
-            if self._close_inherited:
-                for h in inherited.values():
-                    self._close(h)
-        handle = self._handles.get(key)
-        if handle is None:
-            with self._lock:
-                handle = self._handles.get(key)
-                if handle is None:
-                    handle = self._handles[key] = opener()
-        return handle
-
-    def close(self) -> None:
-        handles, self._handles = self._handles, {}
-        if self._close is not None and self._pid == os.getpid():
-            for h in handles.values():
-                self._close(h)
-
-    def __getstate__(self):
-        return {"close": self._close, "close_inherited": self._close_inherited}
-
-    def __setstate__(self, state):
-        self.__init__(state["close"], close_inherited=state["close_inherited"])
 
 
 def read_location(loc: Location | tuple[Location, ...]) -> Any:

@@ -34,7 +34,7 @@ Otherwise ``stride`` is null and ``arrays`` holds ``<f>.offset`` (absolute byte 
 stored field and ``<f>.shape`` ([n, ndim]) for each field whose ``shape`` is null (it varies).
 
 **Field kinds.** Stored in the shard: ``pixels`` (uint8 [H, W, C]; an encoded ``image`` field is decoded on
-the way in and becomes ``pixels``), ``array`` (bool/int/uint/float dtypes of `DTYPES`, a fixed number of
+the way in, by the writer's ``decode``, and becomes ``pixels``), ``array`` (bool/int/uint/float dtypes of `DTYPES`, a fixed number of
 dims), ``ints`` (int64 [L]), ``floats`` (float32 [L]), ``text`` (UTF-8) and ``bytes``. Index columns: ``int``
 (the label among them) and ``float``.
 
@@ -52,7 +52,7 @@ import json
 import math
 import os
 from array import array
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -79,13 +79,15 @@ class RawWriter:
 
     ``fields``: the declared fields of the samples (``image``/``pixels`` first in the file whatever the order
     given). ``align``: the alignment of every sample's start (a power of two, 1 to 1 MiB). ``classes``: class
-    names, kept in the index. :meth:`add` checks a sample against its fields before writing any byte of it,
+    names, kept in the index. ``decode``: ``(encoded bytes, name) -> [H, W, C] uint8``, for an encoded ``image``
+    field (formats sit below decoding, so the caller brings the decoder; the converter gives its own). :meth:`add` checks a sample against its fields before writing any byte of it,
     so a rejected sample (CorruptRecordError naming the shard, the sample and the field) leaves the shard
     as it was. The same records give the same bytes.
     """
 
     def __init__(self, directory: str | os.PathLike, stem: str, fields: dict[str, Field] | None = None, *,
-                 align: int = DEFAULT_ALIGN, classes: Sequence[str] = ()):
+                 align: int = DEFAULT_ALIGN, classes: Sequence[str] = (),
+                 decode: Callable[[Any, str], np.ndarray] | None = None):
         if isinstance(align, bool) or not isinstance(align, int) or not 1 <= align <= 1 << 20 \
                 or align & (align - 1):
             raise ConfigError(f"`align` must be a power of two from 1 to 1048576, got {align!r}")
@@ -114,7 +116,7 @@ class RawWriter:
         self._file = open(self.path, "wb")
         self._end = 0        # bytes written so far
         self._count = 0
-        self._decoder = None
+        self._decoder = decode
 
     def add(self, record: Record) -> None:
         """Append one sample (its ``image``, ``label`` and every other declared field)."""
@@ -220,9 +222,9 @@ class RawWriter:
 
     def _decode(self, data: Any) -> np.ndarray:
         if self._decoder is None:
-            from ..ops.decode import CpuDecoder
-            self._decoder = CpuDecoder(threads=1)
-        return self._decoder.decode(data, f"{self.path} [sample {self._count}]")
+            raise ConfigError(f"{self.path}: an encoded image is stored decoded, and this writer was given no "
+                              "`decode` (e.g. `ingest.decode.cpu.CpuDecoder(threads=1).decode`)")
+        return self._decoder(data, f"{self.path} [sample {self._count}]")
 
     # -- the index ---------------------------------------------------------------------------------
     def _index(self, size: int) -> dict[str, Any]:

@@ -35,54 +35,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..decode.arena import ImageArena
 from ..errors import ConfigError
 from ..random import SampleRandom
 
 Size = tuple[int, int]  # (height, width)
-
-
-class ImageArena(Sequence):
-    """A ragged batch of contiguous ``[H, W, C]`` uint8 images in one buffer: image k is ``hw[k]`` pixels of
-    ``channels`` bytes at byte ``offsets[k]`` of ``storage`` (1-D uint8). Indexing makes that view; the warp
-    and :func:`sizes_of` read ``offsets`` and ``hw`` instead, so a batch costs no Python call per image."""
-
-    def __init__(self, storage: torch.Tensor, offsets: np.ndarray, hw: np.ndarray, channels: int = 3):
-        self.storage, self.channels = storage, channels
-        self.offsets = np.asarray(offsets, dtype=np.int64)
-        self.hw = np.asarray(hw, dtype=np.int64).reshape(-1, 2)
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def __getitem__(self, k):
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(len(self)))]
-        (h, w), start = self.hw[k].tolist(), int(self.offsets[k])
-        return self.storage[start:start + h * w * self.channels].view(h, w, self.channels)
-
-    def __iter__(self):
-        return (self[k] for k in range(len(self)))
-
-    @property
-    def device(self) -> torch.device:
-        return self.storage.device
-
-    def pointers(self) -> np.ndarray:
-        """Each image's address."""
-        return self.storage.data_ptr() + self.offsets
-
-
-def arena_under(images: Any) -> torch.Tensor | None:
-    """The 1-D buffer a decoded batch lives in: an `ImageArena`'s storage, or that of a list whose images
-    are views of one (a batch with an image turned or decoded on the CPU comes back as a list); else None."""
-    if isinstance(images, ImageArena):
-        return images.storage
-    if isinstance(images, list):
-        for im in images:
-            base = im._base if isinstance(im, torch.Tensor) else None
-            if base is not None and base.dim() == 1 and base.dtype == torch.uint8:
-                return base
-    return None
 
 
 Images = torch.Tensor | list[torch.Tensor] | ImageArena
@@ -181,15 +138,6 @@ def as_list(images: Images) -> list[torch.Tensor]:
             raise ValueError(f"an image batch tensor must be [N, H, W, C], got shape {tuple(images.shape)}")
         return list(images.unbind(0))
     return list(images)
-
-
-def bind_thread(device: torch.device) -> None:
-    """Make ``device`` the calling thread's current CUDA device (nothing off CUDA). For the threads ingest
-    starts: CUDA keeps the current device per thread and a new thread starts on device 0, so a pinned host
-    buffer, a stream or a decoder made on such a thread for a rank's GPU 1 would open a context on GPU 0
-    (under torchrun on two H200s, GPU 0 held 13.6 GB with two ranks against 10.6 GB with one)."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
 
 
 def device_and_channels(images: Images) -> tuple[torch.device, int]:

@@ -38,17 +38,18 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, IngestError, WriteError
+from ..errors import ConfigError, WriteError
 from ..formats import check_options, detect, fields_of, open_source, writer_class
-from ..formats.base import Field, Record
-from ..ops.decode import CpuDecoder
-from ..pipeline import Failures
+from ..formats.base import Field
+from ..engine import Failures
 from . import manifest
+from .jobs import Job, check_shard, writing
 from .progress import Progress, Summary
+from .runners import make_runner
 from .source_view import SourceView
 from .transform import Transform
 
@@ -76,89 +77,6 @@ def parse_bytes(text: str | int) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class Job:
-    """What every shard job of one conversion shares (shipped once to each worker process or Ray node)."""
-
-    view: SourceView
-    format: str
-    fields: dict[str, Field]
-    options: dict[str, Any]      # writer options
-    transform: Transform
-    tmp: str                     # DST/.ingest-tmp
-    stop_on_failure: bool
-
-
-#: Called once per sample a job has handled (the progress counter of the process running the job).
-_tick: Callable[[], None] = lambda: None
-
-
-def set_tick(fn: Callable[[], None]) -> None:
-    global _tick
-    _tick = fn
-
-
-def write_shard(job: Job, stem: str, start: int, stop: int) -> dict[str, Any]:
-    """Write source samples ``[start, stop)`` as shard ``stem`` into ``job.tmp/stem/``; return its manifest
-    entry (with ``files`` empty when it stopped at a failure under ``stop_on_failure``).
-
-    Notes: a sample the reader, the transform or the writer refuses (IngestError, ValueError, an unreadable
-    source file) is a bad sample, counted against the budget. An error writing the output (OSError from the
-    writer: a full disk, a file-size limit, an I/O error) is not: it raises `WriteError` naming the file,
-    whatever the budget, and the shard, which may hold part of a record, is never committed."""
-    directory = os.path.join(job.tmp, stem)
-    shutil.rmtree(directory, ignore_errors=True)
-    with _writing(directory, f"shard {stem}"):
-        os.makedirs(directory)
-        writer = writer_class(job.format)(directory, stem, job.fields, **job.options)
-    where = getattr(writer, "path", directory)
-    decoder = CpuDecoder(threads=1) if job.transform.active else None
-    failures, count = [], 0
-    try:
-        for name, record, err in job.view.read(start, stop):
-            stage = "read"
-            if err is None:
-                stage = "transform"
-                try:
-                    record = _project(job.transform.apply(record, name, decoder), job.fields)
-                    stage = "write"
-                    with _writing(where, f"shard {stem} (source sample {start + count})"):
-                        writer.add(record)
-                    count += 1
-                except (IngestError, ValueError, OSError) as e:
-                    if isinstance(e, WriteError):
-                        raise
-                    err = e
-            _tick()
-            if err is not None:
-                failures.append([name, stage, f"{type(err).__name__}: {err}"])
-                if job.stop_on_failure:   # the driver fails the conversion on it; the shard is never committed
-                    with contextlib.suppress(IngestError, ValueError, OSError):
-                        writer.close()
-                    return {"stem": stem, "start": start, "stop": stop, "count": 0, "bytes": 0, "files": [],
-                            "failures": failures}
-        with _writing(where, f"shard {stem}"):
-            files = [manifest.file_entry(directory, name) for name in writer.close()]
-    finally:
-        if decoder is not None:
-            decoder.close()
-    return {"stem": stem, "start": start, "stop": stop, "count": count,
-            "bytes": sum(f["bytes"] for f in files), "files": files, "failures": failures}
-
-
-@contextlib.contextmanager
-def _writing(path: str, what: str) -> Iterator[None]:
-    """An OSError inside the block (writing ``what`` into ``path``) becomes a `WriteError` naming the file
-    the system names, else ``path``."""
-    try:
-        yield
-    except OSError as err:
-        reason = err.strerror or (str(err.args[0]) if len(err.args) == 1 else str(err))
-        code = f" (errno {err.errno})" if err.errno is not None else ""
-        raise WriteError(f"writing {what} failed: {reason}{code}; nothing of it was committed",
-                         path=err.filename or path, errno=err.errno) from err
-
-
 def _output_fields(fields: dict[str, Field], drop: Sequence[str]) -> dict[str, Field]:
     """``fields`` less those named in ``drop`` (which must exist; 'image' cannot be dropped)."""
     missing = sorted(set(drop) - set(fields))
@@ -167,17 +85,6 @@ def _output_fields(fields: dict[str, Field], drop: Sequence[str]) -> dict[str, F
     if "image" in drop:
         raise ConfigError("the 'image' field cannot be dropped")
     return {name: f for name, f in fields.items() if name not in drop}
-
-
-def _project(record: Record, fields: dict[str, Field]) -> Record:
-    """The record holding only the declared ``fields`` (the label -1 when 'label' is not one of them)."""
-    return Record(record.image, record.label if "label" in fields else -1,
-                  {k: v for k, v in record.fields.items() if k in fields})
-
-
-def check_shard(dst: str, shard: dict[str, Any]) -> list[str]:
-    """`manifest.check_shard` as a job (hashing a kept shard on resume runs where the writing does)."""
-    return manifest.check_shard(dst, shard)
 
 
 def plan_shards(n: int, *, shard_size: int | None = None, shard_bytes: int | None = None,
@@ -230,13 +137,12 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
                                                                None if raw_size is None else tuple(raw_size)),
                            prefix=prefix, writer_options=writer_options, source_options=source_options,
                            drop_fields=tuple(drop_fields), stop_on_failure=max_failures == 0)
-    from .runners import make_runner   # runners imports this module
     runner = make_runner(plan.job, workers=workers, ray=ray)
     bar = Progress(len(plan.job.view), len(plan.ranges), enabled=progress)
     try:
         with _exclusive(dst):
             kept = _previous_shards(dst, plan, resume)
-            with _writing(plan.job.tmp, "the temporary directory"):
+            with writing(plan.job.tmp, "the temporary directory"):
                 _fresh_tmp(plan.job.tmp, set(plan.stems))
             summary = _run(plan, dst, kept, runner, Failures(max_failures, len(plan.job.view)), bar)
     finally:
@@ -277,7 +183,7 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
         if name in inspect.signature(writer).parameters and name not in options:
             options[name] = value
     with tempfile.TemporaryDirectory() as scratch:   # a writer refusing these fields fails here, not in a job
-        with _writing(scratch, "a probe of the writer"):
+        with writing(scratch, "a probe of the writer"):
             writer(scratch, "probe", fields, **options).close()
     if not sharded:
         ranges = [(0, n)]
@@ -315,7 +221,7 @@ def _run(plan: Plan, dst: str, kept: dict[int, dict[str, Any]], runner: Any, fai
         for item in shard["failures"]:
             failures.record(*item)
     committed = dict(kept)
-    with _writing(os.path.join(dst, manifest.PARTIAL), "the journal"):
+    with writing(os.path.join(dst, manifest.PARTIAL), "the journal"):
         journal = manifest.Journal(dst, plan.header, [kept[k] for k in sorted(kept)])
     done = {"samples": sum(s["stop"] - s["start"] for s in kept.values()),
             "bytes": sum(s["bytes"] for s in kept.values())}
@@ -323,7 +229,7 @@ def _run(plan: Plan, dst: str, kept: dict[int, dict[str, Any]], runner: Any, fai
     def commit(k: int, shard: dict[str, Any]) -> None:
         for item in shard["failures"]:
             failures.record(*item)   # raises past the budget, before anything of this shard is committed
-        with _writing(dst, f"shard {shard['stem']}"):
+        with writing(dst, f"shard {shard['stem']}"):
             _move_files(os.path.join(plan.job.tmp, shard["stem"]), dst, shard["files"])
             journal.commit(shard)
         committed[k] = shard
@@ -337,7 +243,7 @@ def _run(plan: Plan, dst: str, kept: dict[int, dict[str, Any]], runner: Any, fai
                                                                done["bytes"]))
     shards = [committed[k] for k in range(len(plan.ranges))]
     total = {"count": sum(s["count"] for s in shards), "bytes": sum(s["bytes"] for s in shards)}
-    with _writing(os.path.join(dst, manifest.MANIFEST), "the manifest"):
+    with writing(os.path.join(dst, manifest.MANIFEST), "the manifest"):
         manifest.write_atomic(os.path.join(dst, manifest.MANIFEST), {**plan.header, "shards": shards, **total})
     journal.remove()
     shutil.rmtree(plan.job.tmp, ignore_errors=True)
@@ -382,7 +288,7 @@ def _exclusive(dst: str) -> Iterator[None]:
                               f"{_LOCK_MAGIC!r}); move it away or choose another output directory")
         content = f"{_LOCK_MAGIC}\npid {os.getpid()}\ntoken {secrets.token_hex(16)}\n".encode()
         try:
-            with _writing(path, "the lock file"):
+            with writing(path, "the lock file"):
                 os.ftruncate(fd, 0)
                 if os.pwrite(fd, content, 0) != len(content):
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import IngestError
 from ..formats import MANIFEST, detect, fields_of, iter_records, open_source
 from ..formats._images import image_extension
-from ..ops.decode import CpuDecoder
+from ..decode.cpu import CpuDecoder
 from .convert import _option
 from .progress import human_bytes
 from .source_view import SourceView

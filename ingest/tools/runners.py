@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Callable, Sequence
 
 from ..errors import ConfigError
-from . import convert
+from . import jobs
 
 #: How long the driver waits for the next shard before redrawing the progress line (seconds).
 _POLL = 0.25
@@ -27,7 +27,7 @@ Commit = Callable[[int, dict], None]
 Progress = Callable[[int], None]
 
 
-def make_runner(job: "convert.Job", *, workers: int, ray: bool | str) -> "Runner":
+def make_runner(job: "jobs.Job", *, workers: int, ray: bool | str) -> "Runner":
     if ray is not False and ray is not None:
         return RayRunner(job, None if ray is True else ray)
     return PoolRunner(job, workers) if workers > 1 else InlineRunner(job)
@@ -73,7 +73,7 @@ class Runner:
 class InlineRunner(Runner):
     """Runs each job in the driver when its turn comes (``workers=1``)."""
 
-    def __init__(self, job: "convert.Job"):
+    def __init__(self, job: "jobs.Job"):
         self.job = job
         self._seen = 0
 
@@ -81,11 +81,11 @@ class InlineRunner(Runner):
         def tick():
             self._seen += 1
             progress(self._seen - self._committed_samples)
-        convert.set_tick(tick)
+        jobs.set_tick(tick)
         try:
             super().run_in_order(todo, commit, progress)
         finally:
-            convert.set_tick(lambda: None)
+            jobs.set_tick(lambda: None)
 
     def seen(self) -> int:
         return self._seen
@@ -97,7 +97,7 @@ class InlineRunner(Runner):
         return True
 
     def _result(self, handle):
-        return convert.write_shard(self.job, *handle)
+        return jobs.write_shard(self.job, *handle)
 
 
 _worker_job = None
@@ -110,7 +110,7 @@ def _init_worker(job, counter, driver) -> None:
     import torch
     torch.set_num_threads(1)   # one job per process; the processes are the parallelism
     _worker_job, _worker_counter = job, counter
-    convert.set_tick(_count)
+    jobs.set_tick(_count)
 
 
 def _exit_with_driver(driver) -> None:
@@ -133,7 +133,7 @@ def _count() -> None:
 
 
 def _write_in_worker(stem: str, start: int, stop: int) -> dict:
-    return convert.write_shard(_worker_job, stem, start, stop)
+    return jobs.write_shard(_worker_job, stem, start, stop)
 
 
 class PoolRunner(Runner):
@@ -141,9 +141,9 @@ class PoolRunner(Runner):
     process that has imported ingest (and torch) once, instead of each importing it again (spawn); the server
     has run no threads, so forking it is safe. Workers exit when the driver does, however it ends."""
 
-    def __init__(self, job: "convert.Job", workers: int):
+    def __init__(self, job: "jobs.Job", workers: int):
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload([convert.__name__])
+        ctx.set_forkserver_preload([jobs.__name__])
         self._counter = ctx.Value("q", 0)
         # Workers exit when this pipe's write end closes, which only this process holds (`_exit_with_driver`).
         self._alive_r, self._alive_w = ctx.Pipe(duplex=False)
@@ -182,7 +182,7 @@ class RayRunner(Runner):
     cluster at ``RAY_ADDRESS``, else a new local one), up to two per cluster CPU in flight. A Ray already
     initialized in this process (e.g. by the caller) is used as it is."""
 
-    def __init__(self, job: "convert.Job", address: str | None):
+    def __init__(self, job: "jobs.Job", address: str | None):
         try:
             import ray
         except ImportError as err:
@@ -191,7 +191,7 @@ class RayRunner(Runner):
         if not ray.is_initialized():
             ray.init(address=address, logging_level="WARNING", log_to_driver=True)
         self._job = ray.put(job)
-        self._write = ray.remote(num_cpus=1)(convert.write_shard)
+        self._write = ray.remote(num_cpus=1)(jobs.write_shard)
         self.window = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
         self._pending: list = []
 

@@ -35,7 +35,7 @@ import torch
 from ..errors import ConfigError, CorruptRecordError, DecodeError
 from ..formats.base import Field, Record
 from ..ops import planner
-from ..ops.decode import CpuDecoder
+from ..decode.cpu import CpuDecoder
 from ..ops.geometry import Resize, resize_image
 
 #: JPEG quality used for resized images when ``quality`` is not given.

@@ -3,7 +3,7 @@
 Checks, in order: the converter's manifest (every listed file present, its size and sha256, the sample
 count), each record file's index against its data (TFRecord, RecordIO, tar), then every record of every
 shard: framing, CRCs and the format's own checks, as the readers apply them; with ``decode`` also that every
-encoded image decodes (`ingest.ops.decode.CpuDecoder`). A shard whose framing is broken is reported once, at
+encoded image decodes (`ingest.decode.cpu.CpuDecoder`). A shard whose framing is broken is reported once, at
 the offset where reading it stopped (framing cannot resynchronise past a bad length). Problems are
 ``(where, reason)``: the file, and the record's offset or key.
 """
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ..errors import IngestError
 from ..formats import detect, fields_of, open_source
-from ..ops.decode import CpuDecoder
+from ..decode.cpu import CpuDecoder
 from . import manifest, shardfiles
 from .source_view import SourceView
 

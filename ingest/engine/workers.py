@@ -48,14 +48,16 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from . import _nvjpeg
-from ._malloc import keep_freed_memory
+from .._driver import bind_thread
+from .._malloc import keep_freed_memory
+from ..decode import _nvjpeg
+from ..errors import IngestError
+from ..formats.base import Record
+from ..io import ByteReader
+from .batch import Batch, Failures, _Work
 from .collate import to_device
-from .errors import IngestError
-from .formats.base import Record
-from .io import ByteReader
-from .ops.base import bind_thread
-from .pipeline import CLOSE_AT_EXIT, Batch, Failures, Pipeline, _Work
+from .lifecycle import CLOSE_AT_EXIT
+from .pipeline import Pipeline
 
 #: What worker processes run: every stage (batches come back on the GPU), or only the read stage (read,
 #: parse, probe, plan: CPU work that never touches CUDA; decode and ops then run in the training process).
@@ -166,7 +168,7 @@ class WorkerPool:
                                    args=(spec, w, num_workers, self._commands[w], self._results[w], os.getpid()))
                        for w in range(num_workers)]
         # on CUDA the workers may decode on the GPU: their nvImageCodec gets the nvJPEG wheel's copy whatever
-        # the user's script imports first (`ingest._nvjpeg`)
+        # the user's script imports first (`ingest.decode._nvjpeg`)
         with _nvjpeg.in_children() if self.device.type == "cuda" else contextlib.nullcontext():
             for p in self._procs:
                 p.start()
@@ -339,7 +341,7 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
     decode and ops mostly wait in CUDA and nvImageCodec calls that let the GIL go. Decode and ops stay on
     one thread: overlapping them too held twice the GPU memory and ran slower (GIL contention)."""
     # The budget is the parent's: here every failure is only recorded (or raised at once when none is allowed).
-    pipeline.failures = Failures(0 if spec["max_failures"] == 0 else sys.maxsize, 0)
+    pipeline.start_epoch(Failures(0 if spec["max_failures"] == 0 else sys.maxsize, 0))
     sent = 0
     plans = (plan for plan in sampler.batches(epoch, start, offset) if plan.number % num_workers == worker)
     ahead = None
@@ -352,8 +354,7 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
             if ahead is not None:
                 batch = pipeline.run(plan)   # plan: the read stage's _Work, made on the read-ahead thread
             elif spec["stages"] == "read":
-                pipeline.reader.last_arena = None
-                batch = pack_work(pipeline.stage_stats[0].timed(pipeline.read, plan), pipeline.reader, announced)
+                batch = pack_work(pipeline.stage_stats[0].timed(pipeline.read_shared, plan), pipeline.reader, announced)
             else:
                 batch = pipeline.run(plan)   # the default stream (the IPC event's) waits for the batch
             if batch is None:   # every sample failed: its failures go with the next message

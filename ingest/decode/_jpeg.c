@@ -1,4 +1,4 @@
-/* JPEG headers of a whole batch in one call: the same reading as ingest/ops/decode.py's read_jpeg_header (which
+/* JPEG headers of a whole batch in one call: the same reading as ingest/decode/cpu.py's read_jpeg_header (which
  * stays the reference and the fallback where this module was not built), without a Python object per image.
  * tests/test_jpeg_headers.py checks the two agree on real, hostile and random inputs.
  *
@@ -64,7 +64,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"headers", py_headers, METH_VARARGS, "JPEG headers of a batch (see the top of ingest/ops/_jpeg.c)."},
+    {"headers", py_headers, METH_VARARGS, "JPEG headers of a batch (see the top of ingest/decode/_jpeg.c)."},
     {NULL, NULL, 0, NULL},
 };
 

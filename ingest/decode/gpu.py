@@ -3,13 +3,13 @@
 One :meth:`GpuDecoder.decode_batch` call decodes every GPU-eligible JPEG of the batch in one nvImageCodec call
 on the caller's CUDA stream, optionally only the region each sample needs (region-of-interest decode, see
 ``ingest.ops.base.Warp.roi``). What the GPU does not take, or refuses, is decoded by the
-:class:`~ingest.ops.decode.CpuDecoder` inside the same batch and uploaded on the same stream, so the
+:class:`~ingest.decode.cpu.CpuDecoder` inside the same batch and uploaded on the same stream, so the
 pixels a sample gets do not depend on which path took it (up to the IDCT/upsampling differences of the
 decoders, a few levels).
 
 Two engines drive nvImageCodec:
 
-- **native** (the default where it loads): nvImageCodec's C API through ctypes (:mod:`ingest.ops._nvimgcodec`).
+- **native** (the default where it loads): nvImageCodec's C API through ctypes (:mod:`ingest.decode._nvimgcodec`).
   Python plans the batch (sizes from the headers, one output arena, regions); the per-image native calls and
   the per-image tensors (plain indexing of the arena) keep the GIL, and only the batch decode gives it up. So a
   batch costs a handful of GIL hand-offs whatever its size, each a switch interval beside a busy Python thread
@@ -39,7 +39,7 @@ Decisions, and why:
   ops wrote their output elsewhere), and the next batch decodes into it without a torch call; decoders
   given one :class:`Arenas` (a pipeline's decode lanes) take each other's. When
   every image was decoded there and none needs turning, the batch is returned as that buffer plus offsets and
-  sizes (:class:`~ingest.ops.base.ImageArena`): the warp reads it without a tensor per image, whose creation
+  sizes (:class:`~ingest.decode.arena.ImageArena`): the warp reads it without a tensor per image, whose creation
   cost a few microseconds each alone and gave up the GIL (a switch interval beside a busy thread) per call.
   (python) images of orientation 1 are zero-copy views of nvImageCodec's buffers, which it frees with
   ``cudaFreeAsync`` on the stream it decoded on, ignoring other streams. Either way a caller that reads the
@@ -68,13 +68,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ingest import _nvjpeg as nvjpeg, defaults
-from ingest._driver import wait_for
+from ingest import defaults
+from ingest.decode import _nvjpeg as nvjpeg
+from ingest._driver import bind_thread, wait_for
 from ingest._numpy import zeros
 from ingest.errors import ConfigError, DecodeError
-from ingest.ops import _nvimgcodec as native
-from ingest.ops.base import ImageArena, arena_under, bind_thread
-from ingest.ops.decode import Buffer, CpuDecoder, JpegHeader, Size, header_of, jpeg_headers
+from ingest.decode import _nvimgcodec as native
+from ingest.decode.arena import ImageArena, arena_under
+from ingest.decode.cpu import Buffer, CpuDecoder, JpegHeader, Size, header_of, jpeg_headers
 
 #: Backend choices: "auto" (the ``hw_decoder_load`` setting: the hardware JPEG engine takes that share of a batch and
 #: the CUDA decoder the rest; or, set to "auto", every backend nvImageCodec has, picked per image), the engine
@@ -337,7 +338,7 @@ class GpuDecoder:
 
         ``rois[i]`` = (x0, y0, x1, y1), the source region sample i needs, or None (or an [n, 4] array, x1 <= x0
         for none). Returns, per sample: the image (or its :class:`DecodeError`; when the native engine decoded
-        every image and none needs turning, the images come as one :class:`~ingest.ops.base.ImageArena`, a
+        every image and none needs turning, the images come as one :class:`~ingest.decode.arena.ImageArena`, a
         sequence of the same views), the (x0, y0) of what was decoded in source pixels (a region decode
         returns just the region) and the path that decoded it: "gpu", "gpu-roi" or "cpu-fallback".
         ``headers``: the batch's header table from `CpuDecoder.probe_batch`, to skip reading them again.
@@ -580,7 +581,7 @@ class GpuDecoder:
 def regions_decode(device: torch.device, engine: str) -> bool:
     """Whether nvImageCodec decodes JPEG regions on ``device`` in this process (checked once, on a decoder of its
     own: the CUDA decoder alone, whose answer no CPU backend can stand in for). Where it does not (every region
-    failed on an H200 when nvImageCodec had torchvision's nvJPEG, see `ingest._nvjpeg`), decoders decode whole
+    failed on an H200 when nvImageCodec had torchvision's nvJPEG, see `ingest.decode._nvjpeg`), decoders decode whole
     images instead, with a warning: right pixels for more decode work, instead of the CPU decoder for all."""
     data, name = _region_test_jpeg(), "<region decode check>"
     with CpuDecoder(threads=1) as cpu:
@@ -613,7 +614,7 @@ def _region_test_jpeg() -> bytes:
 
 
 def gpu_decodable(table: np.ndarray, max_pixels: int) -> np.ndarray:
-    """Which images of a :func:`~ingest.ops.decode.jpeg_headers` table the GPU should decode (see the module
+    """Which images of a :func:`~ingest.decode.cpu.jpeg_headers` table the GPU should decode (see the module
     docstring): complete 8-bit baseline or extended JPEGs, gray or YCbCr, of at most ``max_pixels``."""
     kind, h, w, comps, precision, process, _, rgb, eoi = table.T
     pixels = h * w

@@ -93,7 +93,7 @@ STATUS_NAMES = {0x0: "UNKNOWN", 0x2: "SATURATED", 0x3: "FAIL", 0x7: "IMAGE_CORRU
 OUT_PARSE, OUT_NOT_JPEG, OUT_DECODE = 0x10000, 0x20000, 0x40000
 
 try:  # the compiled loop (setup.py builds it where a C compiler is found); None: the ctypes loop runs instead
-    from ingest.ops import _nvloop as LOOP
+    from ingest.decode import _nvloop as LOOP
 except ImportError:
     LOOP = None
 

@@ -24,8 +24,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .errors import CorruptRecordError, IngestError
-from .formats.base import Field
+from ..errors import CorruptRecordError, IngestError
+from ..formats.base import Field
 
 PAD = {"ints": -1, "floats": 0.0, "array": 0}
 

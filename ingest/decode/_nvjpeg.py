@@ -8,7 +8,7 @@ training script that imported torchvision first sent every randomly cropped imag
 instead of 10.9k img/s beside ResNet-18.
 
 So `import ingest` loads the nvidia-nvjpeg wheel's copy (the one nvImageCodec's RUNPATH names) first, where it is
-installed and no nvJPEG is loaded yet. Where one already is, `ingest.ops.decode_gpu.GpuDecoder` finds out with a
+installed and no nvJPEG is loaded yet. Where one already is, `ingest.decode.gpu.GpuDecoder` finds out with a
 region decode of its own and decodes whole images instead, with a warning that names the copies loaded.
 
 Worker processes are spawned, and a spawned child imports the user's main script before any code of ours runs

@@ -1,6 +1,6 @@
 /* The per-image loop of one batched nvImageCodec decode, with the GIL released once for the whole batch.
  *
- * ingest/ops/_nvimgcodec.py owns the library, its handles and the C structs (ctypes mirrors checked against
+ * ingest/decode/_nvimgcodec.py owns the library, its handles and the C structs (ctypes mirrors checked against
  * nvimgcodec.h by tests/test_nvimgcodec_native.py); this module only runs, per batch and without the GIL:
  *
  *   for each image: code stream over its bytes -> parse check (JPEG only) -> region view -> image wrapper

@@ -1,0 +1,164 @@
+"""The decode stage: a batch's encoded images to pixels, on one of the decode lanes."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .. import defaults
+from .._driver import recorded
+from ..decode.arena import ImageArena
+from ..decode.cpu import CpuDecoder
+from ..ops import planner
+from .base import Stage
+from .batch import _Work
+
+
+class DecodeStage(Stage):
+    """Stage 2: a batch's encoded images to pixels, on one of the decode lanes.
+
+    Takes: the read stage's `_Work`, and the lane to decode it on (``run(work, lane)``; the executor runs one
+        thread per lane, lanes at once).
+    Returns: the same `_Work` with ``images`` decoded (nvImageCodec on the lane's stream, regions only where
+        the plan crops, or the CPU pool, uploaded when the device is CUDA) and ``ready`` (an event after
+        them); decoded pixels pass through (uploaded); for direct reads it draws the ops' parameters instead.
+        Images that fail become blank stand-ins, counted against the batch's budget (``work.failures``).
+    Owns: the decode lanes (``lanes``: a GPU decoder, or None for the CPU pool, and a CUDA stream each), the
+        CPU decoder (``cpu``: the read stage probes headers with it, the ops stage decodes image fields with
+        it) and the images counted per decode path (`decode_paths`, `gpu_fallbacks`).
+    Stops: `close` closes the decoders. The ops stage orders the frees of decoded memory after its own work,
+        on the lane's stream."""
+
+    name = "decode"
+
+    def __init__(self, ops: Sequence, device: torch.device, decode: str, image_kind: str | None, direct: bool, *,
+                 num_threads: int | None = None, lanes: int | str | None = None):
+        super().__init__()
+        self.ops, self.device, self.image_kind, self.direct = list(ops), device, image_kind, direct
+        self.cpu = CpuDecoder(threads=num_threads)
+        # Decode lanes: each a GPU decoder (mixed; None: the CPU pool) and a decode stream (CUDA). With several
+        # (``lanes``, else the ``decode_batches`` setting; encoded images only) the executor decodes that many
+        # batches at once, one thread per lane, so that one batch's Python work overlaps another's decode.
+        lanes = (lanes or defaults.get("decode_batches")) if self.image_kind == "image" and not self.direct else 1
+        if lanes == "auto":
+            lanes = 2 if decode == "mixed" else 1
+        self.lanes: list[tuple[Any, torch.cuda.Stream | None]] = [(None, None)] * lanes
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):   # the caller's current device is left as it was
+                if decode == "mixed" and self.image_kind == "image" and not self.direct:   # a decoder only for JPEGs
+                    from ..decode.gpu import Arenas, GpuDecoder, cpu_threads_each
+                    each, arenas = defaults.get("gpu_decoders"), Arenas(keep=lanes + 1)   # the lanes share them
+                    self.lanes = [(GpuDecoder(self.device, self.cpu, threads=each, arenas=arenas,
+                                              cpu_threads=cpu_threads_each(each * lanes)),
+                                   torch.cuda.Stream(self.device)) for _ in range(lanes)]
+                else:
+                    self.lanes = [(None, torch.cuda.Stream(self.device)) for _ in range(lanes)]
+        self._counts = threading.Lock()
+        self.decode_paths: dict[str, int] = {}
+
+    def run(self, work: _Work, lane: int = 0) -> _Work:
+        """Decode the batch: nvImageCodec on the decode stream (regions only, where the plan crops), or the
+        CPU pool (then uploaded when the device is CUDA). ``lane``: which of `lanes` (decoder and stream);
+        lanes may run at once, each on its own thread."""
+        gpu, stream = self.lanes[lane]
+        work.lane = lane
+        if self.direct:
+            # Nothing to decode: the ops' random draws are made here, while the read stage (the limit on this
+            # path) reads the next batch, instead of before each read.
+            if len(work.indices):   # in slices on a large batch (`planner.SLICE`)
+                work.ops_plan = planner.plan_sliced(self.ops, work.sizes, work.plan.sample_rngs)
+            return work
+        if not work.records or self.image_kind is None:
+            return work
+        datas = [r.image for r in work.records]
+        if self.image_kind == "pixels":
+            images = [torch.from_numpy(np.ascontiguousarray(d)) for d in datas]
+            if self.device.type == "cuda":
+                images, work.ready = _upload(images, self.device, stream)
+            self.count_paths({"none (pixels)": len(images)})
+            work.images = images
+            return work
+        if gpu is not None:
+            warp = work.ops_plan.warp
+            rois = warp.regions() if warp is not None else None
+            with torch.cuda.stream(stream):
+                images, origins, paths = gpu.decode_batch(datas, work.names, rois=rois, stream=stream,
+                                                          headers=work.headers)
+                images = self._replace_failures(work, images, rois, origins, gpu=True)
+                work.ready = recorded(stream)
+            work.origins = origins
+        else:
+            decoded = self.cpu.decode_batch(datas, work.names)
+            paths = ["cpu"] * len(decoded)
+            decoded = self._replace_failures(work, decoded, None, None, gpu=False)
+            images = [torch.from_numpy(im) for im in decoded]
+            if self.device.type == "cuda":
+                images, work.ready = _upload(images, self.device, stream)
+        self.count_paths(Counter(paths))
+        work.images = images
+        return work
+
+    @property
+    def gpu_fallbacks(self) -> dict[str, int]:
+        """Why GPU-eligible images went to the CPU decoder, summed over the lanes' GPU decoders
+        (`GpuDecoder.fallbacks`: nvImageCodec's processing status, or FAIL / SHAPE_MISMATCH)."""
+        total: Counter[str] = Counter()
+        for gpu, _ in self.lanes:
+            if gpu is not None:
+                total.update(gpu.fallbacks)
+        return dict(total)
+
+    def count_paths(self, counts: dict[str, int]) -> None:
+        """Add images per decode path to `decode_paths` (lanes count at once)."""
+        with self._counts:
+            for path, n in counts.items():
+                self.decode_paths[path] = self.decode_paths.get(path, 0) + n
+
+    def _replace_failures(self, work: _Work, images: list, rois, origins, *, gpu: bool) -> list:
+        """Failed images become blank stand-ins (the ops plan was drawn for them); their rows are dropped after
+        the ops run. A stand-in is never allocated at the probed size, which a tiny corrupt file can make huge:
+        on the CPU the warp is rescaled onto whatever arrives, so it takes the size of the plan's output; on the
+        GPU the warp reads each region 1:1 from its origin, so it takes the region (or the probed size where
+        the batch's other images are decoded whole)."""
+        if isinstance(images, ImageArena):  # the GPU decoder returns one only when every image decoded
+            return images
+        out = list(images)
+        for k, im in enumerate(images):
+            if not isinstance(im, BaseException):
+                continue
+            work.failures.add(work.names[k], "decode", im)
+            work.failed.append(k)
+            h, w = work.sizes[k] if rois is not None else work.ops_plan.out_sizes[k]
+            if rois is not None and rois[k] is not None:
+                x0, y0, x1, y1 = (int(v) for v in rois[k])
+                h, w = y1 - y0, x1 - x0
+                origins[k] = (x0, y0)
+            if gpu:
+                out[k] = torch.zeros((h, w, 3), dtype=torch.uint8, device=self.device)
+            else:
+                out[k] = np.zeros((h, w, 3), dtype=np.uint8)
+        return out
+
+    def close(self) -> None:
+        self.cpu.close()
+        for gpu, _ in self.lanes:
+            if gpu is not None:
+                gpu.close()
+
+
+def _upload(images: list[torch.Tensor], device: torch.device, stream: torch.cuda.Stream):
+    """Copy a ragged batch of host images to the GPU in one transfer through one pinned buffer."""
+    sizes = [im.numel() for im in images]
+    host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    for im, a, b in zip(images, offsets, offsets[1:]):
+        host[a:b].copy_(im.reshape(-1))
+    with torch.cuda.stream(stream):
+        dev = host.to(device, non_blocking=True)
+        ready = recorded(stream)
+    out = [dev[a:b].view(im.shape) for im, a, b in zip(images, offsets, offsets[1:])]
+    return out, ready

@@ -1,0 +1,184 @@
+"""The ops stage: a decoded batch through the ops (fused warps and the rest), its other fields collated and
+its detection targets moved with the images, into the `Batch` the consumer gets."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .._driver import Staging, recorded
+from ..decode.arena import arena_under
+from ..decode.cpu import CpuDecoder
+from ..formats.base import Source
+from ..ops import planner
+from ..ops.base import stack_if_uniform
+from .base import Stage
+from .batch import Batch, _select_rows, _Work, cuda_tensors, split_fields
+from .boxes import BoxFields
+from .collate import collate, to_device
+from .outputs import Outputs
+
+
+class OpsStage(Stage, BoxFields):
+    """Stage 3: a decoded batch through the ops, into the `Batch` the consumer gets.
+
+    Takes: the decode stage's `_Work`.
+    Returns: the `Batch` (None when every sample failed): images through the ops plan, failed rows dropped,
+        labels and the other fields collated and moved to the device, boxes, masks and polygons moved with
+        the images, and ``ready`` (an event on the ops stream after all of it). Where batches go (the
+        consumer's stream, whether the other fields are wanted) is set by `deliver`.
+    Owns: the ops stream, the label uploads (``Staging``) and the output batches (`outputs`).
+    Uses: the decode lanes (it orders the frees of decoded memory after its work and hands GPU arenas back to
+        their decoder), the CPU decoder (image fields); hands direct-read batch tensors back to the read stage
+        (``spare``).
+    Stops: `close` has nothing to release (torch frees the stream; the outputs go with the run,
+        `Outputs.end_outputs`)."""
+
+    name = "ops"
+
+    def __init__(self, source: Source, ops: Sequence, device: torch.device, *, cpu: CpuDecoder, lanes: list,
+                 spare: list, labels_on_host: bool = False):
+        super().__init__()
+        self.ops, self.device, self.cpu, self.lanes = list(ops), device, cpu, lanes
+        self.image_kind, self.extra_fields = split_fields(source)
+        # labels_on_host: labels and the other fields stay on the CPU (a full worker's pipeline: they cross to
+        # the training process inside the message and go to the GPU there; see `ingest.engine.workers`)
+        self.labels_on_host = labels_on_host
+        self.ops_stream = None
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):   # the caller's current device is left as it was
+                self.ops_stream = torch.cuda.Stream(self.device)
+        # with_fields: batches carry the extra fields. A Loader giving (images, labels) turns it off, so their
+        # collation and copies to the device are not paid for fields nobody receives.
+        self.with_fields = True
+        # The stream the batches are used on (the iterating thread's current stream when an executor starts;
+        # None: unknown). The ops stage marks each output tensor as used there (`record_stream`), so the
+        # training loop's thread does not pay that torch call per batch; it does where it uses another stream.
+        self.consumer_stream: torch.cuda.Stream | None = None
+        self._staging = Staging()   # label uploads (GIL kept)
+        self.outputs = Outputs(device, self.image_kind, self.ops_stream)
+        self._spare_direct: list[tuple[torch.Tensor, Any]] = spare   # direct-read batch tensors handed back
+        self._init_boxes(source, self.extra_fields, self.image_kind, self.ops)
+        self.pads = any(getattr(op, "pads", False) for op in self.ops)
+
+    def deliver(self, consumer_stream: torch.cuda.Stream | None, *, with_fields: bool) -> None:
+        """Where the next batches go: ``consumer_stream`` (see `consumer_stream`; None: unknown) and whether
+        they carry the fields other than image and label (``with_fields``)."""
+        self.consumer_stream, self.with_fields = consumer_stream, with_fields
+
+    def run(self, work: _Work) -> Batch | None:
+        """The batch's ops, other fields and targets on the ops stream; None when every sample failed."""
+        if not work.records:
+            return None  # every sample of the batch failed (and the budget allowed it)
+        failed = set(work.failed)
+        keep = [k for k in range(len(work.records)) if k not in failed]
+        names = [work.names[k] for k in keep] if self.extra_fields and self.with_fields else []   # for messages
+        host_labels = np.ascontiguousarray(_select_rows(work.labels, keep, failed) if work.labels is not None else
+                                           np.array([work.records[k].label for k in keep], dtype=np.int64))
+        labels = torch.from_numpy(host_labels)
+        if self.ops_stream is not None:
+            with torch.cuda.stream(self.ops_stream):
+                if work.ready is not None:
+                    self.ops_stream.wait_event(work.ready)
+                out = self.outputs.dense_output(work)
+                if out is None:
+                    self.outputs.bound_outputs()
+                self.outputs.count_output()
+                # the ops write the first rows of ``out``: all of them, or a smaller batch's (a view of the
+                # user's, which holds ``out``'s memory as a detached batch would: what the user holds is
+                # another tensor than the one kept)
+                images = _select_rows(self._execute(work, None if out is None else out[:len(work.ops_plan.out_sizes)]),
+                                      keep, failed)
+                if out is not None:
+                    self.outputs.watch(images, out)
+                values = self._targets(work)
+                fields = self._collate([values[k] for k in keep], names, work, keep)
+                if not self.labels_on_host:
+                    labels = torch.empty(labels.shape, dtype=labels.dtype, device=self.device)
+                    if len(host_labels):
+                        self._staging.copy(host_labels, labels, self.ops_stream)
+                    fields = to_device(fields, self.device)
+                ready = recorded(self.ops_stream)
+                if self.consumer_stream is not None:   # see `consumer_stream`
+                    for t in cuda_tensors((images, labels, fields)):
+                        t.record_stream(self.consumer_stream)
+            # Decoded images may be views of nvImageCodec memory, freed in order on the decode stream(s)
+            # once `work` is dropped: order those frees after the ops that read them.
+            gpu, stream = self.lanes[work.lane]
+            stream.wait_event(ready)
+            if gpu is not None:
+                gpu.hold_until(ready)
+                if not _shares_memory(images, work.images):   # the ops wrote new memory: the arena is free
+                    gpu.recycle(work.images, ready)
+        else:
+            images, ready = _select_rows(self._execute(work), keep, failed), None
+            values = self._targets(work)
+            fields = self._collate([values[k] for k in keep], names, work, keep)
+        if work.buffer is not None and len(self._spare_direct) < 2 and not _shares_memory(images, work.images):
+            self._spare_direct.append((work.buffer, ready))   # for the next reads (`_direct_buffer`)
+        indices = torch.from_numpy(np.ascontiguousarray(_select_rows(work.indices, keep, failed)))
+        is_pad = torch.from_numpy(np.ascontiguousarray(_select_rows(work.is_pad, keep, failed)))
+        return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)
+
+    def _collate(self, values: list[dict[str, Any]], names: list[str], work: _Work, keep: list[int]
+                 ) -> dict[str, Any]:
+        """Every field other than image and label, batched by kind (`ingest.engine.collate`), and where the ops end
+        by padding (PadTo) ``image_sizes``: each image's (height, width) before the padding."""
+        out: dict[str, Any] = {}
+        if not self.with_fields:
+            return out
+        for name, spec in self.extra_fields.items():
+            out.update(collate(name, spec, [v[name] for v in values], names=names, decode=self.cpu.decode))
+        if self.pads and work.ops_plan is not None and work.ops_plan.content_sizes is not None:
+            out["image_sizes"] = torch.tensor([work.ops_plan.content_sizes[k] for k in keep], dtype=torch.int64)
+        return out
+
+    # -- detection targets ---------------------------------------------------------------------
+    def _targets(self, work: _Work) -> list[dict[str, Any]]:
+        """Each sample's other fields; with boxes, moved by the batch's geometry: boxes mapped (in the source's
+        box format), masks warped like the image (on the ops' device), polygons moved and clipped like the boxes
+        (relative ones stay relative), per-box fields pruned with their boxes."""
+        values = [r.fields for r in work.records]
+        if not self.boxes or work.ops_plan is None or not self.with_fields:
+            return values
+        ltrb = [dict(v, boxes=b) for v, b in zip(values, work.boxes)]
+        if "masks" in self.extra_fields and self.device.type == "cuda":
+            for v in ltrb:
+                v["masks"] = torch.as_tensor(v["masks"]).to(self.device, non_blocking=True)
+        # Polygons (COCO's JSON text) follow the boxes: relative coordinates as pixels while they move.
+        relative = self.box_relative and "polygons" in self.extra_fields
+        if relative:
+            for v, (h, w) in zip(ltrb, work.ops_plan.sizes):
+                v["polygons"] = planner.scale_polygons(v["polygons"], w, h)
+        mapped = work.ops_plan.targets(ltrb, per_box=self.per_box)
+        for v, size in zip(mapped, work.ops_plan.out_sizes):
+            v["boxes"] = self._from_ltrb(v["boxes"], size)
+            if relative:
+                v["polygons"] = planner.scale_polygons(v["polygons"], 1 / size[1], 1 / size[0])
+        return mapped
+
+    def _execute(self, work: _Work, out: torch.Tensor | None = None):
+        if self.image_kind is None:
+            return None
+        images = work.ops_plan.execute(work.images, origins=work.origins, out=out)
+        if isinstance(images, list):
+            images = stack_if_uniform(images)
+        if work.ops_plan.output.layout is None:  # no op chose a layout: CHW shapes over HWC memory, as torch has it
+            if isinstance(images, torch.Tensor):
+                return images.permute(0, 3, 1, 2)
+            return [im.permute(2, 0, 1) for im in images]   # ragged: a list, each image laid out as in a batch
+        return images
+
+
+def _shares_memory(images: Any, decoded: Any) -> bool:
+    """Whether a batch's output ``images`` may still be (or view) its ``decoded`` images' arena or batch tensor:
+    True unless the output is one tensor in other memory."""
+    arena = decoded if isinstance(decoded, torch.Tensor) else arena_under(decoded)   # a tensor: a direct read's
+    if arena is None:
+        return True
+    start, size = arena.data_ptr(), arena.numel() * arena.element_size()
+    if not isinstance(images, torch.Tensor):
+        return True
+    return start <= images.data_ptr() < start + size
