@@ -10,6 +10,8 @@
 - ``ingest._random``: a batch's per-sample uniform numbers (`ingest.random.SampleRandom.random`), and its
   RandomResizedCrop regions, in one call holding the GIL each; without it numpy makes the same numbers, in
   many more calls, letting the GIL go on large arrays.
+- ``ingest.ops._boxes``: a detection batch's RandomIoUCrop draws, and its boxes through each op, in one call
+  each holding the GIL; without it `ingest.ops.detection` and `ingest.ops.affine` do the same in numpy.
 - ``ingest.ops._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
   the same loop through ctypes, slower beside busy Python threads (``ingest.ops._nvimgcodec``).
 
@@ -25,8 +27,10 @@ setup(ext_modules=[
     Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS),
     # no fused multiply-adds: its arithmetic must round as numpy's (the fallback) does
     Extension("ingest._random", ["ingest/_random.c"], optional=True, extra_compile_args=FLAGS + ["-ffp-contract=off"],
-              libraries=["m"]),
+              libraries=["m"], depends=["ingest/_splitmix.h"]),
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.ops._jpeg", ["ingest/ops/_jpeg.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("ingest.ops._boxes", ["ingest/ops/_boxes.c"], optional=True,
+              extra_compile_args=FLAGS + ["-ffp-contract=off"], depends=["ingest/_splitmix.h"]),
     Extension("ingest.ops._nvloop", ["ingest/ops/_nvloop.c"], optional=True, extra_compile_args=FLAGS),
 ])

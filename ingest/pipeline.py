@@ -45,7 +45,8 @@ from ._driver import Staging, recorded, wait_for
 from ._numpy import take
 from .io import ByteReader
 from .ops import planner
-from .ops.base import ImageArena, arena_under, bind_thread, same_size, stack_if_uniform
+from .ops.base import ImageArena, arena_under, bind_thread, same_size, size_array, stack_if_uniform
+from .ops.boxes import BoxBatch, to_ltrb
 from .ops.decode import CpuDecoder
 from .sampler import BatchPlan
 
@@ -87,7 +88,7 @@ class _Work:
     ready: Any = None   # an event (`ingest._driver`) on the decode stream after the decode (or upload)
     lane: int = 0                                     # the decode lane (decoder and stream) that decoded it
     labels: np.ndarray | None = None                  # the batch's labels when known without records
-    boxes: list[np.ndarray] | None = None             # each sample's boxes as absolute ltrb (detection)
+    boxes: BoxBatch | None = None                     # the samples' boxes as absolute ltrb (detection)
     failures: Failures | None = None   # the budget of the batch's epoch: `Pipeline.failures` when it was read
     buffer: Any = None   # a direct read's batch tensor (`images` may be its first rows: `Pipeline._direct_buffer`)
 
@@ -346,7 +347,7 @@ class Pipeline:
             # One generator per sample still in the batch, keyed by (seed, epoch, dataset index).
             rngs = replace(work.plan, indices=work.indices, is_pad=work.is_pad).sample_rngs()
             if self.boxes:
-                work.boxes = [self._to_ltrb(r.fields["boxes"], size) for r, size in zip(work.records, probed)]
+                work.boxes = self._to_ltrb([r.fields["boxes"] for r in work.records], probed)
             work.ops_plan = planner.plan(self.ops, probed, rngs, boxes=work.boxes if self.box_ops else None)
         return work
 
@@ -620,38 +621,25 @@ class Pipeline:
         values = [r.fields for r in work.records]
         if not self.boxes or work.ops_plan is None or not self.with_fields:
             return values
-        ltrb = [dict(v, boxes=b) for v, b in zip(values, work.boxes)]
         if "masks" in self.extra_fields and self.device.type == "cuda":
-            for v in ltrb:
-                v["masks"] = torch.as_tensor(v["masks"]).to(self.device, non_blocking=True)
+            values = [dict(v, masks=torch.as_tensor(v["masks"]).to(self.device, non_blocking=True)) for v in values]
         # Polygons (COCO's JSON text) follow the boxes: relative coordinates as pixels while they move.
         relative = self.box_relative and "polygons" in self.extra_fields
         if relative:
-            for v, (h, w) in zip(ltrb, work.ops_plan.sizes):
-                v["polygons"] = planner.scale_polygons(v["polygons"], w, h)
-        mapped = work.ops_plan.targets(ltrb, per_box=self.per_box)
-        for v, size in zip(mapped, work.ops_plan.out_sizes):
-            v["boxes"] = self._from_ltrb(v["boxes"], size)
-            if relative:
+            values = [dict(v, polygons=planner.scale_polygons(v["polygons"], w, h))
+                      for v, (h, w) in zip(values, work.ops_plan.sizes)]
+        mapped = work.ops_plan.batch_targets(values, work.boxes, per_box=self.per_box, box_format=self.box_format,
+                                             relative=self.box_relative)
+        if relative:
+            for v, size in zip(mapped, work.ops_plan.out_sizes):
                 v["polygons"] = planner.scale_polygons(v["polygons"], 1 / size[1], 1 / size[0])
         return mapped
 
-    def _to_ltrb(self, boxes: Any, size: tuple[int, int]) -> np.ndarray:
-        """Boxes in the source's format as ltrb absolute pixels of an image of ``size`` (height, width)."""
-        b = np.array(boxes, dtype=np.float64).reshape(-1, 4)
-        if self.box_relative:
-            b *= (size[1], size[0], size[1], size[0])
-        if self.box_format == "xywh":
-            b[:, 2:] += b[:, :2]
-        return b
-
-    def _from_ltrb(self, boxes: Any, size: tuple[int, int]) -> np.ndarray:
-        b = np.array(boxes, dtype=np.float64).reshape(-1, 4)
-        if self.box_format == "xywh":
-            b[:, 2:] -= b[:, :2]
-        if self.box_relative:
-            b /= (size[1], size[0], size[1], size[0])
-        return b.astype(np.float32)
+    def _to_ltrb(self, boxes: list[Any], sizes: list[tuple[int, int]]) -> BoxBatch:
+        """The samples' boxes in the source's format as one batch of absolute ltrb pixels of images of ``sizes``
+        (height, width): `ingest.ops.boxes.to_ltrb` (the way back is `Plan.batch_targets`'s)."""
+        batch = BoxBatch.of(boxes, coerce=_box_rows)
+        return to_ltrb(batch, size_array(sizes), self.box_format, self.box_relative)
 
     def _execute(self, work: _Work, out: torch.Tensor | None = None):
         if self.image_kind is None:
@@ -695,6 +683,11 @@ def reads_direct(source) -> bool:
     image = fields.get("image")
     return (image is not None and image.kind == "pixels" and set(fields) <= {"image", "label"}
             and getattr(source, "fixed_shape", None) is not None and hasattr(source, "read_batch"))
+
+
+def _box_rows(boxes: Any) -> np.ndarray:
+    """A sample's boxes as ``[K, 4]`` float64 rows (any array-like of 4K numbers)."""
+    return np.array(boxes, dtype=np.float64).reshape(-1, 4)
 
 
 def _select(work: _Work, keep: list[int]) -> _Work:
