@@ -215,3 +215,25 @@ def test_native_map_boxes_keeps_nan_and_the_clip_of_numpy():
     with pytest.raises(ValueError, match="belongs to sample 2"):
         affine._boxes.map_boxes(boxes, np.array([0, 0, 1, 2]), np.linalg.inv(steps.matrix), steps.out_sizes,
                                 np.empty((4, 4)), np.empty(4, dtype=bool))
+
+
+@pytest.mark.parametrize("chain", [1, 4, 5])
+def test_the_batched_mask_warp_equals_the_per_sample_one(chain):
+    """The CUDA path's arithmetic of planes and offsets (one buffer for the batch's masks, one warp per stage),
+    run here on the CPU through the resample reference, against the CPU path (a gather per sample)."""
+    from ingest.ops.planner import _MaskBatch
+    g = np.random.default_rng(chain)
+    sizes = [(int(h), int(w)) for h, w in g.integers(5, 60, (5, 2))]
+    counts = [3, 0, 1, 4, 2]
+    masks = [(g.random((k, h, w)) < 0.3).astype(np.uint8) for k, (h, w) in zip(counts, sizes)]
+    p = plan(CHAINS[chain](), sizes, 11, boxes=[np.zeros((0, 4))] * len(sizes))
+    batch = _MaskBatch.of(masks, torch.device("cpu"))
+    for stage in p.stages:
+        if stage.warp is not None:
+            batch = batch.warped(stage.warp.for_masks())
+    got = batch.per_sample()
+    want = p.warp_masks(masks)
+    for a, b in zip(got, want):
+        _same(a, b)
+    with pytest.raises(ValueError, match="masks must be uint8"):
+        _MaskBatch.of([m.astype(np.float32) for m in masks], torch.device("cpu"))

@@ -27,7 +27,7 @@ import operator
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain, repeat
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -36,8 +36,8 @@ from ..errors import ConfigError
 from . import resample
 from .affine import Steps, Warp, clip_polygons, compose, map_boxes_kept, map_points, nonempty, polygon_parts_kept
 from .boxes import BoxBatch, as_array, from_ltrb, split
-from .base import (PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, copy_into, device_and_channels, per_sample,
-                   same_size, size_array, size_array_of, size_list, sizes_of)
+from .base import (PIXELS, ImageArena, ImageSpec, Images, Op, Rngs, Size, as_list, copy_into, device_and_channels,
+                   per_sample, same_size, size_array, size_array_of, size_list, sizes_of)
 from .geometry import GeometryOp
 
 _DTYPE = operator.attrgetter("dtype")
@@ -162,10 +162,20 @@ class Plan:
         tracked.prune(min_size)
         return tracked.batch(), tracked.keep()
 
-    def warp_masks(self, masks: Sequence[Any]) -> list[torch.Tensor]:
+    def warp_masks(self, masks: Sequence[Any], *, device: torch.device | str | None = None) -> list[torch.Tensor]:
         """Masks (one ``[K, H, W]`` uint8 array or tensor per sample, at the source size) through every
-        geometry stage with the images' own warps, sampled nearest (labels are never blended), fill 0. On
-        CUDA all masks of a stage go in one launch; on CPU a sample's masks are one gather."""
+        geometry stage with the images' own warps, sampled nearest (labels are never blended), fill 0, on
+        ``device`` (default: where the masks are). On CUDA every mask of the batch is one plane of one buffer
+        (host masks go up in one copy) and each stage warps them in one launch; on CPU a sample's masks are
+        one gather."""
+        cuda = (torch.device(device).type == "cuda" if device is not None else
+                bool(len(masks)) and isinstance(masks[0], torch.Tensor) and masks[0].is_cuda)
+        if cuda:
+            batch = _MaskBatch.of(masks, torch.device(device) if device is not None else masks[0].device)
+            for stage in self.stages:
+                if stage.warp is not None:
+                    batch = batch.warped(stage.warp.for_masks())
+            return batch.per_sample()
         out = [torch.as_tensor(m) for m in masks]
         for stage in self.stages:
             if stage.warp is not None:
@@ -231,17 +241,20 @@ class Plan:
         return self._targets(targets, has, _like_each(mapped, boxes), keep, given.starts, mapped.starts, per_box)
 
     def batch_targets(self, targets: Sequence[dict[str, Any]], boxes: BoxBatch, *, per_box: Sequence[str] = PER_BOX,
-                      box_format: str = "ltrb", relative: bool = False, min_size: float = 0.0) -> list[dict[str, Any]]:
+                      box_format: str = "ltrb", relative: bool = False, min_size: float = 0.0,
+                      device: torch.device | None = None) -> list[dict[str, Any]]:
         """:meth:`targets` with every sample's boxes given as one batch, ``boxes`` (absolute ltrb of the source,
         float64; each target's own ``boxes`` is not read), coming back as ``[K, 4]`` float32 arrays in
         ``box_format`` (``"ltrb"`` or ``"xywh"``) of each output image, relative to its size with ``relative``
-        (`ingest.ops.boxes.from_ltrb`): the pipeline's form."""
+        (`ingest.ops.boxes.from_ltrb`): the pipeline's form. ``masks`` are pruned where they are and warped on
+        ``device`` (:meth:`warp_masks`)."""
         mapped, keep = self.map_box_batch(boxes, min_size=min_size)
         out = split(from_ltrb(mapped, size_array(self.out_sizes), box_format, relative), mapped.starts)
-        return self._targets(targets, None, out, keep, boxes.starts, mapped.starts, per_box)
+        return self._targets(targets, None, out, keep, boxes.starts, mapped.starts, per_box, device)
 
     def _targets(self, targets: Sequence[dict[str, Any]], has: list[bool] | None, boxes: list[Any], keep: np.ndarray,
-                 before: np.ndarray, after: np.ndarray, per_box: Sequence[str]) -> list[dict[str, Any]]:
+                 before: np.ndarray, after: np.ndarray, per_box: Sequence[str],
+                 device: torch.device | None = None) -> list[dict[str, Any]]:
         """The targets with ``boxes`` (per sample) set and their per-box fields, masks and polygons pruned by
         ``keep`` (``[M]`` over the input boxes, sample n's at rows ``before[n]:before[n + 1]``, its kept ones
         at ``after[n]:after[n + 1]``); then masks warped and polygons moved. ``has``: which samples had boxes
@@ -274,7 +287,7 @@ class Plan:
         if "masks" in fields:
             if not all(map(operator.contains, out, repeat("masks"))):
                 raise ValueError("`masks` must be given for every sample of the batch or for none")
-            for d, m in zip(out, self.warp_masks([d["masks"] for d in out])):
+            for d, m in zip(out, self.warp_masks([d["masks"] for d in out], device=device)):
                 d["masks"] = m
         if "polygons" in fields:
             moved = self.map_polygons([d.get("polygons", []) for d in out])
@@ -546,17 +559,67 @@ def _like_segmentation(objs: list[Any], ref: Any) -> Any:
     return json.dumps(objs).encode("utf-8") if isinstance(ref, bytes) else objs
 
 
+class _MaskBatch(NamedTuple):
+    """A batch's masks as the 1-channel planes of one buffer: sample n's ``shapes[n]`` = (K, H, W) planes
+    follow sample n - 1's in ``storage`` (1-D uint8), each ``[H, W]`` contiguous. What the warp kernel reads
+    (as an `ImageArena`) and writes (`resample.warp` puts a ragged batch's outputs one after another in one
+    buffer), so a stage costs one launch and no view per mask."""
+
+    storage: torch.Tensor
+    shapes: np.ndarray
+
+    @classmethod
+    def of(cls, masks: Sequence[Any], device: torch.device) -> "_MaskBatch":
+        """The masks on ``device``: host arrays joined in one host buffer and copied up once, tensors joined
+        there."""
+        shapes = np.array(list(map(_mask_shape, masks)), dtype=np.int64).reshape(-1, 3)
+        if all(isinstance(m, np.ndarray) or (isinstance(m, torch.Tensor) and not m.is_cuda) for m in masks):
+            host = np.concatenate([np.asarray(m).reshape(-1) for m in masks]) if len(masks) else np.zeros(0, np.uint8)
+            storage = torch.from_numpy(host).to(device, non_blocking=True)
+        else:
+            storage = torch.cat([torch.as_tensor(m, device=device).reshape(-1) for m in masks])
+        if storage.dtype != torch.uint8:
+            raise ValueError(f"masks must be uint8, got {storage.dtype}")
+        return cls(storage, shapes)
+
+    def warped(self, w: Warp) -> "_MaskBatch":
+        """Every plane through its sample's map in ``w`` (one `resample.warp` of all planes)."""
+        k, hw = self.shapes[:, 0], self.shapes[:, 1:]
+        out = np.concatenate([k[:, None], size_array(w.out_sizes)], axis=1)
+        planes = int(k.sum())
+        if not planes:
+            return _MaskBatch(self.storage[:0], out)
+        owner = np.repeat(np.arange(len(k)), k)
+        area = hw[:, 0] * hw[:, 1]
+        first = np.cumsum(k) - k                     # each sample's first plane
+        start = np.cumsum(k * area) - k * area       # ... and its byte offset
+        offsets = start[owner] + (np.arange(planes) - first[owner]) * area[owner]
+        result = resample.warp(ImageArena(self.storage, offsets, hw[owner], channels=1), w.take(owner))
+        if isinstance(result, torch.Tensor):
+            return _MaskBatch(result.reshape(-1), out)
+        total = int((out[:, 0] * out[:, 1] * out[:, 2]).sum())
+        base = result[0]._base
+        if base is not None and base.dim() == 1 and base.numel() == total and base.data_ptr() == result[0].data_ptr():
+            return _MaskBatch(base, out)             # the kernel's outputs: one buffer, in plane order
+        return _MaskBatch(torch.cat([r.reshape(-1) for r in result]), out)
+
+    def per_sample(self) -> list[torch.Tensor]:
+        """Sample by sample: ``[K, H, W]`` views of the buffer."""
+        sizes = (self.shapes[:, 0] * self.shapes[:, 1] * self.shapes[:, 2]).tolist()
+        parts = self.storage.split(sizes) if sizes else []
+        return [part.view(shape) for part, shape in zip(parts, map(tuple, self.shapes.tolist()))]
+
+
+def _mask_shape(m: Any) -> tuple[int, int, int]:
+    return tuple(m.shape)
+
+
 def _warp_masks(masks: list[torch.Tensor], w: Warp) -> list[torch.Tensor]:
-    """Each sample's ``[K, H, W]`` masks resampled by its map in ``w``."""
+    """Each sample's ``[K, H, W]`` masks resampled by its map in ``w``, on the CPU."""
     counts = [int(m.shape[0]) for m in masks]
     out = [m.new_zeros((0,) + tuple(size)) for m, size in zip(masks, w.out_sizes)]
     if not sum(counts):
         return out
-    if masks[0].device.type == "cuda":  # every mask a 1-channel image of one ragged batch: one launch
-        owner = np.repeat(np.arange(len(masks)), counts)
-        planes = as_list(resample.warp([p[..., None] for m in masks for p in m.unbind(0)], w.take(owner)))
-        starts = np.cumsum([0] + counts).tolist()
-        return [torch.stack(planes[a:b])[..., 0] if b > a else o for a, b, o in zip(starts, starts[1:], out)]
     for n, m in enumerate(masks):  # the sample's masks as the channels of one image: one gather
         if not counts[n]:
             continue
