@@ -11,7 +11,7 @@
 | decode_batches  | INGEST_DECODE_BATCHES   | auto    | batches a loader decodes at once, each on its own thread (and GPU decoders and stream): auto is 2 for GPU decode, else 1 |
 | hw_decoder_load | INGEST_HW_DECODER_LOAD  | 0.65    | the share of a batch's JPEGs the hardware decoder takes, the rest going to the CUDA decoder (DALI's name and default), or auto (nvImageCodec picks the backend per image: the hardware decoder takes all it can) |
 | hybrid_huffman_threshold | INGEST_HYBRID_HUFFMAN_THRESHOLD | 1000000 | images the CUDA decoder takes with more pixels than this decode their Huffman stage on the GPU, the others on its CPU threads (DALI's name and default) |
-| num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode or detection feeding CUDA, else 0) or a count |
+| num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode feeding CUDA, else 0) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
 | keep_freed_memory | INGEST_KEEP_FREED_MEMORY | auto  | auto: glibc keeps freed memory for reuse in the training process once a Loader runs its pipeline there (`ingest._malloc.keep_freed_memory`); off: leave its malloc alone |
