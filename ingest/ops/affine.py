@@ -229,8 +229,8 @@ class Warp:
         """The maps of samples ``indices`` (repeats allowed: one entry per mask of a sample)."""
         idx = np.asarray(indices, dtype=np.int64)
         return replace(self, matrix=self.matrix[idx], box=self.box[idx],
-                       out_sizes=[self.out_sizes[k] for k in idx],
-                       source_sizes=[self.source_sizes[k] for k in idx])
+                       out_sizes=size_list(size_array(self.out_sizes)[idx]),
+                       source_sizes=size_list(size_array(self.source_sizes)[idx]))
 
 
 def _dct_scale(probed: np.ndarray, arrived: np.ndarray) -> np.ndarray:

@@ -11,7 +11,8 @@ Formats: ``"ltrb"`` (x0, y0, x1, y1) or ``"xywh"`` (COCO's x, y, width, height),
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -19,9 +20,10 @@ import torch
 BOX_FORMATS = ("ltrb", "xywh")
 
 
-class BoxBatch(NamedTuple):
+@dataclass(frozen=True, eq=False)
+class BoxBatch:
     """``flat`` ``[M, 4]`` float64 boxes of a batch; sample n's are rows ``starts[n]:starts[n + 1]``
-    (``starts``: ``[N + 1]`` int64, non-decreasing, from 0 to M)."""
+    (``starts``: ``[N + 1]`` int64, non-decreasing, from 0 to M). ``len()`` is the number of samples."""
 
     flat: np.ndarray
     starts: np.ndarray
@@ -43,7 +45,7 @@ class BoxBatch(NamedTuple):
         counts[1:] = np.fromiter(map(len, arrays), np.int64, len(arrays))
         return cls(flat, np.cumsum(counts))
 
-    def __len__(self) -> int:   # type: ignore[override]
+    def __len__(self) -> int:
         return len(self.starts) - 1
 
     @property
