@@ -13,6 +13,8 @@
 - ``ingest._plan``: the native planner (``ingest/_native/plan.c``: a batch's draws, composed warp and warp
   kernel arguments in C, as the Python planner makes them) bound for `ingest.native_plan` and its tests; the
   native engine compiles the same file. Without it the Python planner is the only one.
+- ``ingest.ops._boxes``: a detection batch's RandomIoUCrop draws, and its boxes through each op, in one call
+  each holding the GIL; without it `ingest.ops.detection` and `ingest.ops.affine` do the same in numpy.
 - ``ingest.decode._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
   the same loop through ctypes, slower beside busy Python threads (``ingest.decode._nvimgcodec``).
 - ``ingest._engine``: the native engine (``ingest/_native/engine.c`` with the native planner, ``plan.c``): a
@@ -43,6 +45,8 @@ setup(ext_modules=[
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
     Extension("ingest.decode._jpeg", ["ingest/decode/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
               depends=["ingest/_native/jpeg_scan.h"]),
+    Extension("ingest.ops._boxes", ["ingest/ops/_boxes.c"], optional=True, extra_compile_args=EXACT,
+              depends=["ingest/_native/random_core.h"]),
     Extension("ingest.decode._nvloop", ["ingest/decode/_nvloop.c"], optional=True, extra_compile_args=FLAGS,
               depends=["ingest/_native/nvloop.h"]),
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,

@@ -15,13 +15,15 @@ resize shorter side 800 capped at longer side 1333 (bilinear, antialiased), pad 
 of 32 (per image). Output uint8 images, boxes ltrb.
 
   ingest       ingest.Loader(instances.json, decode="mixed", device="cuda", ops=[RandomIoUCrop, Flip,
-               Resize(800, max_size=1333), PadTo(multiple=32)], output="dict"), its default worker processes;
-               the check splits targets with `ingest.torch.detection_targets`
-  ingest_w0    the same with num_workers=0 (one process)
-  ingest_read  the same with worker_stages="read" (workers only read; one CUDA context)
+               Resize(800, max_size=1333), PadTo(multiple=32)], output="dict"), its default worker processes
+               (none: detection runs in the training process); the check splits targets with
+               `ingest.torch.detection_targets`
+  ingest_w0    the same with num_workers=0 (one process; the default's setting, named)
+  ingest_w4    the same with num_workers=4 (the default before detection ran in the training process)
+  ingest_read  the same with num_workers=4, worker_stages="read" (workers only read; one CUDA context)
   ingest_batch the same with PadTo(multiple=32, batch=True): one [B, 3, H, W] tensor padded to the batch's
                largest image, plus image_sizes (torchvision's ImageList; the other variants pad per image)
-  ingest_w6, ingest_batch_w6  those two with num_workers=6 instead of the default 4 (as a DataLoader user
+  ingest_w6, ingest_batch_w6  those two with num_workers=6 (as a DataLoader user
                sets num_workers; DALI here gets 16 threads)
   dali         DALI: readers.coco(ltrb, ratio) -> random_bbox_crop (cpu) -> decoders.image(mixed) -> slice
                -> flip + bb_flip (coin_flip) -> resize(resize_shorter=800, max_size=1333) -> pad(align 32,
@@ -83,7 +85,9 @@ PIPELINES = {
     "ingest": "Loader(instances.json, box_format=ltrb, decode=mixed, device=cuda, ops=[RandomIoUCrop, Flip(0.5), "
               "Resize(800, max_size=1333), PadTo(multiple=32)], output=dict, default num_workers) + detection_targets",
     "ingest_w0": "as ingest, num_workers=0",
-    "ingest_read": "as ingest, worker_stages='read' (workers read and plan; decode and ops in this process)",
+    "ingest_w4": "as ingest, num_workers=4",
+    "ingest_read": "as ingest, num_workers=4, worker_stages='read' (workers read and plan; decode and ops in this "
+                   "process)",
     "ingest_batch": "as ingest, PadTo(multiple=32, batch=True): one padded [B, 3, H, W] tensor + image_sizes",
     "ingest_w6": "as ingest, num_workers=6",
     "ingest_batch_w6": "as ingest_batch, num_workers=6",
@@ -326,6 +330,7 @@ def derive(results: dict) -> dict:
            "ingest_over_torchvision": r(g("ingest"), g("torchvision")),
            "dali_over_torchvision": r(g("dali"), g("torchvision")),
            "ingest_w0_over_dali": r(g("ingest_w0"), g("dali")), "ingest_w0_over_ingest": r(g("ingest_w0"), g("ingest")),
+           "ingest_over_ingest_w4": r(g("ingest"), g("ingest_w4")), "ingest_w4_over_dali": r(g("ingest_w4"), g("dali")),
            "ingest_read_over_dali": r(g("ingest_read"), g("dali")),
            "ingest_batch_over_dali": r(g("ingest_batch"), g("dali")),
            "ingest_batch_over_dali_batch": r(g("ingest_batch"), g("dali_batch")),
@@ -384,7 +389,8 @@ def run_variant(name: str, args, dev, res: dict, flush) -> None:
     res["memory"] = {"method": mem.describe()}
     build = {"ingest": lambda: build_ingest(args, dev, workers=None),
              "ingest_w0": lambda: build_ingest(args, dev, workers=0),
-             "ingest_read": lambda: build_ingest(args, dev, workers=None, stages="read"),
+             "ingest_w4": lambda: build_ingest(args, dev, workers=4),
+             "ingest_read": lambda: build_ingest(args, dev, workers=4, stages="read"),
              "ingest_batch": lambda: build_ingest(args, dev, workers=None, batch_pad=True),
              "ingest_w6": lambda: build_ingest(args, dev, workers=6),
              "ingest_batch_w6": lambda: build_ingest(args, dev, workers=6, batch_pad=True),

@@ -52,8 +52,8 @@ class Loader:
     no CUDA context) with decode and ops on this process's threads and its one CUDA context: about a quarter
     of the GPU memory, but the decode and ops share the training loop's GIL (see docs/design.md). Default
     ``num_workers`` (None): the ``num_workers`` setting of `ingest.defaults`, "auto" unless set: none for GPU
-    decode and raw shards (the training process runs them: one CUDA context), 4 (fewer under 16 cores) for CPU
-    decode or detection targets feeding a CUDA device, none on the CPU (see `auto_workers`). Workers are
+    decode, raw shards and detection targets (the training process runs them: one CUDA context), 4 (fewer under
+    16 cores) for CPU decode feeding a CUDA device, none on the CPU (see `auto_workers`). Workers are
     spawned (CUDA cannot be forked), so a script that iterates such a loader needs the usual
     ``if __name__ == "__main__":`` guard.
 
@@ -596,14 +596,15 @@ class GenericIterator:
 
 def auto_workers(device: torch.device, decode: str, fields: dict) -> int:
     """``num_workers="auto"``: worker processes only where Python work per sample is the bound and the GPU does
-    not take it over, i.e. CPU decode or detection targets (boxes, masks) feeding a CUDA device; else none.
+    not take it over, i.e. CPU decode feeding a CUDA device; else none.
 
-    GPU decode, raw shards and the fused ops cost a few Python calls per batch, so they run in the training
-    process: one CUDA context, no copy between processes. On an H100 (ResNet-18 fed by 256-image batches of
-    JPEGs, `docs/measurements.md`) that trained as fast as four full workers (7.9-8.4k against 7.8k img/s) at a
-    fraction of their GPU memory (each worker holds its own context and decode buffers)."""
-    python_bound = decode == "cpu" or "boxes" in fields
-    return min(4, max(1, defaults.cores() // 4)) if device.type == "cuda" and python_bound else 0
+    GPU decode, raw shards, the fused ops and detection targets cost a few Python and native calls per batch
+    (a detection batch's boxes are drawn, mapped and pruned as whole-batch arrays: `ingest.ops.boxes`), so
+    they run in the training process: one CUDA context, no copy between processes. Fed by GPU-decoded JPEGs,
+    ResNet-18 trained as fast so as beside four full workers, at a fraction of their GPU memory (each worker
+    holds its own context and decode buffers; `docs/measurements.md`). The source's ``fields`` do not change the choice: detection targets run in the training process
+    like any other field."""
+    return min(4, max(1, defaults.cores() // 4)) if device.type == "cuda" and decode == "cpu" else 0
 
 
 def _is_path(source: Any) -> bool:

@@ -660,7 +660,7 @@ def test_keep_freed_memory_is_taken_where_the_pipeline_runs_unless_off(monkeypat
     assert len(calls) == called
 
 
-def test_auto_workers_only_where_python_work_per_sample_feeds_a_gpu(monkeypatch):
+def test_auto_workers_only_where_cpu_decode_feeds_a_gpu(monkeypatch):
     from ingest.formats.base import Field
     from ingest.torch import auto_workers
     monkeypatch.setattr("ingest.defaults.cores", lambda: 16)
@@ -669,7 +669,8 @@ def test_auto_workers_only_where_python_work_per_sample_feeds_a_gpu(monkeypatch)
     boxes = {**plain, "boxes": Field("floats")}
     assert auto_workers(cuda, "mixed", plain) == 0, "GPU decode runs in the training process"
     assert auto_workers(cuda, "cpu", plain) == 4
-    assert auto_workers(cuda, "mixed", boxes) == 4, "detection targets: Python work per sample"
+    assert auto_workers(cuda, "mixed", boxes) == 0, "detection targets: whole-batch arrays, in the training process"
+    assert auto_workers(cuda, "cpu", boxes) == 4
     assert auto_workers(cpu, "cpu", plain) == 0 and auto_workers(cpu, "cpu", boxes) == 0
     monkeypatch.setattr("ingest.defaults.cores", lambda: 2)
     assert auto_workers(cuda, "cpu", plain) == 1

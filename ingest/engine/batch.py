@@ -19,6 +19,7 @@ import torch
 
 from ..errors import ConfigError, FailureBudgetExceeded, IngestError
 from ..formats.base import Field, Record, Source, fields_of
+from ..ops.boxes import BoxBatch
 from ..sampler import BatchPlan
 
 log = logging.getLogger("ingest")
@@ -55,7 +56,7 @@ class _Work:
     ready: Any = None   # an event (`ingest._driver`) on the decode stream after the decode (or upload)
     lane: int = 0                                     # the decode lane (decoder and stream) that decoded it
     labels: np.ndarray | None = None                  # the batch's labels when known without records
-    boxes: list[np.ndarray] | None = None             # each sample's boxes as absolute ltrb (detection)
+    boxes: BoxBatch | None = None                     # the samples' boxes as absolute ltrb (detection)
     failures: Failures | None = None   # the budget of the batch's epoch: `ReadStage.failures` when it was read
     buffer: Any = None   # a direct read's batch tensor (`images` may be its first rows: `ReadStage._direct_buffer`)
 

@@ -1,6 +1,6 @@
 """Detection boxes as the stages see them: the source's box format, which per-box fields follow the boxes,
-and the conversions to and from absolute ltrb pixels (the read stage converts before the ops draw, the ops
-stage converts back after mapping)."""
+and the conversion to absolute ltrb pixels (the read stage converts before the ops draw; the ops stage's
+`Plan.batch_targets` converts back after mapping)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..formats.base import Field, Source
+from ..ops.base import size_array
+from ..ops.boxes import BoxBatch, to_ltrb
 
 PER_BOX = ("categories", "labels", "iscrowd", "area", "scores")  # per-box fields pruned with their boxes
 
@@ -28,19 +30,13 @@ class BoxFields:
                             [k for k in PER_BOX if k in extra_fields and extra_fields[k].kind != "array"])
         self.box_ops = self.boxes and any(getattr(op, "uses_boxes", False) for op in ops)
 
-    def _to_ltrb(self, boxes: Any, size: tuple[int, int]) -> np.ndarray:
-        """Boxes in the source's format as ltrb absolute pixels of an image of ``size`` (height, width)."""
-        b = np.array(boxes, dtype=np.float64).reshape(-1, 4)
-        if self.box_relative:
-            b *= (size[1], size[0], size[1], size[0])
-        if self.box_format == "xywh":
-            b[:, 2:] += b[:, :2]
-        return b
+    def _to_ltrb(self, boxes: list[Any], sizes: list[tuple[int, int]]) -> BoxBatch:
+        """The samples' boxes in the source's format as one batch of absolute ltrb pixels of images of ``sizes``
+        (height, width): `ingest.ops.boxes.to_ltrb` (the way back is `Plan.batch_targets`'s)."""
+        batch = BoxBatch.of(boxes, coerce=_box_rows)
+        return to_ltrb(batch, size_array(sizes), self.box_format, self.box_relative)
 
-    def _from_ltrb(self, boxes: Any, size: tuple[int, int]) -> np.ndarray:
-        b = np.array(boxes, dtype=np.float64).reshape(-1, 4)
-        if self.box_format == "xywh":
-            b[:, 2:] -= b[:, :2]
-        if self.box_relative:
-            b /= (size[1], size[0], size[1], size[0])
-        return b.astype(np.float32)
+
+def _box_rows(boxes: Any) -> np.ndarray:
+    """A sample's boxes as ``[K, 4]`` float64 rows (any array-like of 4K numbers)."""
+    return np.array(boxes, dtype=np.float64).reshape(-1, 4)

@@ -143,19 +143,15 @@ class OpsStage(Stage, BoxFields):
         values = [r.fields for r in work.records]
         if not self.boxes or work.ops_plan is None or not self.with_fields:
             return values
-        ltrb = [dict(v, boxes=b) for v, b in zip(values, work.boxes)]
-        if "masks" in self.extra_fields and self.device.type == "cuda":
-            for v in ltrb:
-                v["masks"] = torch.as_tensor(v["masks"]).to(self.device, non_blocking=True)
         # Polygons (COCO's JSON text) follow the boxes: relative coordinates as pixels while they move.
         relative = self.box_relative and "polygons" in self.extra_fields
         if relative:
-            for v, (h, w) in zip(ltrb, work.ops_plan.sizes):
-                v["polygons"] = planner.scale_polygons(v["polygons"], w, h)
-        mapped = work.ops_plan.targets(ltrb, per_box=self.per_box)
-        for v, size in zip(mapped, work.ops_plan.out_sizes):
-            v["boxes"] = self._from_ltrb(v["boxes"], size)
-            if relative:
+            values = [dict(v, polygons=planner.scale_polygons(v["polygons"], w, h))
+                      for v, (h, w) in zip(values, work.ops_plan.sizes)]
+        mapped = work.ops_plan.batch_targets(values, work.boxes, per_box=self.per_box, box_format=self.box_format,
+                                             relative=self.box_relative, device=self.device)
+        if relative:
+            for v, size in zip(mapped, work.ops_plan.out_sizes):
                 v["polygons"] = planner.scale_polygons(v["polygons"], 1 / size[1], 1 / size[0])
         return mapped
 

@@ -183,7 +183,7 @@ class ReadStage(Stage, BoxFields):
             # One generator per sample still in the batch, keyed by (seed, epoch, dataset index).
             rngs = replace(work.plan, indices=work.indices, is_pad=work.is_pad).sample_rngs()
             if self.boxes:
-                work.boxes = [self._to_ltrb(r.fields["boxes"], size) for r, size in zip(work.records, probed)]
+                work.boxes = self._to_ltrb([r.fields["boxes"] for r in work.records], probed)
             work.ops_plan = planner.plan(self.ops, probed, rngs, boxes=work.boxes if self.box_ops else None)
         return work
 

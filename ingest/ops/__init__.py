@@ -25,6 +25,10 @@ Detection (boxes ltrb in absolute source pixels, ``[K, 4]`` per sample; masks ``
     boxes, keep = p.map_boxes(boxes)            # or piecewise: boxes and, per sample, which input boxes survive
     masks = p.warp_masks(masks)
 
+    b = BoxBatch.of(boxes)                      # the batch's boxes as one [M, 4] array + offsets (ops/boxes.py):
+    p = plan(ops, sizes, rngs, boxes=b)         # drawn, mapped and pruned as whole-batch arrays; the pipeline's
+    targets = p.batch_targets(fields, b)        # form, whose boxes the plan mapped already
+
 A geometry op maps a box through its per-sample map (the four corners, their bounding box, clipped to its
 output), op by op, so results equal torchvision's ``transforms.v2`` on ``BoundingBoxes`` op for op; masks go
 through each stage's own warp with nearest sampling, so they stay aligned with the image. Colour ops between
@@ -35,6 +39,7 @@ geometry ops split the warps but move nothing.
 
 from .affine import Steps, Warp, compose
 from .base import ImageSpec, Op, per_sample
+from .boxes import BoxBatch
 from .color import ColorJitter
 from .detection import PadTo, RandomIoUCrop, ZoomOut
 from .geometry import CenterCrop, Flip, GeometryOp, HorizontalFlip, RandomResizedCrop, Resize, Rotate, VerticalFlip
@@ -42,7 +47,7 @@ from .normalize import Normalize
 from .planner import Plan, plan, run_ops
 
 __all__ = [
-    "CenterCrop", "ColorJitter", "Flip", "GeometryOp", "HorizontalFlip", "ImageSpec", "Normalize", "Op", "PadTo",
+    "BoxBatch", "CenterCrop", "ColorJitter", "Flip", "GeometryOp", "HorizontalFlip", "ImageSpec", "Normalize", "Op", "PadTo",
     "Plan", "RandomIoUCrop", "RandomResizedCrop", "Resize", "Rotate", "Steps", "VerticalFlip", "Warp", "ZoomOut",
     "compose", "per_sample", "plan", "run_ops",
 ]

@@ -23,6 +23,11 @@ import numpy as np
 from .._numpy import columns, zeros
 from .base import Size, size_array, size_list
 
+try:   # built by setup.py where a C compiler is found (map_boxes_kept)
+    from . import _boxes
+except ImportError:
+    _boxes = None
+
 
 class Steps(NamedTuple):
     """One geometry op on a batch of N samples, as arrays."""
@@ -67,6 +72,19 @@ def map_boxes(steps: Steps, boxes: np.ndarray, owner: np.ndarray) -> np.ndarray:
     np.clip(out[:, 0::2], 0.0, hw[:, 1:], out=out[:, 0::2])
     np.clip(out[:, 1::2], 0.0, hw[:, :1], out=out[:, 1::2])
     return out
+
+
+def map_boxes_kept(steps: Steps, boxes: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`map_boxes` and :func:`nonempty` of its result, in one call of ``ingest.ops._boxes`` where it was
+    built (the same operations box by box, holding the GIL), else in numpy."""
+    if _boxes is None:
+        out = map_boxes(steps, boxes, owner)
+        return out, nonempty(out)
+    out, kept = np.empty((len(boxes), 4)), np.empty(len(boxes), dtype=bool)
+    _boxes.map_boxes(np.ascontiguousarray(boxes, dtype=np.float64), np.ascontiguousarray(owner, dtype=np.int64),
+                     np.ascontiguousarray(np.linalg.inv(steps.matrix)),
+                     np.ascontiguousarray(steps.out_sizes, dtype=np.int64), out, kept)
+    return out, kept
 
 
 def map_points(steps: Steps, points: np.ndarray, owner: np.ndarray) -> np.ndarray:
@@ -211,8 +229,8 @@ class Warp:
         """The maps of samples ``indices`` (repeats allowed: one entry per mask of a sample)."""
         idx = np.asarray(indices, dtype=np.int64)
         return replace(self, matrix=self.matrix[idx], box=self.box[idx],
-                       out_sizes=[self.out_sizes[k] for k in idx],
-                       source_sizes=[self.source_sizes[k] for k in idx])
+                       out_sizes=size_list(size_array(self.out_sizes)[idx]),
+                       source_sizes=size_list(size_array(self.source_sizes)[idx]))
 
 
 def _dct_scale(probed: np.ndarray, arrived: np.ndarray) -> np.ndarray:

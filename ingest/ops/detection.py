@@ -19,7 +19,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+
+try:   # built by setup.py where a C compiler is found: the batch's draws in one call that keeps the GIL
+    from . import _boxes as NATIVE
+except ImportError:
+    NATIVE = None
 from .affine import Steps, eye
+from .boxes import BoxBatch
 from .base import (Images, Rngs, Size, as_list, pad_crop, per_sample, probability, size_array,
                    stack_if_uniform)
 from .geometry import GeometryOp, _fill, _positive_int, _range, _size_pair
@@ -43,14 +49,12 @@ def box_iou(boxes: np.ndarray, other: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
-def _padded(boxes: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample ``[K, 4]`` boxes as one ``(N, max K, 4)`` array and its ``(N, max K)`` validity mask."""
-    arrays = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes]
-    counts = np.array([len(b) for b in arrays], dtype=np.int64)
-    out = np.zeros((len(arrays), int(counts.max(initial=0)), 4))
+def _padded(boxes: BoxBatch) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's boxes as one ``(N, max K, 4)`` array and its ``(N, max K)`` validity mask."""
+    counts = boxes.counts
+    out = np.zeros((len(counts), int(counts.max(initial=0)), 4))
     valid = np.arange(out.shape[1]) < counts[:, None]
-    if arrays:
-        out[valid] = np.concatenate(arrays)  # row-major order of the mask: sample by sample, box by box
+    out[valid] = boxes.flat   # row-major order of the mask: sample by sample, box by box
     return out, valid
 
 
@@ -86,14 +90,29 @@ class RandomIoUCrop(GeometryOp):
         self.attempts = _positive_int("attempts", attempts)
         self.rounds = _positive_int("rounds", rounds)
 
-    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes: Sequence[np.ndarray] | None = None) -> np.ndarray:
+    def draw(self, sizes: Sequence[Size], rngs: Rngs, boxes: Sequence[np.ndarray] | BoxBatch | None = None
+             ) -> np.ndarray:
+        """Every sample's crop, ``boxes`` per sample (``[K, 4]`` ltrb) or as a :class:`BoxBatch`. One call of
+        ``ingest.ops._boxes`` where it was built (each sample's rounds and attempts in order, stopping at the
+        first crop that qualifies), else numpy round by round; the same crops either way."""
         rngs = per_sample(rngs, len(sizes))
         hw = size_array(sizes)
-        out = np.concatenate([np.zeros_like(hw), hw, np.zeros_like(hw[:, :1])], axis=1)  # whole images
-        padded, valid = _padded([np.zeros((0, 4))] * len(hw) if boxes is None else boxes)
-        # NaN stands for None (no crop); a round's draws come from a child stream of its own, taken for the
-        # samples still open, so a sample's draws do not depend on which others are.
+        batch = BoxBatch.of([np.zeros((0, 4))] * len(hw) if boxes is None else boxes)
+        if len(batch) != len(hw):
+            raise ValueError(f"got boxes for {len(batch)} samples, the batch has {len(hw)}")
+        # NaN stands for None (no crop)
         choices = np.array([np.nan if t is None else t for t in self.min_ious])
+        if NATIVE is not None:
+            out = np.empty((len(hw), 5), dtype=np.int64)
+            NATIVE.iou_crops(np.ascontiguousarray(rngs.keys), rngs.advance(1), np.ascontiguousarray(hw),
+                             np.ascontiguousarray(batch.flat, dtype=np.float64),
+                             np.ascontiguousarray(batch.starts, dtype=np.int64), choices, *self.scale, *self.aspect,
+                             self.attempts, self.rounds, out)
+            return out
+        out = np.concatenate([np.zeros_like(hw), hw, np.zeros_like(hw[:, :1])], axis=1)  # whole images
+        padded, valid = _padded(batch)
+        # A round's draws come from a child stream of its own, taken for the samples still open, so a sample's
+        # draws do not depend on which others are.
         rounds = rngs.spawn()
         open_ = np.flatnonzero(valid.any(axis=1))  # samples still looking for a crop (none without boxes)
         for _ in range(self.rounds):

@@ -21,21 +21,26 @@ read it. Recompute it from the mapped boxes or polygons where a view's own area 
 
 from __future__ import annotations
 
+import copy
 import json
+import operator
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
-from typing import Any, Callable, Sequence
+from itertools import chain, repeat
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError
 from . import resample
-from .affine import Steps, Warp, clip_polygons, compose, map_boxes, map_points, nonempty, polygon_parts_kept
-from .base import (PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, copy_into, device_and_channels, per_sample,
-                   same_size, size_array, size_array_of, size_list, sizes_of)
+from .affine import Steps, Warp, clip_polygons, compose, map_boxes_kept, map_points, nonempty, polygon_parts_kept
+from .boxes import BoxBatch, as_array, from_ltrb, split
+from .base import (PIXELS, ImageArena, ImageSpec, Images, Op, Rngs, Size, as_list, copy_into, device_and_channels,
+                   per_sample, same_size, size_array, size_array_of, size_list, sizes_of)
 from .geometry import GeometryOp
+
+_DTYPE = operator.attrgetter("dtype")
 
 #: Per-box target fields that :meth:`Plan.targets` prunes together with the boxes (COCO's names).
 PER_BOX = ("labels", "iscrowd", "area")
@@ -100,6 +105,8 @@ class Plan:
     out_sizes: list[Size]
     output: ImageSpec
     content_sizes: list[Size] | None = None  # before the trailing padding ops (PadTo), where there are any
+    # The boxes given to `plan` and where they were after every op (`map_box_batch` reuses them)
+    tracked: tuple[BoxBatch, "_Boxes"] | None = field(default=None, repr=False, compare=False)
 
     @property
     def warp(self) -> Warp | None:
@@ -136,17 +143,39 @@ class Plan:
         than ``min_size`` at the end) or by the op's own rule (an IoU crop keeps boxes whose centre it
         holds). Returns the surviving boxes (same type, dtype and device as given) and, per sample, a
         ``[K]`` bool mask of the input boxes kept, for pruning the boxes' other fields."""
-        tracked = _Boxes([_as_array(b) for b in boxes], len(self.sizes))
-        for stage in self.stages:
-            for (op, params), steps in zip(stage.drawn, stage.steps):
-                tracked.follow(op, params, steps)
-        tracked.prune(min_size)
-        return [_like(b, ref) for b, ref in zip(tracked.per_sample(), boxes)], tracked.keep()
+        given = BoxBatch.of(boxes)
+        mapped, keep = self.map_box_batch(given, min_size=min_size)
+        return _like_each(mapped, list(boxes)), split(keep, given.starts)
 
-    def warp_masks(self, masks: Sequence[Any]) -> list[torch.Tensor]:
+    def map_box_batch(self, boxes: BoxBatch, *, min_size: float = 0.0) -> tuple[BoxBatch, np.ndarray]:
+        """:meth:`map_boxes` on a whole batch at once: the surviving boxes (float64) and an ``[M]`` bool mask
+        of the input boxes kept."""
+        if len(boxes) != len(self.sizes):
+            raise ValueError(f"got boxes for {len(boxes)} samples, the batch has {len(self.sizes)}")
+        if self.tracked is not None and self.tracked[0] is boxes:   # mapped already while the plan was drawn
+            tracked = copy.copy(self.tracked[1])
+        else:
+            tracked = _Boxes(boxes)
+            for stage in self.stages:
+                for (op, params), steps in zip(stage.drawn, stage.steps):
+                    tracked.follow(op, params, steps)
+        tracked.prune(min_size)
+        return tracked.batch(), tracked.keep()
+
+    def warp_masks(self, masks: Sequence[Any], *, device: torch.device | str | None = None) -> list[torch.Tensor]:
         """Masks (one ``[K, H, W]`` uint8 array or tensor per sample, at the source size) through every
-        geometry stage with the images' own warps, sampled nearest (labels are never blended), fill 0. On
-        CUDA all masks of a stage go in one launch; on CPU a sample's masks are one gather."""
+        geometry stage with the images' own warps, sampled nearest (labels are never blended), fill 0, on
+        ``device`` (default: where the masks are). On CUDA every mask of the batch is one plane of one buffer
+        (host masks go up in one copy) and each stage warps them in one launch; on CPU a sample's masks are
+        one gather."""
+        cuda = (torch.device(device).type == "cuda" if device is not None else
+                bool(len(masks)) and isinstance(masks[0], torch.Tensor) and masks[0].is_cuda)
+        if cuda:
+            batch = _MaskBatch.of(masks, torch.device(device) if device is not None else masks[0].device)
+            for stage in self.stages:
+                if stage.warp is not None:
+                    batch = batch.warped(stage.warp.for_masks())
+            return batch.per_sample()
         out = [torch.as_tensor(m) for m in masks]
         for stage in self.stages:
             if stage.warp is not None:
@@ -198,26 +227,69 @@ class Plan:
         back as JSON text) pruned and moved, and the ``per_box`` fields (``labels``, ``iscrowd``, ``area`` by
         default: arrays, tensors or lists of length K) pruned with their boxes. Other fields pass unchanged;
         ``area`` is pruned, not recomputed (see the module docstring). A sample without ``boxes`` keeps its
-        fields; its masks and polygons are still moved."""
+        fields; its masks and polygons are still moved.
+
+        Notes: the batch's boxes are mapped and pruned as one array (:meth:`map_box_batch`), and a per-box
+        field that is a numpy array (or a tensor) of one dtype in every sample is pruned as one array too;
+        other fields sample by sample."""
         boxes = [t.get("boxes") for t in targets]
-        mapped, keep = self.map_boxes([np.zeros((0, 4)) if b is None else b for b in boxes], min_size=min_size)
-        out = []
-        for t, b, new, k in zip(targets, boxes, mapped, keep):
-            d = dict(t)
-            if "polygons" in d:
-                d["polygons"] = _segmentation_list(d["polygons"])
-            if b is not None:
-                d["boxes"] = new
-                for name in [*per_box, "masks", "polygons"]:
-                    if name in d:
-                        d[name] = _take(d[name], k, name)
-            out.append(d)
-        if any("masks" in d for d in out):
-            if not all("masks" in d for d in out):
+        given = BoxBatch.of([np.zeros((0, 4)) if b is None else b for b in boxes])
+        mapped, keep = self.map_box_batch(given, min_size=min_size)
+        has: list[bool] | None = [b is not None for b in boxes]
+        if all(has):
+            has = None
+        return self._targets(targets, has, _like_each(mapped, boxes), keep, given.starts, mapped.starts, per_box)
+
+    def batch_targets(self, targets: Sequence[dict[str, Any]], boxes: BoxBatch, *, per_box: Sequence[str] = PER_BOX,
+                      box_format: str = "ltrb", relative: bool = False, min_size: float = 0.0,
+                      device: torch.device | None = None) -> list[dict[str, Any]]:
+        """:meth:`targets` with every sample's boxes given as one batch, ``boxes`` (absolute ltrb of the source,
+        float64; each target's own ``boxes`` is not read), coming back as ``[K, 4]`` float32 arrays in
+        ``box_format`` (``"ltrb"`` or ``"xywh"``) of each output image, relative to its size with ``relative``
+        (`ingest.ops.boxes.from_ltrb`): the pipeline's form. ``masks`` are pruned where they are and warped on
+        ``device`` (:meth:`warp_masks`)."""
+        mapped, keep = self.map_box_batch(boxes, min_size=min_size)
+        out = split(from_ltrb(mapped, size_array(self.out_sizes), box_format, relative), mapped.starts)
+        return self._targets(targets, None, out, keep, boxes.starts, mapped.starts, per_box, device)
+
+    def _targets(self, targets: Sequence[dict[str, Any]], has: list[bool] | None, boxes: list[Any], keep: np.ndarray,
+                 before: np.ndarray, after: np.ndarray, per_box: Sequence[str],
+                 device: torch.device | None = None) -> list[dict[str, Any]]:
+        """The targets with ``boxes`` (per sample) set and their per-box fields, masks and polygons pruned by
+        ``keep`` (``[M]`` over the input boxes, sample n's at rows ``before[n]:before[n + 1]``, its kept ones
+        at ``after[n]:after[n + 1]``); then masks warped and polygons moved. ``has``: which samples had boxes
+        (None: all)."""
+        out = list(map(dict, targets))
+        if has is None:
+            for d, b in zip(out, boxes):
+                d["boxes"] = b
+        else:
+            for d, b, h in zip(out, boxes, has):
+                if h:
+                    d["boxes"] = b
+        fields = set().union(*out)
+        if "polygons" in fields:
+            for d in out:
+                if "polygons" in d:
+                    d["polygons"] = _segmentation_list(d["polygons"])
+        for name in [*per_box, "masks", "polygons"]:
+            if name not in fields:
+                continue
+            everywhere = has is None and sum(map(operator.contains, out, repeat(name))) == len(out)
+            pruned = _take_all(list(map(operator.itemgetter(name), out)), keep, before, after) if everywhere else None
+            if pruned is not None:
+                for d, v in zip(out, pruned):
+                    d[name] = v
+                continue
+            for n, (d, k) in enumerate(zip(out, split(keep, before))):
+                if name in d and (has is None or has[n]):
+                    d[name] = _take(d[name], k, name)
+        if "masks" in fields:
+            if not all(map(operator.contains, out, repeat("masks"))):
                 raise ValueError("`masks` must be given for every sample of the batch or for none")
-            for d, m in zip(out, self.warp_masks([d["masks"] for d in out])):
+            for d, m in zip(out, self.warp_masks([d["masks"] for d in out], device=device)):
                 d["masks"] = m
-        if any("polygons" in d for d in out):
+        if "polygons" in fields:
             moved = self.map_polygons([d.get("polygons", []) for d in out])
             for t, d, p in zip(targets, out, moved):
                 if "polygons" in d:
@@ -232,13 +304,19 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
     ``rngs``: the batch's :class:`~ingest.random.SampleRandom` (the pipeline's keys samples by seed, epoch
     and dataset index), or a Generator or seed to key samples ``0..n-1`` from (:func:`~.base.per_sample`).
     Ops draw on the sizes as an ``(N, 2)`` int64 array. ``boxes`` (one ``[K, 4]`` ltrb array per sample, absolute
-    pixels) are needed only by ops whose draws depend on them (``uses_boxes``: RandomIoUCrop); they are
-    mapped through the ops as they are drawn. Raises ConfigError when an op cannot take what the op before it outputs.
+    pixels, or a :class:`~ingest.ops.boxes.BoxBatch`) are needed only by ops whose draws depend on them
+    (``uses_boxes``: RandomIoUCrop); they are mapped through the ops as they are drawn, and such an op's
+    ``draw`` gets them as a BoxBatch. Raises ConfigError when an op cannot take what the op before it outputs.
     """
     hw = size_array(sizes)  # ops draw on arrays, stages keep lists
     sizes = size_list(hw)
     rngs = per_sample(rngs, len(sizes))
-    tracked = None if boxes is None else _Boxes([_as_array(b) for b in boxes], len(sizes))
+    tracked = None
+    if boxes is not None:
+        given = BoxBatch.of(boxes)
+        if len(given) != len(sizes):
+            raise ValueError(f"got boxes for {len(given)} samples, the batch has {len(sizes)}")
+        tracked = _Boxes(given)
     spec, cur = PIXELS, sizes
     content = None  # the sizes before a run of padding ops that nothing after has resized yet
     drawn: list[tuple[Op, Any]] = []
@@ -247,7 +325,7 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
     for op in ops:
         spec = op.declare(spec)
         if op.uses_boxes:
-            params = op.draw(hw, rngs, boxes=None if tracked is None else tracked.per_sample())
+            params = op.draw(hw, rngs, boxes=None if tracked is None else tracked.batch())
         else:
             params = op.draw(hw, rngs)
         drawn.append((op, params))
@@ -279,7 +357,7 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
     for k, stage in enumerate(stages):
         if stage.steps:
             stage.warp = compose(stage.steps, warp_inputs[k])
-    return Plan(sizes, drawn, stages, list(cur), spec, content)
+    return Plan(sizes, drawn, stages, list(cur), spec, content, None if tracked is None else (given, tracked))
 
 
 @dataclass
@@ -363,39 +441,39 @@ def run_ops(ops: Sequence[Op], images: Images, rng: Rngs = None, *, device_kind:
 
 class _Boxes:
     """A batch's boxes on their way through the ops: one ``[M, 4]`` array, the sample each belongs to and its
-    position among that sample's input boxes."""
+    row among the batch's input boxes (boxes stay in sample order)."""
 
-    def __init__(self, boxes: list[np.ndarray], samples: int):
-        if len(boxes) != samples:
-            raise ValueError(f"got boxes for {len(boxes)} samples, the batch has {samples}")
-        self.counts = np.array([len(b) for b in boxes], dtype=np.int64)
-        self.flat = np.concatenate(boxes) if len(boxes) else np.zeros((0, 4))
-        self.owner = np.repeat(np.arange(samples), self.counts)
-        self.index = np.arange(len(self.flat)) - np.repeat(np.cumsum(self.counts) - self.counts, self.counts)
+    def __init__(self, boxes: BoxBatch):
+        self.starts = boxes.starts
+        self.flat = boxes.flat
+        self.owner = boxes.owner
+        self.row = np.arange(len(self.flat))
 
-    def per_sample(self) -> list[np.ndarray]:
-        return np.split(self.flat, np.cumsum(np.bincount(self.owner, minlength=len(self.counts)))[:-1])
+    def batch(self) -> BoxBatch:
+        """The boxes still here, with their samples' offsets."""
+        return BoxBatch(self.flat, np.searchsorted(self.owner, np.arange(len(self.starts)), side="left"))
 
     def follow(self, op: GeometryOp, params: Any, steps: Steps) -> None:
         """Through one geometry op: its own filter, then the map, clip and the drop of empty boxes."""
         chosen = op.box_filter(self.flat, self.owner, params)
         if chosen is not None:
             self._select(chosen)
-        self.flat = map_boxes(steps, self.flat, self.owner)
-        self._select(nonempty(self.flat))
+        self.flat, kept = map_boxes_kept(steps, self.flat, self.owner)
+        self._select(kept)
 
     def prune(self, min_size: float) -> None:
         if min_size > 0:
             self._select(nonempty(self.flat, min_size))
 
-    def keep(self) -> list[np.ndarray]:
-        """Per sample, which of its input boxes are still here."""
-        kept = np.zeros(int(self.counts.sum()), dtype=bool)
-        kept[(np.cumsum(self.counts) - self.counts)[self.owner] + self.index] = True
-        return np.split(kept, np.cumsum(self.counts)[:-1])
+    def keep(self) -> np.ndarray:
+        """Which of the batch's input boxes are still here, ``[M]`` bool."""
+        kept = np.zeros(int(self.starts[-1]), dtype=bool)
+        kept[self.row] = True
+        return kept
 
     def _select(self, mask: np.ndarray) -> None:
-        self.flat, self.owner, self.index = self.flat[mask], self.owner[mask], self.index[mask]
+        if not mask.all():
+            self.flat, self.owner, self.row = self.flat[mask], self.owner[mask], self.row[mask]
 
 
 class _Parts:
@@ -481,17 +559,67 @@ def _like_segmentation(objs: list[Any], ref: Any) -> Any:
     return json.dumps(objs).encode("utf-8") if isinstance(ref, bytes) else objs
 
 
+class _MaskBatch(NamedTuple):
+    """A batch's masks as the 1-channel planes of one buffer: sample n's ``shapes[n]`` = (K, H, W) planes
+    follow sample n - 1's in ``storage`` (1-D uint8), each ``[H, W]`` contiguous. What the warp kernel reads
+    (as an `ImageArena`) and writes (`resample.warp` puts a ragged batch's outputs one after another in one
+    buffer), so a stage costs one launch and no view per mask."""
+
+    storage: torch.Tensor
+    shapes: np.ndarray
+
+    @classmethod
+    def of(cls, masks: Sequence[Any], device: torch.device) -> "_MaskBatch":
+        """The masks on ``device``: host arrays joined in one host buffer and copied up once, tensors joined
+        there."""
+        shapes = np.array(list(map(_mask_shape, masks)), dtype=np.int64).reshape(-1, 3)
+        if all(isinstance(m, np.ndarray) or (isinstance(m, torch.Tensor) and not m.is_cuda) for m in masks):
+            host = np.concatenate([np.asarray(m).reshape(-1) for m in masks]) if len(masks) else np.zeros(0, np.uint8)
+            storage = torch.from_numpy(host).to(device, non_blocking=True)
+        else:
+            storage = torch.cat([torch.as_tensor(m, device=device).reshape(-1) for m in masks])
+        if storage.dtype != torch.uint8:
+            raise ValueError(f"masks must be uint8, got {storage.dtype}")
+        return cls(storage, shapes)
+
+    def warped(self, w: Warp) -> "_MaskBatch":
+        """Every plane through its sample's map in ``w`` (one `resample.warp` of all planes)."""
+        k, hw = self.shapes[:, 0], self.shapes[:, 1:]
+        out = np.concatenate([k[:, None], size_array(w.out_sizes)], axis=1)
+        planes = int(k.sum())
+        if not planes:
+            return _MaskBatch(self.storage[:0], out)
+        owner = np.repeat(np.arange(len(k)), k)
+        area = hw[:, 0] * hw[:, 1]
+        first = np.cumsum(k) - k                     # each sample's first plane
+        start = np.cumsum(k * area) - k * area       # ... and its byte offset
+        offsets = start[owner] + (np.arange(planes) - first[owner]) * area[owner]
+        result = resample.warp(ImageArena(self.storage, offsets, hw[owner], channels=1), w.take(owner))
+        if isinstance(result, torch.Tensor):
+            return _MaskBatch(result.reshape(-1), out)
+        total = int((out[:, 0] * out[:, 1] * out[:, 2]).sum())
+        base = result[0]._base
+        if base is not None and base.dim() == 1 and base.numel() == total and base.data_ptr() == result[0].data_ptr():
+            return _MaskBatch(base, out)             # the kernel's outputs: one buffer, in plane order
+        return _MaskBatch(torch.cat([r.reshape(-1) for r in result]), out)
+
+    def per_sample(self) -> list[torch.Tensor]:
+        """Sample by sample: ``[K, H, W]`` views of the buffer."""
+        sizes = (self.shapes[:, 0] * self.shapes[:, 1] * self.shapes[:, 2]).tolist()
+        parts = self.storage.split(sizes) if sizes else []
+        return [part.view(shape) for part, shape in zip(parts, map(tuple, self.shapes.tolist()))]
+
+
+def _mask_shape(m: Any) -> tuple[int, int, int]:
+    return tuple(m.shape)
+
+
 def _warp_masks(masks: list[torch.Tensor], w: Warp) -> list[torch.Tensor]:
-    """Each sample's ``[K, H, W]`` masks resampled by its map in ``w``."""
+    """Each sample's ``[K, H, W]`` masks resampled by its map in ``w``, on the CPU."""
     counts = [int(m.shape[0]) for m in masks]
     out = [m.new_zeros((0,) + tuple(size)) for m, size in zip(masks, w.out_sizes)]
     if not sum(counts):
         return out
-    if masks[0].device.type == "cuda":  # every mask a 1-channel image of one ragged batch: one launch
-        owner = np.repeat(np.arange(len(masks)), counts)
-        planes = as_list(resample.warp([p[..., None] for m in masks for p in m.unbind(0)], w.take(owner)))
-        starts = np.cumsum([0] + counts).tolist()
-        return [torch.stack(planes[a:b])[..., 0] if b > a else o for a, b, o in zip(starts, starts[1:], out)]
     for n, m in enumerate(masks):  # the sample's masks as the channels of one image: one gather
         if not counts[n]:
             continue
@@ -530,16 +658,6 @@ def _nearest_aligned(masks: torch.Tensor, w: Warp, n: int) -> torch.Tensor:
     return out
 
 
-def _as_array(boxes: Any) -> np.ndarray:
-    """``[K, 4]`` float64 boxes from an array, a tensor or nested lists."""
-    a = boxes.detach().cpu().numpy() if isinstance(boxes, torch.Tensor) else np.asarray(boxes)
-    if a.size == 0:
-        return np.zeros((0, 4))
-    if a.ndim != 2 or a.shape[1] != 4:
-        raise ValueError(f"boxes must be [K, 4] (x0, y0, x1, y1), got shape {a.shape}")
-    return a.astype(np.float64)
-
-
 def _like(boxes: np.ndarray, ref: Any) -> Any:
     """``boxes`` as the type of ``ref``: a tensor of its dtype and device, or an array of its float dtype."""
     if isinstance(ref, torch.Tensor):
@@ -547,6 +665,45 @@ def _like(boxes: np.ndarray, ref: Any) -> Any:
         return torch.from_numpy(boxes).to(device=ref.device, dtype=dtype)
     dtype = getattr(ref, "dtype", np.float64)
     return boxes.astype(dtype if np.issubdtype(dtype, np.floating) else np.float64)
+
+
+def _like_each(boxes: BoxBatch, refs: Sequence[Any]) -> list[Any]:
+    """Each sample's boxes as the type of its ``refs`` entry (`_like`); converted once for the batch when the
+    refs are all numpy arrays of one dtype, or all tensors of one dtype and device."""
+    types = set(map(type, refs))
+    if types == {np.ndarray} and len(set(map(_DTYPE, refs))) == 1:
+        return split(_like(boxes.flat, refs[0]), boxes.starts)
+    if types == {torch.Tensor} and len({(r.dtype, r.device) for r in refs}) == 1:
+        return split(_like(boxes.flat, refs[0]), boxes.starts)
+    return [_like(b, ref) for b, ref in zip(boxes.per_sample(), refs)]
+
+
+def _take_all(values: list[Any], keep: np.ndarray, before: np.ndarray, after: np.ndarray) -> list[Any] | None:
+    """Every sample's per-box field pruned by ``keep`` at once (see `Plan._targets`), when the values are all
+    numpy arrays, or all tensors, of one dtype (and device) whose lengths are the samples' box counts; else
+    None (then `_take` goes sample by sample, and says which field is wrong)."""
+    types = set(map(type, values))
+    if types not in ({np.ndarray}, {torch.Tensor}) or len(set(map(_DTYPE, values))) != 1:
+        return None
+    try:
+        lengths = np.fromiter(map(len, values), np.int64, len(values))
+    except TypeError:   # a 0-d value
+        return None
+    if not np.array_equal(lengths, np.diff(before)):
+        return None
+    if types == {np.ndarray}:
+        try:
+            joined = np.concatenate(values)
+        except ValueError:   # shapes differ beyond the first dimension
+            return None
+        return split(joined[keep], after)
+    if len({v.device for v in values}) == 1:
+        try:
+            joined = torch.cat(values)
+        except RuntimeError:
+            return None
+        return split(joined[torch.from_numpy(keep).to(joined.device)], after)
+    return None
 
 
 def _take(value: Any, keep: np.ndarray, name: str) -> Any:
