@@ -82,12 +82,23 @@ def _to_dtype(out: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
     return out if images.is_floating_point() else out.to(images.dtype)
 
 
-def _blend(image1: torch.Tensor, image2: torch.Tensor, ratio: float | torch.Tensor) -> torch.Tensor:
-    """torchvision's ``_blend``: ``image1 * ratio + image2 * (1 - ratio)``, clamped, in image1's dtype."""
-    if isinstance(ratio, float):
-        out = image1.mul(ratio).add_(image2, alpha=1.0 - ratio)
+def _ratio(value: Value, images: torch.Tensor, name: str) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+    """A blend factor (>= 0) and one minus it, each a float or ``[N, 1, 1, 1]``; on the host ``1 - f`` is taken
+    in float64 before the cast, as torchvision's ``alpha=1 - f`` is, so results are torchvision's exactly."""
+    f = _per_sample(value, images, name, low=0.0)
+    host = _host(value)
+    if isinstance(f, float):
+        return f, 1.0 - f
+    return f, (1.0 - f) if host is None else _per_sample(1.0 - host.reshape(-1), images, name)
+
+
+def _blend(image1: torch.Tensor, image2: torch.Tensor, value: Value, name: str) -> torch.Tensor:
+    """torchvision's ``_blend``: ``image1 * f + image2 * (1 - f)``, clamped, in image1's dtype."""
+    f, g = _ratio(value, image1, name)
+    if isinstance(f, float):
+        out = image1.mul(f).add_(image2, alpha=g)
     else:
-        out = image1.mul(ratio).add_(image2 * (1.0 - ratio))
+        out = image1.mul(f).addcmul_(image2, g)
     return _to_dtype(out.clamp_(0, _bound(image1)), image1)
 
 
@@ -123,19 +134,17 @@ def adjust_brightness(images: torch.Tensor, brightness_factor: Value) -> torch.T
 def adjust_contrast(images: torch.Tensor, contrast_factor: Value) -> torch.Tensor:
     """Blend each image with the mean of its luma by the factor (>= 0)."""
     _check(images)
-    f = _per_sample(contrast_factor, images, "contrast_factor", low=0.0)
     gray = _gray_float(images) if images.shape[1] == 3 else images.to(torch.float32) \
         if not images.is_floating_point() else images
-    return _blend(images, gray.mean(dim=(-3, -2, -1), keepdim=True), f)
+    return _blend(images, gray.mean(dim=(-3, -2, -1), keepdim=True), contrast_factor, "contrast_factor")
 
 
 def adjust_saturation(images: torch.Tensor, saturation_factor: Value) -> torch.Tensor:
     """Blend each image with its luma by the factor (>= 0); 1-channel images are returned as they are."""
     _check(images)
-    f = _per_sample(saturation_factor, images, "saturation_factor", low=0.0)
     if images.shape[1] == 1:
         return images
-    return _blend(images, _gray_float(images), f)
+    return _blend(images, _gray_float(images), saturation_factor, "saturation_factor")
 
 
 def _rgb_to_hsv(image: torch.Tensor) -> torch.Tensor:
@@ -183,7 +192,7 @@ def adjust_hue(images: torch.Tensor, hue_factor: Value) -> torch.Tensor:
     f = _per_sample(hue_factor, images, "hue_factor", low=-0.5, high=0.5)
     if images.shape[1] == 1 or images.numel() == 0:
         return images
-    x = images.to(torch.float32) if images.is_floating_point() else images.to(torch.float32).div_(255.0)
+    x = images.to(torch.float32) if images.is_floating_point() else images.to(torch.float32).mul_(1.0 / 255.0)
     hsv = _rgb_to_hsv(x)
     h, s, v = hsv.unbind(dim=-3)
     h = h.add_(f[:, 0] if isinstance(f, torch.Tensor) else f).remainder_(1.0)
@@ -196,7 +205,7 @@ def adjust_hue(images: torch.Tensor, hue_factor: Value) -> torch.Tensor:
 def adjust_sharpness(images: torch.Tensor, sharpness_factor: Value) -> torch.Tensor:
     """Blend with the image smoothed by PIL's 3x3 kernel (border pixels kept) by the factor (>= 0)."""
     _check(images)
-    f = _per_sample(sharpness_factor, images, "sharpness_factor", low=0.0)
+    f, g = _ratio(sharpness_factor, images, "sharpness_factor")
     n, c, h, w = images.shape
     if images.numel() == 0 or h <= 2 or w <= 2:
         return images
@@ -210,9 +219,9 @@ def adjust_sharpness(images: torch.Tensor, sharpness_factor: Value) -> torch.Ten
         blurred = blurred.round_()
     view = out[..., 1:-1, 1:-1]
     if isinstance(f, float):
-        view.add_(blurred.sub_(view), alpha=1.0 - f)
+        view.add_(blurred.sub_(view), alpha=g)
     else:
-        view.add_(blurred.sub_(view).mul_(1.0 - f))
+        view.addcmul_(blurred.sub_(view), g)
     return _to_dtype(out.clamp_(0, _bound(images)), images)
 
 
