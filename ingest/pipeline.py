@@ -45,6 +45,8 @@ from ._driver import Staging, recorded, wait_for
 from ._numpy import take
 from .io import ByteReader
 from .ops import planner
+from .ops.mix import Mixing, split as split_batch_op
+from .ops.user import as_ops
 from .ops.base import ImageArena, arena_under, bind_thread, same_size, stack_if_uniform
 from .ops.decode import CpuDecoder
 from .sampler import BatchPlan
@@ -161,7 +163,7 @@ class Pipeline:
                  decode: str | None = None, io: str | None = None, num_threads: int | None = None,
                  shared_reads: int = 0, labels_on_host: bool = False, lanes: int | str | None = None):
         self.source = source
-        self.ops = list(ops)
+        self.ops = as_ops(ops)   # torchvision transforms wrapped; anything else not an op is a ConfigError
         self.device, self.decode_kind = resolve_device(device, decode)
         decode = self.decode_kind
         # shared_reads: a reader process's pipeline, whose read stage hands its batches to another process
@@ -222,6 +224,9 @@ class Pipeline:
                             [k for k in PER_BOX if k in self.extra_fields and self.extra_fields[k].kind != "array"])
         self.box_ops = self.boxes and any(getattr(op, "uses_boxes", False) for op in self.ops)
         self.pads = any(getattr(op, "pads", False) for op in self.ops)
+        # A batch op (MixUp, CutMix: `ops.mix`) ends the ops: the planner runs the others; it runs in `transform`
+        # on the delivered batch and its labels.
+        self.plan_ops, self.mixer = split_batch_op(self.ops, boxes=self.boxes, labels="label" in self.fields)
         self.stage_stats = [StageStats(name) for name in STAGES]  # over every epoch
         self.decode_paths: dict[str, int] = {}
         self.failures = Failures(0, 0)
@@ -347,7 +352,7 @@ class Pipeline:
             rngs = replace(work.plan, indices=work.indices, is_pad=work.is_pad).sample_rngs()
             if self.boxes:
                 work.boxes = [self._to_ltrb(r.fields["boxes"], size) for r, size in zip(work.records, probed)]
-            work.ops_plan = planner.plan(self.ops, probed, rngs, boxes=work.boxes if self.box_ops else None)
+            work.ops_plan = planner.plan(self.plan_ops, probed, rngs, boxes=work.boxes if self.box_ops else None)
         return work
 
     # -- stage 2: decode ----------------------------------------------------------------------
@@ -361,7 +366,7 @@ class Pipeline:
             # Nothing to decode: the ops' random draws are made here, while the read stage (the limit on this
             # path) reads the next batch, instead of before each read.
             if len(work.indices):   # in slices on a large batch (`planner.SLICE`)
-                work.ops_plan = planner.plan_sliced(self.ops, work.sizes, work.plan.sample_rngs)
+                work.ops_plan = planner.plan_sliced(self.plan_ops, work.sizes, work.plan.sample_rngs)
             return work
         if not work.records or self.image_kind is None:
             return work
@@ -554,6 +559,9 @@ class Pipeline:
         names = [work.names[k] for k in keep] if self.extra_fields and self.with_fields else []   # for messages
         host_labels = np.ascontiguousarray(_select_rows(work.labels, keep, failed) if work.labels is not None else
                                            np.array([work.records[k].label for k in keep], dtype=np.int64))
+        mixing = self._mixing(work, keep, failed)
+        if mixing is not None:
+            host_labels = mixing.labels(host_labels)
         labels = torch.from_numpy(host_labels)
         if self.ops_stream is not None:
             with torch.cuda.stream(self.ops_stream):
@@ -568,6 +576,8 @@ class Pipeline:
                 # another tensor than the one kept)
                 images = _select_rows(self._execute(work, None if out is None else out[:len(work.ops_plan.out_sizes)]),
                                       keep, failed)
+                if mixing is not None:
+                    images = mixing.images(images)
                 if out is not None:
                     self._watch(images, out)
                 values = self._targets(work)
@@ -591,6 +601,8 @@ class Pipeline:
                     gpu.recycle(work.images, ready)
         else:
             images, ready = _select_rows(self._execute(work), keep, failed), None
+            if mixing is not None:
+                images = mixing.images(images)
             values = self._targets(work)
             fields = self._collate([values[k] for k in keep], names, work, keep)
         if work.buffer is not None and len(self._spare_direct) < 2 and not _shares_memory(images, work.images):
@@ -598,6 +610,14 @@ class Pipeline:
         indices = torch.from_numpy(np.ascontiguousarray(_select_rows(work.indices, keep, failed)))
         is_pad = torch.from_numpy(np.ascontiguousarray(_select_rows(work.is_pad, keep, failed)))
         return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)
+
+    def _mixing(self, work: _Work, keep: list[int], failed: set[int]):
+        """The batch op's draws for the delivered samples (`ops.mix.Mixing`), or None without one."""
+        if self.mixer is None or work.ops_plan is None:
+            return None
+        rows = np.asarray(keep, dtype=np.int64)
+        rngs = replace(work.plan, indices=work.indices[rows], is_pad=work.is_pad[rows]).sample_rngs()
+        return Mixing(self.mixer, rngs, [work.ops_plan.out_sizes[k] for k in keep], work.ops_plan.output)
 
     def _collate(self, values: list[dict[str, Any]], names: list[str], work: _Work, keep: list[int]
                  ) -> dict[str, Any]:
