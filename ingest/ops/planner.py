@@ -36,6 +36,7 @@ from .affine import Steps, Warp, clip_polygons, compose, map_boxes, map_points, 
 from .base import (PIXELS, ImageSpec, Images, Op, Rngs, Size, as_list, copy_into, device_and_channels, per_sample,
                    same_size, size_array, size_array_of, size_list, sizes_of)
 from .geometry import GeometryOp
+from .user import as_ops
 
 #: Per-box target fields that :meth:`Plan.targets` prunes together with the boxes (COCO's names).
 PER_BOX = ("labels", "iscrowd", "area")
@@ -235,6 +236,8 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
     pixels) are needed only by ops whose draws depend on them (``uses_boxes``: RandomIoUCrop); they are
     mapped through the ops as they are drawn. Raises ConfigError when an op cannot take what the op before it outputs.
     """
+    if not all(isinstance(op, Op) for op in ops):   # a torchvision transform is wrapped; anything else refused
+        ops = as_ops(ops)
     hw = size_array(sizes)  # ops draw on arrays, stages keep lists
     sizes = size_list(hw)
     rngs = per_sample(rngs, len(sizes))
