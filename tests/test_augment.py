@@ -334,3 +334,13 @@ def test_policies_run_inside_a_plan():
     p = plan(ops, [tuple(im.shape[:2]) for im in images], 3)
     out = p.execute(images)
     assert out.shape == (5, 3, 32, 32) and out.dtype == torch.float32
+
+
+def test_new_ops_send_a_chain_to_the_python_engine():
+    from ingest.native_plan import describe
+    from ingest.ops import Flip, MixUp, Normalize, RandomResizedCrop
+    base = [RandomResizedCrop(32), Flip()]
+    assert describe(base + [Normalize(127.0, 64.0)]) is not None
+    for extra in ([RandAugment(2, 9)], [RandomAffine(10)], [RandomErasing(0.25)], [GaussianBlur(3)]):
+        assert describe(base + extra + [Normalize(127.0, 64.0)]) is None
+    assert describe(base + [Normalize(127.0, 64.0), MixUp(1.0, 10)]) is None
