@@ -194,6 +194,46 @@ def _colour(name: str, x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
     return F.invert(x)
 
 
+#: The ops :func:`_pointwise` runs together.
+_POINTWISE = np.array([OP[n] for n in ("Brightness", "Color", "Contrast", "Posterize", "Solarize", "Invert")])
+
+
+def _pointwise(x: torch.Tensor, ops: np.ndarray, m: np.ndarray) -> torch.Tensor:
+    """Brightness, Color, Contrast, Posterize, Solarize and Invert on uint8 RGB ``x``, each sample its own op
+    (``ops``) and magnitude, in one pass of a dozen torch calls: ``trunc(clamp(x * a + g * (1 - a)))`` with
+    ``g`` the luma (Color) or its mean (Contrast) and ``a = 1`` for the other ops, then ``& mask`` (Posterize;
+    255 for the others), then inversion at or above a threshold (Solarize; 0 for Invert, 256 for the others).
+    The same float32 operations as torchvision's, so the same results (``mul`` then ``addcmul`` is its
+    ``add(alpha=)``)."""
+    blend = np.isin(ops, [OP["Brightness"], OP["Color"], OP["Contrast"]])
+    a = np.where(blend, 1.0 + m, 1.0)
+    b = np.where(blend & (ops != OP["Brightness"]), -m, 0.0)   # 1 - a, taken in float64 as torchvision does
+    bits = np.where(ops == OP["Posterize"], m, 8).astype(np.int64)
+    mask = np.where(bits >= 8, 255, (255 << (8 - np.minimum(bits, 8))) & 255)
+    threshold = np.where(ops == OP["Solarize"], 255.0 * m, np.where(ops == OP["Invert"], 0.0, 256.0))
+    host = np.stack([a, b, threshold], axis=1)
+    dev = x.device
+    params = torch.from_numpy(host).to(torch.float32)
+    params = params.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else params
+    a_t, b_t, thr = (params[:, k].view(-1, 1, 1, 1) for k in range(3))
+    xf = x.to(torch.float32)
+    out = xf.mul(a_t)
+    if (b != 0).any():
+        r, g, bl = xf.unbind(dim=1)
+        gray = r.mul(0.2989).add_(g, alpha=0.587).add_(bl, alpha=0.114).floor_().unsqueeze(1)
+        contrast = torch.from_numpy((ops == OP["Contrast"]).reshape(-1, 1, 1, 1))
+        contrast = contrast.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else contrast
+        other = torch.where(contrast, gray.mean(dim=(-3, -2, -1), keepdim=True), gray)
+        out = out.addcmul_(other, b_t)
+    out = out.clamp_(0, 255).to(torch.uint8)
+    if (mask != 255).any():
+        m_t = torch.from_numpy(mask.astype(np.uint8).reshape(-1, 1, 1, 1))
+        out = out & (m_t.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else m_t)
+    if (threshold <= 255).any():
+        out = torch.where(out >= thr, out.bitwise_not(), out)
+    return out
+
+
 def _interpolation(value: Any) -> str:
     if value not in ("nearest", "bilinear"):
         raise ConfigError(f"Unknown interpolation {value!r}. Available: bilinear, nearest")
@@ -227,9 +267,14 @@ class _Policy(Op):
             if len(rows):
                 theta = _policy_theta(col[rows], m[rows], h, w)
                 batch.update(rows, lambda s: F.warp_batch(s, theta, self.interpolation, self.fill))
+            fused = x.shape[1] == 3 and x.dtype == torch.uint8
+            if fused:   # the pointwise ops of every sample that drew one, in one pass
+                rows = np.flatnonzero(np.isin(col, _POINTWISE))
+                if len(rows):
+                    batch.update(rows, lambda s: _pointwise(s, col[rows], m[rows]))
             for k in np.unique(col).tolist():
                 name = NAMES[k]
-                if name == "Identity" or k in _GEOMETRY:
+                if name == "Identity" or k in _GEOMETRY or (fused and k in _POINTWISE):
                     continue
                 rows = np.flatnonzero(col == k)
                 batch.update(rows, lambda s: _colour(name, s, m[rows]))
