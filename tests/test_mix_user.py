@@ -99,6 +99,8 @@ def test_batch_op_config_errors():
         split([MixUp(1.0, 10), CutMix(1.0, 10)])
     with pytest.raises(ConfigError, match="CutMix cannot run on a source with boxes"):
         split([Resize((8, 8)), CutMix(1.0, 10)], boxes=True)
+    with pytest.raises(ConfigError, match="RandAugment moves pixels without a map for boxes"):
+        split([Resize((8, 8)), RandAugment(2, 9)], boxes=True)
     with pytest.raises(ConfigError, match="mixes labels too"):
         plan([Resize((8, 8)), MixUp(1.0, 10)], [(8, 8)], 0).execute(torch.zeros(1, 8, 8, 3, dtype=torch.uint8))
     with pytest.raises(ValueError, match="labels in 0..9"):

@@ -245,6 +245,8 @@ class _Policy(Op):
 
     interpolation: str = "nearest"
     fill: tuple[float, ...] | None = None
+    #: Its shears, translations and rotations have no map for boxes and masks: refused on a source with boxes.
+    follows_boxes = False
 
     def _setup(self, interpolation: str, fill: Any) -> None:
         self.interpolation = _interpolation(interpolation)

@@ -252,8 +252,15 @@ class MixUpCutMix(BatchOp):
 
 def split(ops: Sequence[Op], *, boxes: bool = False, labels: bool = True) -> tuple[list[Op], BatchOp | None]:
     """The per-sample ops a planner runs, and the batch op that ends the list (None if there is none). A batch
-    op must be the last op, one at most, and needs labels and no boxes; otherwise a ConfigError."""
+    op must be the last op, one at most, and needs labels and no boxes; with boxes, an op that moves pixels
+    without a map for them (``follows_boxes = False``: the policies) is refused too. Otherwise a ConfigError."""
     ops = list(ops)
+    if boxes:
+        for op in ops:
+            if getattr(op, "follows_boxes", True) is False:
+                raise ConfigError(f"{type(op).__name__} moves pixels without a map for boxes and masks, and this "
+                                  f"source has boxes: use RandomAffine or Rotate (geometry ops, which boxes follow) "
+                                  f"and colour ops instead")
     at = [k for k, op in enumerate(ops) if getattr(op, "mixes_labels", False)]
     if not at:
         return ops, None

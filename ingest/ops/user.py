@@ -144,7 +144,10 @@ class Torchvision(_UserOp):
                     out.append(self.transform(x[n]))
             if not all(isinstance(o, torch.Tensor) and o.dim() == 3 for o in out):
                 raise ValueError(f"{what} must return one [C, H, W] uint8 tensor per image")
-            return self._checked(torch.stack(out) if len({o.shape for o in out}) == 1 else out, x, what)
+            if len({o.shape for o in out}) != 1:
+                raise ValueError(f"{what} returned images of several sizes for images of one size: a transform "
+                                 f"that changes the size must give one fixed size, declared as size=(h, w)")
+            return self._checked(torch.stack(out), x, what)
         return on_batches(images, run)
 
     def __repr__(self) -> str:
