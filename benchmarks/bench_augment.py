@@ -64,8 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="DALI threads (default 16)")
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default 16)")
     p.add_argument("--model", default=None, help="torchvision model (default resnet50)")
-    p.add_argument("--seconds", type=float, default=None, help="loader-only timed window (default 6)")
-    p.add_argument("--train-seconds", type=float, default=None, help="training timed window (default 12)")
+    p.add_argument("--seconds", type=float, default=None, help="loader-only timed window (default 5)")
+    p.add_argument("--train-seconds", type=float, default=None, help="training timed window (default 10)")
     p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up (default 3)")
     p.add_argument("--warmup-batches", type=int, default=8)
     p.add_argument("--min-batches", type=int, default=10)
@@ -77,8 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     dry = a.dry_run
     defaults = dict(images=64 if dry else 10000, batch=8 if dry else 256, threads=2 if dry else 16,
-                    workers=2 if dry else 16, model="mobilenet_v3_small" if dry else "resnet50", seconds=1.0 if dry else 6.0,
-                    train_seconds=1.5 if dry else 12.0, warmup_seconds=0.3 if dry else 3.0)
+                    workers=2 if dry else 16, model="mobilenet_v3_small" if dry else "resnet50",
+                    seconds=1.0 if dry else 5.0, train_seconds=1.5 if dry else 10.0,
+                    warmup_seconds=0.3 if dry else 3.0)
     for k, v in defaults.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
@@ -236,7 +237,7 @@ def build_dali(args, dev) -> Feed:
         images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB,
                                                random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
         images = fn.resize(images, resize_x=224, resize_y=224)
-        images = rand_augment.rand_augment(images, shape=(224, 224), n=2, m=9)
+        images = rand_augment.rand_augment(images, n=2, m=9)   # translations up to 100 px: 100/224 of a side
         if with_erase:
             if fn.random.coin_flip(probability=ERASE["p"]):
                 images = erase(images)

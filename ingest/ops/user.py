@@ -41,7 +41,7 @@ import torch
 
 from ..errors import ConfigError
 from .augment import on_batches
-from .base import Images, Op, Rngs, Size, per_sample, size_list
+from .base import Images, Op, Rngs, Size, per_sample
 
 __all__ = ["BatchFunction", "Torchvision", "as_ops", "is_torchvision_transform"]
 
@@ -124,7 +124,8 @@ class Torchvision(_UserOp):
 
     def __init__(self, transform: Any, *, per_batch: bool = False, size: int | Sequence[int] | None = None):
         if not is_torchvision_transform(transform):
-            raise ConfigError(f"Torchvision needs a torchvision.transforms.v2 transform, got {type(transform).__name__}")
+            raise ConfigError(f"Torchvision needs a torchvision.transforms.v2 transform, "
+                              f"got {type(transform).__name__}")
         self.transform, self.per_batch, self.size = transform, bool(per_batch), _size(size)
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> np.ndarray:
