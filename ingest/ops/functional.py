@@ -312,8 +312,9 @@ def _gaussian_kernels(kernel_size: int, sigma: torch.Tensor | float, dtype: torc
 
 def gaussian_blur(images: torch.Tensor, kernel_size: int | Sequence[int], sigma: Value | None = None) -> torch.Tensor:
     """Gaussian blur with an odd ``kernel_size`` (one int or (x, y)) and ``sigma`` > 0 (a number, N values, or
-    a pair of either for (x, y); default ``0.3 * ((k - 1) * 0.5 - 1) + 0.8`` as torchvision's ``ksize * 0.15 +
-    0.35``), reflect-padded. Separable: one horizontal and one vertical grouped convolution over the batch."""
+    a pair of either for (x, y); default torchvision's ``0.15 * k + 0.35``), reflect-padded. Separable: one
+    horizontal and one vertical grouped convolution over the batch, so uint8 results may differ from
+    torchvision's 2-D kernel by one level."""
     _check(images, channels=None)
     ks = [kernel_size, kernel_size] if isinstance(kernel_size, int) else list(kernel_size)
     if len(ks) != 2 or any(not isinstance(k, int) or k <= 0 or k % 2 == 0 for k in ks):
