@@ -141,3 +141,14 @@ def test_timm_recipe_in_a_cuda_loader(tmp_path):
     for (g, gl), (c, cl) in zip(batches, cpu):
         assert torch.allclose(gl.cpu(), cl)   # the same draws on both devices
     assert np.isfinite(torch.cat([b[0].flatten().cpu() for b in batches]).numpy()).all()
+
+
+def test_torchvision_op_on_cuda_leaves_the_users_generators_alone():
+    from torchvision.transforms import v2
+    from ingest.ops import Torchvision
+    op = Torchvision(v2.RandomHorizontalFlip(0.5))
+    x = batch().permute(0, 2, 3, 1).contiguous().cuda()
+    cpu_state, cuda_state = torch.random.get_rng_state(), torch.cuda.get_rng_state()
+    seeds = op.draw([(61, 77)] * 8, 3)
+    assert torch.equal(op.apply(x, seeds), op.apply(x, seeds))
+    assert torch.equal(torch.random.get_rng_state(), cpu_state) and torch.equal(torch.cuda.get_rng_state(), cuda_state)

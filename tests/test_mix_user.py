@@ -149,7 +149,7 @@ def test_torchvision_transform_per_sample_is_seeded_by_the_sample():
     state = torch.random.get_rng_state()
     a, b = op.apply(x, seeds), op.apply(x, seeds)
     assert torch.equal(a, b) and torch.equal(torch.random.get_rng_state(), state)   # the user's RNG untouched
-    torch.manual_seed(int(seeds[2]))
+    torch.random.default_generator.manual_seed(int(seeds[2]))
     assert torch.equal(a[2], t(x[2].permute(2, 0, 1)).permute(1, 2, 0))
     batched = Torchvision(v2.RandomHorizontalFlip(1.0), per_batch=True)
     assert torch.equal(batched.apply(x, seeds), x.flip(2))

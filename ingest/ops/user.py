@@ -18,9 +18,9 @@ defined at module level there.
 **A torchvision v2 transform** (``torchvision.transforms.v2``, a Compose of them included) goes in ``ops``
 as it is, or wrapped as :class:`Torchvision` to choose how it runs:
 
-* per sample (the default): one call per image, ``[C, H, W]`` uint8, with torch's global generator seeded
-  from the sample's stream for that call (and restored after), so each sample draws its own parameters and
-  they resume and shard as every op's. **Cost: one Python call per image** (a DataLoader worker's cost),
+* per sample (the default): one call per image, ``[C, H, W]`` uint8, with torch's CPU generator (where
+  torchvision draws its parameters) seeded from the sample's stream for that call and restored after, so each
+  sample draws its own parameters and they resume and shard as every op's; CUDA generators are not touched. **Cost: one Python call per image** (a DataLoader worker's cost),
   on the ops thread of the Loader's process unless ``num_workers`` moves the ops into workers;
 * ``per_batch=True``: one call on the ``[N, C, H, W]`` batch: torchvision draws **one** set of parameters for
   the whole batch (every sample gets the same crop, the same jitter), seeded from the batch's samples.
@@ -135,13 +135,14 @@ class Torchvision(_UserOp):
         what = f"the torchvision transform {type(self.transform).__name__}"
 
         def run(x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
-            with torch.random.fork_rng(devices=[]):   # the user's generator is left as it was
+            cpu = torch.random.default_generator   # torchvision draws its parameters from it
+            with torch.random.fork_rng(devices=[]):   # ... and the user's state of it is restored after
                 if self.per_batch:
-                    torch.manual_seed(int(np.bitwise_xor.reduce(params[rows])))
+                    cpu.manual_seed(int(np.bitwise_xor.reduce(params[rows])))
                     return self._checked(self.transform(x), x, what)
                 out = []
                 for n, seed in zip(range(len(x)), params[rows].tolist()):
-                    torch.manual_seed(seed)
+                    cpu.manual_seed(seed)
                     out.append(self.transform(x[n]))
             if not all(isinstance(o, torch.Tensor) and o.dim() == 3 for o in out):
                 raise ValueError(f"{what} must return one [C, H, W] uint8 tensor per image")
