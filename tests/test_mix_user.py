@@ -232,3 +232,12 @@ def test_mixup_needs_a_fixed_size(folder):
     loader = ingest.Loader(folder, batch_size=4, ops=[MixUp(1.0, num_classes=NUM_CLASSES)])
     with pytest.raises(ValueError, match="needs one output size"):
         next(iter(loader))
+
+
+def test_mixing_pairs_only_delivered_samples(folder):
+    (folder / "dog" / "0001.jpg").write_bytes(b"not a jpeg")
+    loader = ingest.Loader(folder, batch_size=14, ops=[Resize((16, 16)), MixUp(1.0, num_classes=NUM_CLASSES)],
+                           max_failures=1, output="dict")
+    batch, = list(loader)
+    assert len(batch["images"]) == 13 and batch["labels"].shape == (13, NUM_CLASSES)
+    assert torch.allclose(batch["labels"].sum(1), torch.ones(13), atol=1e-5)
