@@ -45,10 +45,10 @@ from ._driver import Staging, recorded, wait_for
 from ._numpy import take
 from .io import ByteReader
 from .ops import planner
-from .ops.mix import Mixing, split as split_batch_op
-from .ops.user import as_ops
 from .ops.base import ImageArena, arena_under, bind_thread, same_size, stack_if_uniform
 from .ops.decode import CpuDecoder
+from .ops.mix import Mixing, split as split_batch_op
+from .ops.user import as_ops
 from .sampler import BatchPlan
 
 log = logging.getLogger("ingest")
@@ -559,7 +559,7 @@ class Pipeline:
         names = [work.names[k] for k in keep] if self.extra_fields and self.with_fields else []   # for messages
         host_labels = np.ascontiguousarray(_select_rows(work.labels, keep, failed) if work.labels is not None else
                                            np.array([work.records[k].label for k in keep], dtype=np.int64))
-        mixing = self._mixing(work, keep, failed)
+        mixing = self._mixing(work, keep)
         if mixing is not None:
             host_labels = mixing.labels(host_labels)
         labels = torch.from_numpy(host_labels)
@@ -611,7 +611,7 @@ class Pipeline:
         is_pad = torch.from_numpy(np.ascontiguousarray(_select_rows(work.is_pad, keep, failed)))
         return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)
 
-    def _mixing(self, work: _Work, keep: list[int], failed: set[int]):
+    def _mixing(self, work: _Work, keep: list[int]) -> Mixing | None:
         """The batch op's draws for the delivered samples (`ops.mix.Mixing`), or None without one."""
         if self.mixer is None or work.ops_plan is None:
             return None
