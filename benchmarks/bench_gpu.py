@@ -618,24 +618,7 @@ def loader_variant(key, args, dev, res, flush) -> None:
     res["first_batch_seconds"] = round(time.perf_counter() - t0, 3)
     res["check"] = describe_batch(x, y, args.batch)
     del x, y   # a user's loop holds only the batch of its step: held here, it would be one more batch in memory
-    n, tw = 1, time.perf_counter()
-    while n < args.warmup_batches or time.perf_counter() - tw < args.warmup_seconds:
-        next(gen)
-        n += 1
-    sync(dev)
-    res["warmup_batches"] = n
-
-    # timed window: loader alone
-    n, t0 = 0, time.perf_counter()
-    while True:
-        x, y = next(gen)
-        n += 1
-        el = time.perf_counter() - t0
-        if (el >= args.seconds and n >= args.min_batches) or n >= args.max_batches:
-            break
-    sync(dev)
-    el = time.perf_counter() - t0
-    res.update(img_s=round(n * x.shape[0] / el, 1), batches=n, seconds=round(el, 3))
+    res.update(loader_window(gen, args, dev))
     mem.stop()
     res["memory"].update(mem.result())
     if feed.stats is not None:
@@ -656,6 +639,29 @@ def loader_variant(key, args, dev, res, flush) -> None:
         flush()
     if feed.close is not None:
         feed.close()
+
+
+def loader_window(gen, args, dev) -> dict:
+    """The loader alone: a warm-up (>= ``warmup_batches`` and ``warmup_seconds``, which also drains what it
+    queued while starting), then a timed window (>= ``seconds`` and ``min_batches``) ending with a device
+    synchronise: ``warmup_batches``, ``img_s``, ``batches``, ``seconds``."""
+    n, tw = 1, time.perf_counter()
+    while n < args.warmup_batches or time.perf_counter() - tw < args.warmup_seconds:
+        next(gen)
+        n += 1
+    sync(dev)
+    out = {"warmup_batches": n}
+    n, t0 = 0, time.perf_counter()
+    while True:
+        x, _ = next(gen)
+        n += 1
+        el = time.perf_counter() - t0
+        if (el >= args.seconds and n >= args.min_batches) or n >= args.max_batches:
+            break
+    sync(dev)
+    el = time.perf_counter() - t0
+    out.update(img_s=round(n * x.shape[0] / el, 1), batches=n, seconds=round(el, 3))
+    return out
 
 
 def epochs_memory(gen, args, dev) -> dict:

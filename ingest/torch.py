@@ -23,6 +23,8 @@ from .formats import detect, open_source
 from .formats.base import Location, Record, Source, check_index, fields_of
 from .formats.filetree import IMAGE_EXTENSIONS
 from .formats.memory import MemorySource
+from .ops.mix import split as split_batch_op
+from .ops.user import as_ops
 from .engine import STAGES, Batch, EpochEnd, Executor, Failures, Pipeline, StageStats, resolve_device
 from .engine.batch import cuda_tensors
 from .sampler import LAST_BATCH, BatchPlan, Sampler
@@ -121,7 +123,8 @@ class Loader:
         if self._stream is None and self.sampler.shard_length() == 0 and len(source) > 0:
             raise ConfigError(f"shard {shard_id} of {num_shards} is empty: the dataset has {len(source)} samples")
         self.device, self.decode = resolve_device(device, decode)
-        self.ops = list(ops)
+        self.ops = as_ops(ops)   # refused here, not in a worker: anything that is not an op
+        split_batch_op(self.ops, boxes="boxes" in fields, labels="label" in fields)
         self.max_failures = max_failures
         Failures(max_failures, 0)  # validate now, not at the first epoch
         if prefetch < 1:

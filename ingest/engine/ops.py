@@ -3,6 +3,7 @@ its detection targets moved with the images, into the `Batch` the consumer gets.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -14,6 +15,7 @@ from ..decode.cpu import CpuDecoder
 from ..formats.base import Source
 from ..ops import planner
 from ..ops.base import stack_if_uniform
+from ..ops.mix import Mixing
 from .base import Stage
 from .batch import Batch, _select_rows, _Work, cuda_tensors, split_fields
 from .boxes import BoxFields
@@ -39,9 +41,12 @@ class OpsStage(Stage, BoxFields):
     name = "ops"
 
     def __init__(self, source: Source, ops: Sequence, device: torch.device, *, cpu: CpuDecoder, lanes: list,
-                 spare: list, labels_on_host: bool = False):
+                 spare: list, labels_on_host: bool = False, mixer: Any = None):
         super().__init__()
         self.ops, self.device, self.cpu, self.lanes = list(ops), device, cpu, lanes
+        # A batch op (MixUp, CutMix: `ops.mix`) ends the ops: the planner runs the others; it runs here, on the
+        # delivered batch and its labels.
+        self.mixer = mixer
         self.image_kind, self.extra_fields = split_fields(source)
         # labels_on_host: labels and the other fields stay on the CPU (a full worker's pipeline: they cross to
         # the training process inside the message and go to the GPU there; see `ingest.engine.workers`)
@@ -77,6 +82,9 @@ class OpsStage(Stage, BoxFields):
         names = [work.names[k] for k in keep] if self.extra_fields and self.with_fields else []   # for messages
         host_labels = np.ascontiguousarray(_select_rows(work.labels, keep, failed) if work.labels is not None else
                                            np.array([work.records[k].label for k in keep], dtype=np.int64))
+        mixing = self._mixing(work, keep)
+        if mixing is not None:
+            host_labels = mixing.labels(host_labels)
         labels = torch.from_numpy(host_labels)
         if self.ops_stream is not None:
             with torch.cuda.stream(self.ops_stream):
@@ -91,6 +99,8 @@ class OpsStage(Stage, BoxFields):
                 # another tensor than the one kept)
                 images = _select_rows(self._execute(work, None if out is None else out[:len(work.ops_plan.out_sizes)]),
                                       keep, failed)
+                if mixing is not None:
+                    images = mixing.images(images)
                 if out is not None:
                     self.outputs.watch(images, out)
                 values = self._targets(work)
@@ -114,6 +124,8 @@ class OpsStage(Stage, BoxFields):
                     gpu.recycle(work.images, ready)
         else:
             images, ready = _select_rows(self._execute(work), keep, failed), None
+            if mixing is not None:
+                images = mixing.images(images)
             values = self._targets(work)
             fields = self._collate([values[k] for k in keep], names, work, keep)
         if work.buffer is not None and len(self._spare_direct) < 2 and not _shares_memory(images, work.images):
@@ -134,6 +146,14 @@ class OpsStage(Stage, BoxFields):
         if self.pads and work.ops_plan is not None and work.ops_plan.content_sizes is not None:
             out["image_sizes"] = torch.tensor([work.ops_plan.content_sizes[k] for k in keep], dtype=torch.int64)
         return out
+
+    def _mixing(self, work: _Work, keep: list[int]) -> Mixing | None:
+        """The batch op's draws for the delivered samples (`ops.mix.Mixing`), or None without one."""
+        if self.mixer is None or work.ops_plan is None:
+            return None
+        rows = np.asarray(keep, dtype=np.int64)
+        rngs = replace(work.plan, indices=work.indices[rows], is_pad=work.is_pad[rows]).sample_rngs()
+        return Mixing(self.mixer, rngs, [work.ops_plan.out_sizes[k] for k in keep], work.ops_plan.output)
 
     # -- detection targets ---------------------------------------------------------------------
     def _targets(self, work: _Work) -> list[dict[str, Any]]:

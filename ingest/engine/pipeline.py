@@ -16,6 +16,8 @@ import torch
 from ..errors import ConfigError
 from ..formats.base import Source, fields_of
 from ..io import ByteReader
+from ..ops.mix import split as split_batch_op
+from ..ops.user import as_ops
 from ..sampler import BatchPlan
 from .base import StageStats
 from .batch import Batch, Failures, _Work, split_fields
@@ -56,17 +58,21 @@ class Pipeline:
                  decode: str | None = None, io: str | None = None, num_threads: int | None = None,
                  shared_reads: int = 0, labels_on_host: bool = False, lanes: int | str | None = None):
         self.source = source
-        self.ops = list(ops)
+        self.ops = as_ops(ops)   # torchvision transforms wrapped; anything else not an op is a ConfigError
         self.device, self.decode_kind = resolve_device(device, decode)
         self.fields = fields_of(source)
         self.image_kind, self.extra_fields = split_fields(source)
         self.direct = reads_direct(source)
-        self.decode_stage = DecodeStage(self.ops, self.device, self.decode_kind, self.image_kind, self.direct,
+        # A batch op (MixUp, CutMix) ends the ops: the read and decode stages plan the others, the ops stage runs it
+        boxes = "boxes" in self.extra_fields and self.image_kind is not None
+        self.plan_ops, mixer = split_batch_op(self.ops, boxes=boxes, labels="label" in self.fields)
+        self.decode_stage = DecodeStage(self.plan_ops, self.device, self.decode_kind, self.image_kind, self.direct,
                                         num_threads=num_threads, lanes=lanes)
         spare: list = []   # direct-read batch tensors, handed back by the ops stage to the read stage
         self.ops_stage = OpsStage(source, self.ops, self.device, cpu=self.decode_stage.cpu,
-                                  lanes=self.decode_stage.lanes, spare=spare, labels_on_host=labels_on_host)
-        self.read_stage = ReadStage(source, self.ops, self.device,
+                                  lanes=self.decode_stage.lanes, spare=spare, labels_on_host=labels_on_host,
+                                  mixer=mixer)
+        self.read_stage = ReadStage(source, self.plan_ops, self.device,
                                     reader=ByteReader(io, pin=self.decode_kind == "mixed", shared=shared_reads),
                                     cpu=self.decode_stage.cpu, spare=spare,
                                     decode_stream=self.decode_stage.lanes[0][1],

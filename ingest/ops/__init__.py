@@ -6,6 +6,10 @@ The flow, one module per step::
     geometry   Resize, CenterCrop, RandomResizedCrop, Flip, Rotate     } each a per-sample affine map
     detection  RandomIoUCrop, ZoomOut, PadTo                           } (affine.Steps)
     color      ColorJitter;  normalize  Normalize (an epilogue: x * a + b, dtype, layout)
+    augment    RandAugment, TrivialAugmentWide, AutoAugment, RandomErasing, GaussianBlur, RandomGrayscale,
+               RandomAffine (a geometry op);  functional  the batched primitives they run (torchvision's names)
+    mix        MixUp, CutMix, MixUpCutMix: batch ops, last, mixing samples and their labels
+    user       BatchFunction (the user's function over the batch), Torchvision (a v2 transform as an op)
     planner    plan(): draw every op's params once, per sample; each run of geometry ops -> one Warp
     affine     the map algebra shared by images, boxes and masks: compose, map_boxes, Warp
     resample   execute a Warp (one CUDA kernel per batch, _warp_kernel; torch reference elsewhere)
@@ -38,16 +42,22 @@ geometry ops split the warps but move nothing.
 """
 
 from .affine import Steps, Warp, compose
+from .augment import (AutoAugment, GaussianBlur, RandAugment, RandomAffine, RandomErasing, RandomGrayscale,
+                      TrivialAugmentWide)
 from .base import ImageSpec, Op, per_sample
 from .boxes import BoxBatch
 from .color import ColorJitter
 from .detection import PadTo, RandomIoUCrop, ZoomOut
 from .geometry import CenterCrop, Flip, GeometryOp, HorizontalFlip, RandomResizedCrop, Resize, Rotate, VerticalFlip
 from .normalize import Normalize
+from .mix import BatchOp, CutMix, MixUp, MixUpCutMix
 from .planner import Plan, plan, run_ops
+from .user import BatchFunction, Torchvision
 
 __all__ = [
-    "BoxBatch", "CenterCrop", "ColorJitter", "Flip", "GeometryOp", "HorizontalFlip", "ImageSpec", "Normalize", "Op", "PadTo",
-    "Plan", "RandomIoUCrop", "RandomResizedCrop", "Resize", "Rotate", "Steps", "VerticalFlip", "Warp", "ZoomOut",
-    "compose", "per_sample", "plan", "run_ops",
+    "AutoAugment", "BatchFunction", "BatchOp", "BoxBatch", "CenterCrop", "ColorJitter", "CutMix", "Flip", "GaussianBlur",
+    "GeometryOp", "HorizontalFlip", "ImageSpec", "MixUp", "MixUpCutMix", "Normalize", "Op", "PadTo", "Plan",
+    "RandAugment", "RandomAffine", "RandomErasing", "RandomGrayscale", "RandomIoUCrop", "RandomResizedCrop",
+    "Resize", "Rotate", "Steps", "Torchvision", "TrivialAugmentWide", "VerticalFlip", "Warp", "ZoomOut", "compose",
+    "per_sample", "plan", "run_ops",
 ]

@@ -39,6 +39,7 @@ from .boxes import BoxBatch, as_array, from_ltrb, split
 from .base import (PIXELS, ImageArena, ImageSpec, Images, Op, Rngs, Size, as_list, copy_into, device_and_channels,
                    per_sample, same_size, size_array, size_array_of, size_list, sizes_of)
 from .geometry import GeometryOp
+from .user import as_ops
 
 _DTYPE = operator.attrgetter("dtype")
 
@@ -308,6 +309,8 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
     (``uses_boxes``: RandomIoUCrop); they are mapped through the ops as they are drawn, and such an op's
     ``draw`` gets them as a BoxBatch. Raises ConfigError when an op cannot take what the op before it outputs.
     """
+    if not all(isinstance(op, Op) for op in ops):   # a torchvision transform is wrapped; anything else refused
+        ops = as_ops(ops)
     hw = size_array(sizes)  # ops draw on arrays, stages keep lists
     sizes = size_list(hw)
     rngs = per_sample(rngs, len(sizes))
