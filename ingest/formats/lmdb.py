@@ -48,6 +48,7 @@ same keys and values (`content_checksum`, also stored in ``__meta__`` and checke
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import json
 import os
@@ -60,7 +61,7 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from ..io import NATIVE
-from . import _framed
+from . import _framed, _lmdb_check
 from ._protos import Datum
 from .base import Field, Location, ProcessLocal, Record, batch_structs, check_index, parse_or_error, read_location
 from ._images import image_extension
@@ -77,11 +78,27 @@ _LABEL_TAIL = np.dtype([("code", "u1"), ("length", "<u8"), ("label", "<i8")])
 
 
 def _open_env(path: str) -> Any:
+    """The environment of the LMDB at ``path``, opened only after its data file passed `_lmdb_check.check`
+    (liblmdb trusts the file: a truncated one gives SIGBUS, a damaged tree an assertion)."""
+    data = _data_file(path)
+    _lmdb_check.check(data)
     try:
         return _lmdb.open(path, subdir=os.path.isdir(path), readonly=True, lock=False, readahead=False,
                           meminit=False, max_readers=1024, max_dbs=0)
     except _lmdb.Error as err:
-        raise SourceError(f"cannot open LMDB {path!r}: {err}", path=path) from err
+        raise CorruptRecordError(f"cannot open the LMDB: {err}", path=data) from err
+
+
+@contextlib.contextmanager
+def _lmdb_errors(path: str, key: Any = None) -> Iterator[None]:
+    """liblmdb's errors (``lmdb.Error``: a corrupt page, a page number past the map, ...) as a
+    CorruptRecordError naming the data file and, where known, the key."""
+    try:
+        yield
+    except _lmdb.Error as err:
+        if isinstance(key, (bytes, bytearray)):
+            key = bytes(key).decode("ascii", "backslashreplace")
+        raise CorruptRecordError(f"liblmdb: {err}", path=_data_file(path), index=key) from err
 
 
 #: The environments of this process. py-lmdb allows one open environment per database file per process, so
@@ -116,7 +133,8 @@ class _Map:
         self.env = environment(path)
         self.data = _data_file(path)
         self.size = os.path.getsize(self.data)
-        self.base = self._find_base()
+        with _lmdb_errors(path):
+            self.base = self._find_base()
 
     def _find_base(self) -> int | None:
         """The map's base: the mapping of this process that holds a probe value (the first one), checked by
@@ -152,7 +170,8 @@ class _Map:
     def locations(self, keys: Sequence[bytes], name: str) -> list[Location | None]:
         """Where each key's value lies (None: no such key, or an empty key); ``name`` prefixes the display
         name of a value that must be copied out."""
-        with self.env.begin(buffers=self.base is not None) as txn:
+        with _lmdb_errors(self.path, keys[0] if len(keys) == 1 else None), \
+                self.env.begin(buffers=self.base is not None) as txn:
             return self._ranges(txn, keys, name)   # the views die with its frame, inside the transaction
 
     def _ranges(self, txn: Any, keys: Sequence[bytes], name: str) -> list[Location | None]:
@@ -180,7 +199,7 @@ class _Map:
             return None
         entries = db.entries if db.layout == "columnar" else db.count
         out = np.zeros((entries, 2), np.int64)
-        with self.env.begin(buffers=True) as txn:
+        with _lmdb_errors(self.path), self.env.begin(buffers=True) as txn:
             if not self._fill(txn, db, out):
                 return None
         if db.layout != "columnar":
@@ -271,7 +290,7 @@ class _Db:
     def __init__(self, path: str, layout: str, caffe_bgr: bool):
         self.path = path
         self.caffe_bgr = caffe_bgr
-        with environment(path).begin() as txn:
+        with _lmdb_errors(path), environment(path).begin() as txn:
             self._detect(txn, layout)
         # Where every sample's value lies in the data file, found once here (file offsets: they hold in every
         # process the source is sent to). Per batch, a lookup released the GIL per key (py-lmdb's get): beside a
@@ -313,6 +332,7 @@ class _Db:
             return False
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             return False
+        self.meta = doc
         if doc.get("version") != VERSION:
             raise SourceError(f"{self.path!r}: ingest LMDB version {doc.get('version')!r}; this reader knows "
                               f"{VERSION}", path=self.path)
@@ -389,7 +409,7 @@ class _Db:
         `datum_label` cannot walk is parsed in full, which names its problem."""
         labels = np.empty(self.count, np.int64)
         n = 0
-        with self.environment().begin(buffers=True) as txn:
+        with _lmdb_errors(self.path), self.environment().begin(buffers=True) as txn:
             for value in txn.cursor().iternext(keys=False, values=True):
                 if n == self.count:   # more keys than when opened
                     n += 1
@@ -678,7 +698,7 @@ def _from_table(db: _Db, row: list) -> Location | tuple[Location, ...]:
 
 
 def _iter_content(path: str) -> Iterator[tuple[bytes, bytes]]:
-    with environment(path).begin() as txn:
+    with _lmdb_errors(path), environment(path).begin() as txn:
         for key, value in txn.cursor():
             if key != META_KEY:
                 yield key, value
@@ -699,8 +719,7 @@ def verify(path: str) -> int:
     sample parses; returns the sample count. Raises CorruptRecordError naming the first problem."""
     source = LMDBSource(path, layout="ingest")
     for db in source._dbs:
-        with environment(db.path).begin() as txn:
-            stored = json.loads(txn.get(META_KEY)).get("content_sha256")
+        stored = db.meta.get("content_sha256")
         actual = content_checksum(db.path)
         if stored != actual:
             raise CorruptRecordError(f"content checksum {actual} differs from the stored {stored}", path=db.path)
