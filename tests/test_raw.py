@@ -360,7 +360,8 @@ def test_dataset_paths(tmp_path):
     both = RawSource([root / "part-001.raw.json", root / "part-000.raw"])
     assert both.labels().tolist() == [0, 1, 2, 0, 1, 2]
     # The converter's manifest names the shards in order.
-    (root / "manifest.json").write_text(json.dumps({"format": "raw", "shards": [{"stem": "part-001"}]}))
+    (root / "manifest.json").write_text(json.dumps({"format": "raw", "shards": [
+        {"stem": "part-001", "start": 3, "stop": 6, "count": 3, "bytes": 0, "files": []}]}))
     assert detect(root) == "raw" and len(RawSource(root)) == 3
 
 

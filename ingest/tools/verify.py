@@ -51,8 +51,15 @@ def verify(path: str, *, source_format: str | None = None, decode: bool = False,
         if on_problem is not None:
             on_problem(where, reason)
 
-    fmt = source_format or detect(path)
     listed = _check_manifest(path, problem) if os.path.isdir(path) else None
+    try:
+        fmt = source_format or detect(path)
+    except IngestError as err:   # a malformed manifest names the format: reported above, nothing to read
+        if listed is not False:
+            problem(_where(err, path), _reason(err))
+        return report
+    if listed is False:
+        listed = None
     parts = shardfiles.shard_files(path, fmt) or [(fmt, path)]   # indexed formats: shard by shard
     decoder = CpuDecoder() if decode else None
     try:
@@ -61,7 +68,7 @@ def verify(path: str, *, source_format: str | None = None, decode: bool = False,
                 try:
                     stale = shardfiles.check_index(part_fmt, part)
                 except (IngestError, OSError) as err:
-                    stale = f"{shardfiles.index_file(part_fmt, part)}: {err}"
+                    stale = _reason(err)
                 if stale:
                     problem(shardfiles.index_file(part_fmt, part), stale)
             _check_records(part, part_fmt, decoder, report, problem)
@@ -74,9 +81,14 @@ def verify(path: str, *, source_format: str | None = None, decode: bool = False,
     return report
 
 
-def _check_manifest(directory: str, problem: Callable[[str, str], None]) -> int | None:
-    """Check the files the converter's manifest lists; returns its sample count (None: no final manifest)."""
-    data, final = manifest.load(directory)
+def _check_manifest(directory: str, problem: Callable[[str, str], None]) -> int | bool | None:
+    """Check the files the converter's manifest lists; returns its sample count (None: no final manifest;
+    False: a manifest that cannot be read, reported)."""
+    try:
+        data, final = manifest.load(directory)
+    except IngestError as err:
+        problem(_where(err, directory), _reason(err))
+        return False
     if data is None:
         return None
     if not final:
@@ -86,7 +98,7 @@ def _check_manifest(directory: str, problem: Callable[[str, str], None]) -> int 
         for reason in manifest.check_shard(directory, shard):
             where, _, why = reason.partition(": ")
             problem(where, why)
-    return data.get("count") if final else None
+    return data["count"] if final else None
 
 
 def _check_records(path: str, fmt: str, decoder: CpuDecoder | None, report: Report,
