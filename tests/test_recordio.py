@@ -230,6 +230,28 @@ def test_index_entries_that_disagree_with_the_data(rec):
         RecordIOSource(rec)
 
 
+@pytest.mark.parametrize("edit", ["empty", "first dropped", "middle dropped", "repeated"])
+def test_index_must_list_every_record(rec, edit):
+    """An empty index dropped a shard, a deleted line a record (read with its neighbour), a duplicated one
+    repeated it, all silently: each is now named, at open or when the record is read."""
+    idx = rec.with_suffix(".idx")
+    lines = idx.read_text().splitlines(keepends=True)
+    starts = offsets(rec)
+    kept = {"empty": [], "first dropped": lines[1:], "middle dropped": lines[:1] + lines[2:],
+            "repeated": lines + lines[1:2]}[edit]
+    idx.write_text("".join(kept))
+    if edit != "middle dropped":
+        with pytest.raises(CorruptRecordError, match=r"data\.idx.*(lists no record|starts at byte|listed twice)"):
+            RecordIOSource(rec)
+        return
+    src = RecordIOSource(rec)
+    assert len(src) == 3
+    with pytest.raises(CorruptRecordError, match=f"{rec} \\[sample 0\\] at byte {starts[0]}: the record here spans"):
+        src.parse(0, read_location(src.locate(0)))
+    got = src.parse_batch([0, 1, 2], [read_location(src.locate(i)) for i in range(3)])
+    assert isinstance(got[0], CorruptRecordError) and [r.label for r in got[1:]] == [2, 3]
+
+
 @pytest.mark.parametrize("payload, message", [
     (b"short", "shorter than the 24-byte IRHeader"),
     (struct.pack("<IfQQ", 1000, 0, 0, 0) + b"x" * 12, "flag 1000 promises more float labels"),

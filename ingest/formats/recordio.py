@@ -20,8 +20,10 @@ when ``flag > 0``, ``flag`` float32 labels, then the encoded image. Fields of a 
 **Index** (``MXIndexedRecordIO``): ``<name>.idx`` beside ``<name>.rec``, lines ``key<TAB>offset``. Used when
 present (or given as ``index=``), built by scanning the chunk headers when not; reading never writes it.
 Samples are in file order (index entries sorted by offset), so both ways give the same order. A record's
-extent is the gap to the next indexed offset; an offset that does not start a record, or a record that runs
-past its extent, is a `CorruptRecordError` naming the file and offset.
+extent is the gap to the next indexed offset. The index must list every record: its first offset is 0 and
+no offset repeats (checked when it is read); an offset that does not start a record, or a record that does
+not fill its extent exactly (a dropped line leaves two records in one extent), is a `CorruptRecordError`
+naming the file and offset when that record is read.
 
 `RecordIOWriter` writes ``<stem>.rec`` and ``<stem>.idx`` (keys 0, 1, ...) that MXNet's
 ``MXIndexedRecordIO`` + ``recordio.unpack`` read. It writes no ``.lst``: that is im2rec's input, not read
@@ -99,20 +101,6 @@ def _expect_flag(cflag: int, first: bool, path: str, offset: int, pos: int, inde
                                  path=path, index=index, offset=offset)
 
 
-def single_chunk(raw: Any) -> memoryview | None:
-    """The data of the common record, one unsplit chunk (flag 0) that fits ``raw``, as a view (no copy);
-    None for anything else: split records and damage go through `unchunk`, which joins or reports them."""
-    buf = memoryview(raw)
-    if buf.ndim != 1 or buf.format != "B":
-        buf = buf.cast("B")
-    if len(buf) < _CHUNK_HEADER.size:
-        return None
-    magic, lrec = _CHUNK_HEADER.unpack_from(buf)
-    if magic != MAGIC or lrec > _LEN_MASK or _CHUNK_HEADER.size + lrec > len(buf):
-        return None
-    return buf[_CHUNK_HEADER.size:_CHUNK_HEADER.size + lrec]
-
-
 def unchunk(raw: Any, path: str, offset: int, index: Any = None) -> tuple[bytes, int]:
     """The data of the record at the start of ``raw`` (chunks joined, magic re-inserted) and the number of
     bytes it spans. Bytes after it are left alone (an index may skip records)."""
@@ -172,6 +160,10 @@ def read_index(index_path: str, shard: str) -> np.ndarray:
     if len(extents) and extents.min() == 0:
         dup = int(offsets[np.argmin(extents)])
         raise CorruptRecordError(f"offset {dup} is listed twice", path=index_path, offset=dup)
+    if offsets[0] != 0:
+        what = f"starts at byte {int(offsets[0])}" if len(rows) else "lists no record"
+        raise CorruptRecordError(f"the index {what}, but {shard} holds {size} bytes from byte 0 (a dropped line, "
+                                 "or an index of another file?)", path=index_path, offset=0)
     return np.stack([offsets[:-1], extents], axis=1)
 
 
@@ -278,13 +270,15 @@ class RecordIOSource:
         if len(buf) > _FIRST.size:   # the common record: one unsplit chunk, one label, then the image
             magic, lrec, flag, label, rid, _ = _FIRST.unpack_from(buf)
             end = _CHUNK_HEADER.size + lrec
-            if magic == MAGIC and lrec <= _LEN_MASK and _FIRST.size < end <= len(buf) and flag == 0:
+            if magic == MAGIC and lrec <= _LEN_MASK and _FIRST.size < end and flag == 0 and \
+                    _CHUNK_HEADER.size + _pad4(lrec) == len(buf):
                 return _record(np.frombuffer(buf, np.uint8, end - _FIRST.size, _FIRST.size), 0, label, rid, None)
         table = self._table
         path, offset = table.shards[table.shard_of[i]], table.offsets[i]
-        data = single_chunk(buf)
-        if data is None:
-            data, _ = unchunk(raw, path, offset, i)
+        data, span = unchunk(raw, path, offset, i)
+        if span != len(buf):
+            raise CorruptRecordError(f"the record here spans {span} bytes, but the index gives it {len(buf)} (a "
+                                     f"dropped or edited index line?)", path=path, index=i, offset=offset)
         return unpack(data, path, i, offset)
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
@@ -295,7 +289,7 @@ class RecordIOSource:
         heads, sizes = batch_structs(raws, _FIRST_DTYPE)
         ends = heads["lrec"].astype(np.int64) + _CHUNK_HEADER.size
         common = ((heads["magic"] == MAGIC) & (heads["lrec"] <= _LEN_MASK) & (heads["flag"] == 0)
-                  & (_FIRST.size < ends) & (ends <= sizes))
+                  & (_FIRST.size < ends) & (((ends + 3) & ~3) == sizes))
         values = heads["label"].reshape(-1, 1)   # each record's label_values: a row of one array
         parsed: list[Record | Exception] = []
         for k, (i, raw, ok, end, label, rid) in enumerate(zip(indices, raws, common.tolist(), ends.tolist(),

@@ -22,7 +22,11 @@ sample that lacks a declared field is a `CorruptRecordError` when parsed (skippe
 
 **Random access** (plain ``.tar``): ``locate(i)`` returns one `Location` per member the declared fields
 need, from the shard's index (`tarindex.open_index`: ``<shard>.idx`` when present, else a scan;
-``write_index=True`` saves it); a ``cls`` label the index holds is taken from it, not read again.
+``write_index=True`` saves it), each starting at the member's header block. ``parse`` checks every header
+against the index (`tarindex.header_problem`) and reads the label from the shard's own member, so an
+edited or misplaced index is a `CorruptRecordError` naming the index file and the member's offset, never a
+silently wrong sample or label. ``labels()`` (sampling, ``inspect``) gives the labels the index holds;
+each is compared with the shard's when its sample is read.
 
 **Streamed** (``.tgz``/``.tar.gz``, or ``stream=True``): the shards are read front to back through
 ``iter_shard(k, skip)`` (see `ingest.stream`); a shard is taken as gzipped by its magic bytes, so a gzipped
@@ -54,6 +58,7 @@ TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")
 #: Decompressed size above which a ``.gz`` member is refused (a gzip bomb must not exhaust memory).
 MAX_GUNZIP = 1 << 30
 _SCAN_SAMPLES = 16   # samples looked at to declare fields when none are given
+_BLOCK = tarfile.BLOCKSIZE   # a member's header block, read with its data
 
 
 def kind_of(ext: str) -> str:
@@ -217,7 +222,7 @@ class _Members:
         merged = {name: np.concatenate(parts) for name, parts in columns.items()}
         self.columns = {name: array("q", column.tobytes()) for name, column in merged.items()}
         label = merged.get("label")
-        # A label the index holds is not read again, unless it is the only field.
+        # The label the index holds for each sample (NO_INT: none), compared with the member read.
         known = np.full(len(self.shard_of), tarindex.NO_INT, np.int64) if label is None or len(exts) == 1 else \
             np.where(label >= 0, ints[np.maximum(label, 0)], tarindex.NO_INT)
         self.label_ints = array("q", known.tobytes())
@@ -245,6 +250,7 @@ class WebDatasetSource:
         self.streamed = bool(stream) or any(compressed)
         self.classes: list[str] = []   # tars hold none; open_source takes a converter manifest's
         self._indexes: list[tarindex.TarIndex] = []
+        self._index_paths = [p or tarindex.index_path(s) for s, p in zip(self.shards, indexes)]
         if not self.streamed:
             self._indexes = [tarindex.open_index(s, write=write_index, path=p) for s, p in zip(self.shards, indexes)]
         if fields is None:
@@ -293,34 +299,42 @@ class WebDatasetSource:
         return self.shards[k], self._indexes[k].keys[i - self._members.starts[k]]
 
     def locate(self, i: int) -> tuple[Location, ...]:
+        """One range per member the declared fields read, each from its header block to the end of its data."""
         i = self._index(i)
         mem = self._members
         path, offsets, sizes = self.shards[mem.shard_of[i]], mem.offsets, mem.sizes
-        locs = []
-        for name, column, _ in self._plan:
-            m = column[i]
-            if m >= 0 and not (name == "label" and mem.label_ints[i] != tarindex.NO_INT):
-                locs.append(Location(path, offsets[m], sizes[m]))
-        return tuple(locs)
+        return tuple(Location(path, offsets[m] - _BLOCK, sizes[m] + _BLOCK)
+                     for m in (column[i] for _, column, _ in self._plan) if m >= 0)
 
     def parse(self, i: int, raw: Any) -> Record:
+        """The sample's fields from its members (as `locate` gives them), every header checked against the
+        index and the label compared with the one the index holds."""
         i = self._index(i)
         mem = self._members
         raws = iter(raw if isinstance(raw, tuple) else (raw,))
+        path, key = self._key(i)
         values = {}
         for name, column, plain in self._plan:
             m = column[i]
             if m < 0:
-                path, key = self._key(i)
                 raise self._missing(key, name, path, i)
-            if name == "label" and mem.label_ints[i] != tarindex.NO_INT:
-                values[name] = mem.label_ints[i]
-            elif plain:
-                values[name] = next(raws)
-            else:
-                path, key = self._key(i)
-                values[name] = decode_member(mem.exts[m], next(raws), path=path,
-                                             where=f"member {key}.{mem.exts[m]} at byte {mem.offsets[m]}")
+            part = next(raws)
+            problem = tarindex.header_problem(part, key, mem.exts[m], mem.sizes[m])
+            if problem is None and len(part) != mem.sizes[m] + _BLOCK:
+                problem = f"{len(part)} bytes read for a member of {mem.sizes[m]}"
+            if problem is not None:
+                raise CorruptRecordError(f"{problem}; index {self._index_paths[mem.shard_of[i]]}", path=path,
+                                         index=i, offset=mem.offsets[m] - _BLOCK)
+            data = part[_BLOCK:]
+            if plain:
+                values[name] = data
+                continue
+            values[name] = decode_member(mem.exts[m], data, path=path,
+                                         where=f"member {key}.{mem.exts[m]} at byte {mem.offsets[m]}")
+            if name == "label" and mem.label_ints[i] != tarindex.NO_INT and values[name] != mem.label_ints[i]:
+                raise CorruptRecordError(f"the index {self._index_paths[mem.shard_of[i]]} gives sample {key!r} "
+                                         f"label {mem.label_ints[i]}, its member holds {values[name]} (an edited "
+                                         "or stale index)", path=path, index=i, offset=mem.offsets[m])
         return _record(values)
 
     def labels(self) -> np.ndarray:
