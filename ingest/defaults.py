@@ -14,6 +14,7 @@
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode or detection feeding CUDA, else 0) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
+| check           | INGEST_CHECK            | auto    | per-record CRC32C checks of RecordIO, LMDB, WebDataset and raw readers: auto (where the converter wrote CRCs and the check costs under 3% of the format's loader rate), crc (every record that has one; a dataset without them is refused), none (`ingest.formats.checks`) |
 | keep_freed_memory | INGEST_KEEP_FREED_MEMORY | auto  | auto: glibc keeps freed memory for reuse in the training process once a Loader runs its pipeline there (`ingest._malloc.keep_freed_memory`); off: leave its malloc alone |
 
 "cores" is this process's share of the host (`cores`): the CPUs it may run on (its affinity, which a container's
@@ -147,6 +148,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "ops_threads": ("INGEST_OPS_THREADS", "auto", _integer("ops_threads", 1, words=("auto",))),
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),
     "keep_freed_memory": ("INGEST_KEEP_FREED_MEMORY", "auto", _choice("keep_freed_memory", ("auto", "off"))),
+    "check": ("INGEST_CHECK", "auto", _choice("check", ("auto", "crc", "none"))),
 }
 _values: dict[str, Any] = {}
 

@@ -161,7 +161,7 @@ def test_writer_output_is_plain_lmdb_and_deterministic(tmp_path):
     meta = json.loads(raw[b"__meta__"])
     assert meta["count"] == 1200 and [f["name"] for f in meta["fields"]] == ["image", "label"]
     assert np.frombuffer(raw[b"__labels__"], "<i8").tolist() == [r.label for r in records]
-    assert raw[b"000000007"][:4] == b"IGR1" and len(raw) == 1202
+    assert raw[b"000000007"][:4] == b"IGR1" and len(raw) == 1203   # samples, __crc32c__, __labels__, __meta__
     checksum = content_checksum(str(tmp_path / "a" / "db.lmdb"))
     assert checksum == meta["content_sha256"] == content_checksum(str(tmp_path / "b" / "db.lmdb"))
     assert verify(str(tmp_path / "a" / "db.lmdb")) == 1200
@@ -203,7 +203,7 @@ def test_declared_kind_mismatch_and_metadata_checks(tmp_path):
     with pytest.raises(CorruptRecordError, match="declared 'float'") as err:
         read(LMDBSource(kinds), 0)
     assert err.value.offset is not None
-    with pytest.raises(SourceError, match="6 keys but __meta__ says 3 samples"):
+    with pytest.raises(SourceError, match=r"7 keys but __meta__ says 3 samples \(\+3 metadata keys\)"):
         LMDBSource(stray)
 
 
@@ -571,7 +571,7 @@ def test_damaged_pages_are_named_not_asserted_on(tmp_path, damage):
     data = db / "data.mdb"
     raw = bytearray(data.read_bytes())
     meta = _lmdb_check.check(str(data))
-    assert meta.depth >= 2 and meta.entries == 3002
+    assert meta.depth >= 2 and meta.entries == 3003
     psize = meta.page_size
     if damage == "meta":   # the picked meta's magic
         picked = psize if meta.txnid % 2 else 0

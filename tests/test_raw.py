@@ -73,7 +73,7 @@ def test_fixed_shape_round_trip(tmp_path):
         assert rec.image.flags.writeable
     # The fixed layout stores no per-sample offsets: sample i is at i * stride.
     meta = json.loads(index_of(root).read_text())
-    assert meta["stride"] == 4096 and set(meta["arrays"]) == {"label"}
+    assert meta["stride"] == 4096 and set(meta["arrays"]) == {"label", "image.crc32c"}
     assert os.path.getsize(root / "part-000.raw") % 4096 == 0
 
 

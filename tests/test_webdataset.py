@@ -116,7 +116,7 @@ def write_shard(directory, stem, records, fields=FIELDS, **options):
 
 def test_writer_round_trip_and_webdataset_reads_it(tmp_path):
     records = make_records(9)
-    assert write_shard(tmp_path, "s", records) == ["s.tar", "s.tar.idx"]
+    assert write_shard(tmp_path, "s", records) == ["s.tar", "s.tar.idx", "s.tar.crc32c"]
     src = WebDatasetSource(tmp_path / "s.tar")
     check_format(src)
     assert {k: f.kind for k, f in src.fields.items()} == {

@@ -26,7 +26,9 @@ few alive at a time: py-lmdb's cursor slows down with the number of live views (
 - ``ingest`` -- ours, written by `LMDBWriter`: key ``b"%09d" % i`` per sample holding a framed record
   (`_framed`); ``__meta__``: JSON ``{"format": "ingest-lmdb", "version": 1, "count": n, "fields":
   [{"name", "kind", "shape", "dtype"}, ...] (in record order), "classes": [...], "content_sha256": ...}``;
-  ``__labels__``: every sample's ``label``, int64 little-endian (``labels()`` reads one value).
+  ``__labels__``: every sample's ``label``, int64 little-endian (``labels()`` reads one value);
+  ``__crc32c__``: every sample value's CRC32C, uint32 little-endian, checked as values are read (``check``:
+  `ingest.formats.checks`; databases written before it have none).
 - ``columnar`` -- mmocr / CRNN text-recognition style: ``<prefix>-<number>`` keys, one prefix per field
   (``image-000000001`` -> JPEG, ``label-000000001`` -> text), plus an optional ``num-samples`` that must
   agree. Prefix ``image``/``img`` is the ``image`` field; ``label`` is the ``text`` field (the
@@ -61,13 +63,13 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from ..io import NATIVE
-from . import _framed, _lmdb_check
+from . import _framed, _lmdb_check, checks
 from ._protos import Datum
 from .base import Field, Location, ProcessLocal, Record, batch_structs, check_index, parse_or_error, read_location
 from ._images import image_extension
 
 LAYOUTS = ("auto", "ingest", "columnar", "caffe", "images")
-META_KEY, LABELS_KEY = b"__meta__", b"__labels__"
+META_KEY, LABELS_KEY, CRC_KEY = b"__meta__", b"__labels__", b"__crc32c__"
 FORMAT, VERSION = "ingest-lmdb", 1
 _COLUMN = re.compile(rb"^([A-Za-z][A-Za-z0-9_]*)-(\d+)$")
 _NUM_SAMPLES = b"num-samples"
@@ -347,10 +349,15 @@ class _Db:
         if len(labels) != 8 * self.count:
             raise SourceError(f"{self.path!r}: {LABELS_KEY.decode()} holds {len(labels)} bytes, expected "
                               f"{8 * self.count} for {self.count} samples", path=self.path)
-        entries = txn.stat()["entries"]
-        if entries != self.count + 2:
+        crcs = txn.get(CRC_KEY)
+        if crcs is not None and len(crcs) != 4 * self.count:
+            raise CorruptRecordError(f"{CRC_KEY.decode()} holds {len(crcs)} bytes, expected {4 * self.count} for "
+                                     f"{self.count} samples", path=_data_file(self.path), index=CRC_KEY.decode())
+        self.crcs = None if crcs is None else np.frombuffer(crcs, "<u4").astype(np.uint32)
+        entries, extra = txn.stat()["entries"], 2 + (crcs is not None)
+        if entries != self.count + extra:
             raise SourceError(f"{self.path!r}: {entries} keys but {META_KEY.decode()} says {self.count} samples "
-                              "(+2 metadata keys)", path=self.path)
+                              f"(+{extra} metadata keys)", path=self.path)
         self.layout = "ingest"
         self.labels = np.frombuffer(labels, dtype="<i8").astype(np.int64)
         return True
@@ -571,9 +578,11 @@ def _paths(path: Any) -> list[str]:
 class LMDBSource:
     """Samples of one or more LMDBs (concatenated in order). ``path``: an LMDB directory (or its
     ``data.mdb``), a directory of LMDB directories, or a list. ``layout``: see the module docstring.
-    ``caffe_bgr``: raw Caffe Datums are BGR (as ``convert_imageset`` writes them) and are turned to RGB."""
+    ``caffe_bgr``: raw Caffe Datums are BGR (as ``convert_imageset`` writes them) and are turned to RGB.
+    ``check``: per-record CRC32C checks of our layout's values ("auto", "crc", "none"; None: the ``check``
+    setting; `ingest.formats.checks`)."""
 
-    def __init__(self, path: Any, *, layout: str = "auto", caffe_bgr: bool = True):
+    def __init__(self, path: Any, *, layout: str = "auto", caffe_bgr: bool = True, check: str | None = None):
         if layout not in LAYOUTS:
             raise ConfigError(f"Unknown LMDB layout {layout!r}. Available: {', '.join(LAYOUTS)}")
         self._dbs = [_Db(p, layout, caffe_bgr) for p in _paths(path)]
@@ -587,6 +596,8 @@ class LMDBSource:
         self._starts = [0, *np.cumsum([db.count for db in self._dbs]).tolist()]   # samples of LMDB k from here
         self._maps = ProcessLocal()   # this source's view of the shared environments (no lookup per read)
         self._labels: np.ndarray | None = None
+        crcs = checks.table([getattr(db, "crcs", None) for db in self._dbs])
+        self._crcs = crcs if checks.enabled(check, "lmdb", crcs is not None, first.path) else None
         # one LMDB of ours holding an image and an int label: parse_batch reads its records as arrays
         self._image_label = (len(self._dbs) == 1 and first.layout == "ingest" and [
             (n, f.kind) for n, f in self.fields.items()] == [("image", "image"), ("label", "int")])
@@ -638,7 +649,10 @@ class LMDBSource:
         raws = raw if isinstance(raw, tuple) else (raw,)
         if db.layout == "columnar":   # an empty value stands for a missing key (see locate)
             raws = tuple(r if len(r) or key else None for r, key in zip(raws, db.sample_keys(j)))
-        return db.parse(j, raws, self._key_name(db, j))
+        record = db.parse(j, raws, self._key_name(db, j))
+        if self._crcs is not None:   # after the parse, whose errors say more where the framing broke
+            self._check(i, raw, db, j)
+        return record
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
         """`parse` of each record (a Record, or the error it raised). Ours with an image and an int label, the
@@ -653,9 +667,19 @@ class LMDBSource:
                   & (heads["code"] == _framed.KIND_CODES["image"]) & (heads["length"] == sizes - head - tail)
                   & (tails["code"] == _framed.KIND_CODES["int"]) & (tails["length"] == 8))
         labels = tails["label"]
+        if self._crcs is not None:
+            crcs = self._crcs
+            common &= np.array([checks.crc(raw) == crcs[i] for i, raw in zip(indices, raws)], bool)
         return [Record(np.frombuffer(raw, np.uint8, size - head - tail, head), label, {}) if ok
                 else parse_or_error(self, i, raw)
                 for i, raw, ok, size, label in zip(indices, raws, common.tolist(), sizes.tolist(), labels.tolist())]
+
+    def _check(self, i: int, raw: Any, db: _Db, j: int) -> None:
+        """Raise the CorruptRecordError of sample ``i`` when its value does not have the CRC written with it."""
+        offset = int(db.ranges[j][0]) if db.ranges is not None else None
+        err = checks.mismatch(raw, self._crcs[i], path=db.data, index=self._key_name(db, j), offset=offset)
+        if err is not None:
+            raise err
 
     def labels(self) -> np.ndarray:
         """Every sample's label (-1: none). Ours: stored; Caffe: the label field of every Datum, read in one
@@ -753,6 +777,7 @@ class LMDBWriter:
                                metasync=False, meminit=True, max_dbs=0)
         self._pending: list[tuple[bytes, bytes]] = []
         self._labels: list[int] = []
+        self._crcs: list[int] = []
         self._hash = hashlib.sha256()
 
     def add(self, record: Record) -> None:
@@ -761,6 +786,7 @@ class LMDBWriter:
             raise ConfigError(f"an LMDB written by LMDBWriter holds at most {self.MAX_SAMPLES} samples")
         value = _framed.encode(record, self.fields)
         self._put(b"%09d" % n, value)
+        self._crcs.append(checks.crc(value))
         self._labels.append(int(record.label))
         if len(self._pending) >= self.BATCH:
             self._flush()
@@ -783,7 +809,8 @@ class LMDBWriter:
                 self._env.set_mapsize(self._map_size)
 
     def close(self) -> list[str]:
-        """Write the labels and ``__meta__``, sync and close; the names of the files written."""
+        """Write the CRCs, the labels and ``__meta__``, sync and close; the names of the files written."""
+        self._put(CRC_KEY, np.asarray(self._crcs, dtype="<u4").tobytes())
         self._put(LABELS_KEY, np.asarray(self._labels, dtype="<i8").tobytes())
         fields = [{"name": name, "kind": f.kind, "shape": None if f.shape is None else list(f.shape),
                    "dtype": f.dtype} for name, f in self.fields.items()]

@@ -26,7 +26,9 @@ need, from the shard's index (`tarindex.open_index`: ``<shard>.idx`` when presen
 against the index (`tarindex.header_problem`) and reads the label from the shard's own member, so an
 edited or misplaced index is a `CorruptRecordError` naming the index file and the member's offset, never a
 silently wrong sample or label. ``labels()`` (sampling, ``inspect``) gives the labels the index holds;
-each is compared with the shard's when its sample is read.
+each is compared with the shard's when its sample is read. Where ``<shard>.crc32c`` holds every member's
+CRC32C (`WebDatasetWriter` writes it), members are checked against it as they are read (``check``:
+`ingest.formats.checks`).
 
 **Streamed** (``.tgz``/``.tar.gz``, or ``stream=True``): the shards are read front to back through
 ``iter_shard(k, skip)`` (see `ingest.stream`); a shard is taken as gzipped by its magic bytes, so a gzipped
@@ -46,7 +48,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
-from . import tarindex
+from . import checks, tarindex
 from ._shards import gzipped, resolve_shards
 from .base import Field, Location, Record, check_index
 from ._images import image_extension
@@ -233,12 +235,14 @@ class WebDatasetSource:
     ``fields``: field name -> member extension(s) (None: inferred, see the module docstring).
     ``index``: index file(s), one per shard, to use instead of ``<shard>.idx`` (they must match).
     ``stream``: read front to back (default: only gzipped shards). ``write_index``: save each shard's index
-    beside it when it had to be built. Class names come from the ``manifest.json`` of an ``ingest convert``
-    output directory (tars have no place for them), else there are none."""
+    beside it when it had to be built. ``check``: per-member CRC32C checks against ``<shard>.crc32c`` ("auto",
+    "crc", "none"; None: the ``check`` setting; `ingest.formats.checks`). Class names come from the
+    ``manifest.json`` of an ``ingest convert`` output directory (tars have no place for them), else there
+    are none."""
 
     def __init__(self, path: Any, *, fields: Mapping[str, str | Sequence[str]] | None = None,
                  index: str | os.PathLike | Sequence[str | os.PathLike] | None = None, stream: bool | None = None,
-                 write_index: bool = False):
+                 write_index: bool = False, check: str | None = None):
         self.shards = find_shards(path)
         indexes = [None] * len(self.shards) if index is None else \
             [os.fspath(index)] if isinstance(index, (str, os.PathLike)) else [os.fspath(p) for p in index]
@@ -260,7 +264,11 @@ class WebDatasetSource:
         if not self._exts:
             raise SourceError(f"no fields found in the first samples of {self.shards[0]!r}",
                               path=self.shards[0])
+        self._crcs = None
         if not self.streamed:
+            crcs = checks.table([checks.read_file(s + checks.SUFFIX, len(ix.exts))
+                                 for s, ix in zip(self.shards, self._indexes)])
+            self._crcs = crcs if checks.enabled(check, "wds", crcs is not None, self.shards[0]) else None
             self._members = _Members(self._indexes, self._exts)
             # (field name, its member column, whether its bytes need no decoding: images, not gzipped)
             self._plan = [(name, self._members.columns[name],
@@ -326,6 +334,10 @@ class WebDatasetSource:
                 raise CorruptRecordError(f"{problem}; index {self._index_paths[mem.shard_of[i]]}", path=path,
                                          index=i, offset=mem.offsets[m] - _BLOCK)
             data = part[_BLOCK:]
+            if self._crcs is not None:
+                err = checks.mismatch(data, self._crcs[m], path=path, index=i, offset=mem.offsets[m])
+                if err is not None:
+                    raise err
             if plain:
                 values[name] = data
                 continue
@@ -436,6 +448,7 @@ class WebDatasetWriter:
         self._tar = tarfile.open(self.path, "w", format=tarfile.PAX_FORMAT)
         self._count = 0
         self._members: list[tarindex.Member] = []   # as written, for the index
+        self._crcs: list[int] = []                  # each member's data, for the CRC file
 
     def _member(self, name: str, field: Field, value: Any) -> tuple[str, bytes]:
         safe = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
@@ -467,15 +480,17 @@ class WebDatasetWriter:
             offset = self._tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
             kept = data if kind_of(ext) == "int" else None   # an integer the index holds (no image bytes kept)
             self._members.append(tarindex.Member(info.name, header, offset, len(data), kept))
+            self._crcs.append(checks.crc(data))
         self._count += 1
 
     def close(self) -> list[str]:
         """Finish the tar and write its index, from the member offsets recorded while writing (the index
-        `tarindex.build` would make by scanning the tar); the names of both files."""
+        `tarindex.build` would make by scanning the tar), and its members' CRCs; the names of the files."""
         self._tar.close()
         index = tarindex.from_members(iter(self._members), self.path, os.path.getsize(self.path))
         tarindex.save(index, tarindex.index_path(self.path))
-        return [self.stem + ".tar", self.stem + ".tar.idx"]
+        checks.write_file(self.path + checks.SUFFIX, self._crcs)
+        return [self.stem + ".tar", self.stem + ".tar.idx", self.stem + ".tar" + checks.SUFFIX]
 
 
 def _encode(kind: str, value: Any) -> bytes:
