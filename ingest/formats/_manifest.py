@@ -5,19 +5,25 @@ input, and checking a dataset's files against it when a source opens.
 missing key, a file name that leaves the dataset directory are each a `CorruptRecordError` naming the
 manifest (and the key at fault), never a `JSONDecodeError`, `KeyError` or `TypeError`. `check_files`
 compares what is cheap to compare before anything is read: every listed file is there with the size the
-manifest gives (a truncated shard or LMDB is named before it is mapped or indexed). `check_counts` compares
+manifest gives (a truncated shard or LMDB is named before it is mapped or indexed), and every side file (an
+index, a CRC file, a raw shard's JSON: `SIDE_FILES`, small beside the data) has the manifest's sha256, so an
+edited index or label column is named at open; data files are checked record by record as they are read
+(framing, `checks`), and whole by ``ingest verify``. `check_counts` compares
 the samples a source found with the counts the manifest lists, shard by shard where the source keeps a
 per-shard table: an index file that dropped or repeated lines is named by its shard.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
 
 from ..errors import CorruptRecordError
 
+#: Endings of the files a shard's records are found or checked through (hashed at open; data files are not).
+SIDE_FILES = (".idx", ".json", ".crc32c")
 #: Keys of a shard entry and the JSON types they must have.
 _SHARD_KEYS = {"stem": str, "start": int, "stop": int, "count": int, "bytes": int, "files": list}
 _FILE_KEYS = {"name": str, "bytes": int, "sha256": str}
@@ -115,6 +121,18 @@ def check_files(directory: str, doc: dict[str, Any], path: str) -> None:
             if size != entry["bytes"]:
                 raise CorruptRecordError(f"{size} bytes, but {path} says {entry['bytes']} (truncated or rewritten)",
                                          path=file, offset=min(size, entry["bytes"]))
+            if entry["name"].endswith(SIDE_FILES) and sha256(file) != entry["sha256"]:
+                raise CorruptRecordError(f"sha256 differs from the one {path} gives: the file was edited, or "
+                                         "belongs to another dataset", path=file)
+
+
+def sha256(path: str, chunk: int = 1 << 22) -> str:
+    """The sha256 (hex) of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def check_counts(directory: str, doc: dict[str, Any], source: Any, path: str) -> None:

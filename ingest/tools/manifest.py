@@ -22,13 +22,13 @@ a resumed run writes the same bytes as an uninterrupted one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
 
 from .._atomic import atomic_write
 from ..formats import MANIFEST, _manifest
+from ..formats._manifest import sha256
 from ..formats.base import Field
 
 PARTIAL = "manifest.partial.jsonl"
@@ -92,14 +92,6 @@ def load(directory: str) -> tuple[dict[str, Any] | None, bool]:
         _manifest.parse({**header, "shards": [shard]}, path)
     shards = {s["stem"]: s for s in entries[1:]}
     return {**header, "shards": sorted(shards.values(), key=lambda s: s["start"])}, False
-
-
-def sha256(path: str, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def file_entry(directory: str, name: str) -> dict[str, Any]:
