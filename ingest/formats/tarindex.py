@@ -392,10 +392,16 @@ def header_problem(block: Any, key: str, ext: str, size: int) -> str | None:
     """What is wrong with ``block`` (the 512 bytes before a member's data) as the header of the regular
     member ``key.ext`` of ``size`` bytes, or None: a checksum that does not match, another member type, size
     or name. A name longer than the header's name field (a pax or GNU long name) is compared as far as the
-    field holds it; ``ext`` is compared ignoring case (the index keeps it lower-cased)."""
+    field holds it; ``ext`` is compared ignoring case (the index keeps it lower-cased). A header whose name
+    and size fields hold exactly what the index gives (as `tarfile` and GNU tar write them: the name and a
+    NUL, eleven octal digits and a NUL) is taken at once; any other is checked in full."""
     head = bytes(block[:tarfile.BLOCKSIZE])
     if len(head) < tarfile.BLOCKSIZE:
         return "the member's header is cut short"
+    name = f"{key}.{ext}".encode("utf-8", "surrogateescape")
+    if len(name) < 100 and head.startswith(name) and head[len(name)] == 0 and \
+            head[124:136] == b"%011o\0" % size and head[156:157] in (b"0", b"\0"):
+        return None
     try:
         stored = _octal(head[148:156])
     except (ValueError, UnicodeDecodeError):

@@ -2,7 +2,8 @@
 
 Checks, in order: the converter's manifest (every listed file present, its size and sha256, the sample
 count), each record file's index against its data (TFRecord, RecordIO, tar), then every record of every
-shard: framing, CRCs and the format's own checks, as the readers apply them; with ``decode`` also that every
+shard: framing, CRCs (the per-record CRC32C of `ingest.formats.checks` wherever they were written) and the
+format's own checks, as the readers apply them; with ``decode`` also that every
 encoded image decodes (`ingest.ops.decode.CpuDecoder`). A shard whose framing is broken is reported once, at
 the offset where reading it stopped (framing cannot resynchronise past a bad length). Problems are
 ``(where, reason)``: the file, and the record's offset or key.
@@ -15,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import IngestError
+from ..errors import ConfigError, IngestError
 from ..formats import detect, fields_of, open_source
 from ..ops.decode import CpuDecoder
 from . import manifest, shardfiles
@@ -104,7 +105,10 @@ def _check_manifest(directory: str, problem: Callable[[str, str], None]) -> int 
 def _check_records(path: str, fmt: str, decoder: CpuDecoder | None, report: Report,
                    problem: Callable[[str, str], None]) -> None:
     try:
-        source = open_source(path, format=fmt)
+        try:   # every record with a CRC written is checked, whatever the format's default (formats.checks)
+            source = open_source(path, format=fmt, check="crc")
+        except ConfigError:   # a format without the option, or a dataset written without CRCs
+            source = open_source(path, format=fmt)
         view = SourceView(source)
     except (IngestError, OSError) as err:   # the file cannot even be indexed: framing broken
         problem(_where(err, path), _reason(err))
