@@ -258,6 +258,8 @@ class WebDatasetSource:
         if not self.streamed:
             self._indexes = [tarindex.open_index(s, write=write_index, path=p) for s, p in zip(self.shards, indexes)]
         if fields is None:
+            if self._indexes:   # the fields come from these members' extensions: their headers must agree
+                self._check_headers(0, range(min(len(self._indexes[0]), _SCAN_SAMPLES)))
             self._exts = infer_fields(self._first_samples())
         else:
             self._exts = _normalize_fields(fields)
@@ -287,6 +289,18 @@ class WebDatasetSource:
             return samples
         ix = self._indexes[0] if self._indexes else None
         return [[ix.exts[m] for m in ix.members(j)] for j in range(min(len(ix), _SCAN_SAMPLES))] if ix else []
+
+    def _check_headers(self, k: int, samples: range) -> None:
+        """The header of every member of ``samples`` of shard ``k`` against its index (`tarindex.header_problem`)."""
+        ix, shard = self._indexes[k], self.shards[k]
+        with open(shard, "rb") as f:
+            for j in samples:
+                for m in ix.members(j):
+                    at = int(ix.offsets[m]) - _BLOCK
+                    problem = tarindex.header_problem(os.pread(f.fileno(), _BLOCK, at), ix.keys[j], ix.exts[m],
+                                                      int(ix.sizes[m]))
+                    if problem is not None:
+                        raise CorruptRecordError(f"{problem}; index {self._index_paths[k]}", path=shard, offset=at)
 
     # -- random access ---------------------------------------------------------------------------
     def __len__(self) -> int:
