@@ -17,7 +17,7 @@ from ingest.tools.cli import main
 
 GARBAGE = [
     b"{not json", b"[]", b'"tfrecord"', b"\xff\xfe", b"[" * 100_000,
-    b'{"format": 5}', b'{"format": "tfrec"}', b'{"format": "recordio", "shards": "all"}',
+    b'{"format": 5}', b'{"format": ["x"]}', b'{"format": "tfrec"}', b'{"format": "recordio", "shards": "all"}',
     b'{"format": "recordio", "shards": [7]}', b'{"format": "recordio", "shards": [{"stem": "data-00000"}]}',
     b'{"format": "recordio", "classes": "cat"}', b'{"format": "recordio", "fields": {"image": 3}}',
     b'{"format": "recordio", "fields": {"image": {"kind": "jpeg"}}}', b'{"format": "recordio", "count": -1}',

@@ -47,7 +47,7 @@ def parse(doc: Any, path: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise _bad(path, f"expected a JSON object, got {type(doc).__name__}")
     fmt = doc.get("format")
-    if fmt not in FORMATS:
+    if not isinstance(fmt, str) or fmt not in FORMATS:
         raise _bad(path, f"`format` is {fmt!r}. Available: {', '.join(sorted(FORMATS))}")
     for key, kind in (("fields", dict), ("options", dict), ("source", dict), ("boxes", dict)):
         if key in doc and doc[key] is not None and not isinstance(doc[key], kind):
