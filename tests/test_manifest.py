@@ -26,6 +26,8 @@ GARBAGE = [
     b'{"format": "recordio", "shards": [{"stem": "s", "start": 0, "stop": 2, "count": 2, "bytes": 1, '
     b'"files": [{"name": "../../etc/passwd", "bytes": 1, "sha256": "x"}]}]}',
     b'{"format": "recordio", "shards": [{"stem": "s", "start": 0, "stop": 2, "count": 5, "bytes": 1, "files": []}]}',
+    b'{"format": "recordio", "shards": [{"stem": "t", "start": 0, "stop": 2, "count": 2, "bytes": 1, '
+    b'"files": [{"name": "s.rec", "bytes": 1, "sha256": "x"}]}]}',
 ]
 
 

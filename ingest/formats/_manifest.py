@@ -95,6 +95,8 @@ def _shard(shard: Any, path: str, k: int) -> None:
         name = entry["name"]
         if not name or "\0" in name or os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
             raise _bad(path, f"shard {k}: file name {name!r} is outside the dataset directory")
+        if not any(part.startswith(shard["stem"]) for part in name.split("/")):
+            raise _bad(path, f"shard {k}: file {name!r} is not named after the shard's stem {shard['stem']!r}")
 
 
 def load(path: str) -> dict[str, Any]:

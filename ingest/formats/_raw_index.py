@@ -81,8 +81,8 @@ def _read_json(path: str) -> Any:
     try:
         with open(path, "rb") as f:
             return json.load(f)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CorruptRecordError(f"not valid JSON: {err}", path=path) from err
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise CorruptRecordError(f"not valid JSON: {err}", path=path) from None
     except OSError as err:
         raise SourceError(f"cannot read {path!r}: {err.strerror or err}", path=path) from err
 

@@ -330,7 +330,7 @@ class _Db:
     def _ingest(self, txn: Any, meta: bytes) -> bool:
         try:
             doc = json.loads(meta)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             return False

@@ -375,8 +375,8 @@ def load(path: str, tar_size: int) -> TarIndex | None:
                          [str(e) for e in doc["exts"]], np.array(doc["offsets"], np.int64),
                          np.array(doc["sizes"], np.int64),
                          np.array([NO_INT if v is None else v for v in doc["ints"]], np.int64), tar_size)
-    except (OSError, ValueError, KeyError, TypeError, OverflowError) as err:
-        raise CorruptRecordError(f"unreadable tar index: {err}", path=path) from err
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as err:
+        raise CorruptRecordError(f"unreadable tar index: {err}", path=path) from None
     ok = (index.starts.shape == (len(index.keys) + 1,) and index.starts[0] == 0 and index.starts[-1] == m
           and np.all(np.diff(index.starts) > 0) and index.offsets.shape == index.sizes.shape == index.ints.shape
           == (m,) and np.all(index.sizes >= 0) and np.all(index.offsets % tarfile.BLOCKSIZE == 0)
