@@ -16,6 +16,7 @@
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode feeding CUDA, else 0) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
+| check           | INGEST_CHECK            | auto    | per-record CRC32C checks of RecordIO, LMDB, WebDataset and raw readers: auto (where the converter wrote CRCs and the check costs under 3% of the format's loader rate), crc (every record that has one; a dataset without them is refused), none (`ingest.formats.checks`) |
 | keep_freed_memory | INGEST_KEEP_FREED_MEMORY | auto  | auto: glibc keeps freed memory for reuse in the training process once a Loader runs its pipeline there (`ingest._malloc.keep_freed_memory`); off: leave its malloc alone |
 | engine          | INGEST_ENGINE           | auto    | what runs a Loader's batches in the training process: auto (the native engine, `ingest.native`, where the loader is eligible, else the Python stages), python, or native (a ConfigError naming why where it is not eligible) |
 | engine_nice     | INGEST_ENGINE_NICE      | 10      | the nice value (0-19) of the native engine's threads, so that the training thread, which launches the model's kernels, takes a core first when they are short; 0: as the process |
@@ -167,6 +168,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "keep_freed_memory": ("INGEST_KEEP_FREED_MEMORY", "auto", _choice("keep_freed_memory", ("auto", "off"))),
     "engine": ("INGEST_ENGINE", "auto", _choice("engine", ("auto", "python", "native"))),
     "engine_nice": ("INGEST_ENGINE_NICE", 10, _integer("engine_nice", 0)),
+    "check": ("INGEST_CHECK", "auto", _choice("check", ("auto", "crc", "none"))),
 }
 _values: dict[str, Any] = {}
 

@@ -11,7 +11,8 @@ waits; the consumer's stream made to wait on the batch's event in C) and the wra
 Rules:
 
 - **Eligible** (`why_not` returns None): a CUDA device with decode "mixed", no worker processes, a source with
-  ``native_table()`` (file trees, RecordIO), encoded images and nothing else asked for (``output="tuple"``, or
+  ``native_table()`` (file trees, RecordIO) whose records are not CRC-checked (``check``), encoded images and
+  nothing else asked for (``output="tuple"``, or
   a source with only an image and a label), a chain `ingest.native_plan.describe` takes whose output size is
   fixed, nvImageCodec's native binding and CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs
   the native engine where eligible, "python" never, "native" raises a ConfigError naming why where not.
@@ -90,6 +91,8 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
         return None, "it runs in the training process on a seekable source (no worker processes, no stream)"
     if getattr(source, "native_table", None) is None:
         return None, f"{type(source).__name__} gives no native table (file trees and RecordIO do)"
+    if getattr(source, "checked", False):
+        return None, "its records are checked against their CRC32C (check), which the native engine does not do"
     fields = fields_of(source)
     if pipeline.image_kind != "image" or pipeline.direct or "boxes" in fields:
         return None, "it takes encoded images without boxes"
@@ -124,6 +127,8 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
     table_of = getattr(source, "native_table", None)
     if table_of is None:
         return None, f"{type(source).__name__} gives no native table (file trees and RecordIO do)"
+    if getattr(source, "checked", False):
+        return None, "its records are checked against their CRC32C (check), which the native engine does not do"
     return Chain(table_of(), desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout), None
 
 

@@ -77,3 +77,40 @@ def make_image_folder(root: Path, classes: dict[str, int], *, size=(48, 64), see
 @pytest.fixture
 def image_folder(tmp_path: Path) -> Path:
     return make_image_folder(tmp_path / "train", {"cat": 7, "dog": 5, "emu": 9})
+
+
+def isolated(fn, *args, timeout: float = 60.0) -> str:
+    """``fn(*args)`` in a forked child, so that a crash (SIGBUS, SIGABRT, a segfault) fails the calling test
+    instead of killing pytest: its return value as text, or ``"<ExceptionType>: message"`` for an exception.
+    AssertionError names the signal or exit status of a child that died."""
+    import signal
+    import tempfile
+    import time
+    with tempfile.NamedTemporaryFile(prefix="isolated-") as result:
+        pid = os.fork()
+        if pid == 0:   # the child: report, then leave without running pytest's exit handlers
+            try:
+                try:
+                    out = str(fn(*args))
+                except BaseException as err:   # noqa: BLE001 - every outcome goes back to the parent
+                    out = f"<{type(err).__name__}>: {err}"
+                with open(result.name, "w", errors="backslashreplace") as f:
+                    f.write(out)
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError(f"{fn.__name__}{args!r} ran past {timeout} s")
+            time.sleep(0.002)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+            raise AssertionError(f"{fn.__name__}{args!r} died: {what}")
+        with open(result.name, errors="backslashreplace") as f:
+            return f.read()

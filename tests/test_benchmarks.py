@@ -24,6 +24,16 @@ def test_bench_cpu_runs_both_loaders(tmp_path):
         assert results[variant]["img_s"] > 0
 
 
+def test_bench_checks_runs_a_format_both_ways(tmp_path, image_folder):
+    out = tmp_path / "checks.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_checks.py"), "--data", str(image_folder),
+                    "--formats", "recordio", "--batch", "4", "--seconds", "0.5", "--rounds", "1", "--out", str(out)],
+                   check=True, timeout=300, capture_output=True)
+    result = json.loads(out.read_text())["results"]["recordio"]
+    assert result["check_us"] > 0 and result["loader_img_s"]["none"] > 0 and result["loader_img_s"]["crc"] > 0
+    assert 0 < result["cost"] < 1
+
+
 def test_bench_ddp_ratios_over_one_gpu():
     import bench_ddp
 
@@ -40,7 +50,7 @@ def test_bench_ddp_ratios_over_one_gpu():
 
 @pytest.mark.parametrize("script", ["bench_gpu.py", "bench_ddp.py", "bench_raw.py", "bench_formats.py",
                                     "bench_detection.py", "bench_detection_targets.py", "bench_read_gil.py",
-                                    "bench_settings.py", "bench_gil.py", "bench_ramp.py", "bench_augment.py"])
+                                    "bench_settings.py", "bench_gil.py", "bench_ramp.py", "bench_augment.py", "bench_checks.py"])
 def test_benchmark_scripts_parse_their_options(script):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True,
                           text=True, timeout=120)

@@ -56,7 +56,8 @@ def test_inspect_reads_a_streamed_dataset_once_and_describes_it_as_the_seekable_
     gz.mkdir()
     for shard in sorted(tf_dir.glob("*.tfrecord")):
         (gz / (shard.name + ".gz")).write_bytes(gzip.compress(shard.read_bytes()))
-    shutil.copy(tf_dir / "manifest.json", gz)   # the class names
+    classes = json.loads((tf_dir / "manifest.json").read_text())["classes"]
+    (gz / "manifest.json").write_text(json.dumps({"format": "tfrecord", "classes": classes}))   # the class names
     passes = []
     iter_shard = tfrecord.TFRecordSource.iter_shard
     monkeypatch.setattr(tfrecord.TFRecordSource, "iter_shard", lambda self, k, skip=0: passes.append(k) or
@@ -95,7 +96,7 @@ def test_verify_reports_a_stale_index_and_a_truncated_shard(tf_dir, capsys):
     shard.write_bytes(shard.read_bytes()[:-7])
     assert main(["verify", str(tf_dir)]) == 1
     out = capsys.readouterr().out
-    assert f"BAD {idx}: " in out and "disagrees with the data" in out
+    assert f"BAD {idx}: CorruptRecordError: index entries end at byte" in out and f"{idx}: {idx}" not in out
     assert f"BAD {shard}" in out
 
 

@@ -19,7 +19,7 @@ from ingest.formats import check_format, open_source, read_location
 from ingest.formats._protos import Datum
 from ingest.formats.base import Field, Record
 from ingest.formats.lmdb import LMDBSource, LMDBWriter, content_checksum, datum_label, environment, verify
-from conftest import jpeg_bytes, realworld, textured
+from conftest import isolated, jpeg_bytes, realworld, textured
 
 
 def read(src, i):
@@ -161,7 +161,7 @@ def test_writer_output_is_plain_lmdb_and_deterministic(tmp_path):
     meta = json.loads(raw[b"__meta__"])
     assert meta["count"] == 1200 and [f["name"] for f in meta["fields"]] == ["image", "label"]
     assert np.frombuffer(raw[b"__labels__"], "<i8").tolist() == [r.label for r in records]
-    assert raw[b"000000007"][:4] == b"IGR1" and len(raw) == 1202
+    assert raw[b"000000007"][:4] == b"IGR1" and len(raw) == 1203   # samples, __crc32c__, __labels__, __meta__
     checksum = content_checksum(str(tmp_path / "a" / "db.lmdb"))
     assert checksum == meta["content_sha256"] == content_checksum(str(tmp_path / "b" / "db.lmdb"))
     assert verify(str(tmp_path / "a" / "db.lmdb")) == 1200
@@ -203,7 +203,7 @@ def test_declared_kind_mismatch_and_metadata_checks(tmp_path):
     with pytest.raises(CorruptRecordError, match="declared 'float'") as err:
         read(LMDBSource(kinds), 0)
     assert err.value.offset is not None
-    with pytest.raises(SourceError, match="6 keys but __meta__ says 3 samples"):
+    with pytest.raises(SourceError, match=r"7 keys but __meta__ says 3 samples \(\+3 metadata keys\)"):
         LMDBSource(stray)
 
 
@@ -519,3 +519,82 @@ def test_batch_parse_of_image_label_records_matches_parse(image_label_db, tmp_pa
             assert type(got) is type(want) and str(got) == str(want)
         else:
             assert _same_record(got, want)
+
+
+def _read_everything(path) -> str:
+    """Open, label, read and verify the LMDB at ``path``: "ok", or the ingest error's type and message."""
+    from ingest.errors import IngestError
+    try:
+        src = LMDBSource(path)
+        src.labels()
+        for i in range(len(src)):
+            src.parse(i, read_location(src.locate(i)))
+        verify(path)
+    except IngestError as err:
+        return f"{type(err).__name__}: {err}"
+    return "ok"
+
+
+def _small_lmdb(root, n=300, sizes=(20, 40)):
+    w = LMDBWriter(root, "s", {"image": Field("image"), "label": Field("int")})
+    for i in range(n):
+        w.add(Record(b"\xff\xd8\xff" + bytes([i % 251]) * sizes[i % len(sizes)], i % 5))
+    w.close()
+    return root / "s.lmdb"
+
+
+def test_truncated_lmdb_is_named_before_it_is_mapped(tmp_path):
+    """liblmdb maps what the meta page promises: a shorter file gave SIGBUS on the first read past its end."""
+    db = _small_lmdb(tmp_path)
+    data = db / "data.mdb"
+    whole = data.read_bytes()
+    for cut in (len(whole) - 4096, len(whole) // 2, 5000, 100, 0):
+        data.write_bytes(whole[:cut])
+        out = isolated(_read_everything, db)
+        assert out.startswith("CorruptRecordError") and str(data) in out, out
+    data.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(CorruptRecordError, match=r"data\.mdb at byte \d+: truncated or damaged LMDB: its meta page "
+                                                 r"promises \d+ pages"):
+        isolated_check(data)
+
+
+def isolated_check(data):
+    from ingest.formats import _lmdb_check
+    _lmdb_check.check(str(data))
+
+
+@pytest.mark.parametrize("damage", ["zero", "garble", "root", "meta"])
+def test_damaged_pages_are_named_not_asserted_on(tmp_path, damage):
+    """A zeroed branch or leaf page made liblmdb abort (IS_LEAF / NUMKEYS assertions): the tree is walked first."""
+    from ingest.formats import _lmdb_check
+    db = _small_lmdb(tmp_path, n=3000)
+    data = db / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    meta = _lmdb_check.check(str(data))
+    assert meta.depth >= 2 and meta.entries == 3003
+    psize = meta.page_size
+    if damage == "meta":   # the picked meta's magic
+        picked = psize if meta.txnid % 2 else 0
+        raw[picked + 16:picked + 20] = b"\0\0\0\0"
+    else:
+        page = meta.root if damage == "root" else meta.root + 1 if damage == "zero" else meta.last_page // 2
+        raw[page * psize:(page + 1) * psize] = bytes(psize) if damage != "garble" else \
+            np.random.default_rng(0).bytes(psize)
+    data.write_bytes(bytes(raw))
+    out = isolated(_read_everything, db)
+    assert out.startswith("CorruptRecordError") and str(data) in out, out
+
+
+def test_liblmdb_errors_are_corrupt_record_errors(tmp_path, monkeypatch):
+    db = _small_lmdb(tmp_path, n=10)
+    src = LMDBSource(db)
+    monkeypatch.setattr(src._dbs[0], "ranges", None)   # looked up per batch, through liblmdb
+
+    class Failing:
+        def begin(self, **kw):
+            raise lmdb.CorruptedError("mdb_get: MDB_CORRUPTED: Located page was wrong type")
+    from ingest.formats.lmdb import _Map
+    view = src._maps.get(0, lambda: _Map(str(db)))
+    monkeypatch.setattr(view, "env", Failing())
+    with pytest.raises(CorruptRecordError, match=r"data\.mdb \[sample 000000003\]: liblmdb: mdb_get"):
+        src.locate(3)

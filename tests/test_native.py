@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from ingest import defaults, native
@@ -188,7 +189,7 @@ def test_dry_run_plans_what_the_python_stages_plan(tmp_path, ops):
 
 def test_dry_run_of_a_recordio_file_reads_labels_from_the_records(tmp_path):
     records = [Record(jpeg_bytes(20 + i, 30 + 2 * i, seed=i), (7 * i) % 5) for i in range(9)]
-    src = RecordIOSource(write_records(tmp_path, records))
+    src = RecordIOSource(write_records(tmp_path, records), check="none")   # the engine checks no CRC32C
     ex, pipe, sampler = dry(src, batch_size=4)
     try:
         for batch, plan in zip(ex, sampler.batches(0)):
@@ -272,6 +273,21 @@ def test_engine_native_names_why_a_loader_is_not_eligible(image_folder):
     loader.close()
     with pytest.raises(ConfigError, match="engine"):
         defaults.set(engine="rust")
+
+
+def test_records_checked_against_their_crcs_stay_on_the_python_stages(tmp_path):
+    """The native engine does not check per-record CRC32C: a RecordIO file written with them, read with the
+    default check, is not eligible (the reason names the check); with check="none" it is."""
+    rec = write_records(tmp_path, [Record(jpeg_bytes(20, 30, seed=1), 1)])
+    cuda = dict(device=torch.device("cuda"), decode="mixed", workers=0, streamed=False, tuple_output=True)
+    checked = RecordIOSource(rec)
+    assert checked.checked
+    assert native.why_not(checked, OPS, **cuda, pipeline=Pipeline(checked, ops=OPS))[1].startswith(
+        "its records are checked against their CRC32C")
+    unchecked = RecordIOSource(rec, check="none")
+    assert not unchecked.checked
+    why = native.why_not(unchecked, OPS, **cuda, pipeline=Pipeline(unchecked, ops=OPS))[1]
+    assert why is None or "CRC32C" not in why   # (on a host without nvImageCodec it fails later, for that)
 
 
 @pytest.mark.parametrize("ops, why", [

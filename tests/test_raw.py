@@ -74,7 +74,7 @@ def test_fixed_shape_round_trip(tmp_path):
         assert rec.image.flags.writeable
     # The fixed layout stores no per-sample offsets: sample i is at i * stride.
     meta = json.loads(index_of(root).read_text())
-    assert meta["stride"] == 4096 and set(meta["arrays"]) == {"label"}
+    assert meta["stride"] == 4096 and set(meta["arrays"]) == {"label", "image.crc32c"}
     assert os.path.getsize(root / "part-000.raw") % 4096 == 0
 
 
@@ -361,7 +361,8 @@ def test_dataset_paths(tmp_path):
     both = RawSource([root / "part-001.raw.json", root / "part-000.raw"])
     assert both.labels().tolist() == [0, 1, 2, 0, 1, 2]
     # The converter's manifest names the shards in order.
-    (root / "manifest.json").write_text(json.dumps({"format": "raw", "shards": [{"stem": "part-001"}]}))
+    (root / "manifest.json").write_text(json.dumps({"format": "raw", "shards": [
+        {"stem": "part-001", "start": 3, "stop": 6, "count": 3, "bytes": 0, "files": []}]}))
     assert detect(root) == "raw" and len(RawSource(root)) == 3
 
 

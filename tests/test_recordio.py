@@ -51,7 +51,7 @@ def chunk_headers(data: bytes) -> list[tuple[int, int, int]]:
 
 def test_round_trip_and_mxnet_layout(tmp_path):
     records = make_records(5)
-    assert write(tmp_path, records) == ["data.rec", "data.idx"]
+    assert write(tmp_path, records) == ["data.rec", "data.idx", "data.crc32c"]
     src = RecordIOSource(tmp_path / "data.rec")
     check_format(src)
     assert src.labels().tolist() == [r.label for r in records]
@@ -213,6 +213,7 @@ def test_split_record_without_its_end(tmp_path):
 
 
 def test_index_entries_that_disagree_with_the_data(rec):
+    os.remove(rec.with_suffix(".crc32c"))   # without the CRCs of every record, which would name the count first
     idx = rec.with_suffix(".idx")
     starts = offsets(rec)
     idx.write_text(f"0\t{starts[0]}\n1\t{starts[1] + 4}\n")
@@ -228,6 +229,31 @@ def test_index_entries_that_disagree_with_the_data(rec):
     idx.write_text("just one word\n")
     with pytest.raises(CorruptRecordError, match="is not 'key<TAB>offset'"):
         RecordIOSource(rec)
+
+
+@pytest.mark.parametrize("edit", ["empty", "first dropped", "middle dropped", "repeated"])
+def test_index_must_list_every_record(rec, edit):
+    """An empty index dropped a shard, a deleted line a record (read with its neighbour), a duplicated one
+    repeated it, all silently: each is now named, at open or when the record is read."""
+    idx = rec.with_suffix(".idx")
+    lines = idx.read_text().splitlines(keepends=True)
+    starts = offsets(rec)
+    kept = {"empty": [], "first dropped": lines[1:], "middle dropped": lines[:1] + lines[2:],
+            "repeated": lines + lines[1:2]}[edit]
+    idx.write_text("".join(kept))
+    with pytest.raises(CorruptRecordError, match=r"data\.(crc32c: holds the CRCs of 4 records|idx)"):
+        RecordIOSource(rec)   # with its CRC file, which counts every record written, named at open
+    os.remove(rec.with_suffix(".crc32c"))
+    if edit != "middle dropped":
+        with pytest.raises(CorruptRecordError, match=r"data\.idx.*(lists no record|starts at byte|listed twice)"):
+            RecordIOSource(rec)
+        return
+    src = RecordIOSource(rec)
+    assert len(src) == 3
+    with pytest.raises(CorruptRecordError, match=f"{rec} \\[sample 0\\] at byte {starts[0]}: the record here spans"):
+        src.parse(0, read_location(src.locate(0)))
+    got = src.parse_batch([0, 1, 2], [read_location(src.locate(i)) for i in range(3)])
+    assert isinstance(got[0], CorruptRecordError) and [r.label for r in got[1:]] == [2, 3]
 
 
 @pytest.mark.parametrize("payload, message", [

@@ -173,15 +173,13 @@ def test_index_used_when_present_and_built_when_not(shard, tmp_path):
 def test_index_that_disagrees_with_the_data(shard):
     path, _ = shard
     idx = Path(f"{path}.idx")
-    entries = [tuple(map(int, line.split())) for line in idx.read_text().splitlines()]
+    lines = idx.read_text().splitlines()
+    entries = [tuple(map(int, line.split())) for line in lines]
     (o0, s0), (o1, s1), (_, s2) = entries[:3]
-    idx.write_text(f"{o0} {s0}\n{o1} {s1 + s2}\n")  # in bounds, but two records long
+    rest = "".join(f"{o} {s}\n" for o, s in entries[3:])
+    idx.write_text(f"{o0} {s0}\n{o1} {s1 + s2}\n" + rest)  # tiles the file, but one entry is two records long
     src = TFRecordSource(path)
     with pytest.raises(CorruptRecordError, match=f"{path}.*at byte {o1}: .*index and data disagree"):
-        src.parse(1, read_location(src.locate(1)))
-    idx.write_text(f"{o0} {s0}\n{o1 + 3} {s1}\n")  # not a record start
-    src = TFRecordSource(path)
-    with pytest.raises(CorruptRecordError, match=f"at byte {o1 + 3}"):
         src.parse(1, read_location(src.locate(1)))
     size = path.stat().st_size
     idx.write_text(f"{o0} {s0}\n{o1} {size}\n")  # past the end of the file
@@ -189,6 +187,21 @@ def test_index_that_disagrees_with_the_data(shard):
         TFRecordSource(path)
     idx.write_text("0 x\n")
     with pytest.raises(CorruptRecordError, match="index line 1 .* is not 'offset size'"):
+        TFRecordSource(path)
+
+
+@pytest.mark.parametrize("edit", ["empty", "dropped", "repeated", "shifted", "swapped"])
+def test_index_lines_must_tile_the_shard(shard, edit):
+    """An index is checked against its shard when it is read: an empty one, a dropped, repeated, shifted or
+    reordered line is named (file and entry), never a shard or record silently lost or read twice."""
+    path, _ = shard
+    idx = Path(f"{path}.idx")
+    lines = idx.read_text().splitlines(keepends=True)
+    edited = {"empty": [], "dropped": lines[:1] + lines[2:], "repeated": lines[:2] + lines[1:],
+              "shifted": [lines[0], "%d %s" % (int(lines[1].split()[0]) + 3, lines[1].split()[1] + "\n")]
+              + lines[2:], "swapped": [lines[1], lines[0]] + lines[2:]}[edit]
+    idx.write_text("".join(edited))
+    with pytest.raises(CorruptRecordError, match=r"part-0\.tfrecord\.idx.*(index entr|index lists|entries end)"):
         TFRecordSource(path)
 
 

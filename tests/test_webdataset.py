@@ -3,6 +3,7 @@
 
 import gzip
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -115,7 +116,7 @@ def write_shard(directory, stem, records, fields=FIELDS, **options):
 
 def test_writer_round_trip_and_webdataset_reads_it(tmp_path):
     records = make_records(9)
-    assert write_shard(tmp_path, "s", records) == ["s.tar", "s.tar.idx"]
+    assert write_shard(tmp_path, "s", records) == ["s.tar", "s.tar.idx", "s.tar.crc32c"]
     src = WebDatasetSource(tmp_path / "s.tar")
     check_format(src)
     assert {k: f.kind for k, f in src.fields.items()} == {
@@ -385,15 +386,48 @@ def test_npy_member_checked_before_allocation(tmp_path):
             src.parse(i, read_location(src.locate(i)))
 
 
-def test_indexed_label_is_not_read_again(tmp_path):
+def test_label_is_read_from_the_shard_and_checked_against_the_index(tmp_path):
     records = make_records(3)
     write_shard(tmp_path, "s", records, fields={"image": Field("image"), "label": Field("int")})
     src = WebDatasetSource(tmp_path / "s.tar")
     locs = src.locate(1)
-    assert len(locs) == 1 and locs[0].length == len(records[1].image)
+    assert len(locs) == 2 and locs[0].length == len(records[1].image) + 512   # each from its header block
     assert src.parse(1, read_location(locs)).label == records[1].label
-    only = WebDatasetSource(tmp_path / "s.tar", fields={"label": "cls"})   # the only field: read as usual
-    assert len(only.locate(1)) == 1 and only.parse(1, read_location(only.locate(1))).label == 1
+    index = tmp_path / "s.tar.idx"
+    doc = json.loads(index.read_text())
+    doc["ints"][doc["exts"].index("cls")] = 7   # relabel sample 0 in the index only
+    index.write_text(json.dumps(doc))
+    edited = WebDatasetSource(tmp_path / "s.tar")
+    with pytest.raises(CorruptRecordError, match=r"s\.tar\.idx gives sample .* label 7, its member holds 0") as err:
+        edited.parse(0, read_location(edited.locate(0)))
+    assert err.value.path.endswith("s.tar") and err.value.offset is not None
+    assert edited.parse(1, read_location(edited.locate(1))).label == records[1].label   # the others read right
+
+
+def test_edited_index_offsets_are_named(tmp_path):
+    """Members swapped in the index (same sizes, so every range still fits) fail on their header check."""
+    records = [Record(jpeg_bytes(8, 8), i) for i in range(3)]
+    write_shard(tmp_path, "s", records, fields={"image": Field("image"), "label": Field("int")})
+    index = tmp_path / "s.tar.idx"
+    doc = json.loads(index.read_text())
+    cls = [k for k, e in enumerate(doc["exts"]) if e == "cls"]
+    doc["offsets"][cls[0]], doc["offsets"][cls[1]] = doc["offsets"][cls[1]], doc["offsets"][cls[0]]
+    doc["ints"][cls[0]], doc["ints"][cls[1]] = doc["ints"][cls[1]], doc["ints"][cls[0]]
+    order = np.argsort(doc["offsets"])   # the loader refuses offsets out of order; keep them sorted
+    if list(order) != list(range(len(order))):
+        doc["offsets"] = sorted(doc["offsets"])
+    index.write_text(json.dumps(doc))
+    src = WebDatasetSource(tmp_path / "s.tar")
+    bad = [i for i in range(3) if isinstance(_try(src, i), CorruptRecordError)]
+    assert bad and all("s.tar.idx" in str(_try(src, i)) for i in bad)
+    assert all(_try(src, i).label == i for i in range(3) if i not in bad)
+
+
+def _try(src, i):
+    try:
+        return src.parse(i, read_location(src.locate(i)))
+    except CorruptRecordError as err:
+        return err
 
 
 def test_pixels_image_and_classes_from_a_converter_manifest(tmp_path):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import importlib
 import inspect
-import json
 import os
 from typing import Any, Sequence
 
@@ -20,6 +19,7 @@ from .base import (DEFAULT_FIELDS, KINDS, Field, Location, ProcessLocal, Record,
 from .filetree import IMAGE_EXTENSIONS, FileList, FileTree
 from .memory import MemorySource
 from ._example import writer_spec
+from . import _manifest
 
 #: format name -> (module, reader class, writer class or None)
 FORMATS: dict[str, tuple[str, str, str | None]] = {
@@ -86,8 +86,7 @@ def detect(path: str | os.PathLike | Sequence[str]) -> str:
         return detect(sorted(glob.glob(path)) or [path])
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, MANIFEST)):
-            with open(os.path.join(path, MANIFEST)) as f:
-                return json.load(f)["format"]
+            return _manifest.load(os.path.join(path, MANIFEST))["format"]
         if os.path.exists(os.path.join(path, "data.mdb")):
             return "lmdb"
         if os.path.exists(os.path.join(path, RAW_INDEX)):
@@ -130,15 +129,18 @@ def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
     manifest = os.path.join(os.fspath(path), MANIFEST) if isinstance(path, (str, os.PathLike)) else None
     meta = None
     if manifest and os.path.isfile(manifest):
-        with open(manifest) as f:   # the converter keeps what the format has no place for
-            meta = json.load(f)
+        # the converter keeps what the format has no place for; its files are checked before they are opened
+        meta = _manifest.load(manifest)
+        _manifest.check_files(os.fspath(path), meta, manifest)
         if fmt == "tfrecord" and "features" not in options and meta.get("fields"):
             # Every field as written (text and per-object lists cannot be inferred from a record)
             fields = {name: Field.from_json(f) for name, f in meta["fields"].items()}
-            keys = (meta.get("options", {}).get("writer") or {}).get("keys")
+            writer = (meta.get("options") or {}).get("writer")
+            keys = writer.get("keys") if isinstance(writer, dict) else None
             options = dict(options, features=writer_spec(fields, keys if isinstance(keys, dict) else None))
     source = cls(path, **options)
     if meta is not None:
+        _manifest.check_counts(os.fspath(path), meta, source, manifest)
         if meta.get("classes") and not list(getattr(source, "classes", ()) or ()):
             source.classes = list(meta["classes"])
         if meta.get("boxes") and "boxes" in fields_of(source):   # how the stored box values read (xywh, relative)

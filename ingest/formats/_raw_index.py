@@ -81,8 +81,8 @@ def _read_json(path: str) -> Any:
     try:
         with open(path, "rb") as f:
             return json.load(f)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CorruptRecordError(f"not valid JSON: {err}", path=path) from err
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise CorruptRecordError(f"not valid JSON: {err}", path=path) from None
     except OSError as err:
         raise SourceError(f"cannot read {path!r}: {err.strerror or err}", path=path) from err
 
@@ -150,6 +150,8 @@ class Shard:
         self._layout(meta, arrays)
         self.columns = {k: self._array(arrays, k, (self.count,), "iu" if kind == "int" else "iuf")
                         .astype(COLUMNS[kind]) for k, kind in self.kinds.items() if kind in COLUMNS}
+        # each stored field's CRC32C per sample, where the writer put them (`ingest.formats.checks`)
+        self.crcs = {k: self._crc_array(arrays, k) for k in self.stored if f"{k}.crc32c" in arrays}
         file_size = self._int(meta, "file_size", 0)
         if file_size != self.size:
             raise CorruptRecordError(f"the shard is {self.size} bytes but its index says {file_size} (truncated or "
@@ -250,6 +252,10 @@ class Shard:
                 if n and last_ok < n - 1:
                     j = max(last_ok + 1, 0)
                     self._past_end(k, j, j * stride + offsets[k], nbytes)
+                first = offsets[self.stored[0]]
+                if not first <= offsets[k] <= offsets[k] + nbytes <= first + stride:
+                    raise self._bad(f"field {k!r} ({nbytes} bytes at offset {offsets[k]}) lies outside its sample "
+                                    f"({stride} bytes from offset {first}): samples would overlap")
                 self.offsets[k] = np.arange(n, dtype=np.int64) * stride + offsets[k]
                 self.shapes[k] = self.declared[k]
             return
@@ -279,6 +285,19 @@ class Shard:
             j = int(misaligned[0])
             raise CorruptRecordError(f"sample starts at byte {int(starts[j])}, not a multiple of `align` "
                                      f"{self.align}", path=self.data_path, index=self.first + j, offset=int(starts[j]))
+        ends = np.maximum.reduce([self.offsets[k] + self.nbytes_array(k) for k in self.stored])
+        overlap = np.flatnonzero(starts[1:] < ends[:-1]) if n > 1 else []
+        if len(overlap):
+            j = int(overlap[0]) + 1
+            raise CorruptRecordError(f"sample starts at byte {int(starts[j])}, inside the one before it (which ends at "
+                                     f"byte {int(ends[j - 1])}): a repeated or edited index entry",
+                                     path=self.index_path, index=self.first + j, offset=int(starts[j]))
+
+    def _crc_array(self, arrays: dict, k: str) -> np.ndarray:
+        crcs = self._array(arrays, f"{k}.crc32c", (self.count,), "iu")
+        if len(crcs) and (crcs.min() < 0 or crcs.max() > 0xFFFFFFFF):
+            raise self._bad(f"array {k + '.crc32c'!r} holds values outside 0..2**32 - 1")
+        return crcs.astype(np.uint32)
 
     def _ragged_ndim(self, arrays: dict, k: str) -> int:
         entry = arrays.get(f"{k}.shape")

@@ -26,7 +26,9 @@ few alive at a time: py-lmdb's cursor slows down with the number of live views (
 - ``ingest`` -- ours, written by `LMDBWriter`: key ``b"%09d" % i`` per sample holding a framed record
   (`_framed`); ``__meta__``: JSON ``{"format": "ingest-lmdb", "version": 1, "count": n, "fields":
   [{"name", "kind", "shape", "dtype"}, ...] (in record order), "classes": [...], "content_sha256": ...}``;
-  ``__labels__``: every sample's ``label``, int64 little-endian (``labels()`` reads one value).
+  ``__labels__``: every sample's ``label``, int64 little-endian (``labels()`` reads one value);
+  ``__crc32c__``: every sample value's CRC32C, uint32 little-endian, checked as values are read (``check``:
+  `ingest.formats.checks`; databases written before it have none).
 - ``columnar`` -- mmocr / CRNN text-recognition style: ``<prefix>-<number>`` keys, one prefix per field
   (``image-000000001`` -> JPEG, ``label-000000001`` -> text), plus an optional ``num-samples`` that must
   agree. Prefix ``image``/``img`` is the ``image`` field; ``label`` is the ``text`` field (the
@@ -48,6 +50,7 @@ same keys and values (`content_checksum`, also stored in ``__meta__`` and checke
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import json
 import os
@@ -60,13 +63,13 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from ..io import NATIVE
-from . import _framed
+from . import _framed, _lmdb_check, checks
 from ._protos import Datum
 from .base import Field, Location, ProcessLocal, Record, batch_structs, check_index, parse_or_error, read_location
 from ._images import image_extension
 
 LAYOUTS = ("auto", "ingest", "columnar", "caffe", "images")
-META_KEY, LABELS_KEY = b"__meta__", b"__labels__"
+META_KEY, LABELS_KEY, CRC_KEY = b"__meta__", b"__labels__", b"__crc32c__"
 FORMAT, VERSION = "ingest-lmdb", 1
 _COLUMN = re.compile(rb"^([A-Za-z][A-Za-z0-9_]*)-(\d+)$")
 _NUM_SAMPLES = b"num-samples"
@@ -77,11 +80,27 @@ _LABEL_TAIL = np.dtype([("code", "u1"), ("length", "<u8"), ("label", "<i8")])
 
 
 def _open_env(path: str) -> Any:
+    """The environment of the LMDB at ``path``, opened only after its data file passed `_lmdb_check.check`
+    (liblmdb trusts the file: a truncated one gives SIGBUS, a damaged tree an assertion)."""
+    data = _data_file(path)
+    _lmdb_check.check(data)
     try:
         return _lmdb.open(path, subdir=os.path.isdir(path), readonly=True, lock=False, readahead=False,
                           meminit=False, max_readers=1024, max_dbs=0)
     except _lmdb.Error as err:
-        raise SourceError(f"cannot open LMDB {path!r}: {err}", path=path) from err
+        raise CorruptRecordError(f"cannot open the LMDB: {err}", path=data) from err
+
+
+@contextlib.contextmanager
+def _lmdb_errors(path: str, key: Any = None) -> Iterator[None]:
+    """liblmdb's errors (``lmdb.Error``: a corrupt page, a page number past the map, ...) as a
+    CorruptRecordError naming the data file and, where known, the key."""
+    try:
+        yield
+    except _lmdb.Error as err:
+        if isinstance(key, (bytes, bytearray)):
+            key = bytes(key).decode("ascii", "backslashreplace")
+        raise CorruptRecordError(f"liblmdb: {err}", path=_data_file(path), index=key) from err
 
 
 #: The environments of this process. py-lmdb allows one open environment per database file per process, so
@@ -116,7 +135,8 @@ class _Map:
         self.env = environment(path)
         self.data = _data_file(path)
         self.size = os.path.getsize(self.data)
-        self.base = self._find_base()
+        with _lmdb_errors(path):
+            self.base = self._find_base()
 
     def _find_base(self) -> int | None:
         """The map's base: the mapping of this process that holds a probe value (the first one), checked by
@@ -152,7 +172,8 @@ class _Map:
     def locations(self, keys: Sequence[bytes], name: str) -> list[Location | None]:
         """Where each key's value lies (None: no such key, or an empty key); ``name`` prefixes the display
         name of a value that must be copied out."""
-        with self.env.begin(buffers=self.base is not None) as txn:
+        with _lmdb_errors(self.path, keys[0] if len(keys) == 1 else None), \
+                self.env.begin(buffers=self.base is not None) as txn:
             return self._ranges(txn, keys, name)   # the views die with its frame, inside the transaction
 
     def _ranges(self, txn: Any, keys: Sequence[bytes], name: str) -> list[Location | None]:
@@ -180,7 +201,7 @@ class _Map:
             return None
         entries = db.entries if db.layout == "columnar" else db.count
         out = np.zeros((entries, 2), np.int64)
-        with self.env.begin(buffers=True) as txn:
+        with _lmdb_errors(self.path), self.env.begin(buffers=True) as txn:
             if not self._fill(txn, db, out):
                 return None
         if db.layout != "columnar":
@@ -271,7 +292,7 @@ class _Db:
     def __init__(self, path: str, layout: str, caffe_bgr: bool):
         self.path = path
         self.caffe_bgr = caffe_bgr
-        with environment(path).begin() as txn:
+        with _lmdb_errors(path), environment(path).begin() as txn:
             self._detect(txn, layout)
         # Where every sample's value lies in the data file, found once here (file offsets: they hold in every
         # process the source is sent to). Per batch, a lookup released the GIL per key (py-lmdb's get): beside a
@@ -309,10 +330,11 @@ class _Db:
     def _ingest(self, txn: Any, meta: bytes) -> bool:
         try:
             doc = json.loads(meta)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             return False
+        self.meta = doc
         if doc.get("version") != VERSION:
             raise SourceError(f"{self.path!r}: ingest LMDB version {doc.get('version')!r}; this reader knows "
                               f"{VERSION}", path=self.path)
@@ -327,10 +349,15 @@ class _Db:
         if len(labels) != 8 * self.count:
             raise SourceError(f"{self.path!r}: {LABELS_KEY.decode()} holds {len(labels)} bytes, expected "
                               f"{8 * self.count} for {self.count} samples", path=self.path)
-        entries = txn.stat()["entries"]
-        if entries != self.count + 2:
+        crcs = txn.get(CRC_KEY)
+        if crcs is not None and len(crcs) != 4 * self.count:
+            raise CorruptRecordError(f"{CRC_KEY.decode()} holds {len(crcs)} bytes, expected {4 * self.count} for "
+                                     f"{self.count} samples", path=_data_file(self.path), index=CRC_KEY.decode())
+        self.crcs = None if crcs is None else np.frombuffer(crcs, "<u4").astype(np.uint32)
+        entries, extra = txn.stat()["entries"], 2 + (crcs is not None)
+        if entries != self.count + extra:
             raise SourceError(f"{self.path!r}: {entries} keys but {META_KEY.decode()} says {self.count} samples "
-                              "(+2 metadata keys)", path=self.path)
+                              f"(+{extra} metadata keys)", path=self.path)
         self.layout = "ingest"
         self.labels = np.frombuffer(labels, dtype="<i8").astype(np.int64)
         return True
@@ -389,7 +416,7 @@ class _Db:
         `datum_label` cannot walk is parsed in full, which names its problem."""
         labels = np.empty(self.count, np.int64)
         n = 0
-        with self.environment().begin(buffers=True) as txn:
+        with _lmdb_errors(self.path), self.environment().begin(buffers=True) as txn:
             for value in txn.cursor().iternext(keys=False, values=True):
                 if n == self.count:   # more keys than when opened
                     n += 1
@@ -551,9 +578,11 @@ def _paths(path: Any) -> list[str]:
 class LMDBSource:
     """Samples of one or more LMDBs (concatenated in order). ``path``: an LMDB directory (or its
     ``data.mdb``), a directory of LMDB directories, or a list. ``layout``: see the module docstring.
-    ``caffe_bgr``: raw Caffe Datums are BGR (as ``convert_imageset`` writes them) and are turned to RGB."""
+    ``caffe_bgr``: raw Caffe Datums are BGR (as ``convert_imageset`` writes them) and are turned to RGB.
+    ``check``: per-record CRC32C checks of our layout's values ("auto", "crc", "none"; None: the ``check``
+    setting; `ingest.formats.checks`)."""
 
-    def __init__(self, path: Any, *, layout: str = "auto", caffe_bgr: bool = True):
+    def __init__(self, path: Any, *, layout: str = "auto", caffe_bgr: bool = True, check: str | None = None):
         if layout not in LAYOUTS:
             raise ConfigError(f"Unknown LMDB layout {layout!r}. Available: {', '.join(LAYOUTS)}")
         self._dbs = [_Db(p, layout, caffe_bgr) for p in _paths(path)]
@@ -567,6 +596,8 @@ class LMDBSource:
         self._starts = [0, *np.cumsum([db.count for db in self._dbs]).tolist()]   # samples of LMDB k from here
         self._maps = ProcessLocal()   # this source's view of the shared environments (no lookup per read)
         self._labels: np.ndarray | None = None
+        crcs = checks.table([getattr(db, "crcs", None) for db in self._dbs])
+        self._crcs = crcs if checks.enabled(check, "lmdb", crcs is not None, first.path) else None
         # one LMDB of ours holding an image and an int label: parse_batch reads its records as arrays
         self._image_label = (len(self._dbs) == 1 and first.layout == "ingest" and [
             (n, f.kind) for n, f in self.fields.items()] == [("image", "image"), ("label", "int")])
@@ -618,7 +649,10 @@ class LMDBSource:
         raws = raw if isinstance(raw, tuple) else (raw,)
         if db.layout == "columnar":   # an empty value stands for a missing key (see locate)
             raws = tuple(r if len(r) or key else None for r, key in zip(raws, db.sample_keys(j)))
-        return db.parse(j, raws, self._key_name(db, j))
+        record = db.parse(j, raws, self._key_name(db, j))
+        if self._crcs is not None:   # after the parse, whose errors say more where the framing broke
+            self._check(i, raw, db, j)
+        return record
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
         """`parse` of each record (a Record, or the error it raised). Ours with an image and an int label, the
@@ -633,9 +667,19 @@ class LMDBSource:
                   & (heads["code"] == _framed.KIND_CODES["image"]) & (heads["length"] == sizes - head - tail)
                   & (tails["code"] == _framed.KIND_CODES["int"]) & (tails["length"] == 8))
         labels = tails["label"]
+        if self._crcs is not None:
+            crcs = self._crcs
+            common &= np.array([checks.crc(raw) == crcs[i] for i, raw in zip(indices, raws)], bool)
         return [Record(np.frombuffer(raw, np.uint8, size - head - tail, head), label, {}) if ok
                 else parse_or_error(self, i, raw)
                 for i, raw, ok, size, label in zip(indices, raws, common.tolist(), sizes.tolist(), labels.tolist())]
+
+    def _check(self, i: int, raw: Any, db: _Db, j: int) -> None:
+        """Raise the CorruptRecordError of sample ``i`` when its value does not have the CRC written with it."""
+        offset = int(db.ranges[j][0]) if db.ranges is not None else None
+        err = checks.mismatch(raw, self._crcs[i], path=db.data, index=self._key_name(db, j), offset=offset)
+        if err is not None:
+            raise err
 
     def labels(self) -> np.ndarray:
         """Every sample's label (-1: none). Ours: stored; Caffe: the label field of every Datum, read in one
@@ -678,7 +722,7 @@ def _from_table(db: _Db, row: list) -> Location | tuple[Location, ...]:
 
 
 def _iter_content(path: str) -> Iterator[tuple[bytes, bytes]]:
-    with environment(path).begin() as txn:
+    with _lmdb_errors(path), environment(path).begin() as txn:
         for key, value in txn.cursor():
             if key != META_KEY:
                 yield key, value
@@ -699,8 +743,7 @@ def verify(path: str) -> int:
     sample parses; returns the sample count. Raises CorruptRecordError naming the first problem."""
     source = LMDBSource(path, layout="ingest")
     for db in source._dbs:
-        with environment(db.path).begin() as txn:
-            stored = json.loads(txn.get(META_KEY)).get("content_sha256")
+        stored = db.meta.get("content_sha256")
         actual = content_checksum(db.path)
         if stored != actual:
             raise CorruptRecordError(f"content checksum {actual} differs from the stored {stored}", path=db.path)
@@ -737,6 +780,7 @@ class LMDBWriter:
             raise self._write_error(err) from err
         self._pending: list[tuple[bytes, bytes]] = []
         self._labels: list[int] = []
+        self._crcs: list[int] = []
         self._hash = hashlib.sha256()
 
     def add(self, record: Record) -> None:
@@ -745,6 +789,7 @@ class LMDBWriter:
             raise ConfigError(f"an LMDB written by LMDBWriter holds at most {self.MAX_SAMPLES} samples")
         value = _framed.encode(record, self.fields)
         self._put(b"%09d" % n, value)
+        self._crcs.append(checks.crc(value))
         self._labels.append(int(record.label))
         if len(self._pending) >= self.BATCH:
             self._flush()
@@ -770,7 +815,8 @@ class LMDBWriter:
                 raise self._write_error(err) from err
 
     def close(self) -> list[str]:
-        """Write the labels and ``__meta__``, sync and close; the names of the files written."""
+        """Write the CRCs, the labels and ``__meta__``, sync and close; the names of the files written."""
+        self._put(CRC_KEY, np.asarray(self._crcs, dtype="<u4").tobytes())
         self._put(LABELS_KEY, np.asarray(self._labels, dtype="<i8").tobytes())
         fields = [{"name": name, "kind": f.kind, "shape": None if f.shape is None else list(f.shape),
                    "dtype": f.dtype} for name, f in self.fields.items()]

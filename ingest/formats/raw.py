@@ -31,7 +31,10 @@ the smallest integer type that holds them (``{"dtype": "<i2", "shape": [n], "bas
 When every sample of a shard has the same shapes (the fast path) the layout is fixed: field ``f`` of
 sample ``i`` is at byte ``i * stride + offsets[f]``, and only the index columns are stored per sample.
 Otherwise ``stride`` is null and ``arrays`` holds ``<f>.offset`` (absolute byte offsets, [n]) for every
-stored field and ``<f>.shape`` ([n, ndim]) for each field whose ``shape`` is null (it varies).
+stored field and ``<f>.shape`` ([n, ndim]) for each field whose ``shape`` is null (it varies). `RawWriter`
+also stores ``<f>.crc32c`` ([n]), the CRC32C of each stored field's bytes, which a reader checks with
+``check`` (`ingest.formats.checks`: on the locate/parse path each field as parsed, in `read_batch` each row
+read, copied to the host first when ``out`` is on the GPU).
 
 **Field kinds.** Stored in the shard: ``pixels`` (uint8 [H, W, C]; an encoded ``image`` field is decoded on
 the way in, by the writer's ``decode``, and becomes ``pixels``), ``array`` (bool/int/uint/float dtypes of `DTYPES`, a fixed number of
@@ -60,7 +63,7 @@ import torch
 from .._atomic import atomic_write
 from .._numpy import take
 from ..errors import ConfigError, CorruptRecordError, SourceError
-from . import RAW_INDEX
+from . import RAW_INDEX, checks
 from ._raw_index import (COLUMNS, DATA_SUFFIX, DEFAULT_ALIGN, DTYPES, FIELD_ALIGN, FORMAT, INDEX_SUFFIX, STORED,
                          VERSION, Shard, encode_array, shard_indexes)
 from .base import DEFAULT_FIELDS, Field, Location, Record, check_index, check_indices
@@ -111,6 +114,7 @@ class RawWriter:
         self._offsets = {k: array("q") for k in self._stored}
         self._shapes = {k: array("q") for k in self._stored}
         self._columns = {k: [] for k, f in self._fields.items() if f.kind in COLUMNS}
+        self._crcs = {k: array("Q") for k in self._stored}   # each stored field's CRC32C per sample
         self.stem = stem
         self.path = os.path.join(os.fspath(directory), stem + DATA_SUFFIX)
         self._file = open(self.path, "wb")
@@ -132,6 +136,8 @@ class RawWriter:
             self._end = pos = pos + arr.nbytes
         for k, v in columns:
             self._columns[k].append(v)
+        for k, arr in values:
+            self._crcs[k].append(checks.crc(arr.reshape(-1).view(np.uint8)))
         self._count += 1
 
     def close(self) -> list[str]:
@@ -243,6 +249,7 @@ class RawWriter:
             fields.append(entry)
         arrays = {k: encode_array(np.asarray(v, COLUMNS[self._fields[k].kind]))
                   for k, v in self._columns.items()}
+        arrays.update({f"{k}.crc32c": encode_array(np.array(v, np.int64)) for k, v in self._crcs.items()})
         first = offsets[self._stored[0]]
         stride = int(first[1] - first[0]) if n > 1 else _align_up(self._end, self.align)
         if n and stride > 0 and all(fixed.values()) and all((offsets[k] == np.arange(n) * stride + offsets[k][0]).all()
@@ -299,7 +306,7 @@ class RawSource:
     disagree on their fields or classes). Pickles as its index (file handles are per process).
     """
 
-    def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike]):
+    def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], *, check: str | None = None):
         from ..io import file_handles
         index_paths, classes = shard_indexes(path)
         shards, count = [], 0
@@ -312,6 +319,9 @@ class RawSource:
                               else "no raw shards given")
         self._merge(shards, classes)
         self._handles = file_handles()
+        have = all(k in s.crcs for s in shards for k in self._stored)
+        self._crcs = {k: np.concatenate([s.crcs[k] for s in shards]) for k in self._stored} \
+            if checks.enabled(check, "raw", have, shards[0].index_path) else None
 
     def _merge(self, shards: list["Shard"], classes: list[str] | None) -> None:
         full = [s for s in shards if s.count] or shards[:1]  # empty shards cannot tell dtypes and dims
@@ -380,6 +390,10 @@ class RawSource:
         if buf.nbytes != int(self._end[i]) - start:
             raise CorruptRecordError(f"expected {int(self._end[i]) - start} bytes, got {buf.nbytes}",
                                      path=self.paths[self._file[i]], index=i, offset=start)
+        if self._crcs is not None:
+            for k in self._stored:
+                at = int(self._offsets[k][i])
+                self._check(k, i, buf[at - start:at - start + self._nbytes_of(k, i)], at)
         if not buf.flags.writeable:
             buf = buf.copy()  # tensors made from it must be writable
         values = {k: self._field(k, i, buf, start) for k in self._stored}
@@ -402,6 +416,14 @@ class RawSource:
         if kind == "bytes":
             return data.tobytes()
         return data.view(np.dtype(self._dtypes[name]).newbyteorder("<")).reshape(shape)
+
+    def _check(self, name: str, i: int, data: Any, offset: int) -> None:
+        """Raise the CorruptRecordError of field ``name`` of sample ``i`` when its bytes do not have the CRC
+        written with them."""
+        err = checks.mismatch(data, int(self._crcs[name][i]), path=self.paths[self._file[i]], index=i, offset=offset)
+        if err is not None:
+            raise CorruptRecordError(f"field {name!r}: {str(err).split(': ', 1)[1]}", path=err.path, index=i,
+                                     offset=offset)
 
     def labels(self) -> np.ndarray:
         return self._labels
@@ -458,6 +480,11 @@ class RawSource:
             from ..io import ByteReader
             reader = self._handles.get("reader", ByteReader)
         reader.read_rows(self.paths, files, offsets, out, handles=self._handles)
+        if self._crcs is not None:
+            rows = out.cpu().numpy().reshape(len(offsets), -1).view(np.uint8)
+            idx = check_indices(np.asarray(indices, dtype=np.int64), self._count).tolist()
+            for k, (i, offset) in enumerate(zip(idx, offsets.tolist())):
+                self._check(field, i, rows[k], offset)
         return out
 
     def ranges(self, indices: Sequence[int] | np.ndarray, field: str = "image") -> tuple[np.ndarray, np.ndarray]:

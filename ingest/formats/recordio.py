@@ -20,12 +20,15 @@ when ``flag > 0``, ``flag`` float32 labels, then the encoded image. Fields of a 
 **Index** (``MXIndexedRecordIO``): ``<name>.idx`` beside ``<name>.rec``, lines ``key<TAB>offset``. Used when
 present (or given as ``index=``), built by scanning the chunk headers when not; reading never writes it.
 Samples are in file order (index entries sorted by offset), so both ways give the same order. A record's
-extent is the gap to the next indexed offset; an offset that does not start a record, or a record that runs
-past its extent, is a `CorruptRecordError` naming the file and offset.
+extent is the gap to the next indexed offset. The index must list every record: its first offset is 0 and
+no offset repeats (checked when it is read); an offset that does not start a record, or a record that does
+not fill its extent exactly (a dropped line leaves two records in one extent), is a `CorruptRecordError`
+naming the file and offset when that record is read.
 
 `RecordIOWriter` writes ``<stem>.rec`` and ``<stem>.idx`` (keys 0, 1, ...) that MXNet's
-``MXIndexedRecordIO`` + ``recordio.unpack`` read. It writes no ``.lst``: that is im2rec's input, not read
-back by MXNet's readers.
+``MXIndexedRecordIO`` + ``recordio.unpack`` read, and ``<stem>.crc32c``, each record's CRC32C, which the
+reader checks as records are read (``check``: `ingest.formats.checks`). It writes no ``.lst``: that is
+im2rec's input, not read back by MXNet's readers.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import numpy as np
 
 from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError
+from . import checks
 from ._native_table import NativeTable
 from ._shards import RecordTable, read_index_rows, resolve_indexes, resolve_shards
 from .base import Field, Location, Record, batch_structs, parse_or_error, read_location
@@ -100,20 +104,6 @@ def _expect_flag(cflag: int, first: bool, path: str, offset: int, pos: int, inde
                                  path=path, index=index, offset=offset)
 
 
-def single_chunk(raw: Any) -> memoryview | None:
-    """The data of the common record, one unsplit chunk (flag 0) that fits ``raw``, as a view (no copy);
-    None for anything else: split records and damage go through `unchunk`, which joins or reports them."""
-    buf = memoryview(raw)
-    if buf.ndim != 1 or buf.format != "B":
-        buf = buf.cast("B")
-    if len(buf) < _CHUNK_HEADER.size:
-        return None
-    magic, lrec = _CHUNK_HEADER.unpack_from(buf)
-    if magic != MAGIC or lrec > _LEN_MASK or _CHUNK_HEADER.size + lrec > len(buf):
-        return None
-    return buf[_CHUNK_HEADER.size:_CHUNK_HEADER.size + lrec]
-
-
 def unchunk(raw: Any, path: str, offset: int, index: Any = None) -> tuple[bytes, int]:
     """The data of the record at the start of ``raw`` (chunks joined, magic re-inserted) and the number of
     bytes it spans. Bytes after it are left alone (an index may skip records)."""
@@ -173,6 +163,10 @@ def read_index(index_path: str, shard: str) -> np.ndarray:
     if len(extents) and extents.min() == 0:
         dup = int(offsets[np.argmin(extents)])
         raise CorruptRecordError(f"offset {dup} is listed twice", path=index_path, offset=dup)
+    if offsets[0] != 0:
+        what = f"starts at byte {int(offsets[0])}" if len(rows) else "lists no record"
+        raise CorruptRecordError(f"the index {what}, but {shard} holds {size} bytes from byte 0 (a dropped line, "
+                                 "or an index of another file?)", path=index_path, offset=0)
     return np.stack([offsets[:-1], extents], axis=1)
 
 
@@ -231,13 +225,16 @@ class RecordIOSource:
     """Samples of MXNet RecordIO files: ``path`` is a ``.rec`` file, a list or glob of them, or a directory
     (its ``*.rec`` files). ``index``: the ``.idx`` file(s) (a path, a list aligned with the files, or a
     directory); default ``<name>.idx`` beside each ``<name>.rec`` where present. ``classes``: class names.
+    ``check``: per-record CRC32C checks against ``<name>.crc32c`` ("auto", "crc", "none"; None: the
+    ``check`` setting; `ingest.formats.checks`).
 
     A file whose first record holds labels and no image (the meta header InsightFace's face datasets start
     with, e.g. identity ranges) does not count it as a sample: its labels are in ``meta[file]``."""
 
     fields = FIELDS
 
-    def __init__(self, path: str | os.PathLike | Sequence[str], *, index: Any = None, classes: Sequence[str] = ()):
+    def __init__(self, path: str | os.PathLike | Sequence[str], *, index: Any = None, classes: Sequence[str] = (),
+                 check: str | None = None):
         self.shards = find_shards(path)
         self.classes = list(classes)
         self.meta: dict[str, np.ndarray] = {}
@@ -245,6 +242,9 @@ class RecordIOSource:
                   for shard, idx in zip(self.shards, resolve_indexes(index, self.shards, _index_of))]
         self._table = RecordTable(self.shards, tables)
         self._labels: np.ndarray | None = None
+        crcs = checks.table([checks.read_file(os.path.splitext(s)[0] + checks.SUFFIX, len(t))
+                             for s, t in zip(self.shards, tables)])
+        self._crcs = crcs if checks.enabled(check, "recordio", crcs is not None, self.shards[0]) else None
 
     def _without_meta(self, shard: str, table: np.ndarray) -> np.ndarray:
         """``table`` less its first record when that is a meta header (labels, no image)."""
@@ -279,13 +279,18 @@ class RecordIOSource:
         if len(buf) > _FIRST.size:   # the common record: one unsplit chunk, one label, then the image
             magic, lrec, flag, label, rid, _ = _FIRST.unpack_from(buf)
             end = _CHUNK_HEADER.size + lrec
-            if magic == MAGIC and lrec <= _LEN_MASK and _FIRST.size < end <= len(buf) and flag == 0:
+            if magic == MAGIC and lrec <= _LEN_MASK and _FIRST.size < end and flag == 0 and \
+                    _CHUNK_HEADER.size + _pad4(lrec) == len(buf) and \
+                    (self._crcs is None or checks.crc(buf) == self._crcs[i]):
                 return _record(np.frombuffer(buf, np.uint8, end - _FIRST.size, _FIRST.size), 0, label, rid, None)
         table = self._table
         path, offset = table.shards[table.shard_of[i]], table.offsets[i]
-        data = single_chunk(buf)
-        if data is None:
-            data, _ = unchunk(raw, path, offset, i)
+        data, span = unchunk(raw, path, offset, i)
+        if span != len(buf):
+            raise CorruptRecordError(f"the record here spans {span} bytes, but the index gives it {len(buf)} (a "
+                                     f"dropped or edited index line?)", path=path, index=i, offset=offset)
+        if self._crcs is not None:
+            self._check(i, buf)
         return unpack(data, path, i, offset)
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
@@ -296,7 +301,10 @@ class RecordIOSource:
         heads, sizes = batch_structs(raws, _FIRST_DTYPE)
         ends = heads["lrec"].astype(np.int64) + _CHUNK_HEADER.size
         common = ((heads["magic"] == MAGIC) & (heads["lrec"] <= _LEN_MASK) & (heads["flag"] == 0)
-                  & (_FIRST.size < ends) & (ends <= sizes))
+                  & (_FIRST.size < ends) & (((ends + 3) & ~3) == sizes))
+        if self._crcs is not None:
+            crcs = self._crcs
+            common &= np.array([checks.crc(raw) == crcs[i] for i, raw in zip(indices, raws)], bool)
         values = heads["label"].reshape(-1, 1)   # each record's label_values: a row of one array
         parsed: list[Record | Exception] = []
         for k, (i, raw, ok, end, label, rid) in enumerate(zip(indices, raws, common.tolist(), ends.tolist(),
@@ -307,6 +315,14 @@ class RecordIOSource:
             else:
                 parsed.append(parse_or_error(self, i, raw))
         return parsed
+
+    def _check(self, i: int, buf: Any) -> None:
+        """Raise the CorruptRecordError of record ``i`` when its bytes do not have the CRC written with them."""
+        table = self._table
+        err = checks.mismatch(buf, self._crcs[i], path=table.shards[table.shard_of[i]], index=i,
+                              offset=table.offsets[i])
+        if err is not None:
+            raise err
 
     def labels(self) -> np.ndarray:
         """Every sample's label, from the IRHeaders (one small read per record), cached after the first call."""
@@ -326,6 +342,11 @@ class RecordIOSource:
     def name(self, i: int) -> str:
         i = self._table.index(i)
         return f"{self._table.path(i)}:{self._table.offsets[i]}"
+
+    @property
+    def checked(self) -> bool:
+        """Whether each record read is checked against its CRC32C (``check``)."""
+        return self._crcs is not None
 
     def native_table(self) -> NativeTable:
         """Every record's byte range for the native engine, which reads each label from its IRHeader."""
@@ -375,6 +396,7 @@ class RecordIOWriter:
         self._stem = stem
         self._file = open(os.path.join(self.directory, stem + ".rec"), "wb")
         self._offsets: list[int] = []
+        self._crcs: list[int] = []
         self._offset = 0
 
     def add(self, record: Record) -> None:
@@ -393,12 +415,14 @@ class RecordIOWriter:
         data = chunks(header + extra + bytes(record.image))
         self._file.write(data)
         self._offsets.append(self._offset)
+        self._crcs.append(checks.crc(data))
         self._offset += len(data)
 
     def close(self) -> list[str]:
-        """Finish the shard and write its index; returns the file names written."""
-        names = [self._stem + ".rec", self._stem + ".idx"]
+        """Finish the shard and write its index and CRC file; returns the file names written."""
+        names = [self._stem + ".rec", self._stem + ".idx", self._stem + checks.SUFFIX]
         if not self._file.closed:
             self._file.close()
             _write_index_file(os.path.join(self.directory, names[1]), self._offsets)
+            checks.write_file(os.path.join(self.directory, names[2]), self._crcs)
         return names

@@ -25,7 +25,10 @@ Consecutive members with the same key form one sample; an extension seen twice i
      "ints": [<value of a small integer member (cls, index, ...), else null>]}
 
 An index is used only when its ``tar_size`` matches the shard; one that does not parse or whose ranges do not
-fit the shard is a `CorruptRecordError` naming the index file.
+fit the shard is a `CorruptRecordError` naming the index file. An index is not trusted beyond that: a reader
+reads each member with the header block before its data and checks it against the index (`header_problem`:
+checksum, regular file, size, name), so an index whose offsets, sizes, keys or extensions were edited, or
+that belongs to another tar of the same size, is named when the member is read.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import re
 import tarfile
 import zlib
 from dataclasses import dataclass
-from typing import IO, Iterator
+from typing import IO, Any, Iterator
 
 import numpy as np
 
@@ -372,16 +375,54 @@ def load(path: str, tar_size: int) -> TarIndex | None:
                          [str(e) for e in doc["exts"]], np.array(doc["offsets"], np.int64),
                          np.array(doc["sizes"], np.int64),
                          np.array([NO_INT if v is None else v for v in doc["ints"]], np.int64), tar_size)
-    except (OSError, ValueError, KeyError, TypeError, OverflowError) as err:
-        raise CorruptRecordError(f"unreadable tar index: {err}", path=path) from err
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as err:
+        raise CorruptRecordError(f"unreadable tar index: {err}", path=path) from None
     ok = (index.starts.shape == (len(index.keys) + 1,) and index.starts[0] == 0 and index.starts[-1] == m
           and np.all(np.diff(index.starts) > 0) and index.offsets.shape == index.sizes.shape == index.ints.shape
           == (m,) and np.all(index.sizes >= 0) and np.all(index.offsets % tarfile.BLOCKSIZE == 0)
+          and np.all(index.offsets >= tarfile.BLOCKSIZE)
           and np.all(index.offsets + index.sizes <= tar_size) and np.all(np.diff(index.offsets) > 0))
     if not ok:
         raise CorruptRecordError("tar index entries do not fit the shard (stale or corrupt index: delete it "
                                  "to rebuild)", path=path)
     return index
+
+
+def header_problem(block: Any, key: str, ext: str, size: int) -> str | None:
+    """What is wrong with ``block`` (the 512 bytes before a member's data) as the header of the regular
+    member ``key.ext`` of ``size`` bytes, or None: a checksum that does not match, another member type, size
+    or name. A name longer than the header's name field (a pax or GNU long name) is compared as far as the
+    field holds it; ``ext`` is compared ignoring case (the index keeps it lower-cased). A header whose name
+    and size fields hold exactly what the index gives (as `tarfile` and GNU tar write them: the name and a
+    NUL, eleven octal digits and a NUL) is taken at once; any other is checked in full."""
+    head = bytes(block[:tarfile.BLOCKSIZE])
+    if len(head) < tarfile.BLOCKSIZE:
+        return "the member's header is cut short"
+    name = f"{key}.{ext}".encode("utf-8", "surrogateescape")
+    if len(name) < 100 and head.startswith(name) and head[len(name)] == 0 and \
+            head[124:136] == b"%011o\0" % size and head[156:157] in (b"0", b"\0"):
+        return None
+    try:
+        stored = _octal(head[148:156])
+    except (ValueError, UnicodeDecodeError):
+        return "the header's checksum field is not a number: not a member header"
+    if sum(head) - sum(head[148:156]) + 8 * 32 != stored:
+        return "the header's checksum does not match: not a member header (an index entry off its member?)"
+    if head[156:157] not in (b"0", b"7", b"\0"):
+        return f"the header is of member type {head[156:157]!r}, not a regular file"
+    try:
+        if _octal(head[124:136]) != size:
+            return f"the header gives {_octal(head[124:136])} bytes of data, the index {size}"
+    except (ValueError, UnicodeDecodeError):
+        pass   # base-256 sizes (past 8 GB) are left to the name check
+    name = head[:100].split(b"\0", 1)[0]
+    prefix = head[345:500].split(b"\0", 1)[0] if head[257:262] == b"ustar" else b""
+    got = (prefix + b"/" + name if prefix else name).decode("utf-8", "surrogateescape")
+    want = f"{key}.{ext}"
+    if split_key(got) == (key, ext) or (len(name) >= 99 and want.lower().startswith(got.lower())
+                                        and want.startswith(got[:len(key)])):
+        return None
+    return f"the header names member {got[:120]!r}, the index {want[:120]!r}"
 
 
 def open_index(shard: str, *, write: bool = False, path: str | None = None) -> TarIndex:

@@ -193,13 +193,28 @@ def scan(path: str, *, check_crc: bool = True) -> np.ndarray:
 
 def read_index(index_path: str, shard: str) -> np.ndarray:
     """A DALI ``tfrecord2idx`` index file as an ``[N, 2]`` array of ``(offset, size)``, each entry checked
-    to lie inside ``shard``."""
+    to lie inside ``shard``, and the entries checked to tile the shard: the first at byte 0, each where the
+    one before ends, the last ending at the end of the file (what ``tfrecord2idx`` writes). So an index
+    with a line dropped, repeated or edited, or an empty one, is a CorruptRecordError naming it and the
+    entry; that each entry starts a record is checked when it is read (its header's length and CRC)."""
     def row(words, size):
         offset, length = int(words[0]), int(words[1])
         return (offset, length) if offset >= 0 and length >= FRAMING and offset + length <= size else None
 
-    rows, _ = read_index_rows(index_path, shard, row, "offset size")
-    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+    rows, size = read_index_rows(index_path, shard, row, "offset size")
+    table = np.array(rows, dtype=np.int64).reshape(-1, 2)
+    starts = np.concatenate([[0], table[:, 0] + table[:, 1]])   # where each entry must start, then the end
+    wrong = np.flatnonzero(table[:, 0] != starts[:-1])
+    if len(wrong):
+        k = int(wrong[0])
+        raise CorruptRecordError(f"index entry {k + 1} starts at byte {int(table[k, 0])}, but the entry before "
+                                 f"ends at byte {int(starts[k])} (a dropped, repeated or edited line?)",
+                                 path=index_path, offset=int(table[k, 0]))
+    if starts[-1] != size:
+        raise CorruptRecordError(f"index entries end at byte {int(starts[-1])}, but {shard} holds {size} bytes (a "
+                                 "dropped line, or an index of another file?)", path=index_path,
+                                 offset=int(starts[-1]))
+    return table
 
 
 def write_index(shard: str, index_path: str | None = None, *, check_crc: bool = True) -> str:

@@ -22,7 +22,13 @@ sample that lacks a declared field is a `CorruptRecordError` when parsed (skippe
 
 **Random access** (plain ``.tar``): ``locate(i)`` returns one `Location` per member the declared fields
 need, from the shard's index (`tarindex.open_index`: ``<shard>.idx`` when present, else a scan;
-``write_index=True`` saves it); a ``cls`` label the index holds is taken from it, not read again.
+``write_index=True`` saves it), each starting at the member's header block. ``parse`` checks every header
+against the index (`tarindex.header_problem`) and reads the label from the shard's own member, so an
+edited or misplaced index is a `CorruptRecordError` naming the index file and the member's offset, never a
+silently wrong sample or label. ``labels()`` (sampling, ``inspect``) gives the labels the index holds;
+each is compared with the shard's when its sample is read. Where ``<shard>.crc32c`` holds every member's
+CRC32C (`WebDatasetWriter` writes it), members are checked against it as they are read (``check``:
+`ingest.formats.checks`).
 
 **Streamed** (``.tgz``/``.tar.gz``, or ``stream=True``): the shards are read front to back through
 ``iter_shard(k, skip)`` (see `ingest.stream`); a shard is taken as gzipped by its magic bytes, so a gzipped
@@ -42,7 +48,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
-from . import tarindex
+from . import checks, tarindex
 from ._shards import gzipped, resolve_shards
 from .base import Field, Location, Record, check_index
 from ._images import image_extension
@@ -54,6 +60,7 @@ TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")
 #: Decompressed size above which a ``.gz`` member is refused (a gzip bomb must not exhaust memory).
 MAX_GUNZIP = 1 << 30
 _SCAN_SAMPLES = 16   # samples looked at to declare fields when none are given
+_BLOCK = tarfile.BLOCKSIZE   # a member's header block, read with its data
 
 
 def kind_of(ext: str) -> str:
@@ -217,7 +224,7 @@ class _Members:
         merged = {name: np.concatenate(parts) for name, parts in columns.items()}
         self.columns = {name: array("q", column.tobytes()) for name, column in merged.items()}
         label = merged.get("label")
-        # A label the index holds is not read again, unless it is the only field.
+        # The label the index holds for each sample (NO_INT: none), compared with the member read.
         known = np.full(len(self.shard_of), tarindex.NO_INT, np.int64) if label is None or len(exts) == 1 else \
             np.where(label >= 0, ints[np.maximum(label, 0)], tarindex.NO_INT)
         self.label_ints = array("q", known.tobytes())
@@ -228,12 +235,14 @@ class WebDatasetSource:
     ``fields``: field name -> member extension(s) (None: inferred, see the module docstring).
     ``index``: index file(s), one per shard, to use instead of ``<shard>.idx`` (they must match).
     ``stream``: read front to back (default: only gzipped shards). ``write_index``: save each shard's index
-    beside it when it had to be built. Class names come from the ``manifest.json`` of an ``ingest convert``
-    output directory (tars have no place for them), else there are none."""
+    beside it when it had to be built. ``check``: per-member CRC32C checks against ``<shard>.crc32c`` ("auto",
+    "crc", "none"; None: the ``check`` setting; `ingest.formats.checks`). Class names come from the
+    ``manifest.json`` of an ``ingest convert`` output directory (tars have no place for them), else there
+    are none."""
 
     def __init__(self, path: Any, *, fields: Mapping[str, str | Sequence[str]] | None = None,
                  index: str | os.PathLike | Sequence[str | os.PathLike] | None = None, stream: bool | None = None,
-                 write_index: bool = False):
+                 write_index: bool = False, check: str | None = None):
         self.shards = find_shards(path)
         indexes = [None] * len(self.shards) if index is None else \
             [os.fspath(index)] if isinstance(index, (str, os.PathLike)) else [os.fspath(p) for p in index]
@@ -245,16 +254,23 @@ class WebDatasetSource:
         self.streamed = bool(stream) or any(compressed)
         self.classes: list[str] = []   # tars hold none; open_source takes a converter manifest's
         self._indexes: list[tarindex.TarIndex] = []
+        self._index_paths = [p or tarindex.index_path(s) for s, p in zip(self.shards, indexes)]
         if not self.streamed:
             self._indexes = [tarindex.open_index(s, write=write_index, path=p) for s, p in zip(self.shards, indexes)]
         if fields is None:
+            if self._indexes:   # the fields come from these members' extensions: their headers must agree
+                self._check_headers(0, range(min(len(self._indexes[0]), _SCAN_SAMPLES)))
             self._exts = infer_fields(self._first_samples())
         else:
             self._exts = _normalize_fields(fields)
         if not self._exts:
             raise SourceError(f"no fields found in the first samples of {self.shards[0]!r}",
                               path=self.shards[0])
+        self._crcs = None
         if not self.streamed:
+            crcs = checks.table([checks.read_file(s + checks.SUFFIX, len(ix.exts))
+                                 for s, ix in zip(self.shards, self._indexes)])
+            self._crcs = crcs if checks.enabled(check, "wds", crcs is not None, self.shards[0]) else None
             self._members = _Members(self._indexes, self._exts)
             # (field name, its member column, whether its bytes need no decoding: images, not gzipped)
             self._plan = [(name, self._members.columns[name],
@@ -273,6 +289,18 @@ class WebDatasetSource:
             return samples
         ix = self._indexes[0] if self._indexes else None
         return [[ix.exts[m] for m in ix.members(j)] for j in range(min(len(ix), _SCAN_SAMPLES))] if ix else []
+
+    def _check_headers(self, k: int, samples: range) -> None:
+        """The header of every member of ``samples`` of shard ``k`` against its index (`tarindex.header_problem`)."""
+        ix, shard = self._indexes[k], self.shards[k]
+        with open(shard, "rb") as f:
+            for j in samples:
+                for m in ix.members(j):
+                    at = int(ix.offsets[m]) - _BLOCK
+                    problem = tarindex.header_problem(os.pread(f.fileno(), _BLOCK, at), ix.keys[j], ix.exts[m],
+                                                      int(ix.sizes[m]))
+                    if problem is not None:
+                        raise CorruptRecordError(f"{problem}; index {self._index_paths[k]}", path=shard, offset=at)
 
     # -- random access ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -293,34 +321,46 @@ class WebDatasetSource:
         return self.shards[k], self._indexes[k].keys[i - self._members.starts[k]]
 
     def locate(self, i: int) -> tuple[Location, ...]:
+        """One range per member the declared fields read, each from its header block to the end of its data."""
         i = self._index(i)
         mem = self._members
         path, offsets, sizes = self.shards[mem.shard_of[i]], mem.offsets, mem.sizes
-        locs = []
-        for name, column, _ in self._plan:
-            m = column[i]
-            if m >= 0 and not (name == "label" and mem.label_ints[i] != tarindex.NO_INT):
-                locs.append(Location(path, offsets[m], sizes[m]))
-        return tuple(locs)
+        return tuple(Location(path, offsets[m] - _BLOCK, sizes[m] + _BLOCK)
+                     for m in (column[i] for _, column, _ in self._plan) if m >= 0)
 
     def parse(self, i: int, raw: Any) -> Record:
+        """The sample's fields from its members (as `locate` gives them), every header checked against the
+        index and the label compared with the one the index holds."""
         i = self._index(i)
         mem = self._members
         raws = iter(raw if isinstance(raw, tuple) else (raw,))
+        path, key = self._key(i)
         values = {}
         for name, column, plain in self._plan:
             m = column[i]
             if m < 0:
-                path, key = self._key(i)
                 raise self._missing(key, name, path, i)
-            if name == "label" and mem.label_ints[i] != tarindex.NO_INT:
-                values[name] = mem.label_ints[i]
-            elif plain:
-                values[name] = next(raws)
-            else:
-                path, key = self._key(i)
-                values[name] = decode_member(mem.exts[m], next(raws), path=path,
-                                             where=f"member {key}.{mem.exts[m]} at byte {mem.offsets[m]}")
+            part = next(raws)
+            problem = tarindex.header_problem(part, key, mem.exts[m], mem.sizes[m])
+            if problem is None and len(part) != mem.sizes[m] + _BLOCK:
+                problem = f"{len(part)} bytes read for a member of {mem.sizes[m]}"
+            if problem is not None:
+                raise CorruptRecordError(f"{problem}; index {self._index_paths[mem.shard_of[i]]}", path=path,
+                                         index=i, offset=mem.offsets[m] - _BLOCK)
+            data = part[_BLOCK:]
+            if self._crcs is not None:
+                err = checks.mismatch(data, self._crcs[m], path=path, index=i, offset=mem.offsets[m])
+                if err is not None:
+                    raise err
+            if plain:
+                values[name] = data
+                continue
+            values[name] = decode_member(mem.exts[m], data, path=path,
+                                         where=f"member {key}.{mem.exts[m]} at byte {mem.offsets[m]}")
+            if name == "label" and mem.label_ints[i] != tarindex.NO_INT and values[name] != mem.label_ints[i]:
+                raise CorruptRecordError(f"the index {self._index_paths[mem.shard_of[i]]} gives sample {key!r} "
+                                         f"label {mem.label_ints[i]}, its member holds {values[name]} (an edited "
+                                         "or stale index)", path=path, index=i, offset=mem.offsets[m])
         return _record(values)
 
     def labels(self) -> np.ndarray:
@@ -422,6 +462,7 @@ class WebDatasetWriter:
         self._tar = tarfile.open(self.path, "w", format=tarfile.PAX_FORMAT)
         self._count = 0
         self._members: list[tarindex.Member] = []   # as written, for the index
+        self._crcs: list[int] = []                  # each member's data, for the CRC file
 
     def _member(self, name: str, field: Field, value: Any) -> tuple[str, bytes]:
         safe = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
@@ -453,15 +494,17 @@ class WebDatasetWriter:
             offset = self._tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
             kept = data if kind_of(ext) == "int" else None   # an integer the index holds (no image bytes kept)
             self._members.append(tarindex.Member(info.name, header, offset, len(data), kept))
+            self._crcs.append(checks.crc(data))
         self._count += 1
 
     def close(self) -> list[str]:
         """Finish the tar and write its index, from the member offsets recorded while writing (the index
-        `tarindex.build` would make by scanning the tar); the names of both files."""
+        `tarindex.build` would make by scanning the tar), and its members' CRCs; the names of the files."""
         self._tar.close()
         index = tarindex.from_members(iter(self._members), self.path, os.path.getsize(self.path))
         tarindex.save(index, tarindex.index_path(self.path))
-        return [self.stem + ".tar", self.stem + ".tar.idx"]
+        checks.write_file(self.path + checks.SUFFIX, self._crcs)
+        return [self.stem + ".tar", self.stem + ".tar.idx", self.stem + ".tar" + checks.SUFFIX]
 
 
 def _encode(kind: str, value: Any) -> bytes:

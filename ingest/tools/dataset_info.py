@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import IngestError
-from ..formats import MANIFEST, detect, fields_of, iter_records, open_source
+from ..formats import MANIFEST, _manifest, detect, fields_of, iter_records, open_source
 from ..formats._images import image_extension
 from ..decode.cpu import CpuDecoder
 from .convert import _option
@@ -152,9 +152,8 @@ def _image_stats(rows: list[Row]) -> dict[str, Any]:
 def _shards(path: str, source: Any) -> dict[str, Any]:
     manifest_path = os.path.join(path, MANIFEST) if os.path.isdir(path) else None
     if manifest_path and os.path.isfile(manifest_path):
-        with open(manifest_path) as f:
-            data = json.load(f)
-        shards = data.get("shards", [])
+        data = _manifest.load(manifest_path)
+        shards = data["shards"]
         return {"count": len(shards), "bytes": int(sum(s.get("bytes", 0) for s in shards)), "from": "manifest"}
     files = [str(s) for s in getattr(source, "shards", [])]
     if files:

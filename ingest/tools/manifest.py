@@ -22,13 +22,13 @@ a resumed run writes the same bytes as an uninterrupted one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
 
 from .._atomic import atomic_write
-from ..formats import MANIFEST
+from ..formats import MANIFEST, _manifest
+from ..formats._manifest import sha256
 from ..formats.base import Field
 
 PARTIAL = "manifest.partial.jsonl"
@@ -69,11 +69,11 @@ class Journal:
 
 def load(directory: str) -> tuple[dict[str, Any] | None, bool]:
     """The manifest in ``directory`` and whether it is the final one; else the journal of an unfinished run
-    as a manifest (its shards in order, the last entry of a stem winning), or None."""
+    as a manifest (its shards in order, the last entry of a stem winning), or None. Either is validated: a
+    malformed one is a CorruptRecordError naming its file (`formats._manifest`)."""
     path = os.path.join(directory, MANIFEST)
     if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f), True
+        return _manifest.load(path), True
     path = os.path.join(directory, PARTIAL)
     if not os.path.exists(path):
         return None, False
@@ -87,16 +87,11 @@ def load(directory: str) -> tuple[dict[str, Any] | None, bool]:
             continue
     if not entries:
         return None, False
+    header = _manifest.parse(entries[0], path)   # the header, then each shard line, as a manifest
+    for shard in entries[1:]:
+        _manifest.parse({**header, "shards": [shard]}, path)
     shards = {s["stem"]: s for s in entries[1:]}
-    return {**entries[0], "shards": sorted(shards.values(), key=lambda s: s["start"])}, False
-
-
-def sha256(path: str, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+    return {**header, "shards": sorted(shards.values(), key=lambda s: s["start"])}, False
 
 
 def file_entry(directory: str, name: str) -> dict[str, Any]:

@@ -54,7 +54,9 @@ def write_index(fmt: str, shard: str) -> tuple[str, int]:
 
 
 def check_index(fmt: str, shard: str) -> str | None:
-    """What is wrong with the index file of ``shard`` (None: it matches the data, or there is none)."""
+    """What is wrong with the index file of ``shard`` (None: it matches the data, or there is none): an index
+    that does not parse or fit its shard raises the reader's CorruptRecordError, one that fits but differs
+    from a fresh scan (entries, offsets, sizes, names, a tar index's labels) is described."""
     from ..formats import recordio, tarindex, tfrecord
     path = index_file(fmt, shard)
     if not os.path.isfile(path) or gzipped(shard):
@@ -68,12 +70,13 @@ def check_index(fmt: str, shard: str) -> str | None:
     else:
         saved = tarindex.load(path, os.path.getsize(shard))
         if saved is None:
-            return f"{path}: made for a tar of another size (stale); `ingest index` rewrites it"
+            return "made for a tar of another size (stale); `ingest index` rewrites it"
         actual = tarindex.build(shard)
         same = saved.keys == actual.keys and np.array_equal(saved.offsets, actual.offsets) \
-            and np.array_equal(saved.sizes, actual.sizes) and saved.exts == actual.exts
+            and np.array_equal(saved.sizes, actual.sizes) and saved.exts == actual.exts \
+            and np.array_equal(saved.ints, actual.ints)
         saved = saved.keys
     if same:
         return None
-    return (f"{path}: disagrees with the data ({len(saved)} entries, the shard holds {len(actual)}); "
-            f"`ingest index` rewrites it")
+    return (f"disagrees with the data ({len(saved)} entries, the shard holds {len(actual)}; or their offsets, "
+            f"sizes, names or labels differ); `ingest index` rewrites it")

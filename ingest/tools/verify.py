@@ -2,7 +2,8 @@
 
 Checks, in order: the converter's manifest (every listed file present, its size and sha256, the sample
 count), each record file's index against its data (TFRecord, RecordIO, tar), then every record of every
-shard: framing, CRCs and the format's own checks, as the readers apply them; with ``decode`` also that every
+shard: framing, CRCs (the per-record CRC32C of `ingest.formats.checks` wherever they were written) and the
+format's own checks, as the readers apply them; with ``decode`` also that every
 encoded image decodes (`ingest.decode.cpu.CpuDecoder`). A shard whose framing is broken is reported once, at
 the offset where reading it stopped (framing cannot resynchronise past a bad length). Problems are
 ``(where, reason)``: the file, and the record's offset or key.
@@ -15,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import IngestError
+from ..errors import ConfigError, IngestError
 from ..formats import detect, fields_of, open_source
 from ..decode.cpu import CpuDecoder
 from . import manifest, shardfiles
@@ -51,8 +52,15 @@ def verify(path: str, *, source_format: str | None = None, decode: bool = False,
         if on_problem is not None:
             on_problem(where, reason)
 
-    fmt = source_format or detect(path)
     listed = _check_manifest(path, problem) if os.path.isdir(path) else None
+    try:
+        fmt = source_format or detect(path)
+    except IngestError as err:   # a malformed manifest names the format: reported above, nothing to read
+        if listed is not False:
+            problem(_where(err, path), _reason(err))
+        return report
+    if listed is False:
+        listed = None
     parts = shardfiles.shard_files(path, fmt) or [(fmt, path)]   # indexed formats: shard by shard
     decoder = CpuDecoder() if decode else None
     try:
@@ -61,7 +69,7 @@ def verify(path: str, *, source_format: str | None = None, decode: bool = False,
                 try:
                     stale = shardfiles.check_index(part_fmt, part)
                 except (IngestError, OSError) as err:
-                    stale = f"{shardfiles.index_file(part_fmt, part)}: {err}"
+                    stale = _reason(err)
                 if stale:
                     problem(shardfiles.index_file(part_fmt, part), stale)
             _check_records(part, part_fmt, decoder, report, problem)
@@ -74,9 +82,14 @@ def verify(path: str, *, source_format: str | None = None, decode: bool = False,
     return report
 
 
-def _check_manifest(directory: str, problem: Callable[[str, str], None]) -> int | None:
-    """Check the files the converter's manifest lists; returns its sample count (None: no final manifest)."""
-    data, final = manifest.load(directory)
+def _check_manifest(directory: str, problem: Callable[[str, str], None]) -> int | bool | None:
+    """Check the files the converter's manifest lists; returns its sample count (None: no final manifest;
+    False: a manifest that cannot be read, reported)."""
+    try:
+        data, final = manifest.load(directory)
+    except IngestError as err:
+        problem(_where(err, directory), _reason(err))
+        return False
     if data is None:
         return None
     if not final:
@@ -86,13 +99,16 @@ def _check_manifest(directory: str, problem: Callable[[str, str], None]) -> int 
         for reason in manifest.check_shard(directory, shard):
             where, _, why = reason.partition(": ")
             problem(where, why)
-    return data.get("count") if final else None
+    return data["count"] if final else None
 
 
 def _check_records(path: str, fmt: str, decoder: CpuDecoder | None, report: Report,
                    problem: Callable[[str, str], None]) -> None:
     try:
-        source = open_source(path, format=fmt)
+        try:   # every record with a CRC written is checked, whatever the format's default (formats.checks)
+            source = open_source(path, format=fmt, check="crc")
+        except ConfigError:   # a format without the option, or a dataset written without CRCs
+            source = open_source(path, format=fmt)
         view = SourceView(source)
     except (IngestError, OSError) as err:   # the file cannot even be indexed: framing broken
         problem(_where(err, path), _reason(err))
