@@ -20,17 +20,7 @@ from .filetree import IMAGE_EXTENSIONS, FileList, FileTree
 from .memory import MemorySource
 from ._example import writer_spec
 from . import _manifest
-
-#: format name -> (module, reader class, writer class or None)
-FORMATS: dict[str, tuple[str, str, str | None]] = {
-    "filetree": ("filetree", "FileTree", "FileTreeWriter"),
-    "tfrecord": ("tfrecord", "TFRecordSource", "TFRecordWriter"),
-    "recordio": ("recordio", "RecordIOSource", "RecordIOWriter"),
-    "lmdb": ("lmdb", "LMDBSource", "LMDBWriter"),
-    "wds": ("webdataset", "WebDatasetSource", "WebDatasetWriter"),
-    "raw": ("raw", "RawSource", "RawWriter"),
-    "coco": ("coco", "CocoSource", None),
-}
+from ._registry import FORMATS   # format name -> (module, reader class, writer class or None)
 
 #: Shard file endings -> format (longest first when matching).
 SUFFIXES = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".record": "tfrecord", ".tfrecord.gz": "tfrecord",

@@ -21,6 +21,7 @@ import os
 from typing import Any
 
 from ..errors import CorruptRecordError
+from ._registry import FORMATS
 
 #: Endings of the files a shard's records are found or checked through (hashed at open; data files are not).
 SIDE_FILES = (".idx", ".json", ".crc32c")
@@ -43,7 +44,6 @@ def parse(doc: Any, path: str) -> dict[str, Any]:
     """``doc`` checked as a manifest; returns it. ``format`` is required; every other key the converter writes
     may be absent (a hand-written manifest naming the format and classes), but one that is there must have
     its type, and a shard entry must be whole."""
-    from . import FORMATS
     if not isinstance(doc, dict):
         raise _bad(path, f"expected a JSON object, got {type(doc).__name__}")
     fmt = doc.get("format")
