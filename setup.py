@@ -51,6 +51,6 @@ setup(ext_modules=[
               depends=["ingest/_native/nvloop.h"]),
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE, libraries=["m", "dl", "pthread"],
-              depends=["ingest/_native/" + h for h in ("jpeg_scan.h", "nvloop.h", "plan.h", "preadv.h",
+              depends=["ingest/_native/" + h for h in ("crc32c.h", "jpeg_scan.h", "nvloop.h", "plan.h", "preadv.h",
                                                        "random_core.h")]),
 ])

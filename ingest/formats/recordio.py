@@ -348,10 +348,13 @@ class RecordIOSource:
         return self._crcs is not None
 
     def native_table(self) -> NativeTable:
-        """Every record's byte range for the native engine, which reads each label from its IRHeader."""
+        """Every record's byte range for the native engine, which reads each label from its IRHeader and, where
+        records are checked (`checked`), checks the CRC32C of each range read as `parse` does."""
         t = self._table
+        crcs = None if self._crcs is None else np.frombuffer(self._crcs, np.uint32)
         return NativeTable(t.shards, np.frombuffer(t.shard_of, np.intc).astype(np.int64),
-                           np.frombuffer(t.offsets, np.int64), np.frombuffer(t.sizes, np.int64), None, "recordio")
+                           np.frombuffer(t.offsets, np.int64), np.frombuffer(t.sizes, np.int64), None, "recordio",
+                           crcs)
 
     def __repr__(self) -> str:
         return f"RecordIOSource({len(self.shards)} files, {len(self)} records)"
