@@ -37,10 +37,10 @@
  *   where the CPU has SSE4.2 (tests compare both). Keeps the GIL (one record: microseconds).
  *
  * crcs(buffers, out) -> None: out[k] = the CRC32C of buffers[k] (any contiguous buffers; out a writable uint32
- *   buffer of n), with the GIL released once for the batch (formats.checks.batch_crcs).
+ *   buffer of n), with the GIL released once for the batch (ingest.formats.checks.crcs).
  *
- * Neither read nor plan_rows checks that the addresses are writable for their lengths: that is io.py's job (every address it
- * passes is a slice of a buffer it holds).
+ * Neither read nor plan_rows checks that the addresses are writable for their lengths: that is io.py's job (every
+ * address it passes is a slice of a buffer it holds).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -24,15 +24,15 @@ Rules:
   the user kept) gets new tensors before its reuse; so does the oldest slot out when every slot is out and
   nothing is ready (the user keeps every batch), rather than stall.
 - **Failures**: a sample that cannot be read is dropped natively and counted here against the epoch's
-  `pipeline.Failures` with the error the Python read stage raises (`io.read_error`, `io.short_read`: they name
-  the file). So is a record whose bytes do not have the CRC32C its table gives (``NativeTable.crcs``, the
-  source's ``check``): the engine's read team computes it over the whole byte range read, the bytes
-  `ingest.formats.checks` covers, and the error is the `CorruptRecordError` the Python reader raises
-  (`checks.mismatch_error`: it names the file and the record's offset). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a split RecordIO record, one
-  nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline with CPU decoding for
-  those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is dropped from the
-  batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a CPU decode, per
-  batch that has one; `stats()["native"]["fallbacks"]` counts them.
+  `pipeline.Failures` with the error the Python read stage raises (`io.read_error`, `io.short_read`: they name the
+  file). So is a record whose bytes do not have the CRC32C its table gives (``NativeTable.crcs``, the source's
+  ``check``): the engine's read team computes it over the whole byte range read, the bytes `ingest.formats.checks`
+  covers, and the error is the `CorruptRecordError` the Python reader raises (`checks.mismatch_error`: it names the
+  file and the record's offset). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a split
+  RecordIO record, one nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline with
+  CPU decoding for those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is
+  dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a
+  CPU decode, per batch that has one; `stats()["native"]["fallbacks"]` counts them.
 - **Epochs**: the engine runs on into the next epoch, as the Python executor does; each epoch's indices and batch
   bounds are made once from the sampler's plans and handed over as arrays, one epoch ahead.
 """

@@ -20,10 +20,10 @@
  * Rows. A batch's samples keep their order; a sample that cannot be read is dropped natively and reported as a
  * note (index, row -1, NOTE_READ, -errno or the bytes read, bytes wanted); so is one whose bytes do not have the
  * CRC32C given for it (`crcs`: over exactly the bytes read, the record's whole range; computed by the read team as
- * each range lands, crc32c.h) as (index, row -1, NOTE_CORRUPT, CRC computed, CRC given); a sample the GPU path does not take
- * (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, more than max_pixels, EXIF- or
- * XMP-oriented, a RecordIO record that is split or damaged, or one nvImageCodec refuses) keeps its row and is
- * reported as a note (index, row, NOTE_FALLBACK, why, nvImageCodec status): Python fills that row.
+ * each range lands, crc32c.h), as (index, row -1, NOTE_CORRUPT, CRC computed, CRC given); a sample the GPU path
+ * does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, more than
+ * max_pixels, EXIF- or XMP-oriented, a RecordIO record that is split or damaged, or one nvImageCodec refuses) keeps
+ * its row and is reported as a note (index, row, NOTE_FALLBACK, why, nvImageCodec status): Python fills that row.
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
  * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from

@@ -1,5 +1,6 @@
-"""What a source hands the native engine once, at start: every sample's byte range, where the source knows
-them without reading its label, and where its records are checked their CRC32C (`ingest.native`). A source that can give one has ``native_table()``."""
+"""What a source hands the native engine once, at start: every sample's byte range, its label where the source
+knows it without reading, and each record's CRC32C where the source checks them (`ingest.native`). A source that
+can give one has ``native_table()``."""
 
 from __future__ import annotations
 

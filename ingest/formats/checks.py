@@ -14,6 +14,10 @@ WebDataset     each member's data                                  ``<stem>.tar.
 raw            each stored field of each sample                    ``arrays["<field>.crc32c"]`` of the index
 =============  =================================================  ==========================================
 
+A batch's CRCs are computed by `crcs` in one native call that releases the GIL once (``ingest._readv.crcs``,
+the C CRC32C of ``ingest/_native/crc32c.h``, which the native engine also runs on its read team); `crc` is the
+reference and the fallback where that was not built.
+
 TFRecord frames carry their own CRCs (``check_crc``, on by default). File trees, COCO and files other tools
 wrote have no per-record checks; ``ingest verify`` compares whole files with the manifest's sha256.
 

@@ -25,9 +25,10 @@ no offset repeats (checked when it is read); an offset that does not start a rec
 not fill its extent exactly (a dropped line leaves two records in one extent), is a `CorruptRecordError`
 naming the file and offset when that record is read.
 
-`RecordIOWriter` writes ``<stem>.rec`` and ``<stem>.idx`` (keys 0, 1, ...) that MXNet's
-``MXIndexedRecordIO`` + ``recordio.unpack`` read, and ``<stem>.crc32c``, each record's CRC32C, which the
-reader checks as records are read (``check``: `ingest.formats.checks`). It writes no ``.lst``: that is
+`RecordIOWriter` writes ``<stem>.rec`` and ``<stem>.idx`` (keys 0, 1, ...) that MXNet's ``MXIndexedRecordIO``
++ ``recordio.unpack`` read, and ``<stem>.crc32c``, each record's CRC32C, which the reader checks as records
+are read (``check``: `ingest.formats.checks`): the CRC of the record's whole extent (chunk headers, data and
+padding, the bytes the index gives it), as the native engine checks it too. It writes no ``.lst``: that is
 im2rec's input, not read back by MXNet's readers.
 """
 
@@ -295,7 +296,8 @@ class RecordIOSource:
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
         """`parse` of each record (a Record, or the error it raised): the common records' headers (one unsplit
-        chunk, one label) read as one array; the others go through `parse`."""
+        chunk, one label) read as one array and, where records are checked, their CRC32C in one native call
+        (`checks.matches`, the GIL released once); the others, and any that fails its CRC, go through `parse`."""
         if not raws:
             return []
         heads, sizes = batch_structs(raws, _FIRST_DTYPE)
