@@ -36,7 +36,7 @@ NATIVE = ["ingest/_native"]   # headers shared by the extensions and the native 
 
 setup(ext_modules=[
     Extension("ingest._readv", ["ingest/_readv.c"], optional=True, extra_compile_args=FLAGS,
-              depends=["ingest/_native/preadv.h"]),
+              depends=["ingest/_native/preadv.h", "ingest/_native/crc32c.h"]),
     Extension("ingest._random", ["ingest/_random.c"], optional=True, extra_compile_args=EXACT, include_dirs=NATIVE,
               depends=["ingest/_native/random_core.h"], libraries=["m"]),
     Extension("ingest._plan", ["ingest/_native/plan_py.c", "ingest/_native/plan.c"], optional=True,
@@ -51,6 +51,6 @@ setup(ext_modules=[
               depends=["ingest/_native/nvloop.h"]),
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE, libraries=["m", "dl", "pthread"],
-              depends=["ingest/_native/" + h for h in ("jpeg_scan.h", "nvloop.h", "plan.h", "preadv.h",
+              depends=["ingest/_native/" + h for h in ("crc32c.h", "jpeg_scan.h", "nvloop.h", "plan.h", "preadv.h",
                                                        "random_core.h")]),
 ])

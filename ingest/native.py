@@ -11,8 +11,7 @@ waits; the consumer's stream made to wait on the batch's event in C) and the wra
 Rules:
 
 - **Eligible** (`why_not` returns None): a CUDA device with decode "mixed", no worker processes, a source with
-  ``native_table()`` (file trees, RecordIO) whose records are not CRC-checked (``check``), encoded images and
-  nothing else asked for (``output="tuple"``, or
+  ``native_table()`` (file trees, RecordIO), encoded images and nothing else asked for (``output="tuple"``, or
   a source with only an image and a label), a chain `ingest.native_plan.describe` takes whose output size is
   fixed, nvImageCodec's native binding and CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs
   the native engine where eligible, "python" never, "native" raises a ConfigError naming why where not.
@@ -25,12 +24,15 @@ Rules:
   the user kept) gets new tensors before its reuse; so does the oldest slot out when every slot is out and
   nothing is ready (the user keeps every batch), rather than stall.
 - **Failures**: a sample that cannot be read is dropped natively and counted here against the epoch's
-  `pipeline.Failures` with the error the Python read stage raises (`io.read_error`, `io.short_read`: they name
-  the file). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a split RecordIO record, one
-  nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline with CPU decoding for
-  those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is dropped from the
-  batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a CPU decode, per
-  batch that has one; `stats()["native"]["fallbacks"]` counts them.
+  `pipeline.Failures` with the error the Python read stage raises (`io.read_error`, `io.short_read`: they name the
+  file). So is a record whose bytes do not have the CRC32C its table gives (``NativeTable.crcs``, the source's
+  ``check``): the engine's read team computes it over the whole byte range read, the bytes `ingest.formats.checks`
+  covers, and the error is the `CorruptRecordError` the Python reader raises (`checks.mismatch_error`: it names the
+  file and the record's offset). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a split
+  RecordIO record, one nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline with
+  CPU decoding for those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is
+  dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a
+  CPU decode, per batch that has one; `stats()["native"]["fallbacks"]` counts them.
 - **Epochs**: the engine runs on into the next epoch, as the Python executor does; each epoch's indices and batch
   bounds are made once from the sampler's plans and handed over as arrays, one epoch ahead.
 """
@@ -51,6 +53,7 @@ import torch
 
 from . import defaults, io
 from .errors import ConfigError
+from .formats import checks
 from .formats.base import Location, fields_of
 from .ops import planner
 from .engine import Batch, EpochEnd, Failures, Pipeline
@@ -91,8 +94,6 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
         return None, "it runs in the training process on a seekable source (no worker processes, no stream)"
     if getattr(source, "native_table", None) is None:
         return None, f"{type(source).__name__} gives no native table (file trees and RecordIO do)"
-    if getattr(source, "checked", False):
-        return None, "its records are checked against their CRC32C (check), which the native engine does not do"
     fields = fields_of(source)
     if pipeline.image_kind != "image" or pipeline.direct or "boxes" in fields:
         return None, "it takes encoded images without boxes"
@@ -127,8 +128,6 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
     table_of = getattr(source, "native_table", None)
     if table_of is None:
         return None, f"{type(source).__name__} gives no native table (file trees and RecordIO do)"
-    if getattr(source, "checked", False):
-        return None, "its records are checked against their CRC32C (check), which the native engine does not do"
     return Chain(table_of(), desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout), None
 
 
@@ -257,7 +256,8 @@ class NativeExecutor:
             np.ascontiguousarray(chain.desc, np.float64), sampler.seed, self._batch, slots,
             read_threads or defaults.get("io_threads"), pipeline.decode_stage.cpu.max_pixels,
             all(lane.regions for lane, _ in pipeline.lanes if lane is not None), gpu,
-            min(19, defaults.get("engine_nice")))
+            min(19, defaults.get("engine_nice")),
+            None if table.crcs is None else np.ascontiguousarray(table.crcs, np.uint32))
         self._slots: list[_Slot | None] = [None] * slots
         self._dry: list[np.ndarray] = []
         self._out: list[int] = []   # slots handed out and not given back, oldest first
@@ -398,7 +398,8 @@ class NativeExecutor:
             return batch
 
     def _notes(self, notes: list, failures: Failures) -> list[tuple[int, int]]:
-        """Count the batch's read failures against ``failures`` (raising its typed error where the budget says)
+        """Count the batch's read failures and CRC mismatches against ``failures`` (raising its typed error where the
+        budget says)
         and return its fallbacks, (dataset index, row)."""
         fallback = []
         source = self.pipeline.source
@@ -409,8 +410,13 @@ class NativeExecutor:
                 fallback.append((index, row))
                 continue
             path, offset = table.paths[int(table.files[index])], int(table.offsets[index])
-            err = (io.read_error(Location(path, offset), OSError(-code, os.strerror(-code))) if code < 0 else
-                   io.short_read(code, status, path, offset))
+            if stage == ENGINE.NOTE_CORRUPT:   # code: the CRC32C of the bytes read; status: the one written
+                err = checks.mismatch_error(code, status, int(table.sizes[index]), path=path, index=index,
+                                            offset=offset)
+            elif code < 0:
+                err = io.read_error(Location(path, offset), OSError(-code, os.strerror(-code)))
+            else:
+                err = io.short_read(code, status, path, offset)
             failures.add(source.name(index), "read", err)
         return fallback
 

@@ -50,8 +50,19 @@ def _read(src, i):
     return src.parse(i, read_location(src.locate(i)))
 
 
+@pytest.fixture(params=["native", "python"])
+def batch_check(request, monkeypatch):
+    """The readers' batch check on each path: ``ingest._readv.crcs`` (one GIL release a batch) or `checks.crc` of
+    each record (the reference, and the path where no compiler was found)."""
+    if request.param == "native" and checks.NATIVE is None:
+        pytest.skip("ingest._readv was not built")
+    if request.param == "python":
+        monkeypatch.setattr(checks, "NATIVE", None)
+    return request.param
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_changed_record_fails_alone_naming_file_and_offset(tmp_path, fmt):
+def test_a_changed_record_fails_alone_naming_file_and_offset(tmp_path, fmt, batch_check):
     path = _write(fmt, tmp_path)
     cls = reader_class(fmt)
     want = [_read(cls(path, check="none"), i) for i in range(N)]
@@ -125,3 +136,44 @@ def test_crc_file_that_does_not_fit_is_named(tmp_path):
         with pytest.raises(CorruptRecordError, match=message) as err:
             reader_class("recordio")(path)
         assert err.value.path == str(side)
+
+
+# -- the native CRC32C (ingest/_native/crc32c.h) against the crc32c package ------------------------------------
+
+native_crc = pytest.mark.skipif(checks.NATIVE is None, reason="ingest._readv was not built")
+
+
+@native_crc
+@pytest.mark.parametrize("software", [False, True])
+def test_native_crc32c_is_the_packages(software):
+    """Every length 0..64 at every start 0..7 (unaligned heads and tails), and large buffers; ``software``: the
+    slicing-by-8 tables even where the CPU has SSE4.2."""
+    import crc32c
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 256, 1 << 20, np.uint8).tobytes()
+    view = memoryview(data)
+    for n in range(65):
+        for start in range(8):
+            part = view[start:start + n]
+            assert checks.NATIVE.crc32c(part, software) == crc32c.crc32c(part), (n, start)
+    # (the SSE4.2 path runs three streams over 3 x 8192 and 3 x 256 bytes: lengths about those)
+    for n, start in [(1 << 20, 0), ((1 << 20) - 3, 3), (81_001, 5), (4096, 1), (123_457, 7), (767, 0), (768, 0),
+                     (769, 3), (1543, 1), (24_575, 0), (24_576, 0), (24_577, 2), (24_576 + 768, 4), (49_160, 6)]:
+        part = view[start:start + n]
+        assert checks.NATIVE.crc32c(part, software) == crc32c.crc32c(part), (n, start)
+
+
+@native_crc
+def test_batch_crcs_native_and_reference_agree(monkeypatch):
+    rng = np.random.default_rng(3)
+    blob = rng.integers(0, 256, 300_000, np.uint8)
+    buffers = [blob[s:s + n] for s, n in [(0, 0), (1, 1), (3, 63), (5, 81_000), (7, 200_001)]] + \
+        [bytes(blob[:17]), bytearray(blob[:100]), memoryview(blob.tobytes())[9:5000]]
+    got = checks.crcs(buffers)
+    monkeypatch.setattr(checks, "NATIVE", None)
+    assert got.dtype == np.uint32 and got.tolist() == checks.crcs(buffers).tolist() == \
+        [checks.crc(b) for b in buffers]
+    table = checks.table([got])
+    assert checks.matches(buffers, range(len(buffers)), table).all()
+    assert checks.matches(buffers[::-1], range(len(buffers)), table).tolist() == \
+        [a == b for a, b in zip(got.tolist(), got.tolist()[::-1])]

@@ -189,7 +189,7 @@ def test_dry_run_plans_what_the_python_stages_plan(tmp_path, ops):
 
 def test_dry_run_of_a_recordio_file_reads_labels_from_the_records(tmp_path):
     records = [Record(jpeg_bytes(20 + i, 30 + 2 * i, seed=i), (7 * i) % 5) for i in range(9)]
-    src = RecordIOSource(write_records(tmp_path, records), check="none")   # the engine checks no CRC32C
+    src = RecordIOSource(write_records(tmp_path, records))   # checked: the engine checks each record's CRC32C
     ex, pipe, sampler = dry(src, batch_size=4)
     try:
         for batch, plan in zip(ex, sampler.batches(0)):
@@ -275,19 +275,68 @@ def test_engine_native_names_why_a_loader_is_not_eligible(image_folder):
         defaults.set(engine="rust")
 
 
-def test_records_checked_against_their_crcs_stay_on_the_python_stages(tmp_path):
-    """The native engine does not check per-record CRC32C: a RecordIO file written with them, read with the
-    default check, is not eligible (the reason names the check); with check="none" it is."""
-    rec = write_records(tmp_path, [Record(jpeg_bytes(20, 30, seed=1), 1)])
+def test_records_checked_against_their_crcs_are_eligible(tmp_path):
+    """A RecordIO file written with per-record CRC32C, read with the default check, runs on the native engine,
+    whose table carries the CRCs the reader checks (none with check="none")."""
+    rec = write_records(tmp_path, [Record(jpeg_bytes(20, 30, seed=s), s) for s in range(3)])
     cuda = dict(device=torch.device("cuda"), decode="mixed", workers=0, streamed=False, tuple_output=True)
     checked = RecordIOSource(rec)
     assert checked.checked
-    assert native.why_not(checked, OPS, **cuda, pipeline=Pipeline(checked, ops=OPS))[1].startswith(
-        "its records are checked against their CRC32C")
-    unchecked = RecordIOSource(rec, check="none")
-    assert not unchecked.checked
-    why = native.why_not(unchecked, OPS, **cuda, pipeline=Pipeline(unchecked, ops=OPS))[1]
+    why = native.why_not(checked, OPS, **cuda, pipeline=Pipeline(checked, ops=OPS))[1]
     assert why is None or "CRC32C" not in why   # (on a host without nvImageCodec it fails later, for that)
+    chain, why = native.chain_for(checked, OPS)
+    assert why is None
+    assert chain.table.crcs.tolist() == list(checked._crcs)
+    assert native.chain_for(RecordIOSource(rec, check="none"), OPS)[0].table.crcs is None
+
+
+def _corrupt_record(tmp_path, n=9, bad=4):
+    """A RecordIO file of ``n`` records whose record ``bad`` has a byte of its JPEG's tail changed (its framing
+    and header whole: only the CRC tells), with the path and offset of that record."""
+    rec = write_records(tmp_path, [Record(jpeg_bytes(20 + i, 30, seed=i), i % 5) for i in range(n)])
+    loc = RecordIOSource(rec, check="none").locate(bad)
+    with open(rec, "r+b") as f:
+        f.seek(loc.offset + loc.length - 40)
+        byte = f.read(1)
+        f.seek(loc.offset + loc.length - 40)
+        f.write(bytes([byte[0] ^ 0x10]))
+    return rec, loc
+
+
+def test_a_record_whose_crc_differs_is_dropped_against_the_budget(tmp_path):
+    rec, loc = _corrupt_record(tmp_path)
+    src = RecordIOSource(rec)
+    ex, pipe, sampler = dry(src, shuffle=False, max_failures=1)
+    try:
+        got = list(ex)
+        indices = np.concatenate([b.column("index") for b in got]).tolist()
+        assert indices == [i for i in range(len(src)) if i != 4]
+        assert ex.stats()["failures"] >= 1
+        [(name, stage, reason)] = ex._failures[0].items
+        assert (name, stage) == (src.name(4), "read")
+        assert reason.startswith("CorruptRecordError: ") and "CRC32C" in reason and str(rec) in reason
+        assert f"at byte {loc.offset}" in reason
+    finally:
+        ex.close()
+    unchecked, _, _ = dry(RecordIOSource(rec, check="none"), shuffle=False)   # unchecked: the record is read
+    try:
+        assert np.concatenate([b.column("index") for b in unchecked]).tolist() == list(range(len(src)))
+    finally:
+        unchecked.close()
+
+
+def test_a_record_whose_crc_differs_raises_without_a_budget(tmp_path):
+    rec, loc = _corrupt_record(tmp_path)
+    src = RecordIOSource(rec)
+    ex, _, _ = dry(src, shuffle=False)
+    try:
+        with pytest.raises(CorruptRecordError, match=r"CRC32C [0-9a-f]{8} of the record's \d+ bytes differs") as err:
+            list(ex)
+        assert (err.value.path, err.value.offset, err.value.index) == (str(rec), loc.offset, 4)
+        python = src.parse_batch([4], [read_location(src.locate(4))])[0]   # the Python reader's error
+        assert str(err.value) == str(python)
+    finally:
+        ex.close()
 
 
 @pytest.mark.parametrize("ops, why", [

@@ -3,9 +3,9 @@ device memory is host memory, whose copies are memcpy and whose kernel launch ru
 compiled as C++ (tests/test_ops.py's harness), and is given stand-in nvImageCodec functions that "decode" each
 image (or region) as a known pattern of its absolute pixel coordinates. Every batch the engine makes must then
 equal the kernel run on the Python planner's warp over whole pattern images: this checks the engine's regions,
-origins, arena offsets, kernel arguments and rows, the labels' upload, the decode threads' shares, and an image
-the decoder refuses (its row left to Python), without a GPU. Runs in a child process (the stand-in driver is
-loaded once per process)."""
+origins, arena offsets, kernel arguments and rows, the labels' upload, the decode threads' shares, an image the
+decoder refuses (its row left to Python) and a RecordIO record whose CRC32C differs (its row dropped), without a
+GPU. Runs in a child process (the stand-in driver is loaded once per process)."""
 
 from __future__ import annotations
 
@@ -175,6 +175,47 @@ def test_executor_on_a_stand_in_driver_keeps_what_the_loop_keeps(tmp_path, stand
     assert "executor batches compared: 15" in done.stdout, done.stdout
 
 
+def test_a_record_whose_crc_differs_is_dropped_on_the_gpu_path(tmp_path, stand_in):
+    env = dict(os.environ, INGEST_CUDA_LIBRARY=str(stand_in),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, __file__, str(stand_in), str(tmp_path), "rrc-flip-normalize", "crc"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "crc batches compared: 3" in done.stdout, done.stdout
+
+
+def child_crc(lib_path: str, root: str, chain_name: str) -> None:
+    """The NativeExecutor over the stand-ins on a checked RecordIO file whose record 4 has a changed byte: with a
+    budget of one failure, that row is missing from its batch (labels as the Python stages give them) and the
+    failure names the record."""
+    from ingest.engine import Failures, Pipeline
+    from ingest.formats.recordio import RecordIOSource
+    from ingest.sampler import Sampler
+    from test_native import _corrupt_record
+
+    ops = chains()[chain_name]
+    rec, _ = _corrupt_record(Path(root))
+    src = RecordIOSource(rec)
+    _, gpu, _ = stand_in_gpu(lib_path, src, True, refused=-1)
+    chain, why = native.chain_for(src, ops)
+    assert chain is not None and chain.table.crcs is not None, why
+    sampler = Sampler(len(src), 4, shuffle=False, seed=9)
+    failures = Failures(1, sampler.samples())
+    ex = native.NativeExecutor(Pipeline(src, ops=ops, device="cpu"), chain, sampler, epoch=0, start=0, offset=0,
+                               failures=failures, budget=lambda: Failures(1, sampler.samples()), prefetch=1,
+                               gpu=gpu)
+    got = [batch.labels.clone() for batch in ex]
+    ex.close()
+    reference = Pipeline(src, ops=ops, device="cpu")
+    reference.start_epoch(Failures(1, sampler.samples()))
+    want = [reference.run(plan).labels for plan in sampler.batches(0)]
+    assert [len(y) for y in got] == [4, 3, 1]
+    assert all(torch.equal(g, w) for g, w in zip(got, want)), (got, want)
+    [(name, stage, reason)] = failures.items
+    assert (name, stage) == (src.name(4), "read") and "CRC32C" in reason, failures.items
+    print(f"crc batches compared: {len(got)}")
+
+
 def child(lib_path: str, root: str, chain_name: str, regions: bool) -> None:
     """Run one epoch (and the next one's first batches) on the engine with the stand-ins, then compare."""
     from ingest.formats.filetree import FileTree
@@ -229,14 +270,16 @@ def child(lib_path: str, root: str, chain_name: str, regions: bool) -> None:
     print(f"batches compared: {compared}")
 
 
-def stand_in_gpu(lib_path: str, src, regions: bool):
-    """The stand-in library, the engine's `gpu` argument for it, and the byte size of the image it refuses."""
+def stand_in_gpu(lib_path: str, src, regions: bool, refused: int | None = None):
+    """The stand-in library, the engine's `gpu` argument for it, and the byte size of the image it refuses (default:
+    that of the file tree's image 1)."""
     fake = ctypes.CDLL(lib_path)
 
     def address(name):
         return ctypes.cast(getattr(fake, name), ctypes.c_void_p).value
 
-    refused = os.path.getsize(src.name(1))   # the stand-in decoder refuses images of this many bytes
+    if refused is None:
+        refused = os.path.getsize(src.name(1))   # the stand-in decoder refuses images of this many bytes
     fake.fake_refuse(ctypes.c_long(refused))
     fns = tuple(address(n) for n in ("nv_create", "nv_info", "nv_sub", "nv_image", "nv_decode", "nv_wait",
                                      "nv_status", "nv_future_destroy"))
@@ -344,5 +387,7 @@ def pattern(h: int, w: int, length: int) -> np.ndarray:
 if __name__ == "__main__":
     if sys.argv[4] == "executor":
         child_executor(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4] == "crc":
+        child_crc(sys.argv[1], sys.argv[2], sys.argv[3])
     else:
         child(sys.argv[1], sys.argv[2], sys.argv[3], bool(int(sys.argv[4])))

@@ -18,10 +18,12 @@
  * any machine.
  *
  * Rows. A batch's samples keep their order; a sample that cannot be read is dropped natively and reported as a
- * note (index, row -1, NOTE_READ, -errno or the bytes read, bytes wanted); a sample the GPU path does not take
- * (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, more than max_pixels, EXIF- or
- * XMP-oriented, a RecordIO record that is split or damaged, or one nvImageCodec refuses) keeps its row and is
- * reported as a note (index, row, NOTE_FALLBACK, why, nvImageCodec status): Python fills that row.
+ * note (index, row -1, NOTE_READ, -errno or the bytes read, bytes wanted); so is one whose bytes do not have the
+ * CRC32C given for it (`crcs`: over exactly the bytes read, the record's whole range; computed by the read team as
+ * each range lands, crc32c.h), as (index, row -1, NOTE_CORRUPT, CRC computed, CRC given); a sample the GPU path
+ * does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, more than
+ * max_pixels, EXIF- or XMP-oriented, a RecordIO record that is split or damaged, or one nvImageCodec refuses) keeps
+ * its row and is reported as a note (index, row, NOTE_FALLBACK, why, nvImageCodec status): Python fills that row.
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
  * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from
@@ -59,6 +61,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crc32c.h"
 #include "jpeg_scan.h"
 #include "nvloop.h"
 #include "plan.h"
@@ -66,7 +69,7 @@
 
 enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_COUNT };
 enum { ST_OK = 0, ST_FAILED = 1, ST_FALLBACK = 2 };
-enum { NOTE_READ = 1, NOTE_FALLBACK = 2 };
+enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3 };
 /* why a sample falls back */
 enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5 };
 enum { R_BATCH = 0, R_EPOCH = 1 };
@@ -173,7 +176,7 @@ typedef struct {
 
 typedef struct {
     int64_t epoch, number, n;
-    int64_t *index, *label, *off, *want, *got, *img, *hdr, *hw, *ok_pos, *ok_index, *ok_hw;
+    int64_t *index, *label, *off, *want, *got, *crc, *img, *hdr, *hw, *ok_pos, *ok_index, *ok_hw;
     uint8_t *pad;
     int32_t *state, *why;
     uint32_t *status;      /* nvImageCodec's per-image status of a refused image */
@@ -239,6 +242,7 @@ struct Engine {
     char **paths;
     char *path_block;
     int64_t *files, *offsets, *sizes, *labels;
+    uint32_t *crcs;       /* each record's CRC32C, checked as read (NULL: none) */
     int *fds;
     int keep_open, format;
     ing_chain chain;
@@ -499,6 +503,8 @@ static void read_fn(Engine *e, int id) {
         uint64_t addr = (uint64_t)(uintptr_t)(j->host + j->off[k]);
         j->got[k] = ing_preadv_full(fd, e->offsets[i], &addr, &len, 1, NULL);
         done_with(e, fd);
+        if (e->crcs != NULL && j->got[k] == j->want[k])
+            j->crc[k] = ing_crc32c(0, j->host + j->off[k], (size_t)j->got[k]);
     }
 }
 
@@ -540,6 +546,7 @@ static int read_batch(Engine *e, Job *j) {
         int64_t i = j->index[k];
         j->want[k] = e->sizes[i];
         j->got[k] = 0;
+        j->crc[k] = 0;
         j->state[k] = ST_OK;
         j->why[k] = 0;
         j->status[k] = 0;
@@ -616,6 +623,11 @@ static int prepare_batch(Engine *e, Job *j) {
             j->state[k] = ST_FAILED;
         if (j->state[k] == ST_FAILED) {
             note(j, notes, nnotes, k, -1, NOTE_READ, j->got[k], j->want[k]);
+            continue;
+        }
+        if (e->crcs != NULL && (uint32_t)j->crc[k] != e->crcs[j->index[k]]) {
+            j->state[k] = ST_FAILED;
+            note(j, notes, nnotes, k, -1, NOTE_CORRUPT, j->crc[k], e->crcs[j->index[k]]);
             continue;
         }
         int64_t i = j->index[k], start = 0, stop = j->got[k], label = e->labels ? e->labels[i] : -1;
@@ -911,7 +923,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
     Note *kept = e->slot_notes[slot];
     int64_t nkept = 0;
     for (int64_t q = 0; q < nnotes; ++q)
-        if (notes[q].stage == NOTE_READ)
+        if (notes[q].stage == NOTE_READ || notes[q].stage == NOTE_CORRUPT)
             kept[nkept++] = notes[q];
     for (int64_t k = 0; k < j->n; ++k) {
         if (j->state[k] == ST_FAILED) {
@@ -1007,7 +1019,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
     e->st_samples += rows;
     for (int64_t q = 0; q < nkept; ++q) {
         e->st_fallbacks += kept[q].stage == NOTE_FALLBACK;
-        e->st_failures += kept[q].stage == NOTE_READ;
+        e->st_failures += kept[q].stage == NOTE_READ || kept[q].stage == NOTE_CORRUPT;
     }
     for (int64_t k = 0; k < j->n; ++k)
         e->st_bytes += j->got[k] > 0 ? j->got[k] : 0;
@@ -1172,6 +1184,7 @@ static void engine_free(Engine *e) {
     free(e->paths);
     free(e->path_block);
     free(e->files);
+    free(e->crcs);
     e->slot_notes = NULL;
     e->slot_host = NULL;
     e->slot_out = e->slot_lbl = e->slot_args = NULL;
@@ -1186,6 +1199,7 @@ static void engine_free(Engine *e) {
     e->paths = NULL;
     e->path_block = NULL;
     e->files = NULL;
+    e->crcs = NULL;
 }
 
 /* Releases the Python buffers the slots hold (GIL held). */
@@ -1309,7 +1323,8 @@ static int alloc_job(Engine *e, Job *j) {
     j->got = p, p += B;
     j->ok_pos = p, p += B;
     j->ok_index = p, p += B;
-    p += 4 * B; /* spare */
+    j->crc = p, p += B;
+    p += 3 * B; /* spare */
     j->hdr = p, p += 9 * B;
     j->hw = p, p += 2 * B;
     j->ok_hw = p, p += 2 * B;
@@ -1455,8 +1470,8 @@ done:
 
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"paths", "files", "offsets", "sizes", "labels", "format", "desc", "seed", "batch_size",
-                             "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", NULL};
-    PyObject *paths, *files, *offsets, *sizes, *labels, *desc_obj, *gpu = Py_None;
+                             "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", "crcs", NULL};
+    PyObject *paths, *files, *offsets, *sizes, *labels, *desc_obj, *gpu = Py_None, *crcs = Py_None;
     int format, regions, nice = 0;
     unsigned long long seed;
     Py_ssize_t batch, slots, threads;
@@ -1465,9 +1480,9 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "an Engine is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|Oi:Engine", kwlist, &paths, &files, &offsets, &sizes,
-                                     &labels, &format, &desc_obj, &seed, &batch, &slots, &threads, &max_pixels,
-                                     &regions, &gpu, &nice))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiO:Engine", kwlist, &paths, &files, &offsets,
+                                     &sizes, &labels, &format, &desc_obj, &seed, &batch, &slots, &threads,
+                                     &max_pixels, &regions, &gpu, &nice, &crcs))
         return -1;
     if (format < 0 || format >= FMT_COUNT || batch < 1 || slots < 1 || threads < 1 || max_pixels < 1 || nice < 0 ||
         nice > 19) {
@@ -1527,6 +1542,22 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     free(off);
     free(siz);
     free(lab);
+    if (crcs != Py_None) {
+        Py_buffer v;
+        if (PyObject_GetBuffer(crcs, &v, PyBUF_C_CONTIGUOUS) < 0)
+            goto fail;
+        if (v.len != n * 4 || (e->crcs = malloc((size_t)(n ? n : 1) * 4)) == NULL) {
+            if (v.len != n * 4)
+                PyErr_Format(PyExc_ValueError, "crcs holds %zd bytes, %lld uint32 CRCs need %lld", v.len,
+                             (long long)n, (long long)n * 4);
+            else
+                PyErr_NoMemory();
+            PyBuffer_Release(&v);
+            goto fail;
+        }
+        memcpy(e->crcs, v.buf, (size_t)n * 4);
+        PyBuffer_Release(&v);
+    }
     for (int64_t i = 0; i < n; ++i)
         if (e->files[i] < 0 || e->files[i] >= e->nfiles || e->offsets[i] < 0) {
             PyErr_Format(PyExc_ValueError, "sample %lld: file %lld or offset %lld out of range", (long long)i,
@@ -2002,6 +2033,7 @@ static PyMethodDef functions[] = {
 };
 
 PyMODINIT_FUNC PyInit__engine(void) {
+    ing_crc32c_init();
     if (PyType_Ready(&EngineType) < 0)
         return NULL;
     module.m_methods = functions;
@@ -2015,6 +2047,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
         PyModule_AddIntConstant(m, "BATCH", R_BATCH) < 0 || PyModule_AddIntConstant(m, "EPOCH_END", R_EPOCH) < 0 ||
         PyModule_AddIntConstant(m, "NOTE_READ", NOTE_READ) < 0 ||
         PyModule_AddIntConstant(m, "NOTE_FALLBACK", NOTE_FALLBACK) < 0 ||
+        PyModule_AddIntConstant(m, "NOTE_CORRUPT", NOTE_CORRUPT) < 0 ||
         PyModule_AddIntConstant(m, "DRY_COLUMNS", D_COLS) < 0) {
         Py_DECREF(&EngineType);
         Py_DECREF(m);

@@ -14,6 +14,10 @@ WebDataset     each member's data                                  ``<stem>.tar.
 raw            each stored field of each sample                    ``arrays["<field>.crc32c"]`` of the index
 =============  =================================================  ==========================================
 
+A batch's CRCs are computed by `crcs` in one native call that releases the GIL once (``ingest._readv.crcs``,
+the C CRC32C of ``ingest/_native/crc32c.h``, which the native engine also runs on its read team); `crc` is the
+reference and the fallback where that was not built.
+
 TFRecord frames carry their own CRCs (``check_crc``, on by default). File trees, COCO and files other tools
 wrote have no per-record checks; ``ingest verify`` compares whole files with the manifest's sha256.
 
@@ -31,14 +35,19 @@ record in record order. One whose size or count disagrees with its shard is a `C
 from __future__ import annotations
 
 from array import array
-from typing import Any
+from typing import Any, Sequence
 
 import crc32c as _crc32c
 import numpy as np
 
-from .. import defaults
+from .. import _numpy, defaults
 from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError
+
+try:
+    from .. import _readv as NATIVE
+except ImportError:   # built where a C compiler was found (setup.py)
+    NATIVE = None
 
 MODES = ("auto", "crc", "none")
 #: Formats checked under "auto" (their check costs under 3% of the loader's rate; docs/checks.md).
@@ -52,6 +61,26 @@ def crc(data: Any) -> int:
     """The CRC32C of a buffer. The GIL is kept (the package gives it up above 32 KB by default): a record's
     CRC takes microseconds, and getting the GIL back beside a busy thread up to a switch interval."""
     return _crc32c.crc32c(data, gil_release_mode=0)
+
+
+def crcs(buffers: Sequence[Any]) -> np.ndarray:
+    """The CRC32C of each buffer of a batch, as a uint32 array: one native call that releases the GIL once for the
+    batch (``ingest._readv.crcs``), or `crc` of each where that was not built (the reference). Buffers are
+    C-contiguous; the CRC covers all of each one's bytes."""
+    out = _numpy.zeros(len(buffers), np.uint32)
+    if NATIVE is not None:
+        NATIVE.crcs(buffers, out)
+    else:
+        for k, data in enumerate(buffers):
+            out[k] = crc(data)
+    return out
+
+
+def matches(buffers: Sequence[Any], indices: Sequence[int], table: array) -> np.ndarray:
+    """Whether each buffer of a batch has the CRC written for its record: ``crcs(buffers)[k] == table[indices[k]]``,
+    an (n,) bool array (a reader's `parse_batch`; `mismatch` names a record that fails)."""
+    want = _numpy.take(np.frombuffer(table, np.uint32), np.asarray(indices, np.int64))
+    return crcs(buffers) == want
 
 
 def mode(check: str | None) -> str:
@@ -105,9 +134,15 @@ def mismatch(data: Any, want: int, *, path: str, index: Any, offset: int | None)
     got = crc(data)
     if got == want:
         return None
-    return CorruptRecordError(f"CRC32C {got:08x} of the record's {len(memoryview(data).cast('B'))} bytes differs "
-                              f"from the {want:08x} written with it: its bytes changed", path=path, index=index,
-                              offset=offset)
+    return mismatch_error(got, want, len(memoryview(data).cast("B")), path=path, index=index, offset=offset)
+
+
+def mismatch_error(got: int, want: int, size: int, *, path: str, index: Any,
+                   offset: int | None) -> CorruptRecordError:
+    """The error for a record of ``size`` bytes whose CRC32C is ``got`` where ``want`` was written (`mismatch`;
+    the native engine's and the batch check's reports)."""
+    return CorruptRecordError(f"CRC32C {got:08x} of the record's {size} bytes differs from the {want:08x} written "
+                              "with it: its bytes changed", path=path, index=index, offset=offset)
 
 
 def table(parts: list[np.ndarray | None]) -> array | None:

@@ -25,9 +25,10 @@ no offset repeats (checked when it is read); an offset that does not start a rec
 not fill its extent exactly (a dropped line leaves two records in one extent), is a `CorruptRecordError`
 naming the file and offset when that record is read.
 
-`RecordIOWriter` writes ``<stem>.rec`` and ``<stem>.idx`` (keys 0, 1, ...) that MXNet's
-``MXIndexedRecordIO`` + ``recordio.unpack`` read, and ``<stem>.crc32c``, each record's CRC32C, which the
-reader checks as records are read (``check``: `ingest.formats.checks`). It writes no ``.lst``: that is
+`RecordIOWriter` writes ``<stem>.rec`` and ``<stem>.idx`` (keys 0, 1, ...) that MXNet's ``MXIndexedRecordIO``
++ ``recordio.unpack`` read, and ``<stem>.crc32c``, each record's CRC32C, which the reader checks as records
+are read (``check``: `ingest.formats.checks`): the CRC of the record's whole extent (chunk headers, data and
+padding, the bytes the index gives it), as the native engine checks it too. It writes no ``.lst``: that is
 im2rec's input, not read back by MXNet's readers.
 """
 
@@ -295,7 +296,8 @@ class RecordIOSource:
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
         """`parse` of each record (a Record, or the error it raised): the common records' headers (one unsplit
-        chunk, one label) read as one array; the others go through `parse`."""
+        chunk, one label) read as one array and, where records are checked, their CRC32C in one native call
+        (`checks.matches`, the GIL released once); the others, and any that fails its CRC, go through `parse`."""
         if not raws:
             return []
         heads, sizes = batch_structs(raws, _FIRST_DTYPE)
@@ -303,8 +305,7 @@ class RecordIOSource:
         common = ((heads["magic"] == MAGIC) & (heads["lrec"] <= _LEN_MASK) & (heads["flag"] == 0)
                   & (_FIRST.size < ends) & (((ends + 3) & ~3) == sizes))
         if self._crcs is not None:
-            crcs = self._crcs
-            common &= np.array([checks.crc(raw) == crcs[i] for i, raw in zip(indices, raws)], bool)
+            common &= checks.matches(raws, indices, self._crcs)   # the GIL released once for the batch
         values = heads["label"].reshape(-1, 1)   # each record's label_values: a row of one array
         parsed: list[Record | Exception] = []
         for k, (i, raw, ok, end, label, rid) in enumerate(zip(indices, raws, common.tolist(), ends.tolist(),
@@ -349,10 +350,13 @@ class RecordIOSource:
         return self._crcs is not None
 
     def native_table(self) -> NativeTable:
-        """Every record's byte range for the native engine, which reads each label from its IRHeader."""
+        """Every record's byte range for the native engine, which reads each label from its IRHeader and, where
+        records are checked (`checked`), checks the CRC32C of each range read as `parse` does."""
         t = self._table
+        crcs = None if self._crcs is None else np.frombuffer(self._crcs, np.uint32)
         return NativeTable(t.shards, np.frombuffer(t.shard_of, np.intc).astype(np.int64),
-                           np.frombuffer(t.offsets, np.int64), np.frombuffer(t.sizes, np.int64), None, "recordio")
+                           np.frombuffer(t.offsets, np.int64), np.frombuffer(t.sizes, np.int64), None, "recordio",
+                           crcs)
 
     def __repr__(self) -> str:
         return f"RecordIOSource({len(self.shards)} files, {len(self)} records)"
