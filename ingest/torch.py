@@ -317,13 +317,17 @@ class Loader:
         self._executor = None
 
     def close(self) -> None:
-        """Stop any running epoch and release threads, worker processes and decoders."""
+        """Stop any running epoch and release threads, worker processes and decoders, and the handles the
+        source opened in this process (its ``close``, if it has one: files, LMDB environments)."""
         self._close_executor()
         if self.pipeline is not None:
             self.pipeline.close()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        close_source = getattr(self.source, "close", None)
+        if callable(close_source):
+            close_source()
 
     def __del__(self) -> None:
         try:

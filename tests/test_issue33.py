@@ -47,3 +47,54 @@ def test_one_bad_record_is_reported_once(tmp_path, workers):
     assert out.returncode == 0, out.stderr
     assert "FAILURES 1 SAMPLES 9" in out.stdout
     assert out.stderr.count("skipping") == 1, out.stderr
+
+
+# -- 6: an LMDB is closed when its last user closes --------------------------------------------------------
+
+def _write_lmdb(directory: Path) -> str:
+    from conftest import jpeg_bytes
+    from ingest.formats.base import Field, Record
+    from ingest.formats.lmdb import LMDBWriter
+    writer = LMDBWriter(directory, "db", {"image": Field("image"), "label": Field("int")})
+    for i in range(6):
+        writer.add(Record(jpeg_bytes(20, 24, seed=i), i % 2))
+    writer.close()
+    return str(directory / "db.lmdb")
+
+
+def _reopen(path: str) -> None:
+    import lmdb
+    lmdb.open(path, readonly=True, lock=False).close()   # "already open in this process" while one is open
+
+
+def test_lmdb_is_closed_by_loader_close_and_by_collection(tmp_path):
+    import gc
+    import ingest.torch as it
+    path = _write_lmdb(tmp_path)
+    loader = it.Loader(path, batch_size=4, device="cpu")
+    assert sum(len(images) for images, _ in loader) == 6
+    loader.close()
+    _reopen(path)
+    for workers in (0, 1):
+        loader = it.Loader(path, batch_size=4, device="cpu", num_workers=workers)
+        assert sum(len(images) for images, _ in loader) == 6
+        del loader
+        gc.collect()
+        _reopen(path)
+
+
+def test_lmdb_stays_open_while_another_source_holds_it(tmp_path):
+    import lmdb
+    from ingest.formats.base import read_location
+    from ingest.formats.lmdb import LMDBSource
+    path = _write_lmdb(tmp_path)
+    a, b = LMDBSource(path), LMDBSource(path)
+    a._dbs[0].ranges = b._dbs[0].ranges = None   # looked up through liblmdb per read: each holds the environment
+    a.parse(0, read_location(a.locate(0)))
+    b.parse(1, read_location(b.locate(1)))
+    a.close()
+    with pytest.raises(lmdb.Error, match="already open"):
+        _reopen(path)
+    assert b.parse(2, read_location(b.locate(2))).label == 0
+    b.close()
+    _reopen(path)
