@@ -98,3 +98,44 @@ def test_lmdb_stays_open_while_another_source_holds_it(tmp_path):
     assert b.parse(2, read_location(b.locate(2))).label == 0
     b.close()
     _reopen(path)
+
+
+# -- 4: a feature spec's (key, kind) pair may be a list, as JSON gives it -----------------------------------
+
+def _write_tfrecord(directory: Path, stem: str = "s", n: int = 3) -> Path:
+    from conftest import jpeg_bytes
+    from ingest.formats.base import Field, Record
+    from ingest.formats.tfrecord import TFRecordWriter
+    writer = TFRecordWriter(directory, stem, {"image": Field("image"), "label": Field("int"), "note": Field("bytes")})
+    for i in range(n):
+        writer.add(Record(jpeg_bytes(20, 24, seed=i), i, {"note": b"note %d" % i}))
+    writer.close()
+    return directory / f"{stem}.tfrecord"
+
+
+def test_feature_spec_pairs_may_be_lists(tmp_path):
+    from ingest.formats.base import read_location
+    from ingest.formats.tfrecord import TFRecordSource
+    path = _write_tfrecord(tmp_path)
+    src = TFRecordSource(str(path), features={"image": "image/encoded", "label": ["image/class/label", "int"],
+                                              "note": ["note", "bytes"]})
+    assert src.fields["note"].kind == "bytes"
+    record = src.parse(1, read_location(src.locate(1)))
+    assert (record.label, record.fields["note"]) == (1, b"note 1")
+
+
+@pytest.mark.parametrize("spec", [["note"], ["note", "bytes", "x"], [3, "bytes"], ["note", 7], {"key": "note"}])
+def test_a_malformed_feature_spec_is_a_config_error(tmp_path, spec):
+    from ingest.errors import ConfigError
+    from ingest.formats.tfrecord import TFRecordSource
+    path = _write_tfrecord(tmp_path)
+    with pytest.raises(ConfigError, match=r"feature spec of 'note' must be .*two-item list"):
+        TFRecordSource(str(path), features={"image": "image/encoded", "note": spec})
+
+
+def test_cli_passes_a_json_feature_spec(tmp_path):
+    path = _write_tfrecord(tmp_path)
+    out = run_python("import sys; from ingest.tools.cli import main; sys.exit(main(sys.argv[1:]))", "inspect", str(path), "-s",
+                     'features={"image": "image/encoded", "note": ["note", "bytes"]}')
+    assert out.returncode == 0, out.stderr
+    assert "note" in out.stdout

@@ -18,11 +18,12 @@ source with one is *streamed* (``streamed = True``, ``shards``, ``iter_shard``; 
 **Features.** ``features`` names the fields of a sample: ``{field name: spec}`` where a spec is a feature
 key (kind taken from the key: ``image`` -> encoded image, ``label`` -> int, others from the first record's
 feature type: int64 -> ints, float -> floats, bytes -> bytes), ``(key, kind)``, ``(key, Field)`` or a
-`Field` (key = the field name). Kinds (`base.KINDS`) read as TensorFlow's ``FixedLenFeature`` /
-``VarLenFeature`` would: ``int``/``float``/``bytes``/``text``/``image`` need exactly one value,
-``ints``/``floats`` any number (exactly ``Field.shape[0]`` when a shape is declared), ``pixels`` and
-``array`` one bytes value shaped by ``Field.shape``/``dtype`` or by the sibling features ``<key>/shape``
-(int64) and ``<key>/dtype`` (bytes) that `TFRecordWriter` writes. Without a spec the common layouts are
+`Field` (key = the field name); a pair may be a two-item list, as JSON gives it (``-s features=...``).
+Kinds (`base.KINDS`) read as TensorFlow's ``FixedLenFeature`` / ``VarLenFeature`` would:
+``int``/``float``/``bytes``/``text``/``image`` need exactly one value, ``ints``/``floats`` any number
+(exactly ``Field.shape[0]`` when a shape is declared), ``pixels`` and ``array`` one bytes value shaped by
+``Field.shape``/``dtype`` or by the sibling features ``<key>/shape`` (int64) and ``<key>/dtype`` (bytes) that
+`TFRecordWriter` writes. Without a spec the common layouts are
 inferred from the first record: the image from TF-slim/Inception/Object Detection keys (``image/encoded``,
 ``image``, ``image_raw``, ... holding an encoded image), the label from ``image/class/label``, ``label``,
 ...; every other int64/float feature becomes an ``ints``/``floats`` field named by its key (variable
