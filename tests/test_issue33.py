@@ -139,3 +139,35 @@ def test_cli_passes_a_json_feature_spec(tmp_path):
                      'features={"image": "image/encoded", "note": ["note", "bytes"]}')
     assert out.returncode == 0, out.stderr
     assert "note" in out.stdout
+
+
+# -- 5: extension-less shards in a directory (TF-slim's names) are found by their content -------------------
+
+def test_tf_slim_shard_names_are_found(tmp_path):
+    import ingest.torch as it
+    from ingest.formats import open_source
+    from ingest.formats.tfrecord import find_shards
+    built = tmp_path / "built"
+    built.mkdir()
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in range(2):
+        shard = _write_tfrecord(built, f"s{k}", n=3)
+        (data / f"validation-0000{k}-of-00002").write_bytes(shard.read_bytes())
+    (data / ".validation-00009-of-00010").write_bytes(shard.read_bytes())   # hidden: never a shard
+    (data / "LICENSE").write_text("not a record\n")                       # no extension, not a record
+    assert [Path(p).name for p in find_shards(str(data))] == ["validation-00000-of-00002",
+                                                              "validation-00001-of-00002"]
+    assert len(open_source(str(data), format="tfrecord")) == 6
+    loader = it.Loader(str(data), format="tfrecord", batch_size=4, device="cpu")
+    assert sum(len(images) for images, _ in loader) == 6
+    loader.close()
+
+
+def test_extension_less_tar_shards_are_found(tmp_path):
+    import tarfile
+    from ingest.formats.webdataset import find_shards
+    with tarfile.open(tmp_path / "train-00000-of-00001", "w") as tar:
+        tar.add(__file__, arcname="000.txt")
+    (tmp_path / "NOTES").write_text("no tar\n")
+    assert [Path(p).name for p in find_shards(str(tmp_path))] == ["train-00000-of-00001"]

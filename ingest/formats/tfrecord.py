@@ -327,9 +327,22 @@ def is_shard_name(name: str) -> bool:
     return "record" in low and not low.endswith(_NOT_SHARDS) and not low.startswith((".", "_"))
 
 
+def starts_with_record(path: str) -> bool:
+    """Whether a file begins with a TFRecord record header (a length and its masked CRC), plain or inside a
+    gzip or zlib stream: how a directory's shards without an extension are told (`_shards.resolve_shards`)."""
+    try:
+        with _open_stream(path, _compression(path, "auto")) as f:
+            head = f.read(HEADER)
+    except (OSError, EOFError, zlib.error):
+        return False
+    return len(head) == HEADER and masked_crc(head[:8]) == int.from_bytes(head[8:], "little")
+
+
 def find_shards(path: str | os.PathLike | Sequence[str]) -> list[str]:
-    """The TFRecord shards at ``path``: a file, a list, a glob or a directory (`_shards.resolve_shards`)."""
-    return resolve_shards(path, is_shard_name, "TFRecord")
+    """The TFRecord shards at ``path``: a file, a list, a glob or a directory (`_shards.resolve_shards`; in a
+    directory, files named as shards and extension-less files that start with a record, as TF-slim's
+    ``train-00000-of-00004``)."""
+    return resolve_shards(path, is_shard_name, "TFRecord", starts_with_record)
 
 
 class TFRecordSource:
