@@ -171,3 +171,22 @@ def test_extension_less_tar_shards_are_found(tmp_path):
         tar.add(__file__, arcname="000.txt")
     (tmp_path / "NOTES").write_text("no tar\n")
     assert [Path(p).name for p in find_shards(str(tmp_path))] == ["train-00000-of-00001"]
+
+
+# -- 10: the tar index is ingest's own JSON, and the words say so --------------------------------------------
+
+def test_docs_say_the_tar_index_is_ingests_own_json(tmp_path):
+    import json
+    import tarfile
+    from ingest.formats import tarindex
+    readme = (REPO / "README.md").read_text()
+    assert "DALI-style" not in readme
+    assert "ingest's own JSON index, not DALI's `wds2idx`" in " ".join(readme.split())
+    assert "not\nDALI's ``wds2idx``" in tarindex.__doc__
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        tar.add(__file__, arcname="000.txt")
+    from ingest.formats.webdataset import WebDatasetSource
+    WebDatasetSource(str(tmp_path / "s.tar"))
+    index = tmp_path / "s.tar.idx"
+    if index.exists():   # built beside the shard where it may be written
+        assert json.loads(index.read_text())["format"] == "ingest-tar-index"
