@@ -190,3 +190,36 @@ def test_docs_say_the_tar_index_is_ingests_own_json(tmp_path):
     index = tmp_path / "s.tar.idx"
     if index.exists():   # built beside the shard where it may be written
         assert json.loads(index.read_text())["format"] == "ingest-tar-index"
+
+
+# -- 9: the command line ------------------------------------------------------------------------------------
+
+CLI = "import sys; from ingest.tools.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _coco_elsewhere(tmp_path: Path) -> tuple[Path, Path]:
+    """instances_x.json in ann/, its images in imgs/ (the official COCO layout)."""
+    import json
+    from conftest import jpeg_bytes
+    (tmp_path / "ann").mkdir()
+    (tmp_path / "imgs").mkdir()
+    images = [{"id": i + 1, "file_name": f"{i:03d}.jpg", "height": 20, "width": 24} for i in range(3)]
+    for i in range(3):
+        (tmp_path / "imgs" / f"{i:03d}.jpg").write_bytes(jpeg_bytes(20, 24, seed=i))
+    anns = [{"id": i + 1, "image_id": i + 1, "category_id": 1, "bbox": [1, 1, 5, 5], "area": 25, "iscrowd": 0}
+            for i in range(3)]
+    path = tmp_path / "ann" / "instances_x.json"
+    path.write_text(json.dumps({"images": images, "annotations": anns, "categories": [{"id": 1, "name": "a"}]}))
+    return path, tmp_path / "imgs"
+
+
+def test_coco_without_its_images_says_what_to_pass(tmp_path):
+    from ingest.errors import SourceError
+    from ingest.formats.coco import CocoSource
+    path, _ = _coco_elsewhere(tmp_path)
+    with pytest.raises(SourceError, match=r"000\.jpg: cannot read: No such file or directory; images are looked "
+                                          r"up under .*ann \(the annotation file's directory, the default\); "
+                                          r"pass .* `images` option .*-s images=DIR"):
+        CocoSource(str(path)).locate(0)
+    with pytest.raises(SourceError, match=r"under .*elsewhere \(as given\)"):
+        CocoSource(str(path), images=str(tmp_path / "elsewhere")).locate(0)
