@@ -223,3 +223,12 @@ def test_coco_without_its_images_says_what_to_pass(tmp_path):
         CocoSource(str(path)).locate(0)
     with pytest.raises(SourceError, match=r"under .*elsewhere \(as given\)"):
         CocoSource(str(path), images=str(tmp_path / "elsewhere")).locate(0)
+
+
+def test_verify_takes_reader_options(tmp_path):
+    path, images = _coco_elsewhere(tmp_path)
+    out = run_python(CLI, "verify", str(path), "--decode", "-s", f"images={images}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 records read, 3 images decoded, 0 problems" in out.stdout
+    out = run_python(CLI, "verify", str(path))
+    assert out.returncode == 1 and "-s images=DIR" in out.stdout
