@@ -232,3 +232,20 @@ def test_verify_takes_reader_options(tmp_path):
     assert "3 records read, 3 images decoded, 0 problems" in out.stdout
     out = run_python(CLI, "verify", str(path))
     assert out.returncode == 1 and "-s images=DIR" in out.stdout
+
+
+def test_index_of_a_directory_with_two_formats_indexes_both(tmp_path):
+    from conftest import jpeg_bytes
+    from ingest.formats.base import Field, Record
+    from ingest.formats.recordio import RecordIOWriter
+    writer = RecordIOWriter(tmp_path, "r", {"image": Field("image"), "label": Field("int")})
+    for i in range(2):
+        writer.add(Record(jpeg_bytes(20, 24, seed=i), i))
+    writer.close()
+    (tmp_path / "r.idx").unlink()
+    tfrecord = _write_tfrecord(tmp_path, "t", n=3)
+    Path(str(tfrecord) + ".idx").unlink()
+    out = run_python(CLI, "index", str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{tmp_path / 'r.idx'}: 2 records" in out.stdout
+    assert f"{tfrecord}.idx: 3 records" in out.stdout
