@@ -249,3 +249,17 @@ def test_index_of_a_directory_with_two_formats_indexes_both(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{tmp_path / 'r.idx'}: 2 records" in out.stdout
     assert f"{tfrecord}.idx: 3 records" in out.stdout
+
+
+def test_convert_help_example_of_drop_works(tmp_path):
+    import re
+    out = run_python(CLI, "convert", "--help")
+    (drop,) = re.findall(r"--drop (\S+) to leave them out of a COCO", " ".join(out.stdout.split()))
+    path, images = _coco_elsewhere(tmp_path)
+    out = run_python(CLI, "convert", str(path), str(tmp_path / "out"), "--to", "wds", "-s", f"images={images}",
+                     "--drop", drop, "-q")
+    assert out.returncode == 0, out.stdout + out.stderr
+    from ingest.formats import open_source
+    assert not set(drop.split(",")) & set(open_source(str(tmp_path / "out")).fields)
+    out = run_python(CLI, "convert", str(path), str(tmp_path / "tree"), "--to", "filetree", "-s", f"images={images}")
+    assert out.returncode == 2 and "--drop area,boxes,categories,image_id,iscrowd" in out.stderr
