@@ -263,3 +263,18 @@ def test_convert_help_example_of_drop_works(tmp_path):
     assert not set(drop.split(",")) & set(open_source(str(tmp_path / "out")).fields)
     out = run_python(CLI, "convert", str(path), str(tmp_path / "tree"), "--to", "filetree", "-s", f"images={images}")
     assert out.returncode == 2 and "--drop area,boxes,categories,image_id,iscrowd" in out.stderr
+
+
+def test_progress_counts_never_go_backwards():
+    import io
+    import re
+    from ingest.tools.progress import Progress
+    stream = io.StringIO()
+    bar = Progress(10, 2, stream=stream, interval=0)
+    # in flight: 5 handled by running jobs; then the first shard (3 samples) commits, its job's count not in yet
+    bar.update(5, 0, 100)
+    bar.update(3, 1, 60, force=True)
+    bar.update(8, 2, 200, force=True)
+    shown = [int(m) for m in re.findall(r"convert: (\d+)/10", stream.getvalue())]
+    assert shown == [5, 5, 8]
+    assert "1/2 shards" in stream.getvalue().splitlines()[1]
