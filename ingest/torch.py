@@ -209,6 +209,7 @@ class Loader:
         self._run += 1
         if chained is not None:   # the running executor has read on into this epoch
             self._failures = chained.ended.failures
+            self._failures.release()   # its read-ahead failures are this epoch's: reported now
             chained.ended = None
             return self._iterate(chained, self._run)
         if self._stream is not None:
@@ -226,7 +227,7 @@ class Loader:
             self.engine = "native"
             self._executor = NativeExecutor(self.pipeline, self._native, sampler, epoch=self.epoch, start=start,
                                             offset=self._offset, failures=self._failures,
-                                            budget=partial(Failures, self.max_failures, sampler.samples(0, 0)),
+                                            budget=partial(Failures, self.max_failures, sampler.samples(0, 0), held=True),
                                             prefetch=self.prefetch, with_fields=self.output != "tuple")
             return self._iterate(self._executor, self._run)
         read = None
@@ -245,7 +246,7 @@ class Loader:
             sampler, streamed = self.sampler, self._streamed   # not self: the read thread must not hold the Loader
             plans_of = sampler.batches if streamed is None else partial(streamed.plans, sampler)
             plans = _epochs(plans, self.epoch, plans_of, self.pipeline,
-                            partial(Failures, self.max_failures, sampler.samples(0, 0)))
+                            partial(Failures, self.max_failures, sampler.samples(0, 0), held=True))
         self.pipeline.start_epoch(self._failures)
         self.pipeline.deliver(torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None,
                               with_fields=self.output != "tuple")
@@ -316,13 +317,17 @@ class Loader:
         self._executor = None
 
     def close(self) -> None:
-        """Stop any running epoch and release threads, worker processes and decoders."""
+        """Stop any running epoch and release threads, worker processes and decoders, and the handles the
+        source opened in this process (its ``close``, if it has one: files, LMDB environments)."""
         self._close_executor()
         if self.pipeline is not None:
             self.pipeline.close()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        close_source = getattr(self.source, "close", None)
+        if callable(close_source):
+            close_source()
 
     def __del__(self) -> None:
         try:

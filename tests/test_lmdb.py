@@ -28,7 +28,7 @@ def read(src, i):
 
 def raw_items(path):
     """Every key and value, read with the process's environment (py-lmdb allows one per database)."""
-    with environment(str(path)).begin() as txn:
+    with environment(str(path)) as env, env.begin() as txn:
         return dict(txn.cursor())
 
 

@@ -66,9 +66,18 @@ class Failures:
 
     ``max_failures``: an int counts samples; a float in [0, 1) is that share of ``epoch_size``, the number of
     samples the epoch reads (padding included, a smaller last batch counted as it is), so 0.5 allows half of
-    them. ``epoch_size=None`` (a stream of unknown length) takes counts only."""
+    them. ``epoch_size=None`` (a stream of unknown length) takes counts only.
 
-    def __init__(self, max_failures: int | float, epoch_size: int | None):
+    Notes
+    -----
+    Each skipped sample is logged once, by the process that holds the user's budget: ``report=False`` (a
+    worker process's budget, whose items travel to the main process's) records without logging.
+    ``held=True`` (the budget of an epoch read ahead while the consumer is still in the one before) keeps its
+    log lines until `release` (the consumer starting that epoch), so an epoch's warnings come during it and a
+    sample read ahead into an epoch that never starts is not reported."""
+
+    def __init__(self, max_failures: int | float, epoch_size: int | None, *, report: bool = True,
+                 held: bool = False):
         if isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)) or max_failures < 0:
             raise ConfigError(f"`max_failures` must be an int >= 0 or a fraction in [0, 1), got {max_failures!r}")
         if isinstance(max_failures, float):
@@ -82,7 +91,16 @@ class Failures:
             self.budget = max_failures
         self.allowed = max_failures != 0
         self.items: list[tuple[str, str, str]] = []
+        self._report, self._held = report, held
         self._lock = threading.Lock()
+
+    def release(self) -> None:
+        """Log the failures a held budget kept back, and log later ones as they come (see Notes)."""
+        with self._lock:
+            if self._held:
+                self._held = False
+                for item in self.items if self._report else ():
+                    _log_skip(*item)
 
     def add(self, name: str, stage: str, err: BaseException) -> None:
         """Count a failed sample: raise ``err`` when no failure is allowed, else record it."""
@@ -96,7 +114,8 @@ class Failures:
         """Record a failure (also one a worker process reported); raise when past the budget."""
         with self._lock:
             self.items.append((name, stage, reason))
-            log.warning("ingest: skipping %s (%s failed: %s)", name, stage, reason)
+            if self._report and not self._held:
+                _log_skip(name, stage, reason)
             if len(self.items) > self.budget:
                 stages = {}
                 for _, s, _ in self.items:
@@ -105,6 +124,10 @@ class Failures:
                     f"{len(self.items)} samples failed, more than max_failures allows ({self.budget}); by stage: "
                     + ", ".join(f"{s}: {c}" for s, c in stages.items())
                     + f"; first: {self.items[0][0]} ({self.items[0][2]})", list(self.items))
+
+
+def _log_skip(name: str, stage: str, reason: str) -> None:
+    log.warning("ingest: skipping %s (%s failed: %s)", name, stage, reason)
 
 
 class _Names:

@@ -341,7 +341,7 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
     decode and ops mostly wait in CUDA and nvImageCodec calls that let the GIL go. Decode and ops stay on
     one thread: overlapping them too held twice the GPU memory and ran slower (GIL contention)."""
     # The budget is the parent's: here every failure is only recorded (or raised at once when none is allowed).
-    pipeline.start_epoch(Failures(0 if spec["max_failures"] == 0 else sys.maxsize, 0))
+    pipeline.start_epoch(Failures(0 if spec["max_failures"] == 0 else sys.maxsize, 0, report=False))
     sent = 0
     plans = (plan for plan in sampler.batches(epoch, start, offset) if plan.number % num_workers == worker)
     ahead = None

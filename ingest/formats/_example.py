@@ -43,7 +43,8 @@ _LIST = {"image": "bytes_list", "pixels": "bytes_list", "text": "bytes_list", "b
 
 def normalize_spec(features: Mapping[str, Any], first: Any) -> dict[str, tuple[str, Field]]:
     """``{field name: (feature key, Field)}`` from a user spec; ``first`` (the first record's feature map,
-    or None) gives the kind of a bare key."""
+    or None) gives the kind of a bare key. A spec is a key, a Field, or a pair (key, kind or Field) given as a
+    tuple or as a two-item list (JSON's form); anything else is a ConfigError naming the field."""
     if not isinstance(features, Mapping) or not features:
         raise ConfigError(f"`features` must be a non-empty mapping of field name -> feature spec, got {features!r}")
     spec = {}
@@ -52,11 +53,12 @@ def normalize_spec(features: Mapping[str, Any], first: Any) -> dict[str, tuple[s
             key, field = name, value
         elif isinstance(value, str):
             key, field = value, _default_field(name, value, first)
-        elif isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
+        elif (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], str)
+              and isinstance(value[1], (str, Field))):   # a list: JSON's form of (key, kind), as the CLI's -s gives
             key, field = value[0], value[1] if isinstance(value[1], Field) else _field(name, value[1])
         else:
-            raise ConfigError(f"feature spec of {name!r} must be a key, (key, kind), (key, Field) or a Field, "
-                              f"got {value!r}")
+            raise ConfigError(f"feature spec of {name!r} must be a key, (key, kind) (a tuple or a two-item list: "
+                              f"[\"image/encoded\", \"image\"]), (key, Field) or a Field, got {value!r}")
         if name == "image" and field.kind not in ("image", "pixels"):
             raise ConfigError(f"the 'image' field must be of kind image or pixels, got {field.kind!r}")
         if name == "label" and field.kind != "int":

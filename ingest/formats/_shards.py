@@ -28,10 +28,16 @@ def gzipped(path: str) -> bool:
 
 
 def resolve_shards(path: str | os.PathLike | Sequence[str | os.PathLike], accept: Callable[[str], bool],
-                   what: str) -> list[str]:
+                   what: str, sniff: Callable[[str], bool] | None = None) -> list[str]:
     """The shard files of ``path``: one file, a list of files, a glob (every file it matches), or a
-    directory (its files whose name ``accept`` takes, hidden ones excepted, sorted; subdirectories are not
-    searched). ``what`` names the shards in messages. Raises FileNotFoundError or SourceError."""
+    directory (sorted, subdirectories not searched). ``what`` names the shards in messages. Raises
+    FileNotFoundError or SourceError.
+
+    Notes
+    -----
+    A directory's shards are its files whose name ``accept`` takes, and its files with no extension (no dot
+    in the name, as TF-slim's ``validation-00000-of-00001``) whose content ``sniff(path)`` takes (the
+    format's magic or framing); hidden files never."""
     if not isinstance(path, (str, os.PathLike)):
         shards = [os.fspath(p) for p in path]
         if not shards:
@@ -43,7 +49,8 @@ def resolve_shards(path: str | os.PathLike | Sequence[str | os.PathLike], accept
     path = os.fspath(path)
     if os.path.isdir(path):
         shards = sorted(os.path.join(path, e.name) for e in os.scandir(path)
-                        if e.is_file() and not e.name.startswith(".") and accept(e.name))
+                        if e.is_file() and not e.name.startswith(".") and (
+                            accept(e.name) or ("." not in e.name and sniff is not None and sniff(e.path))))
         if not shards:
             raise SourceError(f"no {what} files in directory {path!r}", path=path)
         return shards

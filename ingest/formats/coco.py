@@ -39,7 +39,8 @@ named ``"N/A"`` (torchvision's COCO category list has the same shape). Samples a
 **Images.** ``file_name`` is joined to ``images``; by default (``images=None``) to the JSON's directory,
 which suits exports that store paths like ``JPEGImages/x.jpg`` (labelme, CVAT). The official COCO layout
 keeps images elsewhere: pass ``images=".../train2017"``. Files are not checked at open (118k stats); a
-missing one fails its read (the loader's `SourceError` naming it, under its failure budget). A file is read
+missing one fails its read (a `SourceError` naming it and the images root, and saying how to set ``images``;
+under the loader's failure budget). A file is read
 only when it stays inside the images root once links are resolved (an absolute ``file_name``, ``..`` or a
 link to elsewhere is an `OutsideRootError` unless ``allow_outside_root=True``), is a regular file (not a
 device or a pipe) and holds at most ``max_bytes`` (default: 8 bytes per pixel of the ``max_pixels``
@@ -172,6 +173,7 @@ class CocoSource:
             raise ConfigError(f"`max_bytes` must be an int >= 1, got {max_bytes!r}")
         self.path = path
         self.root = os.fspath(images) if images is not None else os.path.dirname(os.path.abspath(path))
+        self._root_given = images is not None
         self.allow_outside_root, self.check_sizes = bool(allow_outside_root), bool(check_sizes)
         self.max_bytes = max_bytes
         self._real_dirs: dict[str, str] = {}
@@ -333,6 +335,9 @@ class CocoSource:
                     raise OutsideRootError(f"{self.path}: {image}: file_name {short(name)} leads outside the "
                                            f"images root {self.root} (to {real}); pass allow_outside_root=True "
                                            "to read it", path=path)
+        except FileNotFoundError as err:
+            raise SourceError(f"{path}: cannot read: {err.strerror or err}; {self._where_images()}",
+                              path=path) from err
         except OSError as err:
             raise read_error(Location(path), err) from err
         if not stat.S_ISREG(st.st_mode):
@@ -341,6 +346,12 @@ class CocoSource:
             raise SourceError(f"{path}: {image} is {st.st_size} bytes, over `max_bytes` {self.max_bytes}",
                               path=path)
         return path, st.st_size
+
+    def _where_images(self) -> str:
+        """What a missing image file's message adds: the images root used and the option that sets it."""
+        whence = "as given" if self._root_given else "the annotation file's directory, the default"
+        return (f"images are looked up under {self.root} ({whence}); pass the directory holding them as the "
+                "`images` option (reader_options={'images': DIR}; ingest -s images=DIR)")
 
     def labels(self) -> np.ndarray:
         return np.full(len(self._img), -1, dtype=np.int64)

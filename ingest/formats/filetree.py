@@ -156,7 +156,8 @@ class FileTreeWriter:
     def __init__(self, directory: str | os.PathLike, stem: str, fields: dict, *, classes: Sequence[str] = ()):
         extra = sorted(set(fields) - {"image", "label"})
         if extra:
-            raise ConfigError(f"a file tree holds only 'image' and 'label'; the source also has {', '.join(extra)}")
+            raise ConfigError(f"a file tree holds only 'image' and 'label'; the source also has {', '.join(extra)} "
+                              f"(leave them out on purpose with --drop {','.join(extra)}, or drop_fields=)")
         if "label" not in fields:
             raise ConfigError("a file tree needs a 'label' field: the label names each sample's class directory")
         if "image" not in fields or fields["image"].kind != "image":

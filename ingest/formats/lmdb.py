@@ -3,8 +3,9 @@
 Opening is read-only and lock-free (``lock=False``: read-only media work and there is no reader table to
 size; a database that another process writes meanwhile is not supported), with OS read-ahead off (random
 access), once per process: py-lmdb allows one environment per database file per process, so sources share
-them (`environment`: a `ProcessLocal` keyed by the file's identity; pickled sources carry paths and keys only
-and reopen in their worker; a forked worker closes what it inherited and opens its own). Keys are listed once,
+them (`_Environments`, keyed by the file's identity: a source holds them from its first read until its `close`
+or collection, and the last to let go closes them; pickled sources carry paths and keys only and reopen in their
+worker; a forked worker closes what it inherited and opens its own). Keys are listed once,
 in LMDB's (byte) order, by one cursor pass, and kept packed.
 
 **Values are located, not copied.** LMDB keeps each value contiguous in ``data.mdb``, which py-lmdb maps into
@@ -55,6 +56,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 import lmdb as _lmdb
@@ -103,22 +105,85 @@ def _lmdb_errors(path: str, key: Any = None) -> Iterator[None]:
         raise CorruptRecordError(f"liblmdb: {err}", path=_data_file(path), index=key) from err
 
 
-#: The environments of this process. py-lmdb allows one open environment per database file per process, so
-#: every source (and every pickled copy of one) shares them, keyed by the data file's identity (a database
-#: replaced at the same path is opened afresh). A forked child closes the ones it inherited before opening its
-#: own (py-lmdb refuses a second one for the same file): read-only with ``lock=False``, that releases nothing
-#: the parent holds.
-_ENVS = ProcessLocal(_lmdb.Environment.close, close_inherited=True)
+class _Environments:
+    """The LMDB environments of this process, each shared by its users and closed when the last one leaves.
+
+    Notes
+    -----
+    py-lmdb allows one open environment per database file per process, so every source (and every pickled
+    copy of one) shares them, keyed by the data file's identity (a database replaced at the same path is
+    opened afresh). Each user holds the environment between `acquire` and `release` (a source: from its first
+    read in a process until `LMDBSource.close` or its collection); when the last one releases it, it is closed,
+    so that the process may open the database again (``lmdb.open``, a writer). A forked child closes the ones
+    it inherited before opening its own (py-lmdb refuses a second one for the same file): read-only with
+    ``lock=False``, that releases nothing the parent holds."""
+
+    def __init__(self):
+        self._pid = os.getpid()
+        self._open: dict[Any, list] = {}   # key -> [environment, users]
+        self._lock = threading.Lock()
+
+    def _here(self) -> None:
+        if self._pid != os.getpid():   # inherited through fork: never use the parent's environments
+            inherited, self._open = self._open, {}
+            self._pid, self._lock = os.getpid(), threading.Lock()
+            for env, _ in inherited.values():
+                env.close()
+
+    def acquire(self, path: str) -> tuple[Any, Any]:
+        """(key, environment) of the LMDB at ``path``, opened if no user holds it; give the key to `release`."""
+        data = _data_file(path)
+        try:
+            st = os.stat(data)
+        except OSError as err:
+            raise SourceError(f"cannot open LMDB {path!r}: {err.strerror}", path=path) from err
+        key = (os.path.realpath(data), st.st_dev, st.st_ino)
+        self._here()
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is None:
+                entry = self._open[key] = [_open_env(path), 0]
+            entry[1] += 1
+            return key, entry[0]
+
+    def release(self, key: Any) -> None:
+        """One user of ``key``'s environment leaves; the last one closes it."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._open[key]
+                entry[0].close()
+
+    def close(self) -> None:
+        """Close every environment of this process, whoever holds it."""
+        self._here()
+        with self._lock:
+            entries, self._open = self._open, {}
+        for env, _ in entries.values():
+            env.close()
+
+    def __len__(self) -> int:
+        self._here()
+        return len(self._open)
 
 
-def environment(path: str) -> Any:
-    """The read-only environment of the LMDB at ``path`` in this process (opened on first use)."""
-    data = _data_file(path)
+_ENVS = _Environments()
+
+
+@contextlib.contextmanager
+def environment(path: str) -> Iterator[Any]:
+    """The read-only environment of the LMDB at ``path`` in this process, held for the ``with`` block (closed
+    after it unless another user holds it: `_Environments`)."""
+    key, env = _ENVS.acquire(path)
     try:
-        st = os.stat(data)
-    except OSError as err:
-        raise SourceError(f"cannot open LMDB {path!r}: {err.strerror}", path=path) from err
-    return _ENVS.get((os.path.realpath(data), st.st_dev, st.st_ino), lambda: _open_env(path))
+        yield env
+    finally:
+        _ENVS.release(key)
 
 
 def _data_file(path: str) -> str:
@@ -132,11 +197,20 @@ class _Map:
 
     def __init__(self, path: str):
         self.path = path
-        self.env = environment(path)
+        self._key, self.env = _ENVS.acquire(path)   # held until `close` (or collection)
         self.data = _data_file(path)
         self.size = os.path.getsize(self.data)
         with _lmdb_errors(path):
             self.base = self._find_base()
+
+    def close(self) -> None:
+        """Release the environment (`_Environments`); the map is not used after this."""
+        key, self._key = self._key, None
+        if key is not None:
+            _ENVS.release(key)
+
+    def __del__(self) -> None:
+        self.close()
 
     def _find_base(self) -> int | None:
         """The map's base: the mapping of this process that holds a probe value (the first one), checked by
@@ -292,14 +366,18 @@ class _Db:
     def __init__(self, path: str, layout: str, caffe_bgr: bool):
         self.path = path
         self.caffe_bgr = caffe_bgr
-        with _lmdb_errors(path), environment(path).begin() as txn:
+        with _lmdb_errors(path), environment(path) as env, env.begin() as txn:
             self._detect(txn, layout)
         # Where every sample's value lies in the data file, found once here (file offsets: they hold in every
         # process the source is sent to). Per batch, a lookup released the GIL per key (py-lmdb's get): beside a
         # busy thread each release costs up to a switch interval, 1.1 s per batch of 256. None: looked up per
         # batch (the map's base unknown, or keys that are not the layout's).
         self.data = _data_file(path)
-        self.ranges = _Map(path).sample_ranges(self)
+        view = _Map(path)
+        try:
+            self.ranges = view.sample_ranges(self)
+        finally:
+            view.close()
 
     # -- layout detection ------------------------------------------------------------------------
     def _detect(self, txn: Any, layout: str) -> None:
@@ -407,8 +485,8 @@ class _Db:
         else:
             self.fields = {"float_data": Field("array", dtype="float32"), "label": Field("int")}
 
-    def environment(self) -> Any:
-        """This LMDB's environment in this process."""
+    def environment(self) -> contextlib.AbstractContextManager:
+        """This LMDB's environment in this process, held for a ``with`` block (`environment`)."""
         return environment(self.path)
 
     def caffe_labels(self) -> np.ndarray:
@@ -416,7 +494,7 @@ class _Db:
         `datum_label` cannot walk is parsed in full, which names its problem."""
         labels = np.empty(self.count, np.int64)
         n = 0
-        with _lmdb_errors(self.path), self.environment().begin(buffers=True) as txn:
+        with _lmdb_errors(self.path), self.environment() as env, env.begin(buffers=True) as txn:
             for value in txn.cursor().iternext(keys=False, values=True):
                 if n == self.count:   # more keys than when opened
                     n += 1
@@ -594,7 +672,7 @@ class LMDBSource:
         self.fields = dict(first.fields)
         self.classes = list(getattr(first, "classes", []))
         self._starts = [0, *np.cumsum([db.count for db in self._dbs]).tolist()]   # samples of LMDB k from here
-        self._maps = ProcessLocal()   # this source's view of the shared environments (no lookup per read)
+        self._maps = ProcessLocal(_Map.close)   # this source's hold on the shared environments (`close`)
         self._labels: np.ndarray | None = None
         crcs = checks.table([getattr(db, "crcs", None) for db in self._dbs])
         self._crcs = crcs if checks.enabled(check, "lmdb", crcs is not None, first.path) else None
@@ -643,6 +721,11 @@ class LMDBSource:
             if loc is None:
                 raise CorruptRecordError(f"key {key!r} is missing", path=db.path, index=i)
         return located
+
+    def close(self) -> None:
+        """Release this process's hold on the environments (closed when no other source holds them: see
+        `_Environments`). The source stays usable: a later read opens them again."""
+        self._maps.close()
 
     def parse(self, i: int, raw: Any) -> Record:
         db, _, j = self._find(i)
@@ -721,7 +804,7 @@ def _from_table(db: _Db, row: list) -> Location | tuple[Location, ...]:
 
 
 def _iter_content(path: str) -> Iterator[tuple[bytes, bytes]]:
-    with _lmdb_errors(path), environment(path).begin() as txn:
+    with _lmdb_errors(path), environment(path) as env, env.begin() as txn:
         for key, value in txn.cursor():
             if key != META_KEY:
                 yield key, value

@@ -1,5 +1,6 @@
 """Tar shards: one scan of the member headers, WebDataset's grouping of members into samples, and the index
-that lets a shard be read at offsets without scanning it again (DALI's ``wds2idx`` plays this part there).
+that lets a shard be read at offsets without scanning it again. The index is ingest's own JSON (below), not
+DALI's ``wds2idx`` text format: ingest neither reads nor writes that one.
 
 **Scan.** Headers are parsed by Python's `tarfile` (pre-POSIX v7, ustar, GNU long names and pax headers all
 parse); each regular member gives its data's byte range. `tarfile` ends an archive quietly at the first

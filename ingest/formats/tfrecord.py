@@ -18,11 +18,12 @@ source with one is *streamed* (``streamed = True``, ``shards``, ``iter_shard``; 
 **Features.** ``features`` names the fields of a sample: ``{field name: spec}`` where a spec is a feature
 key (kind taken from the key: ``image`` -> encoded image, ``label`` -> int, others from the first record's
 feature type: int64 -> ints, float -> floats, bytes -> bytes), ``(key, kind)``, ``(key, Field)`` or a
-`Field` (key = the field name). Kinds (`base.KINDS`) read as TensorFlow's ``FixedLenFeature`` /
-``VarLenFeature`` would: ``int``/``float``/``bytes``/``text``/``image`` need exactly one value,
-``ints``/``floats`` any number (exactly ``Field.shape[0]`` when a shape is declared), ``pixels`` and
-``array`` one bytes value shaped by ``Field.shape``/``dtype`` or by the sibling features ``<key>/shape``
-(int64) and ``<key>/dtype`` (bytes) that `TFRecordWriter` writes. Without a spec the common layouts are
+`Field` (key = the field name); a pair may be a two-item list, as JSON gives it (``-s features=...``).
+Kinds (`base.KINDS`) read as TensorFlow's ``FixedLenFeature`` / ``VarLenFeature`` would:
+``int``/``float``/``bytes``/``text``/``image`` need exactly one value, ``ints``/``floats`` any number
+(exactly ``Field.shape[0]`` when a shape is declared), ``pixels`` and ``array`` one bytes value shaped by
+``Field.shape``/``dtype`` or by the sibling features ``<key>/shape`` (int64) and ``<key>/dtype`` (bytes) that
+`TFRecordWriter` writes. Without a spec the common layouts are
 inferred from the first record: the image from TF-slim/Inception/Object Detection keys (``image/encoded``,
 ``image``, ``image_raw``, ... holding an encoded image), the label from ``image/class/label``, ``label``,
 ...; every other int64/float feature becomes an ``ints``/``floats`` field named by its key (variable
@@ -326,9 +327,22 @@ def is_shard_name(name: str) -> bool:
     return "record" in low and not low.endswith(_NOT_SHARDS) and not low.startswith((".", "_"))
 
 
+def starts_with_record(path: str) -> bool:
+    """Whether a file begins with a TFRecord record header (a length and its masked CRC), plain or inside a
+    gzip or zlib stream: how a directory's shards without an extension are told (`_shards.resolve_shards`)."""
+    try:
+        with _open_stream(path, _compression(path, "auto")) as f:
+            head = f.read(HEADER)
+    except (OSError, EOFError, zlib.error):
+        return False
+    return len(head) == HEADER and masked_crc(head[:8]) == int.from_bytes(head[8:], "little")
+
+
 def find_shards(path: str | os.PathLike | Sequence[str]) -> list[str]:
-    """The TFRecord shards at ``path``: a file, a list, a glob or a directory (`_shards.resolve_shards`)."""
-    return resolve_shards(path, is_shard_name, "TFRecord")
+    """The TFRecord shards at ``path``: a file, a list, a glob or a directory (`_shards.resolve_shards`; in a
+    directory, files named as shards and extension-less files that start with a record, as TF-slim's
+    ``train-00000-of-00004``)."""
+    return resolve_shards(path, is_shard_name, "TFRecord", starts_with_record)
 
 
 class TFRecordSource:

@@ -90,8 +90,16 @@ def is_shard_name(name: str) -> bool:
 
 
 def find_shards(path: Any) -> list[str]:
-    """The tar shards at ``path``: a file, a list, a glob or a directory (`_shards.resolve_shards`)."""
-    return resolve_shards(path, is_shard_name, "tar shard")
+    """The tar shards at ``path``: a file, a list, a glob or a directory (`_shards.resolve_shards`; in a
+    directory, files named as tar shards and extension-less files that are tar archives, plain or gzipped)."""
+    return resolve_shards(path, is_shard_name, "tar shard", _is_tar)
+
+
+def _is_tar(path: str) -> bool:
+    try:
+        return tarfile.is_tarfile(path)
+    except OSError:
+        return False
 
 
 def gunzip(data: bytes, *, path: str, where: str) -> bytes:

@@ -475,7 +475,8 @@ def add_parser(sub: Any) -> None:
                    metavar="KEY=VALUE", help="reader option, e.g. -s images=train2017/ for COCO, "
                                              "-s compression=gzip for TFRecords")
     p.add_argument("--drop", dest="drop_fields", default="", metavar="FIELD,...",
-                   help="source fields not to write (e.g. --drop boxes,area to make a file tree of a COCO set)")
+                   help="source fields not to write (e.g. --drop area,iscrowd to leave them out of a COCO set's "
+                        "shards)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=run)
 

@@ -5,6 +5,7 @@ open (and DALI's readers need the TFRecord ones)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -18,7 +19,8 @@ def add_parser(sub: Any) -> None:
         "index", help="write index files for TFRecord, RecordIO and tar shards",
         description="Write the index of every TFRecord (<file>.idx, DALI tfrecord2idx format: 'offset size' "
                     "per record), MXNet RecordIO (<name>.idx beside <name>.rec, 'key<TAB>offset') and tar "
-                    "shard (<file>.idx) at each PATH: a shard file, a glob or a directory of shards. "
+                    "shard (<file>.idx, ingest's own JSON) at each PATH: a shard file, a glob or a directory of shards (of one "
+                    "format, or several: each shard is indexed by its own). "
                     "Existing index files are replaced. Compressed shards have no index and are skipped.")
     p.add_argument("paths", nargs="+", metavar="PATH", help="shard file, glob or directory")
     p.add_argument("--from", dest="source_format", choices=shardfiles.INDEXED, metavar="FORMAT",
@@ -44,7 +46,19 @@ def run(args: Any) -> int:
 
 
 def _shards(path: str, fmt: str | None) -> list[tuple[str, str]]:
+    """The shards to index at ``path``: of format ``fmt``, else of the format detected from the path; a
+    directory whose shards are of several indexed formats (a ``.rec`` beside a ``.tfrecord``) gives every
+    shard of each, each indexed by its own format."""
     pairs = shardfiles.shard_files(path, fmt)
+    if not pairs and fmt is None and os.path.isdir(path):
+        seen: set[str] = set()
+        for other in shardfiles.INDEXED:
+            try:
+                found = shardfiles.shard_files(path, other)
+            except SourceError:   # none of this format here
+                continue
+            pairs += [(f, shard) for f, shard in found if shard not in seen]
+            seen.update(shard for _, shard in found)
     if not pairs:
         raise SourceError(f"{path!r} holds no TFRecord, RecordIO or tar shards (give --from if their names do "
                           "not say)")

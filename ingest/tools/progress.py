@@ -18,7 +18,13 @@ def human_bytes(n: float) -> str:
 
 class Progress:
     """``done/total samples, shards, bytes, img/s, ETA`` redrawn in place on a terminal (at most every
-    ``interval`` s, or when forced), or one line every ``interval * 40`` s when stderr is a file or pipe."""
+    ``interval`` s, or when forced), or one line every ``interval * 40`` s when stderr is a file or pipe.
+
+    Notes
+    -----
+    The counts shown never go down. The caller's counts come from two places that move at different
+    times (samples of committed shards, and samples that jobs still running have handled, reported late or
+    not at all when a shard commits), so a count given below one already shown is shown as that one."""
 
     def __init__(self, total: int, shards: int, *, stream: TextIO | None = None, enabled: bool = True,
                  interval: float = 0.25):
@@ -30,12 +36,14 @@ class Progress:
         self.start = time.perf_counter()
         self._last = 0.0
         self._drawn = False
+        self._shown = (0, 0, 0)   # samples, shards, bytes: the most shown so far
 
     def update(self, samples: int, shards: int, nbytes: int, *, force: bool = False) -> None:
         now = time.perf_counter()
         if not self.enabled or ((not force or not self.tty) and now - self._last < self.interval):
             return
         self._last = now
+        samples, shards, nbytes = self._shown = tuple(max(a, b) for a, b in zip(self._shown, (samples, shards, nbytes)))
         elapsed = max(now - self.start, 1e-9)
         rate = samples / elapsed
         eta = (self.total - samples) / rate if rate > 0 else 0.0

@@ -20,6 +20,7 @@ from ..errors import ConfigError, IngestError
 from ..formats import detect, fields_of, open_source
 from ..decode.cpu import CpuDecoder
 from . import manifest, shardfiles
+from .convert import _option
 from .source_view import SourceView
 
 #: Images decoded per batch with ``decode``.
@@ -40,9 +41,11 @@ class Report:
 
 
 def verify(path: str, *, source_format: str | None = None, decode: bool = False,
-           on_problem: Callable[[str, str], None] | None = None) -> Report:
+           on_problem: Callable[[str, str], None] | None = None,
+           source_options: dict[str, Any] | None = None) -> Report:
     """Check the dataset at ``path`` (see the module docstring); ``on_problem(where, reason)`` is called
-    as each problem is found. Raises FileNotFoundError / SourceError when ``path`` is not a dataset."""
+    as each problem is found; ``source_options`` go to the reader (as `inspect`'s: a COCO file's ``images``
+    directory). Raises FileNotFoundError / SourceError when ``path`` is not a dataset."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"path {path!r} does not exist")
     report = Report()
@@ -72,7 +75,7 @@ def verify(path: str, *, source_format: str | None = None, decode: bool = False,
                     stale = _reason(err)
                 if stale:
                     problem(shardfiles.index_file(part_fmt, part), stale)
-            _check_records(part, part_fmt, decoder, report, problem)
+            _check_records(part, part_fmt, decoder, report, problem, dict(source_options or {}))
     finally:
         if decoder is not None:
             decoder.close()
@@ -103,12 +106,12 @@ def _check_manifest(directory: str, problem: Callable[[str, str], None]) -> int 
 
 
 def _check_records(path: str, fmt: str, decoder: CpuDecoder | None, report: Report,
-                   problem: Callable[[str, str], None]) -> None:
+                   problem: Callable[[str, str], None], options: dict[str, Any]) -> None:
     try:
         try:   # every record with a CRC written is checked, whatever the format's default (formats.checks)
-            source = open_source(path, format=fmt, check="crc")
+            source = open_source(path, format=fmt, **{"check": "crc", **options})
         except ConfigError:   # a format without the option, or a dataset written without CRCs
-            source = open_source(path, format=fmt)
+            source = open_source(path, format=fmt, **options)
         view = SourceView(source)
     except (IngestError, OSError) as err:   # the file cannot even be indexed: framing broken
         problem(_where(err, path), _reason(err))
@@ -168,12 +171,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--from", dest="source_format", metavar="FORMAT", choices=sorted(FORMATS),
                    help="format (default: detected from PATH)")
     p.add_argument("--decode", action="store_true", help="also decode every image (CPU)")
+    p.add_argument("-s", "--source-option", dest="source_options", type=_option, action="append", default=[],
+                   metavar="KEY=VALUE", help="reader option, e.g. -s images=train2017/ for a COCO file")
     p.set_defaults(run=run)
 
 
 def run(args: Any) -> int:
     report = verify(args.path, source_format=args.source_format, decode=args.decode,
-                    on_problem=lambda where, reason: print(f"BAD {where}: {reason}"))
+                    on_problem=lambda where, reason: print(f"BAD {where}: {reason}"),
+                    source_options=dict(args.source_options))
     decoded = f", {report.decoded} images decoded" if args.decode else ""
     summary = f"{report.records} records read{decoded}, {len(report.problems)} problems"
     print(summary if report.ok else summary + f" (in {args.path})", file=sys.stdout)
