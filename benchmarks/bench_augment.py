@@ -142,11 +142,7 @@ def main(argv=None) -> int:
         report["derived"] = derive(report["results"])
         report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
         bench_gpu._write(out, report)
-    report["device"] = next((r["device_name"] for r in report["results"].values() if r.get("device_name")),
-                            "cpu (dry run)" if args.dry_run else bench_gpu._nvidia_smi_name())
-    report["derived"] = derive(report["results"])
-    report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
-    bench_gpu._write(out, report)
+    bench_gpu.finish_report(report, out, derive(report["results"]), t_all, args.dry_run)
     print(json.dumps({"device": report["device"], **report["derived"]}, indent=1))
     print(f"[bench_augment] wrote {out} ({report['wall_seconds']} s)")
     return 0
@@ -168,9 +164,8 @@ def derive(results: dict) -> dict:
 # Children
 
 def child_main(args) -> int:
-    saved = json.loads(Path(os.environ["INGEST_BENCH_ARGS"]).read_text())
     key, out_path = args.child, args.child_out
-    args = argparse.Namespace(**{**saved, "child": key, "child_out": out_path})
+    args = bench_gpu.child_args(args)
 
     def run(dev, res, flush):
         import torch

@@ -285,11 +285,7 @@ def main(argv=None) -> int:
             report["derived"] = derive(report["results"])
             report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
             bench_gpu._write(out, report)
-    report["device"] = next((r["device_name"] for r in report["results"].values() if r.get("device_name")),
-                            "cpu (dry run)" if args.dry_run else bench_gpu._nvidia_smi_name())
-    report["derived"] = derive(report["results"])
-    report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
-    bench_gpu._write(out, report)
+    bench_gpu.finish_report(report, out, derive(report["results"]), t_all, args.dry_run)
     print_table(report)
     print(f"[bench_detection] wrote {out} ({report['wall_seconds']} s)")
     return 0

@@ -434,10 +434,24 @@ def dataset_stats(root: str) -> dict:
 # Child: one variant
 
 
-def child_main(args) -> int:
+def child_args(args: argparse.Namespace) -> argparse.Namespace:
+    """A child's arguments: the parent's, saved at ``INGEST_BENCH_ARGS``, with this child's key and output."""
     saved = json.loads(Path(os.environ["INGEST_BENCH_ARGS"]).read_text())
+    return argparse.Namespace(**{**saved, "child": args.child, "child_out": args.child_out})
+
+
+def finish_report(report: dict, out: Path, derived: dict, started: float, dry_run: bool) -> None:
+    """The report's device (the first result's, else nvidia-smi's), derived figures and wall time, written."""
+    report["device"] = next((r["device_name"] for r in report["results"].values() if r.get("device_name")),
+                            "cpu (dry run)" if dry_run else _nvidia_smi_name())
+    report["derived"] = derived
+    report["wall_seconds"] = round(time.perf_counter() - started, 1)
+    _write(out, report)
+
+
+def child_main(args) -> int:
     key, out_path = args.child, args.child_out
-    args = argparse.Namespace(**{**saved, "child": key, "child_out": out_path})
+    args = child_args(args)
 
     def run(dev, res, flush):
         import torch
