@@ -344,14 +344,9 @@ class RecordIOSource:
         i = self._table.index(i)
         return f"{self._table.path(i)}:{self._table.offsets[i]}"
 
-    @property
-    def checked(self) -> bool:
-        """Whether each record read is checked against its CRC32C (``check``)."""
-        return self._crcs is not None
-
     def native_table(self) -> NativeTable:
         """Every record's byte range for the native engine, which reads each label from its IRHeader and, where
-        records are checked (`checked`), checks the CRC32C of each range read as `parse` does."""
+        records are checked (``check``), checks the CRC32C of each range read as `parse` does."""
         t = self._table
         crcs = None if self._crcs is None else np.frombuffer(self._crcs, np.uint32)
         return NativeTable(t.shards, np.frombuffer(t.shard_of, np.intc).astype(np.int64),
