@@ -399,8 +399,7 @@ class NativeExecutor:
 
     def _notes(self, notes: list, failures: Failures) -> list[tuple[int, int]]:
         """Count the batch's read failures and CRC mismatches against ``failures`` (raising its typed error where the
-        budget says)
-        and return its fallbacks, (dataset index, row)."""
+        budget says) and return its fallbacks, (dataset index, row)."""
         fallback = []
         source = self.pipeline.source
         table = self.chain.table
