@@ -19,15 +19,18 @@ LMDB, WebDataset and raw pixel shards) and every feed:
                    + ``random_resized_crop`` on the GPU. DALI has no reader for ingest's LMDB layout (its caffe
                    and caffe2 readers take Caffe Datum / Caffe2 TensorProtos): recorded as skipped.
 
-Each case runs in its own subprocess (a fresh CUDA context): the busy thread alone (``--busy-seconds``), then
-the loader is built and warmed up, runs alone for ``--seconds`` (``img_s_alone``), then beside the busy thread
-for ``--seconds`` (``img_s_beside``, ``busy_rate_beside``). Also per case: ``busy_lost_ms_per_batch``, the busy
-thread's lost time over the batches taken meanwhile ((1 - gil_share_left) x window / batches: what a batch
-costs a training thread in GIL time, hand-off waits included), and where the busy thread's time went in each
-phase, from the kernel's ``schedstat``: ``busy_beside_sleep_frac`` (asleep: it waits on nothing but the GIL)
-against ``busy_beside_runqueue_frac`` (runnable, waiting for a core). On a host with cores to spare the GIL's
-waits show as sleep; where the cores are all busy (the loader's threads, other tenants) the thread's wake-ups
-queue too, and part of the GIL's cost shows as run-queue time: compare with ``busy_alone_runqueue_frac``.
+Each case runs in its own subprocess (a fresh CUDA context): the loader is built, warmed up and run alone for
+``--seconds`` (``img_s_alone``); then ``--pairs`` alone/beside pairs, each the busy thread alone for
+``--busy-seconds`` while the loader idles (its prefetch full), then beside the loader taken at full speed for as
+long. A pair's share is the ratio of its two adjacent rates (a host's clock and neighbours drift by tens of percent
+between seconds apart); each figure is the median over the pairs, the pairs kept under ``pairs``. Also per case:
+``busy_lost_ms_per_batch``, the busy thread's lost time over the batches taken meanwhile ((1 - share) x window /
+batches: what a batch costs a training thread in GIL time, hand-off waits included); ``consumer_cpu_ms_per_batch``,
+the consuming thread's own CPU time per batch (the GIL it holds, plus native work it does without releasing it);
+and where the busy thread's time went, from the kernel's ``schedstat``: ``busy_beside_sleep_frac`` (asleep: it
+waits on nothing but the GIL) against ``busy_beside_runqueue_frac`` (runnable, waiting for a core). On a host with
+cores to spare the GIL's waits show as sleep; where the cores are all busy the thread's wake-ups queue too, and
+part of the GIL's cost shows as run-queue time: compare with ``busy_alone_runqueue_frac``.
 Cases alternate within a round (ingest, DALI, ingest, ... per input); with ``--rounds`` > 1 every other round
 runs in reverse order, and ``summary`` holds each figure's mean over the rounds.
 
@@ -46,6 +49,7 @@ import contextlib
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -78,7 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                               "(default: the cores)")
     p.add_argument("--raw-size", type=int, default=None, help="side of the raw shards' pixels (256; --smoke 64)")
     p.add_argument("--seconds", type=float, default=None, help="loader-alone and beside windows (2.5; --smoke 0.5)")
-    p.add_argument("--busy-seconds", type=float, default=None, help="the busy thread alone (1.5; --smoke 0.3)")
+    p.add_argument("--busy-seconds", type=float, default=None, help="each alone and beside window of a pair "
+                                                                 "(0.6; --smoke 0.2)")
+    p.add_argument("--pairs", type=int, default=None, help="alone/beside pairs per case, medians reported (5; 2)")
     p.add_argument("--warmup-seconds", type=float, default=None, help="loader warm-up (1.5; --smoke 0.2)")
     p.add_argument("--warmup-batches", type=int, default=None, help="at least this many warm-up batches (10; 2)")
     p.add_argument("--rounds", type=int, default=1)
@@ -93,7 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     smoke = a.smoke
     for key, full, tiny in (("n", 10000, 48), ("batch", 256, 16), ("raw_size", 256, 64), ("seconds", 2.5, 0.5),
-                            ("busy_seconds", 1.5, 0.3), ("warmup_seconds", 1.5, 0.2), ("warmup_batches", 10, 2),
+                            ("busy_seconds", 0.6, 0.2), ("pairs", 5, 2), ("warmup_seconds", 1.5, 0.2), ("warmup_batches", 10, 2),
                             ("device", "cuda", "cpu")):
         if getattr(a, key) is None:
             setattr(a, key, tiny if smoke else full)
@@ -276,20 +282,20 @@ def case_key(case: dict) -> str:
 
 def run_case(case: dict, args, log: Path) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(case), *child_argv(args)]
-    budget = args.busy_seconds + args.warmup_seconds + 2 * args.seconds + 120
+    budget = args.pairs * (2 * args.busy_seconds + 0.2) + args.warmup_seconds + args.seconds + 120
     return bench_gpu.run_json_child(cmd, dict(os.environ, PYTHONUNBUFFERED="1"), budget, log, case_key(case))
 
 
 def child_argv(args) -> list[str]:
     out = []
-    for key in ("batch", "threads", "seconds", "busy_seconds", "warmup_seconds", "warmup_batches", "prefetch",
+    for key in ("batch", "threads", "seconds", "busy_seconds", "pairs", "warmup_seconds", "warmup_batches", "prefetch",
                 "device", "n"):
         out += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     return out + (["--smoke"] if args.smoke else [])
 
 
 FIGURES = ("gil_share_left", "busy_lost_ms_per_batch", "img_s_alone", "img_s_beside", "img_s_beside_over_alone",
-           "busy_beside_sleep_frac", "busy_beside_runqueue_frac")
+           "busy_beside_sleep_frac", "busy_beside_runqueue_frac", "consumer_cpu_ms_per_batch")
 
 
 def summarize(rounds: list[dict], figures: tuple[str, ...] = FIGURES, done: str = "gil_share_left",
@@ -349,12 +355,6 @@ class Skip(Exception):
 
 def measure(case: dict, args, dev, res: dict, flush) -> None:
     res.update(input=case["input"], feed=case["feed"], engine=case.get("engine"), path=case["path"])
-    with bench_gpu.Busy() as busy:                  # alone: nothing else started in this process yet
-        t0, before = time.perf_counter(), schedstat(busy)
-        time.sleep(args.busy_seconds)
-        alone = busy.count / (time.perf_counter() - t0)
-        res.update(where_time_went(busy, before, time.perf_counter() - t0, "busy_alone"))
-    res["busy_rate_alone"] = round(alone, 1)
     with contextlib.ExitStack() as stack:
         try:
             feed = build_feed(case, args, dev, stack, res)
@@ -375,26 +375,47 @@ def measure(case: dict, args, dev, res: dict, flush) -> None:
         res["warmup_batches"] = n
         flush()
 
-        batches, seconds = window(gen, args, dev)
+        batches, seconds, _ = window(gen, args, dev)
         res.update(img_s_alone=round(batches * args.batch / seconds, 1), batches_alone=batches)
-        with bench_gpu.Busy() as busy:
-            t0, before = time.perf_counter(), schedstat(busy)
-            batches, seconds = window(gen, args, dev)
-            beside = busy.count / (time.perf_counter() - t0)
-            res.update(where_time_went(busy, before, time.perf_counter() - t0, "busy_beside"))
-        share = beside / alone
-        res.update(img_s_beside=round(batches * args.batch / seconds, 1), batches_beside=batches,
-                   seconds_beside=round(seconds, 3), busy_rate_beside=round(beside, 1),
-                   gil_share_left=round(share, 4),
-                   busy_lost_ms_per_batch=round((1 - share) * seconds * 1000 / batches, 3))
+        pairs = [pair(gen, args, dev) for _ in range(args.pairs)]
+        for key in pairs[0]:
+            res[key] = round(statistics.median(p[key] for p in pairs), 4)
+        res["pairs"] = pairs
+        res["busy_lost_ms_per_batch"] = round(statistics.median(
+            (1 - p["gil_share_left"]) * p["seconds_beside"] * 1000 / p["batches_beside"] for p in pairs), 3)
         res["img_s_beside_over_alone"] = round(res["img_s_beside"] / res["img_s_alone"], 4)
         if feed.stats is not None:
             stats = bench_gpu.loader_stats(feed.stats)
-            res["loader_stats"] = {k: stats.get(k) for k in ("engine", "read_path", "decode_paths", "buffers")
-                                   if k in stats} if isinstance(stats, dict) else stats
+            res["loader_stats"] = {k: stats.get(k) for k in ("engine", "read_path", "decode_paths", "buffers",
+                                                             "native") if k in stats} if isinstance(stats, dict) else stats
         flush()
         if feed.close is not None:
             feed.close()
+
+
+def pair(gen, args, dev) -> dict:
+    """One alone/beside pair: the busy thread alone while the loader idles (its prefetch full), then beside the
+    loader taken at full speed; the share is the ratio of the two adjacent rates, so a host's slow drift (clock,
+    neighbours) cancels out."""
+    time.sleep(0.2)   # the loader fills its prefetch and idles
+    out = {}
+    with bench_gpu.Busy() as busy:
+        t0, before = time.perf_counter(), schedstat(busy)
+        time.sleep(args.busy_seconds)
+        wall = time.perf_counter() - t0
+        alone = busy.count / wall
+        out.update(where_time_went(busy, before, wall, "busy_alone"))
+    with bench_gpu.Busy() as busy:
+        t0, before = time.perf_counter(), schedstat(busy)
+        batches, seconds, cpu = window(gen, args, dev, args.busy_seconds)
+        wall = time.perf_counter() - t0
+        beside = busy.count / wall
+        out.update(where_time_went(busy, before, wall, "busy_beside"))
+    out.update(busy_rate_alone=round(alone, 1), busy_rate_beside=round(beside, 1),
+               gil_share_left=round(beside / alone, 4), img_s_beside=round(batches * args.batch / seconds, 1),
+               batches_beside=batches, seconds_beside=round(seconds, 3),
+               consumer_cpu_ms_per_batch=round(1000 * cpu / batches, 4))
+    return out
 
 
 def schedstat(busy) -> tuple[float, float] | None:
@@ -419,14 +440,16 @@ def where_time_went(busy, before, wall: float, prefix: str) -> dict:
             f"{prefix}_sleep_frac": round(max(0.0, 1 - (cpu + queued) / wall), 4)}
 
 
-def window(gen, args, dev) -> tuple[int, float]:
-    """Batches taken as fast as they come for ``--seconds``, ended by a device synchronise."""
-    n, t0 = 0, time.perf_counter()
-    while n < 2 or time.perf_counter() - t0 < args.seconds:
+def window(gen, args, dev, seconds: float | None = None) -> tuple[int, float, float]:
+    """Batches taken as fast as they come for ``seconds`` (default ``--seconds``), ended by a device synchronise:
+    (batches, wall seconds, this thread's CPU seconds: the consumer's own work per batch, GIL held)."""
+    n, t0, c0 = 0, time.perf_counter(), time.thread_time()
+    limit = args.seconds if seconds is None else seconds
+    while n < 2 or time.perf_counter() - t0 < limit:
         next(gen)
         n += 1
     bench_gpu.sync(dev)
-    return n, time.perf_counter() - t0
+    return n, time.perf_counter() - t0, time.thread_time() - c0
 
 
 def build_feed(case: dict, args, dev, stack: contextlib.ExitStack, res: dict) -> bench_gpu.Feed:

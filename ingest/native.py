@@ -5,8 +5,10 @@ The engine (``ingest/_native/engine.c``, module ``ingest._engine``) runs a batch
 finished device batch on native threads: byte-range reads into a pinned arena, the record parse (file trees and
 RecordIO), the JPEG header scan, the op chain's draws (the native planner, ``plan.h``), nvImageCodec's decode of
 each sample's region into a device arena, the fused warp + normalize kernel into a preallocated output, the labels
-and an event per batch. The training thread's Python per batch is one native ``next()`` (the GIL released while it
-waits; the consumer's stream made to wait on the batch's event in C) and the wrapping of the batch's output slot.
+and a host function per batch that puts it on the ready queue once the GPU has run it. The training thread's
+Python per batch is one native ``next()`` (the GIL released while it waits; a batch comes finished, so the thread
+makes no CUDA call, which would hold the GIL while the driver's locks are busy with the engine's threads) and the
+wrapping of the batch's output slot.
 
 Rules:
 
@@ -20,7 +22,8 @@ Rules:
   depends on the image's place in its share of the batch, as in the Python engine).
 - **Output ring**: ``prefetch + 1`` output tensors (and label tensors) made at start (the chains have a fixed
   output size). A batch hands out views of its slot's tensors; once the user drops both, the slot goes back to
-  the engine after an event recorded on the stream that took the batch. A slot still viewed elsewhere (a view
+  the engine, whose next kernel into it waits for the work queued on the stream that took the batch (an event
+  the engine's thread records there when it takes the slot again). A slot still viewed elsewhere (a view
   the user kept) gets new tensors before its reuse; so does the oldest slot out when every slot is out and
   nothing is ready (the user keeps every batch), rather than stall.
 - **Failures**: a sample that cannot be read is dropped natively and counted here against the epoch's
@@ -349,7 +352,7 @@ class NativeExecutor:
         stream = torch._C._cuda_getCurrentRawStream(self.device.index) if self._cuda else 0
         while True:
             waited = time.perf_counter()
-            item = self._engine.next(stream)
+            item = self._engine.next()
             start += time.perf_counter() - waited   # (the wait, the GIL given up, is not this thread's work)
             if item is None:
                 self._unstarve()
@@ -469,7 +472,12 @@ class NativeExecutor:
         own = {"fallbacks": dict(self.fallbacks), "outputs_made": self.outputs_made,
                # the training thread's time per batch in __next__ besides the engine's wait (drops not included)
                "python_ms_per_batch": round(1e3 * seconds / max(batches, 1), 4)}
-        return own if self._closed else {**self._engine.stats(), **own}
+        if self._closed:
+            return own
+        counts = self._engine.stats()
+        handed = max(counts["handed"], 1)
+        own["engine_gil_us_per_batch"] = round(counts["gil_ns"] / handed / 1e3, 2)   # next() and release()
+        return {**counts, **own}
 
     def close(self) -> None:
         """Stop and join the engine's threads; the slots the user holds stay theirs."""

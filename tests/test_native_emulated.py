@@ -4,7 +4,8 @@ compiled as C++ (tests/test_ops.py's harness), and is given stand-in nvImageCode
 image (or region) as a known pattern of its absolute pixel coordinates. Every batch the engine makes must then
 equal the kernel run on the Python planner's warp over whole pattern images: this checks the engine's regions,
 origins, arena offsets, kernel arguments and rows, the labels' upload, the decode threads' shares, an image the
-decoder refuses (its row left to Python) and a RecordIO record whose CRC32C differs (its row dropped), without a
+decoder refuses (its row left to Python), a RecordIO record whose CRC32C differs (its row dropped) and batches
+and epoch ends reaching next() in order through host functions that run late on a thread of their own, without a
 GPU. Runs in a child process (the stand-in driver is loaded once per process)."""
 
 from __future__ import annotations
@@ -29,8 +30,49 @@ _FAKE = r"""
 #include <stdlib.h>
 #include <string.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+/* Host functions run later, in order, on a thread of their own (as the driver's do), so that what the engine
+ * puts on its ready queue through them arrives after the engine's thread has gone on. */
+static std::mutex hf_lock;
+static std::condition_variable hf_cond;
+static std::deque<std::pair<void (*)(void *), void *>> hf_queue;
+static int hf_busy;
+static void hf_main() {
+    for (;;) {
+        std::unique_lock<std::mutex> g(hf_lock);
+        hf_cond.wait(g, [] { return !hf_queue.empty(); });
+        auto call = hf_queue.front();
+        hf_queue.pop_front();
+        hf_busy = 1;
+        g.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+        call.first(call.second);
+        g.lock();
+        hf_busy = 0;
+        hf_cond.notify_all();
+    }
+}
+
 extern "C" {
-/* -- the driver: host memory, synchronous copies, no-op events, the kernel run on the CPU -- */
+/* -- the driver: host memory, synchronous copies, no-op events, the kernel run on the CPU, deferred host functions -- */
+int cuLaunchHostFunc(void *, void (*fn)(void *), void *data) {
+    static std::once_flag started;
+    std::call_once(started, [] { std::thread(hf_main).detach(); });
+    std::lock_guard<std::mutex> g(hf_lock);
+    hf_queue.emplace_back(fn, data);
+    hf_cond.notify_all();
+    return 0;
+}
+int cuStreamSynchronize(void *) {
+    std::unique_lock<std::mutex> g(hf_lock);
+    hf_cond.wait(g, [] { return hf_queue.empty() && !hf_busy; });
+    return 0;
+}
 int cuInit(unsigned) { return 0; }
 int cuDeviceGet(int *d, int i) { *d = i; return 0; }
 int cuDevicePrimaryCtxRetain(void **c, int) { *c = (void *)0x1; return 0; }
@@ -40,7 +82,6 @@ int cuCtxPushCurrent_v2(void *) { return 0; }
 int cuCtxPopCurrent_v2(void **c) { if (c) *c = (void *)0x1; return 0; }
 int cuStreamCreate(void **s, unsigned) { *s = malloc(1); return 0; }
 int cuStreamDestroy_v2(void *s) { free(s); return 0; }
-int cuStreamSynchronize(void *) { return 0; }
 int cuStreamWaitEvent(void *, void *, unsigned) { return 0; }
 int cuEventCreate(void **e, unsigned) { *e = malloc(1); return 0; }
 int cuEventDestroy_v2(void *e) { free(e); return 0; }
@@ -245,7 +286,7 @@ def child(lib_path: str, root: str, chain_name: str, regions: bool) -> None:
         engine.add_epoch(epoch, 0, idx, bounds, pad)
     got = []
     while True:
-        kind, k, epoch, number, rows, notes = engine.next(0)
+        kind, k, epoch, number, rows, notes = engine.next()
         if kind == native.ENGINE.EPOCH_END:
             break
         got.append((number, outs[k][:rows].clone(), labels[k][:rows].clone(), indices[k][:rows].copy(), notes))

@@ -8,10 +8,11 @@
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
  *                      (one thread per nvImageCodec decoder, nvloop.h), then takes a free output slot, packs the
  *                      warp kernel's arguments (plan.h), uploads them and the labels from pinned memory, launches
- *                      the fused warp + normalize kernel into the slot's output, records the slot's event and puts
- *                      the batch on the ready queue
- *   Python (next)      waits for the ready queue with the GIL released, makes the consumer's stream wait on the
- *                      batch's event and returns (kind, slot, epoch, number, rows, notes)
+ *                      the fused warp + normalize kernel into the slot's output and queues a host function behind
+ *                      it that puts the batch on the ready queue once the GPU has run it (cuLaunchHostFunc)
+ *   Python (next)      takes a finished batch (waiting for one with the GIL released when none is ready) and
+ *                      returns (kind, slot, epoch, number, rows, notes); it makes no CUDA call, so the training
+ *                      thread never holds the GIL while the driver's locks are contended by the engine's threads
  *
  * Without a `gpu` argument (dry mode) the decode thread stops after planning and writes each row's plan into the
  * slot's `dry` array instead (no CUDA is touched), so that reads, parsing, header scans and plans are testable on
@@ -27,10 +28,11 @@
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
  * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from
- * next(); it gives it back with release(k, stream) once nothing of the user's holds it, recording there the event
- * the slot's next kernel waits for (the slot reaches the engine with the next next() call, which takes the engine's
- * lock anyway: waking the engine's threads from the training thread at every drop cost it more than the rest of
- * its per-batch work). While every slot is out and nothing is ready, next() returns None ("starved") so that
+ * next(); it gives it back with release(k, stream) once nothing of the user's holds it (the slot reaches the engine
+ * with the next next() call, which takes the engine's lock anyway: waking the engine's threads from the training
+ * thread at every drop cost it more than the rest of its per-batch work). The decode thread records the slot's
+ * free event on that stream when it takes the slot again and makes its kernel wait for it: recorded later than
+ * the drop, it covers at least the work the consumer queued before the drop. While every slot is out and nothing is ready, next() returns None ("starved") so that
  * Python can replace a held slot's tensors (set_slot) and release it.
  *
  * Device memory the engine owns: two decode arenas (cuMemAlloc, sized from the first batch's need and a quarter, in
@@ -77,6 +79,7 @@ enum { R_BATCH = 0, R_EPOCH = 1 };
 enum { D_INDEX, D_LABEL, D_STATUS, D_H, D_W, D_RX0, D_RY0, D_RX1, D_RY1, D_DX0, D_DY0, D_DX1, D_DY1, D_OH, D_OW,
        D_PAD, D_COLS };
 
+#define NO_STREAM (~0ULL) /* a slot not given back yet: nothing of the consumer's to wait for */
 #define QCAP 256          /* entries of the decode and ready queues (batches are bounded by jobs and slots) */
 #define JOBS 3            /* host batches in flight: being read, waiting, being decoded */
 #define ARENAS 2          /* device decode arenas: one decoded into while the kernel reads the other */
@@ -117,6 +120,7 @@ static struct {
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void **, void **);
+    CUresult (*LaunchHostFunc)(CUstream, void (*)(void *), void *);
     CUresult (*GetErrorString)(CUresult, const char **);
 } cu;
 
@@ -148,6 +152,7 @@ static const char *load_cuda(void) {
         {"cuMemFree_v2", (void **)&cu.MemFree}, {"cuMemHostAlloc", (void **)&cu.MemHostAlloc},
         {"cuMemFreeHost", (void **)&cu.MemFreeHost}, {"cuMemcpyHtoDAsync_v2", (void **)&cu.MemcpyHtoDAsync},
         {"cuLaunchKernel", (void **)&cu.LaunchKernel}, {"cuGetErrorString", (void **)&cu.GetErrorString},
+        {"cuLaunchHostFunc", (void **)&cu.LaunchHostFunc},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; ++k) {
         *names[k].slot = dlsym(lib, names[k].name);
@@ -233,6 +238,12 @@ typedef struct {
     int64_t epoch, number, rows;
 } Ready;
 
+/* A ready-queue entry waiting on the GPU: the host function queued after a batch's last work puts it on the queue. */
+typedef struct Posted {
+    Engine *e;
+    Ready r;
+} Posted;
+
 struct Engine {
     PyObject_HEAD
     pid_t pid;
@@ -270,6 +281,10 @@ struct Engine {
     int *pending;     /* slots released, handed to the engine by the next next() (its lock taken once a batch) */
     int npending;
     int nfree_slots, starving;
+    int64_t inflight;            /* batches queued on the GPU whose host function has not put them on the ready queue */
+    struct Posted *posted;       /* QCAP ready entries for host functions, used in turn by the decode thread */
+    int64_t nposted;
+    unsigned long long *slot_stream; /* the stream each slot was released on (release), its free event recorded there */
     /* per slot */
     Py_buffer *slot_idx, *slot_pad, *slot_dry;
     char *slot_held; /* 3 flags per slot: which of the buffers above are held */
@@ -307,6 +322,9 @@ struct Engine {
     ing_sample *p_plan;
     /* counts */
     int64_t st_batches, st_samples, st_fallbacks, st_failures, st_bytes, st_arena_allocs, st_starved;
+    /* The consumer's side, changed only with the GIL held: nanoseconds next() and release() held the GIL, the part
+     * of it in CUDA driver calls, and the batches next() handed over. */
+    int64_t gil_ns, handed;
 };
 
 /* -- errors ------------------------------------------------------------------------------------------------ */
@@ -727,17 +745,44 @@ static int push_decode(Engine *e, Job *j, int64_t epoch) {
     return ok;
 }
 
-static int push_ready(Engine *e, Ready r) {
+static int push_ready(Engine *e, Ready r, int posted) {
     pthread_mutex_lock(&e->lock);
     while (e->rq_len == QCAP && !e->stop)
         pthread_cond_wait(&e->cond, &e->lock);
     int ok = !e->stop;
-    if (ok) {
+    if (ok)
         e->rq[(e->rq_head + e->rq_len++) % QCAP] = r;
-        pthread_cond_broadcast(&e->cond);
-    }
+    e->inflight -= posted;
+    pthread_cond_broadcast(&e->cond);
     pthread_mutex_unlock(&e->lock);
     return ok;
+}
+
+/* (a host function: runs on the driver's thread once the work queued before it ran; calls no CUDA) */
+static void post_ready(void *arg) {
+    Posted *p = arg;
+    push_ready(p->e, p->r, 1);
+}
+
+/* Puts r on the ready queue once the work queued on the engine's stream so far has run (at once in dry mode): a
+ * batch reaches next() finished, so the consumer's thread makes no CUDA call to wait for it, and an epoch's end
+ * stays behind its last batch. Decode thread only. */
+static int post(Engine *e, Ready r) {
+    if (!e->gpu)
+        return push_ready(e, r, 0);
+    Posted *p = &e->posted[e->nposted++ % QCAP]; /* (entries in flight are bounded by the slots and epochs) */
+    p->e = e;
+    p->r = r;
+    pthread_mutex_lock(&e->lock);
+    e->inflight++;
+    pthread_mutex_unlock(&e->lock);
+    if (!cuok(e, cu.LaunchHostFunc(e->stream, post_ready, p), "cuLaunchHostFunc")) {
+        pthread_mutex_lock(&e->lock);
+        e->inflight--;
+        pthread_mutex_unlock(&e->lock);
+        return 0;
+    }
+    return 1;
 }
 
 /* A free output slot (waiting, and saying so to next(), while every slot is out); -1 once stopping. */
@@ -962,8 +1007,12 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
         ++rows;
     }
     e->slot_nnotes[slot] = nkept;
-    if (e->gpu) {
-        if (!cuok(e, cu.StreamWaitEvent(e->stream, e->slot_free[slot], 0), "cuStreamWaitEvent"))
+    if (e->gpu) { /* the kernel writes the slot after the work the consumer queued before giving it back */
+        unsigned long long consumer = e->slot_stream[slot];
+        e->slot_stream[slot] = NO_STREAM;
+        if (consumer != NO_STREAM &&
+            (!cuok(e, cu.EventRecord(e->slot_free[slot], (CUstream)(uintptr_t)consumer), "cuEventRecord") ||
+             !cuok(e, cu.StreamWaitEvent(e->stream, e->slot_free[slot], 0), "cuStreamWaitEvent")))
             return 0;
         /* the GPU list's samples that decoded, packed in the order of their rows */
         int64_t m2 = 0;
@@ -1024,7 +1073,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
     for (int64_t k = 0; k < j->n; ++k)
         e->st_bytes += j->got[k] > 0 ? j->got[k] : 0;
     pthread_mutex_unlock(&e->lock);
-    return push_ready(e, (Ready){R_BATCH, slot, j->epoch, j->number, rows});
+    return post(e, (Ready){R_BATCH, slot, j->epoch, j->number, rows});
 }
 
 static void *decoder_main(void *arg) {
@@ -1047,7 +1096,7 @@ static void *decoder_main(void *arg) {
         pthread_cond_broadcast(&e->cond);
         pthread_mutex_unlock(&e->lock);
         if (j == NULL) {
-            if (!push_ready(e, (Ready){R_EPOCH, -1, epoch, 0, 0}))
+            if (!post(e, (Ready){R_EPOCH, -1, epoch, 0, 0}))
                 break;
             continue;
         }
@@ -1174,6 +1223,8 @@ static void engine_free(Engine *e) {
     free(e->slot_args);
     free(e->slot_ready);
     free(e->slot_free);
+    free(e->slot_stream);
+    free(e->posted);
     free(e->slot_nnotes);
     free(e->free_slots);
     free(e->slot_given);
@@ -1189,6 +1240,8 @@ static void engine_free(Engine *e) {
     e->slot_host = NULL;
     e->slot_out = e->slot_lbl = e->slot_args = NULL;
     e->slot_ready = e->slot_free = NULL;
+    e->slot_stream = NULL;
+    e->posted = NULL;
     e->slot_nnotes = NULL;
     e->free_slots = NULL;
     e->slot_given = NULL;
@@ -1234,6 +1287,12 @@ static int alive(Engine *e) {
         return 0;
     }
     return 1;
+}
+
+static int64_t mono_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
 static int enter_waiting(Engine *e) {
@@ -1635,6 +1694,10 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->slot_nnotes = calloc((size_t)slots, sizeof(int64_t));
     e->slot_ready = calloc((size_t)slots, sizeof(CUevent));
     e->slot_free = calloc((size_t)slots, sizeof(CUevent));
+    e->slot_stream = calloc((size_t)slots, sizeof(unsigned long long));
+    e->posted = calloc(QCAP, sizeof(Posted));
+    for (int64_t s = 0; e->slot_stream && s < slots; ++s)
+        e->slot_stream[s] = NO_STREAM;
     e->free_slots = calloc((size_t)slots, sizeof(int));
     e->slot_given = calloc((size_t)slots, 1);
     e->pending = calloc((size_t)slots, sizeof(int));
@@ -1646,7 +1709,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->p_src = calloc((size_t)B, sizeof(uint64_t));
     e->p_plan = calloc((size_t)B, sizeof(ing_sample));
     if (!e->slot_out || !e->slot_lbl || !e->slot_args || !e->slot_host || !e->slot_notes || !e->slot_nnotes ||
-        !e->slot_ready || !e->slot_free || !e->free_slots || !e->slot_given || !e->pending || !e->slot_held || !e->slot_idx ||
+        !e->slot_ready || !e->slot_free || !e->slot_stream || !e->posted || !e->free_slots || !e->slot_given || !e->pending || !e->slot_held || !e->slot_idx ||
         !e->slot_pad || !e->slot_dry || !e->g_pos || !e->p_src || !e->p_plan) {
         PyErr_NoMemory();
         goto fail;
@@ -1835,18 +1898,10 @@ static PyObject *Engine_release(Engine *e, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "slot %zd was released twice (or before next() gave it)", slot);
         return NULL;
     }
-    if (e->gpu) { /* the slot's next kernel waits for the work queued on the consumer's stream so far */
-        CUcontext popped;
-        CUresult r = cu.CtxPush(e->ctx);
-        if (r == 0) {
-            r = cu.EventRecord(e->slot_free[slot], (CUstream)(uintptr_t)stream);
-            cu.CtxPop(&popped);
-        }
-        if (r != 0) {
-            PyErr_Format(PyExc_RuntimeError, "CUDA driver call cuEventRecord failed (CUresult %d)", r);
-            return NULL;
-        }
-    }
+    int64_t t0 = mono_ns();
+    /* The decode thread records the slot's free event on this stream when it next takes the slot: later than now,
+     * so after at least the work queued so far (no CUDA call here, with the GIL held). */
+    e->slot_stream[slot] = stream;
     e->slot_given[slot] = 0;
     if (__atomic_load_n(&e->users, __ATOMIC_ACQUIRE) == 0) {
         e->pending[e->npending++] = (int)slot; /* the next next() hands it over, under the lock it takes anyway */
@@ -1856,13 +1911,44 @@ static PyObject *Engine_release(Engine *e, PyObject *args) {
         pthread_cond_broadcast(&e->cond);
         pthread_mutex_unlock(&e->lock);
     }
+    e->gil_ns += mono_ns() - t0;
     Py_RETURN_NONE;
 }
 
+/* With e->lock held (released on return): hands back the slots the user released since the last call, waits for
+ * a ready batch (or the stop, or starvation: every slot out and nothing ready) and takes it into *r. Returns 1 with
+ * a batch; else 0 with *starved set, or the engine's error copied into `error` (empty: stopped without one). */
+static int take_ready(Engine *e, const int *handed, int nhanded, Ready *r, int *starved, char *error) {
+    int got = 0;
+    for (int q = 0; q < nhanded; ++q)
+        e->free_slots[e->nfree_slots++] = handed[q];
+    if (nhanded)
+        pthread_cond_broadcast(&e->cond);
+    while (e->rq_len == 0 && !e->stop && !(e->starving && e->nfree_slots == 0 && e->inflight == 0))
+        pthread_cond_wait(&e->cond, &e->lock);
+    if (e->rq_len > 0) {
+        *r = e->rq[e->rq_head];
+        e->rq_head = (e->rq_head + 1) % QCAP;
+        e->rq_len--;
+        got = 1;
+        if (r->kind == R_BATCH)
+            e->slot_given[r->slot] = 1;
+        pthread_cond_broadcast(&e->cond);
+    } else if (e->stop) {
+        memcpy(error, e->error, sizeof e->error);
+        if (!error[0])
+            snprintf(error, sizeof e->error, "the native engine stopped");
+    } else {
+        *starved = 1;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return got;
+}
+
 static PyObject *Engine_next(Engine *e, PyObject *args) {
-    unsigned long long stream = 0;
-    if (!PyArg_ParseTuple(args, "|K:next", &stream) || !enter_waiting(e))
+    if (!PyArg_ParseTuple(args, ":next") || !enter_waiting(e))
         return NULL;
+    int64_t t0 = mono_ns(), waited = 0;
     PyObject *result = NULL;
     Ready r;
     int got = 0, starved = 0;
@@ -1872,29 +1958,22 @@ static PyObject *Engine_next(Engine *e, PyObject *args) {
     memcpy(handed, e->pending, (size_t)nhanded * sizeof(int));
     e->npending -= nhanded;
     memmove(e->pending, e->pending + nhanded, (size_t)e->npending * sizeof(int));
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&e->lock);
-    for (int q = 0; q < nhanded; ++q)
-        e->free_slots[e->nfree_slots++] = handed[q];
-    if (nhanded)
-        pthread_cond_broadcast(&e->cond);
-    while (e->rq_len == 0 && !e->stop && !(e->starving && e->nfree_slots == 0))
-        pthread_cond_wait(&e->cond, &e->lock);
-    if (e->rq_len > 0) {
-        r = e->rq[e->rq_head];
-        e->rq_head = (e->rq_head + 1) % QCAP;
-        e->rq_len--;
-        got = 1;
-        if (r.kind == R_BATCH)
-            e->slot_given[r.slot] = 1;
-        pthread_cond_broadcast(&e->cond);
-    } else if (e->stop) {
-        memcpy(error, e->error, sizeof error);
-    } else {
-        starved = 1;
+    /* A batch already waiting is taken with the GIL kept: giving it up costs the training thread a wait of up to
+     * the interpreter's switch interval to get it back from a busy Python thread. Otherwise wait without it. */
+    if (pthread_mutex_trylock(&e->lock) == 0) {
+        if (e->rq_len > 0 || e->stop)
+            got = take_ready(e, handed, nhanded, &r, &starved, error);
+        else
+            pthread_mutex_unlock(&e->lock);
     }
-    pthread_mutex_unlock(&e->lock);
-    Py_END_ALLOW_THREADS
+    if (!got && !starved && !error[0]) {
+        int64_t t1 = mono_ns();
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&e->lock);
+        got = take_ready(e, handed, nhanded, &r, &starved, error);
+        Py_END_ALLOW_THREADS
+        waited = mono_ns() - t1;
+    }
     if (!got) {
         if (starved)
             result = Py_NewRef(Py_None);
@@ -1906,18 +1985,7 @@ static PyObject *Engine_next(Engine *e, PyObject *args) {
         result = Py_BuildValue("(iiLLLO)", R_EPOCH, -1, (long long)r.epoch, 0LL, 0LL, Py_None);
         goto done;
     }
-    if (e->gpu) { /* (stream 0: the legacy default stream) */
-        CUcontext popped;
-        CUresult c = cu.CtxPush(e->ctx);
-        if (c == 0) {
-            c = cu.StreamWaitEvent((CUstream)(uintptr_t)stream, e->slot_ready[r.slot], 0);
-            cu.CtxPop(&popped);
-        }
-        if (c != 0) {
-            PyErr_Format(PyExc_RuntimeError, "CUDA driver call cuStreamWaitEvent failed (CUresult %d)", c);
-            goto done;
-        }
-    }
+    e->handed++;
     PyObject *notes = Py_NewRef(Py_None);
     int64_t count = e->slot_nnotes[r.slot];
     if (count > 0) {
@@ -1938,6 +2006,7 @@ static PyObject *Engine_next(Engine *e, PyObject *args) {
     result = Py_BuildValue("(iiLLLN)", R_BATCH, r.slot, (long long)r.epoch, (long long)r.number, (long long)r.rows,
                            notes);
 done:
+    e->gil_ns += mono_ns() - t0 - waited;
     leave(e);
     return result;
 }
@@ -1970,8 +2039,9 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
                       e->st_starved,
                       (long long)(e->arena_cap[0] > e->arena_cap[1] ? e->arena_cap[0] : e->arena_cap[1])};
     pthread_mutex_unlock(&e->lock);
-    return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "batches", v[0], "samples", v[1], "fallbacks", v[2], "failures", v[3],
-                         "bytes_read", v[4], "arenas_made", v[5], "slot_waits", v[6], "arena_bytes", v[7]);
+    return Py_BuildValue("{sLsLsLsLsLsLsLsLsLsL}", "batches", v[0], "samples", v[1], "fallbacks", v[2],
+                         "failures", v[3], "bytes_read", v[4], "arenas_made", v[5], "slot_waits", v[6],
+                         "arena_bytes", v[7], "gil_ns", (long long)e->gil_ns, "handed", (long long)e->handed);
 }
 
 static PyObject *Engine_output_size(Engine *e, void *unused) {
@@ -1986,7 +2056,7 @@ static PyMethodDef Engine_methods[] = {
     {"release", (PyCFunction)Engine_release, METH_VARARGS,
      "release(k[, stream]): slot k is free once the work queued on stream so far has run."},
     {"next", (PyCFunction)Engine_next, METH_VARARGS,
-     "next([stream]) -> (kind, slot, epoch, number, rows, notes) or None (every slot is out): the GIL released."},
+     "next() -> (kind, slot, epoch, number, rows, notes) or None (every slot is out); a batch comes finished."},
     {"labels", (PyCFunction)Engine_labels, METH_VARARGS, "labels(k) -> bytes: slot k's host labels."},
     {"close", (PyCFunction)Engine_close, METH_NOARGS, "Stop and join every thread, free everything native."},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counts: batches, samples, fallbacks, failures, ..."},
