@@ -53,7 +53,8 @@ import torch
 
 from . import defaults, io
 from .errors import ConfigError
-from .formats import checks
+from .formats import checks, tfrecord
+from .formats._native_table import NotNative
 from .formats.base import Location, fields_of
 from .ops import planner
 from .engine import Batch, EpochEnd, Failures, Pipeline
@@ -67,7 +68,8 @@ except ImportError:   # built where a C compiler was found (setup.py)
 ENGINES = ("auto", "python", "native")
 #: Why a sample fell back to the Python path, by the engine's code (`stats()["native"]["fallbacks"]`).
 FALLBACK_REASONS = {1: "not a GPU JPEG", 2: "oriented", 3: "record", 4: "decoder", 5: "plan"}
-_KINDS = {"whole": 0, "recordio": 1}
+_KINDS = {"whole": 0, "recordio": 1, "tfrecord": 2, "caffe_datum": 3, "framed": 4}
+_TABLES = "file trees, RecordIO, TFRecord, LMDB and WebDataset do"
 _DTYPES = {torch.uint8: 0, torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -93,7 +95,7 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
     if workers or streamed or pipeline is None:
         return None, "it runs in the training process on a seekable source (no worker processes, no stream)"
     if getattr(source, "native_table", None) is None:
-        return None, f"{type(source).__name__} gives no native table (file trees and RecordIO do)"
+        return None, f"{type(source).__name__} gives no native table ({_TABLES})"
     fields = fields_of(source)
     if pipeline.image_kind != "image" or pipeline.direct or "boxes" in fields:
         return None, "it takes encoded images without boxes"
@@ -127,8 +129,12 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
         return None, "its op chain's output size depends on the image's (the output ring is made at start)"
     table_of = getattr(source, "native_table", None)
     if table_of is None:
-        return None, f"{type(source).__name__} gives no native table (file trees and RecordIO do)"
-    return Chain(table_of(), desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout), None
+        return None, f"{type(source).__name__} gives no native table ({_TABLES})"
+    try:
+        table = table_of()
+    except NotNative as err:
+        return None, f"{type(source).__name__} gives no native table here: {err}"
+    return Chain(table, desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout), None
 
 
 def choose(setting: str, chain: Chain | None, why: str | None) -> Chain | None:
@@ -257,7 +263,9 @@ class NativeExecutor:
             read_threads or defaults.get("io_threads"), pipeline.decode_stage.cpu.max_pixels,
             all(lane.regions for lane, _ in pipeline.lanes if lane is not None), gpu,
             min(19, defaults.get("engine_nice")),
-            None if table.crcs is None else np.ascontiguousarray(table.crcs, np.uint32))
+            None if table.crcs is None else np.ascontiguousarray(table.crcs, np.uint32),
+            list(table.keys) or None, table.record_crc,
+            None if table.python is None else np.ascontiguousarray(table.python, np.uint8))
         self._slots: list[_Slot | None] = [None] * slots
         self._dry: list[np.ndarray] = []
         self._out: list[int] = []   # slots handed out and not given back, oldest first
@@ -409,7 +417,9 @@ class NativeExecutor:
                 fallback.append((index, row))
                 continue
             path, offset = table.paths[int(table.files[index])], int(table.offsets[index])
-            if stage == ENGINE.NOTE_CORRUPT:   # code: the CRC32C of the bytes read; status: the one written
+            if stage == ENGINE.NOTE_CORRUPT and table.record_crc:   # code: which of the record's CRCs failed
+                err = tfrecord.crc_error("length" if code == 1 else "data", path=path, index=index, offset=offset)
+            elif stage == ENGINE.NOTE_CORRUPT:   # code: the CRC32C of the bytes read; status: the one written
                 err = checks.mismatch_error(code, status, int(table.sizes[index]), path=path, index=index,
                                             offset=offset)
             elif code < 0:

@@ -1,0 +1,236 @@
+"""The native engine on record formats, on the CPU (dry mode, `ingest.native`): TFRecord, LMDB (ours, Caffe Datums,
+raw images) and WebDataset tables against their readers, the engine's parse of each record kind against the reader
+(`ingest._engine.record_image`), a dry epoch of each format against the Python read stage and planner (the same
+indices, labels, probed sizes, regions and output sizes for the same seed), records whose CRC fails dropped with
+the reader's error naming the file and offset, records the engine's parse does not take left to Python, and the
+settings where a source gives no table and says why. The GPU path on a stand-in driver is
+tests/test_native_emulated.py (a TFRecord file here too); on a real GPU, tests/test_native_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ingest import native
+from ingest.engine import Failures
+from ingest.errors import CorruptRecordError
+from ingest.formats._native_table import NativeTable, NotNative
+from ingest.formats._protos import Datum, Example
+from ingest.formats.base import Field, Record, read_location
+from ingest.formats.lmdb import LMDBSource, LMDBWriter
+from ingest.formats.tfrecord import TFRecordSource, TFRecordWriter, frame
+from ingest.formats.webdataset import WebDatasetSource, WebDatasetWriter
+from conftest import encode, jpeg_bytes, textured
+from test_native import OPS, check_same, dry, python_rows
+
+pytestmark = pytest.mark.skipif(native.ENGINE is None, reason="ingest._engine was not built")
+E = native.ENGINE
+IMAGE_LABEL = {"image": Field("image"), "label": Field("int")}
+
+
+def images(n: int, *, png: tuple[int, ...] = ()) -> list[Record]:
+    """``n`` JPEGs of varied sizes with labels (PNGs at ``png``: the GPU path leaves those to Python)."""
+    out = []
+    for i in range(n):
+        h, w = 20 + 3 * i, 30 + 2 * (i % 5)
+        data = encode(__import__("PIL.Image").Image.fromarray(textured(h, w, i)), "PNG") if i in png else \
+            jpeg_bytes(h, w, seed=i)
+        out.append(Record(data, (7 * i) % 5))
+    return out
+
+
+def run_dry(source, *, max_failures=0, epochs=1, batch_size=4):
+    """A dry epoch (or more) of ``source`` against the Python read stage; returns the batches and the executor's
+    first epoch's failures."""
+    ex, pipe, sampler = dry(source, batch_size=batch_size, max_failures=max_failures)
+    failures = ex._failures[0]
+    pipe.start_epoch(Failures(max_failures, sampler.samples()))
+    try:
+        got = []
+        for epoch in range(epochs):
+            batches = list(ex)
+            plans = list(sampler.batches(epoch))
+            assert [b.number for b in batches] == [p.number for p in plans]
+            for batch, plan in zip(batches, plans):
+                want = python_rows(pipe, plan)
+                python = batch.column("status") != 0   # rows Python fills (their labels too: NativeExecutor)
+                kept = np.isin(batch.column("index"), want["index"])   # (a row Python fails is dropped there)
+                assert python[~kept].all()
+                batch = native.DryBatch(batch.rows[kept], batch.number, batch.epoch, batch.notes)
+                want["label"] = np.where(python[kept], batch.column("label"), want["label"])
+                check_same(batch, want)
+            got += batches
+        return got, failures, ex.fallbacks
+    finally:
+        ex.close()
+
+
+def statuses(batches) -> dict[int, int]:
+    return {int(i): int(s) for b in batches for i, s in zip(b.column("index"), b.column("status"))}
+
+
+# -- TFRecord -----------------------------------------------------------------------------------------------
+
+
+def write_tfrecord(directory: Path, records: list[Record], fields=IMAGE_LABEL, stem="data", **kw) -> Path:
+    writer = TFRecordWriter(directory, stem, fields, **kw)
+    for r in records:
+        writer.add(r)
+    writer.close()
+    return directory / f"{stem}.tfrecord"
+
+
+def example(**features) -> bytes:
+    """A framed record of an Example: ``name=bytes`` (a bytes feature), ``name=int`` (an int64 one)."""
+    ex = Example()
+    for key, value in features.items():
+        key = key.replace("__", "/")
+        if isinstance(value, bytes):
+            ex.features.feature[key].bytes_list.value.append(value)
+        else:
+            ex.features.feature[key].int64_list.value.append(value)
+    return frame(ex.SerializeToString())
+
+
+def tfrecord_cases() -> dict[str, bytes]:
+    image = jpeg_bytes(12, 12)
+    plain = example(image__encoded=image, image__class__label=4)
+    two = Example()
+    two.features.feature["image/encoded"].bytes_list.value.extend([image, image])
+    two.features.feature["image/class/label"].int64_list.value.append(1)
+    merged = plain[12:-4] + Example(features={"feature": {"x": {"int64_list": {"value": [1]}}}}).SerializeToString()
+    return {
+        "plain": plain,
+        "negative label": example(image__encoded=image, image__class__label=-3),
+        "extra features": example(image__encoded=image, image__class__label=2, image__format=b"jpeg"),
+        "no label": example(image__encoded=image),
+        "empty image": example(image__encoded=b"", image__class__label=1),
+        "no image": example(image__class__label=1),
+        "two images": frame(two.SerializeToString()),
+        "features given twice": frame(merged),
+        "label as bytes": example(image__encoded=image, image__class__label=b"4"),
+        "truncated": plain[:30],
+        "length not the record's": plain[:8].replace(plain[:1], bytes([plain[0] + 1]), 1) + plain[8:],
+    }
+
+
+@pytest.mark.parametrize("name", list(tfrecord_cases()))
+def test_tfrecord_parse_matches_the_reader(tmp_path, name):
+    """Where the engine takes a record (CRCs not checked: the damaged framings reach the parse), it finds the
+    reader's image and label; the records it leaves go to the reader, which reads them or names their problem."""
+    raw = tfrecord_cases()[name]
+    path = tmp_path / "x.tfrecord"
+    path.write_bytes(tfrecord_cases()["plain"])
+    src = TFRecordSource(str(path), features={"image": "image/encoded", "label": "image/class/label"},
+                         check_crc=False)
+    keys = list(src.native_table().keys)
+    got = E.record_image(raw, E.TFRECORD, keys, False)
+    try:
+        record = src.parse(0, raw)
+    except CorruptRecordError:
+        assert got is None
+        return
+    if got is None:   # left to the reader: a record the canonical scan does not take
+        assert name in ("two images", "features given twice", "empty image")
+        return
+    start, end, label = got
+    assert raw[start:end] == bytes(record.image) and label == record.label
+
+
+def test_tfrecord_parse_finds_no_label_without_a_label_key():
+    raw = tfrecord_cases()["plain"]
+    start, end, label = E.record_image(raw, E.TFRECORD, [b"image/encoded"], True)
+    assert label == -1 and raw[start:start + 2] == b"\xff\xd8"
+
+
+@pytest.mark.parametrize("at, which", [(2, 1), (-6, 2), (-2, 2), (9, 1)])
+def test_tfrecord_crc_check_names_which_crc_fails(at, which):
+    raw = bytearray(tfrecord_cases()["plain"])
+    raw[at] ^= 0x10
+    assert E.record_image(bytes(raw), E.TFRECORD, [b"image/encoded"], True) == which
+
+
+def test_tfrecord_table_is_its_locations_and_keys(tmp_path):
+    path = write_tfrecord(tmp_path, images(5))
+    src = TFRecordSource(str(path))
+    t = src.native_table()
+    assert t.kind == "tfrecord" and t.labels is None and t.record_crc
+    assert t.keys == (b"image/encoded", b"image/class/label")
+    for i in range(len(src)):
+        loc = src.locate(i)
+        assert (t.paths[t.files[i]], t.offsets[i], t.sizes[i]) == (loc.path, loc.offset, loc.length)
+    assert not TFRecordSource(str(path), check_crc=False).native_table().record_crc
+    only = TFRecordSource(str(path), features={"image": "image/encoded"}).native_table()
+    assert only.keys == (b"image/encoded",)
+
+
+def test_tfrecord_sources_the_engine_does_not_take_say_why(tmp_path):
+    path = write_tfrecord(tmp_path, [Record(jpeg_bytes(8, 8), 1, {"note": "x"})],
+                          {**IMAGE_LABEL, "note": Field("text")})
+    src = TFRecordSource(str(path), features={"image": "image/encoded", "label": "image/class/label",
+                                              "note": ("note", "text")})
+    with pytest.raises(NotNative, match="note"):
+        src.native_table()
+    chain, why = native.chain_for(src, OPS)
+    assert chain is None and "TFRecordSource gives no native table here" in why and "note" in why
+    gz = write_tfrecord(tmp_path, images(2), stem="z", compression="gzip")
+    with pytest.raises(NotNative, match="compressed"):
+        TFRecordSource(str(gz.with_suffix(".tfrecord.gz"))).native_table()
+
+
+def test_dry_run_of_a_tfrecord_file_plans_what_the_python_stages_plan(tmp_path):
+    src = TFRecordSource(str(write_tfrecord(tmp_path, images(11, png=(3,)))))
+    batches, failures, fallbacks = run_dry(src, epochs=2)
+    assert {i for i, s in statuses(batches).items() if s} == {3} and fallbacks == {"not a GPU JPEG": 2}
+    assert not failures.items
+
+
+def test_dry_run_of_tfrecords_leaves_records_it_does_not_take_to_python(tmp_path):
+    """A record the canonical scan does not take (its features given twice, which protobuf merges: the second
+    label wins) keeps its row for the Python reader; one without its label is the reader's error there, as in the
+    Python engine (the fallback pipeline drops it against the budget)."""
+    recs = [example(image__encoded=jpeg_bytes(20, 30, seed=i), image__class__label=i) for i in range(6)]
+    recs[2] = frame(recs[2][12:-4] + example(image__class__label=9)[12:-4])
+    recs[4] = example(image__encoded=jpeg_bytes(20, 30))
+    path = tmp_path / "odd.tfrecord"
+    path.write_bytes(b"".join(recs))
+    src = TFRecordSource(str(path), features={"image": "image/encoded", "label": "image/class/label"})
+    assert src.parse(2, read_location(src.locate(2))).label == 9
+    batches, _, fallbacks = run_dry(src, max_failures=1, batch_size=3)
+    assert {i for i, s in statuses(batches).items() if s} == {2, 4} and fallbacks == {"record": 2}
+
+
+def _corrupt_tfrecord(tmp_path, n=9, bad=4, where=-40):
+    path = write_tfrecord(tmp_path, images(n))
+    loc = TFRecordSource(str(path), check_crc=False).locate(bad)
+    with open(path, "r+b") as f:
+        f.seek(loc.offset + (loc.length + where if where < 0 else where))
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x20]))
+    return path, loc
+
+
+@pytest.mark.parametrize("where, what", [(-40, "bad data CRC"), (9, "bad length CRC")])
+def test_a_tfrecord_record_whose_crc_fails_is_dropped_with_the_readers_error(tmp_path, where, what):
+    path, loc = _corrupt_tfrecord(tmp_path, where=where)
+    src = TFRecordSource(str(path))
+    with pytest.raises(CorruptRecordError) as reader:
+        src.parse(4, read_location(loc))
+    ex, _, _ = dry(src, shuffle=False, max_failures=1)
+    try:
+        got = list(ex)
+        assert np.concatenate([b.column("index") for b in got]).tolist() == [0, 1, 2, 3, 5, 6, 7, 8]
+        [(name, stage, reason)] = ex._failures[0].items
+        assert name == src.name(4) and what in reason and str(path) in reason and f"at byte {loc.offset}" in reason
+        assert reason == f"CorruptRecordError: {reader.value}"
+    finally:
+        ex.close()
+    unchecked = TFRecordSource(str(path), check_crc=False)   # not checked: the engine reads the record
+    batches, failures, _ = run_dry(unchecked, batch_size=3)
+    assert sorted(statuses(batches)) == list(range(9)) and not failures.items
