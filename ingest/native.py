@@ -417,10 +417,11 @@ class NativeExecutor:
                 fallback.append((index, row))
                 continue
             path, offset = table.paths[int(table.files[index])], int(table.offsets[index])
+            named = index if table.index_names is None else table.index_names(index)
             if stage == ENGINE.NOTE_CORRUPT and table.record_crc:   # code: which of the record's CRCs failed
-                err = tfrecord.crc_error("length" if code == 1 else "data", path=path, index=index, offset=offset)
+                err = tfrecord.crc_error("length" if code == 1 else "data", path=path, index=named, offset=offset)
             elif stage == ENGINE.NOTE_CORRUPT:   # code: the CRC32C of the bytes read; status: the one written
-                err = checks.mismatch_error(code, status, int(table.sizes[index]), path=path, index=index,
+                err = checks.mismatch_error(code, status, int(table.sizes[index]), path=path, index=named,
                                             offset=offset)
             elif code < 0:
                 err = io.read_error(Location(path, offset), OSError(-code, os.strerror(-code)))

@@ -234,3 +234,195 @@ def test_a_tfrecord_record_whose_crc_fails_is_dropped_with_the_readers_error(tmp
     unchecked = TFRecordSource(str(path), check_crc=False)   # not checked: the engine reads the record
     batches, failures, _ = run_dry(unchecked, batch_size=3)
     assert sorted(statuses(batches)) == list(range(9)) and not failures.items
+
+
+# -- LMDB -----------------------------------------------------------------------------------------------------
+
+
+def datum(label: int | None, data: bytes | None = None, *, encoded=True, **more) -> bytes:
+    d = Datum(**more)
+    if label is not None:
+        d.label = label
+    if data is not None:
+        d.data, d.encoded = data, encoded
+    return d.SerializeToString()
+
+
+def datum_cases() -> dict[str, bytes]:
+    image = jpeg_bytes(12, 12)
+    return {
+        "plain": datum(3, image),
+        "sizes and an unknown field": datum(2, image, channels=3, height=12, width=12) + b"\xa8\x06\x05",
+        "negative label": datum(-7, image),
+        "no label": datum(None, image),
+        "label given twice": datum(1, image) + Datum(label=6).SerializeToString(),
+        "raw pixels": datum(1, bytes(12), encoded=False, channels=1, height=3, width=4),
+        "no data": datum(1, None, channels=1, height=1, width=1),
+        "data given twice": datum(1, image) + Datum(data=image).SerializeToString(),
+        "truncated": datum(1, image)[:-5],
+        "a group": datum(1, image) + b"\x0b\x0c",
+        "label of another wire type": datum(None, image) + b"\x2d\x01\x00\x00\x00",
+    }
+
+
+def lmdb_source_of(tmp_path, values: list[bytes]) -> LMDBSource:
+    import lmdb
+    env = lmdb.open(str(tmp_path / "caffe"), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for k, value in enumerate(values):
+            txn.put(b"%08d_x.jpg" % k, value)
+    env.close()
+    return LMDBSource(str(tmp_path / "caffe"), layout="caffe")
+
+
+@pytest.mark.parametrize("name", list(datum_cases()))
+def test_datum_parse_matches_the_reader(tmp_path, name):
+    raw = datum_cases()[name]
+    src = lmdb_source_of(tmp_path, [datum_cases()["plain"]])
+    got = E.record_image(raw, E.CAFFE_DATUM)
+    try:
+        record = src.parse(0, raw)
+    except CorruptRecordError:
+        assert got is None
+        return
+    if got is None:
+        # protobuf keeps the last data and takes a field of the wrong wire type as an unknown one: the engine leaves
+        # such values to protobuf
+        assert name in ("data given twice", "a group", "label of another wire type")
+        return
+    start, end, label = got
+    assert raw[start:end] == bytes(record.image) and label == record.label
+
+
+def framed_cases() -> dict[str, bytes]:
+    from ingest.formats import _framed
+    image = jpeg_bytes(10, 10)
+    plain = _framed.encode(Record(image, 5), IMAGE_LABEL)
+    return {
+        "plain": plain,
+        "negative label": _framed.encode(Record(image, -2), IMAGE_LABEL),
+        "empty image": _framed.encode(Record(b"", 1), IMAGE_LABEL),
+        "wrong magic": b"IGR2" + plain[4:],
+        "trailing byte": plain + b"\0",
+        "image length off": plain[:5] + (len(image) + 1).to_bytes(8, "little") + plain[13:],
+        "label of another kind": plain[:-17] + b"\x04" + plain[-16:],
+        "short": plain[:20],
+    }
+
+
+@pytest.mark.parametrize("name", list(framed_cases()))
+def test_framed_parse_matches_the_reader(tmp_path, name):
+    raw = framed_cases()[name]
+    got = E.record_image(raw, E.FRAMED)
+    src = write_lmdb_ours(tmp_path, images(1), check="none")   # (the parse, not the CRC)
+    try:
+        record = src.parse(0, raw)
+    except CorruptRecordError:
+        assert got is None
+        return
+    start, end, label = got
+    assert raw[start:end] == bytes(record.image) and label == record.label
+
+
+def write_lmdb_ours(directory: Path, records: list[Record], stem="db", **kw) -> LMDBSource:
+    writer = LMDBWriter(directory, stem, IMAGE_LABEL)
+    for r in records:
+        writer.add(r)
+    writer.close()
+    return LMDBSource(str(directory / f"{stem}.lmdb"), **kw)
+
+
+def big_and_small(n: int, *, png=()) -> list[Record]:
+    """Images of which every third is large (its value on LMDB overflow pages), the others small (inside a leaf
+    page)."""
+    out = images(n, png=png)
+    for i in range(0, n, 3):
+        if i not in png:
+            out[i] = Record(jpeg_bytes(90 + i, 120, seed=i, quality=95), out[i].label)
+    return out
+
+
+def test_lmdb_tables_are_their_locations(tmp_path):
+    recs = big_and_small(7)
+    ours = write_lmdb_ours(tmp_path, recs)
+    caffe = lmdb_source_of(tmp_path, [datum(r.label, bytes(r.image)) for r in recs])
+    for src, kind in ((ours, "framed"), (caffe, "caffe_datum")):
+        t = src.native_table()
+        assert t.kind == kind and t.labels is None
+        for i in range(len(src)):
+            loc = src.locate(i)
+            assert (t.paths[t.files[i]], t.offsets[i], t.sizes[i]) == (loc.path, loc.offset, loc.length)
+    sizes = ours.native_table().sizes
+    assert sizes.max() > 2040 > sizes.min()   # values on overflow pages and inside leaf pages (4 KB pages)
+    assert ours.native_table().crcs.tolist() == list(ours._crcs)
+    assert LMDBSource(str(tmp_path / "db.lmdb"), check="none").native_table().crcs is None
+
+
+def test_dry_run_of_lmdbs_plans_what_the_python_stages_plan(tmp_path):
+    recs = big_and_small(10, png=(4,))
+    for src in (write_lmdb_ours(tmp_path, recs), lmdb_source_of(tmp_path, [datum(r.label, bytes(r.image))
+                                                                             for r in recs])):
+        batches, failures, fallbacks = run_dry(src, epochs=2)
+        assert {i for i, s in statuses(batches).items() if s} == {4} and fallbacks == {"not a GPU JPEG": 2}
+        assert not failures.items
+
+
+def test_dry_run_of_an_lmdb_of_images_reads_them_whole(tmp_path):
+    import lmdb
+    env = lmdb.open(str(tmp_path / "imgs"), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for k, r in enumerate(big_and_small(6)):
+            txn.put(b"img%03d" % k, bytes(r.image))
+    env.close()
+    src = LMDBSource(str(tmp_path / "imgs"))
+    assert src.native_table().kind == "whole"
+    batches, _, _ = run_dry(src)
+    assert set(statuses(batches).values()) == {0} and {int(x) for b in batches for x in b.column("label")} == {-1}
+
+
+def test_dry_run_of_caffe_datums_leaves_odd_ones_to_python(tmp_path):
+    """A Datum the engine does not take (its data given twice: protobuf keeps the last) keeps its row for the
+    Python reader; a raw one in an LMDB of encoded ones is the reader's error there."""
+    values = [datum(i % 3, jpeg_bytes(20, 30, seed=i)) for i in range(7)]
+    values[1] = datum(2, b"not this") + Datum(data=jpeg_bytes(20, 30)).SerializeToString()
+    values[5] = datum(1, bytes(12), encoded=False, channels=1, height=3, width=4)
+    src = lmdb_source_of(tmp_path, values)
+    batches, failures, fallbacks = run_dry(src, max_failures=1, batch_size=3)
+    assert {i for i, s in statuses(batches).items() if s} == {1, 5} and fallbacks == {"record": 2}
+
+
+def test_an_lmdb_value_whose_crc_differs_is_dropped_with_the_readers_error(tmp_path):
+    src = write_lmdb_ours(tmp_path, big_and_small(9))
+    loc = src.locate(3)
+    data = tmp_path / "db.lmdb" / "data.mdb"
+    with open(data, "r+b") as f:
+        f.seek(loc.offset + loc.length - 40)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x20]))
+    src = LMDBSource(str(tmp_path / "db.lmdb"))
+    with pytest.raises(CorruptRecordError) as reader:
+        src.parse(3, read_location(loc))
+    ex, _, _ = dry(src, shuffle=False, max_failures=1)
+    try:
+        got = list(ex)
+        assert np.concatenate([b.column("index") for b in got]).tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
+        [(name, stage, reason)] = ex._failures[0].items
+        assert name == src.name(3) and reason == f"CorruptRecordError: {reader.value}"
+        assert "000000003" in reason and f"at byte {loc.offset}" in reason
+    finally:
+        ex.close()
+
+
+def test_lmdbs_the_engine_does_not_take_say_why(tmp_path):
+    raw = lmdb_source_of(tmp_path, [datum(1, bytes(12), encoded=False, channels=1, height=3, width=4)])
+    with pytest.raises(NotNative, match="caffe"):
+        raw.native_table()
+    import lmdb
+    env = lmdb.open(str(tmp_path / "col"), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        txn.put(b"image-000000001", jpeg_bytes(8, 8))
+        txn.put(b"label-000000001", b"text")
+    env.close()
+    chain, why = native.chain_for(LMDBSource(str(tmp_path / "col")), OPS)
+    assert chain is None and "columnar" in why

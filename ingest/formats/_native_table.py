@@ -5,7 +5,7 @@ can give one has ``native_table()``, which raises `NotNative` saying why where i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -36,7 +36,8 @@ class NativeTable:
     check); ``keys`` a "tfrecord" table's feature keys (image, then label where the spec has one);
     ``record_crc`` whether the engine checks a "tfrecord" record's own CRCs; ``python[i]`` 1 where the source
     knows at start that sample i needs its Python reader (a missing member, a header or label that disagrees with
-    the index): the engine does not read it and leaves its row to the Python pipeline (None: none)."""
+    the index): the engine does not read it and leaves its row to the Python pipeline (None: none);
+    ``index_names(i)`` how the reader's errors name sample i (their ``index``; None: i itself)."""
 
     paths: Sequence[str]
     files: np.ndarray     # int64
@@ -48,6 +49,7 @@ class NativeTable:
     keys: tuple[bytes, ...] = ()
     record_crc: bool = False
     python: np.ndarray | None = None   # uint8
+    index_names: Callable[[int], Any] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
