@@ -205,32 +205,39 @@ def test_dry_run_of_tfrecords_leaves_records_it_does_not_take_to_python(tmp_path
     assert {i for i, s in statuses(batches).items() if s} == {2, 4} and fallbacks == {"record": 2}
 
 
-def _corrupt_tfrecord(tmp_path, n=9, bad=4, where=-40):
-    path = write_tfrecord(tmp_path, images(n))
-    loc = TFRecordSource(str(path), check_crc=False).locate(bad)
+def flip(path, at: int) -> None:
+    """Change a bit of the byte at ``at`` of the file at ``path``."""
     with open(path, "r+b") as f:
-        f.seek(loc.offset + (loc.length + where if where < 0 else where))
+        f.seek(at)
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0x20]))
-    return path, loc
+
+
+def dropped_with_the_readers_error(src, bad: int, offset: int) -> str:
+    """A dry epoch of ``src`` (9 samples) in order, with a budget of one failure, that drops sample ``bad`` with
+    the error its reader raises (naming byte ``offset``); returns that failure's reason."""
+    with pytest.raises(CorruptRecordError) as reader:
+        src.parse(bad, read_location(src.locate(bad)))
+    ex, _, _ = dry(src, shuffle=False, max_failures=1)
+    try:
+        got = list(ex)
+        assert np.concatenate([b.column("index") for b in got]).tolist() == [i for i in range(9) if i != bad]
+        [(name, stage, reason)] = ex._failures[0].items
+        assert name == src.name(bad) and reason == f"CorruptRecordError: {reader.value}"
+        assert f"at byte {offset}" in reason
+        return reason
+    finally:
+        ex.close()
 
 
 @pytest.mark.parametrize("where, what", [(-40, "bad data CRC"), (9, "bad length CRC")])
 def test_a_tfrecord_record_whose_crc_fails_is_dropped_with_the_readers_error(tmp_path, where, what):
-    path, loc = _corrupt_tfrecord(tmp_path, where=where)
-    src = TFRecordSource(str(path))
-    with pytest.raises(CorruptRecordError) as reader:
-        src.parse(4, read_location(loc))
-    ex, _, _ = dry(src, shuffle=False, max_failures=1)
-    try:
-        got = list(ex)
-        assert np.concatenate([b.column("index") for b in got]).tolist() == [0, 1, 2, 3, 5, 6, 7, 8]
-        [(name, stage, reason)] = ex._failures[0].items
-        assert name == src.name(4) and what in reason and str(path) in reason and f"at byte {loc.offset}" in reason
-        assert reason == f"CorruptRecordError: {reader.value}"
-    finally:
-        ex.close()
+    path = write_tfrecord(tmp_path, images(9))
+    loc = TFRecordSource(str(path), check_crc=False).locate(4)
+    flip(path, loc.offset + (loc.length + where if where < 0 else where))
+    reason = dropped_with_the_readers_error(TFRecordSource(str(path)), 4, loc.offset)
+    assert what in reason and str(path) in reason
     unchecked = TFRecordSource(str(path), check_crc=False)   # not checked: the engine reads the record
     batches, failures, _ = run_dry(unchecked, batch_size=3)
     assert sorted(statuses(batches)) == list(range(9)) and not failures.items
@@ -394,24 +401,9 @@ def test_dry_run_of_caffe_datums_leaves_odd_ones_to_python(tmp_path):
 def test_an_lmdb_value_whose_crc_differs_is_dropped_with_the_readers_error(tmp_path):
     src = write_lmdb_ours(tmp_path, big_and_small(9))
     loc = src.locate(3)
-    data = tmp_path / "db.lmdb" / "data.mdb"
-    with open(data, "r+b") as f:
-        f.seek(loc.offset + loc.length - 40)
-        byte = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([byte[0] ^ 0x20]))
-    src = LMDBSource(str(tmp_path / "db.lmdb"))
-    with pytest.raises(CorruptRecordError) as reader:
-        src.parse(3, read_location(loc))
-    ex, _, _ = dry(src, shuffle=False, max_failures=1)
-    try:
-        got = list(ex)
-        assert np.concatenate([b.column("index") for b in got]).tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
-        [(name, stage, reason)] = ex._failures[0].items
-        assert name == src.name(3) and reason == f"CorruptRecordError: {reader.value}"
-        assert "000000003" in reason and f"at byte {loc.offset}" in reason
-    finally:
-        ex.close()
+    flip(tmp_path / "db.lmdb" / "data.mdb", loc.offset + loc.length - 40)
+    reason = dropped_with_the_readers_error(LMDBSource(str(tmp_path / "db.lmdb")), 3, loc.offset)
+    assert "[sample 000000003]" in reason and "CRC32C" in reason
 
 
 def test_lmdbs_the_engine_does_not_take_say_why(tmp_path):
@@ -426,3 +418,82 @@ def test_lmdbs_the_engine_does_not_take_say_why(tmp_path):
     env.close()
     chain, why = native.chain_for(LMDBSource(str(tmp_path / "col")), OPS)
     assert chain is None and "columnar" in why
+
+
+# -- WebDataset -------------------------------------------------------------------------------------------------
+
+
+def write_tar(directory: Path, records: list[Record], stem="shard") -> Path:
+    writer = WebDatasetWriter(directory, stem, IMAGE_LABEL)
+    for r in records:
+        writer.add(r)
+    writer.close()
+    return directory / f"{stem}.tar"
+
+
+def hand_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, __import__("io").BytesIO(data))
+    return path
+
+
+def test_webdataset_table_is_its_image_members_and_labels(tmp_path):
+    src = WebDatasetSource(str(write_tar(tmp_path, images(7, png=(2,)))))
+    t = src.native_table()
+    assert t.kind == "whole" and t.python is None and t.labels.tolist() == src.labels().tolist()
+    for i in range(len(src)):
+        header = src.locate(i)[0]   # (the image member's header block, then its data)
+        assert (t.paths[t.files[i]], t.offsets[i], t.sizes[i]) == (header.path, header.offset + 512,
+                                                                   header.length - 512)
+        assert t.crcs[i] == src._crcs[int(src._members.columns["image"][i])]
+    assert WebDatasetSource(str(tmp_path / "shard.tar"), check="none").native_table().crcs is None
+
+
+def test_dry_run_of_webdataset_shards_plans_what_the_python_stages_plan(tmp_path):
+    recs = images(13, png=(5,))
+    write_tar(tmp_path, recs[:6], "a")
+    write_tar(tmp_path, recs[6:], "b")
+    src = WebDatasetSource(str(tmp_path))
+    batches, failures, fallbacks = run_dry(src, epochs=2)
+    assert {i for i, s in statuses(batches).items() if s} == {5} and fallbacks == {"not a GPU JPEG": 2}
+    assert not failures.items
+
+
+def test_webdataset_samples_the_table_cannot_vouch_for_are_left_to_python(tmp_path):
+    """A sample without its label member, and one whose label member disagrees with the index, are not read by
+    the engine: the Python reader names their problem (and the budget drops them); the others run natively."""
+    members = []
+    for k in range(6):
+        members.append((f"s{k}.jpg", jpeg_bytes(20 + k, 30, seed=k)))
+        if k != 2:
+            members.append((f"s{k}.cls", b"%d" % (k % 3)))
+    path = hand_tar(tmp_path / "odd.tar", members)
+    src = WebDatasetSource(str(path), fields={"image": "jpg", "label": "cls"}, write_index=True)
+    cls = src._members.columns["label"][4]
+    flip(path, src._members.offsets[cls])   # "1" -> "\x11": the index (written) still says 1
+    src = WebDatasetSource(str(path), fields={"image": "jpg", "label": "cls"})
+    t = src.native_table()
+    assert t.python.tolist() == [0, 0, 1, 0, 1, 0]
+    batches, failures, fallbacks = run_dry(src, max_failures=2, batch_size=3)
+    assert {i for i, s in statuses(batches).items() if s} == {2, 4} and fallbacks == {"record": 2}
+
+
+def test_a_webdataset_image_whose_crc_differs_is_dropped_with_the_readers_error(tmp_path):
+    path = write_tar(tmp_path, images(9))
+    src = WebDatasetSource(str(path))
+    loc = src.locate(6)[0]
+    flip(path, loc.offset + loc.length - 40)
+    reason = dropped_with_the_readers_error(WebDatasetSource(str(path)), 6, loc.offset + 512)   # (its data's)
+    assert "CRC32C" in reason
+
+
+def test_webdatasets_the_engine_does_not_take_say_why(tmp_path):
+    path = hand_tar(tmp_path / "x.tar", [("a.jpg", jpeg_bytes(8, 8)), ("a.cls", b"1"), ("a.txt", b"hi")])
+    with pytest.raises(NotNative, match="txt"):
+        WebDatasetSource(str(path)).native_table()
+    assert WebDatasetSource(str(path), fields={"image": "jpg", "label": "cls"}).native_table().kind == "whole"
+    with pytest.raises(NotNative, match="streamed"):
+        WebDatasetSource(str(path), stream=True).native_table()
