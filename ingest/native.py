@@ -2,19 +2,23 @@
 iterates in its place.
 
 The engine (``ingest/_native/engine.c``, module ``ingest._engine``) runs a batch from its dataset indices to the
-finished device batch on native threads: byte-range reads into a pinned arena, the record parse (file trees and
-RecordIO), the JPEG header scan, the op chain's draws (the native planner, ``plan.h``), nvImageCodec's decode of
-each sample's region into a device arena, the fused warp + normalize kernel into a preallocated output, the labels
-and an event per batch. The training thread's Python per batch is one native ``next()`` (the GIL released while it
-waits; the consumer's stream made to wait on the batch's event in C) and the wrapping of the batch's output slot.
+finished device batch on native threads: byte-range reads into a pinned arena, the record parse (the table's kind:
+`ingest.formats._native_table.KINDS`), the JPEG header scan, the op chain's draws (the native planner,
+``plan.h``), nvImageCodec's decode of each sample's region into a device arena, the fused warp + normalize kernel
+into a preallocated output, the labels and an event per batch. The training thread's Python per batch is one
+native ``next()`` (the GIL released while it waits; the consumer's stream made to wait on the batch's event in C)
+and the wrapping of the batch's output slot.
 
 Rules:
 
 - **Eligible** (`why_not` returns None): a CUDA device with decode "mixed", no worker processes, a source with
-  ``native_table()`` (file trees, RecordIO), encoded images and nothing else asked for (``output="tuple"``, or
-  a source with only an image and a label), a chain `ingest.native_plan.describe` takes whose output size is
-  fixed, nvImageCodec's native binding and CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs
-  the native engine where eligible, "python" never, "native" raises a ConfigError naming why where not.
+  ``native_table()`` (file trees, RecordIO, uncompressed TFRecord of an image and an optional int label, LMDB of
+  ours, encoded Caffe Datums or images, indexed WebDataset tars of an image and an optional label; where a
+  source's settings or data rule a table out, ``NotNative`` says why), encoded images and nothing else asked for
+  (``output="tuple"``, or a source with only an image and a label), a chain `ingest.native_plan.describe` takes
+  whose output size is fixed, nvImageCodec's native binding and CuPy (the kernel) loaded. The ``engine`` setting
+  decides: "auto" runs the native engine where eligible, "python" never, "native" raises a ConfigError naming why
+  where not.
 - **Same samples** as the Python engine for the same seed: the same order, draws (keyed by seed, epoch and dataset
   index), labels, regions and kernel arguments; pixels within the decoders' tolerance (a decoder's backend
   depends on the image's place in its share of the batch, as in the Python engine).
@@ -28,10 +32,13 @@ Rules:
   file). So is a record whose bytes do not have the CRC32C its table gives (``NativeTable.crcs``, the source's
   ``check``): the engine's read team computes it over the whole byte range read, the bytes `ingest.formats.checks`
   covers, and the error is the `CorruptRecordError` the Python reader raises (`checks.mismatch_error`: it names the
-  file and the record's offset). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a split
-  RecordIO record, one nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline with
-  CPU decoding for those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is
-  dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a
+  file, the record's offset and the sample as the reader does, ``NativeTable.index_names``); so is a TFRecord
+  record whose own masked CRC32C of its length or data fails (``check_crc``: `tfrecord.crc_error`). A sample the GPU
+  path does not take (not a plain JPEG, EXIF-oriented, a record the engine's parse leaves to the Python reader: a
+  split RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that is not a
+  plain encoded one; a sample the table leaves to Python, ``NativeTable.python``; one nvImageCodec refuses) keeps
+  its row, which this class fills through a Python pipeline with CPU decoding for those samples only (read, probe,
+  plan, decode, ops, the same draws); one that fails there is dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a
   CPU decode, per batch that has one; `stats()["native"]["fallbacks"]` counts them.
 - **Epochs**: the engine runs on into the next epoch, as the Python executor does; each epoch's indices and batch
   bounds are made once from the sampler's plans and handed over as arrays, one epoch ahead.

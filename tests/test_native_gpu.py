@@ -1,8 +1,9 @@
 """The native engine on CUDA (run on the device machine): the same samples as the Python engine for the same seed
 (order, labels, crops and flips; pixels within the decoders' tolerance) on a file tree with fallbacks (PNG,
 EXIF-rotated, progressive JPEGs), on a RecordIO file and on each record format the engine reads (TFRecord, LMDB
-ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both; the output ring (a loop's batches never rewritten behind
-its stream, batches and views the user keeps never written again); read failures naming the file; shutdown."""
+ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both; the output ring (a loop's
+batches never rewritten behind its stream, batches and views the user keeps never written again); read failures
+naming the file; shutdown."""
 
 from __future__ import annotations
 

@@ -427,7 +427,8 @@ class WebDatasetSource:
         for k, shard in enumerate(self.shards):
             with open(shard, "rb") as f:
                 for i in range(mem.starts[k], mem.starts[k + 1]):
-                    value = self._native_label(f.fileno(), i, int(image[i]), None if label is None else int(label[i]))
+                    value = self._native_label(f.fileno(), i, int(image[i]),
+                                               None if label is None else int(label[i]))
                     if value is None:
                         python[i] = 1
                     else:
@@ -435,8 +436,8 @@ class WebDatasetSource:
         offsets = np.frombuffer(mem.offsets, np.int64)[np.maximum(image, 0)]
         sizes = np.where(python == 1, 0, np.frombuffer(mem.sizes, np.int64)[np.maximum(image, 0)])
         crcs = None if self._crcs is None else np.frombuffer(self._crcs, np.uint32)[np.maximum(image, 0)]
-        self._native = NativeTable(self.shards, np.frombuffer(mem.shard_of, np.intc).astype(np.int64), offsets, sizes,
-                                   labels, "whole", crcs, python=python if python.any() else None)
+        self._native = NativeTable(self.shards, np.frombuffer(mem.shard_of, np.intc).astype(np.int64), offsets,
+                                   sizes, labels, "whole", crcs, python=python if python.any() else None)
         return self._native
 
     def _native_label(self, fd: int, i: int, image: int, label: int | None) -> int | None:
