@@ -497,3 +497,19 @@ def test_webdatasets_the_engine_does_not_take_say_why(tmp_path):
     assert WebDatasetSource(str(path), fields={"image": "jpg", "label": "cls"}).native_table().kind == "whole"
     with pytest.raises(NotNative, match="streamed"):
         WebDatasetSource(str(path), stream=True).native_table()
+
+
+# -- eligibility ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "lmdb", "caffe", "webdataset"])
+def test_record_sources_are_eligible(tmp_path, fmt):
+    """Each format's source passes every check of `native.why_not` that does not need a GPU (on a host without
+    nvImageCodec or CuPy it stops at those)."""
+    import torch
+    from ingest.engine import Pipeline
+    from test_native_emulated import record_source
+    src, _ = record_source(tmp_path, fmt)
+    cuda = dict(device=torch.device("cuda"), decode="mixed", workers=0, streamed=False, tuple_output=True)
+    why = native.why_not(src, OPS, **cuda, pipeline=Pipeline(src, ops=OPS))[1]
+    assert why is None or "nvImageCodec" in why or "CuPy" in why, why
