@@ -513,3 +513,28 @@ def test_record_sources_are_eligible(tmp_path, fmt):
     cuda = dict(device=torch.device("cuda"), decode="mixed", workers=0, streamed=False, tuple_output=True)
     why = native.why_not(src, OPS, **cuda, pipeline=Pipeline(src, ops=OPS))[1]
     assert why is None or "nvImageCodec" in why or "CuPy" in why, why
+
+
+def check_table(src) -> None:
+    """Every sample of ``src`` through its native table as the engine parses it: the reader's image bytes and
+    label, or a sample the table leaves to Python."""
+    t = src.native_table()
+    code = native._KINDS[t.kind]
+    for i in range(len(src)):
+        record = src.parse(i, read_location(src.locate(i)))
+        if t.python is not None and t.python[i]:
+            continue
+        with open(t.paths[t.files[i]], "rb") as f:
+            raw = os.pread(f.fileno(), int(t.sizes[i]) if t.sizes[i] >= 0 else 1 << 30, int(t.offsets[i]))
+        if code == 0:
+            got = (0, len(raw), -1 if t.labels is None else int(t.labels[i]))
+        else:
+            got = E.record_image(raw, code, list(t.keys) or None, t.record_crc)
+        start, end, label = got
+        assert raw[start:end] == bytes(memoryview(record.image).cast("B")) and label == record.label, i
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "lmdb", "caffe", "webdataset"])
+def test_every_sample_through_its_table_is_the_readers(tmp_path, fmt):
+    from test_native_emulated import record_source
+    check_table(record_source(tmp_path, fmt)[0])
