@@ -42,7 +42,8 @@ setup(ext_modules=[
     Extension("ingest._plan", ["ingest/_native/plan_py.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE,
               depends=["ingest/_native/plan.h", "ingest/_native/random_core.h"], libraries=["m"]),
-    Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS,
+              include_dirs=NATIVE, depends=["ingest/_native/example_scan.h"]),
     Extension("ingest.decode._jpeg", ["ingest/decode/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
               depends=["ingest/_native/jpeg_scan.h"]),
     Extension("ingest.ops._boxes", ["ingest/ops/_boxes.c"], optional=True, extra_compile_args=EXACT,
@@ -51,6 +52,6 @@ setup(ext_modules=[
               depends=["ingest/_native/nvloop.h"]),
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE, libraries=["m", "dl", "pthread"],
-              depends=["ingest/_native/" + h for h in ("crc32c.h", "jpeg_scan.h", "nvloop.h", "plan.h", "preadv.h",
-                                                       "random_core.h")]),
+              depends=["ingest/_native/" + h for h in ("crc32c.h", "example_scan.h", "jpeg_scan.h", "nvloop.h",
+                                                       "plan.h", "preadv.h", "random_core.h")]),
 ])

@@ -2,21 +2,24 @@
 iterates in its place.
 
 The engine (``ingest/_native/engine.c``, module ``ingest._engine``) runs a batch from its dataset indices to the
-finished device batch on native threads: byte-range reads into a pinned arena, the record parse (file trees and
-RecordIO), the JPEG header scan, the op chain's draws (the native planner, ``plan.h``), nvImageCodec's decode of
-each sample's region into a device arena, the fused warp + normalize kernel into a preallocated output, the labels
-and a host function per batch that puts it on the ready queue once the GPU has run it. The training thread's
-Python per batch is one native ``next()`` (the GIL released while it waits; a batch comes finished, so the thread
-makes no CUDA call, which would hold the GIL while the driver's locks are busy with the engine's threads) and the
-wrapping of the batch's output slot.
+finished device batch on native threads: byte-range reads into a pinned arena, the record parse (the table's kind:
+`ingest.formats._native_table.KINDS`), the JPEG header scan, the op chain's draws (the native planner,
+``plan.h``), nvImageCodec's decode of each sample's region into a device arena, the fused warp + normalize kernel
+into a preallocated output, the labels and a host function per batch that puts it on the ready queue once the GPU
+has run it. The training thread's Python per batch is one native ``next()`` (the GIL released while it waits; a
+batch comes finished, so the thread makes no CUDA call, which would hold the GIL while the driver's locks are busy
+with the engine's threads) and the wrapping of the batch's output slot.
 
 Rules:
 
 - **Eligible** (`why_not` returns None): a CUDA device with decode "mixed", no worker processes, a source with
-  ``native_table()`` (file trees, RecordIO), encoded images and nothing else asked for (``output="tuple"``, or
-  a source with only an image and a label), a chain `ingest.native_plan.describe` takes whose output size is
-  fixed, nvImageCodec's native binding and CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs
-  the native engine where eligible, "python" never, "native" raises a ConfigError naming why where not.
+  ``native_table()`` (file trees, RecordIO, uncompressed TFRecord of an image and an optional int label, LMDB of
+  ours, encoded Caffe Datums or images, indexed WebDataset tars of an image and an optional label; where a
+  source's settings or data rule a table out, ``NotNative`` says why), encoded images and nothing else asked for
+  (``output="tuple"``, or a source with only an image and a label), a chain `ingest.native_plan.describe` takes
+  whose output size is fixed, nvImageCodec's native binding and CuPy (the kernel) loaded. The ``engine`` setting
+  decides: "auto" runs the native engine where eligible, "python" never, "native" raises a ConfigError naming why
+  where not.
 - **Same samples** as the Python engine for the same seed: the same order, draws (keyed by seed, epoch and dataset
   index), labels, regions and kernel arguments; pixels within the decoders' tolerance (a decoder's backend
   depends on the image's place in its share of the batch, as in the Python engine).
@@ -31,10 +34,13 @@ Rules:
   file). So is a record whose bytes do not have the CRC32C its table gives (``NativeTable.crcs``, the source's
   ``check``): the engine's read team computes it over the whole byte range read, the bytes `ingest.formats.checks`
   covers, and the error is the `CorruptRecordError` the Python reader raises (`checks.mismatch_error`: it names the
-  file and the record's offset). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a split
-  RecordIO record, one nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline with
-  CPU decoding for those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is
-  dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a
+  file, the record's offset and the sample as the reader does, ``NativeTable.index_names``); so is a TFRecord
+  record whose own masked CRC32C of its length or data fails (``check_crc``: `tfrecord.crc_error`). A sample the GPU
+  path does not take (not a plain JPEG, EXIF-oriented, a record the engine's parse leaves to the Python reader: a
+  split RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that is not a
+  plain encoded one; a sample the table leaves to Python, ``NativeTable.python``; one nvImageCodec refuses) keeps
+  its row, which this class fills through a Python pipeline with CPU decoding for those samples only (read, probe,
+  plan, decode, ops, the same draws); one that fails there is dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a
   CPU decode, per batch that has one; `stats()["native"]["fallbacks"]` counts them.
 - **Epochs**: the engine runs on into the next epoch, as the Python executor does; each epoch's indices and batch
   bounds are made once from the sampler's plans and handed over as arrays, one epoch ahead.
@@ -56,7 +62,8 @@ import torch
 
 from . import defaults, io
 from .errors import ConfigError
-from .formats import checks
+from .formats import checks, tfrecord
+from .formats._native_table import NotNative
 from .formats.base import Location, fields_of
 from .ops import planner
 from .engine import Batch, EpochEnd, Failures, Pipeline
@@ -70,7 +77,8 @@ except ImportError:   # built where a C compiler was found (setup.py)
 ENGINES = ("auto", "python", "native")
 #: Why a sample fell back to the Python path, by the engine's code (`stats()["native"]["fallbacks"]`).
 FALLBACK_REASONS = {1: "not a GPU JPEG", 2: "oriented", 3: "record", 4: "decoder", 5: "plan"}
-_KINDS = {"whole": 0, "recordio": 1}
+_KINDS = {"whole": 0, "recordio": 1, "tfrecord": 2, "caffe_datum": 3, "framed": 4}
+_TABLES = "file trees, RecordIO, TFRecord, LMDB and WebDataset do"
 _DTYPES = {torch.uint8: 0, torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -96,7 +104,7 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
     if workers or streamed or pipeline is None:
         return None, "it runs in the training process on a seekable source (no worker processes, no stream)"
     if getattr(source, "native_table", None) is None:
-        return None, f"{type(source).__name__} gives no native table (file trees and RecordIO do)"
+        return None, f"{type(source).__name__} gives no native table ({_TABLES})"
     fields = fields_of(source)
     if pipeline.image_kind != "image" or pipeline.direct or "boxes" in fields:
         return None, "it takes encoded images without boxes"
@@ -130,8 +138,12 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
         return None, "its op chain's output size depends on the image's (the output ring is made at start)"
     table_of = getattr(source, "native_table", None)
     if table_of is None:
-        return None, f"{type(source).__name__} gives no native table (file trees and RecordIO do)"
-    return Chain(table_of(), desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout), None
+        return None, f"{type(source).__name__} gives no native table ({_TABLES})"
+    try:
+        table = table_of()
+    except NotNative as err:
+        return None, f"{type(source).__name__} gives no native table here: {err}"
+    return Chain(table, desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout), None
 
 
 def choose(setting: str, chain: Chain | None, why: str | None) -> Chain | None:
@@ -260,7 +272,9 @@ class NativeExecutor:
             read_threads or defaults.get("io_threads"), pipeline.decode_stage.cpu.max_pixels,
             all(lane.regions for lane, _ in pipeline.lanes if lane is not None), gpu,
             min(19, defaults.get("engine_nice")),
-            None if table.crcs is None else np.ascontiguousarray(table.crcs, np.uint32))
+            None if table.crcs is None else np.ascontiguousarray(table.crcs, np.uint32),
+            list(table.keys) or None, table.record_crc,
+            None if table.python is None else np.ascontiguousarray(table.python, np.uint8))
         self._slots: list[_Slot | None] = [None] * slots
         self._dry: list[np.ndarray] = []
         self._out: list[int] = []   # slots handed out and not given back, oldest first
@@ -412,8 +426,11 @@ class NativeExecutor:
                 fallback.append((index, row))
                 continue
             path, offset = table.paths[int(table.files[index])], int(table.offsets[index])
-            if stage == ENGINE.NOTE_CORRUPT:   # code: the CRC32C of the bytes read; status: the one written
-                err = checks.mismatch_error(code, status, int(table.sizes[index]), path=path, index=index,
+            named = index if table.index_names is None else table.index_names(index)
+            if stage == ENGINE.NOTE_CORRUPT and table.record_crc:   # code: which of the record's CRCs failed
+                err = tfrecord.crc_error("length" if code == 1 else "data", path=path, index=named, offset=offset)
+            elif stage == ENGINE.NOTE_CORRUPT:   # code: the CRC32C of the bytes read; status: the one written
+                err = checks.mismatch_error(code, status, int(table.sizes[index]), path=path, index=named,
                                             offset=offset)
             elif code < 0:
                 err = io.read_error(Location(path, offset), OSError(-code, os.strerror(-code)))

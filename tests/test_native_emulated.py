@@ -6,7 +6,9 @@ equal the kernel run on the Python planner's warp over whole pattern images: thi
 origins, arena offsets, kernel arguments and rows, the labels' upload, the decode threads' shares, an image the
 decoder refuses (its row left to Python), a RecordIO record whose CRC32C differs (its row dropped) and batches
 and epoch ends reaching next() in order through host functions that run late on a thread of their own, without a
-GPU. Runs in a child process (the stand-in driver is loaded once per process)."""
+GPU; and, through the NativeExecutor, each record format's table (TFRecord, LMDB ours and Caffe, WebDataset) against
+the Python stages, a TFRecord record whose CRC fails dropped. Runs in a child process (the stand-in driver is loaded
+once per process)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import pytest
 import torch
 
 from ingest import native
+from ingest.formats.base import read_location
 
 pytestmark = pytest.mark.skipif(native.ENGINE is None, reason="ingest._engine was not built")
 
@@ -223,6 +226,88 @@ def test_a_record_whose_crc_differs_is_dropped_on_the_gpu_path(tmp_path, stand_i
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "crc batches compared: 3" in done.stdout, done.stdout
+
+
+RECORD_FORMATS = ["tfrecord", "tfrecord-crc", "lmdb", "caffe", "webdataset"]
+
+
+def test_record_formats_on_a_stand_in_driver_match_the_python_stages(tmp_path, stand_in):
+    env = dict(os.environ, INGEST_CUDA_LIBRARY=str(stand_in),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, __file__, str(stand_in), str(tmp_path), "rrc-flip-normalize", "records"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for fmt in RECORD_FORMATS:
+        assert f"{fmt}: record batches compared: 6" in done.stdout, done.stdout
+
+
+def record_source(root: Path, fmt: str):
+    """A source of ``fmt`` holding the same 11 records (record 3 a PNG), and the index of the record whose CRC fails
+    (None: none)."""
+    from test_native_records import (datum, flip, images, lmdb_source_of, write_lmdb_ours, write_tar,
+                                     write_tfrecord)
+    from ingest.formats.tfrecord import TFRecordSource
+    from ingest.formats.webdataset import WebDatasetSource
+    records = images(11, png=(3,))
+    if fmt.startswith("tfrecord"):
+        path = write_tfrecord(root, records)
+        if fmt == "tfrecord-crc":
+            loc = TFRecordSource(str(path)).locate(6)
+            flip(path, loc.offset + loc.length - 30)
+            return TFRecordSource(str(path)), 6
+        return TFRecordSource(str(path)), None
+    if fmt == "lmdb":
+        return write_lmdb_ours(root, records), None
+    if fmt == "caffe":
+        return lmdb_source_of(root, [datum(r.label, bytes(r.image)) for r in records]), None
+    return WebDatasetSource(str(write_tar(root, records))), None
+
+
+def child_records(lib_path: str, root: str, chain_name: str, fmt: str) -> None:
+    """The NativeExecutor over the stand-ins on a record format for two epochs, against the Python stages: the same
+    labels and rows (the PNG's and the refused image's filled by Python), a record whose CRC fails dropped (with
+    a budget of one failure) and named as the reader names it."""
+    from ingest.engine import Failures, Pipeline
+    from ingest.sampler import Sampler
+
+    ops = chains()[chain_name]
+    src, bad = record_source(Path(root), fmt)
+    refused = len(src.parse(5, read_location(src.locate(5))).image)   # the stand-in decoder refuses this one
+    fake, gpu, _ = stand_in_gpu(lib_path, src, True, refused=refused)
+    chain, why = native.chain_for(src, ops)
+    assert chain is not None, why
+    sampler = Sampler(len(src), 4, shuffle=True, seed=3)
+    budget = 0 if bad is None else 1
+    failures = Failures(budget, sampler.samples())
+    ex = native.NativeExecutor(Pipeline(src, ops=ops, device="cpu"), chain, sampler, epoch=0, start=0, offset=0,
+                               failures=failures, budget=lambda: Failures(budget, sampler.samples()), prefetch=1,
+                               gpu=gpu)
+    seen = []
+    for epoch in range(2):
+        seen += [(batch.indices.clone(), batch.images.clone(), batch.labels.clone()) for batch in ex]
+    ex.close()
+    reference = Pipeline(src, ops=ops, device="cpu")
+    compared = 0
+    for epoch in range(2):
+        for plan in sampler.batches(epoch):
+            _, x, y = seen[compared]
+            reference.start_epoch(Failures(budget, sampler.samples()))   # (a budget each: read, then run)
+            work = reference.read(plan)
+            want = kernel_reference(fake, work, ops)
+            reference.start_epoch(Failures(budget, sampler.samples()))
+            python = reference.run(plan)
+            assert torch.equal(y, python.labels), (epoch, plan.number, y, python.labels)
+            for row, record in enumerate(work.records):
+                image = bytes(memoryview(record.image).cast("B"))
+                if image.startswith(b"\x89PNG") or len(image) == refused:
+                    assert_close(x[row], python.images[row], ops, f"{fmt} epoch {epoch} fallback row {row}")
+                else:
+                    assert_close(x[row], want[row], ops, f"{fmt} epoch {epoch} row {row}")
+            compared += 1
+    if bad is not None:
+        [(name, stage, reason)] = failures.items
+        assert name == src.name(bad) and "bad data CRC" in reason, failures.items
+    print(f"{fmt}: record batches compared: {compared}")
 
 
 def child_crc(lib_path: str, root: str, chain_name: str) -> None:
@@ -430,5 +515,9 @@ if __name__ == "__main__":
         child_executor(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "crc":
         child_crc(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4] == "records":
+        for name in RECORD_FORMATS:
+            os.makedirs(os.path.join(sys.argv[2], name))
+            child_records(sys.argv[1], os.path.join(sys.argv[2], name), sys.argv[3], name)
     else:
         child(sys.argv[1], sys.argv[2], sys.argv[3], bool(int(sys.argv[4])))

@@ -1,7 +1,9 @@
 """The native engine on CUDA (run on the device machine): the same samples as the Python engine for the same seed
 (order, labels, crops and flips; pixels within the decoders' tolerance) on a file tree with fallbacks (PNG,
-EXIF-rotated, progressive JPEGs) and on a RecordIO file; the output ring (a loop's batches never rewritten behind
-its stream, batches and views the user keeps never written again); read failures naming the file; shutdown."""
+EXIF-rotated, progressive JPEGs), on a RecordIO file and on each record format the engine reads (TFRecord, LMDB
+ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both; the output ring (a loop's
+batches never rewritten behind its stream, batches and views the user keeps never written again); read failures
+naming the file; shutdown."""
 
 from __future__ import annotations
 
@@ -105,6 +107,34 @@ def test_recordio_gives_the_python_engines_samples(tmp_path):
         a, b = pair(tmp_path / "data.rec", ops, batch_size=8, shuffle=True, seed=1, reader_options={"check": "none"})
         with a, b:
             assert compare(a, b, ops, off_rows=0) == 6
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "lmdb", "caffe", "webdataset"])
+def test_record_formats_give_the_python_engines_samples(tmp_path, fmt):
+    """11 records of each format (record 3 a PNG, completed in Python inside its batch): the same labels, and the
+    same pixels for the rows both decode on the GPU."""
+    from test_native_emulated import record_source
+    src, _ = record_source(tmp_path, fmt)
+    ops = CHAINS["resize-crop-uint8"]
+    with defaults.set(hw_decoder_load=0):
+        a, b = pair(src, ops, batch_size=4, shuffle=True, seed=2)
+        with a, b:
+            assert compare(a, b, ops, off_rows=2) == 6
+            stats = a.stats()
+    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]
+
+
+def test_a_tfrecord_record_whose_crc_fails_is_dropped_by_both_engines(tmp_path):
+    from test_native_emulated import record_source
+    src, bad = record_source(tmp_path, "tfrecord-crc")
+    ops = CHAINS["rrc-flip-normalize"]
+    with defaults.set(hw_decoder_load=0):
+        a, b = pair(src, ops, batch_size=4, shuffle=False, max_failures=1)
+        with a, b:
+            assert compare(a, b, ops, epochs=1, off_rows=1) == 3
+            failed = [stats["failures"] for stats in (a.stats(), b.stats())]
+    assert [[f[0] for f in x] for x in failed] == [[src.name(bad)]] * 2
+    assert all("bad data CRC" in x[0][2] for x in failed)
 
 
 def test_a_loop_behind_its_stream_never_sees_a_batch_rewritten(tmp_path):

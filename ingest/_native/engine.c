@@ -3,8 +3,11 @@
  *
  *   reader thread      takes the next batch of the epoch queued by Python (add_epoch), lays its byte ranges out in
  *                      a pinned host arena, reads them with preadv on the read team (preadv.h), parses each record
- *                      (WHOLE: the range is the image; RECORDIO: the IRHeader), scans the JPEG header (jpeg_scan.h)
- *                      and plans the op chain (plan.h: draws, regions to decode, output sizes)
+ *                      (WHOLE: the range is the image; RECORDIO: the IRHeader; TFRECORD: the framing and the
+ *                      tf.train.Example's image and label features, example_scan.h; CAFFE_DATUM: an encoded Datum's
+ *                      data and label fields; FRAMED: our LMDB layout's record of an image and a label), scans the
+ *                      JPEG header (jpeg_scan.h) and plans the op chain (plan.h: draws, regions to decode, output
+ *                      sizes)
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
  *                      (one thread per nvImageCodec decoder, nvloop.h), then takes a free output slot, packs the
  *                      warp kernel's arguments (plan.h), uploads them and the labels from pinned memory, launches
@@ -21,10 +24,14 @@
  * Rows. A batch's samples keep their order; a sample that cannot be read is dropped natively and reported as a
  * note (index, row -1, NOTE_READ, -errno or the bytes read, bytes wanted); so is one whose bytes do not have the
  * CRC32C given for it (`crcs`: over exactly the bytes read, the record's whole range; computed by the read team as
- * each range lands, crc32c.h), as (index, row -1, NOTE_CORRUPT, CRC computed, CRC given); a sample the GPU path
- * does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, more than
- * max_pixels, EXIF- or XMP-oriented, a RecordIO record that is split or damaged, or one nvImageCodec refuses) keeps
- * its row and is reported as a note (index, row, NOTE_FALLBACK, why, nvImageCodec status): Python fills that row.
+ * each range lands, crc32c.h), as (index, row -1, NOTE_CORRUPT, CRC computed, CRC given), and a TFRecord record
+ * whose own masked CRC32C of its length or data fails (`record_crc`), as (index, row -1, NOTE_CORRUPT, 1 for the
+ * length's or 2 for the data's, 0). A sample the table leaves to Python (`python`: not read), and a sample the GPU
+ * path does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, more than
+ * max_pixels, EXIF- or XMP-oriented, a record its format's parse leaves to the Python reader (a split or damaged
+ * RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that is not a plain
+ * encoded one), or one nvImageCodec refuses) keeps its row and is reported as a note (index, row, NOTE_FALLBACK,
+ * why, nvImageCodec status): Python fills that row.
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
  * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from
@@ -64,16 +71,19 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "example_scan.h"
 #include "jpeg_scan.h"
 #include "nvloop.h"
 #include "plan.h"
 #include "preadv.h"
 
-enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_COUNT };
+enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, FMT_FRAMED = 4, FMT_COUNT };
 enum { ST_OK = 0, ST_FAILED = 1, ST_FALLBACK = 2 };
 enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3 };
 /* why a sample falls back */
 enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5 };
+/* a TFRecord record's CRC check (read team): j->crc[k] */
+enum { TF_OK = 0, TF_LENGTH_CRC = 1, TF_DATA_CRC = 2, TF_FRAMING = 3 };
 enum { R_BATCH = 0, R_EPOCH = 1 };
 /* dry-mode columns per row */
 enum { D_INDEX, D_LABEL, D_STATUS, D_H, D_W, D_RX0, D_RY0, D_RX1, D_RY1, D_DX0, D_DY0, D_DX1, D_DY1, D_OH, D_OW,
@@ -254,6 +264,10 @@ struct Engine {
     char *path_block;
     int64_t *files, *offsets, *sizes, *labels;
     uint32_t *crcs;       /* each record's CRC32C, checked as read (NULL: none) */
+    uint8_t *python;      /* 1 where the table leaves a sample to Python (NULL: none) */
+    ex_request keys;      /* TFRECORD: the image key ('b') and, where given, the label key ('i') */
+    char *key_block;
+    int record_crc;       /* TFRECORD: check the records' own masked CRC32Cs */
     int *fds;
     int keep_open, format;
     ing_chain chain;
@@ -473,6 +487,20 @@ static void done_with(Engine *e, int fd) {
         close(fd);
 }
 
+/* A whole TFRecord record's framing and masked CRC32Cs, in the order tfrecord.unframe checks them: TF_FRAMING (too
+ * short), TF_LENGTH_CRC, TF_FRAMING (a length that is not the record's), TF_DATA_CRC, else TF_OK. */
+static int tfrecord_check(const unsigned char *p, int64_t len) {
+    if (len < EX_FRAMING)
+        return TF_FRAMING;
+    if (ex_mask(ing_crc32c(0, p, 8)) != ex_le32(p + 8))
+        return TF_LENGTH_CRC;
+    if (ex_le64(p) != (uint64_t)(len - EX_FRAMING))
+        return TF_FRAMING;
+    if (ex_mask(ing_crc32c(0, p + 12, (size_t)(len - EX_FRAMING))) != ex_le32(p + len - 4))
+        return TF_DATA_CRC;
+    return TF_OK;
+}
+
 /* Team member: the sizes of whole-file samples (size -1 in the table). */
 static void stat_fn(Engine *e, int id) {
     Job *j = e->reading;
@@ -523,6 +551,8 @@ static void read_fn(Engine *e, int id) {
         done_with(e, fd);
         if (e->crcs != NULL && j->got[k] == j->want[k])
             j->crc[k] = ing_crc32c(0, j->host + j->off[k], (size_t)j->got[k]);
+        else if (e->record_crc && j->got[k] == j->want[k])
+            j->crc[k] = tfrecord_check(j->host + j->off[k], j->got[k]);
     }
 }
 
@@ -568,6 +598,11 @@ static int read_batch(Engine *e, Job *j) {
         j->state[k] = ST_OK;
         j->why[k] = 0;
         j->status[k] = 0;
+        if (e->python != NULL && e->python[i]) { /* not read: Python reads it and names what is wrong */
+            j->state[k] = ST_FALLBACK;
+            j->why[k] = WHY_RECORD;
+            j->want[k] = 0;
+        }
         stat |= j->want[k] < 0;
     }
     e->reading = j;
@@ -622,6 +657,106 @@ static int recordio_image(const unsigned char *p, int64_t len, int64_t *start, i
     return 1;
 }
 
+/* The image (the first `keys` entry, one bytes value) and label (the second, one int64; -1 without one) of a whole
+ * framed TFRecord record holding a canonical tf.train.Example (example_scan.h), as TFRecordSource reads them; 0 for
+ * anything else (a framing that does not hold, an empty image, a missing key, protobuf's other encodings: the
+ * Python reader reads the record or names its problem). CRCs are checked before (tfrecord_check). */
+static int tfrecord_image(const unsigned char *p, int64_t len, const ex_request *keys, int64_t *start, int64_t *end,
+                          int64_t *label) {
+    if (len < EX_FRAMING || ex_le64(p) != (uint64_t)(len - EX_FRAMING))
+        return 0;
+    int64_t cells[4] = {0, 0, -1, 0}, spare;
+    ex_side side = {&spare, 0, 0};
+    ex_span data = {p + 12, p + len - 4};
+    if (ex_scan_example(data, keys, p, cells, &side) != EX_OK || cells[1] == 0)
+        return 0;
+    *start = cells[0];
+    *end = cells[0] + cells[1];
+    *label = cells[2];
+    return 1;
+}
+
+/* The image (field 4, data) and label (field 5, int32; -1 where absent) of an encoded Caffe Datum, as LMDBSource
+ * reads them (protobuf keeps the last of a repeated scalar); 0 where its protobuf parse decides instead: not a
+ * plain sequence of fields, a known field of another wire type, data given twice or empty, encoded false. */
+static int datum_image(const unsigned char *p, int64_t len, int64_t *start, int64_t *end, int64_t *label) {
+    ex_span s = {p, p + len}, v = {NULL, NULL}, data = {NULL, NULL};
+    uint32_t number;
+    int wire, encoded = 0, has_data = 0;
+    uint64_t x = 0;
+    int64_t own = -1;
+    while (s.p < s.end) {
+        if (ex_next_field(&s, &number, &wire, &v, &x) != EX_OK)
+            return 0;
+        switch (number) {
+        case 1: /* channels, height, width */
+        case 2:
+        case 3:
+            if (wire != 0)
+                return 0;
+            break;
+        case 4:
+            if (wire != 2 || has_data)
+                return 0;
+            has_data = 1;
+            data = v;
+            break;
+        case 5:
+            if (wire != 0)
+                return 0;
+            own = (int64_t)(int32_t)(uint32_t)x;
+            break;
+        case 6: /* float_data: packed or one value */
+            if ((wire != 2 && wire != 5) || (wire == 2 && (v.end - v.p) % 4))
+                return 0;
+            break;
+        case 7:
+            if (wire != 0)
+                return 0;
+            encoded = x != 0;
+            break;
+        default: /* an unknown field: protobuf keeps it aside */
+            break;
+        }
+    }
+    if (!has_data || !encoded || data.end == data.p)
+        return 0;
+    *start = data.p - p;
+    *end = data.end - p;
+    *label = own;
+    return 1;
+}
+
+/* The image and label of our LMDB layout's framed record of an image and an int label (formats/_framed.py: b"IGR1",
+ * kind 1, u64 length, the image, kind 3, u64 8, the int64 label), as LMDBSource.parse_batch takes it; 0 for any
+ * other (Python's decode reads it or names its problem). */
+static int framed_image(const unsigned char *p, int64_t len, int64_t *start, int64_t *end, int64_t *label) {
+    if (len < 13 + 17 || memcmp(p, "IGR1", 4) != 0 || p[4] != 1 || ex_le64(p + 5) != (uint64_t)(len - 30))
+        return 0;
+    const unsigned char *tail = p + len - 17;
+    if (tail[0] != 3 || ex_le64(tail + 1) != 8)
+        return 0;
+    *start = 13;
+    *end = len - 17;
+    *label = (int64_t)ex_le64(tail + 9);
+    return 1;
+}
+
+/* The image of a record of `format` (not FMT_WHOLE) and the label it holds; 0 where Python's reader decides. */
+static int record_image(const Engine *e, const unsigned char *p, int64_t len, int64_t *start, int64_t *end,
+                        int64_t *label) {
+    switch (e->format) {
+    case FMT_RECORDIO:
+        return recordio_image(p, len, start, end, label);
+    case FMT_TFRECORD:
+        return tfrecord_image(p, len, &e->keys, start, end, label);
+    case FMT_CAFFE_DATUM:
+        return datum_image(p, len, start, end, label);
+    default:
+        return framed_image(p, len, start, end, label);
+    }
+}
+
 /* decode_gpu.gpu_decodable, and orientation 1 (the engine decodes only images that need no turning). */
 static int why_not_gpu(const int64_t *row, int64_t max_pixels) {
     int64_t pixels = row[1] * row[2];
@@ -643,17 +778,24 @@ static int prepare_batch(Engine *e, Job *j) {
             note(j, notes, nnotes, k, -1, NOTE_READ, j->got[k], j->want[k]);
             continue;
         }
-        if (e->crcs != NULL && (uint32_t)j->crc[k] != e->crcs[j->index[k]]) {
+        int64_t i = j->index[k], start = 0, stop = j->got[k], label = e->labels ? e->labels[i] : -1;
+        j->label[k] = label;
+        if (j->state[k] == ST_FALLBACK) /* left to Python by the table */
+            continue;
+        if (e->crcs != NULL && (uint32_t)j->crc[k] != e->crcs[i]) {
             j->state[k] = ST_FAILED;
-            note(j, notes, nnotes, k, -1, NOTE_CORRUPT, j->crc[k], e->crcs[j->index[k]]);
+            note(j, notes, nnotes, k, -1, NOTE_CORRUPT, j->crc[k], e->crcs[i]);
             continue;
         }
-        int64_t i = j->index[k], start = 0, stop = j->got[k], label = e->labels ? e->labels[i] : -1;
+        if (e->record_crc && (j->crc[k] == TF_LENGTH_CRC || j->crc[k] == TF_DATA_CRC)) {
+            j->state[k] = ST_FAILED; /* (code: which CRC; Python names it) */
+            note(j, notes, nnotes, k, -1, NOTE_CORRUPT, j->crc[k], 0);
+            continue;
+        }
         const unsigned char *p = j->host + j->off[k];
-        j->label[k] = label;
-        if (e->format == FMT_RECORDIO) {
-            int64_t own;
-            if (!recordio_image(p, j->got[k], &start, &stop, &own)) {
+        if (e->format != FMT_WHOLE) {
+            int64_t own = -1;
+            if (!record_image(e, p, j->got[k], &start, &stop, &own)) {
                 j->state[k] = ST_FALLBACK;
                 j->why[k] = WHY_RECORD;
                 continue;
@@ -1236,6 +1378,10 @@ static void engine_free(Engine *e) {
     free(e->path_block);
     free(e->files);
     free(e->crcs);
+    free(e->python);
+    free(e->key_block);
+    e->python = NULL;
+    e->key_block = NULL;
     e->slot_notes = NULL;
     e->slot_host = NULL;
     e->slot_out = e->slot_lbl = e->slot_args = NULL;
@@ -1527,11 +1673,51 @@ done:
     return result;
 }
 
+/* A TFRecord table's feature keys, [image key] or [image key, label key] (bytes), into e->keys (kinds "bi"). */
+static int set_keys(Engine *e, PyObject *keys) {
+    PyObject *seq = keys == Py_None ? NULL : PySequence_Fast(keys, "keys must be a sequence of bytes");
+    Py_ssize_t m = seq ? PySequence_Fast_GET_SIZE(seq) : 0, total = 0;
+    if (seq == NULL || m < 1 || m > 2) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a TFRecord table needs keys: [image key] or [image key, label key]");
+        Py_XDECREF(seq);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < m; ++k) {
+        if (!PyBytes_Check(PySequence_Fast_GET_ITEM(seq, k))) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            Py_DECREF(seq);
+            return -1;
+        }
+        total += PyBytes_GET_SIZE(PySequence_Fast_GET_ITEM(seq, k));
+    }
+    if ((e->key_block = malloc((size_t)total + 1)) == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    char *at = e->key_block;
+    for (Py_ssize_t k = 0; k < m; ++k) {
+        PyObject *key = PySequence_Fast_GET_ITEM(seq, k);
+        Py_ssize_t len = PyBytes_GET_SIZE(key);
+        memcpy(at, PyBytes_AS_STRING(key), (size_t)len);
+        e->keys.keys[k] = at;
+        e->keys.lens[k] = len;
+        at += len;
+    }
+    e->keys.m = m;
+    e->keys.kinds = "bi";
+    Py_DECREF(seq);
+    return 0;
+}
+
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"paths", "files", "offsets", "sizes", "labels", "format", "desc", "seed", "batch_size",
-                             "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", "crcs", NULL};
-    PyObject *paths, *files, *offsets, *sizes, *labels, *desc_obj, *gpu = Py_None, *crcs = Py_None;
-    int format, regions, nice = 0;
+                             "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", "crcs", "keys",
+                             "record_crc", "python", NULL};
+    PyObject *paths, *files, *offsets, *sizes, *labels, *desc_obj, *gpu = Py_None, *crcs = Py_None, *keys = Py_None,
+             *python = Py_None;
+    int format, regions, nice = 0, record_crc = 0;
     unsigned long long seed;
     Py_ssize_t batch, slots, threads;
     long long max_pixels;
@@ -1539,9 +1725,9 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "an Engine is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiO:Engine", kwlist, &paths, &files, &offsets,
-                                     &sizes, &labels, &format, &desc_obj, &seed, &batch, &slots, &threads,
-                                     &max_pixels, &regions, &gpu, &nice, &crcs))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiOOpO:Engine", kwlist, &paths, &files,
+                                     &offsets, &sizes, &labels, &format, &desc_obj, &seed, &batch, &slots, &threads,
+                                     &max_pixels, &regions, &gpu, &nice, &crcs, &keys, &record_crc, &python))
         return -1;
     if (format < 0 || format >= FMT_COUNT || batch < 1 || slots < 1 || threads < 1 || max_pixels < 1 || nice < 0 ||
         nice > 19) {
@@ -1560,6 +1746,9 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->max_pixels = max_pixels;
     e->regions = regions;
     e->nice = nice;
+    e->record_crc = format == FMT_TFRECORD && record_crc;
+    if (format == FMT_TFRECORD && set_keys(e, keys) < 0)
+        goto fail;
     /* the table */
     if (!PyList_Check(paths)) {
         PyErr_SetString(PyExc_TypeError, "paths must be a list");
@@ -1615,6 +1804,22 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
             goto fail;
         }
         memcpy(e->crcs, v.buf, (size_t)n * 4);
+        PyBuffer_Release(&v);
+    }
+    if (python != Py_None) {
+        Py_buffer v;
+        if (PyObject_GetBuffer(python, &v, PyBUF_C_CONTIGUOUS) < 0)
+            goto fail;
+        if (v.len != n || (e->python = malloc((size_t)(n ? n : 1))) == NULL) {
+            if (v.len != n)
+                PyErr_Format(PyExc_ValueError, "python holds %zd bytes, one per sample (%lld) needed", v.len,
+                             (long long)n);
+            else
+                PyErr_NoMemory();
+            PyBuffer_Release(&v);
+            goto fail;
+        }
+        memcpy(e->python, v.buf, (size_t)n);
         PyBuffer_Release(&v);
     }
     for (int64_t i = 0; i < n; ++i)
@@ -2094,11 +2299,46 @@ static PyObject *py_recordio_image(PyObject *self, PyObject *args) {
     return Py_BuildValue("(LLL)", (long long)start, (long long)end, (long long)label);
 }
 
+/* record(bytes, kind[, keys, check]) -> (start, end, label) of its image, None where the engine leaves it to Python,
+ * or (TFRecord, check) the TF_* code of a CRC that fails: the engine's parse of one record of a table kind. */
+static PyObject *py_record_image(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    int format, check = 0;
+    PyObject *keys = Py_None;
+    if (!PyArg_ParseTuple(args, "y*i|Op:record_image", &b, &format, &keys, &check))
+        return NULL;
+    Engine scratch; /* (only its format and keys are read) */
+    memset(&scratch, 0, sizeof scratch);
+    scratch.format = format;
+    PyObject *result = NULL;
+    int64_t start = 0, end = 0, label = -1;
+    if (format <= FMT_WHOLE || format >= FMT_COUNT) {
+        PyErr_Format(PyExc_ValueError, "record_image: format %d is not a record format", format);
+        goto done;
+    }
+    if (format == FMT_TFRECORD && set_keys(&scratch, keys) < 0)
+        goto done;
+    int code = format == FMT_TFRECORD && check ? tfrecord_check(b.buf, b.len) : TF_OK;
+    if (code == TF_LENGTH_CRC || code == TF_DATA_CRC)
+        result = PyLong_FromLong(code);
+    else if (!record_image(&scratch, b.buf, b.len, &start, &end, &label))
+        result = Py_NewRef(Py_None);
+    else
+        result = Py_BuildValue("(LLL)", (long long)start, (long long)end, (long long)label);
+done:
+    free(scratch.key_block);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_engine", .m_size = -1};
 
 static PyMethodDef functions[] = {
     {"recordio_image", py_recordio_image, METH_VARARGS,
      "recordio_image(record) -> (start, end, label) of its image, or None where the engine leaves it to Python."},
+    {"record_image", py_record_image, METH_VARARGS,
+     "record_image(record, format[, keys, check]) -> (start, end, label) of its image, None where the engine leaves "
+     "it to Python, or (a TFRecord record, check) the code of its CRC that fails (1 length, 2 data)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2114,6 +2354,9 @@ PyMODINIT_FUNC PyInit__engine(void) {
     if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
         PyModule_AddIntConstant(m, "WHOLE", FMT_WHOLE) < 0 ||
         PyModule_AddIntConstant(m, "RECORDIO", FMT_RECORDIO) < 0 ||
+        PyModule_AddIntConstant(m, "TFRECORD", FMT_TFRECORD) < 0 ||
+        PyModule_AddIntConstant(m, "CAFFE_DATUM", FMT_CAFFE_DATUM) < 0 ||
+        PyModule_AddIntConstant(m, "FRAMED", FMT_FRAMED) < 0 ||
         PyModule_AddIntConstant(m, "BATCH", R_BATCH) < 0 || PyModule_AddIntConstant(m, "EPOCH_END", R_EPOCH) < 0 ||
         PyModule_AddIntConstant(m, "NOTE_READ", NOTE_READ) < 0 ||
         PyModule_AddIntConstant(m, "NOTE_FALLBACK", NOTE_FALLBACK) < 0 ||

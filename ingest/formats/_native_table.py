@@ -1,17 +1,31 @@
 """What a source hands the native engine once, at start: every sample's byte range, its label where the source
 knows it without reading, and each record's CRC32C where the source checks them (`ingest.native`). A source that
-can give one has ``native_table()``."""
+can give one has ``native_table()``, which raises `NotNative` saying why where its settings or data rule it out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-#: How the engine finds the encoded image in a sample's bytes: "whole" (the range is the image) or "recordio"
-#: (an MXNet record: the IRHeader, its float labels, then the image; the label from the header).
-KINDS = ("whole", "recordio")
+#: How the engine finds the encoded image in a sample's bytes:
+#:
+#: - "whole": the range is the image;
+#: - "recordio": an MXNet record: the IRHeader, its float labels, then the image; the label from the header;
+#: - "tfrecord": one whole framed TFRecord record holding a tf.train.Example: the image is the one bytes value of
+#:   feature ``keys[0]``, the label the one int64 of ``keys[1]`` (-1 without a second key); with ``record_crc`` the
+#:   record's own masked CRC32Cs (length, data) are checked;
+#: - "caffe_datum": an encoded Caffe ``Datum``: the image is its ``data`` (field 4), the label its ``label`` (5);
+#: - "framed": our LMDB layout's record of an image and an int label (`ingest.formats._framed`).
+#:
+#: A record the engine's parse does not take (anything but the plain encoding) keeps its row, filled by the
+#: Python reader, which reads it or names its problem.
+KINDS = ("whole", "recordio", "tfrecord", "caffe_datum", "framed")
+
+
+class NotNative(Exception):
+    """A source's ``native_table()`` cannot give a table for these settings or this data; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -19,7 +33,11 @@ class NativeTable:
     """Sample i is bytes ``offsets[i]`` to ``offsets[i] + sizes[i]`` of ``paths[files[i]]`` (size -1: to the end
     of the file), parsed as ``kind``; ``labels[i]`` its label (None: read from each record); ``crcs[i]`` the
     CRC32C of exactly those bytes (`ingest.formats.checks`), which the engine checks as it reads them (None: no
-    check)."""
+    check); ``keys`` a "tfrecord" table's feature keys (image, then label where the spec has one);
+    ``record_crc`` whether the engine checks a "tfrecord" record's own CRCs; ``python[i]`` 1 where the source
+    knows at start that sample i needs its Python reader (a missing member, a header or label that disagrees with
+    the index): the engine does not read it and leaves its row to the Python pipeline (None: none);
+    ``index_names(i)`` how the reader's errors name sample i (their ``index``; None: i itself)."""
 
     paths: Sequence[str]
     files: np.ndarray     # int64
@@ -28,11 +46,18 @@ class NativeTable:
     labels: np.ndarray | None   # int64
     kind: str
     crcs: np.ndarray | None = None   # uint32
+    keys: tuple[bytes, ...] = ()
+    record_crc: bool = False
+    python: np.ndarray | None = None   # uint8
+    index_names: Callable[[int], Any] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"Unknown table kind {self.kind!r}. Available: {', '.join(KINDS)}")
         n = len(self.files)
         if len(self.offsets) != n or len(self.sizes) != n or any(
-                column is not None and len(column) != n for column in (self.labels, self.crcs)):
+                column is not None and len(column) != n for column in (self.labels, self.crcs, self.python)):
             raise ValueError(f"a native table's columns differ in length ({n} files)")
+        if (self.kind == "tfrecord") != bool(self.keys) or len(self.keys) > 2:
+            raise ValueError("a 'tfrecord' table, and only one, names its image key and, where read, its label key "
+                             f"(got keys {self.keys!r} for kind {self.kind!r})")

@@ -69,6 +69,7 @@ from . import _framed, _lmdb_check, checks
 from ._protos import Datum
 from .base import Field, Location, ProcessLocal, Record, batch_structs, check_index, parse_or_error, read_location
 from ._images import image_extension
+from ._native_table import NativeTable, NotNative
 
 LAYOUTS = ("auto", "ingest", "columnar", "caffe", "images")
 META_KEY, LABELS_KEY, CRC_KEY = b"__meta__", b"__labels__", b"__crc32c__"
@@ -778,6 +779,33 @@ class LMDBSource:
                     parts.append(np.full(db.count, -1, dtype=np.int64))
             self._labels = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return self._labels
+
+    def native_table(self) -> NativeTable:
+        """Every sample's value range in its ``data.mdb`` for the native engine, from the ranges found at open
+        (`_Db.ranges`): kind "framed" for ours of an image and an int label (each label read from its record, the
+        CRC32Cs checked as ``check`` says), "caffe_datum" for encoded Caffe Datums, "whole" for the images layout.
+        `NotNative` for other layouts and fields, and where the ranges were not found."""
+        first = self._dbs[0]
+        fields = [(name, f.kind) for name, f in self.fields.items()]
+        kind = {"ingest": "framed", "caffe": "caffe_datum", "images": "whole"}.get(first.layout)
+        if kind is None or (first.layout != "images" and fields != [("image", "image"), ("label", "int")]):
+            raise NotNative(f"it reads LMDBs of our layout holding an image and an int label, of encoded Caffe "
+                            f"Datums or of images, not layout {first.layout!r} with fields {dict(fields)}")
+        missing = next((db.path for db in self._dbs if db.ranges is None), None)
+        if missing is not None:
+            raise NotNative(f"where the values of {missing!r} lie in its data.mdb was not found (its map's base: "
+                            "see ingest.formats.lmdb)")
+        ranges = np.concatenate([db.ranges for db in self._dbs]).reshape(-1, 2)
+        return NativeTable([db.data for db in self._dbs],
+                           np.repeat(np.arange(len(self._dbs), dtype=np.int64), [db.count for db in self._dbs]),
+                           np.ascontiguousarray(ranges[:, 0]), np.ascontiguousarray(ranges[:, 1]), None, kind,
+                           None if self._crcs is None else np.frombuffer(self._crcs, np.uint32),
+                           index_names=self._index_name)
+
+    def _index_name(self, i: int) -> str:
+        """How errors name sample ``i``: its key."""
+        db, _, j = self._find(i)
+        return self._key_name(db, j)
 
     def _key_name(self, db: _Db, j: int) -> str:
         if db.layout == "ingest":

@@ -74,6 +74,7 @@ from . import _protos
 from ._example import (OD_BOXES, OD_CLASS_TEXT, OD_SOURCE_ID, field_value, infer_spec, normalize_spec, parse_features,
                        put, put_boxes, to_record, writer_spec)
 from ._images import image_type
+from ._native_table import NativeTable, NotNative
 from ._shards import (CHUNK, GZIP_MAGIC, RecordTable, read_exact, read_index_rows, resolve_indexes,
                       resolve_shards)
 from .base import Field, Location, Record, parse_or_error
@@ -137,12 +138,19 @@ def frame(data: bytes) -> bytes:
                      masked_crc(data).to_bytes(4, "little")))
 
 
+def crc_error(which: str, *, path: str, offset: int, index: Any = None) -> CorruptRecordError:
+    """The error of a record whose masked CRC of its ``which`` ("length" or "data") fails (the readers' and the
+    native engine's)."""
+    what = "bad length CRC in the record header (not a TFRecord, or corrupt)" if which == "length" else \
+        "bad data CRC"
+    return CorruptRecordError(what, path=path, index=index, offset=offset)
+
+
 def _header_length(head: Any, path: str, offset: int, check_crc: bool, index: Any = None) -> int:
     """The data length in a 12-byte record header, its CRC checked."""
     length = int.from_bytes(head[:8], "little")
     if check_crc and masked_crc(head[:8]) != int.from_bytes(head[8:12], "little"):
-        raise CorruptRecordError("bad length CRC in the record header (not a TFRecord, or corrupt)",
-                                 path=path, index=index, offset=offset)
+        raise crc_error("length", path=path, index=index, offset=offset)
     return length
 
 
@@ -158,15 +166,14 @@ def unframe(raw: Any, path: str, offset: int, *, check_crc: bool = True, index: 
                                  path=path, index=index, offset=offset)
     length, length_crc = _HEAD.unpack_from(mv)
     if check_crc and masked_crc(mv[:8]) != length_crc:
-        raise CorruptRecordError("bad length CRC in the record header (not a TFRecord, or corrupt)",
-                                 path=path, index=index, offset=offset)
+        raise crc_error("length", path=path, index=index, offset=offset)
     if length + FRAMING != size:
         raise CorruptRecordError(f"record header says {length} data bytes but the index gives the record "
                                  f"{size} bytes ({size - FRAMING} of data): index and data disagree",
                                  path=path, index=index, offset=offset)
     data = mv[HEADER:size - FOOTER]
     if check_crc and masked_crc(data) != _FOOT.unpack_from(mv, size - FOOTER)[0]:
-        raise CorruptRecordError("bad data CRC", path=path, index=index, offset=offset)
+        raise crc_error("data", path=path, index=index, offset=offset)
     return data
 
 
@@ -482,6 +489,23 @@ class TFRecordSource:
         self._seekable()
         i = self._table.index(i)
         return f"{self._table.path(i)}:{self._table.offsets[i]}"
+
+    def native_table(self) -> NativeTable:
+        """Every record's byte range for the native engine (kind "tfrecord"), which checks each record's framing
+        and, with ``check_crc``, both its CRCs, and finds the image and label features in its Example with the
+        scan `parse_batch` runs (``ingest/_native/example_scan.h``); records it does not take go to `parse`.
+        `NotNative` for compressed shards and for a spec other than an encoded image and an optional int label."""
+        if self.streamed:
+            raise NotNative("compressed TFRecords are read streamed, not at offsets")
+        spec = self._spec
+        kinds = {name: field.kind for name, (_, field) in spec.items()}
+        if kinds.get("image") != "image" or kinds.get("label", "int") != "int" or set(kinds) - {"image", "label"}:
+            raise NotNative(f"it reads encoded images with an optional int label, not the fields {kinds}")
+        keys = tuple(spec[name][0].encode("utf-8") for name in ("image", "label") if name in spec)
+        t = self._table
+        return NativeTable(t.shards, np.frombuffer(t.shard_of, np.intc).astype(np.int64),
+                           np.frombuffer(t.offsets, np.int64), np.frombuffer(t.sizes, np.int64), None, "tfrecord",
+                           keys=keys, record_crc=self.check_crc)
 
     # -- streamed (compressed) ---------------------------------------------------------------------
     def iter_shard(self, k: int, skip: int = 0) -> Iterator[tuple[str, Record]]:

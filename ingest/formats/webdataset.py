@@ -49,6 +49,7 @@ import numpy as np
 
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import checks, tarindex
+from ._native_table import NativeTable, NotNative
 from ._shards import gzipped, resolve_shards
 from .base import Field, Location, Record, check_index
 from ._images import image_extension
@@ -286,6 +287,7 @@ class WebDatasetSource:
                           for name, exts in self._exts.items()]
         self.fields = {name: Field(kind_of(exts[0])) for name, exts in self._exts.items()}
         self._labels: np.ndarray | None = None
+        self._native: NativeTable | None = None   # native_table's, made once
 
     def _first_samples(self) -> list[list[str]]:
         if self.streamed:
@@ -398,6 +400,71 @@ class WebDatasetSource:
     def name(self, i: int) -> str:
         path, key = self._key(self._index(i))
         return f"{path}:{key}"
+
+    def native_table(self) -> NativeTable:
+        """Every sample's image member data for the native engine (kind "whole"; their CRC32Cs checked as
+        ``check`` says), its label read here, once, from its label member. Every member's header is checked
+        against the index as `parse` checks it; a sample whose image or label member is missing, whose header
+        disagrees with the index, whose label member's CRC32C fails or whose label is not the index's is left to
+        `parse` (``NativeTable.python``), which names its problem. `NotNative` for streamed shards and for fields
+        other than a plain (not gzipped) image and an optional int label. Made once (two small reads per sample),
+        then kept."""
+        if self.streamed:
+            raise NotNative("streamed (gzipped) tars are read front to back, not at offsets")
+        kinds = {name: kind_of(exts[0]) for name, exts in self._exts.items()}
+        plain = {name: is_plain for name, _, is_plain in self._plan}
+        if kinds.get("image") != "image" or not plain["image"] or kinds.get("label", "int") != "int" or \
+                set(kinds) - {"image", "label"}:
+            raise NotNative(f"it reads a plain image member and an optional int label member, not the fields "
+                            f"{ {name: self._exts[name] for name in kinds} }")
+        if self._native is not None:
+            return self._native
+        mem, n = self._members, len(self)
+        image = np.frombuffer(mem.columns["image"], np.int64)
+        label = np.frombuffer(mem.columns["label"], np.int64) if "label" in kinds else None
+        labels = np.full(n, -1, np.int64)
+        python = np.zeros(n, np.uint8)
+        for k, shard in enumerate(self.shards):
+            with open(shard, "rb") as f:
+                for i in range(mem.starts[k], mem.starts[k + 1]):
+                    value = self._native_label(f.fileno(), i, int(image[i]),
+                                               None if label is None else int(label[i]))
+                    if value is None:
+                        python[i] = 1
+                    else:
+                        labels[i] = value
+        offsets = np.frombuffer(mem.offsets, np.int64)[np.maximum(image, 0)]
+        sizes = np.where(python == 1, 0, np.frombuffer(mem.sizes, np.int64)[np.maximum(image, 0)])
+        crcs = None if self._crcs is None else np.frombuffer(self._crcs, np.uint32)[np.maximum(image, 0)]
+        self._native = NativeTable(self.shards, np.frombuffer(mem.shard_of, np.intc).astype(np.int64), offsets,
+                                   sizes, labels, "whole", crcs, python=python if python.any() else None)
+        return self._native
+
+    def _native_label(self, fd: int, i: int, image: int, label: int | None) -> int | None:
+        """`native_table`'s checks of sample ``i`` (its image and label members, -1: missing; None: no label
+        field; the shard open as ``fd``): its label (-1 without a label field), or None where `parse` must read
+        it."""
+        mem = self._members
+        key = self._key(i)[1]
+        if image < 0 or tarindex.header_problem(os.pread(fd, _BLOCK, mem.offsets[image] - _BLOCK), key,
+                                                 mem.exts[image], mem.sizes[image]) is not None:
+            return None
+        if label is None:
+            return -1
+        if label < 0:
+            return None
+        part = os.pread(fd, _BLOCK + mem.sizes[label], mem.offsets[label] - _BLOCK)
+        data = part[_BLOCK:]
+        if len(data) != mem.sizes[label] or tarindex.header_problem(part, key, mem.exts[label],
+                                                                    mem.sizes[label]) is not None or \
+                (self._crcs is not None and checks.crc(data) != self._crcs[label]):
+            return None
+        try:
+            value = decode_member(mem.exts[label], data, path=self.shards[mem.shard_of[i]], where="label")
+        except CorruptRecordError:
+            return None
+        known = mem.label_ints[i]
+        return None if known != tarindex.NO_INT and value != known else value
 
     # -- streaming ---------------------------------------------------------------------------------
     def _stream_samples(self, k: int) -> Iterator[tuple[str, list[tuple[str, tarindex.Member]]]]:
