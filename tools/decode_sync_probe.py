@@ -23,9 +23,9 @@ default stream as such): with nvJPEG's CUDA decoder in use (``auto``: the hw_dec
 the batch decode waited the whole 100 ms in 2 batches of 15, even on the fourth pass over the same images, in
 ``cudaFreeHost`` (a thread's pinned buffer grown for a larger image); with DALI's host padding in ``cudaFree``
 (its device buffer); with both paddings in neither once the buffers had grown; the hardware decoder alone never
-waited (`benchmarks/results/decode_sync_probe_h100.json`). Kept off: on an H200 the paddings did not train faster
+waited (`benchmarks/results/decode_sync_probe/h100/decode_sync_probe.json`). Kept off: on an H200 the paddings did not train faster
 (0.93/0.95 of DALI against 0.96/0.95 without) and took 144 MB more GPU memory
-(`benchmarks/results/bench_settings_h200_nvjpeg_padding.json`).
+(`benchmarks/results/bench_settings/h200/nvjpeg_padding.json`).
 
 Usage: python tools/decode_sync_probe.py DATA_DIR OUT.json [--batch 256] [--batches 10] [--sleep-ms 100] [--trace]
     [--backend auto|hw|hybrid]

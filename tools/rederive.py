@@ -1,5 +1,5 @@
 """Developer script: recompute the `derived` ratios of a bench_gpu.py JSON with the current `derive`.
-Usage: python tools/rederive.py benchmarks/results/bench_gpu_h200.json"""
+Usage: python tools/rederive.py benchmarks/results/bench_gpu/h200/bench_gpu.json"""
 import json
 import sys
 from pathlib import Path
