@@ -5,7 +5,7 @@ does to the decode). ``--sample`` adds the stage threads' sampled Python stacks 
 sets CPython's switch interval. Settings come from the environment (``INGEST_NUM_WORKERS``, ``INGEST_GPU_DECODERS``,
 ``INGEST_HW_DECODER_LOAD``, ...), so variants are compared by running it again.
 
-Usage: python tools/profile_train_loader.py DATA_DIR [--workers 0] [--stages auto] [--seconds 5]
+Usage: python dev/profile_train_loader.py DATA_DIR [--workers 0] [--stages auto] [--seconds 5]
        [--train-seconds 8] [--sample] [--switch S] [--json F]
 """
 

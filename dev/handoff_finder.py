@@ -6,13 +6,13 @@ beside a thread that holds it. So: a busy thread spins on ``sum(range(2000))`` (
 profile hook (``sys.setprofile`` / ``threading.setprofile``, so every thread the loop starts has it) times each C
 call; calls that took at least ``--slow`` of the switch interval are counted per (function, caller line, thread).
 What it cannot see: numpy releasing the GIL inside an operator or a subscript (``a + b``, ``a[:, 1:3] = b``
-on more than 500 items), which are not calls; `tools/decode_plan_beside.py` times such code as a whole.
+on more than 500 items), which are not calls; `dev/decode_plan_beside.py` times such code as a whole.
 The report is per batch of the loop: how many such calls, and where. The hook slows Python code down, not the
 waits, so the counts are what matter, not the rates. It also gives each Python function's inclusive time per
 batch in both runs, and the functions that grew most beside the busy thread: the innermost one that grew
 with no slow C call inside is where the GIL went in a way no single call shows (a forced switch).
 
-Usage: python tools/handoff_finder.py CASE [--seconds 4] [--json F] [--data DIR] [--batch 256] [--device cuda]
+Usage: python dev/handoff_finder.py CASE [--seconds 4] [--json F] [--data DIR] [--batch 256] [--device cuda]
   CASE: decode (GpuDecoder.decode_batch in a loop, arenas handed back, as bench_gpu's variant f),
         loader (ingest.Loader over a JPEG tree, RandomResizedCrop 224 + Flip + Normalize fp16),
         raw (ingest.Loader over bench_raw.py's raw shards, the same ops, batch 512 by default)

@@ -4,7 +4,7 @@ float32 NCHW). A thread samples torch's allocated bytes every millisecond and ke
 whenever they reach a new high; the JSON lists the live blocks of 1 MB or more at that high by size and by
 stream (outputs are the ops stream's, decode arenas each lane's).
 
-Usage: python tools/loader_memory_peak.py DATA_DIR OUT.json [--batches 300] [--batch 256]
+Usage: python dev/loader_memory_peak.py DATA_DIR OUT.json [--batches 300] [--batch 256]
 """
 
 import argparse

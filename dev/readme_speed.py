@@ -1,6 +1,6 @@
 """Developer script: the README's one-GPU speed table, from committed `bench_gpu.py` JSONs.
 
-Usage: python tools/readme_speed.py RUN.json [RUN.json ...] [--extra "LABEL=FILE:VARIANT" ...]
+Usage: python dev/readme_speed.py RUN.json [RUN.json ...] [--extra "LABEL=FILE:VARIANT" ...]
 
 Each RUN gives a column entry (joined with " / ") for ingest's default loader (variant a), DALI (d), their
 ratios (the run's own `derived`, so ratios are only ever taken within a run) and synthetic data (s);

@@ -12,7 +12,7 @@ thread's launches went to) against everything else on the GPU, per step:
 - ``other_kernel_ms`` and ``other_overlap_ms``: other streams' kernel and copy time, and how much of it ran
   while a training kernel ran.
 
-Usage: python tools/step_profile.py DATA_DIR FEED OUT.json [--steps 30] [--seconds 8] [--torchvision-first]
+Usage: python dev/step_profile.py DATA_DIR FEED OUT.json [--steps 30] [--seconds 8] [--torchvision-first]
 """
 
 import argparse

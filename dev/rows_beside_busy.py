@@ -3,7 +3,7 @@ pure-Python thread, in ms per batch (wall) and the reading thread's CPU. The rea
 does this per batch; beside a thread that holds the GIL every call that gives it up costs up to a switch
 interval. Makes a raw dataset of N 256x256x3 samples in /dev/shm with benchmarks/bench_raw.py if missing.
 
-Usage: python tools/rows_beside_busy.py [--n 2048] [--batch 512] [--json F]   (PYTHONPATH picks the tree)
+Usage: python dev/rows_beside_busy.py [--n 2048] [--batch 512] [--json F]   (PYTHONPATH picks the tree)
 """
 
 from __future__ import annotations

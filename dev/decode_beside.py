@@ -6,7 +6,7 @@ For each nvImageCodec CPU thread count: `GpuDecoder.decode_batch` in a loop (are
 variant f) alone, beside a busy pure-Python thread, and beside a busy process; img/s and each batch's time in
 the native decode call.
 
-Usage: python tools/decode_beside.py [DATA_DIR] [--threads 0,14,8] [--seconds 3] [--json F]
+Usage: python dev/decode_beside.py [DATA_DIR] [--threads 0,14,8] [--seconds 3] [--json F]
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 `Loader.state_dict()`; a job of M ranks loads it on every rank and finishes the epoch; the samples of both
 jobs (gathered over torch.distributed) must cover the dataset exactly once. Used on a 2-GPU machine:
 
-    python tools/elastic_torchrun.py make --data /dev/shm/el --n 1000
-    torchrun --nproc_per_node 2 tools/elastic_torchrun.py run --data /dev/shm/el --steps 3 --save /dev/shm/s21.pt --record /dev/shm/a21.json
-    torchrun --nproc_per_node 1 tools/elastic_torchrun.py run --data /dev/shm/el --load /dev/shm/s21.pt --record /dev/shm/b21.json
-    python tools/elastic_torchrun.py check --n 1000 --logs /dev/shm/a21.json /dev/shm/b21.json --out result.json
+    python dev/elastic_torchrun.py make --data /dev/shm/el --n 1000
+    torchrun --nproc_per_node 2 dev/elastic_torchrun.py run --data /dev/shm/el --steps 3 --save /dev/shm/s21.pt --record /dev/shm/a21.json
+    torchrun --nproc_per_node 1 dev/elastic_torchrun.py run --data /dev/shm/el --load /dev/shm/s21.pt --record /dev/shm/b21.json
+    python dev/elastic_torchrun.py check --n 1000 --logs /dev/shm/a21.json /dev/shm/b21.json --out result.json
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 headers (``--part decode``), or the host side of one fused warp launch on 256 images (``--part ops``:
 `resample._setup` + `_warp_kernel.pack` for RandomResizedCrop 224 + flip + normalize fp16), alone and beside a
 busy pure-Python thread, with ``time.sleep`` standing in for the native decode or the kernel. On an H100 the decode's ~1 ms of Python between native calls took ~13 ms beside a busy
-thread (`tools/decode_beside.py`); numpy gives the GIL up on more than 500 items and in `np.zeros` of 1 KB
+thread (`dev/decode_beside.py`); numpy gives the GIL up on more than 500 items and in `np.zeros` of 1 KB
 and more, which a profile hook does not see (operators and subscripts are not calls).
 
-Usage: python tools/decode_plan_beside.py JPEG_DIR [--part decode|ops] [--json F]   (PYTHONPATH picks the tree)
+Usage: python dev/decode_plan_beside.py JPEG_DIR [--part decode|ops] [--json F]   (PYTHONPATH picks the tree)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ JPEGs from DATA_DIR with RandomResizedCrop-like regions, for each backend choice
 so nothing is left from the one before. A context's own memory is measured first, after a tiny torch
 allocation, and taken off.
 
-Usage: python tools/decoder_memory.py DATA_DIR OUT.json [--batch 256] [--batches 12] [--decoders 2]
+Usage: python dev/decoder_memory.py DATA_DIR OUT.json [--batch 256] [--batches 12] [--decoders 2]
     [--cases auto:8,hw:8,hybrid:8,auto:2]
 """
 

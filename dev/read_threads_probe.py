@@ -5,7 +5,7 @@ samples), page-cached, through ``ByteReader("posix", threads=T)``, best of 5 x 2
 fixed cost in threads (starting them, or waking kept ones) shows as the gap between T=2 and T=8/16 on the
 small files; the rows are bound by copying. To compare two builds of ``ingest._readv``, run it once per build.
 
-Usage: python tools/read_threads_probe.py JPEG_DIR [--threads 2,8,16] [--out FILE.json]
+Usage: python dev/read_threads_probe.py JPEG_DIR [--threads 2,8,16] [--out FILE.json]
 """
 
 import argparse

@@ -6,7 +6,7 @@ seconds and mean queue occupancy). The stage that is busy nearly all the wall ti
 well below it point at the GIL or at hand-offs between them. ``--sample`` adds py-spy-free sampling of
 the stage threads' Python stacks (sys._current_frames every millisecond) with the top frames per thread.
 
-Usage: python tools/profile_raw_loader.py [--batch 512] [--seconds 5] [--prefetch 2] [--sample] [--switch S]
+Usage: python dev/profile_raw_loader.py [--batch 512] [--seconds 5] [--prefetch 2] [--sample] [--switch S]
        [--json F]     (INGEST_IO_THREADS sets the read threads)
 """
 

@@ -1,6 +1,6 @@
 """Developer probe: GPU decode rate alone and beside a busy pure-Python thread, per nvImageCodec engine.
 
-Usage: python tools/decode_contention.py [--out FILE.json] [--images 2048] [--batch 256] [--seconds 3] [DATA_DIR]
+Usage: python dev/decode_contention.py [--out FILE.json] [--images 2048] [--batch 256] [--seconds 3] [DATA_DIR]
 
 Without DATA_DIR it writes ImageNet-shaped JPEGs (random crops of real photos, short side 300-500, quality
 75-95, mild noise) to /dev/shm/ingest-contention first. For each variant it decodes batches with

@@ -1,5 +1,5 @@
 """Cross-check ingest's RecordIO files against MXNet (developer script; run by a Python that has MXNet, e.g. a
-venv with ``mxnet==1.9.1`` and ``numpy<1.24``: ``MXPYTHON tools/mx_crosscheck.py DIR``; `tests/test_recordio.py`
+venv with ``mxnet==1.9.1`` and ``numpy<1.24``: ``MXPYTHON dev/mx_crosscheck.py DIR``; `tests/test_recordio.py`
 runs it when one is configured).
 
 Reads ``DIR/ours.rec`` + ``DIR/ours.idx`` (written by `ingest.formats.recordio.RecordIOWriter`) with

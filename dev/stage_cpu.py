@@ -2,7 +2,7 @@
 milliseconds per batch (`ingest.engine.StageStats`; CPU time is the stage thread's own, i.e. roughly the GIL
 it holds), for each dataset given, each worker layout and each CPython switch interval asked for.
 
-Usage: python tools/stage_cpu.py DATA [DATA ...] [--workers 0,4:read] [--switch-intervals-us 5000]
+Usage: python dev/stage_cpu.py DATA [DATA ...] [--workers 0,4:read] [--switch-intervals-us 5000]
        [--batches 60] [--json FILE]
 
 ``--workers``: comma-separated layouts, ``N`` (the Loader's default stages) or ``N:read`` (reader processes).

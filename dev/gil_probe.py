@@ -1,7 +1,7 @@
 """Developer probe: which parts of a native-engine batch slow down beside a busy Python thread, and why.
 
-Usage: python tools/gil_probe.py [--out FILE.json] [DATA_DIR]
-(default data: the JPEGs tools/decode_contention.py writes to /dev/shm/ingest-contention, made if absent)
+Usage: python dev/gil_probe.py [--out FILE.json] [DATA_DIR]
+(default data: the JPEGs dev/decode_contention.py writes to /dev/shm/ingest-contention, made if absent)
 
 1. Steps of one `GpuDecoder.decode_batch` (256 images, headers given) and a few torch calls it makes, each
    timed alone and beside a thread spinning on `sum(range(2000))`. A step that gives the GIL up (and so waits

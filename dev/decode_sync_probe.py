@@ -27,7 +27,7 @@ waited (`benchmarks/results/decode_sync_probe/h100/decode_sync_probe.json`). Kep
 (0.93/0.95 of DALI against 0.96/0.95 without) and took 144 MB more GPU memory
 (`benchmarks/results/bench_settings/h200/nvjpeg_padding.json`).
 
-Usage: python tools/decode_sync_probe.py DATA_DIR OUT.json [--batch 256] [--batches 10] [--sleep-ms 100] [--trace]
+Usage: python dev/decode_sync_probe.py DATA_DIR OUT.json [--batch 256] [--batches 10] [--sleep-ms 100] [--trace]
     [--backend auto|hw|hybrid]
 """
 

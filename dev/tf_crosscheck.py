@@ -1,5 +1,5 @@
 """Cross-check ingest's TFRecords against TensorFlow (developer script; run by a Python that has TensorFlow,
-e.g. ``/tmp/tfvenv/bin/python tools/tf_crosscheck.py DIR``; `tests/test_tfrecord.py` runs it when one exists).
+e.g. ``/tmp/tfvenv/bin/python dev/tf_crosscheck.py DIR``; `tests/test_tfrecord.py` runs it when one exists).
 
 Reads ``DIR/part-0.tfrecord`` and ``DIR/gz.tfrecord.gz`` (written by `ingest.formats.tfrecord.TFRecordWriter`
 with the test's fields) through ``tf.data.TFRecordDataset`` + ``tf.io.parse_single_example``, decodes the
