@@ -68,8 +68,8 @@ def kvikio_usable() -> bool:
 def resolve_io(io: str | None) -> tuple[str, str]:
     """The read paths for (host, device) destinations. ``auto`` takes KvikIO for device destinations when
     it is usable, and ``os.preadv`` for host destinations: KvikIO reading into host memory is a POSIX read
-    through its own thread pool even where GDS exists, and measured slower for file-per-sample reads
-    (256 x 81 KB page-cached JPEGs on an H200 host: 15.9 ms with KvikIO, 8.2 ms with preadv)."""
+    through its own thread pool even where GDS exists, and is the slower of the two for file-per-sample reads
+    (``docs/measurements.md``, section Reads)."""
     io = io or defaults.get("io")
     if io == "auto":
         return "posix", "kvikio" if kvikio_usable() else "posix"
@@ -530,8 +530,8 @@ READ_CHUNK = 16 << 20
 #: `ByteReader.read_rows` sends reads of at least this many bytes through KvikIO, smaller ones to one native
 #: preadv batch into pinned memory and one copy: KvikIO splits a large read over its thread pool, but issues
 #: each small one by a Python call of its own (and, below its ``gds_threshold``, by POSIX on the calling
-#: thread). A shuffled batch of 512 x 196 KB rows from page cache on an H100 host, compat mode:
-#: KvikIO per read 50k rows/s, native preadv 90k; 512 consecutive rows (16 MiB reads): KvikIO 134k, native 76k.
+#: thread), so small shuffled rows go faster through preadv and large consecutive reads through KvikIO
+#: (``docs/measurements.md``, section Reads).
 KVIKIO_MIN_READ = 1 << 20
 #: Rows per read at most: a posix read scatters with two iovecs per row, and IOV_MAX is 1024 on Linux.
 MAX_RUN_ROWS = 512
