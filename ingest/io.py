@@ -162,7 +162,7 @@ class ByteReader:
         Per task (int64): the bytes read, or -errno of the error that stopped it."""
         if NATIVE is not None:
             # A thread costs about as much to start as a page-cached read of a file: each one gets at least
-            # MIN_SHARE reads or 1 MiB (8 files of 81 KB on 2 cores: 0.25 ms on one thread, 0.44 on eight).
+            # MIN_SHARE reads or 1 MiB (docs/measurements.md, Reads).
             work = max(-(-len(tasks) // MIN_SHARE), int(tasks.lens.sum()) >> 20)
             return tasks.run_native(max(1, min(self.threads, work)))
         return np.array(self._pool_map(tasks.run_one, len(tasks)), dtype=np.int64).reshape(-1)
@@ -171,7 +171,7 @@ class ByteReader:
         """Each file's size in bytes, or the OSError of looking it up."""
         if NATIVE is not None and paths:
             got = np.empty(len(paths), dtype=np.int64)
-            # A stat costs ~1.5 us: threads pay from 128 files each (256 on 2 cores: 0.29 ms on 2, 0.52 on 8).
+            # A stat is cheap next to a thread start: threads pay from 128 files each (docs/measurements.md, Reads).
             NATIVE.sizes(paths, got, max(1, min(self.threads, len(paths) // 128)))
             got = got.tolist()
         else:
