@@ -24,7 +24,7 @@ Makes (or reuses) a raw dataset of N SIZE x SIZE x 3 uint8 samples in /dev/shm: 
 Throughput = images (bytes) / wall time of a timed window of at least ``--seconds`` after a warm-up, ending with
 a device synchronise. The JSON holds every figure, the device name and the library versions.
 
-    python benchmarks/bench_raw.py --out benchmarks/results/bench_raw_h200.json            # device machine
+    python benchmarks/bench_raw.py --out benchmarks/results/bench_raw/h200/bench_raw.json            # device machine
     python benchmarks/bench_raw.py --device cpu --n 64 --size 64 --batch 16 --out /tmp/r.json  # CPU smoke run
 """
 

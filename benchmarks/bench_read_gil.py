@@ -7,7 +7,7 @@ one switch interval (5 ms) to get it back beside a thread that keeps the GIL bus
 and packed into each record format by ``ingest convert``, alone and beside such a thread; the ratio says how
 many hand-offs a batch makes. A worst case: a training loop hands the GIL back at every torch call.
 
-    python benchmarks/bench_read_gil.py --out benchmarks/results/bench_read_gil_2core.json [--n 1024] [--note TEXT]
+    python benchmarks/bench_read_gil.py --out benchmarks/results/bench_read_gil/cpu-2core/bench_read_gil.json [--n 1024] [--note TEXT]
 """
 
 from __future__ import annotations

@@ -31,67 +31,51 @@ eight ranks bound to their GPU's NUMA node of a two-node host (``--numa-binding=
 Where the cpuset cannot be read, every local rank is taken to share the affinity. A CPU quota (a container's
 ``--cpus``) is not a cpuset and is not seen: set the counts there.
 
+Each default below is a rule; the measurements behind it are in ``docs/measurements.md`` (section
+"Settings"), and ``docs/tuning.md`` says when to change one.
+
 ``ops_threads``: torch runs a thread's CPU ops on every core by default, but beside the decode pool that
-oversubscribes the cores, and OpenMP threads spin while they wait: on 2 cores the ops of a 128-image batch
-(RandomResizedCrop 224, flip, normalize) took 869 ms on 2 intra-op threads against 306 ms on one, and the
-threaded loader ran 176 against 256 img/s. Decoding and these ops cost about the same CPU time per image, so
-"auto" gives the ops half the cores. Only the loader's ops thread is changed, never the caller's threads.
+oversubscribes the cores, and OpenMP threads spin while they wait. Decoding and these ops cost about the same
+CPU time per image, so "auto" gives the ops half the cores. Only the loader's ops thread is changed, never the
+caller's threads.
 
 ``io_threads``: copying page-cached data is bound by how many cores copy at once, so the default follows the
-cores (at least 8, for reads that wait on a disk; at most 32). Shuffled batches of 512 raw 196 KB samples on a
-16-core H100 host read 16-54% faster with 16 threads than with 8 in three runs (the latest:
-`benchmarks/results/bench_raw_h100.json`, ``by_threads``); the raw loader on a 32-core H200 host ran the same
-with 8 and 32 (87-101k img/s, `tools/profile_raw_loader.py`), where 8 threads already kept up.
+cores (at least 8, for reads that wait on a disk; at most 32).
 
 ``decode_batches``: "auto" decodes two batches at once where the GPU decodes (`ingest.engine.decode.DecodeStage.lanes`):
-one batch's Python work then overlaps the other's native decode. On an H100 the loader alone ran 24.3k against
-15.6k img/s with one, and ResNet-18 fed by it trained at 9.1k against 8.3k, for 330 MB more device memory
-(`benchmarks/results/bench_gpu_h100_lanes*.json`). CPU decode keeps one: its pool already decodes a batch on
-every core (two lanes on 2 cores: 556 against 560 img/s, `benchmarks/bench_cpu.py`).
+one batch's Python work then overlaps the other's native decode, for one more batch's decode memory. CPU decode
+keeps one: its pool already decodes a batch on every core.
 
 ``hw_decoder_load``: the share of each batch's JPEGs handed to the hardware JPEG engine (NVJPG: A100, H100, ...),
 the rest going to nvImageCodec's CUDA (hybrid) decoder, both at once, as DALI's ``hw_decoder_load`` does (where the
-engine is missing, nvImageCodec's other backends take them all). 0.65 is DALI's default and ours. With "auto"
-(nvImageCodec gives the engine every JPEG it can take) the engine was the loader's limit beside a ResNet-18
-training loop on an H100: the native batch decode took 49 ms per 256 images there against 15 ms alone
-(`benchmarks/results/profile_train_loader_h100_engine.json`), and the training stream stalled between steps
-waiting for batches 2-10% of the time, over 5% in five runs of seven (`bench_gpu.py`'s ``gpu_data_stall_frac``).
-With the split it stalled 1-6%, at the same GPU time per step, and trained faster in 8 of 10 paired runs on five
-machines, by 3% on average (`bench_gpu_h100_hw_split_rounds.json`, `bench_gpu_h100_hw_split_r0.json`, `_r1.json`;
-against DALI in the last: 1.04 and 0.97 with the split, 0.97 and 0.99 without). The cost: the loader alone is
-10-20% slower (the CUDA decoder is the slower of the two), and the two decoders' pixels differ slightly
-(within a level or two) while nvImageCodec gives the engine the first share of each batch, so an image's
-pixels depend on its place in the batch, as with DALI. "auto" gives the fastest decode alone and pixels that
-do not depend on the batch.
+engine is missing, nvImageCodec's other backends take them all). 0.65 is DALI's default and ours: with "auto"
+(nvImageCodec gives the engine every JPEG it can take) the engine is the loader's limit beside a training loop,
+and the training stream waits for batches more. The cost of the split: the loader alone is slower (the CUDA
+decoder is the slower of the two), and the two decoders' pixels differ slightly (within a level or two) while
+nvImageCodec gives the engine the first share of each batch, so an image's pixels depend on its place in the
+batch, as with DALI. "auto" gives the fastest decode alone and pixels that do not depend on the batch.
 
 ``hybrid_huffman_threshold``: the CUDA decoder's share of the JPEGs (``hw_decoder_load``) decodes its Huffman stage
 on nvImageCodec's CPU threads unless an image has more pixels than this; past it nvJPEG's GPU_HYBRID backend runs
-it on the GPU. The pixels are the same either way. 0 puts every one on the GPU: on an H100 the CUDA decoder alone
-then ran 9.4k against 4.7k img/s at half the CPU time, and the split decoder 14.1k against 13.1k img/s at 86
-against 140 ms of CPU per 256-image batch, but beside ResNet-18 its kernels took GPU time from the training step
-(28.3-29.8 against 26 ms) and training ran 6% slower in three paired rounds
-(`benchmarks/results/bench_settings_h100_gpu_huffman.json`). So the default is DALI's; a lower threshold pays
-where the CPU, not the GPU, is short (few cores per GPU).
+it on the GPU. The pixels are the same either way. 0 puts every one on the GPU, which halves the decode's CPU
+time but takes GPU time from the training step; so the default is DALI's, and a lower threshold pays where the
+CPU, not the GPU, is short (few cores per GPU).
 
 ``nvjpeg_host_padding``, ``nvjpeg_device_padding``: nvJPEG (under nvImageCodec's CUDA decoder) keeps two pinned
 buffers and a device buffer per decoding thread and grows one whenever an image needs more than it holds; freeing
 the old one (``cudaFreeHost`` / ``cudaFree``) waits for every kernel queued on the GPU, the training step's
-included. Each thread meets ever bigger images at its own times, so without padding the waits went on for epochs
-(on an H100 still in the fourth pass over the same 3,840 images, `benchmarks/results/decode_sync_probe_h100.json`)
+included. Each thread meets ever bigger images at its own times, so without padding the waits go on for epochs
 and fall on the first training steps most. Padding every allocation stops the regrowth once a buffer holds an
 image plus the padding. The pinned padding is DALI's 8 MiB (host memory only: two buffers per nvImageCodec
 thread). The device padding stays 0: nvImageCodec's CUDA decoder applies it only when the caller gives it a device
-allocator of its own (its ``nvjpeg_cuda_decoder`` sets it to 0 otherwise; ingest gives none), and DALI's 16 MiB,
-where it applied, cost 144 MB of device memory for no steady-state speed on an H200
-(`bench_settings_h200_nvjpeg_padding.json`). What the padding is for is the start: `benchmarks/bench_ramp.py`.
+allocator of its own (its ``nvjpeg_cuda_decoder`` sets it to 0 otherwise; ingest gives none), and where it applied
+it cost device memory for no steady-state speed. What the padding is for is the start: `benchmarks/bench_ramp.py`.
 
 ``keep_freed_memory``: by default glibc hands freed memory back to the kernel (past 128 KB free at the top of
 the heap) and gives every block of 128 KB or more its own mapping, so each record copied out of its file (a
 TFRecord image out of its protobuf, an LMDB value) lands on fresh pages, and each page fault runs with the GIL
 held. "auto" makes glibc keep up to 64 MB freed and serve blocks up to 32 MB from the heap in the training
 process once a Loader runs its pipeline (or its decode and ops) there; ingest's worker processes always do.
-One read stage of 256 records on 2 cores: TFRecord 21.6 -> 13.9 ms, LMDB 82 -> 9.4 ms, RecordIO 15.7 -> 7.5 ms,
-a file tree read into host memory 9.9 -> 6.1 ms.
 The cost is that memory a program frees stays in its heap for reuse (up to 64 MB at the top) instead of going
 back to the kernel at once.
 

@@ -68,8 +68,8 @@ def kvikio_usable() -> bool:
 def resolve_io(io: str | None) -> tuple[str, str]:
     """The read paths for (host, device) destinations. ``auto`` takes KvikIO for device destinations when
     it is usable, and ``os.preadv`` for host destinations: KvikIO reading into host memory is a POSIX read
-    through its own thread pool even where GDS exists, and measured slower for file-per-sample reads
-    (256 x 81 KB page-cached JPEGs on an H200 host: 15.9 ms with KvikIO, 8.2 ms with preadv)."""
+    through its own thread pool even where GDS exists, and is the slower of the two for file-per-sample reads
+    (``docs/measurements.md``, section Reads)."""
     io = io or defaults.get("io")
     if io == "auto":
         return "posix", "kvikio" if kvikio_usable() else "posix"
@@ -162,7 +162,7 @@ class ByteReader:
         Per task (int64): the bytes read, or -errno of the error that stopped it."""
         if NATIVE is not None:
             # A thread costs about as much to start as a page-cached read of a file: each one gets at least
-            # MIN_SHARE reads or 1 MiB (8 files of 81 KB on 2 cores: 0.25 ms on one thread, 0.44 on eight).
+            # MIN_SHARE reads or 1 MiB (docs/measurements.md, Reads).
             work = max(-(-len(tasks) // MIN_SHARE), int(tasks.lens.sum()) >> 20)
             return tasks.run_native(max(1, min(self.threads, work)))
         return np.array(self._pool_map(tasks.run_one, len(tasks)), dtype=np.int64).reshape(-1)
@@ -171,7 +171,7 @@ class ByteReader:
         """Each file's size in bytes, or the OSError of looking it up."""
         if NATIVE is not None and paths:
             got = np.empty(len(paths), dtype=np.int64)
-            # A stat costs ~1.5 us: threads pay from 128 files each (256 on 2 cores: 0.29 ms on 2, 0.52 on 8).
+            # A stat is cheap next to a thread start: threads pay from 128 files each (docs/measurements.md, Reads).
             NATIVE.sizes(paths, got, max(1, min(self.threads, len(paths) // 128)))
             got = got.tolist()
         else:
@@ -530,8 +530,8 @@ READ_CHUNK = 16 << 20
 #: `ByteReader.read_rows` sends reads of at least this many bytes through KvikIO, smaller ones to one native
 #: preadv batch into pinned memory and one copy: KvikIO splits a large read over its thread pool, but issues
 #: each small one by a Python call of its own (and, below its ``gds_threshold``, by POSIX on the calling
-#: thread). A shuffled batch of 512 x 196 KB rows from page cache on an H100 host, compat mode:
-#: KvikIO per read 50k rows/s, native preadv 90k; 512 consecutive rows (16 MiB reads): KvikIO 134k, native 76k.
+#: thread), so small shuffled rows go faster through preadv and large consecutive reads through KvikIO
+#: (``docs/measurements.md``, section Reads).
 KVIKIO_MIN_READ = 1 << 20
 #: Rows per read at most: a posix read scatters with two iovecs per row, and IOV_MAX is 1024 on Linux.
 MAX_RUN_ROWS = 512

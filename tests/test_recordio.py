@@ -300,7 +300,7 @@ def test_loader_end_to_end(tmp_path):
 
 @pytest.mark.skipif(not (MX_PYTHON and os.path.exists(MX_PYTHON)), reason="no MXNet Python (INGEST_MX_PYTHON)")
 def test_mxnet_reads_what_the_writer_wrote_and_writes_the_same_bytes(tmp_path):
-    """tools/mx_crosscheck.py, run by MXNet's Python (a developer's check, not CI's): MXIndexedRecordIO + recordio.unpack (and MXRecordIO front
+    """dev/mx_crosscheck.py, run by MXNet's Python (a developer's check, not CI's): MXIndexedRecordIO + recordio.unpack (and MXRecordIO front
     to back) read our file; MXNet re-packing the same payloads writes byte-identical .rec and .idx files."""
     split = bytearray(jpeg_bytes(12, 12))
     split[8:12] = split[40:44] = MAGIC_BYTES
@@ -310,7 +310,7 @@ def test_mxnet_reads_what_the_writer_wrote_and_writes_the_same_bytes(tmp_path):
                Record(bytes(split), 5, {"label_values": np.array([5.0], np.float32), "id": 2})]
     fields = {"image": Field("image"), "label": Field("int"), "label_values": Field("floats"), "id": Field("int")}
     write(tmp_path, records, stem="ours", fields=fields)
-    script = Path(__file__).resolve().parents[1] / "tools" / "mx_crosscheck.py"
+    script = Path(__file__).resolve().parents[1] / "dev" / "mx_crosscheck.py"
     out = subprocess.run([MX_PYTHON, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300)
     if "No module named 'mxnet'" in out.stderr:
         pytest.skip("MXNet is not installed in that Python")

@@ -436,12 +436,12 @@ def test_loader_streams_gzip_shards(tmp_path):
 
 @pytest.mark.skipif(not (TF_PYTHON and os.path.exists(TF_PYTHON)), reason="no TensorFlow Python (INGEST_TF_PYTHON)")
 def test_tensorflow_reads_what_the_writer_wrote(tmp_path):
-    """tools/tf_crosscheck.py, run by TensorFlow's Python: TFRecordDataset + parse_single_example read our
+    """dev/tf_crosscheck.py, run by TensorFlow's Python: TFRecordDataset + parse_single_example read our
     shards (plain and GZIP), and shards TF wrote (plain, GZIP, ZLIB) read here the same."""
     records = make_records(4)
     write(tmp_path, records)
     write(tmp_path, records, stem="gz", compression="gzip")
-    script = Path(__file__).resolve().parents[1] / "tools" / "tf_crosscheck.py"
+    script = Path(__file__).resolve().parents[1] / "dev" / "tf_crosscheck.py"
     try:
         out = subprocess.run([TF_PYTHON, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:

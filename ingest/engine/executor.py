@@ -125,7 +125,7 @@ class Executor:
 
     The ops stage runs its torch CPU ops on the ``ops_threads`` setting's intra-op threads (half the cores
     unless set), not torch's default of every core: the decode pool keeps the cores busy meanwhile, and
-    OpenMP threads spinning beside it made the ops stage ~3x slower on 2 cores (see `ingest.defaults`)."""
+    OpenMP threads spinning beside it slow the ops stage several times over (see `ingest.defaults`)."""
 
     def __init__(self, pipeline: Pipeline, plans: Iterator[BatchPlan], *, prefetch: int = 2,
                  read: Callable[[BatchPlan], _Work] | None = None):

@@ -60,8 +60,8 @@ class Outputs:
         it used on the consumer's (`consumer_stream`); a block the user has dropped goes back to torch's cache
         only once the consumer's stream has run past that use, and an allocation that finds none free takes new
         memory, which the cache then keeps. With the consumer's stream behind (the training loop's thread runs
-        steps ahead of the GPU), that happened at times: one more float32 output batch (147 MiB at 256 x 224 x
-        224) held for good. Bounded, the blocks in flight are the prefetched batches, the one the user holds
+        steps ahead of the GPU), unbounded allocation would leave one more float32 output batch (147 MiB at
+        256 x 224 x 224) in the cache for good. Bounded, the blocks in flight are the prefetched batches, the one the user holds
         and the one before it. Rarely waits: only while the GPU is that far behind. (Dense outputs are reused
         instead: `dense_output`.)"""
         k = self._outputs - self.outputs_ahead if self.outputs_ahead is not None else -1
@@ -80,8 +80,8 @@ class Outputs:
         made (it then waits for this one: a new one is made rather than stall it).
 
         Why: a loop's variable still holds the batch before while ``next()`` hands over the next one, so with
-        the ops stage free to allocate as soon as the queue has room, four float32 outputs were in memory: the
-        one held, the one handed over, two queued (588 MB at batch 256), one more than a loop ever uses at once.
+        the ops stage free to allocate as soon as the queue has room, four float32 outputs would be in memory:
+        the one held, the one handed over, two queued (588 MB at batch 256), one more than a loop ever uses.
         Reused, the outputs held are the one the loop uses, the queued ones and the one being made."""
         plan = work.ops_plan
         if self.outputs_ahead is None or plan is None or self.image_kind is None or not work.records:

@@ -9,8 +9,8 @@
 - ``"all"`` (the default): the whole pipeline per worker, batches coming back as below.
 
 Why processes: nvImageCodec's Python binding (0.9) gives up and retakes the GIL for every image it parses,
-decodes or returns. On the H200, a 256-image batch decoded in 9.7 ms alone and in 2.5 s next to one busy
-Python thread (the training loop is such a thread); the loader's own reader threads stretched it to 37 ms.
+decodes or returns, so next to one busy Python thread (the training loop is such a thread) a batch's decode
+takes hundreds of times as long as alone (``docs/measurements.md``, section The in-process CUDA loader).
 A worker process has its own GIL, so its decode runs at the speed it has alone, and several workers feed
 the hardware decoder in parallel.
 
@@ -68,7 +68,7 @@ _MAX_SHARED = 4  # worker batches held until their copy has run
 #: A worker's GIL switch interval (Python's default is 5 ms). Its read-ahead thread runs Python and numpy
 #: for milliseconds at a time; the thread running decode and ops gives the GIL up in every CUDA and
 #: nvImageCodec call and, to get it back, waits for the read thread to be asked to drop it, up to one
-#: interval. Detection on the H100, read-ahead on: 9,860 img/s at 0.5 ms against 9,060 at 5 ms.
+#: interval, so a short interval keeps decode fed (``docs/measurements.md``).
 _SWITCH_INTERVAL = 0.0005
 
 

@@ -25,7 +25,7 @@ paths and index only.
 
 **Streamed sources** (GZIP TFRecords, gzipped tars) cannot seek: they set ``streamed = True`` and provide
 ``shards`` and ``iter_shard(k, skip)`` instead of ``locate``/``parse``; the loader shuffles shard order and
-a bounded buffer (see `ingest.formats.stream`).
+a bounded buffer (see `ingest.stream`).
 
 **Writers** (one per format module) write one output shard: ``Writer(directory, stem, fields, **options)``,
 ``add(record)``, ``close() -> [file names written]``. The converter (`ingest.tools.convert`) owns shard

@@ -1,0 +1,97 @@
+"""The README's headline table: same-run ratios read from the committed results JSON.
+
+Usage: python benchmarks/headline.py            # print the table
+       python benchmarks/headline.py --write    # rewrite it in README.md and docs/benchmarks.md, between markers
+
+Every ratio is taken within one run (the baseline ran in the same session, on the same host), because the
+shared GPU machines move ~±15% between sessions. A row names its file under ``benchmarks/results/``;
+``benchmarks/results/INDEX.md`` says how each was made and ``docs/benchmarks.md`` how to make it again.
+``tests/test_readme.py`` checks the README's and the docs' tables are this script's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+#: The documents that show the table, between `BEGIN` and `END`.
+DOCUMENTS = (README, ROOT / "docs" / "benchmarks.md")
+BEGIN = "<!-- headline: python benchmarks/headline.py --write -->"
+END = "<!-- /headline -->"
+
+JPEG = "bench_settings/h100/synthetic_ref.json"
+RAW = "bench_raw/h200/native_draws.json"
+DETECTION = "bench_detection/h100/rounds.json"
+CPU = "bench_cpu/cpu-2core/bench_cpu.json"
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _rounds(name: str, field) -> list[float]:
+    """``field(ingest) / field(dali)`` in each round of a `bench_settings.py --dali` run."""
+    return [field(r["defaults"]) / field(r["dali"]) for r in _load(name)["rounds"]]
+
+
+def _joined(values: list[float], digits: int = 2) -> str:
+    return " / ".join(f"{v:.{digits}f}" for v in values)
+
+
+def rows() -> list[tuple[str, str, str, str]]:
+    """(figure, ingest / baseline, run, file) for each headline figure."""
+    raw = _load(RAW)["ratios"]
+    det = _load(DETECTION)["results"]
+    cpu = _load(CPU)["derived"]
+    jpeg_run = "H100, 3 rounds, the Python stages (before the native engine)"
+    return [
+        ("ResNet-18 training img/s fed by the loader, vs DALI 2.4",
+         _joined(_rounds(JPEG, lambda r: r["train"]["img_s"]), 3), jpeg_run, JPEG),
+        ("the loader alone, img/s, vs DALI 2.4",
+         _joined(_rounds(JPEG, lambda r: r["loader_img_s"])), jpeg_run, JPEG),
+        ("peak GPU memory of the loader, vs DALI 2.4",
+         _joined(_rounds(JPEG, lambda r: r["peak_mb"])), jpeg_run, JPEG),
+        ("raw uint8 shards (no decode) vs DALI's JPEG pipeline / its numpy reader",
+         f"{raw['loader_over_dali_jpeg']:.2f} / {raw['loader_over_dali_numpy_cpu']:.2f}", "H200, 16 cores, batch 512", RAW),
+        ("detection (COCO boxes, IoU crop, resize 800/1333), vs DALI 2.4: own-size / batch-padded images",
+         f"{det['ingest']['img_s'] / det['dali']['img_s']:.2f} / "
+         f"{det['ingest_batch']['img_s'] / det['dali_batch']['img_s']:.2f}", "H100, batch 32, 4 workers, 2 rounds", DETECTION),
+        ("CPU decode + augmentation vs DataLoader + PIL (2 workers)",
+         f"{cpu['ingest_over_dataloader']:.2f}", "2 CPU cores, 3 rounds", CPU),
+    ]
+
+
+def table() -> str:
+    lines = ["| figure | ingest / baseline | run | file (`benchmarks/results/`) |", "|---|---|---|---|"]
+    lines += [f"| {f} | **{r}** | {run} | `{name}` |" for f, r, run, name in rows()]
+    return "\n".join(lines)
+
+
+def shown_table(text: str) -> str:
+    """The table between a document's markers."""
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[start:end].strip("\n")
+
+
+def write() -> None:
+    for path in DOCUMENTS:
+        text = path.read_text()
+        start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+        path.write_text(text[:start] + "\n" + table() + "\n" + text[end:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help="rewrite the table in README.md and docs/benchmarks.md")
+    if p.parse_args().write:
+        write()
+    else:
+        print(table())
+
+
+if __name__ == "__main__":
+    main()
