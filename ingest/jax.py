@@ -15,7 +15,7 @@ Without ``sharding`` a tensor becomes a ``jax.Array`` on the same device without
 CPU tensor whose alignment it does not take. With ``sharding`` (a ``jax.sharding.Sharding`` over local devices)
 each device's rows are copied to it from the loader's device, once per batch, and assembled into one global
 array (``jax.make_array_from_single_device_arrays``); the batch size must divide among the devices as the
-sharding says.
+sharding says. JAX's own dtype rule holds: without ``jax_enable_x64`` the int64 labels arrive as int32 (a copy).
 
 Stream order: on CUDA the loader makes the current torch stream wait for each batch; a DLPack capsule carries no
 stream, so before handing a batch to JAX the iterator waits on the host for that stream (once per batch).

@@ -124,15 +124,15 @@ def fake_pb_utils() -> types.ModuleType:
     return pb
 
 
-def exported_model(tmp_path: Path, monkeypatch, model: str | None = None):
+def exported_model(tmp_path: Path, monkeypatch, model: str | None = None, kind: str = "CPU"):
     """The exported repository's model.py, imported and initialized as the Python backend would."""
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
-    model_dir = export(SPEC, tmp_path / "repo", kind="KIND_CPU", model=model)
+    model_dir = export(SPEC, tmp_path / "repo", kind=f"KIND_{kind}", model=model)
     text = (model_dir / "config.pbtxt").read_text()
     namespace: dict = {}
     exec(compile((model_dir / "1" / "model.py").read_text(), str(model_dir / "1" / "model.py"), "exec"), namespace)
     instance = namespace["TritonPythonModel"]()
-    instance.initialize({"model_config": json.dumps(config_json(text)), "model_instance_kind": "CPU",
+    instance.initialize({"model_config": json.dumps(config_json(text)), "model_instance_kind": kind,
                          "model_instance_device_id": "0", "model_repository": str(model_dir),
                          "model_version": "1"})
     return instance
