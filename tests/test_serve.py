@@ -86,6 +86,23 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def test_the_preprocessor_equals_the_loader_batch_after_batch(reference):
+    """One pipeline runs every batch: batches of other sizes and a bad item in between change nothing."""
+    from ingest.serve import Preprocessor
+    pre = Preprocessor(SPEC)
+    try:
+        for items, ks in (([IMAGES[0], IMAGES[5]], [0, 5]), ([IMAGES[k] for k in range(12)], range(12)),
+                          ([b"junk", IMAGES[3]], [None, 3]), ([IMAGES[0], IMAGES[5]], [0, 5])):
+            for outcome, k in zip(pre.run(items), ks):
+                if k is None:
+                    assert outcome.image is None and "not an image" in str(outcome.error)
+                else:
+                    assert outcome.error is None
+                    np.testing.assert_array_equal(outcome.image.numpy(), reference[k])
+    finally:
+        pre.close()
+
+
 # -- the backend model on fake Triton requests ---------------------------------------------------------
 class FakeTensor:
     def __init__(self, name: str, array: np.ndarray | torch.Tensor):

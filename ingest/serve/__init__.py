@@ -1,6 +1,6 @@
 """Serving a pipeline spec: a Triton Inference Server model that decodes and preprocesses encoded images.
 
-    preprocess   Preprocessor: a server's batch through the ops (the in-process Loader), each item's outcome
+    preprocess   Preprocessor: a server's batch through the loader's pipeline, each item's outcome its own
     backend      TritonPythonModel: the Python-backend model (one response per request, errors per request)
     repository   export(): a model repository (config.pbtxt, 1/model.py, 1/spec.json) for the spec
     server       TritonServer: nvidia-pytriton's tritonserver running such a repository

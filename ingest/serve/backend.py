@@ -83,7 +83,7 @@ class TritonPythonModel:
         return responses
 
     def finalize(self) -> None:
-        self.preprocessor = None
+        self.preprocessor.close()
 
     def _input(self, request: Any) -> np.ndarray:
         tensor = self.pb.get_input_tensor_by_name(request, INPUT)

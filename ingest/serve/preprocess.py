@@ -1,9 +1,10 @@
 """One dynamic batch of encoded images through the ops, each image's outcome its own.
 
-`Preprocessor.run(items)` runs the in-process ``Loader(list_of_bytes)`` over a server's batch: decode and ops on
-the loader's device, in one batch. A bad item (empty, not an image, an image above ``max_pixels``, damaged
-data) is refused alone: its outcome is an `ItemError` naming why, while the other items' images come out as
-they would without it. The optional user model runs once over the batch's good images.
+`Preprocessor.run(items)` runs a server's batch through the in-process loader's pipeline (what
+``Loader(list_of_bytes)`` runs): decode and ops on its device, in one batch. A bad item (empty, not an image, an
+image above ``max_pixels``, damaged data) is refused alone: its outcome is an `ItemError` naming why, while the
+other items' images come out as the loader gives them. The optional user model runs once over the batch's
+good images.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..engine import Failures, Pipeline
 from ..errors import ConfigError
+from ..formats.memory import MemorySource
 from ..ops import loads
-from ..torch import Loader
+from ..sampler import BatchPlan
 
 
 class ItemError(ValueError):
@@ -53,24 +56,38 @@ def load_model(ref: str | None) -> Callable[[torch.Tensor], torch.Tensor] | None
     return obj
 
 
+class _Batch(MemorySource):
+    """The items of the batch being run: one source the pipeline keeps, its items replaced per batch."""
+
+    def __init__(self):
+        super().__init__([])
+
+    def hold(self, items: list[Any]) -> None:
+        self._items = items
+        self._labels = np.full(len(items), -1, dtype=np.int64)
+
+
 class Preprocessor:
     """The ops of a spec (`ingest.ops.loads` text, or a list of ops) run over batches of encoded images on
     ``device``, then ``model`` (a callable, or a ``"module:callable"`` reference) over the results.
 
     Notes
     -----
-    Each `run` is one ``Loader(items, batch_size=len(items))`` epoch with a failure budget of every item, so the
-    loader's own decoders, checks and ops run unchanged and a refused item only drops out of the batch; its
-    reason comes from the loader's failure records. On CUDA the returned tensors are ready on the current
-    stream (the loader's delivery makes it wait on the batch); each stays valid while it is referenced.
+    One `ingest.engine.Pipeline` (the loader's stages: its decoders, checks and ops) is made once and runs each
+    batch on the calling thread, with a failure budget of every item: a refused item only drops out of the batch,
+    and its reason comes from the budget's records. Outputs equal ``Loader(items, batch_size=len(items))``'s. On
+    CUDA the returned tensors are ready on the current stream (the pipeline makes it wait on the batch); each
+    stays valid while it is referenced. Not for several threads at once (a Triton instance calls it serially).
     """
 
     def __init__(self, spec: str | Sequence[Any], *, device: str | torch.device = "cpu",
                  model: str | Callable | None = None, num_threads: int | None = None):
         self.ops = loads(spec) if isinstance(spec, (str, bytes)) else list(spec)
-        self.device = torch.device(device)
         self.model = load_model(model) if isinstance(model, str) or model is None else model
-        self.num_threads = num_threads
+        self._source = _Batch()
+        self._pipeline = Pipeline(self._source, ops=self.ops, device=device, num_threads=num_threads)
+        self.device = self._pipeline.device
+        self._batches = 0
 
     def run(self, items: Sequence[Any]) -> list[Outcome]:
         """The outcome of each of ``items`` (encoded images: bytes or 1-D uint8 arrays), in order."""
@@ -88,19 +105,32 @@ class Preprocessor:
             self._apply_model(outcomes)
         return outcomes   # type: ignore[return-value]
 
+    def close(self) -> None:
+        """Release the pipeline's decoders and threads."""
+        self._pipeline.close()
+
     def _images(self, items: list[Any]) -> tuple[list[torch.Tensor | None], list[ItemError | None]]:
-        images: list[torch.Tensor | None] = [None] * len(items)
-        errors: list[ItemError | None] = [None] * len(items)
-        with Loader(items, batch_size=len(items), ops=self.ops, device=self.device, num_workers=0, prefetch=1,
-                    max_failures=len(items), output="dict", num_threads=self.num_threads) as loader:
-            batches = list(loader)
-            names = {loader.source.name(k): k for k in range(len(items))}
-            for name, stage, reason in loader.stats()["failures"]:
-                k = names[name]
-                errors[k] = ItemError(f"{stage} failed: {reason.replace(name + ': ', '')}")
-        for batch in batches:
-            for row, k in enumerate(batch["indices"].tolist()):
-                images[k] = batch["images"][row]
+        n = len(items)
+        images: list[torch.Tensor | None] = [None] * n
+        errors: list[ItemError | None] = [None] * n
+        self._source.hold(items)
+        failures = Failures(n, n)
+        self._pipeline.start_epoch(failures)
+        cuda = self.device.type == "cuda"
+        self._pipeline.deliver(torch.cuda.current_stream(self.device) if cuda else None, with_fields=False)
+        plan = BatchPlan(epoch=0, number=self._batches, indices=np.arange(n, dtype=np.int64),
+                         is_pad=np.zeros(n, dtype=bool), seed=np.random.SeedSequence(0))
+        self._batches += 1
+        try:
+            batch = self._pipeline.run(plan)
+        finally:
+            self._source.hold([])   # the request buffers are not kept past the batch
+        names = {self._source.name(k): k for k in range(n)}
+        for name, stage, reason in failures.items:
+            errors[names[name]] = ItemError(f"{stage} failed: {reason.replace(name + ': ', '')}")
+        if batch is not None:
+            for row, k in enumerate(batch.indices.tolist()):
+                images[k] = batch.images[row]
         for k, image in enumerate(images):
             if image is None and errors[k] is None:   # not expected: a dropped item without a record
                 errors[k] = ItemError("the image produced no output")
