@@ -156,6 +156,7 @@ def load_run(port: int, clients: int, procs: int, jpegs: list[bytes], args) -> d
 
 def serve_sides(args, jpegs: list[bytes], results: dict) -> None:
     from ingest.serve import TritonServer, export
+    from ingest.serve.server import gpu_options
     import torch
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     kind, gpus = ("KIND_CPU", []) if device == "cpu" else ("KIND_GPU", [int(device.split(":")[1] or 0)])
@@ -167,7 +168,7 @@ def serve_sides(args, jpegs: list[bytes], results: dict) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    with TritonServer(repo, http_port=ports[0], grpc_port=ports[1]) as server:
+    with TritonServer(repo, http_port=ports[0], grpc_port=ports[1], options=gpu_options(gpus)) as server:
         chosen = args.only.split(",")
         if "serve" in chosen:
             results["serve"] = _guard(lambda: {**load_run(ports[1], args.clients, args.client_procs, jpegs, args),

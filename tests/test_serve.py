@@ -329,7 +329,7 @@ def batches_run(client) -> tuple[int, int]:
     return int(stats.get("execution_count", 0)), int(stats.get("inference_count", 0))
 
 
-CLIENTS, REQUESTS = 16, 150   # 16 x 500 in the issue; 200 keeps this file well under a minute on CI
+CLIENTS, REQUESTS = 16, 150   # 16 x 500 in the issue; 150 keeps this file well under a minute on CI
 
 
 def test_concurrent_clients_every_answer_right_and_memory_flat(server, reference):

@@ -11,6 +11,7 @@ from conftest import requires_cuda
 from test_serve import (BAD, IMAGES, SPEC, FakeRequest, exported_model, free_ports, infer_grpc, reference,  # noqa: F401
                         user_model)
 from ingest.serve import TritonServer, export
+from ingest.serve.server import gpu_options
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 
@@ -34,7 +35,7 @@ def test_the_real_server_on_a_gpu(tmp_path, reference):
     grpcclient = pytest.importorskip("tritonclient.grpc")
     export(SPEC, tmp_path / "repo", kind="KIND_GPU", gpus=[0])
     http_port, grpc_port = free_ports(2)
-    with TritonServer(tmp_path / "repo", http_port=http_port, grpc_port=grpc_port) as server:
+    with TritonServer(tmp_path / "repo", http_port=http_port, grpc_port=grpc_port, options=gpu_options([0])) as server:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         try:
             for k in (0, 7):

@@ -25,6 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Sequence
 
 from ..errors import ConfigError, IngestError
 
@@ -74,8 +75,19 @@ def server_env(libs: Path) -> dict[str, str]:
     return env
 
 
+#: The CUDA memory pool per GPU a GPU model gets (`gpu_options`): the Python backend hands GPU outputs over
+#: through it, and Triton's default, 64 MB, holds about one batch of 64 images of 3 x 224 x 224 float32.
+CUDA_POOL_BYTES = 512 << 20
+
+
+def gpu_options(gpus: Sequence[int]) -> list[str]:
+    """The server options a model on ``gpus`` needs: each GPU's CUDA memory pool (`CUDA_POOL_BYTES`)."""
+    return [f"--cuda-memory-pool-byte-size={gpu}:{CUDA_POOL_BYTES}" for gpu in gpus]
+
+
 class TritonServer:
-    """``tritonserver`` serving the model repository ``repo`` on ``http_port`` and ``grpc_port`` (metrics off).
+    """``tritonserver`` serving the model repository ``repo`` on ``http_port`` and ``grpc_port`` (metrics off);
+    ``options``: more ``tritonserver`` options (`gpu_options` for a GPU model).
 
     ``start()`` returns once the server reports ready (a ServerError with the end of its log if it exits or
     ``timeout`` passes first); ``stop()`` (or leaving ``with``) stops it and its backend processes, and waits
@@ -83,8 +95,9 @@ class TritonServer:
     """
 
     def __init__(self, repo: str | os.PathLike, *, http_port: int = 8000, grpc_port: int = 8001,
-                 log: str | os.PathLike | None = None, verbose: bool = False):
+                 log: str | os.PathLike | None = None, verbose: bool = False, options: Sequence[str] = ()):
         self.repo = Path(repo)
+        self.options = list(options)
         self.http_port, self.grpc_port = http_port, grpc_port
         self.verbose = verbose
         self._work = Path(tempfile.mkdtemp(prefix="ingest-triton-"))
@@ -98,7 +111,8 @@ class TritonServer:
             _backends(dist, backends)
         return [str(dist / "bin" / "tritonserver"), f"--model-repository={self.repo}",
                 f"--backend-directory={backends}", f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
-                "--allow-metrics=false", "--exit-timeout-secs=5", f"--log-verbose={1 if self.verbose else 0}"]
+                "--allow-metrics=false", "--exit-timeout-secs=5", f"--log-verbose={1 if self.verbose else 0}",
+                *self.options]
 
     def start(self, timeout: float = 120.0) -> "TritonServer":
         _, libs = pytriton_dist()

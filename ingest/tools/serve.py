@@ -80,12 +80,13 @@ def run_export(args: Any) -> int:
 
 def run_serve(args: Any) -> int:
     from ..serve import TritonServer, export, load_model
+    from ..serve.server import gpu_options
     kind, gpus = _device(args.device)
     load_model(args.model)   # an unimportable model is refused before the server starts
     repo = args.repository or tempfile.mkdtemp(prefix="ingest-repo-")
     export(_spec_text(args.spec), repo, name=args.model_name, kind=kind, gpus=gpus,
            max_batch_size=args.max_batch_size, queue_delay_us=args.max_queue_delay_us, model=args.model)
-    server = TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port)
+    server = TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port, options=gpu_options(gpus))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # a SIGTERM stops the server as Ctrl-C does
     try:
         server.start()
