@@ -292,31 +292,42 @@ def test_http_and_grpc_answers_equal_the_in_process_loader(server, reference):
 
 def test_bad_items_in_a_dynamic_batch_fail_alone_and_the_server_stays_up(server, reference):
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    before = batches_run(client)
     jobs = [(k, IMAGES[k], None) for k in range(8)] + [(None, data, hint) for data, hint in BAD.values()]
-    results: dict[int, object] = {}
 
-    def call(j: int, data: bytes) -> None:
-        try:
-            results[j] = infer_grpc(client, data)
-        except Exception as err:   # tritonclient's InferenceServerException
-            results[j] = err
+    def burst() -> tuple[dict, int]:
+        """Every job at once (released together); the results and how many batches ran them."""
+        results: dict[int, object] = {}
+        gate = threading.Barrier(len(jobs))
 
-    threads = [threading.Thread(target=call, args=(j, data)) for j, (_, data, _) in enumerate(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    after = batches_run(client)
+        def call(j: int, data: bytes) -> None:
+            gate.wait()
+            try:
+                results[j] = infer_grpc(client, data)
+            except Exception as err:   # tritonclient's InferenceServerException
+                results[j] = err
+
+        before = batches_run(client)
+        threads = [threading.Thread(target=call, args=(j, data)) for j, (_, data, _) in enumerate(jobs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        after = batches_run(client)
+        assert after[1] - before[1] == len(jobs)
+        return results, after[0] - before[0]
+
     try:
-        for j, (k, _, hint) in enumerate(jobs):
-            if k is not None:
-                assert isinstance(results[j], np.ndarray), results[j]
-                np.testing.assert_allclose(results[j][0], reference[k], atol=NEIGHBOUR_TOL)
-            else:
-                assert "refused" in str(results[j]) and hint in str(results[j]), results[j]
-        # fewer batches than requests: requests shared dynamic batches (the fake-request test fixes the mix)
-        assert after[1] - before[1] == len(jobs) and after[0] - before[0] < len(jobs)
+        for _ in range(3):   # a loaded machine may spread a burst over single batches: then another burst
+            results, batches = burst()
+            for j, (k, _, hint) in enumerate(jobs):
+                if k is not None:
+                    assert isinstance(results[j], np.ndarray), results[j]
+                    np.testing.assert_allclose(results[j][0], reference[k], atol=NEIGHBOUR_TOL)
+                else:
+                    assert "refused" in str(results[j]) and hint in str(results[j]), results[j]
+            if batches < len(jobs):
+                break
+        assert batches < len(jobs)   # requests shared dynamic batches (the fake-request test fixes the mix)
         assert client.is_server_live() and client.is_model_ready("preprocess")
         np.testing.assert_allclose(infer_grpc(client, IMAGES[1])[0], reference[1], atol=1e-5)
     finally:
