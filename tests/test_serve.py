@@ -249,16 +249,52 @@ def test_export_refuses_bad_input(tmp_path):
 # -- the real server ------------------------------------------------------------------------------------
 
 
+class Served:
+    """`ingest serve` started by the tests as a user would: the command, its server and the backend stub."""
+
+    def __init__(self, work: Path):
+        (work / "usermodel.py").write_text("def net(batch):\n    return batch.mean(dim=(2, 3))\n")
+        (work / "spec.json").write_text(SPEC)
+        self.http_port, self.grpc_port = free_ports(2)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(work), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        # a 20 ms batching window: concurrent requests land in one dynamic batch on a slow CI machine too
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ingest.tools.cli", "serve", str(work / "spec.json"), "--http-port",
+             str(self.http_port), "--grpc-port", str(self.grpc_port), "--model", "usermodel:net", "--device", "cpu",
+             "--repository", str(work / "repo"), "--max-batch-size", "16", "--max-queue-delay-us", "20000"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        watcher = TritonServer(work / "repo", http_port=self.http_port)
+        deadline = time.monotonic() + 120
+        while not watcher.ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"ingest serve did not become ready:\n{self.output[-3000:]}")
+            time.sleep(0.2)
+        self.output = ""
+
+    def rss_bytes(self) -> int:
+        """The resident memory of the command, the server and the stub together."""
+        total = 0
+        for pid in process_tree(self.process.pid):
+            try:
+                total += next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                              if line.startswith("VmRSS:"))
+            except (OSError, StopIteration):
+                pass
+        return total
+
+    def stop(self) -> None:
+        """Ctrl-C, as a user stops it; the command's output is kept in ``output``."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        self.output, _ = self.process.communicate(timeout=60)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    # a 20 ms batching window: concurrent requests land in one dynamic batch on a slow CI machine too
-    export(SPEC, repo, kind="KIND_CPU", max_batch_size=16, queue_delay_us=20_000)
-    http_port, grpc_port = free_ports(2)
-    with TritonServer(repo, http_port=http_port, grpc_port=grpc_port) as running:
-        yield running
-        tree = running.pids()
-    assert len(tree) >= 2 and [pid for pid in tree if alive(pid)] == []   # the server and its backend stub
+    served = Served(tmp_path_factory.mktemp("serve"))
+    yield served
+    served.stop()
 
 
 def infer_http(server, data: bytes) -> np.ndarray:
@@ -377,38 +413,26 @@ def test_concurrent_clients_every_answer_right_and_memory_flat(server, reference
     assert end - start < max(64 << 20, start // 4), f"server RSS grew from {start >> 20} MB to {end >> 20} MB"
 
 
-def test_ingest_serve_command_with_a_user_model_and_clean_shutdown(tmp_path):
-    (tmp_path / "usermodel.py").write_text("def net(batch):\n    return batch.mean(dim=(2, 3))\n")
-    spec = tmp_path / "spec.json"
-    spec.write_text(SPEC)
-    http_port, grpc_port = free_ports(2)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    process = subprocess.Popen([sys.executable, "-m", "ingest.tools.cli", "serve", str(spec), "--http-port",
-                                str(http_port), "--grpc-port", str(grpc_port), "--model", "usermodel:net",
-                                "--device", "cpu", "--repository", str(tmp_path / "repo")],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def test_the_user_model_runs_in_the_server(server):
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
     try:
-        watcher = TritonServer(tmp_path / "repo", http_port=http_port)
-        deadline = time.monotonic() + 120
-        while not watcher.ready():
-            assert process.poll() is None, process.stdout.read()
-            assert time.monotonic() < deadline, "the server did not become ready"
-            time.sleep(0.2)
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
         x = np.frombuffer(IMAGES[4], np.uint8)[None]
         tensor = httpclient.InferInput("ENCODED", list(x.shape), "UINT8")
         tensor.set_data_from_numpy(x)
         result = client.infer("preprocess", [tensor], outputs=[httpclient.InferRequestedOutput("OUTPUT")])
-        client.close()
-        with Loader([IMAGES[4]], batch_size=1, ops=OPS) as loader:
-            (images, _), = list(loader)
-        np.testing.assert_allclose(result.as_numpy("OUTPUT"), images.mean(dim=(2, 3)).numpy(), atol=1e-5)
-        tree = process_tree(process.pid)
-        assert len(tree) >= 3   # the command, tritonserver, the backend stub
     finally:
-        process.send_signal(signal.SIGINT)
-        out, _ = process.communicate(timeout=60)
-    assert "serving preprocess (CPU)" in out
+        client.close()
+    with Loader([IMAGES[4]], batch_size=1, ops=OPS) as loader:
+        (images, _), = list(loader)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT"), images.mean(dim=(2, 3)).numpy(), atol=1e-5)
+    assert result.as_numpy("IMAGES") is None   # only what the request asked for
+
+
+def test_shutdown_leaves_no_process_behind(server):   # last of the server's tests: it stops the server
+    tree = process_tree(server.process.pid)
+    assert len(tree) >= 3   # the command, tritonserver, the backend stub
+    server.stop()
+    assert server.process.returncode == 130 and "serving preprocess (CPU)" in server.output
     assert [pid for pid in tree if alive(pid)] == []
 
 
