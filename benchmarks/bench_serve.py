@@ -24,7 +24,6 @@ import argparse
 import io
 import json
 import multiprocessing as mp
-import os
 import socket
 import sys
 import tempfile

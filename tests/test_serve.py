@@ -29,7 +29,6 @@ from ingest.errors import ConfigError
 from ingest.ops import CenterCrop, Normalize, Resize, dumps
 from ingest.serve import TritonServer, config_text, export
 from ingest.serve.server import alive, process_tree
-from ingest.serve.backend import TritonPythonModel
 from ingest.tools.cli import main
 
 pytest.importorskip("pytriton", reason="the serve extra (pip install 'ingest[serve]') is not installed")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import requires_cuda
 from test_serve import (BAD, IMAGES, SPEC, FakeRequest, exported_model, free_ports, infer_grpc, reference,  # noqa: F401
