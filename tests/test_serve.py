@@ -160,7 +160,7 @@ def config_json(text: str) -> dict:
     from tritonclient.grpc import model_config_pb2
     config = text_format.Parse(text, model_config_pb2.ModelConfig())
     doc = json_format.MessageToDict(config, preserving_proto_field_name=True)
-    for output in doc["output"]:   # Triton hands the backend dims as numbers
+    for output in doc.get("output", []):   # Triton hands the backend dims as numbers
         output["dims"] = [int(d) for d in output["dims"]]
     return doc
 
@@ -232,6 +232,15 @@ def test_triton_export_writes_a_repository_triton_parses(tmp_path, capsys):
     assert "dynamic_batching" in config
     assert config["instance_group"] == [{"count": 1}]   # kind KIND_AUTO: the enum's default, not printed
     assert (model_dir / "1" / "spec.json").read_text() == SPEC
+
+
+def test_the_documented_ensemble_config_parses():
+    text = (ROOT / "docs" / "serving.md").read_text()
+    block = text.split("REPO_DIR/classify/config.pbtxt:", 1)[1].split("REPO_DIR/classify/1/", 1)[0]
+    config = config_json(block)
+    steps = config["ensemble_scheduling"]["step"]
+    assert config["platform"] == "ensemble" and [step["model_name"] for step in steps] == ["preprocess", "resnet50"]
+    assert steps[0]["input_map"] == {"ENCODED": "ENCODED"} and steps[0]["output_map"] == {"IMAGES": "preprocessed"}
 
 
 def test_export_refuses_bad_input(tmp_path):
