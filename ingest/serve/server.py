@@ -91,7 +91,7 @@ class TritonServer:
 
     ``start()`` returns once the server reports ready (a ServerError with the end of its log if it exits or
     ``timeout`` passes first); ``stop()`` (or leaving ``with``) stops it and its backend processes, and waits
-    for them. ``log`` (a path) receives the server's output.
+    for them. ``log`` (a path) receives the server's output; by default a file that lasts while the server runs.
     """
 
     def __init__(self, repo: str | os.PathLike, *, http_port: int = 8000, grpc_port: int = 8001,
@@ -100,13 +100,22 @@ class TritonServer:
         self.options = list(options)
         self.http_port, self.grpc_port = http_port, grpc_port
         self.verbose = verbose
-        self._work = Path(tempfile.mkdtemp(prefix="ingest-triton-"))
-        self.log = Path(log) if log is not None else self._work / "server.log"
+        self._log = Path(log) if log is not None else None
+        self._work: Path | None = None   # made when the server starts, removed when it stops
         self.process: subprocess.Popen | None = None
+
+    @property
+    def log(self) -> Path:
+        return self._log if self._log is not None else self._workdir() / "server.log"
+
+    def _workdir(self) -> Path:
+        if self._work is None:
+            self._work = Path(tempfile.mkdtemp(prefix="ingest-triton-"))
+        return self._work
 
     def command(self) -> list[str]:
         dist, _ = pytriton_dist()
-        backends = self._work / "backends"
+        backends = self._workdir() / "backends"
         if not backends.exists():
             _backends(dist, backends)
         return [str(dist / "bin" / "tritonserver"), f"--model-repository={self.repo}",
@@ -123,10 +132,13 @@ class TritonServer:
         deadline = time.monotonic() + timeout
         while not self.ready():
             if self.process.poll() is not None:
-                raise ServerError(f"tritonserver exited with status {self.process.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
+                message = f"tritonserver exited with status {self.process.returncode}:\n{self.log_tail()}"
                 self.stop()
-                raise ServerError(f"tritonserver was not ready after {timeout:.0f} s:\n{self.log_tail()}")
+                raise ServerError(message)
+            if time.monotonic() > deadline:
+                message = f"tritonserver was not ready after {timeout:.0f} s:\n{self.log_tail()}"
+                self.stop()
+                raise ServerError(message)
             time.sleep(0.2)
         return self
 
@@ -157,6 +169,8 @@ class TritonServer:
         return total
 
     def log_tail(self, lines: int = 40) -> str:
+        if self._log is None and self._work is None:   # stopped: its log went with it
+            return ""
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
@@ -182,7 +196,9 @@ class TritonServer:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        shutil.rmtree(self._work / "backends", ignore_errors=True)
+        if self._work is not None:   # the backend directory, and the log unless given
+            shutil.rmtree(self._work, ignore_errors=True)
+            self._work = None
 
     def __enter__(self) -> "TritonServer":
         return self.start()

@@ -4,6 +4,7 @@ imported when a command runs, not when the parser is built."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 import tempfile
@@ -98,3 +99,5 @@ def run_serve(args: Any) -> int:
         return 1
     finally:
         server.stop()
+        if args.repository is None:
+            shutil.rmtree(repo, ignore_errors=True)
