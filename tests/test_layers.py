@@ -25,8 +25,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("decode", ("ingest.decode",)),
     ("ops", ("ingest.ops", "ingest.native_plan", "ingest._plan")),   # the ops as the native planner takes them
     ("engine", ("ingest.engine", "ingest.native", "ingest._native", "ingest._engine")),   # the native engine: read to ops in C
-    ("torch", ("ingest.torch", "ingest")),
-    ("tools", ("ingest.tools",)),
+    ("torch", ("ingest.torch", "ingest", "ingest.jax", "ingest.tf")),   # the framework adapters
+    ("tools", ("ingest.tools", "ingest.serve")),   # the command line, and the server it starts
 )
 
 

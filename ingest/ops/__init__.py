@@ -13,6 +13,7 @@ The flow, one module per step::
     planner    plan(): draw every op's params once, per sample; each run of geometry ops -> one Warp
     affine     the map algebra shared by images, boxes and masks: compose, map_boxes, Warp
     resample   execute a Warp (one CUDA kernel per batch, _warp_kernel; torch reference elsewhere)
+    spec       dumps(ops) / loads(text): a list of ops as versioned JSON (what `ingest serve` loads)
 
 Images::
 
@@ -52,6 +53,7 @@ from .geometry import CenterCrop, Flip, GeometryOp, HorizontalFlip, RandomResize
 from .normalize import Normalize
 from .mix import BatchOp, CutMix, MixUp, MixUpCutMix
 from .planner import Plan, plan, run_ops
+from .spec import dumps, loads
 from .user import BatchFunction, Torchvision
 
 __all__ = [
@@ -59,5 +61,5 @@ __all__ = [
     "GeometryOp", "HorizontalFlip", "ImageSpec", "MixUp", "MixUpCutMix", "Normalize", "Op", "PadTo", "Plan",
     "RandAugment", "RandomAffine", "RandomErasing", "RandomGrayscale", "RandomIoUCrop", "RandomResizedCrop",
     "Resize", "Rotate", "Steps", "Torchvision", "TrivialAugmentWide", "VerticalFlip", "Warp", "ZoomOut", "compose",
-    "per_sample", "plan", "run_ops",
+    "dumps", "loads", "per_sample", "plan", "run_ops",
 ]

@@ -1,5 +1,6 @@
-"""The `ingest` command line: `demo`, and the dataset tools `convert`, `index`, `verify` and `inspect` (one
-module each in `ingest.tools`, each adding its parser with ``add_parser`` and running with ``run``).
+"""The `ingest` command line: `demo`, the dataset tools `convert`, `index`, `verify` and `inspect`, and `serve` /
+`triton-export` (one module each in `ingest.tools`, each adding its parsers with ``add_parser`` and running
+with ``run``).
 
 Exit status: 0 done, 1 the data is bad (a corrupt record, the failure budget exceeded, `verify` found
 problems), 2 bad arguments or a missing path, 130 interrupted. Errors are one line on stderr, no traceback.
@@ -17,7 +18,7 @@ from .. import __version__
 from ..errors import ConfigError, IngestError, SourceError
 
 #: Subcommand modules of `ingest.tools` (each has ``add_parser(subparsers)``, setting ``run`` on its args).
-TOOLS = ("demo", "convert", "index", "verify", "dataset_info")
+TOOLS = ("demo", "convert", "index", "verify", "dataset_info", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,121 @@
+"""The Triton Python-backend model: what a repository's ``1/model.py`` runs (`ingest.serve.repository`).
+
+Triton's Python backend calls ``initialize(args)`` once per instance, ``execute(requests)`` once per dynamic
+batch (one request per client call, each with its own ``ENCODED``: ragged inputs need no padding) and
+``finalize()``. Every request gets its own response: a request whose item was refused gets an error response
+naming why, the others of the same batch their images, and an exception while running the batch fails only
+that batch's requests.
+
+Notes
+-----
+Outputs leave as DLPack tensors (``pb_utils.Tensor.from_dlpack``): on a GPU instance the batch stays in device
+memory, for Triton to copy out to a client or hand to the next model of an ensemble. The stream the outputs
+were made on is synchronized before they are handed over, since a DLPack capsule carries no stream.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.dlpack
+
+from .preprocess import ItemError, Outcome, Preprocessor, as_items
+
+log = logging.getLogger(__name__)
+
+INPUT = "ENCODED"
+OUTPUT_IMAGES = "IMAGES"
+OUTPUT_MODEL = "OUTPUT"
+
+
+def parameter(config: dict, key: str, default: str | None = None) -> str | None:
+    """A ``parameters`` entry of a model config (its ``string_value``), or ``default``."""
+    value = config.get("parameters", {}).get(key, {}).get("string_value")
+    return default if value in (None, "") else value
+
+
+class TritonPythonModel:
+    """The ``preprocess`` model: ``ENCODED`` (uint8 ``[L]`` per item) -> ``IMAGES`` (and ``OUTPUT`` with a
+    user model). Its spec is ``spec.json`` beside the ``model.py`` that imports this class."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.pb = importlib.import_module("triton_python_backend_utils")
+        config = json.loads(args["model_config"])
+        version_dir = Path(args["model_repository"]) / str(args["model_version"])
+        spec = (version_dir / "spec.json").read_text()
+        if args.get("model_instance_kind") == "GPU" and torch.cuda.is_available():
+            device = torch.device("cuda", int(args.get("model_instance_device_id") or 0))
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        self.preprocessor = Preprocessor(spec, device=device, model=parameter(config, "ingest_model"))
+        self.dtypes = {o["name"]: self.pb.triton_string_to_numpy(o["data_type"]) for o in config["output"]}
+        log.info("ingest: %s serving on %s", config.get("name"), device)
+
+    def execute(self, requests: list) -> list:
+        items, owners, responses = [], [], [None] * len(requests)
+        for r, request in enumerate(requests):
+            try:
+                request_items = as_items(self._input(request))
+            except ItemError as err:
+                responses[r] = self._error(str(err))
+                continue
+            items.extend(request_items)
+            owners.extend([r] * len(request_items))
+        try:
+            outcomes = self.preprocessor.run(items) if items else []
+        except Exception as err:   # a fault of the whole batch: its requests fail, the server stays up
+            log.exception("ingest: a batch of %d requests failed", len(requests))
+            return [resp or self._error(f"the batch failed: {type(err).__name__}: {err}") for resp in responses]
+        by_request: dict[int, list[Outcome]] = {}
+        for r, outcome in zip(owners, outcomes):
+            by_request.setdefault(r, []).append(outcome)
+        if self.preprocessor.device.type == "cuda":   # DLPack carries no stream: the outputs must be done
+            torch.cuda.current_stream(self.preprocessor.device).synchronize()
+        for r, mine in by_request.items():
+            responses[r] = self._response(requests[r], mine)
+        return responses
+
+    def finalize(self) -> None:
+        self.preprocessor.close()
+
+    def _input(self, request: Any) -> np.ndarray:
+        tensor = self.pb.get_input_tensor_by_name(request, INPUT)
+        if tensor is None:
+            raise ItemError(f"the request has no {INPUT} input")
+        # By DLPack, not as_numpy: the stub's numpy view is built for numpy 1's ABI and reads as empty under 2
+        return torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).cpu().numpy()
+
+    def _error(self, message: str) -> Any:
+        return self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(message))
+
+    def _response(self, request: Any, outcomes: list[Outcome]) -> Any:
+        for k, outcome in enumerate(outcomes):
+            if outcome.error is not None:
+                where = f"item {k} of the request" if len(outcomes) > 1 else "the request's image"
+                return self._error(f"{where} was refused: {outcome.error}")
+        wanted = set(request.requested_output_names() or self.dtypes)
+        tensors = []
+        for name, field in ((OUTPUT_IMAGES, "image"), (OUTPUT_MODEL, "output")):
+            if name not in wanted or name not in self.dtypes:
+                continue
+            rows = [getattr(o, field) for o in outcomes]
+            if len({tuple(x.shape) for x in rows}) > 1:
+                return self._error(f"the request's {len(rows)} items gave {name} of different shapes; send them "
+                                   "one image per request, or end the spec with a fixed-size op")
+            batch = torch.stack(rows).to(_torch_dtype(self.dtypes[name])).contiguous()
+            tensors.append(self.pb.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(batch)))
+        return self.pb.InferenceResponse(output_tensors=tensors)
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    if np.dtype(dtype) == np.dtype(np.uint8):
+        return torch.uint8
+    return {np.dtype(np.float16): torch.float16, np.dtype(np.float64): torch.float64}.get(np.dtype(dtype),
+                                                                                        torch.float32)
