@@ -367,6 +367,20 @@ def test_libtiff_warnings_are_emitted_only_with_debug_logging(cpu, capfd, caplog
     assert any("ImageDescription" in record.getMessage() for record in caplog.records)
 
 
+def test_what_nvimgcodec_prints_while_loading_is_kept_and_logged_at_debug(capfd, caplog):
+    """`captured_stderr` (around nvImageCodec's instance and decoder creation) keeps native stderr lines off the
+    console; they reach the ``ingest`` logger's DEBUG records, so only a user who asks sees them."""
+    import os
+    from ingest.decode import _nvimgcodec as native
+    with caplog.at_level(logging.DEBUG, logger="ingest"):
+        with native.captured_stderr() as lines:
+            os.write(2, b"[nvjpeg2k_ext] Failed to load nvjpeg2k library!\n")
+    assert lines == ["[nvjpeg2k_ext] Failed to load nvjpeg2k library!"]
+    assert capfd.readouterr().err == ""
+    assert [r.getMessage() for r in caplog.records if r.name == "ingest"] == \
+        ["nvImageCodec: [nvjpeg2k_ext] Failed to load nvjpeg2k library!"]
+
+
 # -- GPU planning (no GPU needed) -----------------------------------------------------------------------------
 
 
@@ -376,12 +390,13 @@ def test_codec_rows_route_only_what_nvjpeg2k_and_nvtiff_decode_like_the_cpu():
              tiff(RGB, photometric="rgb", compression="zstd"), tiff(RGB16, photometric="rgb"),
              tiff(RGB, photometric="rgb", extratags=[(274, "H", 1, 6, True)]), encode(Image.fromarray(RGB), "PNG"),
              b"II*\x00garbage"]
+    cut_j2k, cut_tiff = j2k(RGB, level=0, codecformat="j2k"), tiff(RGB, photometric="rgb", compression="lzw")
+    datas += [cut_j2k[:-10], cut_tiff[:-10]]   # truncated: left to the CPU decoder, which refuses them
+    kinds = [1, decode_gpu.KIND_JPEG2K, 0, decode_gpu.KIND_TIFF, 0, 0, decode_gpu.KIND_TIFF, 0, 0, 0, 0]
     table = decode_gpu.codec_rows(jpeg_headers(datas), datas)
-    assert table[:, 0].tolist() == [1, decode_gpu.KIND_JPEG2K, 0, decode_gpu.KIND_TIFF, 0, 0, decode_gpu.KIND_TIFF,
-                                    0, 0]
+    assert table[:, 0].tolist() == kinds
     assert table[1, 1:5].tolist() == [48, 64, 3, 8] and table[6, 6] == 6
-    assert decode_gpu.gpu_decodable(table, 10 ** 6).tolist() == [True, True, False, True, False, False, True,
-                                                                 False, False]
+    assert decode_gpu.gpu_decodable(table, 10 ** 6).tolist() == [k > 0 for k in kinds]
     regions = np.tile(np.array([[4, 4, 20, 20]]), (len(datas), 1))
     clipped = decode_gpu.clip_regions(regions, table)
     assert clipped[1].tolist() == [4, 4, 20, 20] and clipped[3].tolist() == [0, 0, 0, 0]   # TIFF: whole
@@ -419,6 +434,37 @@ def test_native_engine_leaves_mostly_jpeg2k_or_tiff_trees_to_the_python_stages(t
     assert not native.mostly_other_codecs(FileTree(tmp_path / "jpeg").native_table())
 
 
+# -- nvImageCodec's native loop, on its CPU backend (no GPU) ---------------------------------------------------
+
+
+@pytest.fixture(params=["compiled", "ctypes"])
+def host_decoder(request, monkeypatch):
+    """nvImageCodec's CPU backends into host memory (as tests/test_nvimgcodec_native.py), by each loop."""
+    from ingest.decode import _nvimgcodec as native
+    from test_nvimgcodec_native import LIBRARY
+    if not (LIBRARY and LIBRARY.exists()):
+        pytest.skip("nvImageCodec's library not found")
+    if request.param == "compiled" and native.LOOP is None:
+        pytest.skip("ingest.decode._nvloop is not built here")
+    if request.param == "ctypes":
+        monkeypatch.setattr(native, "LOOP", None)
+    decoder = native.BatchDecoder(native.load(str(LIBRARY)), native.DEVICE_CPU_ONLY, backends=["CPU_ONLY"])
+    yield decoder
+    decoder.close()
+
+
+def test_native_loop_routes_tiff_and_jpeg2k_code_streams(host_decoder):
+    """TIFF and JPEG 2000 reach the batch decode (libtiff's CPU extension decodes the TIFF exactly; the JPEG 2000
+    needs a backend this machine may lack, but is never refused as "not routed"); PNG still is."""
+    from test_nvimgcodec_native import _decode
+    datas = [tiff(RGB, photometric="rgb", compression="lzw"), j2k(RGB, level=0, codecformat="jp2"),
+             encode(Image.fromarray(RGB), "PNG")]
+    outs, reasons = _decode(host_decoder, datas, [RGB.shape[:2]] * 3)
+    assert reasons[0] is None, reasons
+    np.testing.assert_array_equal(outs[0], RGB)
+    assert reasons[1] != "NOT_JPEG" and reasons[2] == "NOT_JPEG", reasons
+
+
 # -- real files -----------------------------------------------------------------------------------------------
 
 
@@ -449,9 +495,18 @@ def gpu_batch() -> dict[str, bytes]:
             "lossy.j2k": j2k_tiled(big, jp2=False),
             "deep.j2k": j2k(RGB16, level=0, codecformat="j2k"),
             "lzw.tif": tiff(big, photometric="rgb", compression="lzw", predictor=True),
-            "gray_deflate.tif": tiff(big[:, :, 0], compression="zlib", tile=(64, 64)),
+            "gray_tiled.tif": tiff(big[:, :, 0], compression="lzw", tile=(64, 64)),
+            "deflate.tif": tiff(big, photometric="rgb", compression="zlib"),
             "webp.tif": tiff(big, photometric="rgb", compression="webp", compressionargs={"lossless": True}),
             "a.jpg": encode(Image.fromarray(big), "JPEG", quality=90), "a.png": encode(Image.fromarray(big), "PNG")}
+
+
+def has_nvcomp() -> bool:
+    from importlib import metadata
+    try:
+        return bool(metadata.version("nvidia-libnvcomp-cu13"))
+    except metadata.PackageNotFoundError:
+        return False
 
 
 @pytest.mark.gpu
@@ -470,9 +525,10 @@ def test_gpu_decodes_jpeg2k_and_tiff_beside_jpeg_with_cpu_fallback(engine):
         with gpu:
             images, origins, paths = gpu.decode_batch(datas, names)
             got = dict(zip(names, paths))
-            assert got["lossless.jp2"] == got["lossy.j2k"] == got["lzw.tif"] == got["gray_deflate.tif"] == "gpu", \
+            assert got["lossless.jp2"] == got["lossy.j2k"] == got["lzw.tif"] == got["gray_tiled.tif"] == "gpu", \
                 (got, dict(gpu.fallbacks), gpu.messages)
             assert got["deep.j2k"] == got["webp.tif"] == got["a.png"] == "cpu-fallback"
+            assert got["deflate.tif"] == ("gpu" if has_nvcomp() else "cpu-fallback"), got   # nvTIFF's Deflate
             for name, image in zip(names, images):
                 expected = torch.from_numpy(cpu.decode(batch[name], name))
                 image = image.cpu()

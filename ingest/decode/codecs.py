@@ -71,7 +71,8 @@ class Header(NamedTuple):
     precision: int    # bits per sample (the largest over the components)
     orientation: int  # TIFF's Orientation tag (1-8); 1 for JPEG 2000
     photometric: int  # TIFF's PhotometricInterpretation; 1 (gray) or 2 (RGB) for JPEG 2000
-    gpu: bool         # a kind nvImageCodec decodes to the CPU path's pixels (see `ingest.decode.gpu`)
+    gpu: bool         # a kind nvImageCodec decodes to the CPU path's pixels (see `ingest.decode.gpu`), complete:
+                      # a JPEG 2000 codestream ending with EOC, a TIFF whose strips or tiles lie within the file
 
 
 def sniff(buf: memoryview) -> str | None:
@@ -120,7 +121,7 @@ _NAMES = {"jpeg2k": "JPEG 2000", "tiff": "TIFF", "pnm": "PNM"}
 
 
 def _jpeg2k_header(buf: memoryview) -> Header:
-    start = 0
+    start, end = 0, len(buf)
     if bytes(buf[:12]) == JP2_SIGNATURE:   # JP2 boxes: find the contiguous codestream box ('jp2c')
         pos, size = 0, len(buf)
         while True:
@@ -131,7 +132,7 @@ def _jpeg2k_header(buf: memoryview) -> Header:
             if length == 1:
                 (length,), head = struct.unpack_from(">Q", buf, pos + 8), 16
             if kind == b"jp2c":
-                start = pos + head
+                start, end = pos + head, (pos + length if length else size)
                 break
             if length < head:   # 0: the box runs to the end (only the last may), anything else is malformed
                 raise ValueError(f"box {kind!r} at byte {pos} has length {length}")
@@ -157,7 +158,8 @@ def _jpeg2k_header(buf: memoryview) -> Header:
     tiles = -(-(xsiz - xto) // xt) * -(-(ysiz - yto) // yt)
     if tiles > MAX_TILES:
         raise ValueError(f"{tiles} tiles, more than a codestream can index ({MAX_TILES})")
-    gpu = csiz in (1, 3) and precision == 8 and unsigned and full
+    complete = end <= len(buf) and bytes(buf[end - 2:end]) == b"\xff\xd9"   # ends with EOC: not truncated
+    gpu = csiz in (1, 3) and precision == 8 and unsigned and full and complete
     return Header("jpeg2k", height, width, csiz, precision, 1, 1 if csiz < 3 else 2, gpu)
 
 
@@ -168,6 +170,9 @@ _CHROMA_STEPS = ((2, 1), (2, 2))
 # TIFF tags read here, and the compressions and photometrics nvTIFF takes.
 _TAGS = {256: "width", 257: "height", 258: "bits", 259: "compression", 262: "photometric", 274: "orientation",
          277: "spp", 284: "planar", 317: "predictor", 322: "tile_width", 323: "tile_length", 339: "format"}
+_CHUNK_TAGS = {273: "offsets", 279: "counts", 324: "offsets", 325: "counts"}   # strips' or tiles' data
+#: Most strips or tiles whose extent `_tiff_header` checks; a file with more is left to the CPU decoder.
+_MAX_CHUNKS = 1 << 16
 _TIFF_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}   # BYTE, SHORT, LONG, LONG8
 _GPU_COMPRESSIONS = (1, 5, 8, 32946)   # none, LZW, Deflate (Adobe and old)
 _GPU_PHOTOMETRICS = (1, 2)             # min-is-black, RGB
@@ -187,15 +192,19 @@ def _tiff_header(buf: memoryview) -> Header:
     if count > 4096:
         raise ValueError(f"the first directory claims {count} entries")
     tags: dict[str, int] = {}
+    chunks: dict[str, np.ndarray] = {}
     for pos in range(first, first + entry * count, entry):
         tag, kind, n = struct.unpack_from(layout, buf, pos)
-        if tag not in _TAGS or kind not in _TIFF_TYPES or n < 1:
+        if (tag not in _TAGS and tag not in _CHUNK_TAGS) or kind not in _TIFF_TYPES or n < 1:
             continue
         fmt = order + _TIFF_TYPES[kind]
         at = pos + entry - inline
-        if struct.calcsize(fmt) * n > inline:   # the values are elsewhere: the first is enough here
+        if struct.calcsize(fmt) * n > inline:   # the values are elsewhere
             (at,) = struct.unpack_from(order + ("Q" if big else "I"), buf, at)
-        tags[_TAGS[tag]] = struct.unpack_from(fmt, buf, at)[0]
+        if tag in _TAGS:
+            tags[_TAGS[tag]] = struct.unpack_from(fmt, buf, at)[0]
+        elif n <= _MAX_CHUNKS and at + struct.calcsize(fmt) * n <= len(buf):
+            chunks[_CHUNK_TAGS[tag]] = np.frombuffer(buf, np.dtype(fmt), n, at).astype(np.uint64)
     if "width" not in tags or "height" not in tags:
         raise ValueError("the first directory has no ImageWidth or ImageLength")
     tile = tags.get("tile_width", 0) * tags.get("tile_length", 0)
@@ -206,9 +215,13 @@ def _tiff_header(buf: memoryview) -> Header:
     spp, bits = tags.get("spp", 1), tags.get("bits", 1)
     photometric = tags.get("photometric", 1 if spp < 3 else 2)
     orientation = tags.get("orientation", 1)
+    offsets, counts = chunks.get("offsets"), chunks.get("counts")
+    size = np.uint64(len(buf))
+    complete = offsets is not None and counts is not None and len(offsets) == len(counts) and \
+        bool(((offsets <= size) & (counts <= size) & (offsets + counts <= size)).all())   # within the file
     gpu = (spp == {1: 1, 2: 3}.get(photometric) and bits == 8 and tags.get("format", 1) == 1
            and tags.get("compression", 1) in _GPU_COMPRESSIONS and tags.get("planar", 1) == 1
-           and tags.get("predictor", 1) in (1, 2))
+           and tags.get("predictor", 1) in (1, 2) and complete)
     return Header("tiff", tags["height"], tags["width"], spp, bits, orientation if 1 <= orientation <= 8 else 1,
                   photometric, bool(gpu))
 

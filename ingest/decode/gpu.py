@@ -403,11 +403,11 @@ class GpuDecoder:
         return images, origins, paths
 
     def _refused_all(self, index: np.ndarray, images: list) -> None:
-        """Every GPU-eligible JPEG of a batch went to the CPU decoder: warn once if it decoded them all (nvImageCodec
-        refusing good JPEGs wholesale means something is wrong with it here, not with the data)."""
+        """Every GPU-eligible image of a batch went to the CPU decoder: warn once if it decoded them all (nvImageCodec
+        refusing good images wholesale means something is wrong with it here, not with the data)."""
         if all(not isinstance(images[i], DecodeError) for i in index.tolist()):
             self._warned = True
-            warnings.warn(f"ingest: nvImageCodec decoded none of a batch's {len(index)} JPEGs on {self.device} "
+            warnings.warn(f"ingest: nvImageCodec decoded none of a batch's {len(index)} images on {self.device} "
                           f"(why: {dict(self.fallbacks)}); the CPU decoder took them. "
                           f"nvJPEG loaded: {nvjpeg.describe()}", RuntimeWarning, stacklevel=3)
 
