@@ -564,3 +564,17 @@ def test_gpu_decoder_start_prints_nothing(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == "", (done.stdout, done.stderr)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_decoder_with_uint16_or_gray_output_decodes_on_the_cpu_and_uploads_those_samples():
+    batch = gpu_batch()
+    names = ["lossless.jp2", "deep.j2k", "a.jpg"]
+    datas = [batch[name] for name in names]
+    with CpuDecoder(threads=1, dtype=torch.uint16, channels=1) as cpu, decode_gpu.GpuDecoder("cuda", cpu) as gpu:
+        images, _, paths = gpu.decode_batch(datas, names)
+        assert paths == ["cpu-fallback"] * 3
+        for name, image in zip(names, images):
+            assert image.is_cuda and image.dtype == torch.uint16 and image.shape[2] == 1, name
+            np.testing.assert_array_equal(image.cpu().numpy(), cpu.decode(batch[name], name))   # uint16: numpy

@@ -1,6 +1,6 @@
 """JPEG 2000, TIFF and binary PNM/PAM on the CPU, and the output rules (precision, channels) every decode follows.
 
-Which library decodes what (the reasons are in docs/design.md, "Decode"):
+Which library decodes what (the reasons are in docs/design.md, "CPU decode and its libraries"):
 
 - **JPEG 2000** (a JP2 file or a bare J2K codestream): OpenJPEG through ``imagecodecs`` (the ``codecs`` extra).
   Without it a JPEG 2000 file is a :class:`~ingest.errors.DecodeError` naming the extra to install.

@@ -746,9 +746,11 @@ def _pick_engine(engine: str) -> tuple[str, native.Library | None]:
 
 
 def _upload(pixels: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Copy to a pinned buffer and from there to ``device`` without blocking (on the current stream).
-    PyTorch's pinned-memory cache keeps the buffer until the copy has run."""
-    host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
+    """Copy to a pinned buffer and from there to ``device`` without blocking (on the current stream), in the
+    pixels' own dtype (uint8, or uint16 from a decoder asked for it). PyTorch's pinned-memory cache keeps the
+    buffer until the copy has run."""
+    host = torch.empty(pixels.shape, dtype=torch.uint16 if pixels.dtype == np.uint16 else torch.uint8,
+                       pin_memory=True)
     host.numpy()[...] = pixels
     return host.to(device, non_blocking=True)
 
