@@ -397,6 +397,11 @@ def test_codec_rows_route_only_what_nvjpeg2k_and_nvtiff_decode_like_the_cpu():
     assert table[:, 0].tolist() == kinds
     assert table[1, 1:5].tolist() == [48, 64, 3, 8] and table[6, 6] == 6
     assert decode_gpu.gpu_decodable(table, 10 ** 6).tolist() == [k > 0 for k in kinds]
+    with CpuDecoder(threads=1) as cpu:   # the read stage's probe makes the same rows, sizes oriented
+        sizes, probed = cpu.probe_batch(datas, [f"{k}" for k in range(len(datas))])
+    np.testing.assert_array_equal(probed, table)
+    np.testing.assert_array_equal(decode_gpu.codec_rows(probed, datas), table)
+    assert sizes[6] == (64, 48) and isinstance(sizes[8], DecodeError) and sizes[10] == (48, 64)   # cut: data only
     regions = np.tile(np.array([[4, 4, 20, 20]]), (len(datas), 1))
     clipped = decode_gpu.clip_regions(regions, table)
     assert clipped[1].tolist() == [4, 4, 20, 20] and clipped[3].tolist() == [0, 0, 0, 0]   # TIFF: whole

@@ -56,6 +56,10 @@ MAX_TILES = 65535
 #: Largest TIFF tile accepted beyond four times the image's pixels (tiles may overhang a small image).
 MAX_TILE_PIXELS = 1 << 20
 
+#: Header table kinds (column 0 of `ingest.decode.cpu.jpeg_headers`' table, beside its 0-2) of a JPEG 2000 or TIFF
+#: that the GPU decodes (`Header.gpu`): `table_row` makes their rows.
+KIND_JPEG2K, KIND_TIFF = 3, 4
+
 #: What to install for the codecs imagecodecs brings (its absence is named in errors).
 INSTALL = "pip install 'ingest[codecs]'"
 _log = logging.getLogger("ingest")
@@ -224,6 +228,13 @@ def _tiff_header(buf: memoryview) -> Header:
            and tags.get("predictor", 1) in (1, 2) and complete)
     return Header("tiff", tags["height"], tags["width"], spp, bits, orientation if 1 <= orientation <= 8 else 1,
                   photometric, bool(gpu))
+
+
+def table_row(header: Header) -> tuple[int, ...]:
+    """A GPU-eligible header as a row of the JPEG header table (`ingest.decode.cpu.HEADER_COLUMNS`): kind
+    `KIND_JPEG2K` or `KIND_TIFF`, height, width, components, precision, 0, orientation, 0 and 1 (complete)."""
+    kind = KIND_JPEG2K if header.codec == "jpeg2k" else KIND_TIFF
+    return kind, header.height, header.width, header.components, header.precision, 0, header.orientation, 0, 1
 
 
 # -- decoding -------------------------------------------------------------------------------------------------

@@ -140,7 +140,8 @@ class CpuDecoder:
         """:meth:`probe` of every image (its :class:`DecodeError` as a value where the header is refused), and
         the batch's JPEG header table (:func:`jpeg_headers`), which the GPU decoder takes instead of parsing
         again. JPEGs are read in one native call; other formats and refused headers go through
-        :meth:`probe_header` one by one (the same sizes and the same errors)."""
+        :meth:`probe_header` one by one (the same sizes and the same errors); a JPEG 2000 or TIFF the GPU decodes
+        gets its row there (`codecs.table_row`), so that the GPU decoder reads no header again."""
         table = jpeg_headers(datas)
         kind, h, w, orientation = table[:, 0], table[:, 1], table[:, 2], table[:, 6]
         good = (kind == 1) & (h > 0) & (w > 0) & (h * w <= self.max_pixels)
@@ -149,7 +150,15 @@ class CpuDecoder:
         sizes: list[Size | DecodeError] = list(zip(heights, widths))
         for k in np.flatnonzero(~good).tolist():
             try:
-                sizes[k] = self.probe(datas[k], names[k])
+                buf = as_buffer(datas[k], names[k])
+                codec = None if kind[k] else codecs.sniff(buf)
+                if codec in ("jpeg2k", "tiff"):
+                    header = self.codec_header(buf, codec, names[k])
+                    sizes[k] = _oriented(header.height, header.width, header.orientation)
+                    if header.gpu:
+                        table[k] = codecs.table_row(header)
+                else:
+                    sizes[k] = self.probe(datas[k], names[k])
             except DecodeError as err:
                 sizes[k] = err
         return sizes, table

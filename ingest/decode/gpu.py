@@ -101,8 +101,7 @@ _ARENA_STEP = 2 << 20
 
 Roi = tuple[int, int, int, int]  # x0, y0, x1, y1 in (oriented) source pixels
 
-#: Header table kinds (column 0) beside `jpeg_headers`' 0-2: a GPU-eligible JPEG 2000 or TIFF (`codec_rows`).
-KIND_JPEG2K, KIND_TIFF = 3, 4
+KIND_JPEG2K, KIND_TIFF = codecs.KIND_JPEG2K, codecs.KIND_TIFF
 
 #: Huffman baseline and extended. Progressive JPEGs go to the CPU: the hardware decoder refuses them, and
 #: nvImageCodec 0.9's CUDA decoder got a valid 12-scan one (jpeg-decoder/subtract-with-overflow.jpg) wrong.
@@ -641,9 +640,10 @@ def gpu_decodable(table: np.ndarray, max_pixels: int) -> np.ndarray:
 
 def codec_rows(table: np.ndarray, datas: Sequence[Buffer]) -> np.ndarray:
     """``table`` (a `jpeg_headers` table), with a row for each GPU-eligible JPEG 2000 or TIFF among its non-JPEG
-    images (`ingest.decode.codecs.Header.gpu`): kind `KIND_JPEG2K` or `KIND_TIFF`, then height, width, components,
-    precision, 0, orientation, 0 and 1, as a JPEG row would say them. A copy when any row changes; an unreadable
-    header leaves its row as it was (the CPU decoder then names the problem)."""
+    images (`ingest.decode.codecs.Header.gpu`, `codecs.table_row`: kind `KIND_JPEG2K` or `KIND_TIFF`, then the
+    columns a JPEG row has). A copy when any row changes; an unreadable header leaves its row as it was (the CPU
+    decoder then names the problem). A table from `CpuDecoder.probe_batch` has those rows already; only the
+    JPEG 2000 and TIFF files the GPU does not take are read again."""
     out = table
     for k in np.flatnonzero(table[:, 0] == 0).tolist():
         buf = as_buffer(datas[k], "")
@@ -656,8 +656,7 @@ def codec_rows(table: np.ndarray, datas: Sequence[Buffer]) -> np.ndarray:
             continue
         if header.gpu:
             out = out.copy() if out is table else out
-            out[k] = (KIND_JPEG2K if codec == "jpeg2k" else KIND_TIFF, header.height, header.width,
-                      header.components, header.precision, 0, header.orientation, 0, 1)
+            out[k] = codecs.table_row(header)
     return out
 
 
