@@ -181,6 +181,20 @@ def test_tiff_16_bit_gray_palette_and_orientation(cpu):
     np.testing.assert_array_equal(cpu.decode(data, "o.tif"), np.rot90(RGB, -1))
 
 
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_tiff_orientation_is_applied_once_on_both_libtiff_paths(cpu, orientation):
+    """Gray 8-bit samples come as stored, bilevel ones through libtiff's RGBA interface (which flips rows and
+    columns by the Orientation tag itself): both give the stored image turned by the tag, like a JPEG."""
+    from ingest.decode.cpu import _orient
+    bits = (RGB[:, :, 0] > 128)
+    for name, data, stored in (
+            ("gray", tiff(RGB[:, :, 0], extratags=[(274, "H", 1, orientation, True)]), RGB[:, :, 0]),
+            # tifffile writes booleans min-is-white: a set bit is black
+            ("bilevel", tiff(bits, extratags=[(274, "H", 1, orientation, True)]), np.where(bits, 0, 255))):
+        expected = _orient(np.repeat(stored[:, :, None], 3, axis=2), orientation)
+        np.testing.assert_array_equal(cpu.decode(data, f"{name}{orientation}.tif"), expected)
+
+
 def test_multi_page_tiff_gives_its_first_page(cpu):
     out = io.BytesIO()
     with tifffile.TiffWriter(out) as writer:
@@ -333,6 +347,10 @@ def test_without_imagecodecs_jpeg2k_names_the_extra_and_tiff_goes_to_pillow(cpu,
     with pytest.raises(DecodeError, match=r"a\.jp2: decoding JPEG 2000 needs imagecodecs: pip install 'ingest\[codecs\]'"):
         cpu.decode(j2k(RGB, level=0, codecformat="jp2"), "a.jp2")
     np.testing.assert_array_equal(cpu.decode(tiff(RGB, photometric="rgb"), "a.tif"), RGB)
+    from ingest.decode.cpu import _orient
+    for orientation in (2, 6):   # Pillow turns TIFFs as it loads them: turned once, as with imagecodecs
+        data = tiff(RGB, photometric="rgb", extratags=[(274, "H", 1, orientation, True)])
+        np.testing.assert_array_equal(cpu.decode(data, "o.tif"), _orient(RGB, orientation))
 
 
 # -- console --------------------------------------------------------------------------------------------------

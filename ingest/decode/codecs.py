@@ -117,7 +117,7 @@ def read_header(buf: memoryview, codec: str, name: str) -> Header:
     """The :class:`Header` of a JPEG 2000 or TIFF file; :class:`DecodeError` naming the file where it is unreadable."""
     try:
         return _jpeg2k_header(buf) if codec == "jpeg2k" else _tiff_header(buf)
-    except (struct.error, IndexError, ValueError) as err:
+    except (struct.error, IndexError, ValueError, OverflowError) as err:
         raise DecodeError(f"unreadable {_NAMES[codec]} header: {err}", path=name) from err
 
 
@@ -264,7 +264,9 @@ def _tiff(buf: memoryview, header: Header) -> tuple[np.ndarray, int]:
     Lab, min-is-white and bilevel images through libtiff's RGBA interface (8-bit RGBA)."""
     loud = verbose()
     if header.photometric not in (1, 2) or header.precision not in (8, 16, 32, 64):
-        return imagecodecs.tiff_decode(buf, asrgb=True, verbose=loud), 8
+        rgba = imagecodecs.tiff_decode(buf, asrgb=True, verbose=loud)
+        flips = _RGBA_FLIPS.get(header.orientation)   # libtiff flipped these rows and columns: undone
+        return (np.flip(rgba, flips) if flips else rgba), 8
     pixels = imagecodecs.tiff_decode(buf, verbose=loud)
     c = header.components
     if pixels.ndim == 3 and c > 1 and pixels.shape == (c, header.height, header.width):
@@ -277,6 +279,11 @@ def _tiff(buf: memoryview, header: Header) -> tuple[np.ndarray, int]:
     if pixels.dtype.kind != "u":
         raise ValueError(f"{pixels.dtype} samples are not supported")
     return pixels, header.precision
+
+
+#: The axes libtiff's RGBA interface (asked for top-left rows, as imagecodecs asks) flips per Orientation tag;
+#: it never transposes. The stored pixels are these flips undone; the orientation is then applied like a JPEG's.
+_RGBA_FLIPS = {2: (1,), 6: (1,), 3: (0, 1), 7: (0, 1), 4: (0,), 8: (0,)}
 
 
 def read_pnm(buf: memoryview, name: str) -> tuple[np.ndarray, int]:

@@ -187,7 +187,8 @@ class CpuDecoder:
             samples, precision = codecs.decode(buf, codec, header, name)
             return _orient(codecs.finish(samples, precision, self.dtype, self.channels), header.orientation)
         with self._open_pillow(data, buf, name) as img:
-            orientation = _pillow_orientation(img)
+            # Pillow turns a TIFF by its Orientation tag as it loads it (and still reports the tag)
+            orientation = 1 if img.format == "TIFF" else _pillow_orientation(img)
             if self.rgb8:
                 pixels = _pillow_pixels(img, name)
             else:
