@@ -117,6 +117,26 @@ def test_jpeg2k_precision_kept_or_reduced_to_8_bits():
         np.testing.assert_array_equal(narrow, expected if source.ndim == 3 else np.repeat(expected[:, :, None], 3, 2))
 
 
+def test_jp2_colour_boxes_decide_gpu_eligibility():
+    """sRGB and greyscale JP2 files (and bare codestreams) go to nvJPEG2000; sYCC-coded or palette ones do not
+    (OpenJPEG converts them on the CPU)."""
+    srgb = bytearray(j2k(RGB, level=0, codecformat="jp2"))
+    at = bytes(srgb).find(b"colr")
+    assert srgb[at + 4] == 1 and struct.unpack_from(">I", srgb, at + 7)[0] == 16   # method 1, enumerated sRGB
+    sycc = bytearray(srgb)
+    struct.pack_into(">I", sycc, at + 7, 18)
+    header = lambda data: codecs.read_header(memoryview(bytes(data)), "jpeg2k", "x")  # noqa: E731
+    assert header(srgb).gpu and header(j2k(RGB, level=0, codecformat="j2k")).gpu and not header(sycc).gpu
+
+
+def test_image_types_name_jpeg2k_bigtiff_and_pam():
+    from ingest.formats._images import image_extension, image_type
+    assert image_type(j2k(RGB, level=0, codecformat="jp2")) == "jp2"
+    assert image_extension(j2k(RGB, level=0, codecformat="j2k")) == ".j2k"
+    assert image_type(tiff(RGB, photometric="rgb", bigtiff=True)) == "tiff"
+    assert image_extension(b"P7\nWIDTH 1\n") == ".pam"
+
+
 def test_jpeg2k_with_alpha_keeps_it_on_request():
     rgba = np.dstack([RGB, RGB[:, :, :1] // 2])
     data = j2k(rgba, level=0, codecformat="jp2")

@@ -124,8 +124,29 @@ def read_header(buf: memoryview, codec: str, name: str) -> Header:
 _NAMES = {"jpeg2k": "JPEG 2000", "tiff": "TIFF", "pnm": "PNM"}
 
 
+def _plain_colour(buf: memoryview, pos: int, end: int) -> bool:
+    """Whether a JP2 header box (``jp2h``, its contents from ``pos`` to ``end``) names colours the GPU decodes as
+    OpenJPEG does: no palette (``pclr``) and, where a ``colr`` box enumerates the colour space, sRGB or
+    greyscale (not sYCC, CMYK, CIELab...). An ICC profile is ignored by both decoders."""
+    while pos + 8 <= end:
+        length, kind = struct.unpack_from(">I4s", buf, pos)
+        if kind == b"pclr":
+            return False
+        if kind == b"colr" and length >= 15 and buf[pos + 8] == 1:   # method 1: an enumerated colour space
+            if struct.unpack_from(">I", buf, pos + 11)[0] not in _PLAIN_COLOURS:
+                return False
+        if length < 8:
+            break
+        pos += length
+    return True
+
+
+#: JP2 enumerated colour spaces nvJPEG2000 and OpenJPEG give alike: sRGB and greyscale.
+_PLAIN_COLOURS = (16, 17)
+
+
 def _jpeg2k_header(buf: memoryview) -> Header:
-    start, end = 0, len(buf)
+    start, end, plain = 0, len(buf), True
     if bytes(buf[:12]) == JP2_SIGNATURE:   # JP2 boxes: find the contiguous codestream box ('jp2c')
         pos, size = 0, len(buf)
         while True:
@@ -138,6 +159,8 @@ def _jpeg2k_header(buf: memoryview) -> Header:
             if kind == b"jp2c":
                 start, end = pos + head, (pos + length if length else size)
                 break
+            if kind == b"jp2h":
+                plain = _plain_colour(buf, pos + head, pos + length if length else size)
             if length < head:   # 0: the box runs to the end (only the last may), anything else is malformed
                 raise ValueError(f"box {kind!r} at byte {pos} has length {length}")
             pos += length
@@ -163,7 +186,7 @@ def _jpeg2k_header(buf: memoryview) -> Header:
     if tiles > MAX_TILES:
         raise ValueError(f"{tiles} tiles, more than a codestream can index ({MAX_TILES})")
     complete = end <= len(buf) and bytes(buf[end - 2:end]) == b"\xff\xd9"   # ends with EOC: not truncated
-    gpu = csiz in (1, 3) and precision == 8 and unsigned and full and complete
+    gpu = csiz in (1, 3) and precision == 8 and unsigned and full and complete and plain
     return Header("jpeg2k", height, width, csiz, precision, 1, 1 if csiz < 3 else 2, gpu)
 
 

@@ -27,9 +27,11 @@ Decisions, and why:
   EOI means a truncated file: nvJPEG may fill the missing rows with grey where the CPU decoder raises, so
   those go to the CPU too and fail there.
 - **JPEG 2000** (nvJPEG2000) is GPU-eligible with 1 or 3 unsigned 8-bit components at full resolution (no
-  subsampled component), and decodes regions like JPEG (nvJPEG2000 decodes only the tiles and code blocks a
+  subsampled component), complete (the codestream ends with EOC), no palette and, in a JP2 file, an sRGB or
+  greyscale colour space (sYCC and the others are OpenJPEG's to convert), and decodes regions like JPEG (nvJPEG2000 decodes only the tiles and code blocks a
   region touches). **TIFF** (nvTIFF) is GPU-eligible when gray or RGB, 8-bit unsigned, chunky, uncompressed or
-  LZW/Deflate-compressed with no predictor or the horizontal one; it is decoded whole (strips hold whole rows,
+  LZW/Deflate-compressed with no predictor or the horizontal one, every strip or tile within the file; it is
+  decoded whole (strips hold whole rows,
   and a region would save little), the ops crop it. Their headers are read by `ingest.decode.codecs` (a few
   bytes, no decode), which also says how the CPU decoder reads the others: 16-bit, float, YCbCr, palette,
   WebP/ZSTD/JPEG-compressed TIFFs and every other JPEG 2000. Both are nvImageCodec GPU_ONLY decoders, so the
