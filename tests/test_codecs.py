@@ -10,6 +10,7 @@ and TIFF exactly, lossy JPEG 2000 within a mean of 1 level (the 9/7 wavelet in f
 from __future__ import annotations
 
 import io
+import json
 import logging
 import struct
 import subprocess
@@ -597,16 +598,31 @@ def test_gpu_jpeg2k_region_equals_the_crop_of_the_cpu_decode():
 
 @pytest.mark.gpu
 @requires_gpu
-def test_gpu_decoder_start_prints_nothing(tmp_path):
-    """nvImageCodec's extensions (nvjpeg2k, nvtiff) print while loading; none of it reaches the console."""
-    script = ("import ingest, torch\n"
+def test_gpu_decoder_start_and_damaged_files_print_nothing(tmp_path):
+    """nvImageCodec's extensions (nvjpeg2k, nvtiff) print while loading, and decoders may complain about damaged
+    data: none of it reaches the console; the damaged files come back as DecodeErrors."""
+    lossless = j2k(textured(200, 264), level=0, codecformat="jp2")
+    lzw = tiff(textured(200, 264), photometric="rgb", compression="lzw")
+    damaged = [lossless[:len(lossless) // 2] + bytes(len(lossless) - len(lossless) // 2 - 2) + b"\xff\xd9",
+               lzw[:200] + bytes(range(256)) * 8 + lzw[200 + 2048:]]   # header and EOC kept, data broken
+    for k, data in enumerate(damaged + [lossless, lzw]):
+        (tmp_path / f"{k}.bin").write_bytes(data)
+    script = ("import ingest, json, torch, pathlib, sys\n"
               "from ingest.decode.cpu import CpuDecoder\n"
               "from ingest.decode.gpu import GpuDecoder\n"
+              "datas = [pathlib.Path(sys.argv[1], f'{k}.bin').read_bytes() for k in range(4)]\n"
               "with CpuDecoder(threads=1) as cpu, GpuDecoder('cuda', cpu) as gpu:\n"
-              "    pass\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+              "    images, _, paths = gpu.decode_batch(datas, [str(k) for k in range(4)])\n"
+              "    torch.cuda.synchronize()\n"
+              "    kinds = [type(im).__name__ for im in images]\n"
+              "pathlib.Path(sys.argv[1], 'out.json').write_text(json.dumps([kinds, paths]))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == "", (done.stdout, done.stderr)
+    kinds, paths = json.loads((tmp_path / "out.json").read_text())
+    assert kinds[2:] == ["Tensor", "Tensor"] and paths[2:] == ["gpu", "gpu"], (kinds, paths)
+    assert all(kind in ("Tensor", "DecodeError") for kind in kinds[:2]), kinds
 
 
 @pytest.mark.gpu
