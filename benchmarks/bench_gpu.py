@@ -571,11 +571,12 @@ def build_dataloader(args, dev) -> Feed:
     return Feed(dl, lambda b: (b[0].to(dev, non_blocking=nb), b[1].to(dev, non_blocking=nb)), first_iter=first)
 
 
-def build_dali(args, dev, shard: tuple[int, int] = (0, 1), reader=None) -> Feed:
+def build_dali(args, dev, shard: tuple[int, int] = (0, 1), reader=None, decode: str = "mixed") -> Feed:
     """DALI's mixed training pipeline; ``shard`` is (this rank, ranks) under torchrun (bench_ddp). ``reader(fn,
     types, shard)`` -> (encoded images, labels) replaces ``readers.file`` over ``args.data`` (bench_gil: the
-    record formats' readers); it names its reader "Reader". On the CPU (a dry run) the same pipeline runs on
-    DALI's CPU backend, which checks every operator argument."""
+    record formats' readers); it names its reader "Reader". ``decode`` "cpu" decodes on the CPU and moves the
+    crops to the GPU for the rest (bench_codecs). On the CPU (a dry run) the same pipeline runs on DALI's CPU
+    backend, which checks every operator argument."""
     try:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
@@ -590,8 +591,10 @@ def build_dali(args, dev, shard: tuple[int, int] = (0, 1), reader=None) -> Feed:
                                             num_shards=shard[1])
         else:
             jpegs, labels = reader(fn, types, shard)
-        images = fn.decoders.image_random_crop(jpegs, device="mixed" if cuda else "cpu", output_type=types.RGB,
+        images = fn.decoders.image_random_crop(jpegs, device=decode if cuda else "cpu", output_type=types.RGB,
                                                random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+        if cuda and decode == "cpu":
+            images = images.gpu()
         images = fn.resize(images, resize_x=224, resize_y=224)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=MEAN, std=STD,
                                           mirror=fn.random.coin_flip(probability=0.5))

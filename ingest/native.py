@@ -16,10 +16,11 @@ Rules:
   ``native_table()`` (file trees, RecordIO, uncompressed TFRecord of an image and an optional int label, LMDB of
   ours, encoded Caffe Datums or images, indexed WebDataset tars of an image and an optional label; where a
   source's settings or data rule a table out, ``NotNative`` says why), encoded images and nothing else asked for
-  (``output="tuple"``, or a source with only an image and a label), a chain `ingest.native_plan.describe` takes
-  whose output size is fixed, nvImageCodec's native binding and CuPy (the kernel) loaded. The ``engine`` setting
-  decides: "auto" runs the native engine where eligible, "python" never, "native" raises a ConfigError naming why
-  where not.
+  (``output="tuple"``, or a source with only an image and a label), images that are not mostly JPEG 2000 or TIFF
+  (`mostly_other_codecs`: the engine's GPU path takes JPEGs, and the Python stages decode those two on the GPU
+  too), a chain `ingest.native_plan.describe` takes whose output size is fixed, nvImageCodec's native binding and
+  CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs the native engine where eligible,
+  "python" never, "native" raises a ConfigError naming why where not.
 - **Same samples** as the Python engine for the same seed: the same order, draws (keyed by seed, epoch and dataset
   index), labels, regions and kernel arguments; pixels within the decoders' tolerance (a decoder's backend
   depends on the image's place in its share of the batch, as in the Python engine).
@@ -114,6 +115,9 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
     chain, why = chain_for(source, ops)
     if chain is None:
         return None, why
+    if mostly_other_codecs(chain.table):
+        return None, ("most of its images are JPEG 2000 or TIFF, which it would hand to the CPU decoder (the Python "
+                      "stages decode them on the GPU)")
     lanes = [gpu for gpu, _ in pipeline.lanes if gpu is not None]
     if not lanes or any(gpu.engine != "native" for gpu in lanes):
         return None, "nvImageCodec's native binding did not load (see ingest.decode._nvimgcodec)"
@@ -121,6 +125,26 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
     if not _warp_kernel.available():
         return None, "CuPy (the warp kernel) is not installed"
     return chain, None
+
+
+def mostly_other_codecs(table, samples: int = 16) -> bool:
+    """Whether most of up to ``samples`` samples of a file table (kind "whole"), spread evenly over it, start like
+    a JPEG 2000 or TIFF file. One read of a few bytes each; an unreadable file counts as neither."""
+    from .decode import codecs
+    n = len(table.files)
+    if table.kind != "whole" or n == 0:
+        return False
+    picks = np.unique(np.linspace(0, n - 1, min(n, samples)).astype(np.int64)).tolist()
+    other = 0
+    for k in picks:
+        try:
+            with open(table.paths[int(table.files[k])], "rb") as f:
+                f.seek(int(table.offsets[k]))
+                head = f.read(16)
+        except OSError:
+            continue
+        other += codecs.sniff(memoryview(head)) in ("jpeg2k", "tiff")
+    return 2 * other > len(picks)
 
 
 def chain_for(source, ops) -> tuple[Chain | None, str | None]:

@@ -658,10 +658,10 @@ def test_hw_decoder_load_splits_between_the_hardware_and_cuda_decoders_or_takes_
         assert gpu._backend_choices() == [None]
     assert defaults.get("hw_decoder_load") == 0.65   # the default: DALI's split
     with defaults.set(hw_decoder_load=0.65):
-        assert gpu._backend_choices() == [[("HW_GPU_ONLY", 0.65), ("HYBRID_CPU_GPU", 1.0)], None]
+        assert gpu._backend_choices() == [[("HW_GPU_ONLY", 0.65), ("HYBRID_CPU_GPU", 1.0), ("GPU_ONLY", 1.0)], None]
         assert gpu._first_decoder(make, Refused) == ("decoder", None) and gpu.backends is None
     with defaults.set(hw_decoder_load=0):
-        assert gpu._first_decoder(make, Refused) == ("decoder", [("HYBRID_CPU_GPU", 1.0)])
+        assert gpu._first_decoder(make, Refused) == ("decoder", [("HYBRID_CPU_GPU", 1.0), ("GPU_ONLY", 1.0)])
     gpu.backend = "hw"
     with pytest.raises(ConfigError, match="backend='hw' on cuda:0: no hardware decoder"):
         gpu._first_decoder(make, Refused)

@@ -2,13 +2,13 @@
  * ingest/ops/_nvloop.c (the loop for Python's GpuDecoder) and the native engine (ingest/_native/engine.c), so
  * both drive nvImageCodec with one piece of code:
  *
- *   for each image: code stream over its bytes -> parse check (JPEG only) -> region view -> image wrapper
+ *   for each image: code stream over its bytes -> parse check (JPEG, JPEG 2000, TIFF) -> region view -> image wrapper
  *   then: one nvimgcodecDecoderDecode over every image that got that far -> wait -> processing statuses
  *
  * The functions arrive as addresses (ING_NV_* order, taken by ingest/ops/_nvimgcodec.py from the library) and
  * the struct fields written as offsets into caller-made struct arrays (ing_nv_slots), so this builds with any
  * C compiler. ing_nv_run fills out[i] with the processing status of image i (ING_NV_SUCCESS: decoded), or
- * ING_NV_OUT_PARSE | call status, ING_NV_OUT_NOT_JPEG, ING_NV_OUT_DECODE | the batch decode call's status,
+ * ING_NV_OUT_PARSE | call status, ING_NV_OUT_NOT_JPEG (none of those codecs), ING_NV_OUT_DECODE | the batch decode call's status,
  * and returns the status of nvimgcodecDecoderDecode (0 when nothing reached it). The pixels are ready in order
  * on each image info's CUDA stream once it returns.
  */
@@ -45,6 +45,12 @@ typedef struct {
     ing_nv_future_fn destroy;
 } ing_nv_functions;
 
+/* Whether a code stream of nvImageCodec's codec `name` is decoded here: JPEG, JPEG 2000 and TIFF (the formats
+ * ingest routes to the GPU; anything else in a batch would only fail the whole decode call). */
+static inline int ing_nv_routed(const char *name) {
+    return strcmp(name, "jpeg") == 0 || strcmp(name, "jpeg2k") == 0 || strcmp(name, "tiff") == 0;
+}
+
 /* The functions from ING_NV_COUNT addresses in ING_NV_* order. */
 static inline void ing_nv_functions_from(ing_nv_functions *f, void *const *p) {
     f->create = (ing_nv_create_fn)p[ING_NV_CREATE];
@@ -78,7 +84,7 @@ static inline int ing_nv_run(const ing_nv_functions *f, void *instance, void *de
         int st = f->create(instance, &s->parents[i], datas[i], lens[i], NULL);
         if (st == 0) { /* parse now: one stream no parser takes would fail the whole batch's decode call */
             st = f->info(s->parents[i], s->probe);
-            if (st == 0 && strcmp(s->probe + s->codec_off, "jpeg") != 0) {
+            if (st == 0 && !ing_nv_routed(s->probe + s->codec_off)) {
                 out[i] = ING_NV_OUT_NOT_JPEG;
                 continue;
             }

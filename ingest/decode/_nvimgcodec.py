@@ -19,9 +19,10 @@ Contract:
   ``struct_size``, ``struct_next``; the library checks type and size of each). Other versions are refused: a
   changed layout would be read as garbage. ``tests/test_nvimgcodec_native.py`` compiles the header and compares
   sizes, offsets and enum values.
-- nvImageCodec's own log lines are off: the instance is created without a debug messenger. What they would
+- nvImageCodec's own log lines are off: the instance is created without a debug messenger; what its extensions
+  print while loading is captured (`captured_stderr`) and logged at DEBUG on the ``ingest`` logger. What they would
   have said reaches the caller as each image's processing status (:data:`STATUS_NAMES`).
-- :class:`BatchDecoder` decodes a batch of host-memory JPEG buffers (optionally only a region of each) as
+- :class:`BatchDecoder` decodes a batch of host-memory JPEG, JPEG 2000 and TIFF buffers (optionally only a region of each) as
   interleaved 8-bit RGB into buffers the caller owns (device or host), ordered on the caller's CUDA stream.
   One BatchDecoder is used by one thread at a time; its handles are reused from batch to batch.
 """
@@ -32,6 +33,7 @@ import contextlib
 import ctypes
 import functools
 import importlib.util
+import logging
 import os
 import sys
 import tempfile
@@ -88,8 +90,12 @@ STATUS_NAMES = {0x0: "UNKNOWN", 0x2: "SATURATED", 0x3: "FAIL", 0x7: "IMAGE_CORRU
                 0x81: "SAMPLE_FORMAT_UNSUPPORTED", 0x101: "NUM_IMAGES_UNSUPPORTED",
                 0x201: "NUM_PLANES_UNSUPPORTED", 0x401: "NUM_CHANNELS_UNSUPPORTED"}
 
+#: nvImageCodec codec names decoded here (``ing_nv_routed`` in ``_native/nvloop.h``); others are OUT_NOT_JPEG.
+ROUTED = (b"jpeg", b"jpeg2k", b"tiff")
+
 #: Per-image codes of a batch besides the processing status (bit 0x1: decoded), as ``_nvloop.c`` writes them:
-#: a parse step failed (| its call status), not a JPEG, the batch decode call failed (| its call status).
+#: a parse step failed (| its call status), none of the :data:`ROUTED` codecs, the batch decode call failed
+#: (| its call status).
 OUT_PARSE, OUT_NOT_JPEG, OUT_DECODE = 0x10000, 0x20000, 0x40000
 
 try:  # the compiled loop (setup.py builds it where a C compiler is found); None: the ctypes loop runs instead
@@ -286,8 +292,10 @@ class Library:
 @contextlib.contextmanager
 def captured_stderr():
     """Collect what native code writes to file descriptor 2 meanwhile (nvImageCodec's extensions print their
-    missing libraries there, bypassing its logger) into the yielded list of lines, instead of the console.
-    Other threads' stderr output in that window is collected too: keep the window short."""
+    missing libraries there, bypassing its logger: ``[nvjpeg2k_ext] Failed to load ...``) into the yielded list
+    of lines, instead of the console; each line is also logged at DEBUG on the ``ingest`` logger, so that only a
+    user who turns that on sees them. Other threads' stderr output in that window is collected too: keep the
+    window short."""
     lines: list[str] = []
     sys.stderr.flush()
     saved = os.dup(2)
@@ -300,6 +308,8 @@ def captured_stderr():
                 os.dup2(saved, 2)
                 sink.seek(0)
                 lines += sink.read().decode(errors="replace").splitlines()
+                for line in lines:
+                    logging.getLogger("ingest").debug("nvImageCodec: %s", line)
     finally:
         os.close(saved)
 
@@ -432,7 +442,7 @@ class BatchDecoder:
             status = lib.CodeStreamCreateFromHostMem(inst, parents + 8 * i, address, length, None)
             if status == 0:  # parse now: one stream no parser takes would fail the whole batch's decode call
                 status = lib.CodeStreamGetCodeStreamInfo(int(self._parents[i]), probe)
-                if status == 0 and self._probe.codec_name != b"jpeg":
+                if status == 0 and self._probe.codec_name not in ROUTED:
                     out[i] = OUT_NOT_JPEG
                     continue
             if status == 0 and use_sub[i]:

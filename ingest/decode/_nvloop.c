@@ -3,7 +3,7 @@
  * ingest/decode/_nvimgcodec.py owns the library, its handles and the C structs (ctypes mirrors checked against
  * nvimgcodec.h by tests/test_nvimgcodec_native.py); this module only runs, per batch and without the GIL:
  *
- *   for each image: code stream over its bytes -> parse check (JPEG only) -> region view -> image wrapper
+ *   for each image: code stream over its bytes -> parse check (JPEG, JPEG 2000, TIFF) -> region view -> image wrapper
  *   then: one nvimgcodecDecoderDecode over every image that got that far -> wait -> processing statuses
  *
  * It includes no nvImageCodec header, so it builds on any machine with a C compiler: the functions arrive as

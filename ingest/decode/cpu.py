@@ -1,17 +1,20 @@
 """CPU image decoding: encoded bytes to an ``[H, W, 3]`` uint8 RGB array, EXIF orientation applied.
 
-JPEG goes through simplejpeg (libjpeg-turbo, releases the GIL, can DCT-downscale); every other format, and
-the JPEGs libjpeg-turbo cannot take (12-bit, lossless, some damaged headers), goes through Pillow. The
-format is sniffed from the bytes, never taken from the name.
+JPEG goes through simplejpeg (libjpeg-turbo, releases the GIL, can DCT-downscale); JPEG 2000, TIFF and binary
+PNM/PAM through `ingest.decode.codecs` (OpenJPEG and libtiff from imagecodecs, PNM read there); every other
+format, and the JPEGs libjpeg-turbo cannot take (12-bit, lossless, some damaged headers), goes through Pillow.
+The format is sniffed from the bytes, never taken from the name.
 
-What every decode returns, whatever the source:
+What every decode returns by default, whatever the source (a decoder made with ``dtype`` uint16 or
+``channels`` 1 or 4 follows `ingest.decode.codecs.finish` instead):
 
 - RGB, uint8, C-contiguous and writable.
 - Alpha is **dropped**: RGBA, LA, palette+tRNS and colour-key transparency keep their stored colours, as
   Pillow's ``convert("RGB")`` does; nothing is composited.
 - 16-bit samples keep their 8 most significant bits (``>> 8``), never clipped.
 - CMYK/YCCK JPEGs are converted with Pillow's formula (Adobe inverted CMYK), so both paths agree exactly.
-- Multi-frame files (APNG, GIF, MPO) give their first frame.
+- Multi-frame files (APNG, GIF, MPO, multi-page TIFF) give their first frame.
+- Floating-point samples (TIFF) are clipped to [0, 1] and scaled to 0..255.
 - Orientation: the EXIF Orientation tag (1-8), or XMP ``tiff:Orientation`` when EXIF has none (as
   Pillow's ``ImageOps.exif_transpose`` reads it). In a PNG only an eXIf chunk before the pixel data is
   read, so that :meth:`CpuDecoder.probe` needs no decode.
@@ -29,7 +32,7 @@ from __future__ import annotations
 import io
 import re
 import struct
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import simplejpeg
@@ -38,6 +41,7 @@ from PIL import Image, UnidentifiedImageError
 from ingest import defaults
 from ingest._numpy import zeros
 from ingest._threads import Threads
+from ingest.decode import codecs
 from ingest.errors import ConfigError, DecodeError
 from ingest.formats._images import JPEG_SIGNATURE
 
@@ -88,9 +92,12 @@ class CpuDecoder:
     any pixel buffer is allocated (default: the ``max_pixels`` setting, Pillow's ``Image.MAX_IMAGE_PIXELS``
     unless set; see `ingest.defaults` for why). Pillow keeps its own bomb limit (twice
     ``Image.MAX_IMAGE_PIXELS``, past which it raises); the lower of the two applies to what Pillow decodes.
+    ``dtype`` (uint8 or uint16, numpy or torch) and ``channels`` (1, 3 or 4) choose what every decode returns
+    (`ingest.decode.codecs.finish`); the default, uint8 RGB, is the module's.
     """
 
-    def __init__(self, *, threads: int | None = None, max_pixels: int | None = None):
+    def __init__(self, *, threads: int | None = None, max_pixels: int | None = None, dtype: Any = "uint8",
+                 channels: int = 3):
         threads = defaults.get("decode_threads") if threads is None else threads
         max_pixels = defaults.get("max_pixels") if max_pixels is None else max_pixels
         if threads < 1:
@@ -99,6 +106,9 @@ class CpuDecoder:
             raise ConfigError(f"`max_pixels` must be >= 1, got {max_pixels}")
         self.threads = threads
         self.max_pixels = max_pixels
+        self.dtype, self.channels = codecs.output_options(dtype, channels)
+        #: Whether decodes return the default uint8 RGB (the GPU decoder decodes only for those).
+        self.rgb8 = (self.dtype, self.channels) == ("uint8", 3)
         self._pool = Threads(threads, "ingest-decode")
 
     # -- public API ----------------------------------------------------------------------------------
@@ -114,6 +124,14 @@ class CpuDecoder:
         if is_jpeg(buf):
             header = self._jpeg_header(buf, name)
             return _oriented(header.height, header.width, header.orientation), header
+        codec = codecs.sniff(buf)
+        if codec == "pnm":
+            height, width = codecs.pnm_size(buf, name)
+            self._check_size(height, width, name)
+            return (height, width), None
+        if codec is not None:
+            header = self.codec_header(buf, codec, name)
+            return _oriented(header.height, header.width, header.orientation), None
         with self._open_pillow(data, buf, name) as img:
             return _oriented(img.height, img.width, _pillow_orientation(img)), None
 
@@ -122,7 +140,8 @@ class CpuDecoder:
         """:meth:`probe` of every image (its :class:`DecodeError` as a value where the header is refused), and
         the batch's JPEG header table (:func:`jpeg_headers`), which the GPU decoder takes instead of parsing
         again. JPEGs are read in one native call; other formats and refused headers go through
-        :meth:`probe_header` one by one (the same sizes and the same errors)."""
+        :meth:`probe_header` one by one (the same sizes and the same errors); a JPEG 2000 or TIFF the GPU decodes
+        gets its row there (`codecs.table_row`), so that the GPU decoder reads no header again."""
         table = jpeg_headers(datas)
         kind, h, w, orientation = table[:, 0], table[:, 1], table[:, 2], table[:, 6]
         good = (kind == 1) & (h > 0) & (w > 0) & (h * w <= self.max_pixels)
@@ -131,7 +150,15 @@ class CpuDecoder:
         sizes: list[Size | DecodeError] = list(zip(heights, widths))
         for k in np.flatnonzero(~good).tolist():
             try:
-                sizes[k] = self.probe(datas[k], names[k])
+                buf = as_buffer(datas[k], names[k])
+                codec = None if kind[k] else codecs.sniff(buf)
+                if codec in ("jpeg2k", "tiff"):
+                    header = self.codec_header(buf, codec, names[k])
+                    sizes[k] = _oriented(header.height, header.width, header.orientation)
+                    if header.gpu:
+                        table[k] = codecs.table_row(header)
+                else:
+                    sizes[k] = self.probe(datas[k], names[k])
             except DecodeError as err:
                 sizes[k] = err
         return sizes, table
@@ -149,10 +176,23 @@ class CpuDecoder:
         if is_jpeg(buf):
             header = self._jpeg_header(buf, name)
             pixels = self._decode_jpeg(data, buf, header, min_size, name)
+            pixels = pixels if self.rgb8 else codecs.finish(pixels, 8, self.dtype, self.channels)
             return _orient(pixels, header.orientation)
+        codec = codecs.sniff(buf)
+        if codec == "pnm":
+            self._check_size(*codecs.pnm_size(buf, name), name)
+            return codecs.finish(*codecs.read_pnm(buf, name), self.dtype, self.channels)
+        if codec == "jpeg2k" or (codec == "tiff" and codecs.imagecodecs is not None):
+            header = self.codec_header(buf, codec, name)
+            samples, precision = codecs.decode(buf, codec, header, name)
+            return _orient(codecs.finish(samples, precision, self.dtype, self.channels), header.orientation)
         with self._open_pillow(data, buf, name) as img:
-            orientation = _pillow_orientation(img)
-            pixels = _pillow_pixels(img, name)
+            # Pillow turns a TIFF by its Orientation tag as it loads it (and still reports the tag)
+            orientation = 1 if img.format == "TIFF" else _pillow_orientation(img)
+            if self.rgb8:
+                pixels = _pillow_pixels(img, name)
+            else:
+                pixels = codecs.finish(*_pillow_samples(img, buf, name), self.dtype, self.channels)
         return _orient(pixels, orientation)
 
     def decode_batch(self, datas: Sequence[Buffer], names: Sequence[str], *,
@@ -178,7 +218,26 @@ class CpuDecoder:
         self.close()
 
     def __repr__(self) -> str:
-        return f"CpuDecoder(threads={self.threads}, max_pixels={self.max_pixels})"
+        return (f"CpuDecoder(threads={self.threads}, max_pixels={self.max_pixels}, dtype={self.dtype!r}, "
+                f"channels={self.channels})")
+
+    def codec_header(self, buf: memoryview, codec: str, name: str) -> codecs.Header:
+        """The header of a JPEG 2000 or TIFF file (``codec`` as `ingest.decode.codecs.sniff` names it), its size,
+        component count and decoded bytes (at most ``4 * max_pixels``: what an 8-bit RGBA image of ``max_pixels``
+        takes, so deep samples allow fewer pixels) checked before anything is decoded."""
+        header = codecs.read_header(buf, codec, name)
+        self._check_size(header.height, header.width, name)
+        if not 1 <= header.components <= codecs.MAX_COMPONENTS:
+            raise DecodeError(f"{header.components} components per pixel (at most {codecs.MAX_COMPONENTS} are "
+                              "decoded: gray, gray+alpha, RGB, RGBA)", path=name)
+        nbytes = header.height * header.width * header.components * -(-max(header.precision, 8) // 8)
+        if nbytes > 4 * self.max_pixels:
+            raise DecodeError(f"{header.width}x{header.height} pixels of {header.components} x {header.precision}-bit "
+                              f"samples decode to {nbytes} bytes, more than max_pixels={self.max_pixels} 8-bit RGBA "
+                              "pixels (a decompression bomb?); to allow larger images raise the limit: "
+                              "ingest.defaults.set(max_pixels=N) or the INGEST_MAX_PIXELS environment variable",
+                              path=name)
+        return header
 
     # -- JPEG ----------------------------------------------------------------------------------------
 
@@ -392,6 +451,31 @@ def _pillow_pixels(img: Image.Image, name: str) -> np.ndarray:
             gray = (np.asarray(img) >> 8).astype(np.uint8)
             return np.repeat(gray[:, :, None], 3, axis=2)
         return np.array(img if img.mode == "RGB" else img.convert("RGB"))
+    except Exception as err:  # Pillow's decoders raise OSError, SyntaxError, ValueError, EOFError, ...
+        raise DecodeError(f"cannot decode: {_describe(err)}", path=name) from err
+
+
+def _pillow_samples(img: Image.Image, buf: memoryview, name: str) -> tuple[np.ndarray, int]:
+    """Decode a lazily opened image to its stored samples (gray, gray+alpha, RGB or RGBA) and their precision,
+    for `codecs.finish`. A 16-bit colour PNG (which Pillow reduces to 8 bits) is read by imagecodecs instead."""
+    try:
+        if img.format == "PNG" and bytes(buf[24:26]) in (b"\x10\x02", b"\x10\x06"):   # IHDR: 16-bit RGB(A)
+            if codecs.imagecodecs is None:
+                raise DecodeError(f"16-bit colour PNG samples need imagecodecs: {codecs.INSTALL}", path=name)
+            return codecs.imagecodecs.png_decode(buf), 16
+        img.load()
+        if img.mode.startswith("I;16"):
+            return np.asarray(img).astype(np.uint16), 16
+        if img.mode in ("I", "F"):
+            samples = np.asarray(img)
+            return (samples, 0) if img.mode == "F" else (np.clip(samples, 0, 65535).astype(np.uint16), 16)
+        if img.mode not in ("L", "LA", "RGB", "RGBA"):
+            alpha = "A" in img.mode or "a" in img.mode or "transparency" in img.info
+            img = img.convert(("LA" if img.mode == "1" else "RGBA") if alpha else ("L" if img.mode == "1"
+                                                                                    else "RGB"))
+        return np.array(img), 8
+    except DecodeError:
+        raise
     except Exception as err:  # Pillow's decoders raise OSError, SyntaxError, ValueError, EOFError, ...
         raise DecodeError(f"cannot decode: {_describe(err)}", path=name) from err
 

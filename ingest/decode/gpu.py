@@ -1,6 +1,6 @@
-"""Mixed decoding: JPEGs decoded on the GPU by nvImageCodec, the rest on the CPU and uploaded.
+"""Mixed decoding: JPEG, JPEG 2000 and TIFF decoded on the GPU by nvImageCodec, the rest on the CPU and uploaded.
 
-One :meth:`GpuDecoder.decode_batch` call decodes every GPU-eligible JPEG of the batch in one nvImageCodec call
+One :meth:`GpuDecoder.decode_batch` call decodes every GPU-eligible image of the batch in one nvImageCodec call
 on the caller's CUDA stream, optionally only the region each sample needs (region-of-interest decode, see
 ``ingest.ops.base.Warp.roi``). What the GPU does not take, or refuses, is decoded by the
 :class:`~ingest.decode.cpu.CpuDecoder` inside the same batch and uploaded on the same stream, so the
@@ -26,6 +26,18 @@ Decisions, and why:
   the CPU decoder, which defines what they become (CMYK conversion, 16-bit >> 8, dropped alpha). A missing
   EOI means a truncated file: nvJPEG may fill the missing rows with grey where the CPU decoder raises, so
   those go to the CPU too and fail there.
+- **JPEG 2000** (nvJPEG2000) is GPU-eligible with 1 or 3 unsigned 8-bit components at full resolution (no
+  subsampled component), complete (the codestream ends with EOC), no palette and, in a JP2 file, an sRGB or
+  greyscale colour space (sYCC and the others are OpenJPEG's to convert), and decodes regions like JPEG (nvJPEG2000 decodes only the tiles and code blocks a
+  region touches). **TIFF** (nvTIFF) is GPU-eligible when gray or RGB, 8-bit unsigned, chunky, uncompressed or
+  LZW/Deflate-compressed with no predictor or the horizontal one, every strip or tile within the file; it is
+  decoded whole (strips hold whole rows,
+  and a region would save little), the ops crop it. Their headers are read by `ingest.decode.codecs` (a few
+  bytes, no decode), which also says how the CPU decoder reads the others: 16-bit, float, YCbCr, palette,
+  WebP/ZSTD/JPEG-compressed TIFFs and every other JPEG 2000. Both are nvImageCodec GPU_ONLY decoders, so the
+  "auto" backend adds that kind after the JPEG ones.
+- A decoder whose CPU decoder returns something other than uint8 RGB (``dtype`` uint16, ``channels`` 1 or 4)
+  sends every image to it: the GPU path writes 8-bit RGB only.
 - **Orientation** is applied by us (nvImageCodec's ``apply_exif_orientation`` is off), from the same header
   parse as the CPU path, so both agree on EXIF and XMP orientation. A region is decoded only for
   orientation 1; an oriented image is decoded whole and reported at origin (0, 0).
@@ -75,11 +87,12 @@ from ingest._numpy import zeros
 from ingest.errors import ConfigError, DecodeError
 from ingest.decode import _nvimgcodec as native
 from ingest.decode.arena import ImageArena, arena_under
-from ingest.decode.cpu import Buffer, CpuDecoder, JpegHeader, Size, header_of, jpeg_headers
+from ingest.decode import codecs
+from ingest.decode.cpu import Buffer, CpuDecoder, JpegHeader, Size, as_buffer, jpeg_headers
 
 #: Backend choices: "auto" (the ``hw_decoder_load`` setting: the hardware JPEG engine takes that share of a batch and
-#: the CUDA decoder the rest; or, set to "auto", every backend nvImageCodec has, picked per image), the engine
-#: only, CPU+GPU only.
+#: the CUDA decoder the rest, nvJPEG2000 and nvTIFF their formats; or, set to "auto", every backend nvImageCodec
+#: has, picked per image), the engine only, CPU+GPU only (these two leave JPEG 2000 and TIFF to the CPU decoder).
 BACKENDS = {"auto": None, "hw": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU"}
 #: How nvImageCodec is driven (see the module doc): the native one where it loads, else the Python binding.
 ENGINES = ("auto", "native", "python")
@@ -89,6 +102,8 @@ _ALIGN = 768
 _ARENA_STEP = 2 << 20
 
 Roi = tuple[int, int, int, int]  # x0, y0, x1, y1 in (oriented) source pixels
+
+KIND_JPEG2K, KIND_TIFF = codecs.KIND_JPEG2K, codecs.KIND_TIFF
 
 #: Huffman baseline and extended. Progressive JPEGs go to the CPU: the hardware decoder refuses them, and
 #: nvImageCodec 0.9's CUDA decoder got a valid 12-scan one (jpeg-decoder/subtract-with-overflow.jpg) wrong.
@@ -350,10 +365,10 @@ class GpuDecoder:
                              f"{'no' if rois is None else len(rois)} rois")
         n = len(datas)
         stream = stream if stream is not None else torch.cuda.current_stream(self.device)
-        table = headers if headers is not None else jpeg_headers(datas)
+        table = codec_rows(headers if headers is not None else jpeg_headers(datas), datas)
         rois = rois if self.regions else None
         wanted = _region_array(rois, n)
-        index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels))
+        index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels)) if self.cpu.rgb8 else np.arange(0)
         every = len(index) == n
         rows = table if every else table[index]               # the header rows of those images
         regions = clip_regions(wanted if every else wanted[index], rows)   # all zeros: the whole image, from (0, 0)
@@ -369,7 +384,7 @@ class GpuDecoder:
                 decoded = [None if why else arena[k] if turn == 1 else orient(arena[k], turn)
                            for k, (why, turn) in enumerate(zip(reasons, orientation.tolist()))]
             else:
-                jobs = [_Job(i, datas[i], header_of(row), tuple(r) if crop else None)
+                jobs = [_Job(i, datas[i], JpegHeader(*row[1:7].tolist(), bool(row[7])), tuple(r) if crop else None)
                         for i, row, r, crop in zip(index.tolist(), rows, regions.tolist(), cropped.tolist())]
                 decoded = self._decode_on_gpu(jobs, stream)
             images: list[torch.Tensor | DecodeError | None] = [None] * n
@@ -389,11 +404,11 @@ class GpuDecoder:
         return images, origins, paths
 
     def _refused_all(self, index: np.ndarray, images: list) -> None:
-        """Every GPU-eligible JPEG of a batch went to the CPU decoder: warn once if it decoded them all (nvImageCodec
-        refusing good JPEGs wholesale means something is wrong with it here, not with the data)."""
+        """Every GPU-eligible image of a batch went to the CPU decoder: warn once if it decoded them all (nvImageCodec
+        refusing good images wholesale means something is wrong with it here, not with the data)."""
         if all(not isinstance(images[i], DecodeError) for i in index.tolist()):
             self._warned = True
-            warnings.warn(f"ingest: nvImageCodec decoded none of a batch's {len(index)} JPEGs on {self.device} "
+            warnings.warn(f"ingest: nvImageCodec decoded none of a batch's {len(index)} images on {self.device} "
                           f"(why: {dict(self.fallbacks)}); the CPU decoder took them. "
                           f"nvJPEG loaded: {nvjpeg.describe()}", RuntimeWarning, stacklevel=3)
 
@@ -444,7 +459,8 @@ class GpuDecoder:
         if load == "auto":
             return [None]
         split = [("HW_GPU_ONLY", load), ("HYBRID_CPU_GPU", 1.0)] if load > 0 else [("HYBRID_CPU_GPU", 1.0)]
-        return [split, None]
+        # nvJPEG2000 and nvTIFF are GPU_ONLY decoders; without that kind they would be left out.
+        return [split + [("GPU_ONLY", 1.0)], None]
 
     def _new_native_decoder(self, lib: native.Library) -> native.BatchDecoder:
         return self._first_decoder(lambda backends: native.BatchDecoder(
@@ -614,23 +630,48 @@ def _region_test_jpeg() -> bytes:
 
 
 def gpu_decodable(table: np.ndarray, max_pixels: int) -> np.ndarray:
-    """Which images of a :func:`~ingest.decode.cpu.jpeg_headers` table the GPU should decode (see the module
-    docstring): complete 8-bit baseline or extended JPEGs, gray or YCbCr, of at most ``max_pixels``."""
+    """Which images of a :func:`~ingest.decode.cpu.jpeg_headers` table (with `codec_rows`) the GPU should decode
+    (see the module docstring): complete 8-bit baseline or extended JPEGs, gray or YCbCr, and the JPEG 2000 and
+    TIFF rows `codec_rows` added, of at most ``max_pixels``."""
     kind, h, w, comps, precision, process, _, rgb, eoi = table.T
     pixels = h * w
-    return ((kind == 1) & (eoi == 1) & np.isin(process, _GPU_PROCESSES) & (precision == 8)
-            & ((comps == 1) | (comps == 3)) & (rgb == 0) & (pixels > 0) & (pixels <= max_pixels))
+    jpeg = ((kind == 1) & (eoi == 1) & np.isin(process, _GPU_PROCESSES) & (precision == 8)
+            & ((comps == 1) | (comps == 3)) & (rgb == 0))
+    return (jpeg | (kind == KIND_JPEG2K) | (kind == KIND_TIFF)) & (pixels > 0) & (pixels <= max_pixels)
+
+
+def codec_rows(table: np.ndarray, datas: Sequence[Buffer]) -> np.ndarray:
+    """``table`` (a `jpeg_headers` table), with a row for each GPU-eligible JPEG 2000 or TIFF among its non-JPEG
+    images (`ingest.decode.codecs.Header.gpu`, `codecs.table_row`: kind `KIND_JPEG2K` or `KIND_TIFF`, then the
+    columns a JPEG row has). A copy when any row changes; an unreadable header leaves its row as it was (the CPU
+    decoder then names the problem). A table from `CpuDecoder.probe_batch` has those rows already; only the
+    JPEG 2000 and TIFF files the GPU does not take are read again."""
+    out = table
+    for k in np.flatnonzero(table[:, 0] == 0).tolist():
+        buf = as_buffer(datas[k], "")
+        codec = codecs.sniff(buf)
+        if codec not in ("jpeg2k", "tiff"):
+            continue
+        try:
+            header = codecs.read_header(buf, codec, "")
+        except DecodeError:
+            continue
+        if header.gpu:
+            out = out.copy() if out is table else out
+            out[k] = codecs.table_row(header)
+    return out
 
 
 def clip_regions(regions: np.ndarray, table: np.ndarray) -> np.ndarray:
     """:func:`clip_roi` of each row of ``regions`` ([n, 4] x0 y0 x1 y1; x1 <= x0: none) to its image's stored
     size in ``table`` (header rows); a row becomes all zeros where there is no region worth decoding alone,
-    and wherever the image is turned by its orientation (regions are in displayed pixels)."""
+    wherever the image is turned by its orientation (regions are in displayed pixels), and for TIFFs."""
     h, w = table[:, 1], table[:, 2]
     x0, y0 = np.maximum(regions[:, 0], 0), np.maximum(regions[:, 1], 0)
     x1, y1 = np.minimum(regions[:, 2], w), np.minimum(regions[:, 3], h)
     whole = (x0 == 0) & (y0 == 0) & (x1 == w) & (y1 == h)
-    keep = (x1 > x0) & (y1 > y0) & ~whole & (table[:, 6] == 1) & (regions[:, 2] > regions[:, 0])
+    keep = ((x1 > x0) & (y1 > y0) & ~whole & (table[:, 6] == 1) & (regions[:, 2] > regions[:, 0])
+            & (table[:, 0] != KIND_TIFF))   # TIFFs are decoded whole (see the module docstring)
     out = zeros((len(regions), 4), np.int64)   # column by column: see ingest._numpy
     for k, column in enumerate((x0, y0, x1, y1)):
         out[:, k] = column * keep
@@ -706,9 +747,11 @@ def _pick_engine(engine: str) -> tuple[str, native.Library | None]:
 
 
 def _upload(pixels: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Copy to a pinned buffer and from there to ``device`` without blocking (on the current stream).
-    PyTorch's pinned-memory cache keeps the buffer until the copy has run."""
-    host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
+    """Copy to a pinned buffer and from there to ``device`` without blocking (on the current stream), in the
+    pixels' own dtype (uint8, or uint16 from a decoder asked for it). PyTorch's pinned-memory cache keeps the
+    buffer until the copy has run."""
+    host = torch.empty(pixels.shape, dtype=torch.uint16 if pixels.dtype == np.uint16 else torch.uint8,
+                       pin_memory=True)
     host.numpy()[...] = pixels
     return host.to(device, non_blocking=True)
 

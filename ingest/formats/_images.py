@@ -19,8 +19,13 @@ IMAGE_TYPES = (
     ("bmp", ".bmp", ((0, b"BM"),)),
     ("tiff", ".tif", ((0, b"II*\x00"),)),
     ("tiff", ".tif", ((0, b"MM\x00*"),)),
+    ("tiff", ".tif", ((0, b"II+\x00"),)),                                    # BigTIFF
+    ("tiff", ".tif", ((0, b"MM\x00+"),)),
+    ("jp2", ".jp2", ((0, b"\x00\x00\x00\x0cjP  \r\n\x87\n"),)),           # JPEG 2000 file
+    ("j2k", ".j2k", ((0, b"\xff\x4f\xff\x51"),)),                             # JPEG 2000 codestream
     ("ppm", ".ppm", ((0, b"P6"),)),
     ("pgm", ".pgm", ((0, b"P5"),)),
+    ("pam", ".pam", ((0, b"P7"),)),
 )
 _HEAD = max(offset + len(magic) for _, _, parts in IMAGE_TYPES for offset, magic in parts)
 

@@ -14,7 +14,8 @@ from ._native_table import NativeTable
 from .base import Location, Record, check_index, check_indices
 
 #: Extensions recognised as images by default (lower case, with the dot).
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif", ".jp2", ".j2k",
+                    ".j2c", ".pam", ".pnm")
 
 
 def _normalize_extensions(extensions: Iterable[str]) -> tuple[str, ...]:

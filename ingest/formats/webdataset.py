@@ -54,7 +54,7 @@ from ._shards import gzipped, resolve_shards
 from .base import Field, Location, Record, check_index
 from ._images import image_extension
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "jp2", "j2k", "pam", "pnm")
 LABEL_EXTENSIONS = ("cls", "cls2", "class", "index", "inx", "id", "count")
 TEXT_EXTENSIONS = ("txt", "text", "transcript", "json", "jsn")
 TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")

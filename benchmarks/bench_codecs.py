@@ -1,0 +1,327 @@
+"""JPEG 2000 and TIFF through RandomResizedCrop 224 on one GPU: ingest vs DALI, the loader and the decode alone.
+
+Sets (ImageFolder layout, made once from make_data.py's ImageNet-shaped JPEGs by re-encoding each with Pillow;
+in /dev/shm unless --root says otherwise):
+
+  j2k_lossy      JPEG 2000 files (.jp2), irreversible 9/7 wavelet at 20:1, 6 resolution levels
+  j2k_lossless   JPEG 2000 files (.jp2), reversible 5/3 wavelet
+  tiff           8-bit RGB TIFF, LZW-compressed in strips (a kind nvTIFF decodes)
+
+Variants, per set (each in its own subprocess, as bench_gpu.py runs them):
+
+  i  ingest Loader, decode="mixed": RandomResizedCrop(224) + flip + Normalize (float32 NCHW); ``decode_paths``
+     says which decoder took the images (GPU, GPU region, CPU fallback)
+  d  DALI: readers.file -> decoders.image_random_crop(device="mixed") -> resize 224 -> crop_mirror_normalize
+  c  DALI with the decode on the CPU (decoders.image_random_crop(device="cpu")), the rest on the GPU: the TIFF
+     pairing the issue names (DALI's CPU TIFF decode)
+  f  decode only, on preloaded batches of --batch images: ingest's GpuDecoder with RandomResizedCrop regions
+     (scale 0.08-1, ratio 3/4-4/3), and its CpuDecoder
+
+Derived (``derived`` in the JSON): ``<set>_ingest_over_dali`` (i / d), ``tiff_ingest_over_dali_cpu`` (i / c;
+issue 36 asks >= 1.2 for JPEG 2000 over DALI and >= 3 for TIFF on the GPU over DALI's CPU TIFF decode), and the
+decode-only rates.
+
+    python benchmarks/bench_codecs.py                      # GPU; JSON in benchmarks/results/bench_codecs/<device>/
+    python benchmarks/bench_codecs.py --dry-run            # CPU only, tiny sets: every code path but DALI's
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(HERE))
+
+import bench_gpu  # noqa: E402 - after the path: this tree's ingest and the benchmark helpers
+from bench_gpu import MEAN, STD, Feed, describe_batch, sync  # noqa: E402
+
+SETS = {"j2k_lossy": ".jp2", "j2k_lossless": ".jp2", "tiff": ".tif"}
+VARIANTS = {"i": "ingest_mixed", "d": "dali_mixed", "c": "dali_cpu_decode", "f": "decode_only"}
+ORDER = "idcf"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--root", default=None, help="where the sets are made (default /dev/shm/ingest_bench_codecs_<N>)")
+    p.add_argument("--images", type=int, default=None, help="images per set (default 1024)")
+    p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/bench_codecs/<device>/"
+                                               "bench_codecs.json)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 256)")
+    p.add_argument("--threads", type=int, default=None, help="DALI and CPU decoder threads (default 16)")
+    p.add_argument("--seconds", type=float, default=None, help="timed window per loader (default 8)")
+    p.add_argument("--decode-seconds", type=float, default=None, help="timed window per decode case (default 5)")
+    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up (default 3)")
+    p.add_argument("--warmup-batches", type=int, default=4)
+    p.add_argument("--min-batches", type=int, default=8)
+    p.add_argument("--max-batches", type=int, default=100000)
+    p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated subset of {', '.join(SETS)}")
+    p.add_argument("--only", default=None, help="comma-separated subset of i,d,c,f")
+    p.add_argument("--dry-run", action="store_true", help="CPU only, tiny sizes (DALI is reported unavailable)")
+    p.add_argument("--child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
+    p.add_argument("--child-set", choices=sorted(SETS), help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    dry = a.dry_run
+    defaults = dict(images=16 if dry else 1024, batch=8 if dry else 256, threads=2 if dry else 16,
+                    seconds=0.5 if dry else 8.0, decode_seconds=0.5 if dry else 5.0,
+                    warmup_seconds=0.2 if dry else 3.0)
+    for k, v in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if dry:
+        a.warmup_batches, a.min_batches = 1, 1
+    if a.root is None:
+        a.root = str(Path(tempfile.gettempdir()) / "ingest_bench_codecs_dry") if dry else \
+            f"/dev/shm/ingest_bench_codecs_{a.images}"
+    a.sets = [s for s in a.sets.split(",") if s]
+    unknown = (set(a.sets) - set(SETS)) | (set((a.only or ORDER).replace(",", "")) - set(VARIANTS))
+    if unknown:
+        p.error(f"Unknown set(s) or variant(s) {sorted(unknown)}. Sets: {', '.join(SETS)}; variants: "
+                f"{', '.join(ORDER)}")
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return child_main(args)
+    from bench_augment import device_slug
+    started = time.perf_counter()
+    out = Path(args.out or REPO / "benchmarks" / "results" / "bench_codecs" / device_slug(args.dry_run) /
+               "bench_codecs.json").resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    logdir = out.parent / (out.stem + "_logs")
+    logdir.mkdir(exist_ok=True)
+    made = make_sets(args)
+    report = {"benchmark": "bench_codecs", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dry_run": args.dry_run,
+              "argv": sys.argv[1:], "host": bench_gpu.host_info(), "versions": versions(),
+              "sets": made, "config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
+              "results": {}}
+    argfile = logdir / "args.json"
+    argfile.write_text(json.dumps(vars(args)))
+    for name in args.sets:
+        for key in [k for k in ORDER if k in (args.only or ORDER)]:
+            label = f"{name}/{VARIANTS[key]}"
+            print(f"[bench_codecs] {label} ...", flush=True)
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", key, "--child-set", name]
+            env = dict(os.environ, INGEST_BENCH_ARGS=str(argfile), PYTHONUNBUFFERED="1")
+            budget = 3 * args.warmup_seconds + 2 * args.seconds + 4 * args.decode_seconds + 180
+            res = bench_gpu.run_json_child(cmd, env, budget, logdir / f"{name}_{key}.log", label.replace("/", "-"))
+            report["results"][label] = res
+            print(f"[bench_codecs]   {bench_gpu._one_line(res)}", flush=True)
+            report["derived"] = derive(report["results"])
+            bench_gpu._write(out, report)
+    bench_gpu.finish_report(report, out, derive(report["results"]), started, args.dry_run)
+    print(json.dumps({"device": report["device"], **report["derived"]}, indent=1))
+    print(f"[bench_codecs] wrote {out} ({report['wall_seconds']} s)")
+    return 0
+
+
+def derive(results: dict) -> dict:
+    g = lambda label, *path: bench_gpu._get(results.get(label, {}), *path)  # noqa: E731
+    r = bench_gpu._ratio
+    out = {}
+    for name in SETS:
+        out[f"{name}_ingest_over_dali"] = r(g(f"{name}/ingest_mixed", "img_s"), g(f"{name}/dali_mixed", "img_s"))
+        out[f"{name}_ingest_over_dali_cpu"] = r(g(f"{name}/ingest_mixed", "img_s"),
+                                                g(f"{name}/dali_cpu_decode", "img_s"))
+        out[f"{name}_decode_gpu_img_s"] = g(f"{name}/decode_only", "decode", "ingest_gpu_regions", "img_s")
+        out[f"{name}_decode_cpu_img_s"] = g(f"{name}/decode_only", "decode", "ingest_cpu", "img_s")
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def versions() -> dict:
+    from importlib import metadata
+    out = bench_gpu.versions()
+    for key, dist in (("imagecodecs", "imagecodecs"), ("nvjpeg2k", "nvidia-nvjpeg2k-cu13"),
+                      ("nvtiff", "nvidia-nvtiff-cu13"), ("nvcomp", "nvidia-libnvcomp-cu13")):
+        try:
+            out[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[key] = None
+    return out
+
+
+# ==================================================================================================
+# Data
+
+
+def make_sets(args) -> dict:
+    """Each set of `SETS` under ``args.root`` (made where absent, from a JPEG set made there too), with stats."""
+    root = Path(args.root)
+    source = root / "jpeg"
+    if not source.is_dir():
+        import make_data
+        print(f"[bench_codecs] making {args.images} JPEGs in {source} ...", flush=True)
+        make_data.make_dataset(str(source), n=args.images, classes=min(100, args.images), seed=0,
+                               workers=2 if args.dry_run else os.cpu_count())
+    stats = {}
+    for name in args.sets:
+        target = root / name
+        t0 = time.perf_counter()
+        if not target.is_dir():
+            print(f"[bench_codecs] encoding {name} in {target} ...", flush=True)
+            tmp = root / f".{name}.tmp"
+            jobs = [(str(path), str(tmp / path.parent.name / (path.stem + SETS[name])), name)
+                    for path in sorted(source.glob("*/*.jpg"))]
+            with ProcessPoolExecutor(2 if args.dry_run else os.cpu_count()) as pool:
+                list(pool.map(_encode, jobs, chunksize=16))
+            tmp.rename(target)
+        files = list_files(target)
+        sizes = [f.stat().st_size for f in files]
+        stats[name] = {"path": str(target), "n": len(files), "mean_bytes": round(sum(sizes) / max(1, len(sizes)), 1),
+                       "made_seconds": round(time.perf_counter() - t0, 1)}
+    return stats
+
+
+def _encode(job: tuple[str, str, str]) -> None:
+    src, dst, name = job
+    from PIL import Image
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    img = Image.open(src).convert("RGB")
+    if name == "j2k_lossy":
+        img.save(dst, "JPEG2000", irreversible=True, quality_mode="rates", quality_layers=[20], num_resolutions=6)
+    elif name == "j2k_lossless":
+        img.save(dst, "JPEG2000", num_resolutions=6)
+    else:
+        img.save(dst, "TIFF", compression="tiff_lzw")
+
+
+def list_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("*/*") if p.suffix in (".jp2", ".tif"))
+
+
+# ==================================================================================================
+# Children
+
+
+def child_main(args) -> int:
+    key, name, out_path = args.child, args.child_set, args.child_out
+    args = bench_gpu.child_args(args)
+    args.data = str(Path(args.root) / name)
+
+    def run(dev, res, flush):
+        res["set"] = name
+        if key == "f":
+            decode_only(args, dev, res, flush)
+            return
+        feed = {"i": lambda: build_ingest(args, dev), "d": lambda: build_dali(args, dev, "mixed"),
+                "c": lambda: build_dali(args, dev, "cpu")}[key]()
+        t0 = time.perf_counter()
+        gen = feed.endless()
+        x, y = next(gen)
+        sync(dev)
+        res["first_batch_seconds"] = round(time.perf_counter() - t0, 3)
+        res["check"] = describe_batch(x, y, args.batch)
+        del x, y
+        res.update(bench_gpu.loader_window(gen, args, dev))
+        if feed.stats is not None:
+            res["loader_stats"] = bench_gpu.loader_stats(feed.stats)
+        flush()
+        if feed.close is not None:
+            feed.close()
+
+    return bench_gpu.run_in_child(f"{name}/{VARIANTS[key]}", out_path, args.dry_run, run)
+
+
+def build_ingest(args, dev) -> Feed:
+    import torch
+    import ingest
+    from ingest.ops import Flip, Normalize, RandomResizedCrop
+    ops = [RandomResizedCrop(224), Flip(p=0.5), Normalize(mean=MEAN, std=STD, dtype=torch.float32, layout="NCHW")]
+    loader = ingest.Loader(args.data, batch_size=args.batch, device=str(dev),
+                           decode="mixed" if dev.type == "cuda" else "cpu", ops=ops, shuffle=True, seed=0,
+                           last_batch="drop")
+    return Feed(loader, lambda b: (b[0], b[1]), stats=loader.stats, close=getattr(loader, "close", None))
+
+
+def build_dali(args, dev, decode: str) -> Feed:
+    """bench_gpu's DALI pipeline over the set's files, its decode on ``decode`` ("mixed" or "cpu")."""
+    def reader(fn, types, shard):
+        return fn.readers.file(file_root=args.data, random_shuffle=True, name="Reader", shard_id=shard[0],
+                               num_shards=shard[1], file_filters=["*.jp2", "*.tif"])
+    return bench_gpu.build_dali(args, dev, reader=reader, decode=decode)
+
+
+def decode_only(args, dev, res, flush) -> None:
+    """ingest's GpuDecoder (regions as RandomResizedCrop draws them) and CpuDecoder on preloaded batches."""
+    import numpy as np
+    files = list_files(Path(args.data))
+    datas = [f.read_bytes() for f in files]
+    names = [str(f) for f in files]
+    B = args.batch
+    batches = [(datas[i:i + B], names[i:i + B]) for i in range(0, len(datas) - B + 1, B)]
+    res["decode"] = {}
+    from ingest.decode.cpu import CpuDecoder
+    cpu = CpuDecoder(threads=args.threads)
+    rng = np.random.default_rng(0)
+    regions = [random_crops([cpu.probe(d, n) for d, n in zip(*batch)], rng) for batch in batches]
+    cases = [("ingest_gpu_regions", lambda: gpu_case(batches, regions, cpu, dev, args)),
+             ("ingest_cpu", lambda: bench_gpu.ingest_cpu_case(batches, args))]
+    for case, run in cases:
+        try:
+            res["decode"][case] = run()
+        except Exception as err:  # noqa: BLE001 - recorded, the other cases go on
+            res["decode"][case] = {"error": f"{type(err).__name__}: {err}"}
+        flush()
+    cpu.close()
+
+
+def random_crops(sizes, rng) -> "np.ndarray":
+    """[n, 4] x0 y0 x1 y1 regions as RandomResizedCrop draws them (area 0.08-1, log-uniform ratio 3/4-4/3)."""
+    import math
+    import numpy as np
+    out = np.zeros((len(sizes), 4), np.int64)
+    for k, (h, w) in enumerate(sizes):
+        for _ in range(10):
+            area = h * w * rng.uniform(0.08, 1.0)
+            ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+            cw, ch = int(round(math.sqrt(area * ratio))), int(round(math.sqrt(area / ratio)))
+            if 0 < cw <= w and 0 < ch <= h:
+                x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+                out[k] = (x0, y0, x0 + cw, y0 + ch)
+                break
+        else:
+            out[k] = (0, 0, w, h)
+    return out
+
+
+def gpu_case(batches, regions, cpu, dev, args) -> dict:
+    if dev.type != "cuda":
+        raise RuntimeError("unavailable: needs a GPU")
+    import torch
+    from ingest.decode.gpu import GpuDecoder
+    gpu = GpuDecoder(dev, cpu)
+    stream = torch.cuda.Stream(dev)
+    with torch.cuda.stream(stream):
+        images, _, paths = gpu.decode_batch(*batches[0], rois=regions[0], stream=stream)
+    first = {p: paths.count(p) for p in set(paths)}
+    failed = sum(isinstance(im, BaseException) for im in images)
+
+    def run(j, tid):
+        with torch.cuda.stream(stream):
+            images, _, _ = gpu.decode_batch(*batches[j], rois=regions[j], stream=stream)
+        if not isinstance(images, list):
+            gpu.recycle(images)
+            return len(images)
+        return sum(not isinstance(im, BaseException) for im in images)
+
+    r = bench_gpu.timed(run, len(batches), args, dev, 1)
+    r.update(paths_first_batch=first, failed_in_first_batch=failed, fallbacks=dict(gpu.fallbacks),
+             messages=gpu.messages[:20])
+    gpu.close()
+    return r
+
+
+if __name__ == "__main__":
+    sys.exit(main())
