@@ -283,6 +283,15 @@ def test_webdataset_masks_by_member_name_or_option(tmp_path):
         WebDatasetSource(path, masks=("nope",))
 
 
+def test_demo_draws_a_segmentation_batch(tmp_path):
+    from ingest.tools import demo
+    [row] = demo.run_segmentation(tmp_path / "voc", tmp_path / "out", n=6, size=48)
+    assert row["batch"] == "(6, 3, 48, 48) uint8 + masks (6, 48, 48) uint8"
+    assert set(row["classes"].split(",")) <= {"0", "1", "2", "255"} and "255" in row["classes"]
+    with Image.open(row["png"]) as im:
+        assert im.size == (4 * 50, 2 * 50)
+
+
 # -- CUDA ----------------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
