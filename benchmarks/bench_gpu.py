@@ -46,6 +46,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -438,6 +439,50 @@ def child_args(args: argparse.Namespace) -> argparse.Namespace:
     """A child's arguments: the parent's, saved at ``INGEST_BENCH_ARGS``, with this child's key and output."""
     saved = json.loads(Path(os.environ["INGEST_BENCH_ARGS"]).read_text())
     return argparse.Namespace(**{**saved, "child": args.child, "child_out": args.child_out})
+
+
+def choose_variants(only: str | None, variants: Sequence[str]) -> list[str]:
+    """The variants ``--only`` names (comma-separated; all when None), in ``variants``' order."""
+    if not only:
+        return list(variants)
+    keys = {k.strip() for k in only.split(",") if k.strip()}
+    unknown = keys - set(variants)
+    if unknown:
+        raise SystemExit(f"Unknown variant(s) {sorted(unknown)} in --only. Available: {', '.join(variants)}")
+    return [k for k in variants if k in keys]
+
+
+def run_rounds(tag: str, chosen: Sequence[str], args, report: dict, out: Path, run_child, derive) -> None:
+    """Each of ``chosen`` ``args.rounds`` times (every other round in reverse order, so that the drift of a shared
+    machine falls on all alike) through ``run_child(name, log)``; with rounds, a variant's ``img_s`` is the mean
+    and ``img_s_rounds`` each. ``report`` (its results, ``derive``'s ratios, wall time) is written to ``out``
+    after every run."""
+    t_all = time.perf_counter()
+    logdir = out.parent / (out.stem + "_logs")
+    report["results"] = {name: {} for name in chosen}   # in variant order, whatever order they run in
+    for r in range(args.rounds):
+        for name in chosen if r % 2 == 0 else chosen[::-1]:
+            print(f"[{tag}] {name}" + (f" (round {r + 1}/{args.rounds})" if args.rounds > 1 else "") + " ...",
+                  flush=True)
+            res = run_child(name, logdir / (f"{name}.log" if args.rounds == 1 else f"{name}.r{r}.log"))
+            if args.rounds > 1:
+                rates = report["results"][name].get("img_s_rounds", []) + [res.get("img_s")]
+                done = [x for x in rates if x is not None]
+                res.update(img_s_rounds=rates, img_s=round(sum(done) / len(done), 1) if done else None)
+            report["results"][name] = res
+            report["derived"] = derive(report["results"])
+            report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
+            _write(out, report)
+
+
+def variant_child(args, run_variant) -> int:
+    """A ``--child`` of a variant benchmark: the parent's arguments (saved at ``--child-args``) with this child's,
+    and ``run_variant(name, args, dev, res, flush)`` in `run_in_child`."""
+    saved = json.loads(Path(args.child_args).read_text())
+    name = args.child
+    args = argparse.Namespace(**{**saved, "child": name, "child_out": args.child_out})
+    return run_in_child(name, args.child_out, args.dry_run,
+                        lambda dev, res, flush: run_variant(name, args, dev, res, flush))
 
 
 def finish_report(report: dict, out: Path, derived: dict, started: float, dry_run: bool) -> None:

@@ -21,7 +21,7 @@ are wrong, but a gray JPEG decodes as its levels.
 from __future__ import annotations
 
 import io
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -92,9 +92,16 @@ class MaskDecoder:
 
     def decode_batch(self, datas: Sequence[Any], names: Sequence[str]) -> list[np.ndarray | DecodeError]:
         """`decode_mask` of each, in order; a mask that cannot be decoded gives its `DecodeError` in its place."""
+        return self.submit(datas, names)()
+
+    def submit(self, datas: Sequence[Any], names: Sequence[str]) -> Callable[[], list[np.ndarray | DecodeError]]:
+        """`decode_batch` started on the pool; the function returned waits for it and gives its result (the
+        caller decodes the images meanwhile)."""
         if len(datas) <= 1:
-            return [_or_error(d, n) for d, n in zip(datas, names)]
-        return list(self._pool.map(_or_error, datas, names))
+            done = [_or_error(d, n) for d, n in zip(datas, names)]
+            return lambda: done
+        futures = [self._pool.pool.submit(_or_error, d, n) for d, n in zip(datas, names)]
+        return lambda: [f.result() for f in futures]
 
     def close(self) -> None:
         self._pool.shutdown()

@@ -77,8 +77,19 @@ class DecodeStage(Stage):
             if len(work.indices):   # in slices on a large batch (`planner.SLICE`)
                 work.ops_plan = planner.plan_sliced(self.ops, work.sizes, work.plan.sample_rngs)
             return work
-        if self.masks is not None and work.records:
-            self._decode_masks(work)
+        if self.masks is not None and work.records:   # on the CPU pool while the images decode
+            pending = self._start_masks(work)
+            try:
+                self._decode_images(work, gpu, stream)
+            except BaseException:
+                for wait in pending.values():   # (nothing left running on the pool)
+                    wait()
+                raise
+            self._finish_masks(work, pending)
+            return work
+        return self._decode_images(work, gpu, stream)
+
+    def _decode_images(self, work: _Work, gpu, stream) -> _Work:
         if not work.records or self.image_kind is None:
             return work
         datas = [r.image for r in work.records]
@@ -109,13 +120,18 @@ class DecodeStage(Stage):
         work.images = images
         return work
 
-    def _decode_masks(self, work: _Work) -> None:
-        """Every mask field of the batch to its ``[H, W]`` values (`ingest.decode.masks`), in ``work.masks``. A
-        mask that cannot be decoded, or whose size is not its image's, fails its sample (counted against the
-        budget; a 1x1 stand-in holds its place until the ops stage drops the row)."""
+    def _start_masks(self, work: _Work) -> dict:
+        """Every mask field's decode (`ingest.decode.masks`) started on the mask pool."""
+        return {name: self.masks.submit([r.fields[name] for r in work.records], work.names)
+                for name in self.mask_fields}
+
+    def _finish_masks(self, work: _Work, pending: dict) -> None:
+        """The batch's decoded masks, ``[H, W]`` values per field, in ``work.masks``. A mask that cannot be
+        decoded, or whose size is not its image's, fails its sample (counted against the budget; a 1x1 stand-in
+        holds its place until the ops stage drops the row)."""
         work.masks = {}
-        for name in self.mask_fields:
-            decoded = self.masks.decode_batch([r.fields[name] for r in work.records], work.names)
+        for name, wait in pending.items():
+            decoded = wait()
             for k, m in enumerate(decoded):
                 if not isinstance(m, BaseException) and work.sizes and m.shape != tuple(work.sizes[k]):
                     m = DecodeError(f"mask {name!r} is {m.shape[1]}x{m.shape[0]}, its image "
