@@ -311,6 +311,18 @@ def test_cuda_masks_equal_the_cpu_ones(tmp_path, decode):
 
 @pytest.mark.gpu
 @requires_cuda
+def test_cuda_uint16_label_maps_through_the_loader(tmp_path):
+    source, _ = depth_set(tmp_path)
+    ops = [O.Rotate((-30, 30)), O.PadTo((32, 32)), O.Flip()]
+    cpu = batches(source, ops, batch_size=2, seed=4)
+    gpu = batches(source, ops, batch_size=2, seed=4, device="cuda")
+    for a, b in zip(cpu, gpu):
+        assert b["depth"].is_cuda and b["depth"].dtype == torch.uint16
+        assert torch.equal(a["depth"].to(torch.int64), b["depth"].cpu().to(torch.int64))
+
+
+@pytest.mark.gpu
+@requires_cuda
 def test_cuda_uint16_masks_equal_the_cpu_ones():
     g = np.random.default_rng(2)
     sizes = [(30, 40), (25, 25), (41, 17)]
@@ -320,3 +332,24 @@ def test_cuda_uint16_masks_equal_the_cpu_ones():
     gpu = p.warp_masks(masks, fill=65535, device="cuda")
     for a, b in zip(cpu, gpu):
         assert b.is_cuda and b.dtype == torch.uint16 and torch.equal(a.to(torch.int64), b.cpu().to(torch.int64))
+
+
+def depth_set(tmp_path: Path) -> tuple[TFRecordSource, list[np.ndarray]]:
+    """Four 20x24 samples with a uint16 map each (``depth``, given decoded: the writer stores a 16-bit PNG)."""
+    root = tmp_path / "deep"
+    root.mkdir()
+    writer = TFRecordWriter(root, "d", {"image": Field("image"), "depth": Field("mask")})
+    maps = [np.random.default_rng(k).choice(np.array([0, 700, 40000], np.uint16), (20, 24)) for k in range(4)]
+    for m in maps:
+        writer.add(Record(png(np.zeros((20, 24, 3), np.uint8), "RGB"), fields={"depth": m}))
+    writer.close()
+    return TFRecordSource(root, features={"image": "image/encoded", "depth": ("depth", "mask")}), maps
+
+
+def test_uint16_label_maps_through_the_loader(tmp_path):
+    source, maps = depth_set(tmp_path)
+    [b, c] = batches(source, batch_size=2)
+    assert b["depth"].dtype == torch.uint16 and np.array_equal(b["depth"].numpy(), np.stack(maps[:2]))
+    [b, c] = batches(source, [O.PadTo((24, 30)), O.Flip(p=1.0)], batch_size=2)
+    assert b["depth"].shape == (2, 24, 30) and (b["depth"][:, 20:].to(torch.int64) == 255).all()
+    assert np.array_equal(b["depth"][0, :20, 6:].numpy(), maps[0][:, ::-1])

@@ -162,7 +162,8 @@ class OpsStage(Stage, BoxFields):
             moved = [torch.from_numpy(m) for m in maps]
         moved = [moved[k] for k in keep]
         if moved and all(m.shape == moved[0].shape for m in moved):
-            return torch.stack(moved)
+            dtype = moved[0].dtype   # stacked as bytes: torch has few kernels for uint16 (CUDA's cat among them)
+            return torch.stack([m.contiguous().view(torch.uint8) for m in moved]).view(dtype)
         return moved
 
     def _mixing(self, work: _Work, keep: list[int]) -> Mixing | None:
