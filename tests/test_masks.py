@@ -353,3 +353,20 @@ def test_uint16_label_maps_through_the_loader(tmp_path):
     [b, c] = batches(source, [O.PadTo((24, 30)), O.Flip(p=1.0)], batch_size=2)
     assert b["depth"].shape == (2, 24, 30) and (b["depth"][:, 20:].to(torch.int64) == 255).all()
     assert np.array_equal(b["depth"][0, :20, 6:].numpy(), maps[0][:, ::-1])
+
+
+def test_verify_decodes_masks(tmp_path):
+    from ingest.tools.verify import verify
+    root, _ = voc(tmp_path, n=3)
+    report = verify(str(root), decode=True)
+    assert report.ok and report.records == 3 and report.decoded == 6   # 3 images and 3 masks
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    writer = TFRecordWriter(bad, "b", {"image": Field("image"), "mask": Field("bytes")},
+                            keys={"mask": SEGMENTATION_KEY})
+    rgb = png(np.zeros((4, 4, 3), np.uint8), "RGB")
+    writer.add(Record(rgb, fields={"mask": rgb}))
+    writer.close()
+    report = verify(str(bad), decode=True)
+    [(where, why)] = report.problems
+    assert "[mask]" in where and why.startswith("DecodeError: mask is a RGB image: a mask must be single-channel")

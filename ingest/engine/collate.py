@@ -6,10 +6,12 @@ The image field goes through decode and the ops; every other field of a batch's 
 |---------------|----------------------------------------------------------------------------|
 | int / float   | int64 / float32 tensor ``[B]``                                             |
 | ints / floats | ``[B, L]`` (declared length) or padded to the longest (-1 / 0) + ``<name>_lengths`` |
-| array         | stacked ``[B, ...]`` when shapes agree, else padded along dim 0 + ``<name>_lengths``; a list of per-sample tensors when they differ beyond dim 0 (COCO's ``[K, H, W]`` masks of images of different sizes) |
+| array         | stacked ``[B, ...]`` when shapes agree, else padded along dim 0 + ``<name>_lengths`` (a list  |
+|               | of tensors + lengths when they differ beyond dim 0: COCO's ``[K, H, W]`` masks, no ops)     |
 | image         | decoded to ``[H, W, 3]`` uint8 (CPU), stacked when sizes agree, else a list   |
 | pixels        | like image, without decoding                                               |
-| mask          | decoded to its values ``[H, W]`` (`ingest.decode.masks`; the pipeline moves them with the image), stacked when sizes agree, else a list |
+| mask          | ``[H, W]`` values (`ingest.decode.masks`; the pipeline moves them with the image), stacked |
+|               | when sizes agree, else a list                                                              |
 | text / bytes  | a list                                                                     |
 
 Tensors are on the CPU; `to_device` moves the numeric ones (pinned, non-blocking) to the loader's device,

@@ -41,8 +41,8 @@ SEGMENTATION_KEY = "image/segmentation/class/encoded"
 SEGMENTATION = "mask"
 OD_KEYS = {"boxes": OD_BOXES, "categories": "image/object/class/label", "iscrowd": "image/object/is_crowd",
            "area": "image/object/area", "image_id": OD_SOURCE_ID}
-_LIST = {"image": "bytes_list", "mask": "bytes_list", "pixels": "bytes_list", "text": "bytes_list", "bytes": "bytes_list",
-         "int": "int64_list", "ints": "int64_list", "float": "float_list", "floats": "float_list"}
+_LIST = {"image": "bytes_list", "mask": "bytes_list", "pixels": "bytes_list", "text": "bytes_list",
+         "bytes": "bytes_list", "int": "int64_list", "ints": "int64_list", "float": "float_list", "floats": "float_list"}
 
 
 def normalize_spec(features: Mapping[str, Any], first: Any) -> dict[str, tuple[str, Field]]:
@@ -268,7 +268,8 @@ def parse_features(data: Any, path: str, index: Any, offset: int) -> Any:
 
 
 #: Kinds read as one value of a list, without `Extract`'s checks when the feature holds exactly one value.
-_ONE_VALUE = {"image": "bytes_list", "mask": "bytes_list", "bytes": "bytes_list", "int": "int64_list", "float": "float_list"}
+_ONE_VALUE = {"image": "bytes_list", "mask": "bytes_list", "bytes": "bytes_list", "int": "int64_list",
+              "float": "float_list"}
 
 
 def field_value(fmap: Any, key: str, field: Field, path: str, index: Any, offset: int) -> Any:
