@@ -370,3 +370,17 @@ def test_verify_decodes_masks(tmp_path):
     report = verify(str(bad), decode=True)
     [(where, why)] = report.problems
     assert "[mask]" in where and why.startswith("DecodeError: mask is a RGB image: a mask must be single-channel")
+
+
+def test_a_consumer_without_fields_does_not_decode_masks(tmp_path):
+    root = tmp_path / "rgb"
+    root.mkdir()
+    writer = TFRecordWriter(root, "r", {"image": Field("image"), "mask": Field("mask")})
+    rgb = png(np.zeros((4, 4, 3), np.uint8), "RGB")
+    for _ in range(2):
+        writer.add(Record(rgb, fields={"mask": rgb}))   # not a mask: decoding it would fail
+    writer.close()
+    [(images, labels)] = list(ingest.Loader(TFRecordSource(root), batch_size=2, num_workers=0))
+    assert images.shape == (2, 3, 4, 4)
+    with pytest.raises(DecodeError, match="RGB image"):
+        batches(TFRecordSource(root), batch_size=2)

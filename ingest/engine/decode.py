@@ -45,6 +45,7 @@ class DecodeStage(Stage):
         # The mask fields, decoded on the CPU beside the images (Pillow: palette indices, gray levels)
         self.mask_fields = list(masks)
         self.masks = MaskDecoder(threads=num_threads) if self.mask_fields else None
+        self._masks_wanted = True   # (`want_masks`)
         # Decode lanes: each a GPU decoder (mixed; None: the CPU pool) and a decode stream (CUDA). With several
         # (``lanes``, else the ``decode_batches`` setting; encoded images only) the executor decodes that many
         # batches at once, one thread per lane, so that one batch's Python work overlaps another's decode.
@@ -77,7 +78,7 @@ class DecodeStage(Stage):
             if len(work.indices):   # in slices on a large batch (`planner.SLICE`)
                 work.ops_plan = planner.plan_sliced(self.ops, work.sizes, work.plan.sample_rngs)
             return work
-        if self.masks is not None and work.records:   # on the CPU pool while the images decode
+        if self.masks is not None and self._masks_wanted and work.records:   # on the CPU pool, beside the images
             pending = self._start_masks(work)
             try:
                 self._decode_images(work, gpu, stream)
@@ -119,6 +120,10 @@ class DecodeStage(Stage):
         self.count_paths(Counter(paths))
         work.images = images
         return work
+
+    def want_masks(self, wanted: bool) -> None:
+        """Whether the next batches' masks are decoded: not for a consumer that takes no fields."""
+        self._masks_wanted = wanted
 
     def _start_masks(self, work: _Work) -> dict:
         """Every mask field's decode (`ingest.decode.masks`) started on the mask pool."""

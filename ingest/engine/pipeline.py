@@ -124,8 +124,9 @@ class Pipeline:
         self.read_stage.start_epoch(failures)
 
     def deliver(self, consumer_stream: torch.cuda.Stream | None, *, with_fields: bool) -> None:
-        """Where the next batches go (`OpsStage.deliver`)."""
+        """Where the next batches go (`OpsStage.deliver`); without the fields, masks are not decoded."""
         self.ops_stage.deliver(consumer_stream, with_fields=with_fields)
+        self.decode_stage.want_masks(with_fields)
 
     def start_outputs(self, ahead: int | None, stop: threading.Event | None = None) -> None:
         """A run of output batches starts (`Outputs.start_outputs`)."""
