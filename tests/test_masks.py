@@ -319,6 +319,8 @@ def test_cuda_uint16_label_maps_through_the_loader(tmp_path):
     for a, b in zip(cpu, gpu):
         assert b["depth"].is_cuda and b["depth"].dtype == torch.uint16
         assert torch.equal(a["depth"].to(torch.int64), b["depth"].cpu().to(torch.int64))
+    [b, _] = batches(source, batch_size=2, device="cuda")   # no ops: decoded on the host, moved up
+    assert b["depth"].is_cuda and b["depth"].dtype == torch.uint16 and b["depth"].shape == (2, 20, 24)
 
 
 @pytest.mark.gpu
