@@ -277,7 +277,7 @@ def test_webdataset_masks_by_member_name_or_option(tmp_path):
     assert plain.fields["seg"].kind == "image" and plain.fields["gt"].kind == "mask"
     source = WebDatasetSource(path, masks=("seg",))
     assert source.fields["seg"].kind == "mask"
-    [b] = batches(source, batch_size=2)
+    [b] = batches(str(path), batch_size=2, reader_options={"masks": ["seg"]})   # the Loader's way to say it
     assert np.array_equal(b["seg"][1].numpy(), m) and np.array_equal(b["gt"][0].numpy(), m)
     with pytest.raises(ConfigError, match="not an image field"):
         WebDatasetSource(path, masks=("nope",))
@@ -386,3 +386,17 @@ def test_a_consumer_without_fields_does_not_decode_masks(tmp_path):
     assert images.shape == (2, 3, 4, 4)
     with pytest.raises(DecodeError, match="RGB image"):
         batches(TFRecordSource(root), batch_size=2)
+
+
+def test_lmdb_columnar_masks_by_prefix(tmp_path):
+    from test_lmdb import write_lmdb
+    from ingest.formats.lmdb import LMDBSource
+    maps = [class_ids(12, 10, n) for n in range(3)]
+    items = {}
+    for n, m in enumerate(maps, 1):
+        items[b"image-%09d" % n] = png(np.repeat(m[:, :, None], 3, 2), "RGB")
+        items[b"mask-%09d" % n] = png(m)
+    source = LMDBSource(write_lmdb(tmp_path / "col", items), layout="columnar")
+    assert {k: f.kind for k, f in source.fields.items()} == {"image": "image", "mask": "mask"}
+    [b] = batches(source, [O.Flip(p=1.0)])
+    assert all(np.array_equal(got.numpy(), m[:, ::-1]) for got, m in zip(b["mask"], maps))
