@@ -441,6 +441,38 @@ def child_args(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**{**saved, "child": args.child, "child_out": args.child_out})
 
 
+def add_window_options(p: argparse.ArgumentParser, variants: Sequence[str], seconds: float) -> None:
+    """The options every variant benchmark takes: batch, DALI threads, the warm-up and timed window (default
+    ``seconds``), rounds, ``--only``, ``--dry-run`` and the child's own; `window_defaults` fills them in."""
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 32; 4 with --dry-run)")
+    p.add_argument("--threads", type=int, default=None, help="DALI threads (default 16); ingest picks its own")
+    p.add_argument("--seconds", type=float, default=None, help=f"timed window per variant (default {seconds:g})")
+    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up (default 3)")
+    p.add_argument("--warmup-batches", type=int, default=None, help="minimum warm-up batches (default 10)")
+    p.add_argument("--min-batches", type=int, default=None, help="the timed window holds at least this many (20)")
+    p.add_argument("--max-batches", type=int, default=100000)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every variant this many times, in reverse order every other round (drift of a "
+                        "shared machine falls on all alike); img_s is the mean, img_s_rounds each")
+    p.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(variants)}")
+    p.add_argument("--dry-run", action="store_true", help="CPU only, tiny sizes; makes a tiny set if --data is absent")
+    p.add_argument("--child", choices=variants, help=argparse.SUPPRESS)
+    p.add_argument("--child-args", help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.set_defaults(window_seconds=seconds)
+
+
+def window_defaults(a: argparse.Namespace, **more) -> None:
+    """`add_window_options`' defaults (tiny ones with ``--dry-run``), and ``more`` as (default, dry-run default)
+    pairs, where the user gave none."""
+    dry = a.dry_run
+    pairs = dict(batch=(32, 4), threads=(16, 2), seconds=(a.window_seconds, 1.5), warmup_seconds=(3.0, 0.3),
+                 warmup_batches=(10, 1), min_batches=(20, 2), **more)
+    for k, (full, tiny) in pairs.items():
+        if getattr(a, k) is None:
+            setattr(a, k, tiny if dry else full)
+
+
 def choose_variants(only: str | None, variants: Sequence[str]) -> list[str]:
     """The variants ``--only`` names (comma-separated; all when None), in ``variants``' order."""
     if not only:

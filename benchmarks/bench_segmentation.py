@@ -187,27 +187,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--make-data", metavar="DIR", help="make the set at DIR and exit unless --out is given")
     p.add_argument("--n", type=int, default=20000, help="samples in --make-data's set (default 20000)")
     p.add_argument("--seed", type=int, default=0, help="--make-data's seed (default 0)")
-    p.add_argument("--batch", type=int, default=None, help="batch size (default 32; 4 with --dry-run)")
-    p.add_argument("--threads", type=int, default=None, help="DALI threads (default 16); ingest picks its own")
-    p.add_argument("--seconds", type=float, default=None, help="timed window per variant (default 10)")
-    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up (default 3)")
-    p.add_argument("--warmup-batches", type=int, default=None, help="minimum warm-up batches (default 10)")
-    p.add_argument("--min-batches", type=int, default=None, help="the timed window holds at least this many (20)")
-    p.add_argument("--max-batches", type=int, default=100000)
-    p.add_argument("--rounds", type=int, default=1,
-                   help="run every variant this many times, in reverse order every other round; img_s is the mean")
-    p.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(VARIANTS)}")
-    p.add_argument("--dry-run", action="store_true", help="CPU only, tiny sizes; makes a tiny set if --data is absent")
-    p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
-    p.add_argument("--child-args", help=argparse.SUPPRESS)
-    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    bench_gpu.add_window_options(p, VARIANTS, seconds=10.0)
     a = p.parse_args(argv)
-    dry = a.dry_run
-    defaults = dict(batch=4 if dry else 32, threads=2 if dry else 16, seconds=1.5 if dry else 10.0,
-                    warmup_seconds=0.3 if dry else 3.0, warmup_batches=1 if dry else 10, min_batches=2 if dry else 20)
-    for k, v in defaults.items():
-        if getattr(a, k) is None:
-            setattr(a, k, v)
+    bench_gpu.window_defaults(a)
     if min(a.batch, a.threads, a.n) < 1:
         p.error(f"`--batch`, `--threads` and `--n` must be >= 1, got {a.batch}, {a.threads}, {a.n}")
     if a.out is None and a.make_data is None and a.child is None:
