@@ -204,30 +204,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="ImageFolder JPEG tree for --make-data (made by make_data.py when absent)")
     p.add_argument("--n", type=int, default=10000, help="images in --make-data's set (default 10000)")
     p.add_argument("--seed", type=int, default=0, help="--make-data's seed (default 0)")
-    p.add_argument("--batch", type=int, default=None, help="batch size (default 32; 4 with --dry-run)")
-    p.add_argument("--threads", type=int, default=None, help="DALI threads (default 16); ingest picks its own")
     p.add_argument("--workers", type=int, default=None, help="torchvision DataLoader workers (default 16)")
-    p.add_argument("--seconds", type=float, default=None, help="timed window per variant (default 8)")
-    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up (default 3)")
-    p.add_argument("--warmup-batches", type=int, default=None, help="minimum warm-up batches (default 10)")
-    p.add_argument("--min-batches", type=int, default=None, help="the timed window holds at least this many (20)")
-    p.add_argument("--max-batches", type=int, default=100000)
-    p.add_argument("--rounds", type=int, default=1,
-                   help="run every variant this many times, in reverse order every other round (drift of a "
-                        "shared machine falls on all alike); img_s is the mean, img_s_rounds each")
-    p.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(VARIANTS)}")
-    p.add_argument("--dry-run", action="store_true", help="CPU only, tiny sizes; makes a tiny set if --data is absent")
-    p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
-    p.add_argument("--child-args", help=argparse.SUPPRESS)
-    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    bench_gpu.add_window_options(p, VARIANTS, seconds=8.0)
     a = p.parse_args(argv)
-    dry = a.dry_run
-    defaults = dict(batch=4 if dry else 32, threads=2 if dry else 16, workers=2 if dry else 16,
-                    seconds=1.5 if dry else 8.0, warmup_seconds=0.3 if dry else 3.0,
-                    warmup_batches=1 if dry else 10, min_batches=2 if dry else 20)
-    for k, v in defaults.items():
-        if getattr(a, k) is None:
-            setattr(a, k, v)
+    bench_gpu.window_defaults(a, workers=(16, 2))
     if min(a.batch, a.threads, a.workers, a.n) < 1:
         p.error(f"`--batch`, `--threads`, `--workers` and `--n` must be >= 1, got {a.batch}, {a.threads}, "
                 f"{a.workers}, {a.n}")
@@ -260,7 +240,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     logdir = out.parent / (out.stem + "_logs")
     logdir.mkdir(exist_ok=True)
-    chosen = _chosen(args.only)
+    chosen = bench_gpu.choose_variants(args.only, VARIANTS)
     config = {k: v for k, v in vars(args).items() if not k.startswith("child") and k not in ("make_data", "source")}
     config["augmentation"] = AUGMENTATION
     config["pipelines"] = {k: PIPELINES[k] for k in chosen}
@@ -270,21 +250,13 @@ def main(argv=None) -> int:
     argfile = logdir / "args.json"
     argfile.write_text(json.dumps(vars(args)))
     t_all = time.perf_counter()
-    report["results"] = {name: {} for name in chosen}   # in variant order, whatever order they run in
-    for r in range(args.rounds):
-        for name in chosen if r % 2 == 0 else chosen[::-1]:
-            print(f"[bench_detection] {name}" + (f" (round {r + 1}/{args.rounds})" if args.rounds > 1 else "")
-                  + " ...", flush=True)
-            res = run_child(name, args, argfile, logdir / (f"{name}.log" if args.rounds == 1 else f"{name}.r{r}.log"))
-            print(f"[bench_detection]   {_one_line(res)}", flush=True)
-            if args.rounds > 1:
-                rates = report["results"][name].get("img_s_rounds", []) + [res.get("img_s")]
-                done = [x for x in rates if x is not None]
-                res.update(img_s_rounds=rates, img_s=round(sum(done) / len(done), 1) if done else None)
-            report["results"][name] = res
-            report["derived"] = derive(report["results"])
-            report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
-            bench_gpu._write(out, report)
+
+    def child(name, log):
+        res = run_child(name, args, argfile, log)
+        print(f"[bench_detection]   {_one_line(res)}", flush=True)
+        return res
+
+    bench_gpu.run_rounds("bench_detection", chosen, args, report, out, child, derive)
     bench_gpu.finish_report(report, out, derive(report["results"]), t_all, args.dry_run)
     print_table(report)
     print(f"[bench_detection] wrote {out} ({report['wall_seconds']} s)")
@@ -299,16 +271,6 @@ def versions() -> dict:
     except metadata.PackageNotFoundError:
         out["pycocotools"] = None
     return out
-
-
-def _chosen(only: str | None) -> list[str]:
-    if not only:
-        return list(VARIANTS)
-    keys = {k.strip() for k in only.split(",") if k.strip()}
-    unknown = keys - set(VARIANTS)
-    if unknown:
-        raise SystemExit(f"Unknown variant(s) {sorted(unknown)} in --only. Available: {', '.join(VARIANTS)}")
-    return [k for k in VARIANTS if k in keys]
 
 
 def run_child(name: str, args, argfile: Path, log: Path) -> dict:
@@ -373,11 +335,7 @@ def print_table(report: dict) -> None:
 
 
 def child_main(args) -> int:
-    saved = json.loads(Path(args.child_args).read_text())
-    name = args.child
-    args = argparse.Namespace(**{**saved, "child": name, "child_out": args.child_out})
-    return bench_gpu.run_in_child(name, args.child_out, args.dry_run,
-                                  lambda dev, res, flush: run_variant(name, args, dev, res, flush))
+    return bench_gpu.variant_child(args, run_variant)
 
 
 def run_variant(name: str, args, dev, res: dict, flush) -> None:

@@ -46,6 +46,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -438,6 +439,82 @@ def child_args(args: argparse.Namespace) -> argparse.Namespace:
     """A child's arguments: the parent's, saved at ``INGEST_BENCH_ARGS``, with this child's key and output."""
     saved = json.loads(Path(os.environ["INGEST_BENCH_ARGS"]).read_text())
     return argparse.Namespace(**{**saved, "child": args.child, "child_out": args.child_out})
+
+
+def add_window_options(p: argparse.ArgumentParser, variants: Sequence[str], seconds: float) -> None:
+    """The options every variant benchmark takes: batch, DALI threads, the warm-up and timed window (default
+    ``seconds``), rounds, ``--only``, ``--dry-run`` and the child's own; `window_defaults` fills them in."""
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 32; 4 with --dry-run)")
+    p.add_argument("--threads", type=int, default=None, help="DALI threads (default 16); ingest picks its own")
+    p.add_argument("--seconds", type=float, default=None, help=f"timed window per variant (default {seconds:g})")
+    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up (default 3)")
+    p.add_argument("--warmup-batches", type=int, default=None, help="minimum warm-up batches (default 10)")
+    p.add_argument("--min-batches", type=int, default=None, help="the timed window holds at least this many (20)")
+    p.add_argument("--max-batches", type=int, default=100000)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every variant this many times, in reverse order every other round (drift of a "
+                        "shared machine falls on all alike); img_s is the mean, img_s_rounds each")
+    p.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(variants)}")
+    p.add_argument("--dry-run", action="store_true", help="CPU only, tiny sizes; makes a tiny set if --data is absent")
+    p.add_argument("--child", choices=variants, help=argparse.SUPPRESS)
+    p.add_argument("--child-args", help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.set_defaults(window_seconds=seconds)
+
+
+def window_defaults(a: argparse.Namespace, **more) -> None:
+    """`add_window_options`' defaults (tiny ones with ``--dry-run``), and ``more`` as (default, dry-run default)
+    pairs, where the user gave none."""
+    dry = a.dry_run
+    pairs = dict(batch=(32, 4), threads=(16, 2), seconds=(a.window_seconds, 1.5), warmup_seconds=(3.0, 0.3),
+                 warmup_batches=(10, 1), min_batches=(20, 2), **more)
+    for k, (full, tiny) in pairs.items():
+        if getattr(a, k) is None:
+            setattr(a, k, tiny if dry else full)
+
+
+def choose_variants(only: str | None, variants: Sequence[str]) -> list[str]:
+    """The variants ``--only`` names (comma-separated; all when None), in ``variants``' order."""
+    if not only:
+        return list(variants)
+    keys = {k.strip() for k in only.split(",") if k.strip()}
+    unknown = keys - set(variants)
+    if unknown:
+        raise SystemExit(f"Unknown variant(s) {sorted(unknown)} in --only. Available: {', '.join(variants)}")
+    return [k for k in variants if k in keys]
+
+
+def run_rounds(tag: str, chosen: Sequence[str], args, report: dict, out: Path, run_child, derive) -> None:
+    """Each of ``chosen`` ``args.rounds`` times (every other round in reverse order, so that the drift of a shared
+    machine falls on all alike) through ``run_child(name, log)``; with rounds, a variant's ``img_s`` is the mean
+    and ``img_s_rounds`` each. ``report`` (its results, ``derive``'s ratios, wall time) is written to ``out``
+    after every run."""
+    t_all = time.perf_counter()
+    logdir = out.parent / (out.stem + "_logs")
+    report["results"] = {name: {} for name in chosen}   # in variant order, whatever order they run in
+    for r in range(args.rounds):
+        for name in chosen if r % 2 == 0 else chosen[::-1]:
+            print(f"[{tag}] {name}" + (f" (round {r + 1}/{args.rounds})" if args.rounds > 1 else "") + " ...",
+                  flush=True)
+            res = run_child(name, logdir / (f"{name}.log" if args.rounds == 1 else f"{name}.r{r}.log"))
+            if args.rounds > 1:
+                rates = report["results"][name].get("img_s_rounds", []) + [res.get("img_s")]
+                done = [x for x in rates if x is not None]
+                res.update(img_s_rounds=rates, img_s=round(sum(done) / len(done), 1) if done else None)
+            report["results"][name] = res
+            report["derived"] = derive(report["results"])
+            report["wall_seconds"] = round(time.perf_counter() - t_all, 1)
+            _write(out, report)
+
+
+def variant_child(args, run_variant) -> int:
+    """A ``--child`` of a variant benchmark: the parent's arguments (saved at ``--child-args``) with this child's,
+    and ``run_variant(name, args, dev, res, flush)`` in `run_in_child`."""
+    saved = json.loads(Path(args.child_args).read_text())
+    name = args.child
+    args = argparse.Namespace(**{**saved, "child": name, "child_out": args.child_out})
+    return run_in_child(name, args.child_out, args.dry_run,
+                        lambda dev, res, flush: run_variant(name, args, dev, res, flush))
 
 
 def finish_report(report: dict, out: Path, derived: dict, started: float, dry_run: bool) -> None:

@@ -707,7 +707,7 @@ def detection_targets(batch: dict[str, Any], *, boxes: str = "boxes", labels: st
         target = {"boxes": batch[boxes][n, :k].float(), "labels": batch[labels][n, :k].long()}
         for name in ("masks", "iscrowd", "area"):
             if name in batch:
-                target[name] = batch[name][n, :k]
+                target[name] = batch[name][n][:k]   # a padded tensor, or a list of per-image masks
         if "image_id" in batch:
             target["image_id"] = batch["image_id"][n]
         out.append(target)

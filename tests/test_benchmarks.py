@@ -49,9 +49,9 @@ def test_bench_ddp_ratios_over_one_gpu():
 
 
 @pytest.mark.parametrize("script", ["bench_gpu.py", "bench_ddp.py", "bench_raw.py", "bench_formats.py",
-                                    "bench_detection.py", "bench_detection_targets.py", "bench_read_gil.py",
-                                    "bench_settings.py", "bench_gil.py", "bench_ramp.py", "bench_augment.py", "bench_checks.py",
-                                    "bench_codecs.py"])
+                                    "bench_detection.py", "bench_segmentation.py", "bench_detection_targets.py",
+                                    "bench_read_gil.py", "bench_settings.py", "bench_gil.py", "bench_ramp.py",
+                                    "bench_augment.py", "bench_checks.py", "bench_codecs.py", "bench_serve.py"])
 def test_benchmark_scripts_parse_their_options(script):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True,
                           text=True, timeout=120)

@@ -71,9 +71,12 @@ def test_every_kind_is_collated():
     assert batch["indices"].tolist() == [0, 1, 2, 3]
 
 
-def test_collate_rejects_mismatched_arrays_with_typed_error():
+def test_collate_lists_arrays_that_differ_beyond_dim_0_and_rejects_others_with_typed_error():
+    # nothing to pad to (COCO's [K, H, W] masks of images of different sizes): one tensor per sample
+    out = collate("points", Field("array"), [np.zeros((2, 4)), np.ones((1, 5))], decode=None, names=["a", "b"])
+    assert [tuple(t.shape) for t in out["points"]] == [(2, 4), (1, 5)] and out["points_lengths"].tolist() == [2, 1]
     with pytest.raises(ingest.CorruptRecordError, match="points"):
-        collate("points", Field("array"), [np.zeros((2, 4)), np.zeros((2, 5))], decode=None, names=["a", "b"])
+        collate("points", Field("array"), [np.zeros(2), object()], decode=None, names=["a", "b"])
 
 
 class Tabular:

@@ -57,6 +57,7 @@ class _Work:
     lane: int = 0                                     # the decode lane (decoder and stream) that decoded it
     labels: np.ndarray | None = None                  # the batch's labels when known without records
     boxes: BoxBatch | None = None                     # the samples' boxes as absolute ltrb (detection)
+    masks: dict[str, list[np.ndarray]] | None = None  # per mask field, each sample's decoded [H, W] values
     failures: Failures | None = None   # the budget of the batch's epoch: `ReadStage.failures` when it was read
     buffer: Any = None   # a direct read's batch tensor (`images` may be its first rows: `ReadStage._direct_buffer`)
 

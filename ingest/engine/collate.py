@@ -6,9 +6,12 @@ The image field goes through decode and the ops; every other field of a batch's 
 |---------------|----------------------------------------------------------------------------|
 | int / float   | int64 / float32 tensor ``[B]``                                             |
 | ints / floats | ``[B, L]`` (declared length) or padded to the longest (-1 / 0) + ``<name>_lengths`` |
-| array         | stacked ``[B, ...]`` when shapes agree, else padded along dim 0 + ``<name>_lengths`` |
+| array         | stacked ``[B, ...]`` when shapes agree, else padded along dim 0 + ``<name>_lengths`` (a list  |
+|               | of tensors + lengths when they differ beyond dim 0: COCO's ``[K, H, W]`` masks, no ops)     |
 | image         | decoded to ``[H, W, 3]`` uint8 (CPU), stacked when sizes agree, else a list   |
 | pixels        | like image, without decoding                                               |
+| mask          | ``[H, W]`` values (`ingest.decode.masks`; the pipeline moves them with the image), stacked |
+|               | when sizes agree, else a list                                                              |
 | text / bytes  | a list                                                                     |
 
 Tensors are on the CPU; `to_device` moves the numeric ones (pinned, non-blocking) to the loader's device,
@@ -24,6 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..decode.masks import decode_mask
 from ..errors import CorruptRecordError, IngestError
 from ..formats.base import Field
 
@@ -49,6 +53,11 @@ def collate(name: str, field: Field, values: Sequence[Any], *, decode: Callable[
                 return _padded_tensors(name, list(values), PAD[kind])
             arrays = [np.asarray(v) for v in values]
             return _padded(name, arrays, PAD[kind], fixed=False)
+        if kind == "mask":   # without the pipeline's decode stage (which decodes and moves them): decoded here
+            maps = [torch.from_numpy(decode_mask(v, n)) for v, n in zip(values, names)]
+            if maps and all(m.shape == maps[0].shape for m in maps):
+                return {name: torch.stack(maps)}
+            return {name: maps}
         if kind in ("image", "pixels"):
             images = [torch.from_numpy(np.ascontiguousarray(decode(v, n) if kind == "image" else np.asarray(v)))
                       for v, n in zip(values, names)]
@@ -72,8 +81,8 @@ def _padded(name: str, arrays: list[np.ndarray], pad: Any, *, fixed: bool) -> di
             out[f"{name}_lengths"] = lengths
         return out
     tails = {a.shape[1:] for a in arrays}
-    if len(tails) != 1:
-        raise ValueError(f"shapes {sorted({a.shape for a in arrays})} differ beyond the first dimension")
+    if len(tails) != 1:   # nothing to pad to: one tensor per sample
+        return {name: [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays], f"{name}_lengths": lengths}
     tail = tails.pop()
     dtype = np.result_type(*arrays)
     out = np.full((len(arrays), int(lengths.max()), *tail), pad, dtype=dtype)
@@ -90,8 +99,8 @@ def _padded_tensors(name: str, tensors: list[torch.Tensor], pad: Any) -> dict[st
         if tensors[0].dim():
             out[f"{name}_lengths"] = lengths
         return out
-    if len({tuple(t.shape[1:]) for t in tensors}) != 1:
-        raise ValueError(f"shapes {sorted({tuple(t.shape) for t in tensors})} differ beyond the first dimension")
+    if len({tuple(t.shape[1:]) for t in tensors}) != 1:   # nothing to pad to: one tensor per sample
+        return {name: list(tensors), f"{name}_lengths": lengths}
     ref = tensors[0]
     out = torch.full((len(tensors), int(lengths.max()), *ref.shape[1:]), pad, dtype=ref.dtype, device=ref.device)
     for k, t in enumerate(tensors):

@@ -13,6 +13,8 @@ from .. import defaults
 from .._driver import recorded
 from ..decode.arena import ImageArena
 from ..decode.cpu import CpuDecoder
+from ..decode.masks import MaskDecoder
+from ..errors import DecodeError
 from ..ops import planner
 from .base import Stage
 from .batch import _Work
@@ -36,10 +38,14 @@ class DecodeStage(Stage):
     name = "decode"
 
     def __init__(self, ops: Sequence, device: torch.device, decode: str, image_kind: str | None, direct: bool, *,
-                 num_threads: int | None = None, lanes: int | str | None = None):
+                 num_threads: int | None = None, lanes: int | str | None = None, masks: Sequence[str] = ()):
         super().__init__()
         self.ops, self.device, self.image_kind, self.direct = list(ops), device, image_kind, direct
         self.cpu = CpuDecoder(threads=num_threads)
+        # The mask fields, decoded on the CPU beside the images (Pillow: palette indices, gray levels)
+        self.mask_fields = list(masks)
+        self.masks = MaskDecoder(threads=num_threads) if self.mask_fields else None
+        self._masks_wanted = True   # (`want_masks`)
         # Decode lanes: each a GPU decoder (mixed; None: the CPU pool) and a decode stream (CUDA). With several
         # (``lanes``, else the ``decode_batches`` setting; encoded images only) the executor decodes that many
         # batches at once, one thread per lane, so that one batch's Python work overlaps another's decode.
@@ -72,6 +78,19 @@ class DecodeStage(Stage):
             if len(work.indices):   # in slices on a large batch (`planner.SLICE`)
                 work.ops_plan = planner.plan_sliced(self.ops, work.sizes, work.plan.sample_rngs)
             return work
+        if self.masks is not None and self._masks_wanted and work.records:   # on the CPU pool, beside the images
+            pending = self._start_masks(work)
+            try:
+                self._decode_images(work, gpu, stream)
+            except BaseException:
+                for wait in pending.values():   # (nothing left running on the pool)
+                    wait()
+                raise
+            self._finish_masks(work, pending)
+            return work
+        return self._decode_images(work, gpu, stream)
+
+    def _decode_images(self, work: _Work, gpu, stream) -> _Work:
         if not work.records or self.image_kind is None:
             return work
         datas = [r.image for r in work.records]
@@ -102,6 +121,34 @@ class DecodeStage(Stage):
         work.images = images
         return work
 
+    def want_masks(self, wanted: bool) -> None:
+        """Whether the next batches' masks are decoded: not for a consumer that takes no fields."""
+        self._masks_wanted = wanted
+
+    def _start_masks(self, work: _Work) -> dict:
+        """Every mask field's decode (`ingest.decode.masks`) started on the mask pool."""
+        return {name: self.masks.submit([r.fields[name] for r in work.records], work.names)
+                for name in self.mask_fields}
+
+    def _finish_masks(self, work: _Work, pending: dict) -> None:
+        """The batch's decoded masks, ``[H, W]`` values per field, in ``work.masks``. A mask that cannot be
+        decoded, or whose size is not its image's, fails its sample (counted against the budget; a 1x1 stand-in
+        holds its place until the ops stage drops the row)."""
+        work.masks = {}
+        for name, wait in pending.items():
+            decoded = wait()
+            for k, m in enumerate(decoded):
+                if not isinstance(m, BaseException) and work.sizes and m.shape != tuple(work.sizes[k]):
+                    m = DecodeError(f"mask {name!r} is {m.shape[1]}x{m.shape[0]}, its image "
+                                    f"{work.sizes[k][1]}x{work.sizes[k][0]}: a mask must have its image's size",
+                                    path=work.names[k])
+                if isinstance(m, BaseException):
+                    if k not in work.failed:
+                        work.failures.add(work.names[k], "decode", m)
+                        work.failed.append(k)
+                    decoded[k] = np.zeros((1, 1), dtype=np.uint8)
+            work.masks[name] = decoded
+
     @property
     def gpu_fallbacks(self) -> dict[str, int]:
         """Why GPU-eligible images went to the CPU decoder, summed over the lanes' GPU decoders
@@ -130,8 +177,9 @@ class DecodeStage(Stage):
         for k, im in enumerate(images):
             if not isinstance(im, BaseException):
                 continue
-            work.failures.add(work.names[k], "decode", im)
-            work.failed.append(k)
+            if k not in work.failed:   # (its mask may have failed first)
+                work.failures.add(work.names[k], "decode", im)
+                work.failed.append(k)
             h, w = work.sizes[k] if rois is not None else work.ops_plan.out_sizes[k]
             if rois is not None and rois[k] is not None:
                 x0, y0, x1, y1 = (int(v) for v in rois[k])
@@ -145,6 +193,8 @@ class DecodeStage(Stage):
 
     def close(self) -> None:
         self.cpu.close()
+        if self.masks is not None:
+            self.masks.close()
         for gpu, _ in self.lanes:
             if gpu is not None:
                 gpu.close()

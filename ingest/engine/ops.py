@@ -12,7 +12,7 @@ import torch
 from .._driver import Staging, recorded
 from ..decode.arena import arena_under
 from ..decode.cpu import CpuDecoder
-from ..formats.base import Source
+from ..formats.base import Field, Source
 from ..ops import planner
 from ..ops.base import stack_if_uniform
 from ..ops.mix import Mixing
@@ -142,10 +142,29 @@ class OpsStage(Stage, BoxFields):
         if not self.with_fields:
             return out
         for name, spec in self.extra_fields.items():
+            if spec.kind == "mask" and work.masks is not None:
+                out[name] = self._masks(work, name, spec, keep)
+                continue
             out.update(collate(name, spec, [v[name] for v in values], names=names, decode=self.cpu.decode))
         if self.pads and work.ops_plan is not None and work.ops_plan.content_sizes is not None:
             out["image_sizes"] = torch.tensor([work.ops_plan.content_sizes[k] for k in keep], dtype=torch.int64)
         return out
+
+    def _masks(self, work: _Work, name: str, spec: Field, keep: list[int]) -> torch.Tensor | list[torch.Tensor]:
+        """A mask field's decoded values moved by the batch's geometry (`Plan.warp_masks`: the images' maps,
+        nearest, the field's fill) on the ops' device, its kept rows: ``[N, H, W]`` when they share a size,
+        else a list of ``[H, W]``."""
+        maps = work.masks[name]
+        if isinstance(work.ops_plan, planner.Plan) and any(stage.warp is not None for stage in work.ops_plan.stages):
+            moved = [m[0] for m in work.ops_plan.warp_masks([m[None] for m in maps], device=self.device,
+                                                            fill=spec.mask_fill)]
+        else:
+            moved = [torch.from_numpy(m) for m in maps]
+        moved = [moved[k] for k in keep]
+        if moved and all(m.shape == moved[0].shape for m in moved):
+            dtype = moved[0].dtype   # stacked as bytes: torch has few kernels for uint16 (CUDA's cat among them)
+            return torch.stack([m.contiguous().view(torch.uint8) for m in moved]).view(dtype)
+        return moved
 
     def _mixing(self, work: _Work, keep: list[int]) -> Mixing | None:
         """The batch op's draws for the delivered samples (`ops.mix.Mixing`), or None without one."""

@@ -64,10 +64,12 @@ class Pipeline:
         self.image_kind, self.extra_fields = split_fields(source)
         self.direct = reads_direct(source)
         # A batch op (MixUp, CutMix) ends the ops: the read and decode stages plan the others, the ops stage runs it
-        boxes = "boxes" in self.extra_fields and self.image_kind is not None
+        # (and, as boxes, masks refuse ops that move pixels without a map)
+        masks = [k for k, f in self.extra_fields.items() if f.kind == "mask"]
+        boxes = ("boxes" in self.extra_fields or bool(masks)) and self.image_kind is not None
         self.plan_ops, mixer = split_batch_op(self.ops, boxes=boxes, labels="label" in self.fields)
         self.decode_stage = DecodeStage(self.plan_ops, self.device, self.decode_kind, self.image_kind, self.direct,
-                                        num_threads=num_threads, lanes=lanes)
+                                        num_threads=num_threads, lanes=lanes, masks=masks)
         spare: list = []   # direct-read batch tensors, handed back by the ops stage to the read stage
         self.ops_stage = OpsStage(source, self.ops, self.device, cpu=self.decode_stage.cpu,
                                   lanes=self.decode_stage.lanes, spare=spare, labels_on_host=labels_on_host,
@@ -122,8 +124,9 @@ class Pipeline:
         self.read_stage.start_epoch(failures)
 
     def deliver(self, consumer_stream: torch.cuda.Stream | None, *, with_fields: bool) -> None:
-        """Where the next batches go (`OpsStage.deliver`)."""
+        """Where the next batches go (`OpsStage.deliver`); without the fields, masks are not decoded."""
         self.ops_stage.deliver(consumer_stream, with_fields=with_fields)
+        self.decode_stage.want_masks(with_fields)
 
     def start_outputs(self, ahead: int | None, stop: threading.Event | None = None) -> None:
         """A run of output batches starts (`Outputs.start_outputs`)."""

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 
 from ..errors import ConfigError, CorruptRecordError
 from . import _protos
-from ._images import image_type
+from ._images import image_type, mask_bytes
 from .base import Field, Record, parse_dtype
 
 #: Keys tried in order for the image of a record without a spec (TF-slim / Inception / Object Detection API,
@@ -35,10 +35,14 @@ OD_BOXES = "image/object/bbox"
 OD_SOURCE_ID = "image/source_id"
 OD_CLASS_TEXT = "image/object/class/text"
 #: Detection fields -> their OD API keys (the names `CocoSource` gives its fields).
+#: DeepLab's segmentation layout (``build_voc2012_data.py``, ``build_ade20k_data.py``, ...): the label map, a
+#: PNG, beside ``image/encoded``; read as the field `SEGMENTATION` of kind ``mask``.
+SEGMENTATION_KEY = "image/segmentation/class/encoded"
+SEGMENTATION = "mask"
 OD_KEYS = {"boxes": OD_BOXES, "categories": "image/object/class/label", "iscrowd": "image/object/is_crowd",
            "area": "image/object/area", "image_id": OD_SOURCE_ID}
-_LIST = {"image": "bytes_list", "pixels": "bytes_list", "text": "bytes_list", "bytes": "bytes_list",
-         "int": "int64_list", "ints": "int64_list", "float": "float_list", "floats": "float_list"}
+_LIST = {"image": "bytes_list", "mask": "bytes_list", "pixels": "bytes_list", "text": "bytes_list",
+         "bytes": "bytes_list", "int": "int64_list", "ints": "int64_list", "float": "float_list", "floats": "float_list"}
 
 
 def normalize_spec(features: Mapping[str, Any], first: Any) -> dict[str, tuple[str, Field]]:
@@ -107,6 +111,8 @@ def infer_spec(first: Any) -> dict[str, tuple[str, Field]]:
             spec["label"] = (key, Field("int"))
             break
     spec.update(_infer_detection(kinds, first))
+    if kinds.get(SEGMENTATION_KEY) == "bytes_list" and one(SEGMENTATION_KEY) and SEGMENTATION not in spec:
+        spec[SEGMENTATION] = (SEGMENTATION_KEY, Field("mask"))
     taken = {key for key, _ in spec.values()}
     if "boxes" in spec:
         taken |= set(OD_BOX_KEYS) | set(OD_SIZE_KEYS)
@@ -201,10 +207,10 @@ class Extract:
             if not text.isdigit():
                 raise self.error(key, f"{text[:40]!r} is not an integer image id")
             return int(text)
-        if kind in ("image", "bytes"):
+        if kind in ("image", "bytes", "mask"):
             value = bytes(self.single(key, "bytes_list"))
-            if kind == "image" and not value:
-                raise self.error(key, "empty image")
+            if kind in ("image", "mask") and not value:
+                raise self.error(key, f"empty {kind}")
             return value
         if kind == "text":
             try:
@@ -262,7 +268,8 @@ def parse_features(data: Any, path: str, index: Any, offset: int) -> Any:
 
 
 #: Kinds read as one value of a list, without `Extract`'s checks when the feature holds exactly one value.
-_ONE_VALUE = {"image": "bytes_list", "bytes": "bytes_list", "int": "int64_list", "float": "float_list"}
+_ONE_VALUE = {"image": "bytes_list", "mask": "bytes_list", "bytes": "bytes_list", "int": "int64_list",
+              "float": "float_list"}
 
 
 def field_value(fmap: Any, key: str, field: Field, path: str, index: Any, offset: int) -> Any:
@@ -278,7 +285,7 @@ def field_value(fmap: Any, key: str, field: Field, path: str, index: Any, offset
             vals = getattr(feat, _ONE_VALUE[kind]).value
             if len(vals) == 1:
                 value = vals[0]
-                if value or kind != "image":
+                if value or kind not in ("image", "mask"):
                     return value
     return Extract(fmap, path, index, offset).get(key, field)
 
@@ -303,6 +310,8 @@ def writer_spec(fields: Mapping[str, Field], keys: Mapping[str, str] | None = No
             return _PIXELS_KEY
         if detection and name in OD_KEYS:
             return OD_KEYS[name]
+        if name == SEGMENTATION and field.kind == "mask":
+            return SEGMENTATION_KEY
         return WRITE_KEYS.get(name, name)
 
     return {name: (keys.get(name) or default(name, field), field) for name, field in fields.items()}
@@ -317,6 +326,8 @@ def put(fmap: Any, key: str, field: Field, value: Any) -> None:
         fmap[key].bytes_list.value.append(str(int(value)).encode("ascii"))
     elif kind in ("image", "bytes"):
         fmap[key].bytes_list.value.append(bytes(value))
+    elif kind == "mask":
+        fmap[key].bytes_list.value.append(mask_bytes(value))
     elif kind == "text":
         fmap[key].bytes_list.value.append(str(value).encode("utf-8"))
     elif kind in ("int", "ints"):

@@ -19,11 +19,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import CorruptRecordError
+from ._images import mask_bytes
 from .base import Field, Record, parse_dtype
 
 MAGIC = b"IGR1"
 KIND_CODES = {"image": 1, "pixels": 2, "int": 3, "float": 4, "ints": 5, "floats": 6, "text": 7, "bytes": 8,
-              "array": 9}
+              "array": 9, "mask": 10}
 _HEAD = struct.Struct("<BQ")
 _INT = struct.Struct("<q")
 _LIST_DTYPES = {"ints": "<i8", "floats": "<f4"}
@@ -41,6 +42,8 @@ def _array_payload(value: Any) -> bytes:
 def _payload(kind: str, value: Any) -> bytes:
     if kind in ("image", "bytes"):
         return bytes(memoryview(value).cast("B"))
+    if kind == "mask":
+        return mask_bytes(value)
     if kind == "text":
         return str(value).encode("utf-8")
     if kind == "int":
@@ -87,7 +90,7 @@ def _array(view: memoryview, bad) -> np.ndarray:
 
 
 def _value(kind: str, view: memoryview, bad) -> Any:
-    if kind == "image":
+    if kind in ("image", "mask"):
         return np.frombuffer(view, dtype=np.uint8)
     if kind == "bytes":
         return bytes(view)
@@ -133,7 +136,7 @@ def decode(raw: Any, fields: Mapping[str, Field], *, path: str, key: str) -> dic
         at += _HEAD.size
         if length > size - at:
             raise bad(f"field {name!r} claims {length} bytes, {size - at} left", at)
-        if kind == "image":
+        if kind == "image" or kind == "mask":
             values[name] = np.frombuffer(view, np.uint8, length, at)   # positional: keywords parse slowly
         elif kind == "int" and length == _INT.size:
             values[name] = _INT.unpack_from(view, at)[0]

@@ -49,3 +49,24 @@ def image_extension(data: Any) -> str | None:
     """The file extension of encoded image bytes (``".jpg"``, ``".png"``, ...), None if unknown."""
     found = _match(data)
     return found[1] if found else None
+
+
+def mask_bytes(value: Any) -> bytes:
+    """A ``mask`` field's value as the encoded bytes writers store: encoded bytes as they are; a decoded
+    ``[H, W]`` uint8/bool or uint16 array (a raw shard's, a user's) as a lossless PNG of its values (8-bit or
+    16-bit gray: the values stay, a palette's colours are not made up)."""
+    import numpy as np
+    if isinstance(value, np.ndarray) and value.ndim >= 2:
+        import io
+
+        from PIL import Image
+        a = value[..., 0] if value.ndim == 3 and value.shape[2] == 1 else value
+        if a.ndim != 2 or a.dtype not in (np.bool_, np.uint8, np.uint16):
+            raise ValueError(f"a decoded mask must be [H, W] uint8 or uint16, got {a.dtype} {value.shape}")
+        out = io.BytesIO()
+        if a.dtype == np.uint16:
+            Image.fromarray(np.ascontiguousarray(a, dtype="<u2")).save(out, format="PNG")
+        else:
+            Image.fromarray(np.ascontiguousarray(a, dtype=np.uint8)).save(out, format="PNG")
+        return out.getvalue()
+    return bytes(memoryview(value).cast("B"))

@@ -31,7 +31,8 @@ DTYPES = {"bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "int16":
           "int32": torch.int32, "int64": torch.int64, "uint16": torch.uint16, "uint32": torch.uint32,
           "uint64": torch.uint64, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 #: Kinds stored in the shard -> their dtype (None: the field's own); kinds kept as index columns -> dtype.
-STORED = {"pixels": "uint8", "array": None, "ints": "int64", "floats": "float32", "text": "uint8", "bytes": "uint8"}
+STORED = {"pixels": "uint8", "array": None, "ints": "int64", "floats": "float32", "text": "uint8", "bytes": "uint8",
+          "mask": None}
 COLUMNS = {"int": np.int64, "float": np.float64}
 
 

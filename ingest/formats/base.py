@@ -5,7 +5,8 @@
 sample (`Record`) holds one value per declared field. Two names are special: ``"image"`` is the field the
 pipeline decodes and augments (kind ``image`` = encoded bytes, or ``pixels`` = already decoded uint8 HWC)
 and ``"label"`` (kind ``int``) is the class label yielded beside it. Every other encoded-image field is
-decoded too (on the CPU), and every field is collated by its kind (`KINDS`).
+decoded too (on the CPU); a ``mask`` field (a segmentation label map) is decoded to its stored values and
+moved by the geometry ops with the image; every field is collated by its kind (`KINDS`).
 
 **Where, then what.** For sample ``i`` a source tells the reader where the bytes are (:meth:`Source.locate`:
 one `Location` or a tuple of them, e.g. the tar members of a WebDataset sample) and, once they are read,
@@ -48,6 +49,8 @@ from ..io import Location, ProcessLocal  # noqa: F401 - part of the source contr
 KINDS = {
     "image": "encoded image bytes (JPEG, PNG, ...): decoded; 'image' goes through the ops",
     "pixels": "decoded uint8 pixels [H, W, C] (Caffe raw Datum, raw shards): 'image' goes through the ops",
+    "mask": "a per-pixel label map: an encoded single-channel or palette image (PNG, ...) or its decoded [H, W] "
+            "values; decoded to its stored values (uint8, or uint16) and moved by the geometry ops with the image",
     "int": "one integer -> int64 tensor [B]",
     "float": "one float -> float32 tensor [B]",
     "ints": "several integers (multi-value label) -> int64 [B, L] padded with -1, plus <name>_lengths",
@@ -65,12 +68,16 @@ class Field:
     kind: str
     shape: tuple[int, ...] | None = None   # fixed shape (ints/floats: (L,); pixels: (H, W, C)); None: varies
     dtype: str | None = None               # numpy dtype name for pixels/array
+    fill: int | None = None                # mask: the value of pixels that geometry ops pad (None: `MASK_FILL`)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"Unknown field kind {self.kind!r}. Available: {', '.join(KINDS)}")
         if self.shape is not None and not all(isinstance(d, (int, np.integer)) and d >= 0 for d in self.shape):
             raise ValueError(f"`shape` must be a tuple of ints >= 0, got {self.shape!r}")
+        if self.fill is not None and (self.kind != "mask" or not 0 <= self.fill < 1 << 16):
+            raise ValueError(f"`fill` is a mask's padding value in [0, 65535], got {self.fill!r} for a "
+                             f"{self.kind} field")
 
     def to_json(self) -> dict[str, Any]:
         """The field as a manifest stores it: kind, and shape/dtype where fixed."""
@@ -79,13 +86,26 @@ class Field:
             entry["shape"] = [int(d) for d in self.shape]
         if self.dtype is not None:
             entry["dtype"] = self.dtype
+        if self.fill is not None:
+            entry["fill"] = int(self.fill)
         return entry
 
     @classmethod
     def from_json(cls, entry: dict[str, Any]) -> "Field":
         """The inverse of `to_json`."""
         shape = entry.get("shape")
-        return cls(entry["kind"], tuple(shape) if shape is not None else None, entry.get("dtype"))
+        return cls(entry["kind"], tuple(shape) if shape is not None else None, entry.get("dtype"), entry.get("fill"))
+
+    @property
+    def mask_fill(self) -> int:
+        """A mask's padding value: `fill`, else `MASK_FILL`."""
+        return MASK_FILL if self.fill is None else int(self.fill)
+
+
+#: What geometry ops write where a mask has no source pixel (padding, a crop past the edge, a rotation's
+#: corners) unless its field declares another `Field.fill`: 255, PASCAL VOC's "ignore" label, which losses
+#: skip (``ignore_index=255``).
+MASK_FILL = 255
 
 
 #: What a source that declares nothing holds: an encoded image and a class label.

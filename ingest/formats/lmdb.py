@@ -34,7 +34,8 @@ few alive at a time: py-lmdb's cursor slows down with the number of live views (
   (``image-000000001`` -> JPEG, ``label-000000001`` -> text), plus an optional ``num-samples`` that must
   agree. Prefix ``image``/``img`` is the ``image`` field; ``label`` is the ``text`` field (the
   transcription, kept as text even when it looks like a number); any other prefix is a field of that name
-  (image, text or bytes, by its first values). Samples are the numbers in numeric order.
+  (image, text or bytes, by its first values; images under a prefix of `MASK_PREFIXES`, ``mask-000000001``,
+  are a ``mask`` field). Samples are the numbers in numeric order.
 - ``caffe`` -- Caffe ``Datum`` protobufs (``convert_imageset``: keys ``%08d_<path>``). ``encoded=true``:
   the image bytes (kind ``image``); ``encoded=false``: raw ``uint8`` C x H x W planes, returned as decoded
   pixels ``[H, W, C]`` (kind ``pixels``) in **RGB** order: Caffe stores OpenCV's BGR, so the channels are
@@ -74,6 +75,8 @@ from ._native_table import NativeTable, NotNative
 LAYOUTS = ("auto", "ingest", "columnar", "caffe", "images")
 META_KEY, LABELS_KEY, CRC_KEY = b"__meta__", b"__labels__", b"__crc32c__"
 FORMAT, VERSION = "ingest-lmdb", 1
+#: Columnar prefixes whose image values are segmentation label maps (kind ``mask``).
+MASK_PREFIXES = ("mask", "seg", "segmentation")
 _COLUMN = re.compile(rb"^([A-Za-z][A-Za-z0-9_]*)-(\d+)$")
 _NUM_SAMPLES = b"num-samples"
 _SNIFF = 8           # values looked at to tell a layout or a column's kind
@@ -476,6 +479,8 @@ class _Db:
         if prefix == "label":         # a transcription, even when it looks like a number ("007")
             return ("label_text" if "text" in self.fields else "text"), "text"
         images = all(image_extension(v) for v in values)
+        if images and prefix in MASK_PREFIXES:   # a segmentation label map: decoded to its values
+            return prefix, "mask"
         return prefix, "image" if images else "text" if all(_is_text(v) for v in values) else "bytes"
 
     def _caffe(self, keys: list[bytes], first: Any) -> None:
@@ -534,7 +539,7 @@ class _Db:
     def _column_value(self, field_name: str, field: Field, raw: Any, name: str) -> Any:
         if raw is None:
             raise CorruptRecordError(f"no key for field {field_name!r}", path=self.path, index=name)
-        if field.kind == "image":
+        if field.kind in ("image", "mask"):
             return raw
         data = bytes(raw)
         if field.kind == "text":

@@ -38,7 +38,8 @@ read, copied to the host first when ``out`` is on the GPU).
 
 **Field kinds.** Stored in the shard: ``pixels`` (uint8 [H, W, C]; an encoded ``image`` field is decoded on
 the way in, by the writer's ``decode``, and becomes ``pixels``), ``array`` (bool/int/uint/float dtypes of `DTYPES`, a fixed number of
-dims), ``ints`` (int64 [L]), ``floats`` (float32 [L]), ``text`` (UTF-8) and ``bytes``. Index columns: ``int``
+dims), ``ints`` (int64 [L]), ``floats`` (float32 [L]), ``text`` (UTF-8), ``bytes`` and ``mask`` (as the
+writer gets it: encoded bytes, 1-D uint8, or decoded ``[H, W]`` uint8/uint16; the same for every sample). Index columns: ``int``
 (the label among them) and ``float``.
 
 **Reading.** `RawSource` is a `formats.Source` (``locate``: the byte span of a sample; ``parse``: numpy views
@@ -182,6 +183,8 @@ class RawWriter:
                 arr = np.frombuffer(value.encode("utf-8"), np.uint8)
             elif kind == "bytes":
                 arr = np.frombuffer(bytes(value), np.uint8)
+            elif kind == "mask" and not (isinstance(value, np.ndarray) and value.ndim >= 2):
+                arr = np.frombuffer(bytes(memoryview(value).cast("B")), np.uint8)   # encoded, as given
             elif kind in ("ints", "floats"):
                 arr = np.asarray(value, dtype=STORED[kind]).reshape(-1)
             else:

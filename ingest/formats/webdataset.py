@@ -6,6 +6,7 @@ follow the extension's last part (a trailing ``.gz`` is decompressed first, as w
 
 ==============================================  =========================================================
 jpg jpeg png webp bmp gif tif tiff ppm pgm        ``image`` (encoded bytes, decoded by the pipeline)
+seg.mask.png (``<name>.mask.<image ext>``)        ``mask`` (a segmentation label map: decoded to its values)
 cls cls2 class index inx id count                 ``int`` (ASCII integer)
 float                                             ``float`` (ASCII number; written by `WebDatasetWriter`)
 txt text transcript json jsn                      ``text`` (UTF-8; JSON is not parsed)
@@ -17,7 +18,8 @@ anything else (mp, ten, pth, pkl, bin, ...)        ``bytes`` (as stored: nothing
 an image extension (jpg before jpeg, png, webp, ...: all image extensions seen are its alternatives),
 ``label`` the ``cls`` member (or cls2, index, ...); every other extension present in all of those samples is
 a field named after it, less a trailing type part when there is one (``seg.png`` -> ``seg``, ``json`` ->
-``json``). ``fields={"image": ("jpg", "png"), "label": "cls", "meta": "json"}`` names them explicitly. A
+``json``, ``seg.mask.png`` -> ``seg``). ``fields={"image": ("jpg", "png"), "label": "cls", "meta": "json"}``
+names them explicitly; ``masks=("seg",)`` reads the named image fields as kind ``mask``. A
 sample that lacks a declared field is a `CorruptRecordError` when parsed (skipped under ``max_failures``).
 
 **Random access** (plain ``.tar``): ``locate(i)`` returns one `Location` per member the declared fields
@@ -52,7 +54,7 @@ from . import checks, tarindex
 from ._native_table import NativeTable, NotNative
 from ._shards import gzipped, resolve_shards
 from .base import Field, Location, Record, check_index
-from ._images import image_extension
+from ._images import image_extension, mask_bytes
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "jp2", "j2k", "pam", "pnm")
 LABEL_EXTENSIONS = ("cls", "cls2", "class", "index", "inx", "id", "count")
@@ -65,10 +67,11 @@ _BLOCK = tarfile.BLOCKSIZE   # a member's header block, read with its data
 
 
 def kind_of(ext: str) -> str:
-    """The field kind of a member extension (``seg.png`` -> image, ``txt.gz`` -> text)."""
-    last = ext.removesuffix(".gz").rsplit(".", 1)[-1]
+    """The field kind of a member extension (``seg.png`` -> image, ``seg.mask.png`` -> mask, ``txt.gz`` -> text)."""
+    parts = ext.removesuffix(".gz").rsplit(".", 2)
+    last = parts[-1]
     if last in IMAGE_EXTENSIONS:
-        return "image"
+        return "mask" if len(parts) == 3 and parts[-2] == "mask" else "image"
     if last in LABEL_EXTENSIONS:
         return "int"
     if last == "float":
@@ -82,7 +85,8 @@ def kind_of(ext: str) -> str:
 
 def _field_name(ext: str) -> str:
     base = ext.removesuffix(".gz")
-    return base.rsplit(".", 1)[0] if "." in base else base
+    name = base.rsplit(".", 1)[0] if "." in base else base
+    return name.removesuffix(".mask") if kind_of(ext) == "mask" else name
 
 
 def is_shard_name(name: str) -> bool:
@@ -142,7 +146,7 @@ def decode_member(ext: str, data: Any, *, path: str, where: str) -> Any:
     if ext.endswith(".gz"):
         data = gunzip(bytes(data), path=path, where=where)
     kind = kind_of(ext)
-    if kind == "image":
+    if kind in ("image", "mask"):
         return data
     raw = bytes(data)
     if kind == "int":
@@ -243,7 +247,9 @@ class WebDatasetSource:
     """Samples of WebDataset tar shards. ``path``: a tar file, a directory of them, a glob or a list.
     ``fields``: field name -> member extension(s) (None: inferred, see the module docstring).
     ``index``: index file(s), one per shard, to use instead of ``<shard>.idx`` (they must match).
-    ``stream``: read front to back (default: only gzipped shards). ``write_index``: save each shard's index
+    ``masks``: image fields to read as kind ``mask`` (segmentation label maps, decoded to their values; a
+    member ``<name>.mask.png`` is one without being named). ``stream``: read front to back (default: only
+    gzipped shards). ``write_index``: save each shard's index
     beside it when it had to be built. ``check``: per-member CRC32C checks against ``<shard>.crc32c`` ("auto",
     "crc", "none"; None: the ``check`` setting; `ingest.formats.checks`). Class names come from the
     ``manifest.json`` of an ``ingest convert`` output directory (tars have no place for them), else there
@@ -251,7 +257,7 @@ class WebDatasetSource:
 
     def __init__(self, path: Any, *, fields: Mapping[str, str | Sequence[str]] | None = None,
                  index: str | os.PathLike | Sequence[str | os.PathLike] | None = None, stream: bool | None = None,
-                 write_index: bool = False, check: str | None = None):
+                 write_index: bool = False, check: str | None = None, masks: Sequence[str] = ()):
         self.shards = find_shards(path)
         indexes = [None] * len(self.shards) if index is None else \
             [os.fspath(index)] if isinstance(index, (str, os.PathLike)) else [os.fspath(p) for p in index]
@@ -283,9 +289,15 @@ class WebDatasetSource:
             self._members = _Members(self._indexes, self._exts)
             # (field name, its member column, whether its bytes need no decoding: images, not gzipped)
             self._plan = [(name, self._members.columns[name],
-                           kind_of(exts[0]) == "image" and not any(e.endswith(".gz") for e in exts))
+                           kind_of(exts[0]) in ("image", "mask") and not any(e.endswith(".gz") for e in exts))
                           for name, exts in self._exts.items()]
         self.fields = {name: Field(kind_of(exts[0])) for name, exts in self._exts.items()}
+        masks = [masks] if isinstance(masks, str) else list(masks)
+        for name in masks:
+            if name == "image" or self.fields.get(name, Field("bytes")).kind not in ("image", "mask"):
+                raise ConfigError(f"`masks` names {name!r}, which is not an image field other than 'image' "
+                                  f"(fields: {', '.join(f'{n} ({f.kind})' for n, f in self.fields.items())})")
+            self.fields[name] = Field("mask")
         self._labels: np.ndarray | None = None
         self._native: NativeTable | None = None   # native_table's, made once
 
@@ -541,12 +553,14 @@ class WebDatasetWriter:
 
     def _member(self, name: str, field: Field, value: Any) -> tuple[str, bytes]:
         safe = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
-        if field.kind == "image":
-            data = bytes(memoryview(value).cast("B"))
+        if field.kind in ("image", "mask"):
+            data = mask_bytes(value) if field.kind == "mask" else bytes(memoryview(value).cast("B"))
             ext = image_extension(data)
             if ext is None:
                 raise CorruptRecordError(f"field {name!r} holds no image format known by its magic bytes "
                                          f"({data[:8]!r})", path=self.path, index=self._count)
+            if field.kind == "mask":   # read back as a mask (`kind_of`)
+                return f"{safe}.mask{ext}", data
             return (ext[1:] if name == "image" else f"{safe}.{ext[1:]}"), data
         if name == "label":
             return "cls", str(int(value)).encode()

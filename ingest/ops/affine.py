@@ -183,13 +183,17 @@ class Warp:
     antialias: bool = True
     fill: tuple[float, ...] = (0.0, 0.0, 0.0)
     source_sizes: list[Size] = field(default_factory=list)
+    # (N, 4) in source coords: the part of ``box`` that every op of the run reads from its input (a crop, then
+    # a pad: the padding maps past the crop, where the source still has pixels). None: ``box``.
+    valid: np.ndarray | None = None
 
     def shifted(self, origins: Sequence[tuple[int, int]]) -> "Warp":
         """The same warp for sources cropped at ``origins`` = (x0, y0) per sample (region-of-interest decode)."""
         o = np.asarray(origins, dtype=np.float64).reshape(-1, 2)
         m = self.matrix.copy()
         m[:, :2, 2] -= o
-        return replace(self, matrix=m, box=self.box - np.tile(o, 2))
+        return replace(self, matrix=m, box=self.box - np.tile(o, 2),
+                       valid=None if self.valid is None else self.valid - np.tile(o, 2))
 
     def roi(self) -> list[tuple[int, int, int, int]]:
         """Integer source regions (x0, y0, x1, y1) that hold every pixel the resample can read."""
@@ -218,17 +222,22 @@ class Warp:
         m = self.matrix.copy()
         m[:, 0, :] *= s[:, :1]
         m[:, 1, :] *= s[:, 1:]
-        return replace(self, matrix=m, box=self.box * np.concatenate([s, s], axis=1),
-                       source_sizes=size_list(arrived))
+        both = np.concatenate([s, s], axis=1)
+        return replace(self, matrix=m, box=self.box * both, source_sizes=size_list(arrived),
+                       valid=None if self.valid is None else self.valid * both)
 
-    def for_masks(self) -> "Warp":
-        """The same map for label masks: nearest sampling (whole labels, no blending), fill 0."""
-        return replace(self, interpolation="nearest", antialias=False, fill=(0.0,))
+    def for_masks(self, fill: Sequence[float] = (0.0,)) -> "Warp":
+        """The same map for label masks: nearest sampling (whole labels, no blending), ``fill`` (per channel:
+        a uint16 mask warps as two uint8 channels, its fill's low and high bytes) wherever an op of the run
+        has no input pixel (``valid``)."""
+        return replace(self, interpolation="nearest", antialias=False, fill=tuple(float(v) for v in fill),
+                       box=self.box if self.valid is None else self.valid)
 
     def take(self, indices: Sequence[int]) -> "Warp":
         """The maps of samples ``indices`` (repeats allowed: one entry per mask of a sample)."""
         idx = np.asarray(indices, dtype=np.int64)
         return replace(self, matrix=self.matrix[idx], box=self.box[idx],
+                       valid=None if self.valid is None else self.valid[idx],
                        out_sizes=size_list(size_array(self.out_sizes)[idx]),
                        source_sizes=size_list(size_array(self.source_sizes)[idx]))
 
@@ -258,9 +267,19 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
     src = size_array(sizes)
     n = len(src)
     box = columns(0.0, 0.0, src[:, 1], src[:, 0])
+    valid = box.copy()
     m, cur = eye(n), src
     resampler, fill = None, None
     for k, st in enumerate(steps):
+        if k:   # what this op reads: its input (and its crop), in source coords
+            regions = [columns(0.0, 0.0, cur[:, 1], cur[:, 0])] + ([st.crop] if st.crop is not None else [])
+        else:
+            regions = [st.crop] if st.crop is not None else []
+        for region in regions:
+            mapped = bounds(m, region) if k else region
+            for c in range(2):
+                valid[:, c] = np.maximum(valid[:, c], mapped[:, c])
+                valid[:, c + 2] = np.minimum(valid[:, c + 2], mapped[:, c + 2])
         if st.resamples.any():
             region = st.crop if st.crop is not None else columns(0.0, 0.0, cur[:, 1], cur[:, 0])
             mapped = bounds(m, region)
@@ -275,7 +294,7 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
                 interpolation=resampler.interpolation if resampler else "nearest",
                 antialias=resampler.antialias if resampler else False,
                 fill=fill if fill is not None else (0.0,),
-                source_sizes=size_list(src))
+                source_sizes=size_list(src), valid=valid)
 
 
 #: Matrices per `stacked_matmul` call: numpy lets the GIL go on a product of more than 500 output elements.

@@ -259,7 +259,7 @@ def split(ops: Sequence[Op], *, boxes: bool = False, labels: bool = True) -> tup
         for op in ops:
             if getattr(op, "follows_boxes", True) is False:
                 raise ConfigError(f"{type(op).__name__} moves pixels without a map for boxes and masks, and this "
-                                  f"source has boxes: use RandomAffine or Rotate (geometry ops, which boxes follow) "
+                                  f"source has boxes or masks: use RandomAffine or Rotate (geometry ops, which boxes follow) "
                                   f"and colour ops instead")
     at = [k for k, op in enumerate(ops) if getattr(op, "mixes_labels", False)]
     if not at:

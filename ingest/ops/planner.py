@@ -163,24 +163,27 @@ class Plan:
         tracked.prune(min_size)
         return tracked.batch(), tracked.keep()
 
-    def warp_masks(self, masks: Sequence[Any], *, device: torch.device | str | None = None) -> list[torch.Tensor]:
-        """Masks (one ``[K, H, W]`` uint8 array or tensor per sample, at the source size) through every
-        geometry stage with the images' own warps, sampled nearest (labels are never blended), fill 0, on
+    def warp_masks(self, masks: Sequence[Any], *, device: torch.device | str | None = None,
+                   fill: int = 0) -> list[torch.Tensor]:
+        """Masks (one ``[K, H, W]`` uint8 or uint16 array or tensor per sample, at the source size) through
+        every geometry stage with the images' own warps, sampled nearest (labels are never blended), ``fill``
+        where a pixel has no source (0: "not the object", for instance masks; 255 for a VOC label map), on
         ``device`` (default: where the masks are). On CUDA every mask of the batch is one plane of one buffer
         (host masks go up in one copy) and each stage warps them in one launch; on CPU a sample's masks are
-        one gather."""
+        one gather. A uint16 mask moves as the two bytes of each value (whole values: nearest sampling never
+        mixes them)."""
         cuda = (torch.device(device).type == "cuda" if device is not None else
                 bool(len(masks)) and isinstance(masks[0], torch.Tensor) and masks[0].is_cuda)
         if cuda:
             batch = _MaskBatch.of(masks, torch.device(device) if device is not None else masks[0].device)
             for stage in self.stages:
                 if stage.warp is not None:
-                    batch = batch.warped(stage.warp.for_masks())
+                    batch = batch.warped(stage.warp.for_masks(_fill_bytes(fill, batch.itemsize)))
             return batch.per_sample()
         out = [torch.as_tensor(m) for m in masks]
         for stage in self.stages:
             if stage.warp is not None:
-                out = _warp_masks(out, stage.warp.for_masks())
+                out = _warp_masks(out, stage.warp, fill)
         return out
 
     def map_polygons(self, segmentations: Sequence[Sequence[Any]]) -> list[list[Any]]:
@@ -563,13 +566,19 @@ def _like_segmentation(objs: list[Any], ref: Any) -> Any:
 
 
 class _MaskBatch(NamedTuple):
-    """A batch's masks as the 1-channel planes of one buffer: sample n's ``shapes[n]`` = (K, H, W) planes
-    follow sample n - 1's in ``storage`` (1-D uint8), each ``[H, W]`` contiguous. What the warp kernel reads
-    (as an `ImageArena`) and writes (`resample.warp` puts a ragged batch's outputs one after another in one
-    buffer), so a stage costs one launch and no view per mask."""
+    """A batch's masks as the planes of one byte buffer: sample n's ``shapes[n]`` = (K, H, W) planes follow
+    sample n - 1's in ``storage`` (1-D uint8), each ``[H, W]`` contiguous, of ``dtype`` (a uint16 plane is
+    an ``[H, W, 2]`` image of its values' bytes). What the warp kernel reads (as an `ImageArena`) and writes
+    (`resample.warp` puts a ragged batch's outputs one after another in one buffer), so a stage costs one
+    launch and no view per mask."""
 
     storage: torch.Tensor
     shapes: np.ndarray
+    dtype: torch.dtype = torch.uint8
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.dtype == torch.uint16 else 1
 
     @classmethod
     def of(cls, masks: Sequence[Any], device: torch.device) -> "_MaskBatch":
@@ -581,44 +590,63 @@ class _MaskBatch(NamedTuple):
             storage = torch.from_numpy(host).to(device, non_blocking=True)
         else:
             storage = torch.cat([torch.as_tensor(m, device=device).reshape(-1) for m in masks])
-        if storage.dtype != torch.uint8:
-            raise ValueError(f"masks must be uint8, got {storage.dtype}")
-        return cls(storage, shapes)
+        if storage.dtype not in (torch.uint8, torch.uint16):
+            raise ValueError(f"masks must be uint8 or uint16, got {storage.dtype}")
+        return cls(storage.view(torch.uint8), shapes, storage.dtype)
 
     def warped(self, w: Warp) -> "_MaskBatch":
         """Every plane through its sample's map in ``w`` (one `resample.warp` of all planes)."""
-        k, hw = self.shapes[:, 0], self.shapes[:, 1:]
+        k, hw, c = self.shapes[:, 0], self.shapes[:, 1:], self.itemsize
         out = np.concatenate([k[:, None], size_array(w.out_sizes)], axis=1)
         planes = int(k.sum())
         if not planes:
-            return _MaskBatch(self.storage[:0], out)
+            return _MaskBatch(self.storage[:0], out, self.dtype)
         owner = np.repeat(np.arange(len(k)), k)
-        area = hw[:, 0] * hw[:, 1]
+        area = hw[:, 0] * hw[:, 1] * c
         first = np.cumsum(k) - k                     # each sample's first plane
         start = np.cumsum(k * area) - k * area       # ... and its byte offset
         offsets = start[owner] + (np.arange(planes) - first[owner]) * area[owner]
-        result = resample.warp(ImageArena(self.storage, offsets, hw[owner], channels=1), w.take(owner))
+        result = resample.warp(ImageArena(self.storage, offsets, hw[owner], channels=c), w.take(owner))
         if isinstance(result, torch.Tensor):
-            return _MaskBatch(result.reshape(-1), out)
-        total = int((out[:, 0] * out[:, 1] * out[:, 2]).sum())
+            return _MaskBatch(result.reshape(-1), out, self.dtype)
+        total = int((out[:, 0] * out[:, 1] * out[:, 2]).sum()) * c
         base = result[0]._base
         if base is not None and base.dim() == 1 and base.numel() == total and base.data_ptr() == result[0].data_ptr():
-            return _MaskBatch(base, out)             # the kernel's outputs: one buffer, in plane order
-        return _MaskBatch(torch.cat([r.reshape(-1) for r in result]), out)
+            return _MaskBatch(base, out, self.dtype)   # the kernel's outputs: one buffer, in plane order
+        return _MaskBatch(torch.cat([r.reshape(-1) for r in result]), out, self.dtype)
 
     def per_sample(self) -> list[torch.Tensor]:
         """Sample by sample: ``[K, H, W]`` views of the buffer."""
-        sizes = (self.shapes[:, 0] * self.shapes[:, 1] * self.shapes[:, 2]).tolist()
+        sizes = (self.shapes[:, 0] * self.shapes[:, 1] * self.shapes[:, 2] * self.itemsize).tolist()
         parts = self.storage.split(sizes) if sizes else []
-        return [part.view(shape) for part, shape in zip(parts, map(tuple, self.shapes.tolist()))]
+        return [part.view(self.dtype).view(shape) for part, shape in zip(parts, map(tuple, self.shapes.tolist()))]
 
 
 def _mask_shape(m: Any) -> tuple[int, int, int]:
     return tuple(m.shape)
 
 
-def _warp_masks(masks: list[torch.Tensor], w: Warp) -> list[torch.Tensor]:
-    """Each sample's ``[K, H, W]`` masks resampled by its map in ``w``, on the CPU."""
+def _fill_bytes(fill: int, itemsize: int) -> tuple[float, ...]:
+    """A mask's fill value as the warp's per-channel fill of its bytes (little-endian)."""
+    return tuple(float(b) for b in int(fill).to_bytes(itemsize, "little"))
+
+
+def _as_bytes(m: torch.Tensor) -> torch.Tensor:
+    """``[K, H, W]`` uint8 or uint16 masks as ``[K, H, W, itemsize]`` uint8 (a view where contiguous)."""
+    if m.dtype not in (torch.uint8, torch.uint16):
+        raise ValueError(f"masks must be uint8 or uint16, got {m.dtype}")
+    c = 2 if m.dtype == torch.uint16 else 1
+    return m.contiguous().view(torch.uint8).view(*m.shape, c)
+
+
+def _from_bytes(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of `_as_bytes`."""
+    return b.contiguous().view(dtype).view(b.shape[:-1])
+
+
+def _warp_masks(masks: list[torch.Tensor], w: Warp, fill: int = 0) -> list[torch.Tensor]:
+    """Each sample's ``[K, H, W]`` masks resampled nearest by its map in ``w`` (fill ``fill``), on the CPU."""
+    w = w.for_masks()   # (the box that every op reads; the fill is per dtype, below)
     counts = [int(m.shape[0]) for m in masks]
     out = [m.new_zeros((0,) + tuple(size)) for m, size in zip(masks, w.out_sizes)]
     if not sum(counts):
@@ -626,38 +654,45 @@ def _warp_masks(masks: list[torch.Tensor], w: Warp) -> list[torch.Tensor]:
     for n, m in enumerate(masks):  # the sample's masks as the channels of one image: one gather
         if not counts[n]:
             continue
-        if w.matrix[n, 0, 1] == 0 and w.matrix[n, 1, 0] == 0 and not any(w.fill):
-            out[n] = _nearest_aligned(m, w, n)
-        else:
-            out[n] = as_list(resample.warp([m.permute(1, 2, 0)], w.take([n])))[0].permute(2, 0, 1).contiguous()
+        planes = _as_bytes(m)
+        k, c = planes.shape[0], planes.shape[3]
+        fill_bytes = _fill_bytes(fill, c)
+        if w.matrix[n, 0, 1] == 0 and w.matrix[n, 1, 0] == 0:
+            moved = _nearest_aligned(planes, w, n, fill_bytes)
+        else:   # [K, H, W, c] -> an [H, W, K * c] image, and back
+            image = planes.permute(1, 2, 0, 3).reshape(*planes.shape[1:3], k * c)
+            warped = as_list(resample.warp([image], w.for_masks(fill_bytes * k).take([n])))[0]
+            moved = warped.reshape(*warped.shape[:2], k, c).permute(2, 0, 1, 3)
+        out[n] = _from_bytes(moved, m.dtype)
     return out
 
 
-def _nearest_aligned(masks: torch.Tensor, w: Warp, n: int) -> torch.Tensor:
-    """``[K, H, W]`` masks through sample n's map of ``w`` when it has no rotation or shear (crops, flips,
-    resizes, pads): :func:`resample.warp`'s nearest sampling, fill 0, computed per row and per column and
-    applied as one gather (the warp computes a coordinate pair per output pixel). Same arithmetic, so the
-    same result (tested)."""
+def _nearest_aligned(masks: torch.Tensor, w: Warp, n: int, fill: Sequence[float]) -> torch.Tensor:
+    """``[K, H, W, c]`` mask bytes through sample n's map of ``w`` when it has no rotation or shear (crops,
+    flips, resizes, pads): :func:`resample.warp`'s nearest sampling, ``fill`` (per byte) where it reads
+    none, computed per row and per column and applied as one gather (the warp computes a coordinate pair
+    per output pixel). Same arithmetic, so the same result (tested)."""
     (m00, _, m02), (_, m11, m12) = w.matrix[n, :2]
     bx0, by0, bx1, by1 = w.box[n]
     oh, ow = w.out_sizes[n]
+    value = torch.tensor([int(v) for v in fill], dtype=torch.uint8)
     x = m00 * (np.arange(ow, dtype=np.float64) + 0.5) + m02
     y = m11 * (np.arange(oh, dtype=np.float64) + 0.5) + m12
     eps = 1e-6   # the taps: the whole pixels the box covers
     tx0, ty0, tx1, ty1 = (int(np.floor(bx0 + eps)), int(np.floor(by0 + eps)), int(np.ceil(bx1 - eps)),
                           int(np.ceil(by1 - eps)))
     if tx1 <= tx0 or ty1 <= ty0:
-        return masks.new_zeros((masks.shape[0], oh, ow))
+        return value.expand(masks.shape[0], oh, ow, masks.shape[3]).clone()
     xi = np.clip(np.floor(x).astype(np.int64), tx0, tx1 - 1)
     yi = np.clip(np.floor(y).astype(np.int64), ty0, ty1 - 1)
-    h, wd = masks.shape[1:]
+    h, wd = masks.shape[1:3]
     good_x = (x >= bx0) & (x <= bx1) & (xi >= 0) & (xi < wd)
     good_y = (y >= by0) & (y <= by1) & (yi >= 0) & (yi < h)
     rows = torch.from_numpy(np.clip(yi, 0, h - 1))
     cols = torch.from_numpy(np.clip(xi, 0, wd - 1))
     out = masks.index_select(1, rows).index_select(2, cols)
-    out[:, torch.from_numpy(~good_y)] = 0   # the rows and the columns that read fill
-    out[:, :, torch.from_numpy(~good_x)] = 0
+    out[:, torch.from_numpy(~good_y)] = value   # the rows and the columns that read fill
+    out[:, :, torch.from_numpy(~good_x)] = value
     return out
 
 

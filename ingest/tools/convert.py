@@ -206,7 +206,9 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
         # The format stores box values as they are: say how to read them (open_source applies it).
         header["boxes"] = {k: described[k] for k in ("box_format", "relative")}
     # Resizing moves the boxes and polygons unless they are relative to the image size.
-    transform = replace(transform, relative=described["relative"])
+    # and the mask fields (label maps) are resized with their image, nearest
+    transform = replace(transform, relative=described["relative"],
+                        masks=tuple(k for k, f in fields.items() if f.kind == "mask"))
     job = Job(view, to, fields, options, transform, os.path.join(os.path.abspath(dst), TMP_DIR), stop_on_failure)
     return Plan(job, stems, ranges, header)
 

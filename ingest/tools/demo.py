@@ -5,7 +5,10 @@
 - **formats**: pack the same set into each writable record format with the converter, load each back with
   `ingest.Loader` (format detected from the path) and check it holds every sample with its label (`run_formats`);
 - **detection**: make a small COCO set (coloured rectangles and ellipses with their boxes and polygons), load
-  it through the box- and mask-aware ops and draw one batch with its boxes and masks to a PNG (`run_detection`).
+  it through the box- and mask-aware ops and draw one batch with its boxes and masks to a PNG (`run_detection`);
+- **segmentation**: make a small VOC-shaped TFRecord (DeepLab's keys: a JPEG and its palette PNG label map),
+  load it with the label map read as a ``mask`` (inferred from the key) through RandomResizedCrop and Flip, and
+  draw one batch with its masks tinted to a PNG (`run_segmentation`).
 
 The speed is indicative: a few hundred small images on whatever else the machine runs. It is timed over whole
 epochs for at least `MIN_SECONDS` (never fewer than two epochs) after a warm-up epoch, not over the 192 images
@@ -62,7 +65,15 @@ DETECTION_COLUMNS = {
     "batch": "shape and dtype of the batch of images",
     "png": "the batch with its boxes and masks drawn (box outlines, masks tinted, category names)",
 }
-PARTS = ("files", "formats", "detection")
+#: Columns of the segmentation table.
+SEGMENTATION_COLUMNS = {
+    "images": "VOC-shaped samples made (JPEG + palette PNG label map under DeepLab's TFRecord keys)",
+    "classes": "class ids in the drawn batch's masks (255: VOC's 'ignore', the outlines and any padding)",
+    "ops": "RandomResizedCrop(S), Flip: the masks follow the pixels, sampled nearest",
+    "batch": "shapes and dtypes of the images and of the masks",
+    "png": "the batch with its masks tinted by class",
+}
+PARTS = ("files", "formats", "detection", "segmentation")
 #: Formats the formats part writes, in this order.
 FORMATS = ("tfrecord", "recordio", "lmdb", "wds", "raw")
 FORMAT_SECONDS = 0.5  # timed window (whole epochs) per format
@@ -74,8 +85,8 @@ def add_parser(sub: Any) -> None:
                                    "pipeline (RandomResizedCrop 160, flip, normalize) over it on the CPU (and "
                                    "the GPU when there is one), print what ran and an indicative speed, and "
                                    "save a PNG grid of one augmented batch. Then pack the set into each record "
-                                   "format and load it back, and draw a batch of a small COCO set with its "
-                                   "boxes and masks.")
+                                   "format and load it back, draw a batch of a small COCO set with its "
+                                   "boxes and masks, and one of a small VOC-shaped set with its label maps.")
     p.add_argument("--out", default=".", help="where to write the PNG grid(s) (default: .)")
     p.add_argument("--per-class", type=int, default=24, help="images per class (4 classes; default: 24)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -110,6 +121,8 @@ def run_command(args: argparse.Namespace) -> int:
                            FORMAT_COLUMNS))
         if "detection" in args.parts:
             tables.append((run_detection(Path(tmp) / "coco", args.out, device=devices[-1]), DETECTION_COLUMNS))
+        if "segmentation" in args.parts:
+            tables.append((run_segmentation(Path(tmp) / "voc", args.out, device=devices[-1]), SEGMENTATION_COLUMNS))
         for k, (rows, columns) in enumerate(tables):
             if k:
                 print()
@@ -357,6 +370,78 @@ def _draw_detection(batch: dict, path: Path, cols: int = 4) -> None:
         r, c = divmod(k, cols)
         canvas.paste(tile, (c * (w + 2), r * (h + 2)))
     canvas.save(path)
+
+
+# -- segmentation ----------------------------------------------------------------------------------------
+
+def make_voc(root: Path, n: int = 8, seed: int = 0) -> Path:
+    """``root/train-00000-of-00001.tfrecord``: ``n`` JPEGs (160-320 a side, textured backgrounds, 1-4
+    rectangles (class 1) and ellipses (class 2)) with their label maps as palette PNGs under DeepLab's keys
+    (``image/segmentation/class/encoded``), each object outlined with 255 as VOC's are; returns ``root``."""
+    import io
+
+    from ingest.formats.base import Field, Record
+    from ingest.formats._example import SEGMENTATION_KEY
+    from ingest.formats.tfrecord import TFRecordWriter
+
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    palette = [0, 0, 0, *SHAPES["rectangle"], *SHAPES["ellipse"]] + [224, 224, 192] * 253
+    writer = TFRecordWriter(root, "train-00000-of-00001", {"image": Field("image"), "mask": Field("bytes")},
+                            keys={"mask": SEGMENTATION_KEY})
+    for _ in range(n):
+        w, h = (int(v) for v in rng.integers(160, 321, 2))
+        im, label = _background(w, h, rng), Image.new("P", (w, h), 0)
+        draw, mark = ImageDraw.Draw(im), ImageDraw.Draw(label)
+        for _ in range(int(rng.integers(1, 5))):
+            cls = int(rng.integers(1, 3))
+            bw, bh = (int(v) for v in rng.integers(24, min(w, h) // 2, 2))
+            x, y = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+            color = tuple(int(v) for v in rng.uniform(0, 255, 3))
+            shape = draw.rectangle if cls == 1 else draw.ellipse
+            shape([x, y, x + bw - 1, y + bh - 1], fill=color)
+            (mark.rectangle if cls == 1 else mark.ellipse)([x, y, x + bw - 1, y + bh - 1], fill=cls, outline=255,
+                                                           width=2)
+        label.putpalette(palette)
+        jpeg, png = io.BytesIO(), io.BytesIO()
+        im.save(jpeg, "JPEG", quality=90)
+        label.save(png, "PNG")
+        writer.add(Record(jpeg.getvalue(), fields={"mask": png.getvalue()}))
+    writer.close()
+    return root
+
+
+def run_segmentation(work: Path, out: Path | str = ".", *, n: int = 8, size: int = 192, device: str = "cpu",
+                     seed: int = 0) -> list[dict]:
+    """The segmentation part: make ``n`` VOC-shaped samples under ``work`` (`make_voc`), load one batch of all
+    of them (the label map inferred as a ``mask`` from its key) through RandomResizedCrop(size) and Flip, and
+    draw it to ``out/ingest-demo-segmentation.png``; one row (see `SEGMENTATION_COLUMNS`)."""
+    import ingest
+    from ingest.ops import Flip, RandomResizedCrop
+
+    root = make_voc(work, n, seed)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with ingest.Loader(root, batch_size=n, device=device, output="dict", seed=seed,
+                       ops=[RandomResizedCrop(size, scale=(0.3, 1.0)), Flip(p=0.5)]) as loader:
+        batch = next(iter(loader))
+    images, masks = batch["images"], batch["mask"]
+    png = out / "ingest-demo-segmentation.png"
+    tints = {1: SHAPES["rectangle"], 2: SHAPES["ellipse"], 255: (255, 255, 255)}
+    pixels = images.cpu().permute(0, 2, 3, 1).numpy().astype(np.float32)
+    labels = masks.cpu().numpy()
+    for value, colour in tints.items():
+        where = labels == value
+        pixels[where] = 0.45 * pixels[where] + 0.55 * np.array(colour, np.float32)
+    cols, (h, w) = 4, labels.shape[1:]
+    canvas = Image.new("RGB", (cols * (w + 2), -(-n // cols) * (h + 2)), "white")
+    for k, tile in enumerate(pixels.astype(np.uint8)):
+        r, c = divmod(k, cols)
+        canvas.paste(Image.fromarray(tile), (c * (w + 2), r * (h + 2)))
+    canvas.save(png)
+    kind = lambda t: f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"   # noqa: E731
+    return [{"images": n, "classes": ",".join(map(str, sorted(np.unique(labels).tolist()))),
+             "ops": "random resized crop, flip", "batch": f"{kind(images)} + masks {kind(masks)}", "png": str(png)}]
 
 
 def print_table(rows: list[dict], columns: dict[str, str] = COLUMNS) -> None:

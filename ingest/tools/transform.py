@@ -14,7 +14,8 @@ that are in its pixels follow it (below); other fields pass through as they are.
 (by name) are moved with it, by sx = new width / old width and sy = new height / old height: ``boxes``
 (absolute ones, any box format; relative ones stay), ``area`` (times sx * sy), ``polygons`` (vertices scaled
 and parts clipped to the image, relative ones staying relative; RLE entries resized nearest and encoded
-again) and ``masks`` (resized nearest). Masks and polygons go through the Loader's own ``Resize`` code, so
+again) and ``masks`` (resized nearest); so is every field of kind ``mask`` (a segmentation label map,
+decoded, resized nearest and handed to the writer as its ``[H, W]`` values). Masks and polygons go through the Loader's own ``Resize`` code, so
 reading the packed data gives what reading the source through ``Resize`` gives. The old size is the decoded one,
 EXIF orientation applied: annotations are read in the displayed frame, as the Loader reads them (see the
 coco module), and a re-encoded image carries no orientation tag, so they stay in it.
@@ -36,6 +37,7 @@ from ..errors import ConfigError, CorruptRecordError, DecodeError
 from ..formats.base import Field, Record
 from ..ops import planner
 from ..decode.cpu import CpuDecoder
+from ..decode.masks import decode_mask
 from ..ops.geometry import Resize, resize_image
 
 #: JPEG quality used for resized images when ``quality`` is not given.
@@ -50,6 +52,7 @@ class Transform:
     quality: int | None = None
     raw_size: tuple[int, int] | None = None
     relative: bool = False   # the source's boxes and polygons are relative to the image size (they stay)
+    masks: tuple[str, ...] = ()   # the fields of kind mask (segmentation label maps)
 
     def __post_init__(self):
         if self.max_side is not None and (isinstance(self.max_side, bool) or self.max_side < 1):
@@ -105,18 +108,28 @@ class Transform:
                                          colorspace="RGB", colorsubsampling="420")
         fields = dict(record.fields)
         if pixels.shape[:2] != before:
-            fields = resized_targets(fields, before, pixels.shape[:2], relative=self.relative, name=name)
+            fields = resized_targets(fields, before, pixels.shape[:2], relative=self.relative, name=name,
+                                     masks=self.masks)
         return Record(out, record.label, fields)
 
 
 def resized_targets(fields: dict[str, Any], before: tuple[int, int], after: tuple[int, int], *,
-                    relative: bool = False, name: str = "") -> dict[str, Any]:
+                    relative: bool = False, name: str = "", masks: tuple[str, ...] = ()) -> dict[str, Any]:
     """The detection fields of an image resized from ``before`` to ``after`` (height, width) moved with it
-    (module docstring); other fields as they are. A mask or RLE not of the ``before`` size, or a malformed
-    field, raises CorruptRecordError naming ``name``."""
+    (module docstring), and the ``masks`` fields (kind mask) decoded and resized nearest, as decoded
+    ``[H, W]`` arrays (writers store them as PNGs of their values); other fields as they are. A mask or RLE
+    not of the ``before`` size, or a malformed field, raises CorruptRecordError naming ``name``."""
     sx, sy = after[1] / before[1], after[0] / before[0]
     out = dict(fields)
     try:
+        if masks:
+            resize = planner.plan([Resize(tuple(after))], [tuple(before)])
+            for key in masks:
+                values = decode_mask(out[key], name)
+                if values.shape != tuple(before):
+                    raise ValueError(f"mask {key!r} of {values.shape[1]}x{values.shape[0]} does not fit the image "
+                                     f"of {before[1]}x{before[0]}")
+                out[key] = resize.warp_masks([values[None]])[0][0].numpy()
         if "boxes" in out and not relative:
             out["boxes"] = _scaled(out["boxes"], [sx, sy, sx, sy], (-1, 4))
         if "area" in out:

@@ -16,9 +16,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import ConfigError, IngestError
+from ..errors import ConfigError, DecodeError, IngestError
 from ..formats import detect, fields_of, open_source
 from ..decode.cpu import CpuDecoder
+from ..decode.masks import decode_mask
 from . import manifest, shardfiles
 from .convert import _option
 from .source_view import SourceView
@@ -29,7 +30,7 @@ _BATCH = 64
 
 @dataclass
 class Report:
-    """What `verify` found: records read, images decoded, problems ``(where, reason)``."""
+    """What `verify` found: records read, images and masks decoded, problems ``(where, reason)``."""
 
     records: int = 0
     decoded: int = 0
@@ -118,6 +119,7 @@ def _check_records(path: str, fmt: str, decoder: CpuDecoder | None, report: Repo
         return
     fields = fields_of(source)
     images = [name for name, f in fields.items() if f.kind == "image"]
+    masks = [name for name, f in fields.items() if f.kind == "mask"]   # decoded to their values, checked too
     pending: list[tuple[str, Any]] = []
     for name, record, err in view.read(0, len(view)):
         if err is not None:
@@ -126,6 +128,12 @@ def _check_records(path: str, fmt: str, decoder: CpuDecoder | None, report: Repo
         report.records += 1
         if decoder is not None:
             pending += [(f"{name} [{field_name}]", record.get(field_name)) for field_name in images]
+            for field_name in masks:
+                try:
+                    decode_mask(record.get(field_name), f"{name} [{field_name}]")
+                    report.decoded += 1
+                except DecodeError as err:
+                    problem(f"{name} [{field_name}]", _reason(err))
             if len(pending) >= _BATCH:
                 _decode(decoder, pending, report, problem)
     if decoder is not None and pending:

@@ -1,0 +1,114 @@
+"""Segmentation masks (fields of kind ``mask``): encoded single-channel or palette images decoded to the values
+they store, not to colours.
+
+=====================  ======================================================================
+stored as              decoded to ``[H, W]``
+=====================  ======================================================================
+palette (``P``, PNG)    its palette indices, uint8 (PASCAL VOC's class ids, 255 = "ignore")
+gray 8-bit (``L``)      its gray levels, uint8
+gray 16-bit             its values, uint16 (Cityscapes-style instance ids, depth in mm, ...)
+1-bit (``1``)           0 and 1, uint8
+gray/palette + alpha    the first band (the alpha is dropped)
+an ``[H, W]`` array     itself (uint8 or uint16; bool as 0/1 uint8): already decoded (raw shards)
+=====================  ======================================================================
+
+A colour image (RGB, RGBA, CMYK, ...) is refused with a `DecodeError`: its colours are not labels, and
+converting them to gray would make up values (declare the field ``image`` to get its colours). Pillow
+decodes every format it reads (PNG, BMP, TIFF, GIF, WebP lossless); JPEG masks are lossy and their edges
+are wrong, but a gray JPEG decodes as its levels.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from .. import defaults
+from .._threads import Threads
+from ..errors import ConfigError, DecodeError
+
+#: Pillow modes whose first band holds the stored values, and the dtype they decode to.
+_MODES = {"P": np.uint8, "L": np.uint8, "1": np.uint8, "PA": np.uint8, "LA": np.uint8,
+          "I;16": np.uint16, "I;16L": np.uint16, "I;16B": np.uint16, "I;16N": np.uint16, "I": np.uint16}
+
+
+def decode_mask(data: Any, name: str, *, max_pixels: int | None = None) -> np.ndarray:
+    """The ``[H, W]`` values of one mask (see the module table): encoded bytes (bytes, memoryview, a 1-D
+    uint8 array) or an already decoded 2-D array. ``name`` names the sample in errors; ``max_pixels`` (default:
+    the ``max_pixels`` setting) refuses larger masks from their header."""
+    if isinstance(data, np.ndarray) and data.ndim >= 2:
+        return _decoded(data, name)
+    buf = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    if not len(buf):
+        raise DecodeError("empty mask", path=name)
+    limit = defaults.get("max_pixels") if max_pixels is None else max_pixels
+    try:
+        img = Image.open(io.BytesIO(buf))
+    except UnidentifiedImageError as err:
+        raise DecodeError("mask: not an image of a format Pillow reads, or its header is damaged", path=name) from err
+    except Exception as err:  # Pillow's plugins raise many types
+        raise DecodeError(f"mask: cannot read the header: {err}", path=name) from err
+    with img:
+        if img.width * img.height > limit:
+            raise DecodeError(f"mask of {img.width}x{img.height} pixels exceeds max_pixels={limit}", path=name)
+        mode = img.mode
+        if mode not in _MODES:
+            raise DecodeError(f"mask is a {mode} image: a mask must be single-channel or palette (declare a "
+                              "colour field as kind 'image')", path=name)
+        try:
+            if mode in ("PA", "LA"):
+                img = img.getchannel(0)   # the palette indices / gray levels; the alpha dropped
+            values = np.array(img)   # (a writable copy: batches wrap it in tensors)
+        except Exception as err:
+            raise DecodeError(f"mask: cannot decode: {err}", path=name) from err
+    if mode == "I" and values.size and (values.min() < 0 or values.max() > 0xFFFF):
+        raise DecodeError(f"mask holds 32-bit values ({values.min()}..{values.max()}) beyond uint16", path=name)
+    return np.ascontiguousarray(values, dtype=_MODES[mode])
+
+
+def _decoded(data: np.ndarray, name: str) -> np.ndarray:
+    a = data[..., 0] if data.ndim == 3 and data.shape[2] == 1 else data
+    if a.ndim != 2:
+        raise DecodeError(f"a decoded mask must be [H, W], got shape {data.shape}", path=name)
+    if a.dtype == np.bool_:
+        return a.astype(np.uint8)
+    if a.dtype not in (np.uint8, np.uint16):
+        raise DecodeError(f"a decoded mask must be uint8 or uint16, got {a.dtype}", path=name)
+    return np.ascontiguousarray(a)
+
+
+class MaskDecoder:
+    """Decodes a batch's masks on a pool of ``threads`` threads (Pillow lets the GIL go while it inflates);
+    default: the ``decode_threads`` setting. The pool starts on first use."""
+
+    def __init__(self, *, threads: int | None = None):
+        threads = defaults.get("decode_threads") if threads is None else threads
+        if threads < 1:
+            raise ConfigError(f"`threads` must be >= 1, got {threads}")
+        self._pool = Threads(threads, "ingest-masks")
+
+    def decode_batch(self, datas: Sequence[Any], names: Sequence[str]) -> list[np.ndarray | DecodeError]:
+        """`decode_mask` of each, in order; a mask that cannot be decoded gives its `DecodeError` in its place."""
+        return self.submit(datas, names)()
+
+    def submit(self, datas: Sequence[Any], names: Sequence[str]) -> Callable[[], list[np.ndarray | DecodeError]]:
+        """`decode_batch` started on the pool; the function returned waits for it and gives its result (the
+        caller decodes the images meanwhile)."""
+        if len(datas) <= 1:
+            done = [_or_error(d, n) for d, n in zip(datas, names)]
+            return lambda: done
+        futures = [self._pool.pool.submit(_or_error, d, n) for d, n in zip(datas, names)]
+        return lambda: [f.result() for f in futures]
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+
+def _or_error(data: Any, name: str) -> np.ndarray | DecodeError:
+    try:
+        return decode_mask(data, name)
+    except DecodeError as err:
+        return err
