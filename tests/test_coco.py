@@ -187,7 +187,7 @@ def test_images_default_to_the_json_directory(tmp_path):
 
 def test_loader_batches_the_targets_padded(basic):
     import ingest
-    loader = ingest.Loader(open_coco(basic, box_format="ltrb"), batch_size=3, output="dict")  # boxes as read
+    loader = ingest.Loader(open_coco(basic, box_format="ltrb"), batch_size=3, output="dict", ragged=True)
     batch = next(iter(loader))
     assert batch["image_id"].tolist() == [1, 2, 3] and batch["boxes_lengths"].tolist() == [2, 1, 0]
     assert batch["boxes"].shape == (3, 2, 4) and batch["boxes"][1, 0].tolist() == [1, 2, 7, 10]

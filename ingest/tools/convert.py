@@ -46,7 +46,7 @@ from ..errors import ConfigError, WriteError
 from ..formats import check_options, detect, fields_of, open_source, writer_class
 from ..formats.base import Field
 from ..engine import Failures
-from . import manifest
+from . import COMMANDS, manifest
 from .jobs import Job, check_shard, writing
 from .progress import Progress, Summary
 from .runners import make_runner
@@ -436,7 +436,7 @@ def add_parser(sub: Any) -> None:
     from ..formats import FORMATS
     writable = sorted(k for k, v in FORMATS.items() if v[2])
     p = sub.add_parser(
-        "convert", help="convert a dataset into another format, in shards, in parallel, resumable",
+        "convert", help=COMMANDS["convert"].help,
         description="Read the dataset at SRC (any readable format: file tree, TFRecord, RecordIO, LMDB, "
                     "WebDataset tars, raw shards, COCO) and write it to the directory DST in format --to, in "
                     "shards written under temporary names and renamed when complete, with a manifest.json "

@@ -25,6 +25,7 @@ from ..decode.cpu import CpuDecoder
 from .convert import _option
 from .progress import human_bytes
 from .source_view import SourceView
+from . import COMMANDS
 
 #: Records whose image headers are read for the size statistics, by default.
 SAMPLE = 500
@@ -206,7 +207,7 @@ def describe(info: dict[str, Any]) -> str:
 def add_parser(sub: Any) -> None:
     from ..formats import FORMATS
     p = sub.add_parser(
-        "inspect", help="show a dataset's format, record count, fields, labels, image sizes and shards",
+        "inspect", help=COMMANDS["inspect"].help,
         description="Describe the dataset at PATH: format, record count, fields and their kinds, the label "
                     f"histogram (top {TOP}), image size statistics read from the headers of an evenly spaced "
                     "sample of records (no decoding), and its shards' count and bytes.")
