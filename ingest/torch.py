@@ -21,6 +21,7 @@ from . import defaults
 from .errors import ConfigError, IngestError
 from .formats import detect, open_source
 from .formats.base import Location, Record, Source, check_index, fields_of
+from .formats.boxes import box_format as check_box_format
 from .formats.filetree import IMAGE_EXTENSIONS
 from .formats.memory import MemorySource
 from .ops.mix import split as split_batch_op
@@ -732,16 +733,19 @@ def one_batch_type(images: Any, name: str, ragged: bool) -> Any:
         f"(every batch's {name} then come as a list of tensors)")
 
 
-def detection_targets(batch: dict[str, Any], *, boxes: str = "boxes", labels: str = "categories") -> list[dict]:
+def detection_targets(batch: dict[str, Any], *, boxes: str = "boxes", labels: str = "categories",
+                      box_format: str = "xyxy") -> list[dict]:
     """A detection batch (``output="dict"``) as torchvision's detection targets: one dict per image with
-    ``boxes`` (float ``[K, 4]``, the source's box format: ask the reader for ``box_format="ltrb"``, which
-    torchvision models expect), ``labels`` (int64 ``[K]``, from the ``labels`` field) and, where the batch has
-    them, ``masks``, ``iscrowd``, ``area`` and ``image_id``; padding removed with ``<field>_lengths``."""
+    ``boxes`` (float ``[K, 4]`` xyxy pixels, which torchvision's models take, converted from ``box_format``: the
+    format the reader was asked for, xyxy by default; `ingest.formats.boxes`), ``labels`` (int64 ``[K]``, from
+    the ``labels`` field) and, where the batch has them, ``masks``, ``iscrowd``, ``area`` and ``image_id``;
+    padding removed with ``<field>_lengths``."""
+    box_format = check_box_format(box_format)
     counts = batch[f"{boxes}_lengths"].tolist() if f"{boxes}_lengths" in batch else \
         [batch[boxes].shape[1]] * batch[boxes].shape[0]
     out = []
     for n, k in enumerate(counts):
-        target = {"boxes": batch[boxes][n, :k].float(), "labels": batch[labels][n, :k].long()}
+        target = {"boxes": _xyxy(batch[boxes][n, :k].float(), box_format), "labels": batch[labels][n, :k].long()}
         for name in ("masks", "iscrowd", "area"):
             if name in batch:
                 target[name] = batch[name][n, :k]
@@ -749,3 +753,12 @@ def detection_targets(batch: dict[str, Any], *, boxes: str = "boxes", labels: st
             target["image_id"] = batch["image_id"][n]
         out.append(target)
     return out
+
+
+def _xyxy(b: torch.Tensor, box_format: str) -> torch.Tensor:
+    """``[K, 4]`` boxes of ``box_format`` as xyxy (on their device)."""
+    if box_format == "xywh":
+        return torch.cat([b[:, :2], b[:, :2] + b[:, 2:]], dim=1)
+    if box_format == "cxcywh":
+        return torch.cat([b[:, :2] - b[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2], dim=1)
+    return b

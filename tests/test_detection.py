@@ -37,7 +37,8 @@ def _coco(tmp_path, n=6):
 
 def test_flip_and_resize_move_boxes_in_the_readers_format(tmp_path):
     path = _coco(tmp_path)
-    loader = ingest.Loader(path, batch_size=3, output="dict", reader_options={"images": tmp_path / "img"},
+    loader = ingest.Loader(path, batch_size=3, output="dict", reader_options={"images": tmp_path / "img",
+                                                                              "box_format": "xywh"},
                            ops=[Flip(p=1.0), Resize((30, 160))])
     batch = next(iter(loader))
     assert batch["images"].shape == (3, 3, 30, 160)

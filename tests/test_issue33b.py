@@ -97,3 +97,77 @@ def test_ragged_must_be_a_bool():
     from ingest.errors import ConfigError
     with pytest.raises(ConfigError, match="`ragged` must be True or False"):
         ingest.Loader([jpeg_bytes(8, 8)], batch_size=1, ragged="yes")
+
+
+# -- 2: boxes come out in the format asked for, from every reader ------------------------------------------------
+
+def _boxes_coco(tmp_path: Path) -> Path:
+    """Three 60x80 images with COCO bboxes (xywh) [4, 10, 30, 20] and [60, 40, 12, 10]."""
+    from test_detection import _coco
+    return _coco(tmp_path, n=3)
+
+
+XYWH = np.array([[4, 10, 30, 20], [60, 40, 12, 10]], dtype=np.float32)
+WANT = {"xyxy": np.array([[4, 10, 34, 30], [60, 40, 72, 50]]), "xywh": XYWH,
+        "cxcywh": np.array([[19, 20, 30, 20], [66, 45, 12, 10]])}
+
+
+def test_box_format_conversions_round_trip():
+    from ingest.errors import ConfigError
+    from ingest.formats.boxes import BOX_FORMATS, box_format, convert
+    for src in BOX_FORMATS:
+        for dst in BOX_FORMATS:
+            np.testing.assert_allclose(convert(WANT[src], src, dst), WANT[dst])
+    np.testing.assert_allclose(convert(WANT["xyxy"], "ltrb", "xywh"), XYWH)   # ltrb: xyxy's other name
+    assert box_format("ltrb") == "xyxy"
+    with pytest.raises(ConfigError, match="xyxy, xywh, cxcywh"):
+        box_format("yolo")
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "wds", "lmdb"])
+def test_every_reader_gives_the_box_format_asked_for_and_xyxy_by_default(tmp_path, fmt):
+    from ingest.formats import open_source
+    from ingest.formats.base import iter_records
+    from ingest.formats.coco import CocoSource
+    from ingest.tools.convert import convert
+    path = _boxes_coco(tmp_path)
+    images = str(tmp_path / "img")
+    first = lambda src: next(iter_records(src))[1].fields["boxes"]   # noqa: E731
+    assert CocoSource(path, images=images, cache=False).box_format == "xyxy"
+    np.testing.assert_allclose(first(CocoSource(path, images=images, cache=False)), WANT["xyxy"])
+    for stored in ("xywh", "cxcywh"):   # what the converter read (and the writer records)
+        out = tmp_path / f"{fmt}-{stored}"
+        convert(str(path), str(out), to=fmt, source_options={"images": images, "box_format": stored,
+                                                              "masks": "polygons"}, progress=False)
+        np.testing.assert_allclose(first(open_source(str(out))), WANT["xyxy"], atol=1e-3)
+        for wanted in ("xyxy", "xywh", "cxcywh", "ltrb"):
+            src = open_source(str(out), box_format=wanted)
+            assert src.box_format == ("xyxy" if wanted == "ltrb" else wanted)
+            np.testing.assert_allclose(first(src), WANT[src.box_format], atol=1e-3)
+            np.testing.assert_allclose(first(CocoSource(path, images=images, cache=False, box_format=wanted)),
+                                       WANT[src.box_format])
+
+
+def test_box_format_is_refused_by_a_reader_without_boxes(tmp_path):
+    from ingest.errors import ConfigError
+    from ingest.formats import open_source
+    root = make_image_folder(tmp_path / "t", {"a": 1})
+    with pytest.raises(ConfigError, match="no option 'box_format'"):
+        open_source(str(root), box_format="xywh")
+
+
+@pytest.mark.parametrize("box_format", ["xyxy", "xywh", "cxcywh"])
+def test_ops_and_detection_targets_give_torchvision_xyxy_whatever_the_format(tmp_path, box_format):
+    import ingest
+    from ingest.ops import Flip, Resize
+    path = _boxes_coco(tmp_path)
+    loader = ingest.Loader(str(path), batch_size=3, output="dict", ops=[Flip(p=1.0), Resize((30, 160))],
+                           reader_options={"images": str(tmp_path / "img"), "box_format": box_format})
+    batch = next(iter(loader))
+    loader.close()
+    # flipped in an 80-wide image, then x * 2, y / 2: xyxy [(80 - 34) * 2, 5, (80 - 4) * 2, 15], ...
+    want = np.array([[92, 5, 152, 15], [16, 20, 40, 25]], dtype=np.float32)
+    from ingest.formats.boxes import convert
+    np.testing.assert_allclose(batch["boxes"][0].numpy(), convert(want, "xyxy", box_format), atol=1e-4)
+    targets = ingest.torch.detection_targets(batch, box_format=box_format)
+    np.testing.assert_allclose(targets[0]["boxes"].numpy(), want, atol=1e-4)

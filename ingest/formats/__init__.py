@@ -19,7 +19,7 @@ from .base import (DEFAULT_FIELDS, KINDS, Field, Location, ProcessLocal, Record,
 from .filetree import IMAGE_EXTENSIONS, FileList, FileTree
 from .memory import MemorySource
 from ._example import writer_spec
-from . import _manifest
+from . import _manifest, boxes
 from ._registry import FORMATS   # format name -> (module, reader class, writer class or None)
 
 #: Shard file endings -> format (longest first when matching).
@@ -115,6 +115,10 @@ def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
     go to the reader (e.g. a TFRecord feature spec); an option the reader does not take is a ConfigError."""
     fmt = format or detect(path)
     cls = reader_class(fmt)
+    wanted_boxes = None
+    if "box_format" in options and "box_format" not in inspect.signature(cls).parameters:
+        options = dict(options)
+        wanted_boxes = options.pop("box_format")   # a converter output's stored boxes, converted as read (below)
     check_options(cls, f"{fmt} reader", options)
     manifest = os.path.join(os.fspath(path), MANIFEST) if isinstance(path, (str, os.PathLike)) else None
     meta = None
@@ -134,8 +138,15 @@ def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
         if meta.get("classes") and not list(getattr(source, "classes", ()) or ()):
             source.classes = list(meta["classes"])
         if meta.get("boxes") and "boxes" in fields_of(source):   # how the stored box values read (xywh, relative)
-            source.box_format = meta["boxes"]["box_format"]
+            stored = boxes.box_format(meta["boxes"]["box_format"])
+            source.box_format = boxes.box_format(boxes.DEFAULT if wanted_boxes is None else wanted_boxes)
             source.relative = bool(meta["boxes"]["relative"])
+            source.box_conversion = None if stored == source.box_format else \
+                boxes.Conversion(stored, source.box_format)
+            wanted_boxes = None
+    if wanted_boxes is not None:
+        raise ConfigError(f"the {fmt} reader has no option 'box_format': it is for COCO, TFRecord and converter "
+                          f"outputs whose manifest describes their boxes")
     return source
 
 

@@ -15,6 +15,7 @@ from ..errors import ConfigError, CorruptRecordError
 from . import _protos
 from ._images import image_type
 from .base import Field, Record, parse_dtype
+from .boxes import convert
 
 #: Keys tried in order for the image of a record without a spec (TF-slim / Inception / Object Detection API,
 #: TFDS-style and common hand-written layouts).
@@ -335,14 +336,12 @@ def put(fmap: Any, key: str, field: Field, value: Any) -> None:
 
 
 def put_boxes(fmap: Any, boxes: Any, size: tuple[int, int], box_format: str, relative: bool) -> None:
-    """Set the OD API box features of ``boxes`` ([N, 4], ``box_format`` 'ltrb' or 'xywh', in pixels or,
-    ``relative``, divided by the image's width and height) for an image of ``size`` (height, width)."""
+    """Set the OD API box features of ``boxes`` ([N, 4], in ``box_format`` of `ingest.formats.boxes`, in pixels
+    or, ``relative``, divided by the image's width and height) for an image of ``size`` (height, width)."""
     b = np.array(boxes, dtype=np.float64)
     if b.size % 4 or (b.ndim != 2 and b.size):
         raise ConfigError(f"boxes must have shape [N, 4], got {b.shape}")
-    b = b.reshape(-1, 4)
-    if box_format == "xywh":
-        b[:, 2:] += b[:, :2]
+    b = convert(b, box_format, "xyxy")
     height, width = size
     if not relative:
         b /= (width, height, width, height)

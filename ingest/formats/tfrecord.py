@@ -33,8 +33,8 @@ A missing feature or one of the wrong type is a `CorruptRecordError` naming the 
 
 **Detection** (the TensorFlow Object Detection API layout): a record holding ``image/object/bbox/xmin``,
 ``ymin``, ``xmax``, ``ymax`` (floats normalized to [0, 1]) and ``image/height``/``image/width`` is read with a
-``boxes`` field: ``[N, 4]`` float32 ltrb boxes in pixels (the source says ``box_format = "ltrb"``,
-``relative = False``, so the pipeline's box-aware ops move them), ``categories`` from
+``boxes`` field: ``[N, 4]`` float32 boxes in pixels, xyxy or the ``box_format`` asked for (the source says
+which, with ``relative = False``, so the pipeline's box-aware ops move them; `ingest.formats.boxes`), ``categories`` from
 ``image/object/class/label``, ``iscrowd`` from ``image/object/is_crowd``, ``area`` from ``image/object/area``
 where present, and ``image_id`` from ``image/source_id`` when that holds a decimal id (the OD API's COCO
 converter writes it so; other writers put a file name there, which is then not read). Name the raw keys in
@@ -77,6 +77,7 @@ from ._images import image_type
 from ._shards import (CHUNK, GZIP_MAGIC, RecordTable, read_exact, read_index_rows, resolve_indexes,
                       resolve_shards)
 from .base import Field, Location, Record, parse_or_error
+from .boxes import DEFAULT as DEFAULT_BOXES, Conversion, box_format as check_box_format, convert_record
 
 try:
     from . import _wire   # compiled (setup.py); without it every record is parsed with protobuf
@@ -352,12 +353,14 @@ class TFRecordSource:
     Options: ``features`` (the feature spec, see the module docstring), ``index`` (index file(s) for the
     shards: a path, a list aligned with the shards or a directory of ``<shard name>.idx``; default
     ``<shard>.idx`` where present), ``check_crc`` (default True), ``compression`` ('auto', 'none', 'gzip',
-    'zlib'), ``sequence`` (read the context of SequenceExample records), ``classes`` (class names).
+    'zlib'), ``sequence`` (read the context of SequenceExample records), ``classes`` (class names),
+    ``box_format`` (of Object Detection API boxes: "xyxy", "xywh" or "cxcywh" pixels; `ingest.formats.boxes`).
     """
 
     def __init__(self, path: str | os.PathLike | Sequence[str], *, features: Mapping[str, Any] | None = None,
                  index: Any = None, check_crc: bool = True, compression: str = "auto", sequence: bool = False,
-                 classes: Sequence[str] = ()):
+                 classes: Sequence[str] = (), box_format: str = DEFAULT_BOXES):
+        box_format = check_box_format(box_format)
         compression = str(compression).lower()
         if compression not in _COMPRESSIONS:
             raise ConfigError(f"Unknown compression {compression!r}. Available: {', '.join(_COMPRESSIONS)}")
@@ -379,8 +382,10 @@ class TFRecordSource:
         self._spec = normalize_spec(features, first) if features is not None else \
             (infer_spec(first) if first is not None else {})
         self.fields = {name: field for name, (_, field) in self._spec.items()}
-        if self._spec.get("boxes", ("",))[0] == OD_BOXES:   # Object Detection API boxes read as ltrb pixels
-            self.box_format, self.relative = "ltrb", False
+        self._boxes = None
+        if self._spec.get("boxes", ("",))[0] == OD_BOXES:   # Object Detection API boxes: xyxy pixels, converted
+            self.box_format, self.relative = box_format, False
+            self._boxes = None if box_format == "xyxy" else Conversion("xyxy", box_format)
         self._labels: np.ndarray | None = None
         self._scan = _scan_plan(self._spec) if not self.streamed else None
 
@@ -439,7 +444,8 @@ class TFRecordSource:
             self._seekable()
         path, offset = table.shards[table.shard_of[i]], table.offsets[i]
         data = unframe(raw, path, offset, check_crc=self.check_crc, index=i)
-        return to_record(parse_features(data, path, i, offset), self._spec, path, i, offset)
+        return convert_record(to_record(parse_features(data, path, i, offset), self._spec, path, i, offset),
+                              self._boxes)
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
         """`parse` of each record (a Record, or the error it raised), the batch scanned in one native call
@@ -491,7 +497,7 @@ class TFRecordSource:
         for n, (offset, data) in enumerate(iter_stream(shard, self._compression[k], check_crc=self.check_crc)):
             if n >= skip:
                 fmap = parse_features(data, shard, n, offset)
-                yield f"{shard}#{n}", to_record(fmap, self._spec, shard, n, offset)
+                yield f"{shard}#{n}", convert_record(to_record(fmap, self._spec, shard, n, offset), self._boxes)
 
     def __repr__(self) -> str:
         size = "streamed" if self.streamed else f"{len(self)} records"
@@ -565,7 +571,7 @@ class TFRecordWriter:
     Feature keys: ``keys`` maps field names to keys; by default 'image' -> ``image/encoded`` (plus
     ``image/format``; pixels -> ``image/raw`` plus ``image/raw/shape``), 'label' -> ``image/class/label``,
     any other field -> its name; with an image and a ``boxes`` array, the detection fields take the Object
-    Detection API keys (module docstring): the boxes, in ``box_format`` ('ltrb' or 'xywh', in pixels or,
+    Detection API keys (module docstring): the boxes, in ``box_format`` (`ingest.formats.boxes`; in pixels or,
     ``relative``, divided by the image size) are written as ltrb coordinates normalized by the image's
     stored size (its header's, or a pixel array's shape) with ``image/height`` and ``image/width``,
     ``image_id`` as the decimal string ``image/source_id`` and, given ``classes``, each category's name as
@@ -577,11 +583,10 @@ class TFRecordWriter:
 
     def __init__(self, directory: str | os.PathLike, stem: str, fields: Mapping[str, Field], *,
                  keys: Mapping[str, str] | None = None, compression: str | None = None,
-                 classes: Sequence[str] = (), box_format: str = "ltrb", relative: bool = False):
+                 classes: Sequence[str] = (), box_format: str = DEFAULT_BOXES, relative: bool = False):
         if compression not in (None, "gzip"):
             raise ConfigError(f"Unknown compression {compression!r}. Available: None, gzip")
-        if box_format not in ("ltrb", "xywh"):
-            raise ConfigError(f"`box_format` must be 'ltrb' or 'xywh', got {box_format!r}")
+        box_format = check_box_format(box_format)
         self.classes, self.box_format, self.relative = [str(c) for c in classes], box_format, bool(relative)
         bad = [n for n, f in fields.items() if not isinstance(f, Field)]
         if bad:

@@ -51,6 +51,7 @@ from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import checks, tarindex
 from ._shards import gzipped, resolve_shards
 from .base import Field, Location, Record, check_index
+from .boxes import convert_record
 from ._images import image_extension
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
@@ -248,6 +249,8 @@ class WebDatasetSource:
     ``manifest.json`` of an ``ingest convert`` output directory (tars have no place for them), else there
     are none."""
 
+    box_conversion = None   # stored boxes -> those asked for (set by `open_source` from a converter manifest)
+
     def __init__(self, path: Any, *, fields: Mapping[str, str | Sequence[str]] | None = None,
                  index: str | os.PathLike | Sequence[str | os.PathLike] | None = None, stream: bool | None = None,
                  write_index: bool = False, check: str | None = None):
@@ -369,7 +372,7 @@ class WebDatasetSource:
                 raise CorruptRecordError(f"the index {self._index_paths[mem.shard_of[i]]} gives sample {key!r} "
                                          f"label {mem.label_ints[i]}, its member holds {values[name]} (an edited "
                                          "or stale index)", path=path, index=i, offset=mem.offsets[m])
-        return _record(values)
+        return convert_record(_record(values), self.box_conversion)
 
     def labels(self) -> np.ndarray:
         """The ``label`` member of every sample, from the index (read from the shard only where the scan
@@ -425,7 +428,7 @@ class WebDatasetSource:
                 member = by_ext[ext]
                 values[name] = decode_member(ext, member.data, path=path,
                                              where=f"member {member.name} at byte {member.offset}")
-            yield f"{path}:{key}", _record(values)
+            yield f"{path}:{key}", convert_record(_record(values), self.box_conversion)
 
     def _missing(self, key: str, name: str, path: str, index: int) -> CorruptRecordError:
         return CorruptRecordError(f"sample {key!r} has no member for field {name!r} (extensions "

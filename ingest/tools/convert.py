@@ -177,7 +177,7 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
     fields = _output_fields(transform.fields(fields_of(view.source)), drop_fields)
     classes = [str(c) for c in view.source.classes]
     options = check_options(writer, f"{to} writer", dict(writer_options or {}))
-    described = {"classes": classes, "box_format": getattr(view.source, "box_format", "ltrb"),
+    described = {"classes": classes, "box_format": getattr(view.source, "box_format", "xyxy"),
                  "relative": bool(getattr(view.source, "relative", False))}   # what a writer may need to know
     for name, value in described.items():
         if name in inspect.signature(writer).parameters and name not in options:
