@@ -34,7 +34,8 @@ def test_coco_to_tfrecord_keeps_the_targets(tmp_path, box_format):
     path = _coco(tmp_path, n=5)
     options = {"images": str(tmp_path / "img"), "box_format": box_format}
     src = CocoSource(path, **options)
-    convert(str(path), str(tmp_path / "out"), to="tfrecord", shard_size=2, source_options=options, progress=False)
+    convert(str(path), str(tmp_path / "out"), to="tfrecord", shard_size=2, source_options=options, progress=False,
+            drop_fields=["segmentation"])
     packed = open_source(str(tmp_path / "out"))
     assert (packed.box_format, packed.relative) == ("xyxy", False)
     assert {"boxes", "categories", "iscrowd", "area", "image_id"} <= set(packed.fields)
@@ -57,7 +58,7 @@ def _raw(source, i):
 def test_tfrecord_holds_the_object_detection_api_keys(tmp_path):
     path = _coco(tmp_path, n=2)
     convert(str(path), str(tmp_path / "out"), to="tfrecord", source_options={"images": str(tmp_path / "img")},
-            progress=False)
+            progress=False, drop_fields=["segmentation"])
     shard = next((tmp_path / "out").glob("*.tfrecord"))
     fmap = _protos.Example.FromString(bytes(next(iter_stream(str(shard)))[1])).features.feature
     assert fmap["image/format"].bytes_list.value == [b"jpeg"]
@@ -75,8 +76,9 @@ def test_tfrecord_holds_the_object_detection_api_keys(tmp_path):
 def test_loader_reads_packed_boxes_like_the_json(tmp_path):
     path = _coco(tmp_path, n=4)
     options = {"images": str(tmp_path / "img"), "box_format": "ltrb"}
-    convert(str(path), str(tmp_path / "out"), to="tfrecord", source_options=options, progress=False)
-    kw = {"batch_size": 4, "output": "dict", "shuffle": False}
+    convert(str(path), str(tmp_path / "out"), to="tfrecord", source_options=options, progress=False,
+            drop_fields=["segmentation"])
+    kw = {"batch_size": 4, "output": "dict", "shuffle": False, "ragged": True}
     a = next(iter(ingest.Loader(str(path), reader_options=options, **kw)))
     b = next(iter(ingest.Loader(str(tmp_path / "out"), **kw)))
     assert np.allclose(a["boxes"].numpy(), b["boxes"].numpy(), atol=1e-3)
@@ -87,7 +89,8 @@ def test_loader_reads_packed_boxes_like_the_json(tmp_path):
 def test_other_writers_keep_the_fields(tmp_path, to):
     path = _coco(tmp_path, n=3)
     options = {"images": str(tmp_path / "img")}
-    convert(str(path), str(tmp_path / "out"), to=to, source_options=options, progress=False)
+    convert(str(path), str(tmp_path / "out"), to=to, source_options=options, progress=False,
+            drop_fields=["segmentation"])
     want = _records(CocoSource(path, **options))
     packed = open_source(str(tmp_path / "out"))
     got = [rec.fields for _, rec in iter_records(packed)]
@@ -147,7 +150,7 @@ def test_formats_that_store_boxes_as_given_keep_their_box_format(tmp_path, fmt):
     from ingest.tools.cli import main
     path = _coco(tmp_path)
     assert main(["convert", str(path), str(tmp_path / fmt), "--to", fmt, "-s", f"images={tmp_path / 'img'}",
-                 "-s", "box_format=xywh", "-q"]) == 0
+                 "-s", "box_format=xywh", "--drop", "segmentation", "-q"]) == 0
     assert json.loads((tmp_path / fmt / "manifest.json").read_text())["boxes"] == {"box_format": "xywh",
                                                                                   "relative": False}
     packed = open_source(tmp_path / fmt)

@@ -171,3 +171,98 @@ def test_ops_and_detection_targets_give_torchvision_xyxy_whatever_the_format(tmp
     np.testing.assert_allclose(batch["boxes"][0].numpy(), convert(want, "xyxy", box_format), atol=1e-4)
     targets = ingest.torch.detection_targets(batch, box_format=box_format)
     np.testing.assert_allclose(targets[0]["boxes"].numpy(), want, atol=1e-4)
+
+
+# -- 1: every field goes through a conversion with its name and kind, or the conversion says why not ----------
+
+KINDS = {"image": "image", "label": "int", "image/height": "int", "score": "float", "image/object/ids": "ints",
+         "weights": "floats", "caption": "text", "image/filename": "bytes", "embedding": "array"}
+
+
+def _value(kind: str, i: int):
+    return {"int": 20 + i, "float": 0.5 + i, "ints": np.arange(i + 1, dtype=np.int64),
+            "floats": np.linspace(0, 1, i + 2).astype(np.float32), "text": f"a caption {i}",
+            "bytes": b"file-%d.jpg" % i, "array": np.full((2, 3), i, dtype=np.int16)}[kind]
+
+
+def _every_kind(tmp_path: Path) -> str:
+    from ingest.formats.base import Field, Record
+    from ingest.formats.lmdb import LMDBWriter
+    fields = {name: Field(kind) for name, kind in KINDS.items()}
+    writer = LMDBWriter(tmp_path, "src", fields)
+    for i in range(3):
+        writer.add(Record(jpeg_bytes(20, 24, seed=i), i % 2,
+                          {name: _value(kind, i) for name, kind in KINDS.items() if name not in ("image", "label")}))
+    writer.close()
+    return str(tmp_path / "src.lmdb")
+
+
+def _same_records(a, b) -> None:
+    from ingest.formats.base import fields_of, iter_records
+    assert {n: f.kind for n, f in fields_of(b).items()} == {n: f.kind for n, f in fields_of(a).items()} == KINDS
+    for (_, x), (_, y) in zip(iter_records(a), iter_records(b)):
+        assert bytes(x.image) == bytes(y.image) and x.label == y.label
+        for name, value in x.fields.items():
+            got = y.fields[name]
+            if isinstance(value, (bytes, str, int, float)):
+                assert got == value and type(got) is type(value), (name, got, value)
+            else:
+                np.testing.assert_array_equal(np.asarray(got), value)
+                assert np.asarray(got).dtype == value.dtype, name
+
+
+@pytest.mark.parametrize("chain", [["wds"], ["tfrecord"], ["lmdb"], ["wds", "tfrecord", "wds"],
+                                   ["tfrecord", "wds", "tfrecord"]])
+def test_every_field_keeps_its_name_kind_and_value_through_conversions(tmp_path, chain):
+    from ingest.formats import open_source
+    from ingest.tools.convert import convert
+    src = _every_kind(tmp_path)
+    first = open_source(src)
+    for k, fmt in enumerate(chain):
+        out = str(tmp_path / f"{k}-{fmt}")
+        convert(src, out, to=fmt, progress=False)
+        src = out
+    _same_records(first, open_source(src))
+
+
+def test_what_a_reader_does_not_read_is_listed_and_never_dropped_silently(tmp_path):
+    from ingest.errors import ConfigError
+    from ingest.formats import _protos, open_source
+    from ingest.tools.convert import convert
+    from ingest.formats.tfrecord import _write_index_file, frame
+    example = _protos.Example()
+    fmap = example.features.feature
+    fmap["image/encoded"].bytes_list.value.append(jpeg_bytes(20, 24))
+    fmap["image/format"].bytes_list.value.append(b"jpeg")
+    fmap["image/filename"].bytes_list.value.append(b"0001.jpg")
+    fmap["image/height"].int64_list.value.append(20)
+    fmap["image/object/class/text"].bytes_list.value.extend([b"cat", b"dog"])
+    data = frame(example.SerializeToString())
+    (tmp_path / "a.tfrecord").write_bytes(data)
+    src = open_source(str(tmp_path / "a.tfrecord"))
+    assert {n: f.kind for n, f in src.fields.items()} == {"image": "image", "image/filename": "bytes",
+                                                           "image/height": "ints"}
+    assert list(src.unread) == ["image/object/class/text"]   # image/format: the writer derives it
+    out = _python("-m", "ingest.tools.cli", "inspect", str(tmp_path / "a.tfrecord"))
+    assert "not read: image/object/class/text" in out.stdout
+    with pytest.raises(ConfigError, match=r"would lose .*image/object/class/text.*--drop image/object/class/text"):
+        convert(str(tmp_path / "a.tfrecord"), str(tmp_path / "out"), to="wds", progress=False)
+    convert(str(tmp_path / "a.tfrecord"), str(tmp_path / "out"), to="wds", progress=False,
+            drop_fields=["image/object/class/text"])
+    back = open_source(str(tmp_path / "out"))
+    assert {n: f.kind for n, f in back.fields.items()} == {n: f.kind for n, f in src.fields.items()}
+
+
+def test_coco_segmentation_is_converted_or_refused_by_name(tmp_path):
+    from ingest.errors import ConfigError
+    from ingest.formats import open_source
+    from ingest.tools.convert import convert
+    path = _boxes_coco(tmp_path)
+    images = {"images": str(tmp_path / "img")}
+    with pytest.raises(ConfigError, match=r"segmentation: .*masks=polygons.*--drop segmentation"):
+        convert(str(path), str(tmp_path / "a"), to="wds", source_options=images, progress=False)
+    convert(str(path), str(tmp_path / "b"), to="wds", source_options={**images, "masks": "polygons"}, progress=False)
+    assert open_source(str(tmp_path / "b")).fields["polygons"].kind == "text"
+    convert(str(path), str(tmp_path / "c"), to="wds", source_options=images, drop_fields=["segmentation"],
+            progress=False)
+    assert "polygons" not in open_source(str(tmp_path / "c")).fields

@@ -121,7 +121,32 @@ def infer_spec(first: Any) -> dict[str, tuple[str, Field]]:
             spec[key] = (key, Field("floats"))
         elif key in shaped:
             spec[key] = (key, Field("array" if key + "/dtype" in kinds else "pixels"))
+        elif kind == "bytes_list" and one(key) and not key.startswith(OD_OBJECT) and key not in _derived(spec):
+            spec[key] = (key, Field("bytes"))   # one string per record, as far as the first record tells
     return spec
+
+
+#: The prefix of the Object Detection API's per-object features (lists of one value per object).
+OD_OBJECT = "image/object/"
+
+
+def _derived(spec: Mapping[str, tuple[str, Field]]) -> set[str]:
+    """Feature keys `TFRecordWriter` derives from the fields of ``spec`` (the encoded image's format, the OD
+    boxes' coordinates and image size, arrays' shapes and dtypes): read back through those fields."""
+    keys = {key for key, _ in spec.values()}
+    out = {suffixed for key in keys for suffixed in (key + "/shape", key + "/dtype")}
+    if WRITE_KEYS["image"] in keys:
+        out.add("image/format")
+    if OD_BOXES in keys:
+        out |= set(OD_BOX_KEYS) | set(OD_SIZE_KEYS)
+    return out
+
+
+def unread_keys(first: Any, spec: Mapping[str, tuple[str, Field]]) -> dict[str, str]:
+    """The feature keys of the first record that ``spec`` does not read (nor derive), each with its list type:
+    what a conversion of the records would leave out."""
+    taken = {key for key, _ in spec.values()} | _derived(spec)
+    return {key: first[key].WhichOneof("kind") or "empty list" for key in sorted(first) if key not in taken}
 
 
 def _infer_detection(kinds: Mapping[str, str], first: Any) -> dict[str, tuple[str, Field]]:

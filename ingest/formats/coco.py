@@ -352,6 +352,16 @@ class CocoSource:
         return (f"images are looked up under {self.root} ({whence}); pass the directory holding them as the "
                 "`images` option (reader_options={'images': DIR}; ingest -s images=DIR)")
 
+    @property
+    def unread(self) -> dict[str, str]:
+        """What the annotations hold that no field reads, with how to read it: the objects' segmentation
+        without ``masks`` (`ingest convert` refuses to leave it out unless told to, ``--drop segmentation``)."""
+        seg = self._a.get("seg_kind") if isinstance(self._a, dict) else None
+        if self.masks is None and seg is not None and bool((np.asarray(seg) != NO_SEG).any()):
+            return {"segmentation": "the objects' polygons and RLE masks, read with masks='polygons' "
+                                    "(-s masks=polygons) or masks='masks'"}
+        return {}
+
     def labels(self) -> np.ndarray:
         return np.full(len(self._img), -1, dtype=np.int64)
 

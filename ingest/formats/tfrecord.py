@@ -27,8 +27,11 @@ Kinds (`base.KINDS`) read as TensorFlow's ``FixedLenFeature`` / ``VarLenFeature`
 inferred from the first record: the image from TF-slim/Inception/Object Detection keys (``image/encoded``,
 ``image``, ``image_raw``, ... holding an encoded image), the label from ``image/class/label``, ``label``,
 ...; every other int64/float feature becomes an ``ints``/``floats`` field named by its key (variable
-length: one record says nothing about the others). Byte-string features other than the image are not
-inferred (a single record cannot tell one string from a per-object list): name them in a spec.
+length: one record says nothing about the others); a byte-string feature holding one value becomes a
+``bytes`` field (``image/filename``), but for the Object Detection API's per-object lists (``image/object/...``)
+and the features the writer derives from other fields (``image/format``, an array's ``/shape``). What no
+field reads is listed in ``unread`` (and by ``ingest inspect``), and ``ingest convert`` refuses to leave it
+out unless told to (``--drop``): name such a feature in a spec to read it.
 A missing feature or one of the wrong type is a `CorruptRecordError` naming the file, offset and key.
 
 **Detection** (the TensorFlow Object Detection API layout): a record holding ``image/object/bbox/xmin``,
@@ -71,8 +74,8 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import _protos
-from ._example import (OD_BOXES, OD_CLASS_TEXT, OD_SOURCE_ID, field_value, infer_spec, normalize_spec, parse_features,
-                       put, put_boxes, to_record, writer_spec)
+from ._example import (OD_BOXES, OD_CLASS_TEXT, OD_KEYS, OD_SOURCE_ID, field_value, infer_spec, normalize_spec,
+                       parse_features, put, put_boxes, to_record, unread_keys, writer_spec)
 from ._images import image_type
 from ._shards import (CHUNK, GZIP_MAGIC, RecordTable, read_exact, read_index_rows, resolve_indexes,
                       resolve_shards)
@@ -382,12 +385,23 @@ class TFRecordSource:
         self._spec = normalize_spec(features, first) if features is not None else \
             (infer_spec(first) if first is not None else {})
         self.fields = {name: field for name, (_, field) in self._spec.items()}
+        self._unread = unread_keys(first, self._spec) if first is not None else {}
         self._boxes = None
         if self._spec.get("boxes", ("",))[0] == OD_BOXES:   # Object Detection API boxes: xyxy pixels, converted
             self.box_format, self.relative = box_format, False
             self._boxes = None if box_format == "xyxy" else Conversion("xyxy", box_format)
         self._labels: np.ndarray | None = None
         self._scan = _scan_plan(self._spec) if not self.streamed else None
+
+    @property
+    def unread(self) -> dict[str, str]:
+        """Feature keys of the first record no field reads, each with how to read it: what a conversion would
+        lose (`ingest convert` refuses them unless dropped). The OD API's class names are not lost where
+        ``classes`` names the categories (the writer writes them again from it)."""
+        spec = "name it in a feature spec (-s features='{...}')"
+        return {key: f"a {kind} the reader does not read: {spec}" for key, kind in self._unread.items()
+                if not (key == OD_CLASS_TEXT and self.classes and self._spec.get("categories", ("",))[0]
+                        == OD_KEYS["categories"])}
 
     def _first_record(self, sequence: bool) -> Any:
         """The feature map of the first record (None for an empty dataset); refuses SequenceExample files
@@ -560,6 +574,13 @@ def _scanned(raw: Any, row: list, number: list, fields: list, side: np.ndarray,
         values[name] = value
         at += 2
     return Record(values.pop("image", None), values.pop("label", -1), values)
+
+
+def reader_spec(fields: Mapping[str, Field], writer: Mapping[str, Any]) -> dict[str, Any]:
+    """The reader options that read shards `TFRecordWriter` wrote for ``fields`` (with writer options
+    ``writer``) back with every field as written: `open_source` uses them for a converter output."""
+    keys = writer.get("keys")
+    return {"features": writer_spec(fields, keys if isinstance(keys, Mapping) else None)}
 
 
 # -- the writer ------------------------------------------------------------------------------------

@@ -445,6 +445,12 @@ def _record(values: dict[str, Any]) -> Record:
     return Record(image, int(label), values)
 
 
+def reader_spec(fields: Mapping[str, Field], writer: Mapping[str, Any]) -> dict[str, Any]:
+    """The reader options that read shards `WebDatasetWriter` wrote for ``fields`` back under the names it was
+    given (`written_extensions`): `open_source` uses them for a converter output, with its manifest's kinds."""
+    return {"fields": {name: written_extensions(name, field) for name, field in fields.items()}}
+
+
 #: Member extension a writer gives a field of each kind (images: sniffed from the bytes; label: ``cls``).
 WRITE_EXTENSIONS = {"pixels": "png", "int": "cls", "float": "float", "ints": "npy", "floats": "npy",
                     "array": "npy", "text": "txt", "bytes": "bin"}
@@ -476,7 +482,7 @@ class WebDatasetWriter:
         self._crcs: list[int] = []                  # each member's data, for the CRC file
 
     def _member(self, name: str, field: Field, value: Any) -> tuple[str, bytes]:
-        safe = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
+        safe = _safe(name)
         if field.kind == "image":
             data = bytes(memoryview(value).cast("B"))
             ext = image_extension(data)
@@ -486,11 +492,7 @@ class WebDatasetWriter:
             return (ext[1:] if name == "image" else f"{safe}.{ext[1:]}"), data
         if name == "label":
             return "cls", str(int(value)).encode()
-        if name == "image":   # decoded pixels
-            return WRITE_EXTENSIONS[field.kind], _encode(field.kind, value)
-        ext = safe if kind_of(safe) == field.kind and safe not in ("image", "label") \
-            else f"{safe}.{WRITE_EXTENSIONS[field.kind]}"
-        return ext, _encode(field.kind, value)
+        return written_extensions(name, field)[0], _encode(field.kind, value)
 
     def add(self, record: Record) -> None:
         key = f"{self.key_prefix}{self._count:09d}"
@@ -516,6 +518,26 @@ class WebDatasetWriter:
         tarindex.save(index, tarindex.index_path(self.path))
         checks.write_file(self.path + checks.SUFFIX, self._crcs)
         return [self.stem + ".tar", self.stem + ".tar.idx", self.stem + ".tar" + checks.SUFFIX]
+
+
+def _safe(name: str) -> str:
+    """A field name as a member extension: characters other than letters, digits, ``_`` and ``-`` as ``_``."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
+
+
+def written_extensions(name: str, field: Field) -> tuple[str, ...]:
+    """The member extension(s) `WebDatasetWriter` gives field ``name``: every image extension for an encoded
+    image (its bytes decide which), else the one extension of its kind. As a ``fields`` spec they read the
+    writer's shards back under the names it was given (``image/height``, not ``image_height``)."""
+    safe = _safe(name)
+    if field.kind == "image":
+        return IMAGE_EXTENSIONS if name == "image" else tuple(f"{safe}.{e}" for e in IMAGE_EXTENSIONS)
+    if name == "label":
+        return ("cls",)
+    if name == "image":   # decoded pixels
+        return (WRITE_EXTENSIONS[field.kind],)
+    return (safe if kind_of(safe) == field.kind and safe not in ("image", "label")
+            else f"{safe}.{WRITE_EXTENSIONS[field.kind]}",)
 
 
 def _encode(kind: str, value: Any) -> bytes:
