@@ -266,3 +266,57 @@ def test_coco_segmentation_is_converted_or_refused_by_name(tmp_path):
     convert(str(path), str(tmp_path / "c"), to="wds", source_options=images, drop_fields=["segmentation"],
             progress=False)
     assert "polygons" not in open_source(str(tmp_path / "c")).fields
+
+
+def test_raw_keeps_every_other_field_and_its_kind(tmp_path):
+    from ingest.formats import open_source
+    from ingest.tools.convert import convert
+    src = open_source(_every_kind(tmp_path))
+    convert(str(tmp_path / "src.lmdb"), str(tmp_path / "raw"), to="raw", raw_size=(20, 24), progress=False)
+    raw = open_source(str(tmp_path / "raw"))
+    assert {n: f.kind for n, f in raw.fields.items()} == {**KINDS, "image": "pixels"}
+    from ingest.formats.base import iter_records
+    for (_, a), (_, b) in zip(iter_records(src), iter_records(raw)):
+        for name, value in a.fields.items():
+            np.testing.assert_array_equal(np.asarray(b.fields[name]), np.asarray(value))
+
+
+def test_a_deeplab_voc_tfrecord_keeps_every_feature_through_wds_and_back(tmp_path):
+    """The DeepLab PASCAL VOC layout: the label map, file name and formats were left out of a wds conversion
+    that reported no failures."""
+    import io
+    from PIL import Image
+    from ingest.formats import _protos, open_source
+    from ingest.formats.base import fields_of, iter_records
+    from ingest.formats.tfrecord import frame
+    from ingest.tools.convert import convert
+    data = b""
+    for i in range(3):
+        png = io.BytesIO()
+        Image.fromarray(np.full((20, 24), i, dtype=np.uint8), mode="P").save(png, "PNG")
+        example = _protos.Example()
+        fmap = example.features.feature
+        for key, value in {"image/encoded": jpeg_bytes(20, 24, seed=i), "image/filename": b"%d.jpg" % i,
+                           "image/format": b"jpeg", "image/segmentation/class/encoded": png.getvalue(),
+                           "image/segmentation/class/format": b"png"}.items():
+            fmap[key].bytes_list.value.append(value)
+        for key, value in {"image/height": 20, "image/width": 24, "image/channels": 3}.items():
+            fmap[key].int64_list.value.append(value)
+        data += frame(example.SerializeToString())
+    (tmp_path / "voc.tfrecord").write_bytes(data)
+    src = open_source(str(tmp_path / "voc.tfrecord"))
+    assert not src.unread
+    assert set(fields_of(src)) == {"image", "image/filename", "image/segmentation/class/encoded",
+                                   "image/segmentation/class/format", "image/height", "image/width", "image/channels"}
+    convert(str(tmp_path / "voc.tfrecord"), str(tmp_path / "wds"), to="wds", progress=False)
+    convert(str(tmp_path / "wds"), str(tmp_path / "back"), to="tfrecord", progress=False)
+    for out in (open_source(str(tmp_path / "wds")), open_source(str(tmp_path / "back"))):
+        assert {n: f.kind for n, f in fields_of(out).items()} == {n: f.kind for n, f in fields_of(src).items()}
+        for (_, a), (_, b) in zip(iter_records(src), iter_records(out)):
+            assert bytes(a.image) == bytes(b.image)
+            for name, value in a.fields.items():
+                got = b.fields[name]
+                if isinstance(value, bytes):
+                    assert bytes(got) == value, name
+                else:
+                    np.testing.assert_array_equal(np.asarray(got), np.asarray(value))
