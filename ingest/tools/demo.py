@@ -248,7 +248,7 @@ def run_formats(root: Path, work: Path, *, raw_size: tuple[int, int] = (64, 64),
     from ingest.ops import Resize
     from ingest.tools.convert import convert
 
-    want = _labels(ingest.Loader(root, batch_size=batch_size))
+    want = _labels(ingest.Loader(root, batch_size=batch_size, ragged=True))   # labels only: sizes may differ
     rows = []
     for fmt in formats:
         dst = work / fmt
