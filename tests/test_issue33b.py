@@ -320,3 +320,27 @@ def test_a_deeplab_voc_tfrecord_keeps_every_feature_through_wds_and_back(tmp_pat
                     assert bytes(got) == value, name
                 else:
                     np.testing.assert_array_equal(np.asarray(got), np.asarray(value))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_ragged_and_dense_on_cuda_with_either_engine(tmp_path, engine):
+    """On CUDA the same rule: ragged=True gives lists of CUDA tensors (views of the batch the native engine
+    made, which keep its slot from being reused while held), dense a tensor or the ConfigError."""
+    import ingest
+    from ingest import defaults
+    from ingest.errors import ConfigError
+    from test_native_gpu import CHAINS   # a chain the native engine takes
+    root = str(_mixed(tmp_path))
+    ops = CHAINS["rrc-flip-normalize"]
+    with defaults.set(engine="auto" if engine == "python" else engine):
+        with ingest.Loader(root, batch_size=2, device="cuda", ops=ops, ragged=True) as loader:
+            kept = [images for images, _ in loader]
+            if engine == "native":
+                assert loader.stats()["engine"] == "native"
+        assert all(isinstance(b, list) and all(im.is_cuda and im.shape == (3, 64, 64) for im in b) for b in kept)
+        with ingest.Loader(root, batch_size=2, device="cuda", ops=ops) as loader:
+            assert all(isinstance(images, torch.Tensor) and images.is_cuda for images, _ in loader)
+    with ingest.Loader(root, batch_size=2, device="cuda") as loader, pytest.raises(ConfigError, match="ragged=True"):
+        list(loader)
