@@ -21,6 +21,7 @@ from . import defaults
 from .errors import ConfigError, IngestError
 from .formats import detect, open_source
 from .formats.base import Location, Record, Source, check_index, fields_of
+from .formats.boxes import box_format as check_box_format
 from .formats.filetree import IMAGE_EXTENSIONS
 from .formats.memory import MemorySource
 from .ops.mix import split as split_batch_op
@@ -70,6 +71,12 @@ class Loader:
     "partial" or "pad" (see `ingest.sampler.Sampler`); by default "pad" when sharded, so that every rank gets
     the same number of batches (like ``DistributedSampler``: repeated samples, marked in ``is_pad``), else
     "partial".
+
+    ``ragged``: the batch type of ``images`` (and of other image fields). False (the default): one tensor
+    ``[N, C, H, W]`` every batch; a batch whose images differ in size (no op fixed it: Resize to (h, w),
+    CenterCrop, RandomResizedCrop, PadTo(batch=True)) is a ConfigError saying so. True: always a list of
+    ``[C, H, W]`` tensors, whatever the sizes (what torchvision's detection models take). One Loader never
+    mixes the two.
     """
 
     def __init__(self, source: str | os.PathLike | Source | Sequence | Iterable, *, batch_size: int,
@@ -79,9 +86,12 @@ class Loader:
                  num_threads: int | None = None, num_workers: int | None = None, max_failures: int | float = 0,
                  io: str | None = None, output: str = "tuple", extensions: Sequence[str] = IMAGE_EXTENSIONS,
                  format: str | None = None, reader_options: dict[str, Any] | None = None,
-                 shuffle_buffer: int = DEFAULT_BUFFER, worker_stages: str = "auto"):
+                 shuffle_buffer: int = DEFAULT_BUFFER, worker_stages: str = "auto", ragged: bool = False):
         if output not in OUTPUTS:
             raise ConfigError(f"Unknown output {output!r}. Available: {', '.join(OUTPUTS)}")
+        if not isinstance(ragged, bool):
+            raise ConfigError(f"`ragged` must be True or False, got {ragged!r}")
+        self.ragged = ragged
         if shard_id is None and num_shards is None:
             shard_id, num_shards = _distributed_rank()
         elif shard_id is None or num_shards is None:
@@ -111,6 +121,7 @@ class Loader:
         if self._stream is None and getattr(source, "streamed", False):  # GZIP TFRecords, gzipped tars
             source = self._streamed = StreamedSource(source, buffer_size=shuffle_buffer)
         fields = fields_of(source)
+        self._image_fields = {name for name, f in fields.items() if f.kind in IMAGE_KINDS and name != "image"}
         if output == "tuple" and "image" not in fields:
             raise ConfigError(f"this source has no image field (fields: {', '.join(fields)}); "
                               "use output='dict'")
@@ -306,10 +317,12 @@ class Loader:
                 if stream != marked:   # else this process's ops stage marked them (`OpsStage.consumer_stream`)
                     for t in cuda_tensors((batch.images, batch.labels, batch.fields)):
                         t.record_stream(stream)
+        images = one_batch_type(batch.images, "images", self.ragged)
         if self.output == "tuple":
-            return batch.images, batch.labels
-        return {"images": batch.images, "labels": batch.labels, **batch.fields, "indices": batch.indices,
-                "is_pad": batch.is_pad}
+            return images, batch.labels
+        fields = {name: one_batch_type(value, name, self.ragged) if name in self._image_fields else value
+                  for name, value in batch.fields.items()}
+        return {"images": images, "labels": batch.labels, **fields, "indices": batch.indices, "is_pad": batch.is_pad}
 
     def _close_executor(self) -> None:
         if self._executor is not None:
@@ -695,16 +708,44 @@ def _pair(item: Any) -> tuple[Any, int]:
     return image, int(label)
 
 
-def detection_targets(batch: dict[str, Any], *, boxes: str = "boxes", labels: str = "categories") -> list[dict]:
+#: Field kinds batched as images: one tensor, or with ``ragged=True`` a list (`one_batch_type`).
+IMAGE_KINDS = ("image", "pixels", "mask")
+#: The ops that give every image of a batch one size, named when a batch's sizes differ.
+SIZE_FIXING_OPS = ("Resize((h, w))", "CenterCrop", "RandomResizedCrop", "PadTo(batch=True)")
+
+
+def one_batch_type(images: Any, name: str, ragged: bool) -> Any:
+    """A batch's images (or another image field) in the Loader's one batch type: a tensor ``[N, ...]``, or with
+    ``ragged`` a list of per-sample tensors (a tensor split along dim 0). A list of images of different sizes
+    where ``ragged`` is False is a ConfigError naming the ops that fix the size and the ``ragged`` option: a
+    batch type that changed with the batch's sizes would surface as a crash epochs into training."""
+    if ragged:
+        return list(images.unbind(0)) if isinstance(images, torch.Tensor) else images
+    if not isinstance(images, list):
+        return images
+    if images and all(im.shape == images[0].shape for im in images):
+        return torch.stack(images)
+    shapes = sorted({tuple(im.shape) for im in images})
+    raise ConfigError(
+        f"the {name} of this batch differ in size ({', '.join('x'.join(map(str, s)) for s in shapes[:4])}"
+        f"{', ...' if len(shapes) > 4 else ''}) and no op makes them one size, so they cannot be one tensor. "
+        f"Add an op that fixes the size ({', '.join(SIZE_FIXING_OPS)}) or pass ragged=True to the Loader "
+        f"(every batch's {name} then come as a list of tensors)")
+
+
+def detection_targets(batch: dict[str, Any], *, boxes: str = "boxes", labels: str = "categories",
+                      box_format: str = "xyxy") -> list[dict]:
     """A detection batch (``output="dict"``) as torchvision's detection targets: one dict per image with
-    ``boxes`` (float ``[K, 4]``, the source's box format: ask the reader for ``box_format="ltrb"``, which
-    torchvision models expect), ``labels`` (int64 ``[K]``, from the ``labels`` field) and, where the batch has
-    them, ``masks``, ``iscrowd``, ``area`` and ``image_id``; padding removed with ``<field>_lengths``."""
+    ``boxes`` (float ``[K, 4]`` xyxy pixels, which torchvision's models take, converted from ``box_format``: the
+    format the reader was asked for, xyxy by default; `ingest.formats.boxes`), ``labels`` (int64 ``[K]``, from
+    the ``labels`` field) and, where the batch has them, ``masks``, ``iscrowd``, ``area`` and ``image_id``;
+    padding removed with ``<field>_lengths``."""
+    box_format = check_box_format(box_format)
     counts = batch[f"{boxes}_lengths"].tolist() if f"{boxes}_lengths" in batch else \
         [batch[boxes].shape[1]] * batch[boxes].shape[0]
     out = []
     for n, k in enumerate(counts):
-        target = {"boxes": batch[boxes][n, :k].float(), "labels": batch[labels][n, :k].long()}
+        target = {"boxes": _xyxy(batch[boxes][n, :k].float(), box_format), "labels": batch[labels][n, :k].long()}
         for name in ("masks", "iscrowd", "area"):
             if name in batch:
                 target[name] = batch[name][n][:k]   # a padded tensor, or a list of per-image masks
@@ -712,3 +753,12 @@ def detection_targets(batch: dict[str, Any], *, boxes: str = "boxes", labels: st
             target["image_id"] = batch["image_id"][n]
         out.append(target)
     return out
+
+
+def _xyxy(b: torch.Tensor, box_format: str) -> torch.Tensor:
+    """``[K, 4]`` boxes of ``box_format`` as xyxy (on their device)."""
+    if box_format == "xywh":
+        return torch.cat([b[:, :2], b[:, :2] + b[:, 2:]], dim=1)
+    if box_format == "cxcywh":
+        return torch.cat([b[:, :2] - b[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2], dim=1)
+    return b

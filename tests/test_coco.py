@@ -48,7 +48,9 @@ def write_coco(root: Path, anns: list, *, images=((1, 20, 30), (2, 24, 16), (3, 
 
 
 def open_coco(path, **kw) -> CocoSource:
+    """The source, with boxes as COCO's ``bbox`` holds them (xywh) unless the test asks for another format."""
     kw.setdefault("cache", False)
+    kw.setdefault("box_format", "xywh")
     return CocoSource(path, images=Path(path).parent.parent / "img", **kw)
 
 
@@ -88,8 +90,12 @@ def test_box_formats_and_relative(basic):
     np.testing.assert_array_equal(ltrb, [[1, 2, 7, 10]])
     rel = fields(open_coco(basic, box_format="ltrb", relative=True), 1)["boxes"]  # image 2 is 24 x 16
     np.testing.assert_allclose(rel, [[1 / 16, 2 / 24, 7 / 16, 10 / 24]], rtol=1e-6)
-    with pytest.raises(ConfigError, match="box_format"):
-        open_coco(basic, box_format="xyxy")
+    np.testing.assert_array_equal(fields(open_coco(basic, box_format="xyxy"), 1)["boxes"], [[1, 2, 7, 10]])
+    np.testing.assert_array_equal(fields(open_coco(basic, box_format="cxcywh"), 1)["boxes"], [[4, 6, 6, 8]])
+    np.testing.assert_array_equal(fields(CocoSource(basic, images=basic.parent.parent / "img", cache=False), 1)["boxes"],
+                                  [[1, 2, 7, 10]])   # the default: xyxy pixels, torchvision's
+    with pytest.raises(ConfigError, match="box_format.*xyxy, xywh, cxcywh"):
+        open_coco(basic, box_format="yxyx")
 
 
 def test_category_ids_contiguous_or_original(tmp_path):
@@ -187,7 +193,7 @@ def test_images_default_to_the_json_directory(tmp_path):
 
 def test_loader_batches_the_targets_padded(basic):
     import ingest
-    loader = ingest.Loader(open_coco(basic, box_format="ltrb"), batch_size=3, output="dict")  # boxes as read
+    loader = ingest.Loader(open_coco(basic, box_format="ltrb"), batch_size=3, output="dict", ragged=True)
     batch = next(iter(loader))
     assert batch["image_id"].tolist() == [1, 2, 3] and batch["boxes_lengths"].tolist() == [2, 1, 0]
     assert batch["boxes"].shape == (3, 2, 4) and batch["boxes"][1, 0].tolist() == [1, 2, 7, 10]

@@ -67,7 +67,8 @@ def _dataset(tmp_path):
 
 def _convert(path, tmp_path, to, options):
     convert(str(path), str(tmp_path / "out"), to=to, max_side=MAX_SIDE, progress=False,
-            source_options={"images": str(tmp_path / "img"), **options})
+            source_options={"images": str(tmp_path / "img"), **options},
+            drop_fields=[] if options.get("masks") else ["segmentation"])
     return tmp_path / "out"
 
 

@@ -2,6 +2,7 @@
 normalized by the image size, read back as ltrb pixels), LMDB and WebDataset keeping the fields as they are."""
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -33,9 +34,10 @@ def test_coco_to_tfrecord_keeps_the_targets(tmp_path, box_format):
     path = _coco(tmp_path, n=5)
     options = {"images": str(tmp_path / "img"), "box_format": box_format}
     src = CocoSource(path, **options)
-    convert(str(path), str(tmp_path / "out"), to="tfrecord", shard_size=2, source_options=options, progress=False)
+    convert(str(path), str(tmp_path / "out"), to="tfrecord", shard_size=2, source_options=options, progress=False,
+            drop_fields=["segmentation"])
     packed = open_source(str(tmp_path / "out"))
-    assert (packed.box_format, packed.relative) == ("ltrb", False)
+    assert (packed.box_format, packed.relative) == ("xyxy", False)
     assert {"boxes", "categories", "iscrowd", "area", "image_id"} <= set(packed.fields)
     assert len(packed) == len(src)
     for i, want in enumerate(_records(src)):
@@ -56,7 +58,7 @@ def _raw(source, i):
 def test_tfrecord_holds_the_object_detection_api_keys(tmp_path):
     path = _coco(tmp_path, n=2)
     convert(str(path), str(tmp_path / "out"), to="tfrecord", source_options={"images": str(tmp_path / "img")},
-            progress=False)
+            progress=False, drop_fields=["segmentation"])
     shard = next((tmp_path / "out").glob("*.tfrecord"))
     fmap = _protos.Example.FromString(bytes(next(iter_stream(str(shard)))[1])).features.feature
     assert fmap["image/format"].bytes_list.value == [b"jpeg"]
@@ -74,8 +76,9 @@ def test_tfrecord_holds_the_object_detection_api_keys(tmp_path):
 def test_loader_reads_packed_boxes_like_the_json(tmp_path):
     path = _coco(tmp_path, n=4)
     options = {"images": str(tmp_path / "img"), "box_format": "ltrb"}
-    convert(str(path), str(tmp_path / "out"), to="tfrecord", source_options=options, progress=False)
-    kw = {"batch_size": 4, "output": "dict", "shuffle": False}
+    convert(str(path), str(tmp_path / "out"), to="tfrecord", source_options=options, progress=False,
+            drop_fields=["segmentation"])
+    kw = {"batch_size": 4, "output": "dict", "shuffle": False, "ragged": True}
     a = next(iter(ingest.Loader(str(path), reader_options=options, **kw)))
     b = next(iter(ingest.Loader(str(tmp_path / "out"), **kw)))
     assert np.allclose(a["boxes"].numpy(), b["boxes"].numpy(), atol=1e-3)
@@ -86,7 +89,8 @@ def test_loader_reads_packed_boxes_like_the_json(tmp_path):
 def test_other_writers_keep_the_fields(tmp_path, to):
     path = _coco(tmp_path, n=3)
     options = {"images": str(tmp_path / "img")}
-    convert(str(path), str(tmp_path / "out"), to=to, source_options=options, progress=False)
+    convert(str(path), str(tmp_path / "out"), to=to, source_options=options, progress=False,
+            drop_fields=["segmentation"])
     want = _records(CocoSource(path, **options))
     packed = open_source(str(tmp_path / "out"))
     got = [rec.fields for _, rec in iter_records(packed)]
@@ -138,17 +142,22 @@ def test_realworld_object_detection_record_gives_boxes():
 
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])   # RecordIO refuses these fields, by name
 def test_formats_that_store_boxes_as_given_keep_their_box_format(tmp_path, fmt):
-    """A COCO xywh source packed where box values are stored as they are reads back as xywh (the manifest
-    says so), so the box-aware ops move the boxes the same as from the JSON."""
+    """A COCO source read as xywh, packed where box values are stored as they are: the manifest records xywh,
+    and reading back gives the format asked for (xyxy by default), so the box-aware ops move the boxes the
+    same as from the JSON."""
     import ingest
     from ingest.ops import Flip
     from ingest.tools.cli import main
     path = _coco(tmp_path)
     assert main(["convert", str(path), str(tmp_path / fmt), "--to", fmt, "-s", f"images={tmp_path / 'img'}",
-                 "-q"]) == 0
+                 "-s", "box_format=xywh", "--drop", "segmentation", "-q"]) == 0
+    assert json.loads((tmp_path / fmt / "manifest.json").read_text())["boxes"] == {"box_format": "xywh",
+                                                                                  "relative": False}
     packed = open_source(tmp_path / fmt)
-    assert (packed.box_format, packed.relative) == ("xywh", False)
-    kw = dict(batch_size=3, output="dict", ops=[Flip(p=1.0)])
-    a = next(iter(ingest.Loader(CocoSource(path, images=tmp_path / "img", cache=False), **kw)))
-    b = next(iter(ingest.Loader(tmp_path / fmt, **kw)))
-    assert np.allclose(a["boxes"].numpy(), b["boxes"].numpy(), atol=1e-3)
+    assert (packed.box_format, packed.relative) == ("xyxy", False)
+    kw = dict(batch_size=3, output="dict", ops=[Flip(p=1.0)], ragged=True)
+    for box_format in ("xyxy", "xywh", "cxcywh"):
+        a = next(iter(ingest.Loader(CocoSource(path, images=tmp_path / "img", cache=False, box_format=box_format),
+                                    **kw)))
+        b = next(iter(ingest.Loader(tmp_path / fmt, reader_options={"box_format": box_format}, **kw)))
+        assert np.allclose(a["boxes"].numpy(), b["boxes"].numpy(), atol=1e-3)

@@ -135,7 +135,7 @@ ORPHAN_SCRIPT = """
     import ingest
 
     if __name__ == "__main__":
-        L = ingest.Loader(sys.argv[1], batch_size=4, num_workers=2)
+        L = ingest.Loader(sys.argv[1], batch_size=4, num_workers=2, ragged=True)
         it = iter(L)
         next(it)
         print(" ".join(str(p.pid) for p in L._pool._procs), flush=True)

@@ -37,7 +37,8 @@ def _coco(tmp_path, n=6):
 
 def test_flip_and_resize_move_boxes_in_the_readers_format(tmp_path):
     path = _coco(tmp_path)
-    loader = ingest.Loader(path, batch_size=3, output="dict", reader_options={"images": tmp_path / "img"},
+    loader = ingest.Loader(path, batch_size=3, output="dict", reader_options={"images": tmp_path / "img",
+                                                                              "box_format": "xywh"},
                            ops=[Flip(p=1.0), Resize((30, 160))])
     batch = next(iter(loader))
     assert batch["images"].shape == (3, 3, 30, 160)
@@ -103,7 +104,7 @@ def test_padded_batch_with_image_sizes(tmp_path):
         assert (images[n, :, h:, :] == 3).all() and (images[n, :, :, w:] == 3).all()
         k = int(batch["boxes_lengths"][n])
         assert (batch["boxes"][n, :k, 2] <= w + 1e-3).all() and (batch["boxes"][n, :k, 3] <= h + 1e-3).all()
-    plain = next(iter(ingest.Loader(src, batch_size=4, output="dict", ops=ops[:3], seed=2)))
+    plain = next(iter(ingest.Loader(src, batch_size=4, output="dict", ops=ops[:3], seed=2, ragged=True)))
     assert [tuple(im.shape[1:]) for im in plain["images"]] == [tuple(s) for s in sizes.tolist()]
     for n, (h, w) in enumerate(sizes.tolist()):
         assert torch.equal(images[n, :, :h, :w], plain["images"][n])

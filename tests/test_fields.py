@@ -136,7 +136,7 @@ class Pixels:
 
 
 def test_pixel_sources_skip_decode():
-    loader = ingest.Loader(Pixels(), batch_size=4, output="dict")
+    loader = ingest.Loader(Pixels(), batch_size=4, output="dict", ragged=True)
     batch = next(iter(loader))
     assert isinstance(batch["images"], list)  # ragged sizes stay a list, each image CHW as in a stacked batch
     for i, im in enumerate(batch["images"]):
@@ -263,7 +263,7 @@ def test_unknown_format_names_the_valid_ones(image_folder):
         ingest.Loader(image_folder, batch_size=2, format="tfrec")
     with pytest.raises(ConfigError, match="apply when `source` is a path"):
         ingest.Loader([jpeg_bytes(8, 8)], batch_size=1, format="filetree")
-    images, labels = next(iter(ingest.Loader(image_folder, batch_size=3, format="filetree")))
+    images, labels = next(iter(ingest.Loader(image_folder, batch_size=3, format="filetree", ragged=True)))
     assert labels.tolist() == [0, 0, 0]
 
 

@@ -17,8 +17,9 @@ pytestmark = [pytest.mark.gpu, requires_cuda]
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_ragged_cuda_output_is_a_list_like_on_the_cpu(image_folder, workers):
-    cpu = next(iter(ingest.Loader(image_folder, batch_size=6, device="cpu", ops=[Resize(32)])))[0]
-    loader = ingest.Loader(image_folder, batch_size=6, device="cuda", ops=[Resize(32)], num_workers=workers)
+    cpu = next(iter(ingest.Loader(image_folder, batch_size=6, device="cpu", ops=[Resize(32)], ragged=True)))[0]
+    loader = ingest.Loader(image_folder, batch_size=6, device="cuda", ops=[Resize(32)], num_workers=workers,
+                           ragged=True)
     images, labels = next(iter(loader))
     loader.close()
     assert isinstance(cpu, list) and isinstance(images, list) and len(images) == len(cpu) == 6

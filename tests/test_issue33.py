@@ -30,7 +30,8 @@ import ingest.torch as it
 def main():
     root = make_image_folder(Path(sys.argv[1]), {"a": 5, "b": 5})
     (root / "a" / "0002.jpg").write_bytes(b"\\xff\\xd8garbage" * 10)
-    loader = it.Loader(str(root), batch_size=4, max_failures=3, device="cpu", num_workers=int(sys.argv[2]))
+    loader = it.Loader(str(root), batch_size=4, max_failures=3, device="cpu", num_workers=int(sys.argv[2]),
+                       ragged=True)
     n = sum(len(images) for images, _ in loader)
     print("FAILURES", len(loader.stats()["failures"]), "SAMPLES", n, flush=True)
     loader.close()

@@ -232,7 +232,7 @@ def test_writer_refuses_existing_database(tmp_path):
 def test_loader_end_to_end_by_path(tmp_path):
     records = make_records(10)
     write(tmp_path, records, fields={"image": Field("image"), "label": Field("int"), "caption": Field("text")})
-    loader = ingest.Loader(str(tmp_path / "db.lmdb"), batch_size=4, device="cpu", output="dict")
+    loader = ingest.Loader(str(tmp_path / "db.lmdb"), batch_size=4, device="cpu", output="dict", ragged=True)
     labels, captions = [], []
     for batch in loader:
         labels += batch["labels"].tolist()

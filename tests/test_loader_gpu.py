@@ -54,8 +54,8 @@ def test_uint8_output_fixed_size(folder):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_ragged_shapes_match_cpu(folder, workers):
     ops = [Resize(32)]   # shorter side 32: the widths differ with the aspect ratios
-    cpu = next(iter(ingest.Loader(folder, batch_size=5, ops=ops)))[0]
-    with ingest.Loader(folder, batch_size=5, device="cuda", ops=ops, num_workers=workers) as loader:
+    cpu = next(iter(ingest.Loader(folder, batch_size=5, ops=ops, ragged=True)))[0]
+    with ingest.Loader(folder, batch_size=5, device="cuda", ops=ops, num_workers=workers, ragged=True) as loader:
         gpu = next(iter(loader))[0]
         assert isinstance(cpu, list) and len({tuple(t.shape) for t in cpu}) > 1, "the batch must be ragged"
         assert isinstance(gpu, list) and [t.shape for t in gpu] == [t.shape for t in cpu]
@@ -364,7 +364,7 @@ def test_batches_of_gpu1_taken_on_a_thread_on_gpu0(folder, ops, ragged):
     the thread is left on GPU 0. `Resize(32)` keeps each image's aspect, so the folder's mixed sizes make
     ragged batches (a list of tensors); `Resize((32, 32))` makes one tensor per batch."""
     import threading
-    loader = ingest.Loader(folder, batch_size=8, device="cuda:1", ops=ops, num_workers=0)
+    loader = ingest.Loader(folder, batch_size=8, device="cuda:1", ops=ops, num_workers=0, ragged=ragged)
     seen = {"images": 0, "devices": set(), "lists": set()}
 
     def consume():

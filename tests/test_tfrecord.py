@@ -108,9 +108,10 @@ def test_framing_matches_the_spec():
 def test_inferred_layout(shard):
     path, records = shard
     src = TFRecordSource(path)
-    # text/bytes features other than the image are not inferred; numbers are variable-length lists
+    # a one-value bytes feature is bytes (a single record cannot tell text); numbers are variable-length lists
     assert src.fields == {"image": Field("image"), "label": Field("int"), "boxes": Field("floats"),
-                          "weight": Field("floats"), "mask": Field("array")}
+                          "weight": Field("floats"), "mask": Field("array"), "caption": Field("bytes")}
+    assert src.unread == {}
     check_format(src)
     rec = src.parse(1, read_location(src.locate(1)))
     assert rec.image == records[1].image and rec.label == 1

@@ -236,7 +236,7 @@ def test_loader_end_to_end(tmp_path):
     records = make_records(10)
     write_shard(tmp_path, "s", records, fields={"image": Field("image"), "label": Field("int"),
                                                 "caption": Field("text")})
-    loader = ingest.Loader(str(tmp_path / "s.tar"), batch_size=4, device="cpu", output="dict")
+    loader = ingest.Loader(str(tmp_path / "s.tar"), batch_size=4, device="cpu", output="dict", ragged=True)
     labels, captions = [], []
     for batch in loader:
         labels += batch["labels"].tolist()

@@ -20,11 +20,11 @@ class BoxFields:
 
     def _init_boxes(self, source: Source, extra_fields: dict[str, Field], image_kind: str | None,
                     ops: Sequence) -> None:
-        # Detection: a "boxes" field (ltrb or xywh, absolute or relative, as the source says) follows the
+        # Detection: a "boxes" field (xyxy, xywh or cxcywh, absolute or relative, as the source says) follows the
         # geometry ops; the per-box fields (the source's `per_box`, else those of `PER_BOX` it has) are
         # pruned with their boxes, and "masks" are warped like the image.
         self.boxes = "boxes" in extra_fields and image_kind is not None
-        self.box_format = getattr(source, "box_format", "ltrb")
+        self.box_format = getattr(source, "box_format", "xyxy")
         self.box_relative = bool(getattr(source, "relative", False))
         self.per_box = list(getattr(source, "per_box", None) or
                             [k for k in PER_BOX if k in extra_fields and extra_fields[k].kind != "array"])

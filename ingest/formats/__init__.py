@@ -18,8 +18,7 @@ from .base import (DEFAULT_FIELDS, KINDS, Field, Location, ProcessLocal, Record,
                    iter_records, read_location)
 from .filetree import IMAGE_EXTENSIONS, FileList, FileTree
 from .memory import MemorySource
-from ._example import writer_spec
-from . import _manifest
+from . import _manifest, boxes
 from ._registry import FORMATS   # format name -> (module, reader class, writer class or None)
 
 #: Shard file endings -> format (longest first when matching).
@@ -110,11 +109,28 @@ def check_options(cls: type, what: str, options: dict[str, Any]) -> dict[str, An
     return options
 
 
+def _declared_kinds(source: Any, declared: dict[str, Field]) -> None:
+    """Give a converter output's fields the kinds its manifest records where the format stores them in another
+    kind's form (ints and floats as ``.npy`` arrays in a tar; any kind a format keeps as bytes), so a field reads
+    back with the kind it was written with. ``pixels`` stay as read: formats that store them encoded (a PNG
+    member) give the encoded image."""
+    fields = getattr(source, "fields", None)
+    if not isinstance(fields, dict):
+        return
+    for name, field in declared.items():
+        if name in fields and fields[name] != field and field.kind != "pixels":
+            fields[name] = field
+
+
 def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
     """Open the dataset at ``path`` with format ``format`` (detected from the path when None); ``options``
     go to the reader (e.g. a TFRecord feature spec); an option the reader does not take is a ConfigError."""
     fmt = format or detect(path)
     cls = reader_class(fmt)
+    wanted_boxes = None
+    if "box_format" in options and "box_format" not in inspect.signature(cls).parameters:
+        options = dict(options)
+        wanted_boxes = options.pop("box_format")   # a converter output's stored boxes, converted as read (below)
     check_options(cls, f"{fmt} reader", options)
     manifest = os.path.join(os.fspath(path), MANIFEST) if isinstance(path, (str, os.PathLike)) else None
     meta = None
@@ -122,20 +138,28 @@ def open_source(path: Any, format: str | None = None, **options: Any) -> Any:
         # the converter keeps what the format has no place for; its files are checked before they are opened
         meta = _manifest.load(manifest)
         _manifest.check_files(os.fspath(path), meta, manifest)
-        if fmt == "tfrecord" and "features" not in options and meta.get("fields"):
-            # Every field as written (text and per-object lists cannot be inferred from a record)
-            fields = {name: Field.from_json(f) for name, f in meta["fields"].items()}
+        declared = {name: Field.from_json(f) for name, f in (meta.get("fields") or {}).items()}
+        spec = getattr(_module(fmt), "reader_spec", None)
+        if spec is not None and declared:
+            # Every field under the name and of the kind written (a record's bytes may not tell either)
             writer = (meta.get("options") or {}).get("writer")
-            keys = writer.get("keys") if isinstance(writer, dict) else None
-            options = dict(options, features=writer_spec(fields, keys if isinstance(keys, dict) else None))
+            options = {**spec(declared, writer if isinstance(writer, dict) else {}), **options}
     source = cls(path, **options)
     if meta is not None:
         _manifest.check_counts(os.fspath(path), meta, source, manifest)
+        _declared_kinds(source, declared)
         if meta.get("classes") and not list(getattr(source, "classes", ()) or ()):
             source.classes = list(meta["classes"])
         if meta.get("boxes") and "boxes" in fields_of(source):   # how the stored box values read (xywh, relative)
-            source.box_format = meta["boxes"]["box_format"]
+            stored = boxes.box_format(meta["boxes"]["box_format"])
+            source.box_format = boxes.box_format(boxes.DEFAULT if wanted_boxes is None else wanted_boxes)
             source.relative = bool(meta["boxes"]["relative"])
+            source.box_conversion = None if stored == source.box_format else \
+                boxes.Conversion(stored, source.box_format)
+            wanted_boxes = None
+    if wanted_boxes is not None:
+        raise ConfigError(f"the {fmt} reader has no option 'box_format': it is for COCO, TFRecord and converter "
+                          f"outputs whose manifest describes their boxes")
     return source
 
 

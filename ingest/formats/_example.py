@@ -15,6 +15,7 @@ from ..errors import ConfigError, CorruptRecordError
 from . import _protos
 from ._images import image_type, mask_bytes
 from .base import Field, Record, parse_dtype
+from .boxes import convert
 
 #: Keys tried in order for the image of a record without a spec (TF-slim / Inception / Object Detection API,
 #: TFDS-style and common hand-written layouts).
@@ -126,7 +127,32 @@ def infer_spec(first: Any) -> dict[str, tuple[str, Field]]:
             spec[key] = (key, Field("floats"))
         elif key in shaped:
             spec[key] = (key, Field("array" if key + "/dtype" in kinds else "pixels"))
+        elif kind == "bytes_list" and one(key) and not key.startswith(OD_OBJECT) and key not in _derived(spec):
+            spec[key] = (key, Field("bytes"))   # one string per record, as far as the first record tells
     return spec
+
+
+#: The prefix of the Object Detection API's per-object features (lists of one value per object).
+OD_OBJECT = "image/object/"
+
+
+def _derived(spec: Mapping[str, tuple[str, Field]]) -> set[str]:
+    """Feature keys `TFRecordWriter` derives from the fields of ``spec`` (the encoded image's format, the OD
+    boxes' coordinates and image size, arrays' shapes and dtypes): read back through those fields."""
+    keys = {key for key, _ in spec.values()}
+    out = {suffixed for key in keys for suffixed in (key + "/shape", key + "/dtype")}
+    if WRITE_KEYS["image"] in keys:
+        out.add("image/format")
+    if OD_BOXES in keys:
+        out |= set(OD_BOX_KEYS) | set(OD_SIZE_KEYS)
+    return out
+
+
+def unread_keys(first: Any, spec: Mapping[str, tuple[str, Field]]) -> dict[str, str]:
+    """The feature keys of the first record that ``spec`` does not read (nor derive), each with its list type:
+    what a conversion of the records would leave out."""
+    taken = {key for key, _ in spec.values()} | _derived(spec)
+    return {key: first[key].WhichOneof("kind") or "empty list" for key in sorted(first) if key not in taken}
 
 
 def _infer_detection(kinds: Mapping[str, str], first: Any) -> dict[str, tuple[str, Field]]:
@@ -346,14 +372,12 @@ def put(fmap: Any, key: str, field: Field, value: Any) -> None:
 
 
 def put_boxes(fmap: Any, boxes: Any, size: tuple[int, int], box_format: str, relative: bool) -> None:
-    """Set the OD API box features of ``boxes`` ([N, 4], ``box_format`` 'ltrb' or 'xywh', in pixels or,
-    ``relative``, divided by the image's width and height) for an image of ``size`` (height, width)."""
+    """Set the OD API box features of ``boxes`` ([N, 4], in ``box_format`` of `ingest.formats.boxes`, in pixels
+    or, ``relative``, divided by the image's width and height) for an image of ``size`` (height, width)."""
     b = np.array(boxes, dtype=np.float64)
     if b.size % 4 or (b.ndim != 2 and b.size):
         raise ConfigError(f"boxes must have shape [N, 4], got {b.shape}")
-    b = b.reshape(-1, 4)
-    if box_format == "xywh":
-        b[:, 2:] += b[:, :2]
+    b = convert(b, box_format, "xyxy")
     height, width = size
     if not relative:
         b /= (width, height, width, height)

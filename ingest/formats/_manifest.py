@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import CorruptRecordError
 from ._registry import FORMATS
+from .boxes import ALIASES, BOX_FORMATS
 
 #: Endings of the files a shard's records are found or checked through (hashed at open; data files are not).
 SIDE_FILES = (".idx", ".json", ".crc32c")
@@ -64,8 +65,9 @@ def parse(doc: Any, path: str) -> dict[str, Any]:
         except (KeyError, TypeError, ValueError) as err:
             raise _bad(path, f"field {name!r}: {err}") from None
     boxes = doc.get("boxes")
-    if boxes and (boxes.get("box_format") not in ("ltrb", "xywh") or not isinstance(boxes.get("relative"), bool)):
-        raise _bad(path, "`boxes` must hold `box_format` (ltrb or xywh) and `relative` (true or false)")
+    if boxes and (ALIASES.get(boxes.get("box_format"), boxes.get("box_format")) not in BOX_FORMATS
+                  or not isinstance(boxes.get("relative"), bool)):
+        raise _bad(path, f"`boxes` must hold `box_format` ({', '.join(BOX_FORMATS)}) and `relative` (true or false)")
     shards = doc.setdefault("shards", [])
     if not isinstance(shards, list):
         raise _bad(path, "`shards` must be a list")

@@ -28,6 +28,10 @@ paths and index only.
 ``shards`` and ``iter_shard(k, skip)`` instead of ``locate``/``parse``; the loader shuffles shard order and
 a bounded buffer (see `ingest.stream`).
 
+**Nothing unread goes unsaid.** A source that sees something in the data that no declared field reads
+(TFRecord's per-object byte lists, COCO's segmentation without ``masks``) lists it in ``unread`` (name ->
+how to read it); ``ingest inspect`` shows it and ``ingest convert`` refuses to leave it out unless dropped.
+
 **Writers** (one per format module) write one output shard: ``Writer(directory, stem, fields, **options)``,
 ``add(record)``, ``close() -> [file names written]``. The converter (`ingest.tools.convert`) owns shard
 naming, temporary names, renames, manifests and resume; a writer only turns records into bytes,

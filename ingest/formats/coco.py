@@ -10,9 +10,11 @@ field         kind                    value
 image         image                   the image file's encoded bytes (read like a file tree's file)
 label         int                     always -1: a detection sample has no single class label
 image_id      int                     the COCO image id
-boxes         array float32 [N, 4]    ``[x, y, w, h]`` (``box_format="xywh"``, COCO's) or ``[x1, y1, x2, y2]``
-                                      (``"ltrb"``, torchvision's), in pixels or, with ``relative=True``,
-                                      divided by the image's width and height
+boxes         array float32 [N, 4]    ``[x1, y1, x2, y2]`` (``box_format="xyxy"``, the default,
+                                      torchvision's; also ``"ltrb"``), ``[x, y, w, h]`` (``"xywh"``, COCO's
+                                      ``bbox``) or ``[cx, cy, w, h]`` (``"cxcywh"``; `ingest.formats.boxes`),
+                                      in pixels or, with ``relative=True``, divided by the image's width and
+                                      height
 categories    ints [N]                category: 1..C in sorted category-id order (``contiguous_ids=True``;
                                       0 is left to the background) or the file's category ids
 iscrowd       ints [N]                COCO's iscrowd flag (0 or 1)
@@ -48,7 +50,7 @@ setting, what an uncompressed 16-bit RGBA image of that size takes); it is read 
 With ``check_sizes`` (default) each image's header size, EXIF orientation applied, must be the declared
 ``width`` and ``height``, which its annotations are in: otherwise its read fails (`CorruptRecordError`).
 
-**Options** (DALI's ``readers.coco`` names in brackets): ``box_format="ltrb"`` [``ltrb``],
+**Options** (DALI's ``readers.coco`` names in brackets): ``box_format`` [``ltrb``],
 ``relative`` [``ratio``], ``skip_empty`` drops images left without objects after the other filters
 [``skip_empty``], ``size_threshold`` drops objects whose clipped box is narrower or lower than it, in
 pixels [``size_threshold``], ``image_ids`` keeps a subset [``image_ids``], ``include_crowd=False``
@@ -101,8 +103,8 @@ from ..io import read_error
 from ._coco_index import (NO_SEG, POLYGONS, REPAIR_KEYS, RLE, is_number, load_cache, open_arrays, parse_instances,
                           parse_results, polygon_rle, short, unpack)
 from .base import Field, Location, Record, check_index
+from .boxes import DEFAULT as DEFAULT_BOXES, box_format as check_box_format, convert as convert_boxes
 
-BOX_FORMATS = ("xywh", "ltrb")
 #: Pixel masks of one image larger than this (objects x height x width bytes) fail it instead of allocating.
 MAX_MASK_BYTES = 1 << 31
 #: Largest category id usable as a label as it is (``contiguous_ids=False``): `classes` has one name per id.
@@ -122,7 +124,7 @@ class CocoSource:
     streamed = False
 
     def __init__(self, annotations: str | os.PathLike, *, images: str | os.PathLike | None = None,
-                 box_format: str = "xywh", relative: bool = False, contiguous_ids: bool = True,
+                 box_format: str = DEFAULT_BOXES, relative: bool = False, contiguous_ids: bool = True,
                  include_crowd: bool = True, masks: str | None = None, skip_empty: bool = False,
                  size_threshold: float = 0.0, image_ids: Iterable[int] | None = None, cache: Any = True,
                  allow_outside_root: bool = False, max_bytes: int | None = None, check_sizes: bool = True):
@@ -156,13 +158,12 @@ class CocoSource:
         self._select(arrays)
         return self
 
-    def _setup(self, path: str, images: Any = None, box_format: str = "xywh", relative: bool = False,
+    def _setup(self, path: str, images: Any = None, box_format: str = DEFAULT_BOXES, relative: bool = False,
                contiguous_ids: bool = True, include_crowd: bool = True, masks: str | None = None,
                skip_empty: bool = False, size_threshold: float = 0.0, image_ids: Iterable[int] | None = None,
                cache: Any = True, scored: bool = False, allow_outside_root: bool = False,
                max_bytes: int | None = None, check_sizes: bool = True) -> None:
-        if box_format not in BOX_FORMATS:
-            raise ConfigError(f"`box_format` must be one of {', '.join(BOX_FORMATS)}; got {box_format!r}")
+        box_format = check_box_format(box_format)
         if masks not in MASK_MODES:
             raise ConfigError(f"`masks` must be None, 'polygons' or 'masks'; got {masks!r}")
         if not is_number(size_threshold) or size_threshold < 0:
@@ -256,9 +257,7 @@ class CocoSource:
     def _targets(self, a: dict[str, np.ndarray], keep: np.ndarray, ltrb: np.ndarray) -> None:
         """Final per-object arrays of the kept objects, in sample order."""
         ltrb = ltrb[keep]
-        boxes = ltrb.copy()
-        if self.box_format == "xywh":
-            boxes[:, 2:] -= boxes[:, :2]
+        boxes = convert_boxes(ltrb, "xyxy", self.box_format)
         if self.relative:
             owner = np.repeat(self._img, np.diff(self._start))
             scale = np.stack([a["img_w"][owner], a["img_h"][owner]], 1).astype(np.float64)
@@ -352,6 +351,16 @@ class CocoSource:
         whence = "as given" if self._root_given else "the annotation file's directory, the default"
         return (f"images are looked up under {self.root} ({whence}); pass the directory holding them as the "
                 "`images` option (reader_options={'images': DIR}; ingest -s images=DIR)")
+
+    @property
+    def unread(self) -> dict[str, str]:
+        """What the annotations hold that no field reads, with how to read it: the objects' segmentation
+        without ``masks`` (`ingest convert` refuses to leave it out unless told to, ``--drop segmentation``)."""
+        seg = self._a.get("seg_kind") if isinstance(self._a, dict) else None
+        if self.masks is None and seg is not None and bool((np.asarray(seg) != NO_SEG).any()):
+            return {"segmentation": "the objects' polygons and RLE masks, read with masks='polygons' "
+                                    "(-s masks=polygons) or masks='masks'"}
+        return {}
 
     def labels(self) -> np.ndarray:
         return np.full(len(self._img), -1, dtype=np.int64)

@@ -69,6 +69,7 @@ from ..io import NATIVE
 from . import _framed, _lmdb_check, checks
 from ._protos import Datum
 from .base import Field, Location, ProcessLocal, Record, batch_structs, check_index, parse_or_error, read_location
+from .boxes import convert_record
 from ._images import image_extension
 from ._native_table import NativeTable, NotNative
 
@@ -666,6 +667,8 @@ class LMDBSource:
     ``check``: per-record CRC32C checks of our layout's values ("auto", "crc", "none"; None: the ``check``
     setting; `ingest.formats.checks`)."""
 
+    box_conversion = None   # stored boxes -> those asked for (set by `open_source` from a converter manifest)
+
     def __init__(self, path: Any, *, layout: str = "auto", caffe_bgr: bool = True, check: str | None = None):
         if layout not in LAYOUTS:
             raise ConfigError(f"Unknown LMDB layout {layout!r}. Available: {', '.join(LAYOUTS)}")
@@ -741,7 +744,7 @@ class LMDBSource:
         record = db.parse(j, raws, self._key_name(db, j))
         if self._crcs is not None:   # after the parse, whose errors say more where the framing broke
             self._check(i, raw, db, j)
-        return record
+        return convert_record(record, self.box_conversion)
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
         """`parse` of each record (a Record, or the error it raised). Ours with an image and an int label, the

@@ -68,6 +68,7 @@ from . import RAW_INDEX, checks
 from ._raw_index import (COLUMNS, DATA_SUFFIX, DEFAULT_ALIGN, DTYPES, FIELD_ALIGN, FORMAT, INDEX_SUFFIX, STORED,
                          VERSION, Shard, encode_array, shard_indexes)
 from .base import DEFAULT_FIELDS, Field, Location, Record, check_index, check_indices
+from .boxes import convert_record
 
 
 def _align_up(n: int, a: int) -> int:
@@ -309,6 +310,8 @@ class RawSource:
     disagree on their fields or classes). Pickles as its index (file handles are per process).
     """
 
+    box_conversion = None   # stored boxes -> those asked for (set by `open_source` from a converter manifest)
+
     def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], *, check: str | None = None):
         from ..io import file_handles
         index_paths, classes = shard_indexes(path)
@@ -403,7 +406,7 @@ class RawSource:
         values.update({k: col[i].item() for k, col in self._columns.items()})
         image = values.pop("image", None)
         values.pop("label", None)
-        return Record(image, int(self._labels[i]), values)
+        return convert_record(Record(image, int(self._labels[i]), values), self.box_conversion)
 
     def _field(self, name: str, i: int, buf: np.ndarray, start: int) -> Any:
         at = int(self._offsets[name][i]) - start

@@ -27,14 +27,17 @@ Kinds (`base.KINDS`) read as TensorFlow's ``FixedLenFeature`` / ``VarLenFeature`
 inferred from the first record: the image from TF-slim/Inception/Object Detection keys (``image/encoded``,
 ``image``, ``image_raw``, ... holding an encoded image), the label from ``image/class/label``, ``label``,
 ...; every other int64/float feature becomes an ``ints``/``floats`` field named by its key (variable
-length: one record says nothing about the others). Byte-string features other than the image are not
-inferred (a single record cannot tell one string from a per-object list): name them in a spec.
+length: one record says nothing about the others); a byte-string feature holding one value becomes a
+``bytes`` field (``image/filename``), but for the Object Detection API's per-object lists (``image/object/...``)
+and the features the writer derives from other fields (``image/format``, an array's ``/shape``). What no
+field reads is listed in ``unread`` (and by ``ingest inspect``), and ``ingest convert`` refuses to leave it
+out unless told to (``--drop``): name such a feature in a spec to read it.
 A missing feature or one of the wrong type is a `CorruptRecordError` naming the file, offset and key.
 
 **Detection** (the TensorFlow Object Detection API layout): a record holding ``image/object/bbox/xmin``,
 ``ymin``, ``xmax``, ``ymax`` (floats normalized to [0, 1]) and ``image/height``/``image/width`` is read with a
-``boxes`` field: ``[N, 4]`` float32 ltrb boxes in pixels (the source says ``box_format = "ltrb"``,
-``relative = False``, so the pipeline's box-aware ops move them), ``categories`` from
+``boxes`` field: ``[N, 4]`` float32 boxes in pixels, xyxy or the ``box_format`` asked for (the source says
+which, with ``relative = False``, so the pipeline's box-aware ops move them; `ingest.formats.boxes`), ``categories`` from
 ``image/object/class/label``, ``iscrowd`` from ``image/object/is_crowd``, ``area`` from ``image/object/area``
 where present, and ``image_id`` from ``image/source_id`` when that holds a decimal id (the OD API's COCO
 converter writes it so; other writers put a file name there, which is then not read). Name the raw keys in
@@ -71,13 +74,14 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import _protos
-from ._example import (OD_BOXES, OD_CLASS_TEXT, OD_SOURCE_ID, field_value, infer_spec, normalize_spec, parse_features,
-                       put, put_boxes, to_record, writer_spec)
+from ._example import (OD_BOXES, OD_CLASS_TEXT, OD_KEYS, OD_SOURCE_ID, field_value, infer_spec, normalize_spec,
+                       parse_features, put, put_boxes, to_record, unread_keys, writer_spec)
 from ._images import image_type
 from ._native_table import NativeTable, NotNative
 from ._shards import (CHUNK, GZIP_MAGIC, RecordTable, read_exact, read_index_rows, resolve_indexes,
                       resolve_shards)
 from .base import Field, Location, Record, parse_or_error
+from .boxes import DEFAULT as DEFAULT_BOXES, Conversion, box_format as check_box_format, convert_record
 
 try:
     from . import _wire   # compiled (setup.py); without it every record is parsed with protobuf
@@ -359,12 +363,14 @@ class TFRecordSource:
     Options: ``features`` (the feature spec, see the module docstring), ``index`` (index file(s) for the
     shards: a path, a list aligned with the shards or a directory of ``<shard name>.idx``; default
     ``<shard>.idx`` where present), ``check_crc`` (default True), ``compression`` ('auto', 'none', 'gzip',
-    'zlib'), ``sequence`` (read the context of SequenceExample records), ``classes`` (class names).
+    'zlib'), ``sequence`` (read the context of SequenceExample records), ``classes`` (class names),
+    ``box_format`` (of Object Detection API boxes: "xyxy", "xywh" or "cxcywh" pixels; `ingest.formats.boxes`).
     """
 
     def __init__(self, path: str | os.PathLike | Sequence[str], *, features: Mapping[str, Any] | None = None,
                  index: Any = None, check_crc: bool = True, compression: str = "auto", sequence: bool = False,
-                 classes: Sequence[str] = ()):
+                 classes: Sequence[str] = (), box_format: str = DEFAULT_BOXES):
+        box_format = check_box_format(box_format)
         compression = str(compression).lower()
         if compression not in _COMPRESSIONS:
             raise ConfigError(f"Unknown compression {compression!r}. Available: {', '.join(_COMPRESSIONS)}")
@@ -386,10 +392,23 @@ class TFRecordSource:
         self._spec = normalize_spec(features, first) if features is not None else \
             (infer_spec(first) if first is not None else {})
         self.fields = {name: field for name, (_, field) in self._spec.items()}
-        if self._spec.get("boxes", ("",))[0] == OD_BOXES:   # Object Detection API boxes read as ltrb pixels
-            self.box_format, self.relative = "ltrb", False
+        self._unread = unread_keys(first, self._spec) if first is not None else {}
+        self._boxes = None
+        if self._spec.get("boxes", ("",))[0] == OD_BOXES:   # Object Detection API boxes: xyxy pixels, converted
+            self.box_format, self.relative = box_format, False
+            self._boxes = None if box_format == "xyxy" else Conversion("xyxy", box_format)
         self._labels: np.ndarray | None = None
         self._scan = _scan_plan(self._spec) if not self.streamed else None
+
+    @property
+    def unread(self) -> dict[str, str]:
+        """Feature keys of the first record no field reads, each with how to read it: what a conversion would
+        lose (`ingest convert` refuses them unless dropped). The OD API's class names are not lost where
+        ``classes`` names the categories (the writer writes them again from it)."""
+        spec = "name it in a feature spec (-s features='{...}')"
+        return {key: f"a {kind} the reader does not read: {spec}" for key, kind in self._unread.items()
+                if not (key == OD_CLASS_TEXT and self.classes and self._spec.get("categories", ("",))[0]
+                        == OD_KEYS["categories"])}
 
     def _first_record(self, sequence: bool) -> Any:
         """The feature map of the first record (None for an empty dataset); refuses SequenceExample files
@@ -446,7 +465,8 @@ class TFRecordSource:
             self._seekable()
         path, offset = table.shards[table.shard_of[i]], table.offsets[i]
         data = unframe(raw, path, offset, check_crc=self.check_crc, index=i)
-        return to_record(parse_features(data, path, i, offset), self._spec, path, i, offset)
+        return convert_record(to_record(parse_features(data, path, i, offset), self._spec, path, i, offset),
+                              self._boxes)
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Record | Exception]:
         """`parse` of each record (a Record, or the error it raised), the batch scanned in one native call
@@ -515,7 +535,7 @@ class TFRecordSource:
         for n, (offset, data) in enumerate(iter_stream(shard, self._compression[k], check_crc=self.check_crc)):
             if n >= skip:
                 fmap = parse_features(data, shard, n, offset)
-                yield f"{shard}#{n}", to_record(fmap, self._spec, shard, n, offset)
+                yield f"{shard}#{n}", convert_record(to_record(fmap, self._spec, shard, n, offset), self._boxes)
 
     def __repr__(self) -> str:
         size = "streamed" if self.streamed else f"{len(self)} records"
@@ -580,6 +600,13 @@ def _scanned(raw: Any, row: list, number: list, fields: list, side: np.ndarray,
     return Record(values.pop("image", None), values.pop("label", -1), values)
 
 
+def reader_spec(fields: Mapping[str, Field], writer: Mapping[str, Any]) -> dict[str, Any]:
+    """The reader options that read shards `TFRecordWriter` wrote for ``fields`` (with writer options
+    ``writer``) back with every field as written: `open_source` uses them for a converter output."""
+    keys = writer.get("keys")
+    return {"features": writer_spec(fields, keys if isinstance(keys, Mapping) else None)}
+
+
 # -- the writer ------------------------------------------------------------------------------------
 
 class TFRecordWriter:
@@ -589,7 +616,7 @@ class TFRecordWriter:
     Feature keys: ``keys`` maps field names to keys; by default 'image' -> ``image/encoded`` (plus
     ``image/format``; pixels -> ``image/raw`` plus ``image/raw/shape``), 'label' -> ``image/class/label``,
     any other field -> its name; with an image and a ``boxes`` array, the detection fields take the Object
-    Detection API keys (module docstring): the boxes, in ``box_format`` ('ltrb' or 'xywh', in pixels or,
+    Detection API keys (module docstring): the boxes, in ``box_format`` (`ingest.formats.boxes`; in pixels or,
     ``relative``, divided by the image size) are written as ltrb coordinates normalized by the image's
     stored size (its header's, or a pixel array's shape) with ``image/height`` and ``image/width``,
     ``image_id`` as the decimal string ``image/source_id`` and, given ``classes``, each category's name as
@@ -601,11 +628,10 @@ class TFRecordWriter:
 
     def __init__(self, directory: str | os.PathLike, stem: str, fields: Mapping[str, Field], *,
                  keys: Mapping[str, str] | None = None, compression: str | None = None,
-                 classes: Sequence[str] = (), box_format: str = "ltrb", relative: bool = False):
+                 classes: Sequence[str] = (), box_format: str = DEFAULT_BOXES, relative: bool = False):
         if compression not in (None, "gzip"):
             raise ConfigError(f"Unknown compression {compression!r}. Available: None, gzip")
-        if box_format not in ("ltrb", "xywh"):
-            raise ConfigError(f"`box_format` must be 'ltrb' or 'xywh', got {box_format!r}")
+        box_format = check_box_format(box_format)
         self.classes, self.box_format, self.relative = [str(c) for c in classes], box_format, bool(relative)
         bad = [n for n, f in fields.items() if not isinstance(f, Field)]
         if bad:

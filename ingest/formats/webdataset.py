@@ -54,6 +54,7 @@ from . import checks, tarindex
 from ._native_table import NativeTable, NotNative
 from ._shards import gzipped, resolve_shards
 from .base import Field, Location, Record, check_index
+from .boxes import convert_record
 from ._images import image_extension, mask_bytes
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "jp2", "j2k", "pam", "pnm")
@@ -255,6 +256,8 @@ class WebDatasetSource:
     ``manifest.json`` of an ``ingest convert`` output directory (tars have no place for them), else there
     are none."""
 
+    box_conversion = None   # stored boxes -> those asked for (set by `open_source` from a converter manifest)
+
     def __init__(self, path: Any, *, fields: Mapping[str, str | Sequence[str]] | None = None,
                  index: str | os.PathLike | Sequence[str | os.PathLike] | None = None, stream: bool | None = None,
                  write_index: bool = False, check: str | None = None, masks: Sequence[str] = ()):
@@ -383,7 +386,7 @@ class WebDatasetSource:
                 raise CorruptRecordError(f"the index {self._index_paths[mem.shard_of[i]]} gives sample {key!r} "
                                          f"label {mem.label_ints[i]}, its member holds {values[name]} (an edited "
                                          "or stale index)", path=path, index=i, offset=mem.offsets[m])
-        return _record(values)
+        return convert_record(_record(values), self.box_conversion)
 
     def labels(self) -> np.ndarray:
         """The ``label`` member of every sample, from the index (read from the shard only where the scan
@@ -504,7 +507,7 @@ class WebDatasetSource:
                 member = by_ext[ext]
                 values[name] = decode_member(ext, member.data, path=path,
                                              where=f"member {member.name} at byte {member.offset}")
-            yield f"{path}:{key}", _record(values)
+            yield f"{path}:{key}", convert_record(_record(values), self.box_conversion)
 
     def _missing(self, key: str, name: str, path: str, index: int) -> CorruptRecordError:
         return CorruptRecordError(f"sample {key!r} has no member for field {name!r} (extensions "
@@ -519,6 +522,12 @@ def _record(values: dict[str, Any]) -> Record:
     image = values.pop("image", None)
     label = values.pop("label", -1)
     return Record(image, int(label), values)
+
+
+def reader_spec(fields: Mapping[str, Field], writer: Mapping[str, Any]) -> dict[str, Any]:
+    """The reader options that read shards `WebDatasetWriter` wrote for ``fields`` back under the names it was
+    given (`written_extensions`): `open_source` uses them for a converter output, with its manifest's kinds."""
+    return {"fields": {name: written_extensions(name, field) for name, field in fields.items()}}
 
 
 #: Member extension a writer gives a field of each kind (images: sniffed from the bytes; label: ``cls``).
@@ -552,7 +561,7 @@ class WebDatasetWriter:
         self._crcs: list[int] = []                  # each member's data, for the CRC file
 
     def _member(self, name: str, field: Field, value: Any) -> tuple[str, bytes]:
-        safe = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
+        safe = _safe(name)
         if field.kind in ("image", "mask"):
             data = mask_bytes(value) if field.kind == "mask" else bytes(memoryview(value).cast("B"))
             ext = image_extension(data)
@@ -564,11 +573,7 @@ class WebDatasetWriter:
             return (ext[1:] if name == "image" else f"{safe}.{ext[1:]}"), data
         if name == "label":
             return "cls", str(int(value)).encode()
-        if name == "image":   # decoded pixels
-            return WRITE_EXTENSIONS[field.kind], _encode(field.kind, value)
-        ext = safe if kind_of(safe) == field.kind and safe not in ("image", "label") \
-            else f"{safe}.{WRITE_EXTENSIONS[field.kind]}"
-        return ext, _encode(field.kind, value)
+        return written_extensions(name, field)[0], _encode(field.kind, value)
 
     def add(self, record: Record) -> None:
         key = f"{self.key_prefix}{self._count:09d}"
@@ -594,6 +599,26 @@ class WebDatasetWriter:
         tarindex.save(index, tarindex.index_path(self.path))
         checks.write_file(self.path + checks.SUFFIX, self._crcs)
         return [self.stem + ".tar", self.stem + ".tar.idx", self.stem + ".tar" + checks.SUFFIX]
+
+
+def _safe(name: str) -> str:
+    """A field name as a member extension: characters other than letters, digits, ``_`` and ``-`` as ``_``."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
+
+
+def written_extensions(name: str, field: Field) -> tuple[str, ...]:
+    """The member extension(s) `WebDatasetWriter` gives field ``name``: every image extension for an encoded
+    image (its bytes decide which), else the one extension of its kind. As a ``fields`` spec they read the
+    writer's shards back under the names it was given (``image/height``, not ``image_height``)."""
+    safe = _safe(name)
+    if field.kind == "image":
+        return IMAGE_EXTENSIONS if name == "image" else tuple(f"{safe}.{e}" for e in IMAGE_EXTENSIONS)
+    if name == "label":
+        return ("cls",)
+    if name == "image":   # decoded pixels
+        return (WRITE_EXTENSIONS[field.kind],)
+    return (safe if kind_of(safe) == field.kind and safe not in ("image", "label")
+            else f"{safe}.{WRITE_EXTENSIONS[field.kind]}",)
 
 
 def _encode(kind: str, value: Any) -> bytes:

@@ -5,8 +5,10 @@ converting a batch between formats, mapping it through an op, dropping boxes and
 with them are a few array operations for the whole batch, whatever its sample and box counts. Boxes keep
 their sample's order (a drop is a boolean selection), so ``starts`` stays a valid offset column.
 
-Formats: ``"ltrb"`` (x0, y0, x1, y1) or ``"xywh"`` (COCO's x, y, width, height), in absolute pixels or, with
-``relative``, as fractions of the image's width and height. The ops work on absolute ltrb of the probed image.
+Formats (`ingest.formats.boxes`): ``"xyxy"`` (also ``"ltrb"``: x0, y0, x1, y1), ``"xywh"`` (COCO's x, y,
+width, height) or ``"cxcywh"`` (centre, width, height), in absolute pixels or, with ``relative``, as fractions
+of the image's width and height. The ops work on one internal format, absolute xyxy of the probed image:
+`to_ltrb` takes a source's boxes there and `from_ltrb` back to the format the reader was asked for.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-BOX_FORMATS = ("ltrb", "xywh")
+from ..formats.boxes import BOX_FORMATS, convert  # noqa: F401 - the formats, re-exported for the ops
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,23 +98,19 @@ def as_array(boxes: Any) -> np.ndarray:
     return a.astype(np.float64)
 
 
-def to_ltrb(boxes: BoxBatch, sizes: np.ndarray, box_format: str = "ltrb", relative: bool = False) -> BoxBatch:
+def to_ltrb(boxes: BoxBatch, sizes: np.ndarray, box_format: str = "xyxy", relative: bool = False) -> BoxBatch:
     """Boxes in ``box_format`` (relative to their image's size, or absolute) as absolute ltrb of images of
     ``sizes`` ``[N, 2]`` (height, width). Returns a new batch."""
     b = boxes.flat.astype(np.float64, copy=True)
     if relative:
         b *= _scale(boxes, sizes)
-    if box_format == "xywh":
-        b[:, 2:] += b[:, :2]
-    return BoxBatch(b, boxes.starts)
+    return BoxBatch(convert(b, box_format, "xyxy"), boxes.starts)
 
 
-def from_ltrb(boxes: BoxBatch, sizes: np.ndarray, box_format: str = "ltrb", relative: bool = False) -> np.ndarray:
+def from_ltrb(boxes: BoxBatch, sizes: np.ndarray, box_format: str = "xyxy", relative: bool = False) -> np.ndarray:
     """:func:`to_ltrb`'s inverse: absolute ltrb of images of ``sizes`` as ``box_format`` (relative or not),
     ``[M, 4]`` float32."""
-    b = boxes.flat.astype(np.float64, copy=True)
-    if box_format == "xywh":
-        b[:, 2:] -= b[:, :2]
+    b = convert(boxes.flat, "xyxy", box_format)
     if relative:
         b /= _scale(boxes, sizes)
     return b.astype(np.float32)

@@ -245,11 +245,11 @@ class Plan:
         return self._targets(targets, has, _like_each(mapped, boxes), keep, given.starts, mapped.starts, per_box)
 
     def batch_targets(self, targets: Sequence[dict[str, Any]], boxes: BoxBatch, *, per_box: Sequence[str] = PER_BOX,
-                      box_format: str = "ltrb", relative: bool = False, min_size: float = 0.0,
+                      box_format: str = "xyxy", relative: bool = False, min_size: float = 0.0,
                       device: torch.device | None = None) -> list[dict[str, Any]]:
         """:meth:`targets` with every sample's boxes given as one batch, ``boxes`` (absolute ltrb of the source,
         float64; each target's own ``boxes`` is not read), coming back as ``[K, 4]`` float32 arrays in
-        ``box_format`` (``"ltrb"`` or ``"xywh"``) of each output image, relative to its size with ``relative``
+        ``box_format`` (``"xyxy"``, ``"xywh"`` or ``"cxcywh"``) of each output image, relative to its size with ``relative``
         (`ingest.ops.boxes.from_ltrb`): the pipeline's form. ``masks`` are pruned where they are and warped on
         ``device`` (:meth:`warp_masks`)."""
         mapped, keep = self.map_box_batch(boxes, min_size=min_size)

@@ -16,17 +16,23 @@ import sys
 
 from .. import __version__
 from ..errors import ConfigError, IngestError, SourceError
-
-#: Subcommand modules of `ingest.tools` (each has ``add_parser(subparsers)``, setting ``run`` on its args).
-TOOLS = ("demo", "convert", "index", "verify", "dataset_info", "serve")
+from . import COMMANDS
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status. Only the module of
+    the subcommand named is imported (`COMMANDS` lists the others), so ``--help`` and ``--version`` load no
+    torch."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)   # the top level takes no option values
     parser = argparse.ArgumentParser(prog="ingest", description="Training data from storage to the GPU.")
     parser.add_argument("--version", action="version", version=f"ingest {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for tool in TOOLS:
-        importlib.import_module(f".{tool}", __package__).add_parser(sub)
+    for name, command in COMMANDS.items():
+        if name == chosen:
+            getattr(importlib.import_module(f".{command.module}", __package__), command.adder)(sub)
+        else:
+            sub.add_parser(name, help=command.help)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:   # --help, or a usage error (argparse has printed it)

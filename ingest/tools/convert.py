@@ -46,7 +46,7 @@ from ..errors import ConfigError, WriteError
 from ..formats import check_options, detect, fields_of, open_source, writer_class
 from ..formats.base import Field
 from ..engine import Failures
-from . import manifest
+from . import COMMANDS, manifest
 from .jobs import Job, check_shard, writing
 from .progress import Progress, Summary
 from .runners import make_runner
@@ -77,13 +77,21 @@ def parse_bytes(text: str | int) -> int:
     return value
 
 
-def _output_fields(fields: dict[str, Field], drop: Sequence[str]) -> dict[str, Field]:
-    """``fields`` less those named in ``drop`` (which must exist; 'image' cannot be dropped)."""
-    missing = sorted(set(drop) - set(fields))
+def _output_fields(fields: dict[str, Field], drop: Sequence[str], unread: dict[str, str]) -> dict[str, Field]:
+    """``fields`` less those named in ``drop`` (which must exist; 'image' cannot be dropped). ``unread``: what
+    the source holds that its reader does not read (`Source.unread`, name -> how to read it); a conversion
+    refuses to leave it out unless ``drop`` names it too, so nothing is lost without saying so."""
+    missing = sorted(set(drop) - set(fields) - set(unread))
     if missing:
-        raise ConfigError(f"cannot drop fields {missing}: the source has {', '.join(fields)}")
+        raise ConfigError(f"cannot drop fields {missing}: the source has {', '.join(fields)}"
+                          + (f" (and, unread, {', '.join(unread)})" if unread else ""))
     if "image" in drop:
         raise ConfigError("the 'image' field cannot be dropped")
+    lost = [name for name in unread if name not in drop]
+    if lost:
+        raise ConfigError("the output would lose what the source holds but its reader does not read: "
+                          + "; ".join(f"{name}: {unread[name]}" for name in lost)
+                          + f". Read it, or leave it out on purpose with --drop {','.join(lost)}")
     return {name: f for name, f in fields.items() if name not in drop}
 
 
@@ -123,7 +131,8 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
             writer_options: dict[str, Any] | None = None, source_options: dict[str, Any] | None = None,
             drop_fields: Sequence[str] = (), progress: bool = True) -> Summary:
     """Convert the dataset at ``src`` into format ``to`` under directory ``dst``; see the module docstring.
-    ``drop_fields``: source fields not to write (any but 'image'). ``ray``: False (local), True (``ray.init()``: the cluster at RAY_ADDRESS, else a new local Ray) or a
+    ``drop_fields``: source fields not to write (any but 'image'), and what the source holds but does not
+    read (its ``unread``: refused unless dropped). ``ray``: False (local), True (``ray.init()``: the cluster at RAY_ADDRESS, else a new local Ray) or a
     cluster address (``"auto"``, ``"ray://head:10001"``)."""
     started = time.perf_counter()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -174,10 +183,11 @@ def plan_conversion(src: Any, dst: str, *, to: str, source_format: str | None, s
     view = SourceView(open_source(where, format=source_format, **source_options),
                       sizes=sharded and shard_size is None and transform.raw_size is None)
     n = len(view)
-    fields = _output_fields(transform.fields(fields_of(view.source)), drop_fields)
+    fields = _output_fields(transform.fields(fields_of(view.source)), drop_fields,
+                            dict(getattr(view.source, "unread", None) or {}))
     classes = [str(c) for c in view.source.classes]
     options = check_options(writer, f"{to} writer", dict(writer_options or {}))
-    described = {"classes": classes, "box_format": getattr(view.source, "box_format", "ltrb"),
+    described = {"classes": classes, "box_format": getattr(view.source, "box_format", "xyxy"),
                  "relative": bool(getattr(view.source, "relative", False))}   # what a writer may need to know
     for name, value in described.items():
         if name in inspect.signature(writer).parameters and name not in options:
@@ -438,7 +448,7 @@ def add_parser(sub: Any) -> None:
     from ..formats import FORMATS
     writable = sorted(k for k, v in FORMATS.items() if v[2])
     p = sub.add_parser(
-        "convert", help="convert a dataset into another format, in shards, in parallel, resumable",
+        "convert", help=COMMANDS["convert"].help,
         description="Read the dataset at SRC (any readable format: file tree, TFRecord, RecordIO, LMDB, "
                     "WebDataset tars, raw shards, COCO) and write it to the directory DST in format --to, in "
                     "shards written under temporary names and renamed when complete, with a manifest.json "
@@ -478,7 +488,8 @@ def add_parser(sub: Any) -> None:
                                              "-s compression=gzip for TFRecords")
     p.add_argument("--drop", dest="drop_fields", default="", metavar="FIELD,...",
                    help="source fields not to write (e.g. --drop area,iscrowd to leave them out of a COCO set's "
-                        "shards)")
+                        "shards), and what the source holds but its reader does not read, which is otherwise "
+                        "refused by name (e.g. --drop segmentation: COCO polygons read without -s masks=polygons)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=run)
 

@@ -25,6 +25,7 @@ from ..decode.cpu import CpuDecoder
 from .convert import _option
 from .progress import human_bytes
 from .source_view import SourceView
+from . import COMMANDS
 
 #: Records whose image headers are read for the size statistics, by default.
 SAMPLE = 500
@@ -53,7 +54,7 @@ def inspect_dataset(path: str, *, source_format: str | None = None, sample: int 
         "path": path, "format": fmt, "records": n,
         "fields": {name: {"kind": f.kind, **({"shape": list(f.shape)} if f.shape else {}),
                           **({"dtype": f.dtype} if f.dtype else {})} for name, f in fields.items()},
-        "classes": len(source.classes)}
+        "classes": len(source.classes), "unread": dict(getattr(source, "unread", None) or {})}
     info["labels"] = _histogram(labels, list(source.classes)) if "label" in fields else None
     info["images"] = _image_stats(rows) if "image" in fields else None
     info["shards"] = _shards(path, source)
@@ -178,6 +179,8 @@ def describe(info: dict[str, Any]) -> str:
              "fields: " + ", ".join(f"{name} ({f['kind']}{' ' + 'x'.join(map(str, f['shape'])) if 'shape' in f else ''}"
                                     f"{' ' + f['dtype'] if 'dtype' in f else ''})"
                                     for name, f in info["fields"].items())]
+    if info["unread"]:   # what the source holds that no field reads (a conversion refuses to lose it)
+        lines += [f"not read: {name}: {why}" for name, why in info["unread"].items()]
     labels = info["labels"]
     if labels is not None:
         lines.append(f"labels: {labels['distinct']} distinct ({info['classes']} class names), "
@@ -206,7 +209,7 @@ def describe(info: dict[str, Any]) -> str:
 def add_parser(sub: Any) -> None:
     from ..formats import FORMATS
     p = sub.add_parser(
-        "inspect", help="show a dataset's format, record count, fields, labels, image sizes and shards",
+        "inspect", help=COMMANDS["inspect"].help,
         description="Describe the dataset at PATH: format, record count, fields and their kinds, the label "
                     f"histogram (top {TOP}), image size statistics read from the headers of an evenly spaced "
                     "sample of records (no decoding), and its shards' count and bytes.")

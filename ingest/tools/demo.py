@@ -31,6 +31,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 from .convert import _size_hw
 from .progress import human_bytes
+from . import COMMANDS
 
 CLASSES = ("circles", "stripes", "squares", "rings")
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -80,7 +81,7 @@ FORMAT_SECONDS = 0.5  # timed window (whole epochs) per format
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="make a small JPEG set, run the training pipeline on it, show the speed",
+    p = sub.add_parser("demo", help=COMMANDS["demo"].help,
                        description="Make a small labeled JPEG set in a temporary directory, run the training "
                                    "pipeline (RandomResizedCrop 160, flip, normalize) over it on the CPU (and "
                                    "the GPU when there is one), print what ran and an indicative speed, and "
@@ -260,7 +261,7 @@ def run_formats(root: Path, work: Path, *, raw_size: tuple[int, int] = (64, 64),
     from ingest.ops import Resize
     from ingest.tools.convert import convert
 
-    want = _labels(ingest.Loader(root, batch_size=batch_size))
+    want = _labels(ingest.Loader(root, batch_size=batch_size, ragged=True))   # labels only: sizes may differ
     rows = []
     for fmt in formats:
         dst = work / fmt

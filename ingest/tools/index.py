@@ -11,12 +11,12 @@ from typing import Any
 
 from ..errors import IngestError, SourceError
 from ..formats._shards import gzipped
-from . import shardfiles
+from . import COMMANDS, shardfiles
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "index", help="write index files for TFRecord, RecordIO and tar shards",
+        "index", help=COMMANDS["index"].help,
         description="Write the index of every TFRecord (<file>.idx, DALI tfrecord2idx format: 'offset size' "
                     "per record), MXNet RecordIO (<name>.idx beside <name>.rec, 'key<TAB>offset') and tar "
                     "shard (<file>.idx, ingest's own JSON) at each PATH: a shard file, a glob or a directory of shards (of one "

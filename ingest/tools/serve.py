@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from . import COMMANDS
 
 
 def _common(p: Any) -> None:
@@ -25,7 +26,7 @@ def _common(p: Any) -> None:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "serve", help="serve a pipeline spec with a Triton Inference Server",
+        "serve", help=COMMANDS["serve"].help,
         description="Start a Triton Inference Server (the one nvidia-pytriton ships: pip install 'ingest[serve]') "
                     "serving a model that takes ENCODED (one encoded image per request item, UINT8 [-1]) and "
                     "returns IMAGES, the spec's output, with dynamic batching. Runs until interrupted.")
@@ -38,8 +39,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--repository", default=None, metavar="DIR",
                    help="write the model repository here (default: a temporary directory)")
     p.set_defaults(run=run_serve)
+
+
+def add_export_parser(sub: Any) -> None:
     e = sub.add_parser(
-        "triton-export", help="write a Triton model repository for a pipeline spec",
+        "triton-export", help=COMMANDS["triton-export"].help,
         description="Write REPO_DIR/NAME/config.pbtxt and REPO_DIR/NAME/1/{model.py,spec.json}: a Triton Python "
                     "backend model (needs ingest installed in the server's Python) that `ingest serve` would run.")
     _common(e)

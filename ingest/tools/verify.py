@@ -20,7 +20,7 @@ from ..errors import ConfigError, DecodeError, IngestError
 from ..formats import detect, fields_of, open_source
 from ..decode.cpu import CpuDecoder
 from ..decode.masks import decode_mask
-from . import manifest, shardfiles
+from . import COMMANDS, manifest, shardfiles
 from .convert import _option
 from .source_view import SourceView
 
@@ -170,7 +170,7 @@ def _reason(err: BaseException) -> str:
 def add_parser(sub: Any) -> None:
     from ..formats import FORMATS
     p = sub.add_parser(
-        "verify", help="check a dataset's framing, CRCs, manifest checksums and indexes (and decoding)",
+        "verify", help=COMMANDS["verify"].help,
         description="Read every record of the dataset at PATH and report every problem, one line each "
                     "(file, offset or key, reason): the converter's manifest (files, sizes, sha256, count), "
                     "index files against the data, record framing and CRCs, the format's own checks, and "
