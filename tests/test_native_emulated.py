@@ -41,9 +41,10 @@ _FAKE = r"""
 
 /* Host functions run later, in order, on a thread of their own (as the driver's do), so that what the engine
  * puts on its ready queue through them arrives after the engine's thread has gone on. */
-static std::mutex hf_lock;
-static std::condition_variable hf_cond;
-static std::deque<std::pair<void (*)(void *), void *>> hf_queue;
+/* (never destroyed: the thread still waits on them at exit, and destroying a waited-on condition blocks) */
+static std::mutex &hf_lock = *new std::mutex;
+static std::condition_variable &hf_cond = *new std::condition_variable;
+static std::deque<std::pair<void (*)(void *), void *>> &hf_queue = *new std::deque<std::pair<void (*)(void *), void *>>;
 static int hf_busy;
 static void hf_main() {
     for (;;) {
