@@ -147,16 +147,17 @@ def recorded(stream: torch.cuda.Stream) -> Event | torch.cuda.Event:
 
 
 class _Slot:
-    """One pinned staging buffer: the torch tensor that owns it, its bytes as numpy, its address, and the event
-    recorded after its last copy (None before the first)."""
+    """One pinned staging buffer: the torch tensor that owns it, its bytes as numpy, its address, the event
+    recorded after its last copy (None before the first) and the device whose context made that event (an event
+    records only on streams of its own context)."""
 
-    __slots__ = ("pinned", "array", "address", "event")
+    __slots__ = ("pinned", "array", "address", "event", "device")
 
-    def __init__(self, nbytes: int, event):
+    def __init__(self, nbytes: int, event, device: torch.device | None):
         self.pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         self.array = self.pinned.numpy()
         self.address = self.pinned.data_ptr()
-        self.event = event
+        self.event, self.device = event, device
 
     def wait_free(self) -> None:
         """Return once the last copy out of this buffer has run."""
@@ -186,7 +187,8 @@ class Staging:
             if slot is not None:
                 slot.wait_free()
             if slot is None or slot.array.nbytes < nbytes:
-                slot = self._slots[k] = _Slot(max(nbytes + nbytes // 4, 1 << 16), slot and slot.event)
+                slot = self._slots[k] = _Slot(max(nbytes + nbytes // 4, 1 << 16), slot and slot.event,
+                                              slot and slot.device)
         self._local.slot = slot
         return slot.array[:nbytes]
 
@@ -201,8 +203,12 @@ class Staging:
         else:
             with torch.cuda.stream(stream):
                 dst.view(-1).view(torch.uint8)[offset:offset + n].copy_(slot.pinned[:n], non_blocking=True)
-        if slot.event is None:
-            slot.event = new_event()
+        if slot.event is None or slot.device != stream.device:   # (a slot's last copy went to another GPU)
+            if slot.event is not None:
+                slot.event.synchronize()
+            with torch.cuda.device(stream.device):
+                slot.event = new_event()
+            slot.device = stream.device
         slot.event.record(stream)
 
     def copy(self, host: np.ndarray, dst: torch.Tensor, stream: torch.cuda.Stream, offset: int = 0) -> None:

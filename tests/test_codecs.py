@@ -546,11 +546,20 @@ def gpu_batch() -> dict[str, bytes]:
 
 
 def has_nvcomp() -> bool:
+    """Whether nvTIFF can find nvCOMP (its Deflate): the wheel installed, or the library on the loader's path."""
+    import ctypes
     from importlib import metadata
     try:
         return bool(metadata.version("nvidia-libnvcomp-cu13"))
     except metadata.PackageNotFoundError:
-        return False
+        pass
+    for name in ("libnvcomp.so.5", "libnvcomp.so.4", "libnvcomp.so"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            pass
+    return False
 
 
 @pytest.mark.gpu

@@ -41,7 +41,7 @@ def test_fields_arrive_on_the_device():
 
 
 def test_pixel_sources_upload():
-    images = next(iter(ingest.Loader(Pixels(), batch_size=4, device="cuda", output="dict")))["images"]
+    images = next(iter(ingest.Loader(Pixels(), batch_size=4, device="cuda", output="dict", ragged=True)))["images"]
     for got, want in zip(images, Pixels().arrays):
         assert got.is_cuda and torch.equal(got.cpu(), torch.from_numpy(want).permute(2, 0, 1))  # CHW, as stacked
 
