@@ -222,6 +222,6 @@ def test_engine_auto_picks_native_and_python_where_not_eligible(tmp_path):
     with ingest.Loader(folder, batch_size=2, device="cuda", ops=CHAINS["rrc-flip-normalize"]) as loader:
         next(iter(loader))
         assert loader.stats()["engine"] == "native"
-    with ingest.Loader(folder, batch_size=2, device="cuda", ops=[Resize(shorter=64)]) as loader:
+    with ingest.Loader(folder, batch_size=2, device="cuda", ops=[Resize(shorter=64)], ragged=True) as loader:
         next(iter(loader))
         assert loader.stats()["engine"] == "python"

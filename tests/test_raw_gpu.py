@@ -161,7 +161,7 @@ def test_cuda_loaders_run_in_this_process_by_default(tmp_path, image_folder):
     (tmp_path / "raw").mkdir()
     write(tmp_path / "raw", images)
     raw = ingest.Loader(str(tmp_path / "raw"), batch_size=4, device="cuda")
-    jpegs = ingest.Loader(str(image_folder), batch_size=4, device="cuda")
+    jpegs = ingest.Loader(str(image_folder), batch_size=4, device="cuda", ragged=True)
     cpu_decode = ingest.Loader(str(image_folder), batch_size=4, device="cuda", decode="cpu")
     try:
         assert raw.num_workers == 0 and jpegs.num_workers == 0 and cpu_decode.num_workers > 0
