@@ -27,6 +27,8 @@ JPEG = "bench_settings/h100/synthetic_ref.json"
 RAW = "bench_raw/h200/native_draws.json"
 DETECTION = "bench_detection/h100/rounds.json"
 CPU = "bench_cpu/cpu-2core/bench_cpu.json"
+DDP = ("bench_ddp/h200x2/native_feed_ingest.json", "bench_ddp/h200x2/native_feed_dali.json")
+GIL = "bench_gil/h200x2-16cores/native_vs_dali.json"
 
 
 def _load(name: str) -> dict:
@@ -43,12 +45,20 @@ def _joined(values: list[float], digits: int = 2) -> str:
 
 
 def rows() -> list[tuple[str, str, str, str]]:
-    """(figure, ingest / baseline, run, file) for each headline figure."""
+    """(figure, ingest / baseline, run, files) for each headline figure (files: names joined by ", ")."""
     raw = _load(RAW)["ratios"]
     det = _load(DETECTION)["results"]
     cpu = _load(CPU)["derived"]
     jpeg_run = "H100, 3 rounds, the Python stages (before the native engine)"
+    ours, dali = (_load(name)["runs"] for name in DDP)
+    gil = _load(GIL)["summary"]
     return [
+        ("ResNet-18 training img/s under torchrun, native engine vs DALI 2.4: 1 GPU / 2 GPUs",
+         _joined([ours[g]["total"]["train_img_s"] / dali[g]["total"]["train_img_s"] for g in ("1", "2")]),
+         "2x H200, back to back in one session", f"{DDP[0]}, {DDP[1]}"),
+        ("the loader at full speed beside a busy Python thread, img/s vs DALI 2.4: file tree / TFRecord",
+         _joined([gil[f"{x}:ingest_native"]["img_s_beside"] / gil[f"{x}:dali"]["img_s_beside"]
+                  for x in ("filetree", "tfrecord")]), "H200, 16 cores, one run", GIL),
         ("ResNet-18 training img/s fed by the loader, vs DALI 2.4",
          _joined(_rounds(JPEG, lambda r: r["train"]["img_s"]), 3), jpeg_run, JPEG),
         ("the loader alone, img/s, vs DALI 2.4",
@@ -67,7 +77,8 @@ def rows() -> list[tuple[str, str, str, str]]:
 
 def table() -> str:
     lines = ["| figure | ingest / baseline | run | file (`benchmarks/results/`) |", "|---|---|---|---|"]
-    lines += [f"| {f} | **{r}** | {run} | `{name}` |" for f, r, run, name in rows()]
+    lines += [f"| {f} | **{r}** | {run} | {', '.join(f'`{n}`' for n in name.split(', '))} |"
+              for f, r, run, name in rows()]
     return "\n".join(lines)
 
 
