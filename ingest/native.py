@@ -31,7 +31,7 @@ Rules:
   the user kept) gets new tensors before its reuse; so does the oldest slot out when every slot is out and
   nothing is ready (the user keeps every batch), rather than stall.
 - **Failures**: a sample that cannot be read is dropped natively and counted here against the epoch's
-  `pipeline.Failures` with the error the Python read stage raises (`io.read_error`, `io.short_read`: they name the
+  `Failures` (`ingest.engine.batch`) with the error the Python read stage raises (`io.read_error`, `io.short_read`: they name the
   file). So is a record whose bytes do not have the CRC32C its table gives (``NativeTable.crcs``, the source's
   ``check``): the engine's read team computes it over the whole byte range read, the bytes `ingest.formats.checks`
   covers, and the error is the `CorruptRecordError` the Python reader raises (`checks.mismatch_error`: it names the
@@ -256,7 +256,7 @@ class _Slot:
 
 
 class NativeExecutor:
-    """Runs a Loader's epochs on the native engine: iterate it for `Batch`es, as `pipeline.Executor`. Iteration
+    """Runs a Loader's epochs on the native engine: iterate it for `Batch`es, as `ingest.engine.executor.Executor`. Iteration
     stops at an epoch's end (``ended`` holds the `EpochEnd`) while the engine reads on into the next epoch;
     iterating again continues with it. ``plans_of(epoch, start, offset)`` gives an epoch's plans, ``budget()`` a
     new epoch's failure budget. `close()` (also on collection) stops and joins every native thread.

@@ -155,8 +155,8 @@ class Loader:
         if worker_stages not in ("auto", *WORKER_STAGES):
             raise ConfigError(f"Unknown worker_stages {worker_stages!r}. Available: auto, "
                               f"{', '.join(WORKER_STAGES)}")
-        # "auto" is "all": "read" trained slower beside ResNet-18 on an H100, at a quarter of the GPU memory
-        # (docs/measurements.md), so it is a choice to make, not the default, until it trains faster.
+        # "auto" is "all": "read" holds less GPU memory but does not train faster (docs/measurements.md,
+        # Reader processes), so it is a choice to make, not the default, until it trains faster.
         self.worker_stages = ("all" if worker_stages == "auto" else worker_stages) if num_workers else None
         if self.worker_stages != "all":   # this process runs the pipeline, or its decode and ops
             if defaults.get("keep_freed_memory") == "auto":
