@@ -622,9 +622,9 @@ def auto_workers(device: torch.device, decode: str, fields: dict) -> int:
     GPU decode, raw shards, the fused ops and detection targets cost a few Python and native calls per batch
     (a detection batch's boxes are drawn, mapped and pruned as whole-batch arrays: `ingest.ops.boxes`), so
     they run in the training process: one CUDA context, no copy between processes. Fed by GPU-decoded JPEGs,
-    ResNet-18 trained as fast so as beside four full workers, at a fraction of their GPU memory (each worker
-    holds its own context and decode buffers; `docs/measurements.md`). The source's ``fields`` do not change the choice: detection targets run in the training process
-    like any other field."""
+    training in-process keeps pace with four full workers at a fraction of their GPU memory (each worker holds
+    its own context and decode buffers; docs/measurements.md, Executor). The source's ``fields`` do not change
+    the choice: detection targets run in the training process like any other field."""
     return min(4, max(1, defaults.cores() // 4)) if device.type == "cuda" and decode == "cpu" else 0
 
 
