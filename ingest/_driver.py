@@ -223,7 +223,7 @@ class Staging:
 def bind_thread(device: torch.device) -> None:
     """Make ``device`` the calling thread's current CUDA device (nothing off CUDA). For the threads ingest
     starts: CUDA keeps the current device per thread and a new thread starts on device 0, so a pinned host
-    buffer, a stream or a decoder made on such a thread for a rank's GPU 1 would open a context on GPU 0
-    (under torchrun on two H200s, GPU 0 held 13.6 GB with two ranks against 10.6 GB with one)."""
+    buffer, a stream or a decoder made on such a thread for a rank's GPU 1 would open a context on GPU 0,
+    and every rank's memory would grow there (docs/measurements.md, Scaling out)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -18,8 +18,7 @@ def keep_freed_memory() -> bool:
     By default glibc hands freed heap memory back to the kernel once 128 KB are free at the top of the heap,
     so a loop that copies an 87 KB image out of each record (a TFRecord's protobuf, an LMDB value), decodes
     into a new array or reads a batch into a new arena faults those pages in again every time; in a VM each
-    fault is slow, and runs with the GIL held. A CPU-decode loader with 2 workers on the 2-core machine ran
-    11-35% faster over TFRecords and 14-23% over a file tree with these settings. Worker processes always take
+    fault is slow, and runs with the GIL held (docs/measurements.md, Reads). Worker processes always take
     them; the training process does when a Loader runs its pipeline there, unless the ``keep_freed_memory``
     setting is "off" (`ingest.defaults`)."""
     try:

@@ -2,9 +2,8 @@
 
 numpy gives the GIL up inside an operation on more than 500 items (its threshold for a loop), and `np.zeros`
 of 1 KB or more gives it up around its ``calloc``. Beside a thread that holds the GIL (a training loop in the
-same process) each release costs up to a switch interval: a GPU decode batch's planning, ~1 ms of numpy on
-256 images, took ~13 ms beside a busy thread on 2 cores, and so on the H100. The loader's per-batch code
-therefore works on ``(N,)`` columns and makes its zeroed arrays here.
+same process) each release costs up to a switch interval (docs/measurements.md, The in-process CUDA loader).
+The loader's per-batch code therefore works on ``(N,)`` columns and makes its zeroed arrays here.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ def columns(*cols, n: int | None = None, dtype=np.float64) -> np.ndarray:
 
 def assign(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` for two arrays of one shape ``(n, ...)``, one ``(n,)`` column at a time."""
-    for index in product(*map(range, dst.shape[1:])):   # np.ndindex cost ~20 us to set up per call
+    for index in product(*map(range, dst.shape[1:])):   # product: np.ndindex costs more to set up per call
         dst[(slice(None), *index)] = src[(slice(None), *index)]
 
 

@@ -95,8 +95,8 @@ static void run_spawned(Batch *b, long threads) {
         pthread_join(ids[t], NULL);
 }
 
-/* Helper threads kept for the process's life: starting and joining a thread per batch cost ~45 us each on a
- * 2-core VM (0.7 ms for the 15 helpers of a 16-thread batch). One batch runs on them at a time; the caller
+/* Helper threads kept for the process's life, so no batch pays for starting and joining its threads (see
+ * docs/measurements.md, Reads). One batch runs on them at a time; the caller
  * announces it (a new generation) and works on it too, then closes it to helpers that wake late and waits for
  * those that joined to leave it (`batch` lives on the caller's stack). A batch that finds them busy (another
  * Python thread's reads) starts its own threads. A fork child starts its own helpers (`reset_in_child`). */

@@ -31,18 +31,19 @@ Rules:
   the user kept) gets new tensors before its reuse; so does the oldest slot out when every slot is out and
   nothing is ready (the user keeps every batch), rather than stall.
 - **Failures**: a sample that cannot be read is dropped natively and counted here against the epoch's
-  `pipeline.Failures` with the error the Python read stage raises (`io.read_error`, `io.short_read`: they name the
-  file). So is a record whose bytes do not have the CRC32C its table gives (``NativeTable.crcs``, the source's
-  ``check``): the engine's read team computes it over the whole byte range read, the bytes `ingest.formats.checks`
-  covers, and the error is the `CorruptRecordError` the Python reader raises (`checks.mismatch_error`: it names the
-  file, the record's offset and the sample as the reader does, ``NativeTable.index_names``); so is a TFRecord
-  record whose own masked CRC32C of its length or data fails (``check_crc``: `tfrecord.crc_error`). A sample the GPU
-  path does not take (not a plain JPEG, EXIF-oriented, a record the engine's parse leaves to the Python reader: a
-  split RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that is not a
-  plain encoded one; a sample the table leaves to Python, ``NativeTable.python``; one nvImageCodec refuses) keeps
-  its row, which this class fills through a Python pipeline with CPU decoding for those samples only (read, probe,
-  plan, decode, ops, the same draws); one that fails there is dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a
-  CPU decode, per batch that has one; `stats()["native"]["fallbacks"]` counts them.
+  `ingest.engine.batch.Failures` with the error the Python read stage raises (`io.read_error`, `io.short_read`: they
+  name the file). So is a record whose bytes do not have the CRC32C its table gives (``NativeTable.crcs``, the
+  source's ``check``): the engine's read team computes it over the whole byte range read, the bytes
+  `ingest.formats.checks` covers, and the error is the `CorruptRecordError` the Python reader raises
+  (`checks.mismatch_error`: it names the file, the record's offset and the sample as the reader does,
+  ``NativeTable.index_names``); so is a TFRecord record whose own masked CRC32C of its length or data fails
+  (``check_crc``: `tfrecord.crc_error`). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a
+  record the engine's parse leaves to the Python reader: a split RecordIO record, a TFRecord record that is not a
+  canonical Example holding the keys, a Datum that is not a plain encoded one; a sample the table leaves to Python,
+  ``NativeTable.python``; one nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline
+  with CPU decoding for those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is
+  dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a CPU
+  decode, per batch that has one; `stats()["native"]["fallbacks"]` counts them.
 - **Epochs**: the engine runs on into the next epoch, as the Python executor does; each epoch's indices and batch
   bounds are made once from the sampler's plans and handed over as arrays, one epoch ahead.
 """
@@ -256,10 +257,10 @@ class _Slot:
 
 
 class NativeExecutor:
-    """Runs a Loader's epochs on the native engine: iterate it for `Batch`es, as `pipeline.Executor`. Iteration
-    stops at an epoch's end (``ended`` holds the `EpochEnd`) while the engine reads on into the next epoch;
-    iterating again continues with it. ``plans_of(epoch, start, offset)`` gives an epoch's plans, ``budget()`` a
-    new epoch's failure budget. `close()` (also on collection) stops and joins every native thread.
+    """Runs a Loader's epochs on the native engine: iterate it for `Batch`es, as `ingest.engine.executor.Executor`.
+    Iteration stops at an epoch's end (``ended`` holds the `EpochEnd`) while the engine reads on into the next epoch;
+    iterating again continues with it. ``plans_of(epoch, start, offset)`` gives an epoch's plans, ``budget()`` a new
+    epoch's failure budget. `close()` (also on collection) stops and joins every native thread.
 
     ``dry``: no CUDA; each batch is a `DryBatch` of the engine's plan for its rows (tests). ``gpu``: the engine's
     `gpu` argument instead of the one made from the pipeline's decoders (tests run the GPU path on a stand-in

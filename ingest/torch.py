@@ -155,8 +155,8 @@ class Loader:
         if worker_stages not in ("auto", *WORKER_STAGES):
             raise ConfigError(f"Unknown worker_stages {worker_stages!r}. Available: auto, "
                               f"{', '.join(WORKER_STAGES)}")
-        # "auto" is "all": "read" trained slower beside ResNet-18 on an H100, at a quarter of the GPU memory
-        # (docs/measurements.md), so it is a choice to make, not the default, until it trains faster.
+        # "auto" is "all": "read" holds less GPU memory but does not train faster (docs/measurements.md,
+        # Reader processes), so it is a choice to make, not the default, until it trains faster.
         self.worker_stages = ("all" if worker_stages == "auto" else worker_stages) if num_workers else None
         if self.worker_stages != "all":   # this process runs the pipeline, or its decode and ops
             if defaults.get("keep_freed_memory") == "auto":
@@ -622,9 +622,9 @@ def auto_workers(device: torch.device, decode: str, fields: dict) -> int:
     GPU decode, raw shards, the fused ops and detection targets cost a few Python and native calls per batch
     (a detection batch's boxes are drawn, mapped and pruned as whole-batch arrays: `ingest.ops.boxes`), so
     they run in the training process: one CUDA context, no copy between processes. Fed by GPU-decoded JPEGs,
-    ResNet-18 trained as fast so as beside four full workers, at a fraction of their GPU memory (each worker
-    holds its own context and decode buffers; `docs/measurements.md`). The source's ``fields`` do not change the choice: detection targets run in the training process
-    like any other field."""
+    training in-process keeps pace with four full workers at a fraction of their GPU memory (each worker holds
+    its own context and decode buffers; docs/measurements.md, Executor). The source's ``fields`` do not change
+    the choice: detection targets run in the training process like any other field."""
     return min(4, max(1, defaults.cores() // 4)) if device.type == "cuda" and decode == "cpu" else 0
 
 

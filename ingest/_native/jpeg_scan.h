@@ -1,8 +1,8 @@
-/* The JPEG header scan of one image, pure C (no Python): the same reading as ingest/ops/decode.py's
- * read_jpeg_header. Included by ingest/ops/_jpeg.c (a batch of headers for Python) and the native engine
+/* The JPEG header scan of one image, pure C (no Python): the same reading as ingest/decode/cpu.py's
+ * read_jpeg_header. Included by ingest/decode/_jpeg.c (a batch of headers for Python) and the native engine
  * (ingest/_native/engine.c), so both read headers with one piece of code.
  *
- * ing_jpeg_scan(bytes, size, row) fills row[0..ING_JPEG_COLUMNS), the columns of decode.HEADER_COLUMNS:
+ * ing_jpeg_scan(bytes, size, row) fills row[0..ING_JPEG_COLUMNS), the columns of decode.cpu.HEADER_COLUMNS:
  *   kind (0 no JPEG signature, 1 frame header found, 2 JPEG without one), height, width, components,
  *   precision, process (the SOF marker), orientation (1-8), rgb (0/1), eoi (ends with FF D9: 0/1).
  *   For kind 0 and 2 only kind and eoi are set; the rest are 0.

@@ -1,11 +1,11 @@
 /* The per-image loop of one batched nvImageCodec decode, pure C (no Python, no nvImageCodec header). Included by
- * ingest/ops/_nvloop.c (the loop for Python's GpuDecoder) and the native engine (ingest/_native/engine.c), so
+ * ingest/decode/_nvloop.c (the loop for Python's GpuDecoder) and the native engine (ingest/_native/engine.c), so
  * both drive nvImageCodec with one piece of code:
  *
  *   for each image: code stream over its bytes -> parse check (JPEG, JPEG 2000, TIFF) -> region view -> image wrapper
  *   then: one nvimgcodecDecoderDecode over every image that got that far -> wait -> processing statuses
  *
- * The functions arrive as addresses (ING_NV_* order, taken by ingest/ops/_nvimgcodec.py from the library) and
+ * The functions arrive as addresses (ING_NV_* order, taken by ingest/decode/_nvimgcodec.py from the library) and
  * the struct fields written as offsets into caller-made struct arrays (ing_nv_slots), so this builds with any
  * C compiler. ing_nv_run fills out[i] with the processing status of image i (ING_NV_SUCCESS: decoded), or
  * ING_NV_OUT_PARSE | call status, ING_NV_OUT_NOT_JPEG (none of those codecs), ING_NV_OUT_DECODE | the batch decode call's status,

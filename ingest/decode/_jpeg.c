@@ -2,8 +2,8 @@
  * stays the reference and the fallback where this module was not built), without a Python object per image.
  * tests/test_jpeg_headers.py checks the two agree on real, hostile and random inputs.
  *
- * The GIL is kept: 256 headers take ~20 us, and handing the GIL over beside a busy Python thread costs up to a
- * switch interval (5 ms) to get it back (256 headers: 0.02 ms alone, 6.5 ms beside a busy thread released).
+ * The GIL is kept: a batch's headers take far less than the switch interval that getting the GIL back can cost
+ * beside a busy Python thread (docs/measurements.md, The GIL).
  *
  * headers(buffers, out) -> None
  *   buffers  a sequence of n contiguous byte buffers (bytes, memoryview, uint8 arrays)

@@ -1,13 +1,14 @@
 """A ctypes binding to nvImageCodec's C API (``libnvimgcodec.so.0``) for batched decoding into caller memory.
 
 Why not the Python binding: it releases the GIL once or more per image (code stream parse, image info, image
-wrapper), and beside any busy Python thread every re-acquire waits a switch interval, so a 256-image batch
-that decodes in 13 ms alone took seconds beside a training loop. Here the per-image calls (code stream,
+wrapper), and beside any busy Python thread every re-acquire waits a switch interval, so a batch's decode
+grows with its image count times that interval beside a training loop (see docs/measurements.md, The GIL).
+Here the per-image calls (code stream,
 region view, image wrapper) go through :class:`ctypes.PyDLL`, which keeps the GIL: each is a few microseconds of
 native work. Only the batch decode goes through :class:`ctypes.CDLL`, which releases it: one GIL hand-off per
 batch, whatever its size. The wait for its future keeps the GIL: nvimgcodecDecoderDecode returns once the
-host side of the batch is done (the wait then took 10 us on the H100), and every release costs a switch
-interval (5 ms) beside a busy Python thread. Nothing calls back into Python (no debug messenger callback), so
+host side of the batch is done, so the wait is short, and every release costs up to a switch interval beside
+a busy Python thread. Nothing calls back into Python (no debug messenger callback), so
 holding the GIL in a native call can never deadlock with nvImageCodec's threads.
 
 Contract:

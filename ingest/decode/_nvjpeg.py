@@ -3,9 +3,9 @@
 nvImageCodec opens nvJPEG by its soname (``libnvjpeg.so.13``), and the dynamic loader answers with any library
 already loaded under that soname. torchvision's wheel bundles an nvJPEG of its own (13.0.1 with torchvision
 0.26, in a renamed file that keeps the soname) and loads it when torchvision is imported. nvImageCodec 0.9 on
-that nvJPEG decodes no region of any JPEG (each one fails with ENCODING_UNSUPPORTED; seen on an H200), so a
-training script that imported torchvision first sent every randomly cropped image to the CPU decoder: 3.6k
-instead of 10.9k img/s beside ResNet-18.
+that nvJPEG decodes no region of any JPEG (each one fails with ENCODING_UNSUPPORTED), so a training script
+that imported torchvision first would send every randomly cropped image to the CPU decoder (docs/measurements.md,
+Which nvJPEG).
 
 So `import ingest` loads the nvidia-nvjpeg wheel's copy (the one nvImageCodec's RUNPATH names) first, where it is
 installed and no nvJPEG is loaded yet. Where one already is, `ingest.decode.gpu.GpuDecoder` finds out with a

@@ -21,8 +21,8 @@ Two engines drive nvImageCodec:
 Decisions, and why:
 
 - **GPU-eligible** = an 8-bit sequential Huffman JPEG (baseline or extended) with 1 or 3 components whose
-  data ends with the EOI marker. RGB-coded JPEGs (Adobe transform 0; nvJPEG decodes them as YCbCr, seen on
-  the H200 with nvImageCodec 0.9), CMYK, 12-bit, lossless, arithmetic-coded and non-JPEG data go straight to
+  data ends with the EOI marker. RGB-coded JPEGs (Adobe transform 0: nvJPEG under nvImageCodec 0.9
+  decodes them as YCbCr), CMYK, 12-bit, lossless, arithmetic-coded and non-JPEG data go straight to
   the CPU decoder, which defines what they become (CMYK conversion, 16-bit >> 8, dropped alpha). A missing
   EOI means a truncated file: nvJPEG may fill the missing rows with grey where the CPU decoder raises, so
   those go to the CPU too and fail there.
@@ -142,8 +142,8 @@ _ORIENT = {
 def cpu_threads_each(decoders: int) -> int:
     """nvImageCodec CPU threads for each of ``decoders`` decoders in this process: the ``gpu_decode_threads``
     setting, or ("auto") this process's share of the cores (`defaults.cores`) split between its decoders. Each
-    decoder otherwise starts one per core: two decode lanes on a 16-core H100 ran 32 threads, and two ranks of
-    two lanes on a 32-core host 128, beside the training loops' own threads."""
+    decoder otherwise starts one per core, so the threads of a process would be its decoders times the cores,
+    and of a host its ranks times that, beside the training loops' own threads."""
     if defaults.get("gpu_decode_threads") != "auto":
         return defaults.get("gpu_decode_threads")
     return max(1, defaults.cores() // max(1, decoders))
@@ -195,9 +195,9 @@ class _Job:
 class Arenas:
     """The native engine's batch arenas, shared by the decoders of one pipeline (its decode lanes): one size for
     all (`size_for`), and the arenas handed back (`give`), each with the event after its last read, taken by
-    whichever decoder starts a batch next (`take`). Each lane keeping its own, a pipeline of two lanes held
-    four (~80 MB each for 256 ImageNet-sized regions) where three are ever in use: each lane's batch being
-    decoded and the one the ops stage reads.
+    whichever decoder starts a batch next (`take`). Shared, a pipeline of two lanes needs three arenas (each
+    lane's batch being decoded and the one the ops stage reads), where each lane keeping its own would hold
+    four (see docs/measurements.md, Device memory).
 
     Every arena is allocated on one stream of the pool's (PyTorch's caching allocator reuses a freed block only
     for allocations on the stream it was allocated on): an arena dropped by one lane, its memory back in the
@@ -216,10 +216,10 @@ class Arenas:
     def size_for(self, need: int) -> int:
         """The size to allocate for a batch that needs ``need`` bytes: the same for every batch (a quarter
         above the first one's need, in 2 MiB steps) until one needs more. Each batch's need differs, and
-        PyTorch's caching allocator keeps a new segment whenever no cached block is large enough: ten segments
-        (704 MB) held four arenas of ~70 MB on an H100 (`tools/profile_train_loader.py`). A smaller batch (an
-        epoch's last) decodes into the start of one: shrinking for it, then growing back for the next epoch,
-        dropped every arena twice per epoch. A new size drops the spares."""
+        PyTorch's caching allocator keeps a new segment whenever no cached block is large enough, so a size per
+        batch would pile up segments. A smaller batch (an epoch's last) decodes into the start of one, rather
+        than shrinking for it and growing back (which would drop every arena twice per epoch). A new size drops
+        the spares. (See docs/measurements.md, Device memory.)"""
         with self._lock:
             if need <= self.size:
                 return self.size
@@ -233,8 +233,9 @@ class Arenas:
         """An arena of ``size`` bytes that a decode on ``stream`` may write now: a spare once the host has seen
         the event after its last read, else a new one, allocated on the pool's stream and complete (nothing is
         queued there) before it is returned.
-        nvImageCodec does not order its writes after the work queued on the stream it is given: an arena
-        handed back with its read still queued behind a GPU sleep was written before the read ran (H100)."""
+        nvImageCodec does not order its writes after the work queued on the stream it is given, so a spare is
+        taken only once the host has seen its event, never on stream order alone (a GPU test queues the read
+        of a handed-back arena behind a GPU sleep; docs/measurements.md, Device memory)."""
         with self._lock:
             entry = self._spare.pop(0) if self._spare else None   # the oldest: its read is the likeliest done
         if entry is not None:
@@ -286,15 +287,12 @@ class GpuDecoder:
     load hint) pairs, None for all of nvImageCodec's). ``engine``: one of :data:`ENGINES` (see the module
     doc); "auto" takes the native engine and falls back, with a warning saying why, to the Python binding.
     ``threads``: how many nvImageCodec decoders share a batch. Native: the batch is split over them, and with
-    the compiled loop each share runs on its own thread with the GIL released (two: 13.6k against 11.4k img/s
-    decode-only, H100; nvImageCodec's own batch decode from two threads: 15.1k); with the ctypes loop each
+    the compiled loop each share runs on its own thread with the GIL released; with the ctypes loop each
     share is submitted from the caller's thread before any is awaited. Python binding: each decoder runs on
-    its own thread and CUDA stream; on the H200 two were slower than one (13.4k against 17.4k img/s
-    decode-only, 256-image batches), the binding's per-image GIL hand-offs serialize them. ``cpu_threads``:
-    each decoder's nvImageCodec CPU threads (0: one per core); a pipeline gives each of its decoders its share
-    of the cores (`cpu_threads_each`): one decoder on 8 of an H100 host's 16 took 12.3 ms per 256 images
-    against 15.9 ms on 16 (capping four worker processes at cores / workers had measured no better: 19.2k
-    against 22.1k img/s).
+    its own thread and CUDA stream, but the binding's per-image GIL hand-offs serialize them, so more than
+    one does not pay there. ``cpu_threads``: each decoder's nvImageCodec CPU threads (0: one per core); a
+    pipeline gives each of its decoders its share of the cores (`cpu_threads_each`) rather than every decoder
+    one thread per core. The figures behind these rules: docs/measurements.md, The in-process CUDA loader.
 
     :attr:`engine` says which engine runs, :attr:`fallbacks` counts why GPU-eligible images went to the CPU
     decoder, :attr:`messages` holds what nvImageCodec printed while loading.
@@ -597,7 +595,7 @@ class GpuDecoder:
 def regions_decode(device: torch.device, engine: str) -> bool:
     """Whether nvImageCodec decodes JPEG regions on ``device`` in this process (checked once, on a decoder of its
     own: the CUDA decoder alone, whose answer no CPU backend can stand in for). Where it does not (every region
-    failed on an H200 when nvImageCodec had torchvision's nvJPEG, see `ingest.decode._nvjpeg`), decoders decode whole
+    fails when nvImageCodec has torchvision's nvJPEG, see `ingest.decode._nvjpeg`), decoders decode whole
     images instead, with a warning: right pixels for more decode work, instead of the CPU decoder for all."""
     data, name = _region_test_jpeg(), "<region decode check>"
     with CpuDecoder(threads=1) as cpu:

@@ -68,7 +68,7 @@ _MAX_SHARED = 4  # worker batches held until their copy has run
 #: A worker's GIL switch interval (Python's default is 5 ms). Its read-ahead thread runs Python and numpy
 #: for milliseconds at a time; the thread running decode and ops gives the GIL up in every CUDA and
 #: nvImageCodec call and, to get it back, waits for the read thread to be asked to drop it, up to one
-#: interval, so a short interval keeps decode fed (``docs/measurements.md``).
+#: interval, so a short interval keeps decode fed (docs/measurements.md, Reads).
 _SWITCH_INTERVAL = 0.0005
 
 
@@ -339,7 +339,8 @@ def _run_epoch(pipeline, sampler, spec, worker, num_workers, run, epoch, start, 
     `_ReadAhead` reads the next one: the read stage is host work (Python and numpy: parse, header probe,
     the augmentation draws, which for detection's IoU crop cost as much as decode and ops together), and
     decode and ops mostly wait in CUDA and nvImageCodec calls that let the GIL go. Decode and ops stay on
-    one thread: overlapping them too held twice the GPU memory and ran slower (GIL contention)."""
+    one thread: overlapping them too holds more GPU memory and contends for the GIL without training faster
+    (docs/measurements.md, The in-process CUDA loader)."""
     # The budget is the parent's: here every failure is only recorded (or raised at once when none is allowed).
     pipeline.start_epoch(Failures(0 if spec["max_failures"] == 0 else sys.maxsize, 0, report=False))
     sent = 0

@@ -11,10 +11,9 @@
  * CRCs: given `crc` (the address of the crc32c package's own CRC32C function, found and checked against
  * crc32c.crc32c by ingest/formats/tfrecord.py), the masked CRCs of every record's length and data are checked
  * here, and a record whose CRCs disagree is status 1 (protobuf's path then names the bad CRC). The batch is then
- * checksummed on up to CRC_THREADS native threads and scanned with the GIL released once (a 256-record batch of
- * 80 KB images is ~20 MB to checksum: ~2 ms on one core, which made the read stage of the training process the
- * slowest stage on an H100); without CRCs the scan takes tens of microseconds and keeps the GIL (see
- * ingest/decode/_jpeg.c for why short native calls keep it).
+ * checksummed on up to CRC_THREADS native threads and scanned with the GIL released once (a batch's
+ * checksums are long enough to be worth spreading and releasing for; docs/measurements.md, Formats); without
+ * CRCs the scan is short and keeps the GIL (see ingest/decode/_jpeg.c for why short native calls keep it).
  *
  * examples(records, keys, kinds, out, side, crc) -> int
  *   records  a sequence of n contiguous byte buffers, each one whole framed TFRecord record

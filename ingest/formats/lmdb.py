@@ -13,10 +13,11 @@ memory. A value's byte range of ``data.mdb`` is found from the address of its vi
 ``buffers=True`` read, no copy) and where the map lies in this process (`_Map`). Every sample's ranges (a row
 per field for columnar samples) are found once, at open, in one cursor pass (`_Db.ranges`; file offsets, so
 they hold in every process the source is sent to), and ``locate`` is a table lookup with no LMDB call. That
-matters because py-lmdb gives the GIL up in every ``get``: beside a busy thread, looking up a batch's 256 keys
-took 1.1 s, each release costing up to a switch interval. The batch's reader reads the ranges with the batch's
-other reads, on native threads into its arena, instead of py-lmdb copying each value out with the GIL held (a
-~100 KB value: 18 us copied against 3 us located, before the page faults of touching the map). Where the table
+matters because py-lmdb gives the GIL up in every ``get``, and beside a busy thread each release costs up to a
+switch interval, so a per-batch lookup would cost one per key. The batch's reader reads the ranges with the
+batch's other reads, on native threads into its arena, instead of py-lmdb copying each value out with the GIL
+held (locating a value is cheaper than copying it, before the page faults of touching the map; see
+docs/measurements.md, Formats). Where the table
 cannot be made (the map's base not found: no ``/proc/self/maps`` or a check read that disagrees; keys that are
 not the layout's), keys are looked up per batch in one read transaction, and without the base the values are
 copied out as ``Location.data``. Views of the map are dropped inside their transaction, and the open pass keeps
@@ -320,7 +321,7 @@ class _Map:
 
 
 #: Values whose addresses are taken at once in `_Map.sample_ranges`. py-lmdb's cursor steps slow down with the
-#: number of views alive (100k entries: 0.46 s with chunks of 8192, 0.15 s with 1024, 0.18 s with 64).
+#: number of views alive, and very small chunks add calls: a middle size is fastest (docs/measurements.md, Formats).
 _CHUNK = 1024
 
 
@@ -374,8 +375,8 @@ class _Db:
         with _lmdb_errors(path), environment(path) as env, env.begin() as txn:
             self._detect(txn, layout)
         # Where every sample's value lies in the data file, found once here (file offsets: they hold in every
-        # process the source is sent to). Per batch, a lookup released the GIL per key (py-lmdb's get): beside a
-        # busy thread each release costs up to a switch interval, 1.1 s per batch of 256. None: looked up per
+        # process the source is sent to). Per batch, a lookup would release the GIL per key (py-lmdb's get): beside
+        # a busy thread each release costs up to a switch interval. None: looked up per
         # batch (the map's base unknown, or keys that are not the layout's).
         self.data = _data_file(path)
         view = _Map(path)

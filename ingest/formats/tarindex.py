@@ -9,8 +9,9 @@ end-of-archive marker, else the header there is reported (bad checksum, garbage,
 whose data runs past the end of the file, a sparse member and a name that escapes the shard root (absolute,
 or with a ``..`` component) are typed errors too. Reads are chunked, so a corrupt size field never makes a
 large allocation. Building an index first reads plain headers (no long names, pax records or sparse files)
-with `fast_scan`, ~5x less CPU than `tarfile`, and hands anything else, damage included, to the `tarfile`
-scan; property tests check that both find the same members.
+with `fast_scan`, which costs far less CPU than `tarfile` (docs/measurements.md, Small per-batch costs), and
+hands anything else, damage included, to the `tarfile` scan; property tests check that both find the same
+members.
 
 **Grouping** (webdataset's rules, `webdataset.tariterators`): only regular files count; names starting with a
 ``__...__`` component (metadata) and names without a dot in their base name are skipped. The key is the path

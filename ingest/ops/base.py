@@ -98,15 +98,15 @@ def per_sample(rngs: Rngs, n: int) -> SampleRandom:
 
 
 def same_size(sizes: Sequence[Size]) -> bool:
-    """Whether every pair of ``sizes`` equals the first (True for none): one ``list.count`` in C, where a
-    generator over a batch's samples took ~70 us per 512."""
+    """Whether every pair of ``sizes`` equals the first (True for none): one ``list.count`` in C, not a Python
+    step per sample."""
     sizes = sizes if isinstance(sizes, list) else list(sizes)
     return not sizes or sizes.count(sizes[0]) == len(sizes)
 
 
 def _repeated(sizes: Any) -> bool:
     """Whether ``sizes`` is a list of one (height, width) tuple repeated (what `size_list` makes of equal
-    sizes); numpy converting such a list pair by pair took ~80 us per 256 samples."""
+    sizes), so callers can build its array from one pair instead of numpy converting the list pair by pair."""
     return isinstance(sizes, list) and bool(sizes) and isinstance(sizes[0], tuple) and same_size(sizes)
 
 
@@ -160,8 +160,8 @@ def sizes_of(images: Images) -> list[Size]:
 
 def size_array_of(images: Images) -> np.ndarray:
     """:func:`sizes_of` as an ``(N, 2)`` int64 array, made without a tuple per image: an arena's own ``hw``, or
-    one size repeated for a batch tensor (numpy converting a ragged batch's list of 256 size tuples took
-    ~60 us, three times per batch in the GPU ops stage)."""
+    one size repeated for a batch tensor (the GPU ops stage asks for it several times per batch, and numpy
+    converting a list of size tuples goes pair by pair)."""
     if isinstance(images, ImageArena):
         return images.hw
     if isinstance(images, torch.Tensor):

@@ -155,7 +155,7 @@ def _jitter(x: torch.Tensor, brightness: torch.Tensor | None, contrast: torch.Te
             mean: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """The four adjustments on uint8 pixels ``[..., P, C]``; factors broadcast against ``[..., 1, P]``;
     ``mean`` reduces ``[..., 1, P]`` per sample (keeping dims). The math runs on a planar float copy
-    ``[..., C, P]`` (channel slices contiguous: ~3x faster on CPU than channels-last)."""
+    ``[..., C, P]`` (channel slices contiguous, which is faster on CPU than channels-last)."""
     planar = x.transpose(-1, -2)
     rgb = planar.shape[-2] == 3
     x = torch.empty(planar.shape, dtype=torch.float32, device=x.device).copy_(planar)

@@ -301,7 +301,7 @@ class RandomResizedCrop(GeometryOp):
         # Per sample: 10 areas and 10 aspects, then the position (used if an attempt fits). The attempts run one
         # after another over the samples still without a fit, so no array holds more than the batch: numpy lets
         # the GIL go on arrays of more than 500 elements, which beside a busy thread costs up to a switch interval
-        # each (the [B, 10] form made ~15 such calls per batch).
+        # each (a [B, 10] form would cross that line in most of its calls once B > 50).
         u, at = rngs.random(20), rngs.random(2)
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         cw, ch, found = zeros(len(hw), np.int64), zeros(len(hw), np.int64), zeros(len(hw), bool)

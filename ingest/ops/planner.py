@@ -48,10 +48,8 @@ PER_BOX = ("labels", "iscrowd", "area")
 
 #: The most samples one plan holds in `plan_sliced`: numpy gives the GIL up in an operation on more than 500
 #: items (`ingest._numpy`), so a plan's draws and its warp's launch arguments, written column by column, keep it
-#: at up to 256 samples (and ``(n, 2)`` columns pairs). Beside a busy thread on 2 cores, drawing and packing
-#: RandomResizedCrop + Flip + Normalize grew by ~1.5 ms at 256 samples, ~4 ms at 480 and ~240 ms at 512 (with
-#: a profile hook); on an H100 a raw loader's plan stage took 4.7 ms per 512-sample batch against 1.5 ms per
-#: 480-sample one.
+#: at up to 256 samples (and ``(n, 2)`` columns pairs): past 500 items every column releases the GIL, and beside
+#: a busy thread each release costs up to a switch interval (docs/measurements.md, The GIL).
 SLICE = 256
 
 

@@ -11,8 +11,8 @@
   draw one batch with its masks tinted to a PNG (`run_segmentation`).
 
 The speed is indicative: a few hundred small images on whatever else the machine runs. It is timed over whole
-epochs for at least `MIN_SECONDS` (never fewer than two epochs) after a warm-up epoch, not over the 192 images
-of two epochs as before (722-1832 img/s between runs); `benchmarks/` holds the measurements to quote.
+epochs for at least `MIN_SECONDS` (never fewer than two epochs) after a warm-up epoch, since a handful of
+batches varies too much between runs to mean anything; `benchmarks/` holds the measurements to quote.
 """
 
 from __future__ import annotations
