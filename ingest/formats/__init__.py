@@ -113,12 +113,13 @@ def _declared_kinds(source: Any, declared: dict[str, Field]) -> None:
     """Give a converter output's fields the kinds its manifest records where the format stores them in another
     kind's form (ints and floats as ``.npy`` arrays in a tar; any kind a format keeps as bytes), so a field reads
     back with the kind it was written with. ``pixels`` stay as read: formats that store them encoded (a PNG
-    member) give the encoded image."""
+    member) give the encoded image, and an encoded image a format stored decoded (raw shards) stays pixels."""
     fields = getattr(source, "fields", None)
     if not isinstance(fields, dict):
         return
     for name, field in declared.items():
-        if name in fields and fields[name] != field and field.kind != "pixels":
+        if name in fields and fields[name] != field and field.kind != "pixels" and \
+                not (field.kind == "image" and fields[name].kind == "pixels"):
             fields[name] = field
 
 

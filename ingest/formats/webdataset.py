@@ -613,6 +613,8 @@ def written_extensions(name: str, field: Field) -> tuple[str, ...]:
     safe = _safe(name)
     if field.kind == "image":
         return IMAGE_EXTENSIONS if name == "image" else tuple(f"{safe}.{e}" for e in IMAGE_EXTENSIONS)
+    if field.kind == "mask":   # (`WebDatasetWriter._member`)
+        return tuple(f"{safe}.mask.{e}" for e in IMAGE_EXTENSIONS)
     if name == "label":
         return ("cls",)
     if name == "image":   # decoded pixels
