@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 from conftest import encode, textured
-from ingest import native
+from ingest import defaults, native
 from ingest.errors import ConfigError
 from ingest.ops import (CenterCrop, ColorJitter, GaussianBlur, HorizontalFlip, Normalize, RandomGrayscale,
-                        RandomResizedCrop, Resize, VerticalFlip)
+                        MixUp, RandomResizedCrop, Resize, VerticalFlip)
 from ingest.ops import planner, resample
 from ingest.torch import Loader
 
@@ -212,6 +212,11 @@ def test_native_engine_refuses_other_pixels():
         assert loader.engine == "python"
 
 
+def test_native_setting_says_why_not():
+    with defaults.set(engine="native"), pytest.raises(ConfigError, match="decode_dtype='uint16'"):
+        Loader([png16(RGB16)], batch_size=1, decode_dtype=torch.uint16)
+
+
 def test_worker_processes_decode_as_asked():
     with Loader([tiff(RGB16)] * 2, batch_size=2, decode_dtype=torch.uint16, channels=1, num_workers=1,
                 ops=[HorizontalFlip(1.0)]) as loader:
@@ -220,3 +225,15 @@ def test_worker_processes_decode_as_asked():
     r, g, b = (RGB16[..., k].astype(np.uint64) for k in range(3))
     luma = (r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16   # Pillow's ITU-R 601 weights
     np.testing.assert_array_equal(x[1, 0].numpy(), luma[:, ::-1].astype(np.uint16))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
+def test_mixup_blends_uint16_in_its_own_range(device):
+    images = torch.from_numpy(np.stack([RGB16, RGB16[::-1].copy()])).permute(0, 3, 1, 2).to(device)
+    before = images.to(torch.float64)
+    mixed, _ = MixUp(alpha=1.0, num_classes=2)(images.clone(), np.array([0, 1]), rng=5)
+    assert mixed.dtype == torch.uint16
+    # each row a blend of itself and the row before, rounded: between the two, never clipped at 255
+    lo, hi = torch.minimum(before, before.roll(1, 0)), torch.maximum(before, before.roll(1, 0))
+    got = mixed.to(torch.float64)
+    assert bool(((got >= lo - 1) & (got <= hi + 1)).all()) and got.max() > 255

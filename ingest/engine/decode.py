@@ -52,13 +52,15 @@ class DecodeStage(Stage):
         # Decode lanes: each a GPU decoder (mixed; None: the CPU pool) and a decode stream (CUDA). With several
         # (``lanes``, else the ``decode_batches`` setting; encoded images only) the executor decodes that many
         # batches at once, one thread per lane, so that one batch's Python work overlaps another's decode.
+        # GPU decoders write 8-bit RGB: other pixels asked for decode on the CPU pool (and are uploaded)
+        gpu = decode == "mixed" and self.image_kind == "image" and not self.direct and self.cpu.rgb8
         lanes = (lanes or defaults.get("decode_batches")) if self.image_kind == "image" and not self.direct else 1
         if lanes == "auto":
-            lanes = 2 if decode == "mixed" else 1
+            lanes = 2 if gpu else 1
         self.lanes: list[tuple[Any, torch.cuda.Stream | None]] = [(None, None)] * lanes
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):   # the caller's current device is left as it was
-                if decode == "mixed" and self.image_kind == "image" and not self.direct:   # a decoder only for JPEGs
+                if gpu:   # a decoder only for JPEGs (and the JPEG 2000s and TIFFs nvImageCodec takes)
                     from ..decode.gpu import Arenas, GpuDecoder, cpu_threads_each
                     each, arenas = defaults.get("gpu_decoders"), Arenas(keep=lanes + 1)   # the lanes share them
                     self.lanes = [(GpuDecoder(self.device, self.cpu, threads=each, arenas=arenas,

@@ -2,7 +2,9 @@
 
 A batch of images is either a fixed-size uint8 tensor ``[N, H, W, C]`` or a *ragged* list of ``[H, W, C]``
 uint8 tensors (what a decoder returns), all on one device. Every op is batched and takes either form, on
-CPU or CUDA, and returns a batch on the same device. An :class:`ImageArena` (the GPU decoder's ragged
+CPU or CUDA, and returns a batch on the same device. Pixels are uint16 where the loader keeps 16-bit samples,
+and C is 1, 3 or 4: an op says what it takes (`Op.pixel_dtypes`, `Op.pixel_channels`), checked when the
+ops are planned. An :class:`ImageArena` (the GPU decoder's ragged
 batch in one buffer) is a sequence of such images: ops that only iterate take it as a list, and the warp
 reads it without making a tensor per image.
 
