@@ -19,10 +19,13 @@ from PIL import Image
 
 from conftest import encode, textured
 from ingest import defaults, native
+from ingest.engine import Pipeline
 from ingest.errors import ConfigError
+from ingest.formats.memory import MemorySource
 from ingest.ops import (CenterCrop, ColorJitter, GaussianBlur, HorizontalFlip, Normalize, RandomGrayscale,
                         MixUp, RandomResizedCrop, Resize, VerticalFlip)
 from ingest.ops import planner, resample
+from ingest.sampler import Sampler
 from ingest.torch import Loader
 
 imagecodecs = pytest.importorskip("imagecodecs")
@@ -117,6 +120,25 @@ def test_uint16_resize_within_one_level(interpolation, device):
     kw = {} if interpolation == "nearest" else {"antialias": True, "align_corners": False}
     want = F.interpolate(src, size=size, mode=mode, **kw)[0].permute(1, 2, 0).round().clamp(0, 65535).numpy()
     assert np.abs(got - want).max() <= 1
+
+
+def test_uint16_random_resized_crop_within_one_level_of_the_reference():
+    """The pipeline's crops (CPU eager op: torch's float resize) against the warp's torch implementation on the
+    same drawn plan, on the source arrays."""
+    arrays = [RGB16, RGB16[::-1, ::-1].copy(), RGB16[:, ::-1].copy()]
+    pipe = Pipeline(MemorySource([tiff(a) for a in arrays], labels=[0, 1, 2]), num_threads=1, decode_dtype="uint16",
+                    ops=[RandomResizedCrop((12, 20), scale=(0.2, 0.7)), HorizontalFlip()])
+    try:
+        bp = next(Sampler(3, 3, shuffle=True, seed=4).batches(epoch=0))
+        work = pipe.read(bp)
+        plan = work.ops_plan
+        batch = pipe.transform(pipe.decode(work))
+    finally:
+        pipe.close()
+    assert batch.images.dtype == torch.uint16 and tuple(batch.images.shape) == (3, 3, 12, 20)
+    ref = resample.reference([torch.from_numpy(arrays[i]) for i in batch.indices.tolist()], plan.warp)
+    diff = (batch.images.permute(0, 2, 3, 1).to(torch.int64) - ref.to(torch.int64)).abs()
+    assert ref.dtype == torch.uint16 and int(diff.max()) <= 1
 
 
 def test_uint16_random_resized_crop_follows_the_8bit_draws():
