@@ -43,7 +43,7 @@ class DecodeStage(Stage):
         super().__init__()
         self.ops, self.device, self.image_kind, self.direct = list(ops), device, image_kind, direct
         # What every decode gives (`ingest.decode.codecs.finish`): uint8 RGB, or uint16 / 1 or 4 channels asked
-        # for (the GPU decoders then send every image to this CPU decoder)
+        # for (then no lane has a GPU decoder: see below)
         self.cpu = CpuDecoder(threads=num_threads, dtype=decode_dtype, channels=channels)
         # The mask fields, decoded on the CPU beside the images (Pillow: palette indices, gray levels)
         self.mask_fields = list(masks)
