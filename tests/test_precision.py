@@ -259,3 +259,15 @@ def test_mixup_blends_uint16_in_its_own_range(device):
     lo, hi = torch.minimum(before, before.roll(1, 0)), torch.maximum(before, before.roll(1, 0))
     got = mixed.to(torch.float64)
     assert bool(((got >= lo - 1) & (got <= hi + 1)).all()) and got.max() > 255
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
+def test_a_failed_sample_is_dropped_from_a_uint16_batch(device):
+    """The blank stand-in of a file that fails to decode has the batch's dtype and channels, and its row goes."""
+    good, bad = tiff(RGB16), tiff(RGB16)[:200]   # a TIFF whose strips end early
+    x = first_batch([good, bad, tiff(RGB16[::-1].copy())], decode_dtype=torch.uint16, channels=4, device=device,
+                    ops=[CenterCrop((16, 16))], max_failures=1)
+    assert x.dtype == torch.uint16 and tuple(x.shape) == (2, 4, 16, 16)
+    np.testing.assert_array_equal(hwc(x[0])[..., :3], RGB16[4:20, 8:24])
+    np.testing.assert_array_equal(hwc(x[1])[..., :3], RGB16[::-1][4:20, 8:24])
+    assert (hwc(x[1])[..., 3] == 65535).all()   # opaque alpha at 16 bits
