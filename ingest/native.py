@@ -97,8 +97,13 @@ class Chain:
 
 
 def why_not(source, ops, *, device: torch.device, decode: str, workers: int, streamed: bool, tuple_output: bool,
-            pipeline: Pipeline | None) -> tuple[Chain | None, str | None]:
-    """(the chain, None) where a Loader of these settings can run on the native engine, else (None, why not)."""
+            pipeline: Pipeline | None, decode_dtype: str = "uint8", channels: int = 3
+            ) -> tuple[Chain | None, str | None]:
+    """(the chain, None) where a Loader of these settings can run on the native engine, else (None, why not).
+    ``decode_dtype`` and ``channels``: the Loader's (checked names, `ingest.decode.codecs.output_options`)."""
+    if (decode_dtype, channels) != ("uint8", 3):
+        return None, (f"it gives 8-bit RGB (decode_dtype={decode_dtype!r}, channels={channels} ask for other "
+                      "pixels, which the Python stages decode and transform)")
     if ENGINE is None:
         return None, "the native engine (ingest._engine) was not built"
     if device.type != "cuda" or decode != "mixed":

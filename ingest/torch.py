@@ -18,6 +18,7 @@ import torch
 from ._driver import on_device
 from ._malloc import keep_freed_memory
 from . import defaults
+from .decode.codecs import output_options
 from .errors import ConfigError, IngestError
 from .formats import detect, open_source
 from .formats.base import Location, Record, Source, check_index, fields_of
@@ -77,6 +78,17 @@ class Loader:
     CenterCrop, RandomResizedCrop, PadTo(batch=True)) is a ConfigError saying so. True: always a list of
     ``[C, H, W]`` tensors, whatever the sizes (what torchvision's detection models take). One Loader never
     mixes the two.
+
+    ``decode_dtype`` and ``channels``: what encoded images decode to (every format, `ingest.decode.codecs`).
+    By default 8-bit RGB: 16-bit samples keep their 8 high bits, alpha is dropped, gray is repeated.
+    ``decode_dtype=torch.uint16`` keeps 16-bit samples as stored (an 8-bit image stays 0..255);
+    ``channels=1`` gives gray (colour becomes ITU-R 601 luma), ``channels=4`` RGB with alpha (opaque where the
+    file has none). Batches are then ``[N, channels, H, W]`` of that dtype, or Normalize's output. Geometry
+    (Resize, CenterCrop, RandomResizedCrop, Flip) and Normalize take 16-bit pixels (Normalize scales them by
+    65535 where 8-bit ones are scaled by 255, so its 0..255 ``mean`` and ``std`` serve both); other ops are
+    8-bit only, and colour ops refuse 4 channels (and 1 where they change colours): ConfigErrors here. These
+    settings decode on the CPU (the GPU decoders write 8-bit RGB) and run on the Python stages, not the
+    native engine. Only encoded images have them (a raw-pixel source is given as stored).
     """
 
     def __init__(self, source: str | os.PathLike | Source | Sequence | Iterable, *, batch_size: int,
@@ -86,7 +98,9 @@ class Loader:
                  num_threads: int | None = None, num_workers: int | None = None, max_failures: int | float = 0,
                  io: str | None = None, output: str = "tuple", extensions: Sequence[str] = IMAGE_EXTENSIONS,
                  format: str | None = None, reader_options: dict[str, Any] | None = None,
-                 shuffle_buffer: int = DEFAULT_BUFFER, worker_stages: str = "auto", ragged: bool = False):
+                 shuffle_buffer: int = DEFAULT_BUFFER, worker_stages: str = "auto", ragged: bool = False,
+                 decode_dtype: torch.dtype | str = torch.uint8, channels: int = 3):
+        decode_dtype, channels = output_options(decode_dtype, channels)   # ConfigError naming the choices
         if output not in OUTPUTS:
             raise ConfigError(f"Unknown output {output!r}. Available: {', '.join(OUTPUTS)}")
         if not isinstance(ragged, bool):
@@ -162,20 +176,22 @@ class Loader:
             if defaults.get("keep_freed_memory") == "auto":
                 keep_freed_memory()   # its per-record copies reuse freed pages instead of faulting in new ones
             self.pipeline = Pipeline(source, ops=self.ops, device=self.device, decode=self.decode, io=io,
-                                     num_threads=num_threads)
+                                     num_threads=num_threads, decode_dtype=decode_dtype, channels=channels)
         if self.worker_stages == "read":
             self._check_read_stage()
         # The native engine (`ingest.native`) runs the epochs where eligible and the ``engine`` setting allows.
         from . import native
         chain, why = native.why_not(source, self.ops, device=self.device, decode=self.decode, workers=num_workers,
                                     streamed=self._stream is not None or self._streamed is not None,
-                                    tuple_output=True, pipeline=self.pipeline)
+                                    tuple_output=True, pipeline=self.pipeline, decode_dtype=decode_dtype,
+                                    channels=channels)
         self._native = native.choose(defaults.get("engine"), chain, why)
         self.engine = "native" if self._native is not None else "python"   # what runs (`stats()["engine"]`)
         worker_threads = num_threads or max(1, defaults.cores() // max(num_workers, 1))
         self._spec = dict(source=source, ops=self.ops, device=str(self.device), decode=self.decode, io=io,
                           num_threads=worker_threads, sampler=self.sampler, prefetch=prefetch,
-                          max_failures=max_failures, stages=self.worker_stages)
+                          max_failures=max_failures, stages=self.worker_stages, decode_dtype=decode_dtype,
+                          channels=channels)
         self.output = output
         self.epoch = -1            # the epoch being (or last) iterated
         self._resume: tuple[int, int, int] | None = None   # (epoch, batch, offset) for the next iter()

@@ -175,7 +175,11 @@ def _select_rows(images: Any, keep: list[int], failed: set[int]) -> Any:
     if not failed or images is None:
         return images
     if isinstance(images, torch.Tensor):
-        return images[torch.tensor(keep, dtype=torch.long, device=images.device)]
+        rows = torch.tensor(keep, dtype=torch.long, device=images.device)
+        if images.dtype == torch.uint16:   # rows taken as bytes: CUDA has no uint16 indexing
+            flat = images.reshape(len(images), -1).view(torch.uint8)[rows].view(torch.uint16)
+            return flat.view(len(keep), *images.shape[1:])
+        return images[rows]
     if isinstance(images, np.ndarray):
         return images[keep]
     return [images[k] for k in keep]

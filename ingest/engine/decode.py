@@ -38,10 +38,13 @@ class DecodeStage(Stage):
     name = "decode"
 
     def __init__(self, ops: Sequence, device: torch.device, decode: str, image_kind: str | None, direct: bool, *,
-                 num_threads: int | None = None, lanes: int | str | None = None, masks: Sequence[str] = ()):
+                 num_threads: int | None = None, lanes: int | str | None = None, masks: Sequence[str] = (),
+                 decode_dtype: Any = "uint8", channels: int = 3):
         super().__init__()
         self.ops, self.device, self.image_kind, self.direct = list(ops), device, image_kind, direct
-        self.cpu = CpuDecoder(threads=num_threads)
+        # What every decode gives (`ingest.decode.codecs.finish`): uint8 RGB, or uint16 / 1 or 4 channels asked
+        # for (then no lane has a GPU decoder: see below)
+        self.cpu = CpuDecoder(threads=num_threads, dtype=decode_dtype, channels=channels)
         # The mask fields, decoded on the CPU beside the images (Pillow: palette indices, gray levels)
         self.mask_fields = list(masks)
         self.masks = MaskDecoder(threads=num_threads) if self.mask_fields else None
@@ -49,13 +52,15 @@ class DecodeStage(Stage):
         # Decode lanes: each a GPU decoder (mixed; None: the CPU pool) and a decode stream (CUDA). With several
         # (``lanes``, else the ``decode_batches`` setting; encoded images only) the executor decodes that many
         # batches at once, one thread per lane, so that one batch's Python work overlaps another's decode.
+        # GPU decoders write 8-bit RGB: other pixels asked for decode on the CPU pool (and are uploaded)
+        gpu = decode == "mixed" and self.image_kind == "image" and not self.direct and self.cpu.rgb8
         lanes = (lanes or defaults.get("decode_batches")) if self.image_kind == "image" and not self.direct else 1
         if lanes == "auto":
-            lanes = 2 if decode == "mixed" else 1
+            lanes = 2 if gpu else 1
         self.lanes: list[tuple[Any, torch.cuda.Stream | None]] = [(None, None)] * lanes
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):   # the caller's current device is left as it was
-                if decode == "mixed" and self.image_kind == "image" and not self.direct:   # a decoder only for JPEGs
+                if gpu:   # a decoder only for JPEGs (and the JPEG 2000s and TIFFs nvImageCodec takes)
                     from ..decode.gpu import Arenas, GpuDecoder, cpu_threads_each
                     each, arenas = defaults.get("gpu_decoders"), Arenas(keep=lanes + 1)   # the lanes share them
                     self.lanes = [(GpuDecoder(self.device, self.cpu, threads=each, arenas=arenas,
@@ -185,10 +190,12 @@ class DecodeStage(Stage):
                 x0, y0, x1, y1 = (int(v) for v in rois[k])
                 h, w = y1 - y0, x1 - x0
                 origins[k] = (x0, y0)
+            c, dtype = self.cpu.channels, np.dtype(self.cpu.dtype)   # the decoder's output, blank
             if gpu:
-                out[k] = torch.zeros((h, w, 3), dtype=torch.uint8, device=self.device)
+                out[k] = torch.zeros((h, w, c), dtype=torch.uint16 if dtype == np.uint16 else torch.uint8,
+                                     device=self.device)
             else:
-                out[k] = np.zeros((h, w, 3), dtype=np.uint8)
+                out[k] = np.zeros((h, w, c), dtype=dtype)
         return out
 
     def close(self) -> None:
@@ -201,14 +208,15 @@ class DecodeStage(Stage):
 
 
 def _upload(images: list[torch.Tensor], device: torch.device, stream: torch.cuda.Stream):
-    """Copy a ragged batch of host images to the GPU in one transfer through one pinned buffer."""
-    sizes = [im.numel() for im in images]
+    """Copy a ragged batch of host images (uint8, or uint16: moved as their bytes) to the GPU in one transfer
+    through one pinned buffer."""
+    sizes = [im.numel() * im.element_size() for im in images]
     host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     for im, a, b in zip(images, offsets, offsets[1:]):
-        host[a:b].copy_(im.reshape(-1))
+        host[a:b].copy_(im.reshape(-1).view(torch.uint8))
     with torch.cuda.stream(stream):
         dev = host.to(device, non_blocking=True)
         ready = recorded(stream)
-    out = [dev[a:b].view(im.shape) for im, a, b in zip(images, offsets, offsets[1:])]
+    out = [dev[a:b].view(im.dtype).view(im.shape) for im, a, b in zip(images, offsets, offsets[1:])]
     return out, ready

@@ -13,17 +13,19 @@ from typing import Any, Sequence
 
 import torch
 
+from ..decode.codecs import output_options
 from ..errors import ConfigError
 from ..formats.base import Source, fields_of
 from ..io import ByteReader
 from ..ops.mix import split as split_batch_op
+from ..ops.planner import check as check_ops
 from ..ops.user import as_ops
 from ..sampler import BatchPlan
 from .base import StageStats
 from .batch import Batch, Failures, _Work, split_fields
 from .decode import DecodeStage
 from .ops import OpsStage
-from .read import ReadStage, reads_direct
+from .read import ReadStage, decoded_pixels, reads_direct
 
 DECODE = ("mixed", "cpu")
 STAGES = ("read", "decode", "ops")  # what Pipeline.read, .decode and .transform do, in order
@@ -48,15 +50,18 @@ def resolve_device(device: str | torch.device, decode: str | None) -> tuple[torc
 class Pipeline:
     """Per-batch work of each stage (`read_stage`, `decode_stage`, `ops_stage`), with no threads of its own.
 
-    ``shared_reads``: a reader process's pipeline, whose read stage hands its batches to another process
-    through that many shared buffers reused in turn. ``labels_on_host``: labels and the other fields stay on
+    ``decode_dtype`` (uint8 or uint16) and ``channels`` (1, 3 or 4): what encoded images decode to
+    (`ingest.decode.codecs.finish`); the ops are checked against it here. ``shared_reads``: a reader
+    process's pipeline, whose read stage hands its batches to another process through that many shared
+    buffers reused in turn. ``labels_on_host``: labels and the other fields stay on
     the CPU (a full worker's pipeline; see `ingest.engine.workers`). ``lanes``: decode lanes (`DecodeStage`).
     The stages are set up here and changed only through the methods below (`start_epoch`, `deliver`,
     `start_outputs`, `end_outputs`, `handed_over`)."""
 
     def __init__(self, source: Source, *, ops: Sequence = (), device: str | torch.device = "cpu",
                  decode: str | None = None, io: str | None = None, num_threads: int | None = None,
-                 shared_reads: int = 0, labels_on_host: bool = False, lanes: int | str | None = None):
+                 shared_reads: int = 0, labels_on_host: bool = False, lanes: int | str | None = None,
+                 decode_dtype: Any = "uint8", channels: int = 3):
         self.source = source
         self.ops = as_ops(ops)   # torchvision transforms wrapped; anything else not an op is a ConfigError
         self.device, self.decode_kind = resolve_device(device, decode)
@@ -68,8 +73,15 @@ class Pipeline:
         masks = [k for k, f in self.extra_fields.items() if f.kind == "mask"]
         boxes = ("boxes" in self.extra_fields or bool(masks)) and self.image_kind is not None
         self.plan_ops, mixer = split_batch_op(self.ops, boxes=boxes, labels="label" in self.fields)
+        self.decode_dtype, self.channels = output_options(decode_dtype, channels)
+        if (self.decode_dtype, self.channels) != ("uint8", 3) and self.image_kind != "image":
+            raise ConfigError(f"`decode_dtype` and `channels` choose what encoded images decode to; this source "
+                              f"has {self.image_kind or 'no'} images (raw pixels are given as stored)")
         self.decode_stage = DecodeStage(self.plan_ops, self.device, self.decode_kind, self.image_kind, self.direct,
-                                        num_threads=num_threads, lanes=lanes, masks=masks)
+                                        num_threads=num_threads, lanes=lanes, masks=masks,
+                                        decode_dtype=self.decode_dtype, channels=self.channels)
+        if self.image_kind == "image":   # every op takes what the one before it gives, from the decoded pixels on
+            check_ops(self.plan_ops, decoded_pixels(self.decode_stage.cpu))
         spare: list = []   # direct-read batch tensors, handed back by the ops stage to the read stage
         self.ops_stage = OpsStage(source, self.ops, self.device, cpu=self.decode_stage.cpu,
                                   lanes=self.decode_stage.lanes, spare=spare, labels_on_host=labels_on_host,

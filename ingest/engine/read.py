@@ -16,6 +16,7 @@ from ..errors import CorruptRecordError, IngestError
 from ..formats.base import Location, Source, fields_of, locate_each, parse_each
 from ..io import ByteReader
 from ..ops import planner
+from ..ops.base import PIXELS, ImageSpec
 from ..sampler import BatchPlan
 from .base import Stage
 from .batch import _NO_FIELDS, Failures, _Names, _select, _Work, split_fields
@@ -53,6 +54,7 @@ class ReadStage(Stage, BoxFields):
         self._labels = source.labels() if self.direct else None
         self._init_boxes(source, extra_fields, self.image_kind, self.ops)
         self.failures = Failures(0, 0)
+        self.pixels = decoded_pixels(cpu) if self.image_kind == "image" else PIXELS   # what the ops are planned for
 
     def start_epoch(self, failures: Failures) -> None:
         """Count the batches read from now on against ``failures`` (the budget of the epoch they belong to)."""
@@ -184,7 +186,8 @@ class ReadStage(Stage, BoxFields):
             rngs = replace(work.plan, indices=work.indices, is_pad=work.is_pad).sample_rngs()
             if self.boxes:
                 work.boxes = self._to_ltrb([r.fields["boxes"] for r in work.records], probed)
-            work.ops_plan = planner.plan(self.ops, probed, rngs, boxes=work.boxes if self.box_ops else None)
+            work.ops_plan = planner.plan(self.ops, probed, rngs, boxes=work.boxes if self.box_ops else None,
+                                         pixels=self.pixels)
         return work
 
     def close(self) -> None:
@@ -212,3 +215,8 @@ def _pixel_size(pixels: Any, name: str) -> tuple[int, int]:
         raise CorruptRecordError(f"expected uint8 pixels [H, W, C], got {getattr(pixels, 'dtype', type(pixels))} "
                                  f"{tuple(shape) if shape is not None else ''}", path=name)
     return int(shape[0]), int(shape[1])
+
+
+def decoded_pixels(cpu: CpuDecoder) -> ImageSpec:
+    """What the images decoded by ``cpu`` are to the ops: uint8 or uint16 ``[H, W, C]`` of its channel count."""
+    return ImageSpec(torch.uint16 if cpu.dtype == "uint16" else torch.uint8, None, cpu.channels)

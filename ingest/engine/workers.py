@@ -288,6 +288,11 @@ class WorkerPool:
             q.cancel_join_thread()
 
 
+def _pixels(spec: dict[str, Any]) -> dict[str, Any]:
+    """The decoded pixels' dtype and channels the Loader asked for (uint8 RGB in a spec without them)."""
+    return {"decode_dtype": spec.get("decode_dtype", "uint8"), "channels": spec.get("channels", 3)}
+
+
 def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, results, parent: int) -> None:
     threading.Thread(target=_exit_with_parent, args=(parent,), name="ingest-parent-watch", daemon=True).start()
     torch.set_num_threads(1)
@@ -295,12 +300,13 @@ def _worker_main(spec: dict[str, Any], worker: int, num_workers: int, commands, 
     keep_freed_memory()
     if spec["stages"] == "read":   # CPU only: this process never touches CUDA
         pipeline = Pipeline(spec["source"], ops=spec["ops"], device="cpu", decode="cpu", io=spec["io"],
-                            num_threads=spec["num_threads"], shared_reads=buffer_slots(spec["prefetch"]))
+                            num_threads=spec["num_threads"], shared_reads=buffer_slots(spec["prefetch"]),
+                            **_pixels(spec))
     else:
         bind_thread(torch.device(spec["device"]))   # this process touches its rank's GPU only
         pipeline = Pipeline(spec["source"], ops=spec["ops"], device=spec["device"], decode=spec["decode"],
                             io=spec["io"], num_threads=spec["num_threads"], labels_on_host=True,
-                            lanes=1)   # a worker decodes one batch at a time, on its main thread
+                            lanes=1, **_pixels(spec))   # a worker decodes one batch at a time, on its main thread
     sampler = spec["sampler"]
     stop_runs: set[int] = set()
     announced: set[int] = set()   # read stage: shared buffers (by slot) the parent has received

@@ -243,6 +243,8 @@ def _interpolation(value: Any) -> str:
 class _Policy(Op):
     """Runs drawn :class:`PolicyParams` on a batch (see the module docstring)."""
 
+    pixel_channels = (1, 3)   # its colour operations are RGB's or gray's
+
     interpolation: str = "nearest"
     fill: tuple[float, ...] | None = None
     #: Its shears, translations and rotations have no map for boxes and masks: refused on a source with boxes.
@@ -499,7 +501,10 @@ class GaussianBlur(Op):
 
 class RandomGrayscale(Op):
     """torchvision's ``RandomGrayscale(p)``: with probability ``p`` per sample, the image becomes its luma in
-    every channel (1-channel images are unchanged). Params: ``[N]`` bool."""
+    every channel (1-channel images are unchanged; a loader of ``channels`` 1 or 4 refuses it). Params: ``[N]``
+    bool."""
+
+    pixel_channels = (3,)   # luma of RGB: gray is that already, RGBA's alpha is no colour
 
     def __init__(self, p: float = 0.1):
         self.p = probability(p)

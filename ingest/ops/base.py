@@ -2,7 +2,9 @@
 
 A batch of images is either a fixed-size uint8 tensor ``[N, H, W, C]`` or a *ragged* list of ``[H, W, C]``
 uint8 tensors (what a decoder returns), all on one device. Every op is batched and takes either form, on
-CPU or CUDA, and returns a batch on the same device. An :class:`ImageArena` (the GPU decoder's ragged
+CPU or CUDA, and returns a batch on the same device. Pixels are uint16 where the loader keeps 16-bit samples,
+and C is 1, 3 or 4: an op says what it takes (`Op.pixel_dtypes`, `Op.pixel_channels`), checked when the
+ops are planned. An :class:`ImageArena` (the GPU decoder's ragged
 batch in one buffer) is a sequence of such images: ops that only iterate take it as a list, and the warp
 reads it without making a tensor per image.
 
@@ -52,16 +54,18 @@ class ImageSpec:
 
     ``layout`` is None for the ops' working form, ``[H, W, C]`` pixels (channels last), which every op takes;
     "NCHW" or "NHWC" once an op has fixed the layout of the final batch (Normalize), after which no other
-    op can run.
+    op can run. Pixels are uint8, or uint16 where the decoder keeps 16-bit samples; ``channels`` is their
+    count where known (1 gray, 3 RGB, 4 RGBA; None: not said, taken as any).
     """
 
     dtype: torch.dtype = torch.uint8
     layout: str | None = None
+    channels: int | None = None
 
     @property
     def pixels(self) -> bool:
-        """True for uint8 ``[H, W, C]`` pixels, the input every op takes."""
-        return self.dtype == torch.uint8 and self.layout is None
+        """True for ``[H, W, C]`` pixels (uint8 or uint16), the input every op takes."""
+        return self.dtype in PIXEL_DTYPES and self.layout is None
 
     def batch_shape(self, n: int, size: tuple[int, int], channels: int) -> tuple[int, int, int, int]:
         """The shape of the tensor holding ``n`` images of ``size`` (height, width) in this layout."""
@@ -70,6 +74,20 @@ class ImageSpec:
 
 
 PIXELS = ImageSpec()
+#: The pixel dtypes a decoder gives: 8-bit samples, or 16-bit ones kept (`ingest.decode.codecs`).
+PIXEL_DTYPES = (torch.uint8, torch.uint16)
+
+
+def levels(dtype: torch.dtype) -> int:
+    """The largest value of a pixel dtype: 255 for uint8, 65535 for uint16."""
+    return 65535 if dtype == torch.uint16 else 255
+
+
+def fill_levels(fill: Sequence[float], channels: int, dtype: torch.dtype) -> tuple[float, ...]:
+    """``fill`` (one value or one per channel, in 8-bit pixel units 0..255) for an image of ``channels``
+    channels of ``dtype``: unchanged for uint8, times 257 for uint16 (255 -> 65535)."""
+    values = fill_for(fill, channels)
+    return values if dtype != torch.uint16 else tuple(v * 257 for v in values)
 
 
 def probability(p: Any) -> float:
@@ -170,8 +188,12 @@ def size_array_of(images: Images) -> np.ndarray:
 
 
 def stack_if_uniform(images: list[torch.Tensor]) -> Images:
-    """Stack to ``[N, H, W, C]`` when all images share a shape; otherwise keep the list."""
+    """Stack to ``[N, H, W, C]`` when all images share a shape; otherwise keep the list. uint16 images are
+    stacked as their bytes (CUDA has no uint16 ``cat``)."""
     if images and all(im.shape == images[0].shape for im in images):
+        if images[0].dtype == torch.uint16:
+            flat = torch.stack([im.reshape(-1).view(torch.uint8) for im in images]).view(torch.uint16)
+            return flat.view(len(images), *images[0].shape)
         return torch.stack(images)
     return images
 
@@ -190,7 +212,8 @@ def copy_into(out: torch.Tensor, images: Images) -> torch.Tensor:
 def pad_crop(im: torch.Tensor, top: int, left: int, height: int, width: int,
              fill: Sequence[float]) -> torch.Tensor:
     """``im[top:top+height, left:left+width]`` of a ``[..., H, W, C]`` batch, padded with ``fill`` (one value
-    or one per channel, pixel units) where the window leaves the image. A view when it does not."""
+    or one per channel, in levels of the image's dtype: see `fill_levels`) where the window leaves the image.
+    A view when it does not."""
     h, w = im.shape[-3], im.shape[-2]
     if top >= 0 and left >= 0 and top + height <= h and left + width <= w:
         return im[..., top:top + height, left:left + width, :]
@@ -219,6 +242,10 @@ class Op:
     fixed_size: bool = False
     #: True for ops whose :meth:`draw` takes the samples' boxes (``boxes=``).
     uses_boxes: bool = False
+    #: Pixel dtypes the op takes (`check_pixels`): uint8 unless it says it keeps 16-bit samples.
+    pixel_dtypes: tuple[torch.dtype, ...] = (torch.uint8,)
+    #: Channel counts the op takes (`check_pixels`); None: any.
+    pixel_channels: tuple[int, ...] | None = None
     #: True for ops that are ``x * a + b`` per channel (:meth:`epilogue` gives a and b): the planner runs
     #: them as the epilogue of the warp before them.
     pointwise_affine: bool = False
@@ -237,11 +264,24 @@ class Op:
         return list(sizes)
 
     def declare(self, spec: ImageSpec) -> ImageSpec:
-        """The dtype and layout this op outputs for inputs of ``spec``. Default: takes and gives pixels."""
+        """The dtype and layout this op outputs for inputs of ``spec``. Default: takes and gives pixels of a
+        dtype in `pixel_dtypes` and a channel count in `pixel_channels` (`check_pixels`)."""
         if not spec.pixels:
-            raise ConfigError(f"{self!r} takes uint8 [H, W, C] pixels, but the op before it outputs "
+            raise ConfigError(f"{self!r} takes [H, W, C] pixels, but the op before it outputs "
                               f"{spec.dtype} in layout {spec.layout}: put it before Normalize")
+        self.check_pixels(spec)
         return spec
+
+    def check_pixels(self, spec: ImageSpec) -> None:
+        """ConfigError unless this op takes pixels of ``spec``'s dtype and channel count."""
+        name = type(self).__name__
+        if spec.dtype not in self.pixel_dtypes:
+            raise ConfigError(f"{name} works on 8-bit pixels only, but the images are {spec.dtype} (decode_dtype): "
+                              f"decode to uint8, or use ops that keep 16-bit samples (Resize, CenterCrop, "
+                              f"RandomResizedCrop, Flip, Normalize)")
+        if spec.channels is not None and self.pixel_channels is not None and spec.channels not in self.pixel_channels:
+            raise ConfigError(f"{name} needs images of {' or '.join(map(str, self.pixel_channels))} channels, "
+                              f"but they have {spec.channels} (channels={spec.channels})")
 
     def __call__(self, images: Images, rng: Rngs = None) -> Images:
         sizes = sizes_of(images)

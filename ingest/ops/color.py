@@ -57,7 +57,8 @@ class ColorJitter(Op):
     drawn **per sample** (torchvision draws one set per call) and the order is **fixed**: brightness,
     contrast, saturation, hue (torchvision shuffles it per call), so a whole batch runs as one sequence of
     batched tensor ops. ``p`` is the probability that a sample is jittered at all. Saturation and hue
-    leave 1-channel images unchanged, as in torchvision; images must have 1 or 3 channels.
+    leave 1-channel images unchanged, as in torchvision; images must have 1 or 3 channels (a loader of
+    ``channels=1`` refuses saturation and hue, of ``channels=4`` all of it: ConfigError).
     """
 
     def __init__(self, brightness: float | Sequence[float] = 0, contrast: float | Sequence[float] = 0,
@@ -67,6 +68,12 @@ class ColorJitter(Op):
         self.saturation = _factor_range("saturation", saturation, center=1.0, bound=(0.0, math.inf))
         self.hue = _factor_range("hue", hue, center=0.0, bound=(-0.5, 0.5))
         self.p = probability(p)
+
+    @property
+    def pixel_channels(self) -> tuple[int, ...]:
+        """Saturation and hue change colours, which gray has none of: they need RGB (brightness and contrast
+        take gray too)."""
+        return (3,) if self.saturation != (1.0, 1.0) or self.hue != (0.0, 0.0) else (1, 3)
 
     def draw(self, sizes: Sequence[Size], rngs: Rngs) -> JitterParams:
         ranges = [(self.brightness, 1.0), (self.contrast, 1.0), (self.saturation, 1.0), (self.hue, 0.0)]

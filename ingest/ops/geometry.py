@@ -28,8 +28,8 @@ from ..errors import ConfigError
 from . import resample
 from .._numpy import columns, copy, zeros
 from .affine import Steps, compose, eye
-from .base import (Images, Op, Rngs, Size, as_list, fill_for, pad_crop, per_sample, probability, size_array,
-                   size_list, sizes_of, stack_if_uniform)
+from .base import (Images, Op, Rngs, Size, as_list, fill_for, fill_levels, pad_crop, per_sample, probability,
+                   size_array, size_list, sizes_of, stack_if_uniform)
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 _TORCH_MODE = {"nearest": "nearest-exact", "bilinear": "bilinear", "bicubic": "bicubic"}
@@ -74,7 +74,7 @@ def _range(name: str, value: Any, *, low: float) -> tuple[float, float]:
 
 
 def _fill(value: Any) -> tuple[float, ...]:
-    """A fill colour in pixel units (0..255): one number or one per channel."""
+    """A fill colour in pixel units (0..255, times 257 on 16-bit images): one number or one per channel."""
     values = value if isinstance(value, (tuple, list)) else (value,)
     if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 255
                              for v in values):
@@ -82,8 +82,12 @@ def _fill(value: Any) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
+#: The pixel dtypes of the ops that keep 16-bit samples (crop, resize, flip): uint16 resamples in float32.
+_BOTH = (torch.uint8, torch.uint16)
+
+
 # --------------------------------------------------------------------------------------------------
-# Eager CPU kernels on [H, W, C] uint8 images.
+# Eager CPU kernels on [H, W, C] uint8 (or uint16) images.
 
 def _nchw(im: torch.Tensor) -> torch.Tensor:
     """``[H, W, C]`` as a ``[1, C, H, W]`` channels-last view. The batch stride is set to something no
@@ -102,6 +106,9 @@ def resize_image(im: torch.Tensor, size: Size, interpolation: str, antialias: bo
 
 
 def _resize_nchw(x: torch.Tensor, size: Size, interpolation: str, antialias: bool) -> torch.Tensor:
+    if x.dtype == torch.uint16:   # torch has no uint16 resize: in float32, rounded back to whole levels
+        y = _resize_nchw(x.to(torch.float32), size, interpolation, antialias)
+        return y.round_().clamp_(0, 65535).to(torch.uint16)
     mode = _TORCH_MODE[interpolation]
     if mode == "nearest-exact":
         return F.interpolate(x, size=tuple(size), mode=mode)
@@ -164,6 +171,8 @@ class Resize(GeometryOp):
     max_size=L``). ``antialias=True`` selects torch's (and PIL's) antialiased kernels for ``"bilinear"`` and
     ``"bicubic"``: widened when downscaling; for bicubic also the a=-0.5 cubic when upscaling, as in torch.
     """
+
+    pixel_dtypes = _BOTH
 
     def __init__(self, size: int | Sequence[int] | None = None, *, shorter: int | None = None,
                  longer: int | None = None, max_size: int | None = None, interpolation: str = "bilinear",
@@ -239,6 +248,8 @@ class CenterCrop(GeometryOp):
     """Crop the centre ``size`` = int or (height, width); where the image is smaller, pad with ``fill``
     (pixel units), exactly like ``torchvision.transforms.v2.functional.center_crop`` (which pads with 0)."""
 
+    pixel_dtypes = _BOTH
+
     fixed_size = True
 
     def __init__(self, size: int | Sequence[int], *, fill: float | Sequence[float] = 0):
@@ -263,9 +274,11 @@ class CenterCrop(GeometryOp):
         ch, cw = self.size
         sizes = size_array(sizes_of(images))
         top, left = self._offset(sizes[:, 0], ch), self._offset(sizes[:, 1], cw)
+        first = images[0]
+        fill = fill_levels(self.fill, first.shape[-1], first.dtype)
         if isinstance(images, torch.Tensor):
-            return pad_crop(images, int(top[0]), int(left[0]), ch, cw, self.fill)
-        return stack_if_uniform([pad_crop(im, int(t), int(l), ch, cw, self.fill)
+            return pad_crop(images, int(top[0]), int(left[0]), ch, cw, fill)
+        return stack_if_uniform([pad_crop(im, int(t), int(l), ch, cw, fill)
                                  for im, t, l in zip(images, top, left)])
 
 
@@ -277,6 +290,8 @@ class RandomResizedCrop(GeometryOp):
     central crop of the image clamped to ``ratio``), each sample's numbers from its own stream.
     Params: an ``(N, 4)`` int64 array of (top, left, height, width).
     """
+
+    pixel_dtypes = _BOTH
 
     fixed_size = True
 
@@ -353,6 +368,8 @@ class Flip(GeometryOp):
     (each axis with its own coin, as DALI's ``flip`` fed by two ``coin_flip``). Params: an ``(N, 2)`` bool
     array (flip left-right, flip top-bottom). ``HorizontalFlip(p)`` and ``VerticalFlip(p)`` are the
     one-axis forms (torchvision's ``RandomHorizontalFlip``, ``RandomVerticalFlip``)."""
+
+    pixel_dtypes = _BOTH
 
     def __init__(self, p: float = 0.5, *, horizontal: bool = True, vertical: bool = False):
         if not (horizontal or vertical):

@@ -31,7 +31,7 @@ import torch
 
 from ..errors import ConfigError
 from ..random import SampleRandom
-from .base import ImageSpec, Images, Op, Rngs, Size, per_sample, probability, size_array
+from .base import ImageSpec, Images, Op, Rngs, Size, levels, per_sample, probability, size_array
 
 #: Rounds of Marsaglia and Tsang's rejection drawn per Gamma variate. Each is accepted with probability >= 0.95
 #: (shape >= 1), so all 16 fail with probability < 1e-20; that sample then takes the last candidate.
@@ -152,13 +152,14 @@ class BatchOp(Op):
         x = images.permute(0, 3, 1, 2) if channels_last else images
         dev, fp = x.device, x.is_floating_point()
         dtype = x.dtype if fp else torch.float32
-        partner = x.roll(1, 0)
+        src = x.to(torch.int32) if x.dtype == torch.uint16 else x   # CUDA has no uint16 roll or where
+        partner = src.roll(1, 0)
         weight = np.where(blend, lam, 1.0)
         w_self = _column(weight, dev, dtype)
         w_other = _column(1.0 - weight, dev, dtype)
-        out = x.to(dtype).mul(w_self).addcmul_(partner.to(dtype), w_other)
+        out = src.to(dtype).mul(w_self).addcmul_(partner.to(dtype), w_other)
         if not fp:
-            out = out.round_().clamp_(0, 255).to(x.dtype)
+            out = out.round_().clamp_(0, levels(x.dtype)).to(src.dtype)
         if (boxes[:, 2] > boxes[:, 0]).any():
             rows = torch.arange(x.shape[-2], device=dev).view(1, -1)
             cols = torch.arange(x.shape[-1], device=dev).view(1, -1)

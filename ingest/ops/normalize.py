@@ -17,7 +17,7 @@ import torch
 from ..errors import ConfigError
 from . import _warp_kernel, resample
 from .affine import identity
-from .base import ImageSpec, Images, Op, sizes_of
+from .base import PIXEL_DTYPES, ImageSpec, Images, Op, levels, sizes_of
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
 LAYOUTS = ("NCHW", "NHWC")
@@ -38,7 +38,9 @@ class Normalize(Op):
     **``mean`` and ``std`` are in pixel units, 0..255, like DALI** (ImageNet: ``mean=(123.675, 116.28,
     103.53), std=(58.395, 57.12, 57.375)``), *not* torchvision's 0..1 units: multiply torchvision's values by
     255. A ``std`` below 1 everywhere is rejected as that mistake (dividing 8-bit pixels by less than one
-    level is not a normalization). Each may be one number or one per channel.
+    level is not a normalization). Each may be one number or one per channel (1, 3 or 4 of them, as the
+    images have). uint16 pixels (``Loader(decode_dtype=torch.uint16)``) are scaled by 255 / 65535 first, so
+    the same 0..255 ``mean`` and ``std`` serve both: ``x / 65535`` where 8-bit pixels give ``x / 255``.
 
     ``dtype``: ``torch.float32``, ``float16``, ``bfloat16`` or ``uint8`` (rounded and saturated to 0..255;
     use ``scale``/``shift`` as in DALI to map the normalized range into it, e.g. ``scale=64, shift=128``).
@@ -73,25 +75,33 @@ class Normalize(Op):
 
     pointwise_affine = True
 
-    def epilogue(self, channels: int) -> resample.Epilogue:
-        """This normalization as ``out = x * a + b`` per channel plus the output dtype and layout."""
+    pixel_dtypes = PIXEL_DTYPES
+
+    def epilogue(self, channels: int, dtype: torch.dtype = torch.uint8) -> resample.Epilogue:
+        """This normalization as ``out = x * a + b`` per channel plus the output dtype and layout, for pixels
+        of ``channels`` channels and ``dtype`` (uint16 samples are first brought to 0..255: times 255 / 65535)."""
         n = max(len(self.mean), len(self.std))
         if n not in (1, channels):
-            raise ConfigError(f"Normalize has {n} channel values for images of {channels} channels")
+            raise ConfigError(f"Normalize has {n} channel values (mean, std) for images of {channels} channels: "
+                              f"give one value, or one per channel")
         mean = self.mean * channels if len(self.mean) == 1 else self.mean
         std = self.std * channels if len(self.std) == 1 else self.std
-        a = tuple(self.scale / s for s in std)
-        return resample.Epilogue(a, tuple(self.shift - m * k for m, k in zip(mean, a)), self.dtype, self.layout)
+        unit = 255.0 / levels(dtype)   # one level of the samples in the 0..255 units of mean and std
+        k = tuple(self.scale / s for s in std)
+        b = tuple(self.shift - m * f for m, f in zip(mean, k))
+        return resample.Epilogue(tuple(f * unit for f in k) if unit != 1.0 else k, b, self.dtype, self.layout)
 
     def declare(self, spec: ImageSpec) -> ImageSpec:
         super().declare(spec)
+        if spec.channels is not None:
+            self.epilogue(spec.channels, spec.dtype)   # a mean or std for another channel count: refused now
         return ImageSpec(self.dtype, self.layout)
 
     def apply(self, images: Images, params: Any = None) -> Images:
         if not len(images):
             return images
         first = images[0]
-        epilogue = self.epilogue(first.shape[-1])
+        epilogue = self.epilogue(first.shape[-1], first.dtype)
         if first.device.type == "cuda" and _warp_kernel.available():  # one launch, ragged or not
             return resample.warp(images, identity(sizes_of(images)), epilogue=epilogue)
         if isinstance(images, torch.Tensor):

@@ -85,7 +85,8 @@ class Stage:
             w = w.shifted(origins).rescaled(size_array_of(images), 1.0 if scales is None else scales)
         elif not planned:
             w = w.rescaled(size_array_of(images), scales)
-        epilogue = self.epilogue.epilogue(channels) if self.epilogue else None
+        dtype = torch.uint8 if isinstance(images, ImageArena) else images[0].dtype
+        epilogue = self.epilogue.epilogue(channels, dtype) if self.epilogue else None
         return resample.warp(images, w, epilogue=epilogue, out=out)
 
 
@@ -300,7 +301,7 @@ class Plan:
 
 
 def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
-         boxes: Sequence[Any] | None = None) -> Plan:
+         boxes: Sequence[Any] | None = None, pixels: ImageSpec = PIXELS) -> Plan:
     """Draw every op's params in op order, once, for sources of ``sizes``, and stage the ops.
 
     ``rngs``: the batch's :class:`~ingest.random.SampleRandom` (the pipeline's keys samples by seed, epoch
@@ -308,7 +309,9 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
     Ops draw on the sizes as an ``(N, 2)`` int64 array. ``boxes`` (one ``[K, 4]`` ltrb array per sample, absolute
     pixels, or a :class:`~ingest.ops.boxes.BoxBatch`) are needed only by ops whose draws depend on them
     (``uses_boxes``: RandomIoUCrop); they are mapped through the ops as they are drawn, and such an op's
-    ``draw`` gets them as a BoxBatch. Raises ConfigError when an op cannot take what the op before it outputs.
+    ``draw`` gets them as a BoxBatch. ``pixels``: what the decoder gives (uint8 by default; uint16 and the
+    channel count where the loader asked for them). Raises ConfigError when an op cannot take what the op
+    before it outputs (or, first, those pixels: `check`).
     """
     if not all(isinstance(op, Op) for op in ops):   # a torchvision transform is wrapped; anything else refused
         ops = as_ops(ops)
@@ -321,7 +324,7 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
         if len(given) != len(sizes):
             raise ValueError(f"got boxes for {len(given)} samples, the batch has {len(sizes)}")
         tracked = _Boxes(given)
-    spec, cur = PIXELS, sizes
+    spec, cur = pixels, sizes
     content = None  # the sizes before a run of padding ops that nothing after has resized yet
     drawn: list[tuple[Op, Any]] = []
     stages: list[Stage] = []
@@ -362,6 +365,16 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
         if stage.steps:
             stage.warp = compose(stage.steps, warp_inputs[k])
     return Plan(sizes, drawn, stages, list(cur), spec, content, None if tracked is None else (given, tracked))
+
+
+def check(ops: Sequence[Op], pixels: ImageSpec = PIXELS) -> ImageSpec:
+    """What ``ops`` output for decoded ``pixels``, without drawing: ConfigError where an op cannot take what
+    comes before it (a colour op on 1 or 4 channels, an 8-bit-only op on uint16 pixels, anything after
+    Normalize). The pipeline calls it once, at construction."""
+    spec = pixels
+    for op in ops:
+        spec = op.declare(spec)
+    return spec
 
 
 @dataclass

@@ -33,8 +33,8 @@ from .._numpy import copy
 from ..errors import ConfigError
 from . import _warp_kernel
 from .affine import Warp
-from .base import (ImageArena, Images, Size, as_list, copy_into, device_and_channels, fill_for, pad_crop, size_array,
-                   size_array_of, sizes_of)
+from .base import (PIXEL_DTYPES, ImageArena, Images, Size, as_list, copy_into, device_and_channels, fill_levels, levels,
+                   pad_crop, size_array, size_array_of, sizes_of)
 
 
 class Epilogue(NamedTuple):
@@ -97,32 +97,37 @@ def _setup(w: Warp, sizes: Sequence[Size]) -> _Setup:
     return _Setup(copy(matrix[:, :2, :]), copy(box, np.float64), taps, aa, support, inv_scale)
 
 
-def _fill_values(fill: Sequence[float], channels: int) -> tuple[float, ...]:
-    """``fill`` per channel, in whole levels (what a padded uint8 image holds)."""
-    return tuple(float(round(v)) for v in fill_for(fill, channels))
+def _fill_values(fill: Sequence[float], channels: int, dtype: torch.dtype = torch.uint8) -> tuple[float, ...]:
+    """``fill`` per channel, in whole levels of ``dtype`` (what a padded image holds: `fill_levels`)."""
+    return tuple(float(round(v)) for v in fill_levels(fill, channels, dtype))
 
 
 def warp(images: Images, w: Warp, *, epilogue: Epilogue | None = None, out: torch.Tensor | None = None) -> Images:
     """Resample every image of the batch by ``w``, then run ``epilogue`` on the result if given.
 
-    Returns ``[N, H, W, C]`` uint8 (or the epilogue's dtype and layout) when all outputs share a size, else
-    a list. On CUDA with CuPy and at most 4 channels this is one kernel launch on the current torch
-    stream; otherwise :func:`reference`. ``out``: a contiguous tensor of that shape, dtype and device to
-    write to instead of a new one (the outputs must share a size), returned.
+    Returns ``[N, H, W, C]`` of the images' dtype, uint8 or uint16 (or the epilogue's dtype and layout) when
+    all outputs share a size, else a list. On CUDA with CuPy, uint8 and at most 4 channels this is one kernel
+    launch on the current torch stream; otherwise (uint16 too) :func:`reference`. ``out``: a contiguous tensor
+    of that shape, dtype and device to write to instead of a new one (the outputs must share a size), returned.
     """
     if not len(images):
         return images
     device, channels = device_and_channels(images)
+    dtype = torch.uint8 if isinstance(images, ImageArena) else images[0].dtype
     if isinstance(images, torch.Tensor):  # one check for the whole batch, no view per image
-        if images.dim() != 4 or images.dtype != torch.uint8:
-            raise ValueError("warp takes [N, H, W, C] uint8 batches or lists of [H, W, C] uint8 images")
+        if images.dim() != 4 or images.dtype not in PIXEL_DTYPES:
+            raise ValueError("warp takes [N, H, W, C] uint8 (or uint16) batches or lists of [H, W, C] images")
     elif not isinstance(images, ImageArena) and any(  # an arena is uint8 [H, W, C] on one device by construction
-            im.dim() != 3 or im.dtype != torch.uint8 or im.device != device or im.shape[2] != channels
+            im.dim() != 3 or im.dtype != dtype or im.device != device or im.shape[2] != channels
             for im in images):
-        raise ValueError("warp takes [H, W, C] uint8 images with one channel count, all on one device")
+        raise ValueError("warp takes [H, W, C] uint8 (or uint16) images of one dtype and channel count, all on "
+                         "one device")
+    if dtype not in PIXEL_DTYPES:
+        raise ValueError(f"warp takes uint8 or uint16 pixels, got {dtype}")
     setup = _setup(w, size_array_of(images))
-    fill = _fill_values(w.fill, channels)
-    if device.type == "cuda" and channels <= 4 and _warp_kernel.available():
+    fill = _fill_values(w.fill, channels, dtype)
+    # The kernel reads 8-bit samples; 16-bit ones run the torch implementation (on their device)
+    if device.type == "cuda" and channels <= 4 and dtype == torch.uint8 and _warp_kernel.available():
         return _warp_kernel.launch(images, w.out_sizes, setup, w.interpolation, fill,
                                    epilogue[:2] if epilogue else None,
                                    epilogue.dtype if epilogue else torch.uint8,
@@ -137,12 +142,17 @@ def reference(images: Images, w: Warp, *, epilogue: Epilogue | None = None) -> I
     ims = as_list(images)
     if not ims:
         return images
-    return _reference(ims, w, _setup(w, sizes_of(ims)), _fill_values(w.fill, ims[0].shape[2]), epilogue)
+    return _reference(ims, w, _setup(w, sizes_of(ims)), _fill_values(w.fill, ims[0].shape[2], ims[0].dtype),
+                      epilogue)
 
 
 def _reference(ims: list[torch.Tensor], w: Warp, setup: _Setup, fill_values: tuple[float, ...],
                epilogue: Epilogue | None) -> Images:
     fill = torch.tensor(fill_values, dtype=torch.float32, device=ims[0].device)
+    dtype = ims[0].dtype   # uint8, or uint16: whole levels of the images' own range
+    top = levels(dtype)
+    if dtype == torch.uint16:   # read as int32: CUDA indexes and pads no uint16 tensor
+        ims = [im.to(torch.int32) for im in ims]
     outs = []
     for n, im in enumerate(ims):
         oh, ow = w.out_sizes[n]
@@ -151,13 +161,13 @@ def _reference(ims: list[torch.Tensor], w: Warp, setup: _Setup, fill_values: tup
             outs.append(fill.expand(oh, ow, -1).clone())
             continue
         resample = _resample_aa if setup.aa[n] else _resample_plain
-        outs.append(resample(im, setup, n, (oh, ow), w.interpolation, fill_values, fill).clamp_(0, 255).round_())
+        outs.append(resample(im, setup, n, (oh, ow), w.interpolation, fill_values, fill).clamp_(0, top).round_())
     if all(o.shape == outs[0].shape for o in outs):
         batch = torch.stack(outs)
-        return finish(batch, epilogue) if epilogue else batch.to(torch.uint8)
+        return finish(batch, epilogue) if epilogue else batch.to(dtype)
     if epilogue:
         return [finish(o[None], epilogue)[0] for o in outs]
-    return [o.to(torch.uint8) for o in outs]
+    return [o.to(dtype) for o in outs]
 
 
 def _filter(x: np.ndarray, interpolation: str) -> np.ndarray:
