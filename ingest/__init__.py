@@ -26,9 +26,12 @@ __all__ = [*_PUBLIC, "__version__"]
 
 
 def __getattr__(name: str):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'ingest' has no attribute {name!r}")
     import importlib
+    import importlib.util
+    if name not in _PUBLIC:   # a submodule (ingest.ops, ingest.torch, ...), as an eager package would have it
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module 'ingest' has no attribute {name!r}")
+        return importlib.import_module(f".{name}", __name__)
     module = importlib.import_module(f".{_PUBLIC[name] or name}", __name__)
     value = module if _PUBLIC[name] is None else getattr(module, name)
     globals()[name] = value

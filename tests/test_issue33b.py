@@ -33,6 +33,14 @@ def test_help_and_version_do_not_import_torch(flag):
     assert not {m for m in imported if m.split(".")[0] in ("torch", "numpy")}, "--help imported torch or numpy"
 
 
+def test_the_lazy_package_still_gives_its_submodules_as_attributes():
+    """``import ingest`` loads nothing heavy, yet ``ingest.ops.Resize`` works as it did from an eager package."""
+    out = _python("-c", "import ingest, sys; print('torch' in sys.modules); print(ingest.ops.Resize.__name__, "
+                        "ingest.Loader.__name__)\ntry:\n    ingest.nothing\nexcept AttributeError: print('missing')")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "Resize", "Loader", "missing"]
+
+
 def test_every_subcommand_is_listed_and_runs_its_own_help():
     out = _python("-m", "ingest.tools.cli", "--help")
     for name in ("demo", "convert", "index", "verify", "inspect"):
