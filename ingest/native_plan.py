@@ -38,7 +38,8 @@ INTERPOLATIONS = {"nearest": 0, "bilinear": 1, "bicubic": 2}
 
 #: One ``ing_sample`` of plan.h.
 SAMPLE = np.dtype([("region", np.int64, 4), ("out_hw", np.int64, 2), ("src_hw", np.int64, 2),
-                   ("matrix", np.float64, 6), ("box", np.float64, 4)])
+                   ("matrix", np.float64, 6), ("box", np.float64, 4), ("inside", np.float64, 4),
+                   ("readable", np.float64, 4)])
 
 #: The op classes the native planner runs, exactly (a subclass may change what they do).
 _GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, Flip, HorizontalFlip, VerticalFlip)

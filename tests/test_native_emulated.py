@@ -178,7 +178,9 @@ def chains():
     from ingest.ops import Flip, Normalize, RandomResizedCrop
     from ingest.ops.geometry import CenterCrop, Resize
     return {"rrc-flip-normalize": [RandomResizedCrop(24), Flip(p=0.5), Normalize(MEAN, STD)],
-            "resize-crop-uint8": [Resize((40, 52)), CenterCrop(32), Flip(p=0.5)]}
+            "resize-crop-uint8": [Resize((40, 52)), CenterCrop(32), Flip(p=0.5)],
+            # a crop, then one that pads past it, then a resize: the kernel's source is the first crop's window
+            "crop-pad-resize": [CenterCrop(20), CenterCrop(40, fill=9), Resize(32)]}
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +198,7 @@ def stand_in(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("regions", [True, False], ids=["regions", "whole"])
-@pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8"])
+@pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8", "crop-pad-resize"])
 def test_gpu_path_on_a_stand_in_driver_matches_the_planner(tmp_path, stand_in, chain, regions):
     from test_native import tree_with_oddities
     root = tree_with_oddities(tmp_path / "t")

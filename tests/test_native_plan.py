@@ -44,6 +44,10 @@ CHAINS = {
                                    HorizontalFlip(1.0),
                                    Normalize(MEAN, STD, dtype=torch.float16, layout="NHWC")],
     "crop-only": [CenterCrop(200)],
+    # a crop, then a crop that pads past it: the padding is fill, and a later resize reads fill there
+    "crop-then-padding-crop": [CenterCrop(150), Flip(0.5), CenterCrop(400, fill=9)],
+    "crop-padding-crop-resize": [CenterCrop(150), CenterCrop(400, fill=9), Resize(120)],
+    "rrc-crop-padding-crop": [RandomResizedCrop(96), CenterCrop(60), CenterCrop(128, fill=9)],
     "flips-rrc-resize-bf16": [Flip(horizontal=True, vertical=True), RandomResizedCrop(48),
                               Resize(64, antialias=False), Normalize(120.0, 60.0, dtype=torch.bfloat16)],
     # Resize(100) never resamples the 100 x 200 crops: the batch's filter is the crop's (affine.compose)

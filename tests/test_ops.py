@@ -20,10 +20,10 @@ import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import InterpolationMode
 
 from ingest.errors import ConfigError
-from ingest.ops import (CenterCrop, ColorJitter, Flip, HorizontalFlip, Normalize, RandomResizedCrop, Resize,
-                        Rotate, VerticalFlip, compose, plan, run_ops)
+from ingest.ops import (CenterCrop, ColorJitter, Flip, HorizontalFlip, Normalize, PadTo, RandomIoUCrop,
+                        RandomResizedCrop, Resize, Rotate, VerticalFlip, ZoomOut, compose, plan, run_ops)
 from ingest.ops.affine import Warp, identity
-from ingest.ops.base import per_sample, sizes_of
+from ingest.ops.base import as_list, per_sample, sizes_of
 from ingest.ops.color import _apply_flat
 from ingest.ops.resample import reference, warp
 
@@ -749,3 +749,34 @@ def test_kernel_source_on_a_batch_tensor_matches_its_list(kernel_on_cpu):
     a, b = (_warp_kernel.pack(x, p.warp.out_sizes, setup, (0.0,) * 3, None) for x in (batch, list(batch.unbind(0))))
     assert np.array_equal(a.buf, b.buf)
     assert torch.equal(kernel_on_cpu(batch, p.warp), kernel_on_cpu(list(batch.unbind(0)), p.warp))
+
+
+def crop_then_pad_chains() -> list[list]:
+    """Chains where an op that only moves pixels (a crop) cuts the image and a later one pads past the cut:
+    the padding maps back inside the source, where its pixels must not show."""
+    return [[CenterCrop((48, 40)), PadTo((64, 64), fill=(9, 99, 199))],
+            [CenterCrop(30), Flip(p=1.0), ZoomOut((1.5, 2.0), p=1.0, fill=(9, 99, 199))],
+            [RandomIoUCrop(min_ious=(0.0,)), PadTo(batch=True, fill=(9, 99, 199))],
+            [ZoomOut((1.5, 2.0), p=1.0), CenterCrop(36), PadTo((50, 60), center=True)],
+            [CenterCrop((40, 30)), PadTo((64, 64), fill=(9, 99, 199)), Resize((32, 40))],
+            [CenterCrop(36), PadTo((56, 48)), Resize(20, antialias=False)]]
+
+
+def centre_boxes(ims) -> list[np.ndarray]:
+    """One box per image, about its centre (what RandomIoUCrop's draw needs)."""
+    return [np.array([[0.3 * im.shape[1], 0.3 * im.shape[0], 0.6 * im.shape[1], 0.7 * im.shape[0]]]) for im in ims]
+
+
+@pytest.mark.parametrize("ops", crop_then_pad_chains(), ids=str)
+def test_crop_then_pad_fills_past_the_crop(kernel_on_cpu, ops):
+    """The warp (the kernel's source on the CPU and the torch reference) gives what op-by-op execution gives:
+    fill, not the source, where the padding maps outside the crop, and a later resize reads fill there. Ragged
+    sources, and a fixed-size batch tensor of strided views (its source pointers are computed)."""
+    ragged_batch = ragged(4, seed=33, lo=40, hi=70) + [image(50, 47, 34)]
+    fixed = torch.stack([image(60, 64, 35 + k) for k in range(3)])[:, 2:52, 5:, :]
+    for ims in (ragged_batch, fixed):
+        p = plan(ops, sizes_of(ims), np.random.default_rng(3), boxes=centre_boxes(ims))
+        eager = as_list(p.execute(ims))
+        for a, b, c in zip(as_list(kernel_on_cpu(ims, p.warp)), as_list(reference(ims, p.warp)), eager):
+            assert a.shape == b.shape == c.shape
+            assert diff(a, c).max() <= 1 and diff(b, c).max() <= 1, ops

@@ -19,7 +19,7 @@ from ingest.ops import _warp_kernel
 from ingest.ops.base import as_list, sizes_of
 from ingest.ops.resample import reference, warp
 
-from test_ops import IMAGENET, border_band, diff, image, ragged
+from test_ops import IMAGENET, border_band, centre_boxes, crop_then_pad_chains, diff, image, ragged
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -101,6 +101,17 @@ def test_kernel_fused_normalize(dtype, layout):
     d = (out.cpu().float() - ref.float()).abs()
     assert d.max() <= step + (0.02 if dtype == torch.bfloat16 else 0.002)
     assert (d > 1e-2).float().mean() < 1e-3 if dtype != torch.uint8 else (d > 0).float().mean() < 1e-3
+
+
+@needs_cupy
+@pytest.mark.parametrize("ops", crop_then_pad_chains(), ids=str)
+def test_kernel_fills_past_a_crop_as_cpu_eager(ops):
+    """A crop, then a pad (and maybe a resize): the padding is fill on CUDA too, ragged or fixed-size."""
+    ims, host = gpu_batch()
+    for batch, on_host in ((ims, host), (squares(ims), squares(host))):
+        p = plan(ops, sizes_of(batch), np.random.default_rng(8), boxes=centre_boxes(on_host))
+        for a, b in zip(as_list(p.execute(batch)), as_list(p.execute(on_host))):
+            assert a.is_cuda and diff(a.cpu(), b).max() <= 1, ops
 
 
 @needs_cupy

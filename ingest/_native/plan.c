@@ -252,16 +252,41 @@ int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t ep
         /* affine.compose: the box starts as the whole source; an op that resamples sets it to its input
          * region (its crop, else its whole input) mapped to the source */
         s->box[0] = 0.0, s->box[1] = 0.0, s->box[2] = (double)cur[1], s->box[3] = (double)cur[0];
+        /* valid: what every op so far reads; inside: what the ops after the last resample read */
+        double valid[4] = {0.0, 0.0, (double)cur[1], (double)cur[0]};
+        memcpy(s->readable, valid, sizeof valid);
+        s->inside[0] = s->inside[1] = -INFINITY, s->inside[2] = s->inside[3] = INFINITY;
         for (int j = 0; j < chain->nops; ++j) {
             const ing_op *op = &chain->ops[j];
             int64_t unused[4];
             int64_t *params = plan->params ? plan->params + 4 * (k * chain->nops + j) : unused;
             step st;
+            memset(&st, 0, sizeof st);   /* every field read below is set by op_step; this says so */
             op_step(op, cur, key, call, &st, params);
             call += op_calls(op);
+            double whole_input[4] = {0.0, 0.0, (double)cur[1], (double)cur[0]};
+            const double *regions[2];
+            int nregions = 0;
+            if (j)
+                regions[nregions++] = whole_input;
+            if (st.cropped)
+                regions[nregions++] = st.crop;
+            for (int r = 0; r < nregions; ++r) {
+                double mapped[4];
+                if (j)
+                    bounds(m, regions[r], mapped);
+                else
+                    memcpy(mapped, regions[r], sizeof mapped);
+                for (int c = 0; c < 2; ++c) {
+                    valid[c] = max2(valid[c], mapped[c]), valid[c + 2] = min2(valid[c + 2], mapped[c + 2]);
+                    s->inside[c] = max2(s->inside[c], mapped[c]);
+                    s->inside[c + 2] = min2(s->inside[c + 2], mapped[c + 2]);
+                }
+            }
             if (st.resamples) {
-                double whole_input[4] = {0.0, 0.0, (double)cur[1], (double)cur[0]};
                 bounds(m, st.cropped ? st.crop : whole_input, s->box);
+                memcpy(s->readable, valid, sizeof valid);
+                s->inside[0] = s->inside[1] = -INFINITY, s->inside[2] = s->inside[3] = INFINITY;
                 if (j > resampler)
                     resampler = j;
             }
@@ -317,6 +342,43 @@ static void dct_scale(const int64_t probed[2], const int64_t arrived[2], double 
     }
 }
 
+/* resample._narrowed, one sample: `box` cut to `inside` on a side where the output maps past it, and the
+ * `window` (x0 y0 x1 y1, in: the whole image) narrowed to `readable` where the taps reach past it inside the
+ * image; `m` and `box` then relative to the window's corner. */
+static void narrow(double m[6], const int64_t out_hw[2], const double inside[4], const double readable[4],
+                   double box[4], int64_t window[4]) {
+    const double eps = 1e-6;
+    const double full[9] = {m[0], m[1], m[2], m[3], m[4], m[5], 0.0, 0.0, 1.0};
+    const double out[4] = {0.0, 0.0, (double)out_hw[1], (double)out_hw[0]};
+    double seen[4];
+    bounds(full, out, seen);
+    for (int j = 0; j < 4; ++j) {
+        double side = j < 2 ? 1.0 : -1.0;
+        if (side * (inside[j] - seen[j]) > eps && side * (inside[j] - box[j]) > eps)
+            box[j] = inside[j];
+    }
+    int64_t kept[4], reach[4];
+    for (int j = 0; j < 4; ++j) {
+        if (j < 2) {
+            kept[j] = (int64_t)max2(floor(readable[j] + eps), 0.0);
+            reach[j] = (int64_t)max2(floor(box[j] + eps), 0.0);
+        } else {
+            kept[j] = (int64_t)min2(ceil(readable[j] - eps), (double)window[j]);
+            reach[j] = (int64_t)min2(ceil(box[j] - eps), (double)window[j]);
+        }
+    }
+    int beyond = reach[0] < kept[0] || reach[1] < kept[1] || reach[2] > kept[2] || reach[3] > kept[3];
+    if (!(reach[2] > reach[0] && reach[3] > reach[1] && beyond))
+        return;
+    if (kept[2] <= kept[0] || kept[3] <= kept[1])   /* nothing kept: all fill */
+        box[0] = box[1] = box[2] = box[3] = 0.0;
+    window[0] = kept[0], window[1] = kept[1];
+    window[2] = kept[2] > kept[0] ? kept[2] : kept[0], window[3] = kept[3] > kept[1] ? kept[3] : kept[1];
+    m[2] -= (double)window[0], m[5] -= (double)window[1];
+    box[0] -= (double)window[0], box[2] -= (double)window[0];
+    box[1] -= (double)window[1], box[3] -= (double)window[1];
+}
+
 int ing_pack(const ing_chain *chain, int64_t n, const ing_plan_out *plan, const int64_t *origins,
              const int64_t *decoded_hw, const uint64_t *src, const int64_t *src_strides, int64_t *ip, double *fp,
              int32_t grid[3]) {
@@ -342,18 +404,27 @@ int ing_pack(const ing_chain *chain, int64_t n, const ing_plan_out *plan, const 
         int64_t *I = ip + 16 * k;
         double *P = fp + 16 * (k + 1), *m = P, *box = P + 6;
         memcpy(m, s->matrix, 6 * sizeof *m);
+        double inside[4], readable[4];
         memcpy(box, s->box, 4 * sizeof *box);
+        memcpy(inside, s->inside, sizeof inside);
+        memcpy(readable, s->readable, sizeof readable);
         if (origins) {   /* Warp.shifted(origins), then rescaled at 1.0: a no-op on the numbers */
             double ox = (double)origins[2 * k], oy = (double)origins[2 * k + 1];
             m[2] -= ox, m[5] -= oy;
-            box[0] -= ox, box[1] -= oy, box[2] -= ox, box[3] -= oy;
+            for (int a = 0; a < 4; a += 2) {
+                box[a] -= ox, box[a + 1] -= oy, inside[a] -= ox, inside[a + 1] -= oy;
+                readable[a] -= ox, readable[a + 1] -= oy;
+            }
         } else if (dhw[0] != s->src_hw[0] || dhw[1] != s->src_hw[1]) {   /* Warp.rescaled(decoded_hw) */
             double sc[2];
             dct_scale(s->src_hw, dhw, sc);
             for (int j = 0; j < 3; ++j)
                 m[j] *= sc[0], m[3 + j] *= sc[1];
-            box[0] *= sc[0], box[1] *= sc[1], box[2] *= sc[0], box[3] *= sc[1];
+            for (int a = 0; a < 4; ++a)
+                box[a] *= sc[a % 2], inside[a] *= sc[a % 2], readable[a] *= sc[a % 2];
         }
+        int64_t window[4] = {0, 0, dhw[1], dhw[0]};
+        narrow(m, s->out_hw, inside, readable, box, window);
         /* resample._setup */
         double a00 = fabs(m[0]), a01 = fabs(m[1]), a10 = fabs(m[3]), a11 = fabs(m[4]);
         int aligned = (a01 < tiny && a10 < tiny) || (a00 < tiny && a11 < tiny);
@@ -364,12 +435,13 @@ int ing_pack(const ing_chain *chain, int64_t n, const ing_plan_out *plan, const 
         /* _warp_kernel.pack */
         I[0] = (int64_t)src[k];
         I[1] = offset;
-        I[2] = dhw[0], I[3] = dhw[1];
         if (src_strides) {
             I[4] = src_strides[3 * k], I[5] = src_strides[3 * k + 1], I[6] = src_strides[3 * k + 2];
         } else {
             I[4] = dhw[1] * c, I[5] = c, I[6] = 1;
         }
+        I[0] += window[1] * I[4] + window[0] * I[5];   /* the window's corner, its size */
+        I[2] = window[3] - window[1], I[3] = window[2] - window[0];
         I[7] = (int64_t)floor(box[0] + eps), I[8] = (int64_t)floor(box[1] + eps);
         I[9] = (int64_t)ceil(box[2] - eps), I[10] = (int64_t)ceil(box[3] - eps);
         I[11] = s->out_hw[0], I[12] = s->out_hw[1];

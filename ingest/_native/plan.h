@@ -107,6 +107,8 @@ typedef struct {
     int64_t src_hw[2];   /* the probed size it was planned for (height, width) */
     double matrix[6];    /* output coords -> source coords: x = m0 x' + m1 y' + m2, y = m3 x' + m4 y' + m5 */
     double box[4];       /* x0 y0 x1 y1: the source region the resample may read (Warp.box) */
+    double inside[4];    /* Warp.inside: where output points may map (+-inf: unbounded) */
+    double readable[4];  /* Warp.readable: the source pixels the last resampling op's input holds */
 } ing_sample;
 
 /* A batch's plan: the caller points `sample` at n ing_sample and `params` at n * nops * 4 int64 (or NULL). */

@@ -274,7 +274,9 @@ def pack(images: torch.Tensor | list[torch.Tensor] | ImageArena, out_sizes: Sequ
          fill: Sequence[float], coefficients: tuple[Sequence[float], Sequence[float]] | None) -> Packed:
     """The per-sample argument arrays for ``images`` (an ``[N, H, W, C]`` uint8 tensor, or a list of
     ``[H, W, C]`` ones; any strides, C <= 4); ``setup`` is the geometry from
-    :func:`ingest.ops.resample._setup`. A batch tensor's source pointers are computed, not read per image."""
+    :func:`ingest.ops.resample._setup`. A batch tensor's source pointers are computed, not read per image. The
+    kernel's source is the setup's window of each image (pointer at its corner, its size), so pixels outside
+    the window read fill."""
     n = len(images)
     c = device_and_channels(images)[1]
     out_hw = size_array(out_sizes)
@@ -297,6 +299,9 @@ def pack(images: torch.Tensor | list[torch.Tensor] | ImageArena, out_sizes: Sequ
         layout = [im.shape[:2] + im.stride() for im in images]
         for j in range(5):
             ip[:, 2 + j] = [v[j] for v in layout]
+    # Only the window is read: its corner is the source pointer, its size the source size
+    ip[:, 0] += setup.window[:, 1] * ip[:, 4] + setup.window[:, 0] * ip[:, 5]
+    ip[:, 2], ip[:, 3] = setup.window[:, 3] - setup.window[:, 1], setup.window[:, 2] - setup.window[:, 0]
     ip[:, 1] = np.concatenate([[0], np.cumsum(count)[:-1]])
     assign(ip[:, 7:11], setup.taps)
     assign(ip[:, 11:13], out_hw)

@@ -186,6 +186,12 @@ class Warp:
     # (N, 4) in source coords: the part of ``box`` that every op of the run reads from its input (a crop, then
     # a pad: the padding maps past the crop, where the source still has pixels). None: ``box``.
     valid: np.ndarray | None = None
+    # (N, 4) in source coords, for images: the source pixels the last resampling op's input holds (what the ops
+    # before it kept: a crop, then a pad, then a resize reads fill past the crop; the whole source if no op
+    # resamples), and the region its output points must map into (what the ops after it read: a crop, then a
+    # pad; all of them if none resamples). None: the whole source, unbounded.
+    readable: np.ndarray | None = None
+    inside: np.ndarray | None = None
 
     def shifted(self, origins: Sequence[tuple[int, int]]) -> "Warp":
         """The same warp for sources cropped at ``origins`` = (x0, y0) per sample (region-of-interest decode)."""
@@ -193,7 +199,11 @@ class Warp:
         m = self.matrix.copy()
         m[:, :2, 2] -= o
         return replace(self, matrix=m, box=self.box - np.tile(o, 2),
-                       valid=None if self.valid is None else self.valid - np.tile(o, 2))
+                       **self._regions(lambda r: r - np.tile(o, 2)))
+
+    def _regions(self, f) -> dict:
+        """``f`` of each optional region that is set (for `replace`)."""
+        return {k: None if getattr(self, k) is None else f(getattr(self, k)) for k in _REGIONS}
 
     def roi(self) -> list[tuple[int, int, int, int]]:
         """Integer source regions (x0, y0, x1, y1) that hold every pixel the resample can read."""
@@ -224,22 +234,26 @@ class Warp:
         m[:, 1, :] *= s[:, 1:]
         both = np.concatenate([s, s], axis=1)
         return replace(self, matrix=m, box=self.box * both, source_sizes=size_list(arrived),
-                       valid=None if self.valid is None else self.valid * both)
+                       **self._regions(lambda r: r * both))
 
     def for_masks(self, fill: Sequence[float] = (0.0,)) -> "Warp":
         """The same map for label masks: nearest sampling (whole labels, no blending), ``fill`` (per channel:
         a uint16 mask warps as two uint8 channels, its fill's low and high bytes) wherever an op of the run
         has no input pixel (``valid``)."""
         return replace(self, interpolation="nearest", antialias=False, fill=tuple(float(v) for v in fill),
-                       box=self.box if self.valid is None else self.valid)
+                       box=self.box if self.valid is None else self.valid, readable=None, inside=None)
 
     def take(self, indices: Sequence[int]) -> "Warp":
         """The maps of samples ``indices`` (repeats allowed: one entry per mask of a sample)."""
         idx = np.asarray(indices, dtype=np.int64)
         return replace(self, matrix=self.matrix[idx], box=self.box[idx],
-                       valid=None if self.valid is None else self.valid[idx],
+                       **self._regions(lambda r: r[idx]),
                        out_sizes=size_list(size_array(self.out_sizes)[idx]),
                        source_sizes=size_list(size_array(self.source_sizes)[idx]))
+
+
+#: The optional per-sample regions of a Warp, in source coords (moved and scaled with its box).
+_REGIONS = ("valid", "readable", "inside")
 
 
 def _dct_scale(probed: np.ndarray, arrived: np.ndarray) -> np.ndarray:
@@ -259,7 +273,8 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
     input) mapped to source coordinates; the whole source if no op resamples. It may reach past the source
     (a crop larger than the image, a paste onto a canvas): taps there read ``fill``, as the padded pixels
     they stand for. Interpolation and antialias come from that op ("nearest" if none: the warp then only
-    moves whole pixels); fill from the last op that has one.
+    moves whole pixels); fill from the last op that has one. ``readable`` and ``inside`` bound what that op's
+    input holds and where its output is read (see `Warp`): the ops that only move pixels, before and after it.
 
     Built from (N,) columns and `stacked_matmul`, so that no numpy call works on more than 500 elements at a
     batch size up to 500 (see `bounds`).
@@ -267,7 +282,8 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
     src = size_array(sizes)
     n = len(src)
     box = columns(0.0, 0.0, src[:, 1], src[:, 0])
-    valid = box.copy()
+    valid, readable = box.copy(), box.copy()
+    inside = columns(-np.inf, -np.inf, np.inf, np.inf, n=n)   # no bound until an op after the last resample
     m, cur = eye(n), src
     resampler, fill = None, None
     for k, st in enumerate(steps):
@@ -278,13 +294,16 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
         for region in regions:
             mapped = bounds(m, region) if k else region
             for c in range(2):
-                valid[:, c] = np.maximum(valid[:, c], mapped[:, c])
-                valid[:, c + 2] = np.minimum(valid[:, c + 2], mapped[:, c + 2])
+                for r in (valid, inside):
+                    r[:, c] = np.maximum(r[:, c], mapped[:, c])
+                    r[:, c + 2] = np.minimum(r[:, c + 2], mapped[:, c + 2])
         if st.resamples.any():
             region = st.crop if st.crop is not None else columns(0.0, 0.0, cur[:, 1], cur[:, 0])
             mapped = bounds(m, region)
             for c in range(4):
                 box[:, c] = np.where(st.resamples, mapped[:, c], box[:, c])
+                readable[:, c] = np.where(st.resamples, valid[:, c], readable[:, c])
+                inside[:, c] = np.where(st.resamples, np.inf if c >= 2 else -np.inf, inside[:, c])
             resampler = st
         if st.fill is not None:
             fill = st.fill
@@ -294,7 +313,8 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
                 interpolation=resampler.interpolation if resampler else "nearest",
                 antialias=resampler.antialias if resampler else False,
                 fill=fill if fill is not None else (0.0,),
-                source_sizes=size_list(src), valid=valid)
+                source_sizes=size_list(src), valid=valid,
+                readable=readable, inside=inside)
 
 
 #: Matrices per `stacked_matmul` call: numpy lets the GIL go on a product of more than 500 output elements.

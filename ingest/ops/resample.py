@@ -14,8 +14,10 @@ and PIL's resize: a triangle (bilinear) or Keys cubic a=-0.5 (bicubic) whose sup
 factor along each source axis, over the taps inside the box, weights normalized to sum 1. Otherwise it is
 plain sampling at ``q``: nearest (the pixel containing ``q``), bilinear, or bicubic (Keys a=-0.75, torch's
 non-antialiased bicubic), with taps clamped to the box. Taps inside the box but outside the image (a padded
-crop) read ``fill``. Values are rounded to whole levels (as the eager path's uint8 images are) before the
-optional epilogue.
+crop) read ``fill``. Ops that only move pixels narrow both: the box is cut to ``inside[n]`` (what the ops
+after the last resample read: a crop, then a pad has fill in its padding), and taps outside ``readable[n]``
+(what the ops before it kept: a crop, then a pad, then a resize) read ``fill`` as those outside the image do. Values are rounded to whole levels (as the eager path's uint8
+images are) before the optional epilogue.
 
 The eager op-by-op path and the warp differ only where stated: rounding between steps (<= 1 level),
 torchvision's soft fill blend along a rotated image's edges (the warp's edge is hard), and a downscale
@@ -29,10 +31,10 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .._numpy import copy
+from .._numpy import columns, copy
 from ..errors import ConfigError
 from . import _warp_kernel
-from .affine import Warp
+from .affine import Warp, bounds
 from .base import (PIXEL_DTYPES, ImageArena, Images, Size, as_list, copy_into, device_and_channels, fill_levels, levels,
                    pad_crop, size_array, size_array_of, sizes_of)
 
@@ -70,6 +72,8 @@ class _Setup(NamedTuple):
     aa: np.ndarray         # (N,) bool: separable antialiasing filter (else plain sampling)
     support: np.ndarray    # (N, 2) filter half-width along source x, y, in source pixels
     inv_scale: np.ndarray  # (N, 2) 1 / max(1, source pixels per output pixel) along x, y
+    window: np.ndarray     # (N, 4) int64 x0 y0 x1 y1: the source pixels read (`Warp.readable` in the image); the
+                           # coordinates above are relative to its corner, and pixels outside it read fill
 
 
 def _setup(w: Warp, sizes: Sequence[Size]) -> _Setup:
@@ -81,7 +85,7 @@ def _setup(w: Warp, sizes: Sequence[Size]) -> _Setup:
     # Column by column: numpy gives the GIL up in an operation on more than 500 items (ingest._numpy), and this
     # runs per batch in the training process.
     n, eps, tiny = len(hw), 1e-6, 1e-9
-    box, matrix = w.box, w.matrix
+    box, matrix, window = _narrowed(w, hw)
     taps = np.empty((n, 4), dtype=np.int64)
     for j in range(4):
         taps[:, j] = np.floor(box[:, j] + eps) if j < 2 else np.ceil(box[:, j] - eps)
@@ -94,7 +98,47 @@ def _setup(w: Warp, sizes: Sequence[Size]) -> _Setup:
         scale[:, j] = np.maximum(first + second, 1.0)  # source pixels per output pixel, along source x and y
         support[:, j] = scale[:, j] * factor
         inv_scale[:, j] = 1.0 / scale[:, j]
-    return _Setup(copy(matrix[:, :2, :]), copy(box, np.float64), taps, aa, support, inv_scale)
+    return _Setup(copy(matrix[:, :2, :]), copy(box, np.float64), taps, aa, support, inv_scale, window)
+
+
+def _narrowed(w: Warp, hw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``w``'s box and matrix where ops that only move pixels narrow what the resample may use, and the window
+    (N, 4) int64 x0 y0 x1 y1 of each source it reads, the box and matrix then relative to its corner.
+
+    The box is cut to `Warp.inside` on a side where the output maps past it (a crop, then a pad); the window is
+    `Warp.readable` where the taps reach past it inside the image (a crop, then a pad, then a resize), else
+    the whole image. Narrowed only there: every other warp keeps its arguments (the native planner's too)."""
+    n, eps = len(hw), 1e-6
+    box, matrix = w.box.copy(), w.matrix.copy()
+    window = columns(0, 0, hw[:, 1], hw[:, 0], n=n, dtype=np.int64)
+    if w.inside is not None:
+        out = size_array(w.out_sizes)
+        seen = bounds(matrix, columns(0.0, 0.0, out[:, 1], out[:, 0], n=n))   # where the output's area maps
+        for j in range(4):   # per side: cut where the output maps past it and it is inside the box
+            side = 1.0 if j < 2 else -1.0   # +1: a lower bound
+            cut = (side * (w.inside[:, j] - seen[:, j]) > eps) & (side * (w.inside[:, j] - box[:, j]) > eps)
+            box[:, j] = np.where(cut, w.inside[:, j], box[:, j])
+    if w.readable is None:
+        return box, matrix, window
+    kept, reach = np.empty((n, 4), dtype=np.int64), np.empty((n, 4), dtype=np.int64)
+    for j in range(4):   # both clipped to the image
+        lo = j < 2
+        kept[:, j] = (np.maximum(np.floor(w.readable[:, j] + eps), 0) if lo
+                      else np.minimum(np.ceil(w.readable[:, j] - eps), window[:, j]))
+        reach[:, j] = (np.maximum(np.floor(box[:, j] + eps), 0) if lo
+                       else np.minimum(np.ceil(box[:, j] - eps), window[:, j]))
+    beyond = (reach[:, 0] < kept[:, 0]) | (reach[:, 1] < kept[:, 1]) | (reach[:, 2] > kept[:, 2]) | (
+        reach[:, 3] > kept[:, 3])
+    narrow = (reach[:, 2] > reach[:, 0]) & (reach[:, 3] > reach[:, 1]) & beyond
+    gone = narrow & ((kept[:, 2] <= kept[:, 0]) | (kept[:, 3] <= kept[:, 1]))
+    box[gone] = 0.0   # nothing kept: all fill
+    for j in range(4):
+        window[:, j] = np.where(narrow, np.maximum(kept[:, j], kept[:, j - 2]) if j >= 2 else kept[:, j], window[:, j])
+    for j in range(2):
+        matrix[:, j, 2] -= window[:, j]
+        box[:, j] -= window[:, j]
+        box[:, j + 2] -= window[:, j]
+    return box, matrix, window
 
 
 def _fill_values(fill: Sequence[float], channels: int, dtype: torch.dtype = torch.uint8) -> tuple[float, ...]:
@@ -156,6 +200,8 @@ def _reference(ims: list[torch.Tensor], w: Warp, setup: _Setup, fill_values: tup
     outs = []
     for n, im in enumerate(ims):
         oh, ow = w.out_sizes[n]
+        wx0, wy0, wx1, wy1 = setup.window[n].tolist()
+        im = im[wy0:wy1, wx0:wx1]
         x0, y0, x1, y1 = setup.taps[n].tolist()
         if x1 <= x0 or y1 <= y0:  # nothing to read: all fill
             outs.append(fill.expand(oh, ow, -1).clone())
