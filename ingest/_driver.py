@@ -203,9 +203,8 @@ class Staging:
         else:
             with torch.cuda.stream(stream):
                 dst.view(-1).view(torch.uint8)[offset:offset + n].copy_(slot.pinned[:n], non_blocking=True)
-        if slot.event is None or slot.device != stream.device:   # (a slot's last copy went to another GPU)
-            if slot.event is not None:
-                slot.event.synchronize()
+        # A slot whose last copy went to another GPU (`take` waited for it) gets an event of this stream's GPU
+        if slot.event is None or slot.device != stream.device:
             with torch.cuda.device(stream.device):
                 slot.event = new_event()
             slot.device = stream.device
