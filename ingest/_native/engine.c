@@ -2183,7 +2183,7 @@ static PyObject *Engine_next(Engine *e, PyObject *args) {
         if (starved)
             result = Py_NewRef(Py_None);
         else
-            PyErr_SetString(PyExc_RuntimeError, error[0] ? error : "the native engine stopped");
+            PyErr_SetString(PyExc_RuntimeError, error);   /* (take_ready names the stop) */
         goto done;
     }
     if (r.kind == R_EPOCH) {
