@@ -397,7 +397,9 @@ def agree_with_pycocotools(source: CocoSource, truth: COCO, ids=None) -> None:
     for i, iid in enumerate(source.image_ids.tolist()):
         anns = truth.imgToAnns.get(iid, [])
         got = source.parse(i, b"").fields  # the targets are compared, not the images
-        np.testing.assert_allclose(got["boxes"], np.array([a["bbox"] for a in anns]).reshape(-1, 4), rtol=1e-6)
+        xywh = np.array([a["bbox"] for a in anns], np.float64).reshape(-1, 4)
+        want = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)   # the reader's default: xyxy
+        np.testing.assert_allclose(got["boxes"], want, rtol=1e-6)
         assert got["categories"].tolist() == [a["category_id"] for a in anns]
         np.testing.assert_allclose(got["area"], [a["area"] for a in anns], rtol=1e-6)
         assert got["iscrowd"].tolist() == [a.get("iscrowd", 0) for a in anns]

@@ -365,7 +365,8 @@ def test_corrupt_gzip_streams(shard, tmp_path):
 @pytest.mark.realworld
 def test_realworld_object_detection_record():
     path = realworld("tfrecord") / "test.record"
-    assert {"image", "boxes", "categories"} == set(TFRecordSource(path).fields)   # the OD API layout inferred
+    # the OD API layout inferred; its one-value byte features read as bytes
+    assert {"image", "boxes", "categories", "image/filename", "image/source_id"} == set(TFRecordSource(path).fields)
     keys = ["image/width", "image/height", "image/object/class/label"] + \
         [f"image/object/bbox/{k}" for k in ("xmin", "ymin", "xmax", "ymax")]
     src = TFRecordSource(path, features={"image": "image/encoded", **{k: k for k in keys}})   # the raw keys
@@ -395,7 +396,7 @@ def test_realworld_tabular_and_sequence_examples():
     with pytest.raises(SourceError, match="SequenceExample.*sequence=True"):
         TFRecordSource(root / "sequence_example.tfrecord")
     seq = TFRecordSource(root / "sequence_example.tfrecord", sequence=True)
-    assert set(seq.fields) == {"x_int", "x_float"}
+    assert set(seq.fields) == {"x_int", "x_float", "x_byte"}
     assert [rec.fields["x_int"][1] for _, rec in iter_records(seq)] == [10, 110, 210, 310]
 
 
