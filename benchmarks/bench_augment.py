@@ -5,25 +5,37 @@ Variants (each in its own subprocess, as bench_gpu.py runs them):
   i  ingest (decode mixed, device cuda): RandomResizedCrop(224) + flip + RandAugment(2, 9) + RandomErasing(0.25)
      + Normalize + MixUpCutMix(0.8, 1.0, switch 0.5, label smoothing 0.1): timm's recipe
   p  ingest, the same without MixUp/CutMix: the pairing with DALI
-  d  DALI: decoders.image_random_crop (mixed) + resize 224 + auto_aug.rand_augment(n=2, m=9) + erase with
-     probability 0.25 (timm's area and aspect ranges) + crop_mirror_normalize (flip p 0.5), no MixUp
+  d  DALI (pipeline_def with enable_conditionals): decoders.image_random_crop (mixed; area 0.08-1, aspect
+     3/4-4/3) + resize 224 + auto_aug.rand_augment(n=2, m=9) + fn.erase under a 0.25 coin + crop_mirror_normalize
+     (flip p 0.5, ImageNet mean and std), no MixUp
   t  torch DataLoader, --workers processes: ImageFolder (PIL) + torchvision v2 RandomResizedCrop, flip,
      RandAugment(2, 9), PILToTensor, RandomErasing(0.25) in the workers; on the GPU normalize and v2
      MixUp(0.8)/CutMix(1.0) (one chosen per batch, torchvision's reference recipe)
   s  synthetic: the same training loop on one constant batch already on the GPU (the ceiling)
 
+The same work in every variant: RandAugment as torchvision's (its 14 ops and magnitude tables at bin 9 of 31,
+signs drawn per op, nearest-neighbour geometry filled with 0), RandomErasing with timm's area (0.02-1/3) and
+log-uniform aspect (0.3-3.3) ranges filling 0 in pixel units (DALI's erase fills a constant), a flip with
+probability 0.5 and an ImageNet normalize to float32 NCHW. Where DALI differs: its rand_augment's translations
+reach at most 101 px (``max_translate_abs``; torchvision's 150/331 of the 224 side), its solarize thresholds
+run from 256 rather than 255; its erase draws one rectangle with sides clamped below the image's instead of
+torchvision's up to 10 attempts rejecting those that do not fit (slightly more erased area at large aspect
+ratios); it flips after RandAugment and the erase (crop_mirror_normalize), which draws the same distribution
+since their geometry and rectangles are drawn symmetrically.
+
 Each loader variant times the loader alone (--seconds) and then ResNet-50 training fed by it (--train-seconds;
-bf16 autocast, channels_last, SGD, soft labels through CrossEntropyLoss), as bench_gpu.py does. Erased pixels
-are 0 (pixel units) in every variant, since DALI's erase fills a constant. The ingest child also measures the
-GPU time the augmentation adds per batch (``augment_cost``): its ops on a decoded 224 batch already on the GPU,
-with and without RandAugment + RandomErasing + MixUpCutMix, timed with CUDA events.
+bf16 autocast, channels_last, SGD, soft labels through CrossEntropyLoss), as bench_gpu.py does. The ingest
+child also measures the GPU time the augmentation adds per batch (``augment_cost``): its ops on a batch of
+decoded 375 x 500 images already on the GPU, RandomResizedCrop + flip + Normalize with and without RandAugment
++ RandomErasing + MixUpCutMix, timed with CUDA events.
 
-Derived: ``ingest_over_dali_train`` (p / d, issue 35 asks >= 1.2) and ``ingest_over_dataloader_train``
-(i / t, issue 35 asks >= 5), and the same ratios of the loader-only rates.
+Derived: ``ingest_over_dali_train`` (p / d, issue 35 asks >= 1.2), ``ingest_over_dataloader_train`` (i / t,
+issue 35 asks >= 5), the same ratios of the loader-only rates, and ``augment_gpu_ms_per_batch``.
 
-    python benchmarks/bench_augment.py                # GPU: data made in /dev/shm if absent; JSON in
-                                                      # benchmarks/results/bench_augment/<device>/
-    python benchmarks/bench_augment.py --dry-run      # CPU only, tiny sizes: every code path but DALI's
+    python benchmarks/bench_augment.py --data /dev/shm/ingest_bench_20k   # GPU (made there if absent); JSON in
+                                                      # benchmarks/results/bench_augment/<device>/ or --out
+    python benchmarks/bench_augment.py --dry-run      # CPU only, tiny sizes: every variant; DALI's on its CPU
+                                                      # backend (the same operators) when nvidia.dali imports
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ from bench_gpu import MEAN, NUM_CLASSES, STD, Feed, describe_batch, sync, train_
 VARIANTS = {"i": "ingest_timm", "p": "ingest_no_mix", "d": "dali_rand_augment", "t": "dataloader_v2", "s": "synthetic"}
 ORDER = "ipdts"
 ERASE = dict(p=0.25, scale=(0.02, 1 / 3), ratio=(0.3, 3.3))   # timm's RandomErasing
+TRANSLATE_PX = round(150 / 331 * 224)   # torchvision RandAugment's largest translation of a 224 side
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -135,7 +148,7 @@ def main(argv=None) -> int:
         print(f"[bench_augment] {key} {name} ...", flush=True)
         cmd = [sys.executable, os.path.abspath(__file__), "--child", key]
         env = dict(os.environ, INGEST_BENCH_ARGS=str(argfile), PYTHONUNBUFFERED="1")
-        budget = 3 * args.warmup_seconds + args.seconds + 2 * args.train_seconds + 150
+        budget = 3 * args.warmup_seconds + args.seconds + 2 * args.train_seconds + 100   # a hung child is killed
         res = bench_gpu.run_json_child(cmd, env, budget, logdir / f"{key}_{name}.log", name)
         report["results"][name] = res
         print(f"[bench_augment]   {bench_gpu._one_line(res)}", flush=True)
@@ -157,7 +170,8 @@ def derive(results: dict) -> dict:
             "ingest_over_dataloader_loader": r(g("ingest_timm", "img_s"), g("dataloader_v2", "img_s")),
             "train_over_synthetic": {k: r(g(k, "train", "img_s"), g("synthetic", "train", "img_s"))
                                      for k in ("ingest_timm", "ingest_no_mix", "dali_rand_augment", "dataloader_v2")},
-            "augment_gpu_ms_per_batch": g("ingest_timm", "augment_cost", "added_gpu_ms")}
+            "augment_gpu_ms_per_batch": g("ingest_timm", "augment_cost", "added_gpu_ms"),
+            "augment_host_ms_per_batch": g("ingest_timm", "augment_cost", "added_host_ms")}
 
 
 # ==================================================================================================
@@ -178,7 +192,7 @@ def child_main(args) -> int:
         measure(feed, args, dev, res, flush)
         if key == "i":
             try:
-                res["augment_cost"] = augment_cost(args, dev)
+                res["augment_cost"] = augment_cost(args, dev, rounds=2 if args.dry_run else 20)
             except Exception as err:  # noqa: BLE001 - recorded, the figures above stand
                 res["augment_cost"] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
 
@@ -204,8 +218,9 @@ def build_ingest(args, dev, mix: bool) -> Feed:
 
 
 def build_dali(args, dev) -> Feed:
-    if dev.type != "cuda":
-        raise RuntimeError("unavailable: DALI's mixed pipeline needs a GPU")
+    """DALI's pipeline of the pairing (the docstring's ``d``). On CUDA it decodes "mixed" and runs the rest on
+    the GPU; on the CPU (a dry run) the same operators with the same arguments run on DALI's CPU backend, so
+    every one the GPU run uses has been checked."""
     try:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali import math as dmath
@@ -213,10 +228,11 @@ def build_dali(args, dev) -> Feed:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
     except Exception as err:  # noqa: BLE001 - ImportError, or a missing shared library
         raise RuntimeError(f"unavailable: {type(err).__name__}: {err}") from err
+    cuda = dev.type == "cuda"
 
     def erase(images):
-        """timm's RandomErasing on 224 x 224 images with probability 0.25: area and log-aspect uniform, the
-        sides clamped below the image, the anchor uniform (normalized coordinates), fill 0."""
+        """timm's RandomErasing rectangle on 224 x 224 images: area and log-aspect uniform, the sides clamped
+        below the image's, the anchor uniform where the rectangle fits (normalized coordinates), fill 0."""
         area = fn.random.uniform(range=list(ERASE["scale"]))
         aspect = dmath.exp(fn.random.uniform(range=[math.log(ERASE["ratio"][0]), math.log(ERASE["ratio"][1])]))
         h = dmath.min(dmath.sqrt(area * aspect), 0.995)
@@ -229,27 +245,28 @@ def build_dali(args, dev) -> Feed:
     @pipeline_def(enable_conditionals=True)
     def train(root, with_erase):
         jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="Reader")
-        images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB,
+        images = fn.decoders.image_random_crop(jpegs, device="mixed" if cuda else "cpu", output_type=types.RGB,
                                                random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
         images = fn.resize(images, resize_x=224, resize_y=224)
-        images = rand_augment.rand_augment(images, n=2, m=9)   # translations up to 100 px: 100/224 of a side
+        images = rand_augment.rand_augment(images, n=2, m=9, fill_value=0, interp_type=types.INTERP_NN,
+                                           max_translate_abs=TRANSLATE_PX)
         if with_erase:
-            if fn.random.coin_flip(probability=ERASE["p"]):
+            if fn.random.coin_flip(probability=ERASE["p"], dtype=types.BOOL):
                 images = erase(images)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=MEAN, std=STD,
                                           mirror=fn.random.coin_flip(probability=0.5))
-        return images, labels.gpu()
+        return images, labels.gpu() if cuda else labels
 
     def build(with_erase: bool):
         pipe = train(root=args.data, with_erase=with_erase, batch_size=args.batch, num_threads=args.threads,
-                     device_id=dev.index or 0, seed=0, prefetch_queue_depth=2)
+                     device_id=(dev.index or 0) if cuda else None, seed=0, prefetch_queue_depth=2)
         pipe.build()
         return pipe
 
     note = None
     try:
         pipe = build(True)
-    except Exception as err:  # noqa: BLE001 - an older DALI without fn.stack/fn.erase arguments: recorded
+    except Exception as err:  # noqa: BLE001 - recorded: the figures then lack the erase, and say so
         note = f"erase unavailable ({type(err).__name__}: {str(err)[:300]}); DALI ran without RandomErasing"
         pipe = build(False)
     it = DALIGenericIterator([pipe], ["data", "label"], reader_name="Reader",
@@ -318,32 +335,35 @@ def synthetic(args, dev, res: dict) -> None:
     res["train"] = train_phase(const(), args, dev)
 
 
-def augment_cost(args, dev, rounds: int = 20) -> dict:
-    """GPU (CUDA events) and host time per batch of ingest's ops on a decoded batch of 224 x 224 images already
-    on the device: Normalize alone vs RandAugment(2, 9) + RandomErasing(0.25) + Normalize + MixUpCutMix."""
+def augment_cost(args, dev, rounds: int = 20, source: tuple[int, int] = (375, 500)) -> dict:
+    """GPU (CUDA events) and host time per batch of ingest's ops on a batch of decoded ``source`` (h, w) images
+    already on the device, as the Loader runs them after decoding: RandomResizedCrop + flip + Normalize (the
+    plain recipe) vs the same with RandAugment(2, 9) + RandomErasing(0.25) + MixUpCutMix (timm's). The
+    difference is what the augmentation adds; RandAugment's geometry folds into the crop's warp in both."""
     import numpy as np
     import torch
     from ingest.ops import plan
-    ops = ingest_ops(True)[2:]   # after the crop and flip, which the fused warp runs either way
-    base, full, mixer = ops[2:3], ops[:3], ops[3]
-    images = torch.randint(0, 256, (args.batch, 224, 224, 3), dtype=torch.uint8, device=dev)
+    ops = ingest_ops(True)
+    plain, full, mixer = ops[:2] + ops[4:5], ops[:5], ops[5]
+    sizes = [source] * args.batch
+    images = torch.randint(0, 256, (args.batch, *source, 3), dtype=torch.uint8, device=dev)
     labels = np.arange(args.batch) % NUM_CLASSES
     cuda = dev.type == "cuda"
 
     def run(chain, mix, seed):
-        p = plan(chain, [(224, 224)] * args.batch, seed)
-        out = p.execute(images)
+        out = plan(chain, sizes, seed).execute(images)
         if mix:
-            params = mixer.draw([(224, 224)] * args.batch, seed)
+            params = mixer.draw(sizes, seed)
             out = mixer.mix_images(out, params)
             mixer.mix_labels(labels, params)
         return out
 
-    out = {}
-    for name, chain, mix in (("normalize_only", base, False), ("recipe", full, True)):
+    res = {"source_hw": list(source), "batch": args.batch, "rounds": rounds}
+    for name, chain, mix in (("plain", plain, False), ("recipe", full, True)):
         for k in range(3):
-            run(chain, mix, k)
+            out = run(chain, mix, k)
         sync(dev)
+        res[name] = {"out_shape": list(out.shape)}
         gpu, host = [], []
         for k in range(rounds):
             if cuda:
@@ -356,13 +376,12 @@ def augment_cost(args, dev, rounds: int = 20) -> dict:
                 end.record()
                 gpu.append((begin, end))
         sync(dev)
-        out[name] = {"host_ms": round(1000 * sum(host) / rounds, 3)}
+        res[name]["host_ms"] = round(1000 * sum(host) / rounds, 3)
         if cuda:
-            out[name]["gpu_ms"] = round(sum(b.elapsed_time(e) for b, e in gpu) / rounds, 3)
-    key = "gpu_ms" if cuda else "host_ms"
-    out["added_gpu_ms" if cuda else "added_host_ms"] = round(out["recipe"][key] - out["normalize_only"][key], 3)
-    out["batch"] = args.batch
-    return out
+            res[name]["gpu_ms"] = round(sum(b.elapsed_time(e) for b, e in gpu) / rounds, 3)
+    for key in ("gpu_ms", "host_ms") if cuda else ("host_ms",):
+        res[f"added_{key}"] = round(res["recipe"][key] - res["plain"][key], 3)
+    return res
 
 
 if __name__ == "__main__":

@@ -1,47 +1,62 @@
 """Semantic segmentation loading on one GPU: ingest vs NVIDIA DALI, images and their label maps (issue 33).
 
-Measured: samples per second that each loader delivers to a consumer that takes every batch's images
-``[B, 3, 512, 512]`` uint8 and label maps ``[B, 512, 512]`` uint8 on the GPU. Timed over a window after a
-warm-up (>= --warmup-batches and >= --warmup-seconds, which also drains what the loader queued while
-starting), ended by a device synchronise. Every variant runs in its own subprocess (a fresh CUDA context; a
-crash, a hang or a missing DALI is recorded as that variant's ``error`` and the others go on). Shuffled,
-batch 32, last partial batch dropped; epoch restarts fall inside the window.
+Measured: samples per second that each loader delivers to a consumer that takes every batch on the GPU. Timed
+over a window after a warm-up (>= --warmup-batches and >= --warmup-seconds, which also drains what the loader
+queued while starting), ended by a device synchronise. Every variant runs in its own subprocess (a fresh CUDA
+context; a crash, a hang past its budget or a missing DALI is recorded as that variant's ``error`` and the
+others go on). Shuffled, batch 32, last partial batch dropped; epoch restarts fall inside the window.
 
-The same augmentation on both inputs everywhere: RandomResizedCrop 512 (scale 0.08-1, ratio 3/4-4/3; the
-image bilinear antialiased, the label map nearest) and a horizontal flip p=0.5, the same draw for the image and
-its map.
+The same work on both sides, on both inputs: decode (the JPEG on the GPU, the PNG map on the CPU), RandomResizedCrop
+512 (scale 0.08-1, ratio 3/4-4/3, 10 attempts; the image bilinear antialiased, the label map nearest, one crop
+window for both), a horizontal flip p=0.5 (one draw for the image and its map), and ImageNet's Normalize on the
+image only (mean 123.675/116.28/103.53, std 58.395/57.12/57.375 in pixel units, to float32 NCHW). Both sides
+deliver, per batch, two device tensors of the same shapes and dtypes:
 
-  ingest         ingest.Loader(DIR, decode="mixed", device="cuda", ops=[RandomResizedCrop(512), Flip(0.5)],
-                 output="dict"): the map is a ``mask`` field inferred from DeepLab's key, decoded on the CPU beside
-                 the GPU's JPEG decode and warped with the image's maps; default worker processes
-  ingest_w4      the same with num_workers=4
-  ingest_images  the same reading only the images (features={"image": "image/encoded"}): what the maps cost
+  images  float32 [32, 3, 512, 512] (NCHW, normalized)
+  masks   uint8   [32, 512, 512]    (the class ids as stored: 0-20, 255 on outlines and where nothing was)
+
+  ingest         ingest.Loader(DIR, decode="mixed", device="cuda", output="dict", ops=[RandomResizedCrop(512),
+                 Flip(0.5), Normalize(mean, std)]): ``images`` as above; the map is a ``mask`` field inferred from
+                 DeepLab's key, decoded on the CPU beside the GPU's JPEG decode, warped with the image's maps and
+                 left alone by Normalize (``mask``); default worker processes
   dali           DALI: readers.tfrecord(DeepLab's keys) -> decoders.image_random_crop(mixed, RGB) and
-                 decoders.image_random_crop(mixed, GRAY) with one seed (the same crop window for both: the
-                 windows are drawn from the seed and the shape, which agree) -> resize 512 (linear antialiased /
-                 nearest) -> one coin_flip for both flips; DALIGenericIterator
-  dali_images    the same without the label maps
+                 decoders.image_random_crop(mixed, GRAY) with one seed (the same crop window for both: each draws
+                 its windows from the seed and the sample's shape, which agree) -> resize 512 (linear antialiased /
+                 nearest) -> one coin_flip: crop_mirror_normalize(mirror, float32 CHW) on the image, flip on the
+                 map; DALIGenericIterator (the map's trailing channel of one dropped by a view)
+  ingest_images  as ingest reading only the images (features={"image": "image/encoded"}): what the maps cost
+  dali_images    as dali without the label maps
+  ingest_w4      as ingest with num_workers=4 (last: the variant the run can spare)
 
-Each variant's ``check`` describes its first batch (shapes, dtypes, the label values) and ``agreement``: the
-share of label-map pixels (outside 255) whose class is the one the image's colour there says (each class is
-drawn in its own colour), so a loader whose maps do not follow its images shows (a misaligned crop or flip
-gives ~1/21).
+Each variant's ``check`` describes its first batch (shapes, dtypes, devices, the label values) and
+``agreement``: the share of label-map pixels (outside 255) whose class is the one the image's colour there says
+(the image de-normalized; each class is drawn in its own colour), so a loader whose maps do not follow its
+images shows (a crop or flip the map misses drops it far below an aligned map's ~0.98). ``derived`` holds the
+ratios (``ingest_over_dali``, ``ingest_images_over_dali_images``, ...), ``target_met`` (issue 33: ingest >= 1.2x
+DALI on both inputs) and ``ingest_outputs_match_dali`` (and the images-only pair's: both sides' outputs of one
+shape, dtype and device).
 
 Data: ``--make-data DIR --n N`` makes a VOC-shaped set in DeepLab's TFRecord layout on this machine
 (``image/encoded`` JPEG ~500x375 at quality 90, ``image/segmentation/class/encoded`` an 8-bit gray PNG of class
 ids 0-20 with 255 outlines, as DeepLab's ``build_voc2012_data.py`` writes from VOC's raw label maps; 16 shards
-with DALI indexes, written by ingest's own TFRecordWriter), all cores, deterministic from --seed. Skipped when
-DIR exists (it is built under a temporary name and renamed).
+with DALI indexes, written by ingest's own TFRecordWriter; ~47 KB a sample), on all cores, deterministic from
+--seed; ``DIR.meta.json`` beside it records how long that took (the JSON's ``dataset.made``). Skipped when DIR
+exists (it is built under a temporary name and renamed).
 
-On the device (DALI on PYTHONPATH, see ../shared/device):
+On the device, from the repository root (DALI on PYTHONPATH and nvImageCodec on LD_LIBRARY_PATH, see
+../shared/device), the data first, then the variants (on SIGTERM the running variant is killed with its
+workers and the file keeps the finished ones):
 
-    python3 benchmarks/bench_segmentation.py --make-data /dev/shm/voc20k --n 20000 --out $OUT/bench_segmentation.json
+    timeout -k 5 150 python3 benchmarks/bench_segmentation.py --make-data /dev/shm/ingest_seg_voc20k --n 20000
+    timeout -k 10 150 python3 benchmarks/bench_segmentation.py --data /dev/shm/ingest_seg_voc20k --seconds 8 \\
+        --out $OUT/bench_segmentation/h200/bench_segmentation.json
 
 Here, without a GPU:
 
     python benchmarks/bench_segmentation.py --dry-run --out /tmp/seg.json   # tiny CPU run of the code paths
 
-The dry run runs DALI's graph on DALI's CPU backend where DALI is importable, else records it unavailable.
+The dry run runs DALI's graph on DALI's CPU backend (``device_id=None``, the CPU decoders: the same operators and
+arguments as on the GPU) where DALI is importable, else records it unavailable.
 """
 
 from __future__ import annotations
@@ -52,6 +67,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -63,19 +79,23 @@ sys.path.insert(0, str(HERE.parent))
 import bench_gpu  # noqa: E402 - the shared environment, memory and output helpers
 
 SIZE, SCALE, RATIO = 512, (0.08, 1.0), (3 / 4, 4 / 3)
+MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)   # ImageNet's, in pixel units (both loaders')
 CLASSES = 21                 # PASCAL VOC: background + 20
 IMAGE_KEY, MASK_KEY = "image/encoded", "image/segmentation/class/encoded"
 SHARDS = 16
-AUGMENTATION = (f"RandomResizedCrop {SIZE} (scale {list(SCALE)}, ratio 3/4-4/3; image bilinear antialiased, map "
-                f"nearest), horizontal flip p=0.5, one draw for the image and its map; uint8")
+AUGMENTATION = (f"RandomResizedCrop {SIZE} (scale {list(SCALE)}, ratio 3/4-4/3, 10 attempts; image bilinear "
+                f"antialiased, map nearest), horizontal flip p=0.5, one draw for the image and its map; Normalize "
+                f"(ImageNet mean/std) on the image only. Out: images float32 [B, 3, {SIZE}, {SIZE}], masks uint8 "
+                f"[B, {SIZE}, {SIZE}], on the device")
 PIPELINES = {
-    "ingest": "Loader(DIR, decode=mixed, device=cuda, ops=[RandomResizedCrop(512), Flip(0.5)], output=dict), the map "
-              "a mask field inferred from DeepLab's key, default num_workers",
-    "ingest_w4": "as ingest, num_workers=4",
-    "ingest_images": "as ingest, features={'image': 'image/encoded'}: the images only",
+    "ingest": "Loader(DIR, decode=mixed, device=cuda, ops=[RandomResizedCrop(512), Flip(0.5), Normalize], "
+              "output=dict), the map a mask field inferred from DeepLab's key, default num_workers",
     "dali": "readers.tfrecord -> decoders.image_random_crop(mixed, RGB) + decoders.image_random_crop(mixed, GRAY), one "
-            "seed -> resize(512, linear antialias / nearest) -> flip(coin_flip) both -> DALIGenericIterator",
+            "seed -> resize(512, linear antialias / nearest) -> coin_flip: crop_mirror_normalize(mirror, float CHW) "
+            "on the image, flip on the map -> DALIGenericIterator",
+    "ingest_images": "as ingest, features={'image': 'image/encoded'}: the images only",
     "dali_images": "as dali, the images only",
+    "ingest_w4": "as ingest, num_workers=4",
 }
 VARIANTS = tuple(PIPELINES)
 DRY_DATA = Path(tempfile.gettempdir()) / "ingest_bench_seg_dry"
@@ -139,20 +159,22 @@ def _write_shard(job: tuple[str, int, int, int, int]) -> int:
 
 def make_voc(out: str, n: int, *, seed: int = 0, workers: int | None = None) -> dict:
     """``SHARDS`` TFRecord shards of ``n`` samples (`make_sample`) at ``out``, built under a temporary name and
-    renamed. Returns the set's statistics."""
+    renamed. Returns the set's statistics, also written to ``out.meta.json`` beside it (``seconds``: the making's
+    wall time on ``workers`` processes), which `voc_stats` reads back."""
     out = os.path.abspath(out)
     tmp = f"{out}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     bounds = [(n * k // SHARDS, n * (k + 1) // SHARDS) for k in range(SHARDS)]
     t0 = time.perf_counter()
-    with mp.get_context("fork").Pool(workers or os.cpu_count() or 1) as pool:
+    workers = workers or os.cpu_count() or 1
+    with mp.get_context("fork").Pool(workers) as pool:
         sizes = pool.map(_write_shard, [(tmp, k, a, b, seed) for k, (a, b) in enumerate(bounds)], chunksize=1)
     os.rename(tmp, out)
-    stats = voc_stats(out)
-    stats.update(seed=seed, bytes_per_sample=round(sum(sizes) / max(n, 1), 1),
-                 seconds=round(time.perf_counter() - t0, 1))
-    return stats
+    made = {"seed": seed, "bytes_per_sample": round(sum(sizes) / max(n, 1), 1), "workers": workers,
+            "seconds": round(time.perf_counter() - t0, 1)}
+    Path(out + ".meta.json").write_text(json.dumps(made))
+    return voc_stats(out)
 
 
 def shards(root: str) -> list[str]:
@@ -163,8 +185,12 @@ def voc_stats(root: str) -> dict:
     files = shards(root)
     total = sum(os.path.getsize(f) for f in files)
     count = sum(len(Path(f + ".idx").read_text().split("\n")) - 1 for f in files)
-    return {"path": root, "n": count, "shards": len(files), "total_mb": round(total / 2 ** 20, 1),
-            "mean_record_kb": round(total / max(count, 1) / 1e3, 1)}
+    out = {"path": root, "n": count, "shards": len(files), "total_mb": round(total / 2 ** 20, 1),
+           "mean_record_kb": round(total / max(count, 1) / 1e3, 1)}
+    meta = Path(root.rstrip("/") + ".meta.json")
+    if meta.exists():
+        out["made"] = json.loads(meta.read_text())
+    return out
 
 
 def ensure_data(out: str, n: int, seed: int) -> None:
@@ -187,7 +213,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--make-data", metavar="DIR", help="make the set at DIR and exit unless --out is given")
     p.add_argument("--n", type=int, default=20000, help="samples in --make-data's set (default 20000)")
     p.add_argument("--seed", type=int, default=0, help="--make-data's seed (default 0)")
-    bench_gpu.add_window_options(p, VARIANTS, seconds=10.0)
+    bench_gpu.add_window_options(p, VARIANTS, seconds=8.0)
     a = p.parse_args(argv)
     bench_gpu.window_defaults(a)
     if min(a.batch, a.threads, a.n) < 1:
@@ -225,14 +251,21 @@ def main(argv=None) -> int:
               "dry_run": args.dry_run, "argv": sys.argv[1:], "host": bench_gpu.host_info(),
               "versions": bench_gpu.versions(), "dataset": voc_stats(args.data), "config": config,
               "results": {}}
+    # in the file before the first variant, so that a run cut short still names its device and set
+    report["device"] = "cpu (dry run)" if args.dry_run else bench_gpu._nvidia_smi_name()
+    out.write_text(json.dumps(report, indent=1, default=str))
     argfile = logdir / "args.json"
     argfile.write_text(json.dumps(vars(args)))
+    signal.signal(signal.SIGTERM, _end_children)
     t_all = time.perf_counter()
+
+    # A variant's start (interpreter, CUDA context, workers, DALI's build, first batch) takes seconds; more than a
+    # minute past its window is a hang, cut short so that the variants after it still run.
+    budget = args.warmup_seconds + args.seconds + (120 if args.dry_run else 60)
 
     def child(name, log):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-args", str(argfile)]
-        res = bench_gpu.run_json_child(cmd, dict(os.environ, PYTHONUNBUFFERED="1"),
-                                       args.warmup_seconds + args.seconds + 180, log, name)
+        res = bench_gpu.run_json_child(cmd, dict(os.environ, PYTHONUNBUFFERED="1"), budget, log, name)
         print(f"[bench_segmentation]   {_one_line(res)}", flush=True)
         return res
 
@@ -241,6 +274,23 @@ def main(argv=None) -> int:
     print_table(report)
     print(f"[bench_segmentation] wrote {out} ({report['wall_seconds']} s)")
     return 0
+
+
+def _end_children(signum, frame) -> None:
+    """On SIGTERM (an outer ``timeout``): kill the running variant's process group, which its own session keeps
+    out of this one's reach, so that nothing of it goes on holding the GPU; the file keeps the finished variants."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = stat.read_text().rsplit(") ", 1)[1].split()[1]   # after the name: state, ppid, ...
+        except (OSError, IndexError):
+            continue
+        if ppid == me:
+            try:
+                os.killpg(int(stat.parent.name), signal.SIGKILL)   # a variant leads its own group
+            except OSError:
+                pass
+    raise SystemExit(128 + signum)
 
 
 def derive(results: dict) -> dict:
@@ -253,6 +303,10 @@ def derive(results: dict) -> dict:
            "ingest_masks_cost": r(g("ingest"), g("ingest_images")), "dali_masks_cost": r(g("dali"), g("dali_images"))}
     if out["ingest_over_dali"] is not None:
         out["target_met"] = out["ingest_over_dali"] >= 1.2   # issue 33: >= 1.2x DALI on both inputs
+    for ours, theirs in (("ingest", "dali"), ("ingest_images", "dali_images")):
+        a, b = ((results.get(k) or {}).get("check") for k in (ours, theirs))
+        if a and b:   # [shape, dtype, device] of each output
+            out[f"{ours}_outputs_match_{theirs}"] = all(a.get(k) == b.get(k) for k in ("images", "masks"))
     return out
 
 
@@ -318,12 +372,15 @@ def run_variant(name: str, args, dev, res: dict, flush) -> None:
 
 
 def describe_batch(images, masks) -> dict:
-    """Shapes and dtypes of one batch, the label values, and how far the maps agree with their images: each
-    label pixel (outside 255) against the class whose colour is nearest the image's pixel there."""
+    """Shapes, dtypes and devices of one batch, the label values, and how far the maps agree with their images:
+    each label pixel (outside 255) against the class whose colour is nearest the image's pixel there (the image
+    de-normalized first)."""
     import torch
     x = images.float().cpu()
-    if x.shape[-1] == 3:   # NHWC -> NCHW
+    if x.shape[-1] == 3:   # NHWC -> NCHW (neither loader gives it; kept for a loader that would)
         x = x.permute(0, 3, 1, 2)
+    if images.dtype.is_floating_point:
+        x = x * torch.tensor(STD)[:, None, None] + torch.tensor(MEAN)[:, None, None]
     out = {"images": [list(images.shape), str(images.dtype), str(images.device)]}
     if masks is None:
         return out
@@ -342,13 +399,14 @@ def describe_batch(images, masks) -> dict:
 
 
 def build_ingest(args, dev, workers: int | None, masks: bool = True) -> bench_gpu.Feed:
+    """images float32 [B, 3, 512, 512] and masks uint8 [B, 512, 512] (None with ``masks=False``) on ``dev``."""
     import ingest
-    from ingest.ops import Flip, RandomResizedCrop
+    from ingest.ops import Flip, Normalize, RandomResizedCrop
     options = {} if masks else {"features": {"image": IMAGE_KEY}}
     loader = ingest.Loader(args.data, batch_size=args.batch, device=str(dev),
                            decode="mixed" if dev.type == "cuda" else "cpu", shuffle=True, seed=0, output="dict",
                            last_batch="drop", num_workers=workers, reader_options=options,
-                           ops=[RandomResizedCrop(SIZE, scale=SCALE, ratio=RATIO), Flip(p=0.5)])
+                           ops=[RandomResizedCrop(SIZE, scale=SCALE, ratio=RATIO), Flip(p=0.5), Normalize(MEAN, STD)])
     f = bench_gpu.Feed(loader, lambda b: (b["images"], b.get("mask")), stats=loader.stats, close=loader.close)
     f.info = {"num_workers": loader.num_workers, "worker_stages": loader.worker_stages}
     if dev.type != "cuda":
@@ -357,7 +415,9 @@ def build_ingest(args, dev, workers: int | None, masks: bool = True) -> bench_gp
 
 
 def build_dali(args, dev, masks: bool) -> bench_gpu.Feed:
-    """DALI's pipeline; on a dry run (no GPU), where DALI is importable, the same graph on DALI's CPU backend."""
+    """DALI's pipeline: images float32 [B, 3, 512, 512] and masks uint8 [B, 512, 512] (None with ``masks=False``)
+    on ``dev``. On a dry run (no GPU) the same graph, every operator with the same arguments, on DALI's CPU
+    backend: ``device_id=None`` and the decoders on ``cpu`` instead of ``mixed``."""
     cuda = dev.type == "cuda"
     decode = "mixed" if cuda else "cpu"
     try:
@@ -367,6 +427,8 @@ def build_dali(args, dev, masks: bool) -> bench_gpu.Feed:
     except Exception as err:  # noqa: BLE001 - ImportError, or a missing shared library
         raise RuntimeError(f"unavailable: {type(err).__name__}: {err}") from err
     files = shards(args.data)
+    # One seed for both decoders: each draws a sample's window from its own generator (seeded from this) and the
+    # sample's shape, and the image and its map have one shape, so the windows are the same.
     crop = dict(random_area=list(SCALE), random_aspect_ratio=list(RATIO), num_attempts=10, seed=1234)
 
     @pipeline_def
@@ -378,10 +440,11 @@ def build_dali(args, dev, masks: bool) -> bench_gpu.Feed:
                                      random_shuffle=True, name="Reader")
         flip = fn.random.coin_flip(probability=0.5)
         images = fn.decoders.image_random_crop(inputs[IMAGE_KEY], device=decode, output_type=types.RGB, **crop)
-        images = fn.flip(fn.resize(images, size=[SIZE, SIZE], antialias=True), horizontal=flip)
+        images = fn.resize(images, size=[SIZE, SIZE], interp_type=types.INTERP_LINEAR, antialias=True)
+        images = fn.crop_mirror_normalize(images, mirror=flip, mean=list(MEAN), std=list(STD), dtype=types.FLOAT,
+                                          output_layout="CHW")
         if not masks:
             return images
-        # the same seed and the same shape: the same crop window as the image's
         labels = fn.decoders.image_random_crop(inputs[MASK_KEY], device=decode, output_type=types.GRAY, **crop)
         labels = fn.resize(labels, size=[SIZE, SIZE], interp_type=types.INTERP_NN, antialias=False)
         return images, fn.flip(labels, horizontal=flip)
@@ -393,7 +456,7 @@ def build_dali(args, dev, masks: bool) -> bench_gpu.Feed:
     it = DALIGenericIterator([pipe], names, reader_name="Reader", last_batch_policy=LastBatchPolicy.DROP,
                              auto_reset=True)
 
-    def adapt(batch):   # NHWC images, [B, H, W, 1] maps
+    def adapt(batch):   # images NCHW; maps [B, H, W, 1] -> [B, H, W], a view
         b = batch[0]
         return b["images"], (b["masks"][..., 0] if masks else None)
 
