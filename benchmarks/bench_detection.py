@@ -15,7 +15,8 @@ resize shorter side 800 capped at longer side 1333 (bilinear, antialiased), pad 
 of 32 (per image). Output uint8 images, boxes ltrb.
 
   ingest       ingest.Loader(instances.json, decode="mixed", device="cuda", ops=[RandomIoUCrop, Flip,
-               Resize(800, max_size=1333), PadTo(multiple=32)], output="dict"), its default worker processes
+               Resize(800, max_size=1333), PadTo(multiple=32)], output="dict", ragged=True: images a list), its
+               default worker processes
                (none: detection runs in the training process); the check splits targets with
                `ingest.torch.detection_targets`
   ingest_w0    the same with num_workers=0 (one process; the default's setting, named)
@@ -35,6 +36,11 @@ of 32 (per image). Output uint8 images, boxes ltrb.
                RandomHorizontalFlip, Resize(800, max_size=1333), SanitizeBoundingBoxes), padding in the
                collate, DataLoader with --workers processes, pin_memory, images and targets moved to the GPU
 
+``derived`` holds each ingest variant over its DALI counterpart, and issue 32's figures: ``ingest`` (its
+default, detection in the training process) over the fastest DALI variant (``ingest_over_dali_best_any``, target
+>= 1.2) and its device memory over that variant's (``ingest_memory_over_dali_best``, target <= 1.5), both in
+``target_32_met``.
+
 Each variant's ``check`` describes its first batch (image shapes and layout, pixel mean, box count, boxes
 inside their image, label range), so a pipeline that is fast because it is wrong shows. DALI's boxes are
 relative (``ratio=True``: random_bbox_crop and bb_flip need them so, and a resize leaves them unchanged).
@@ -48,13 +54,16 @@ temporary name and renamed, so a present DIR is complete).
 On the device (DALI on PYTHONPATH, see ../shared/device; torchvision's CocoDetection needs pycocotools):
 
     python3 benchmarks/bench_detection.py --make-data /dev/shm/coco10k --from /dev/shm/ingest_bench_20k --n 10000
-    python3 benchmarks/bench_detection.py --data /dev/shm/coco10k --out $OUT/bench_detection.json
+    python3 benchmarks/bench_detection.py --data /dev/shm/coco10k --out $OUT/bench_detection.json \
+        --only ingest,ingest_batch,dali,dali_roi,dali_batch --seconds 6     # issue 32's figures
 
-Estimated 2-3 minutes with the defaults (8 s windows, five variants; not yet run on the device). Here, without a GPU:
+Making the set takes a few seconds (headers read on every core). Each variant takes its window and warm-up plus
+its start (a new process, its CUDA context and the loader's build). Here, without a GPU:
 
     python benchmarks/bench_detection.py --dry-run --out /tmp/det.json   # tiny CPU run of the code paths
 
-The dry run runs DALI's graph on DALI's CPU backend where DALI is importable, else records it unavailable.
+The dry run runs DALI's graph on DALI's CPU backend where DALI is importable (the same operators and arguments,
+decoders on the CPU instead of "mixed", no copies to the GPU), else records it unavailable.
 """
 
 from __future__ import annotations
@@ -276,7 +285,7 @@ def versions() -> dict:
 def run_child(name: str, args, argfile: Path, log: Path) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-args", str(argfile)]
     return bench_gpu.run_json_child(cmd, dict(os.environ, PYTHONUNBUFFERED="1"),
-                                    args.warmup_seconds + args.seconds + 120, log, name)
+                                    args.warmup_seconds + args.seconds + 60, log, name)
 
 
 def derive(results: dict) -> dict:
@@ -297,11 +306,35 @@ def derive(results: dict) -> dict:
     # issue 8: >= 1.0x DALI in the same run, each output form against DALI's counterpart; with the default
     # number of workers, and with 6
     out["ingest_w6_over_dali_best"] = r(g("ingest_w6"), best_dali)
+    out.update(issue_32(results))
     for key, pair in (("target_met", ("ingest_over_dali_best", "ingest_batch_over_dali_batch")),
                       ("target_met_w6", ("ingest_w6_over_dali_best", "ingest_batch_w6_over_dali_batch"))):
         met = [out[k] >= 1.0 for k in pair if out[k] is not None]
         if met:
             out[key] = all(met)
+    return out
+
+
+def issue_32(results: dict) -> dict:
+    """Issue 32's figures: ingest's default (detection in the training process, no worker processes) against
+    the fastest of DALI's variants, in speed (target >= 1.2) and device memory (target <= 1.5); and the
+    batch-padded forms against each other."""
+    def get(name, *path):
+        v = results.get(name) or {}
+        for key in path:
+            v = v.get(key) if isinstance(v, dict) else None
+        return v
+
+    mem = lambda name: get(name, "memory", "device_peak_mb")  # noqa: E731
+    ran = [k for k in ("dali", "dali_roi", "dali_batch") if get(k, "img_s")]
+    best = max(ran, key=lambda k: get(k, "img_s")) if ran else None
+    out = {"dali_best_variant": best, "ingest_num_workers": get("ingest", "num_workers"),
+           "ingest_over_dali_best_any": bench_gpu._ratio(get("ingest", "img_s"), get(best, "img_s")),
+           "ingest_memory_over_dali_best": bench_gpu._ratio(mem("ingest"), mem(best)),
+           "ingest_batch_memory_over_dali_batch": bench_gpu._ratio(mem("ingest_batch"), mem("dali_batch"))}
+    speed, memory = out["ingest_over_dali_best_any"], out["ingest_memory_over_dali_best"]
+    if speed is not None and memory is not None:
+        out["target_32_met"] = speed >= 1.2 and memory <= 1.5 and out["ingest_num_workers"] == 0
     return out
 
 
@@ -443,7 +476,7 @@ def build_ingest(args, dev, workers: int | None, stages: str = "auto", batch_pad
                            reader_options={"images": os.path.join(args.data, "images"), "box_format": "ltrb"},
                            batch_size=args.batch, device=str(dev), decode="mixed" if dev.type == "cuda" else "cpu",
                            ops=ops, shuffle=True, seed=0, output="dict", last_batch="drop", num_workers=workers,
-                           worker_stages=stages)
+                           worker_stages=stages, ragged=not batch_pad)
     info = {"num_workers": loader.num_workers, "worker_stages": loader.worker_stages}
     if dev.type != "cuda":
         info["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
