@@ -120,10 +120,11 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
             tensor.set_data_from_numpy(x)
             try:
                 client.infer("preprocess", [tensor]).as_numpy("IMAGES")
+                ok = True
             except Exception:   # noqa: BLE001 - counted; the run goes on
-                errors += 1
+                errors, ok = errors + 1, False
             done = time.perf_counter()
-            if now >= timed_from:
+            if now >= timed_from and ok:   # img/s and latency count answered requests only
                 lat.append(done - now)
             k += 97
         client.close()
@@ -309,19 +310,24 @@ def main(argv=None) -> int:
         out.write_text(json.dumps(report, indent=1))
 
     chosen = args.only.split(",")
-    if {"serve", "serve_batch1"} & set(chosen):
-        err = _guard(lambda: serve_sides(args, jpegs, results) or {})
-        if err.get("error"):
-            results["serve"] = err
+    try:
+        if {"serve", "serve_batch1"} & set(chosen):
+            err = _guard(lambda: serve_sides(args, jpegs, results) or {})
+            if err.get("error"):
+                results["serve"] = err
+            write()
+        if "inprocess" in chosen:
+            results["inprocess"] = _guard(lambda: inprocess_side(args, jpegs))
+            write()
+        if "dali" in chosen:
+            results["dali"] = _guard(lambda: dali_side(args, jpegs, args.max_batch_size))
+            write()
+        if "dali_batch1" in chosen:
+            results["dali_batch1"] = _guard(lambda: dali_side(args, jpegs, 1))
+    except KeyboardInterrupt:   # `timeout -s INT`: the server is stopped on the way out; what finished is kept
+        report["interrupted"] = True
         write()
-    if "inprocess" in chosen:
-        results["inprocess"] = _guard(lambda: inprocess_side(args, jpegs))
-        write()
-    if "dali" in chosen:
-        results["dali"] = _guard(lambda: dali_side(args, jpegs, args.max_batch_size))
-        write()
-    if "dali_batch1" in chosen:
-        results["dali_batch1"] = _guard(lambda: dali_side(args, jpegs, 1))
+        raise
     write()
     for key, res in results.items():
         line = res.get("error") or " ".join(f"{k}={res[k]}" for k in ("img_s", "p50_ms", "p99_ms", "errors")
