@@ -11,8 +11,12 @@ generated) are held in memory by every side.
 - ``inprocess``: the served model's preprocessing (`ingest.serve.Preprocessor`) called in-process on batches
   of ``--max-batch-size``: img/s, what the server wraps;
 - ``dali`` / ``dali_batch1``: DALI's pipeline (external_source, mixed decoder, resize, crop_mirror_normalize)
-  in-process on batches of ``--max-batch-size`` (img/s, the ceiling) and of 1 (p50/p99 per image);
-- derived: ``serve_over_dali`` (the target: >= 0.8), ``serve_over_inprocess``.
+  in-process on batches of ``--max-batch-size`` (img/s, the ceiling) and of 1 (p50/p99 per image); without
+  CUDA (``--dry-run``) the same pipeline with the CPU decoder and no device;
+- derived: ``serve_over_dali`` (the target: >= 0.8, ``serve_meets_0_8``), ``serve_over_inprocess``, and the
+  batch-1 latencies of the server and of DALI.
+
+The report is rewritten after each side, so a run stopped part-way keeps the sides it finished.
 
     python benchmarks/bench_serve.py --data /dev/shm/ingest_bench_20k --out benchmarks/results/bench_serve/<device>/bench_serve.json
     python benchmarks/bench_serve.py --dry-run --out /tmp/serve.json     # CPU, a few seconds per side
@@ -116,10 +120,11 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
             tensor.set_data_from_numpy(x)
             try:
                 client.infer("preprocess", [tensor]).as_numpy("IMAGES")
+                ok = True
             except Exception:   # noqa: BLE001 - counted; the run goes on
-                errors += 1
+                errors, ok = errors + 1, False
             done = time.perf_counter()
-            if now >= timed_from:
+            if now >= timed_from and ok:   # img/s and latency count answered requests only
                 lat.append(done - now)
             k += 97
         client.close()
@@ -158,7 +163,7 @@ def serve_sides(args, jpegs: list[bytes], results: dict) -> None:
     from ingest.serve.server import gpu_options
     import torch
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
-    kind, gpus = ("KIND_CPU", []) if device == "cpu" else ("KIND_GPU", [int(device.split(":")[1] or 0)])
+    kind, gpus = ("KIND_CPU", []) if device == "cpu" else ("KIND_GPU", [torch.device(device).index or 0])
     repo = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     export(spec_text(), repo, kind=kind, gpus=gpus, max_batch_size=args.max_batch_size,
            queue_delay_us=args.queue_delay_us)
@@ -208,17 +213,23 @@ def inprocess_side(args, jpegs: list[bytes]) -> dict:
         if device != "cpu":
             torch.cuda.synchronize()
         return sum(o.error is None for o in out)
-    images, seconds, _ = timed(run, batches, args)
+    try:
+        images, seconds, _ = timed(run, batches, args)
+    finally:
+        pre.close()
     return {"img_s": round(images / seconds, 1), "batch": args.max_batch_size, "device": device}
 
 
 def dali_side(args, jpegs: list[bytes], batch: int) -> dict:
+    """DALI's pipeline on ``batch`` images a call: on the GPU ("mixed" decoder, then device ops), or without
+    CUDA the same operators with the CPU decoder and no device (so every operator and argument has run)."""
     import numpy as np
     import torch
     from nvidia.dali import fn, pipeline_def, types
     cuda = (args.device or "cuda:0") != "cpu" and torch.cuda.is_available()
+    device_id = (torch.device(args.device).index or 0) if cuda and args.device else 0
     arrays = [np.frombuffer(j, np.uint8) for j in jpegs]
-    batches = [arrays[i:i + batch] for i in range(0, len(arrays) - batch + 1, batch)] or [arrays[:batch]]
+    batches = [[arrays[(i + j) % len(arrays)] for j in range(batch)] for i in range(0, max(len(arrays), batch), batch)]
     feed = {"k": 0}
 
     def source():
@@ -234,16 +245,20 @@ def dali_side(args, jpegs: list[bytes], batch: int) -> dict:
         return fn.crop_mirror_normalize(images, crop=(224, 224), dtype=types.FLOAT, output_layout="CHW",
                                         mean=bench_gpu.MEAN, std=bench_gpu.STD)
 
-    p = pipe(batch_size=batch, num_threads=args.threads, device_id=0 if cuda else None, prefetch_queue_depth=1)
+    # batches: two in flight (DALI's default, its best throughput); batch-1 latency: one at a time
+    p = pipe(batch_size=batch, num_threads=args.threads, device_id=device_id if cuda else None,
+             prefetch_queue_depth=1 if batch == 1 else 2)
     p.build()
 
     def run(_) -> int:
         (out,) = p.run()
         if cuda:
-            out.as_tensor()   # the batch is complete
+            torch.cuda.synchronize(device_id)   # DALI's stream included: the batch is complete
+        if len(out) != batch or tuple(out[0].shape()) != (3, 224, 224):
+            raise RuntimeError(f"DALI gave {len(out)} images of shape {out[0].shape()}")
         return batch
     images, seconds, calls = timed(run, [None], args)
-    return {"img_s": round(images / seconds, 1), "batch": batch, "device": "cuda" if cuda else "cpu",
+    return {"img_s": round(images / seconds, 1), "batch": batch, "device": f"cuda:{device_id}" if cuda else "cpu",
             **(percentiles(calls) if batch == 1 else {})}
 
 
@@ -260,9 +275,21 @@ def derive(results: dict) -> dict:
     out = {}
     if rate("serve") and rate("dali"):
         out["serve_over_dali"] = round(rate("serve") / rate("dali"), 3)
+        out["serve_meets_0_8"] = out["serve_over_dali"] >= 0.8
     if rate("serve") and rate("inprocess"):
         out["serve_over_inprocess"] = round(rate("serve") / rate("inprocess"), 3)
+    for key in ("serve_batch1", "dali_batch1", "serve"):
+        for stat in ("p50_ms", "p99_ms"):
+            if stat in results.get(key, {}):
+                out[f"{key}_{stat}"] = results[key][stat]
     return out
+
+
+def device_name(args) -> str:
+    import torch
+    if args.dry_run or args.device == "cpu" or not torch.cuda.is_available():
+        return "cpu (dry run)" if args.dry_run else "cpu"
+    return torch.cuda.get_device_name(torch.device(args.device or "cuda:0").index or 0)
 
 
 def main(argv=None) -> int:
@@ -270,25 +297,38 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     jpegs = load_jpegs(args)
     results: dict = {}
-    chosen = args.only.split(",")
-    if {"serve", "serve_batch1"} & set(chosen):
-        err = _guard(lambda: serve_sides(args, jpegs, results) or {})
-        if err.get("error"):
-            results["serve"] = err
-    if "inprocess" in chosen:
-        results["inprocess"] = _guard(lambda: inprocess_side(args, jpegs))
-    if "dali" in chosen:
-        results["dali"] = _guard(lambda: dali_side(args, jpegs, args.max_batch_size))
-    if "dali_batch1" in chosen:
-        results["dali_batch1"] = _guard(lambda: dali_side(args, jpegs, 1))
-    report = {"benchmark": "bench_serve", "config": {k: v for k, v in vars(args).items()},
+    report = {"benchmark": "bench_serve", "device": device_name(args), "config": vars(args),
               "pipeline": "JPEG -> resize shorter 256 -> center crop 224 -> normalize float32 CHW",
               "images": {"count": len(jpegs), "mean_bytes": int(sum(map(len, jpegs)) / max(len(jpegs), 1))},
-              "versions": bench_gpu.versions(), "host": bench_gpu.host_info(), "results": results,
-              "derived": derive(results), "wall_seconds": round(time.perf_counter() - started, 1)}
+              "versions": bench_gpu.versions(), "host": bench_gpu.host_info(), "results": results}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+
+    def write() -> None:
+        report["derived"] = derive(results)
+        report["wall_seconds"] = round(time.perf_counter() - started, 1)
+        out.write_text(json.dumps(report, indent=1))
+
+    chosen = args.only.split(",")
+    try:
+        if {"serve", "serve_batch1"} & set(chosen):
+            err = _guard(lambda: serve_sides(args, jpegs, results) or {})
+            if err.get("error"):
+                results["serve"] = err
+            write()
+        if "inprocess" in chosen:
+            results["inprocess"] = _guard(lambda: inprocess_side(args, jpegs))
+            write()
+        if "dali" in chosen:
+            results["dali"] = _guard(lambda: dali_side(args, jpegs, args.max_batch_size))
+            write()
+        if "dali_batch1" in chosen:
+            results["dali_batch1"] = _guard(lambda: dali_side(args, jpegs, 1))
+    except KeyboardInterrupt:   # `timeout -s INT`: the server is stopped on the way out; what finished is kept
+        report["interrupted"] = True
+        write()
+        raise
+    write()
     for key, res in results.items():
         line = res.get("error") or " ".join(f"{k}={res[k]}" for k in ("img_s", "p50_ms", "p99_ms", "errors")
                                             if k in res)

@@ -1,7 +1,11 @@
 """The served model on a GPU instance (run on the device machine): decode and ops on CUDA, outputs handed to
-Triton as device tensors by DLPack, a bad item refused alone; the real server with a GPU instance."""
+Triton as device tensors by DLPack, a bad item refused alone; the real server with a GPU instance, where a user
+model gets the batch on the GPU and Triton's output tensors hold the very device memory handed to them."""
 
 from __future__ import annotations
+
+import json
+import os
 
 import numpy as np
 import pytest
@@ -42,3 +46,75 @@ def test_the_real_server_on_a_gpu(tmp_path, reference):
         finally:
             client.close()
         assert "(GPU device 0)" in server.log.read_text()   # Triton's line for the instance it made
+
+
+#: A user model for the real server that notes, from inside the backend stub, the device of the batch it gets
+#: and, for each output, the device memory handed to ``pb_utils.Tensor.from_dlpack`` and the memory the Triton
+#: tensor made from it holds (its own ``to_dlpack``): the same pointer when nothing was copied.
+RECORDER = """
+import json, os, sys
+import torch, torch.utils.dlpack
+
+
+def note(**fields):
+    with open(os.environ["INGEST_TEST_RECORD"], "a") as f:
+        f.write(json.dumps(fields) + "\\n")
+
+
+class WatchedTensor:
+    real = None
+
+    @classmethod
+    def from_dlpack(cls, name, capsule):
+        source = torch.utils.dlpack.from_dlpack(capsule)
+        tensor = cls.real.from_dlpack(name, torch.utils.dlpack.to_dlpack(source))
+        held = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+        note(kind="output", name=name, source_device=str(source.device), source_ptr=source.data_ptr(),
+             triton_on_cpu=bool(tensor.is_cpu()), triton_ptr=held.data_ptr())
+        return tensor
+
+
+def net(batch):
+    pb = sys.modules["triton_python_backend_utils"]
+    if pb.Tensor is not WatchedTensor:
+        try:
+            WatchedTensor.real, pb.Tensor = pb.Tensor, WatchedTensor
+        except Exception as err:
+            note(kind="unwatched", error=repr(err))
+    note(kind="model", device=str(batch.device), ptr=batch.data_ptr(), shape=list(batch.shape))
+    return batch.mean(dim=(2, 3))
+"""
+
+
+def test_the_served_model_gets_the_batch_on_the_gpu_and_triton_keeps_its_memory(tmp_path, monkeypatch, reference):
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    (tmp_path / "recorder.py").write_text(RECORDER)
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("INGEST_TEST_RECORD", str(record))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    export(SPEC, tmp_path / "repo", kind="KIND_GPU", gpus=[0], model="recorder:net")
+    http_port, grpc_port = free_ports(2)
+    with TritonServer(tmp_path / "repo", http_port=http_port, grpc_port=grpc_port, options=gpu_options([0])) as server:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        try:
+            x = np.frombuffer(IMAGES[2], np.uint8)[None]
+            tensor = grpcclient.InferInput("ENCODED", list(x.shape), "UINT8")
+            tensor.set_data_from_numpy(x)
+            result = client.infer("preprocess", [tensor], outputs=[grpcclient.InferRequestedOutput("IMAGES"),
+                                                                   grpcclient.InferRequestedOutput("OUTPUT")])
+        except Exception:
+            print(server.log_tail(80))
+            raise
+        finally:
+            client.close()
+    images = result.as_numpy("IMAGES")
+    np.testing.assert_allclose(images[0], reference[2], atol=GPU_TOL)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT")[0], images[0].mean(axis=(1, 2)), atol=1e-4)
+    notes = [json.loads(line) for line in record.read_text().splitlines()]
+    calls = [n for n in notes if n["kind"] == "model"]
+    outputs = {n["name"]: n for n in notes if n["kind"] == "output"}
+    assert calls and all(n["device"] == "cuda:0" and n["shape"] == [1, 3, 32, 32] for n in calls), notes
+    assert set(outputs) == {"IMAGES", "OUTPUT"}, notes
+    for n in outputs.values():
+        assert n["source_device"] == "cuda:0" and not n["triton_on_cpu"], notes
+        assert n["triton_ptr"] == n["source_ptr"], notes   # Triton's tensor is the batch's memory: no copy
