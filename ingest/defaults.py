@@ -9,7 +9,7 @@
 | gpu_decoders    | INGEST_GPU_DECODERS     | 1       | nvImageCodec decoders sharing each batch, one thread each |
 | gpu_decode_threads | INGEST_GPU_DECODE_THREADS | auto | nvImageCodec CPU threads of each GPU decoder a loader makes: auto (this process's share of the cores over its decoders, `ingest.decode.gpu.cpu_threads_each`) or a count |
 | decode_batches  | INGEST_DECODE_BATCHES   | auto    | batches a loader decodes at once, each on its own thread (and GPU decoders and stream): auto is 2 for GPU decode, else 1 |
-| hw_decoder_load | INGEST_HW_DECODER_LOAD  | 0.65    | the share of a batch's JPEGs the hardware decoder takes, the rest going to the CUDA decoder (DALI's name and default), or auto (nvImageCodec picks the backend per image: the hardware decoder takes all it can) |
+| hw_decoder_load | INGEST_HW_DECODER_LOAD  | 1.0     | the share of a batch's JPEGs the hardware decoder takes, the rest going to the CUDA decoder (DALI's name; its default is 0.65), or auto (nvImageCodec picks the backend per image: the hardware decoder takes all it can) |
 | hybrid_huffman_threshold | INGEST_HYBRID_HUFFMAN_THRESHOLD | 1000000 | images the CUDA decoder takes with more pixels than this decode their Huffman stage on the GPU, the others on its CPU threads (DALI's name and default) |
 | nvjpeg_host_padding | INGEST_NVJPEG_HOST_PADDING | 8388608 | bytes nvJPEG adds to each pinned host buffer it allocates, so a thread's buffers rarely grow again (DALI's ``host_memory_padding`` and default); 0: none |
 | nvjpeg_device_padding | INGEST_NVJPEG_DEVICE_PADDING | 0 | bytes nvJPEG adds to each device buffer it allocates (DALI's ``device_memory_padding``, whose default is 16 MiB); 0: none |
@@ -48,12 +48,13 @@ keeps one: its pool already decodes a batch on every core.
 
 ``hw_decoder_load``: the share of each batch's JPEGs handed to the hardware JPEG engine (NVJPG: A100, H100, ...),
 the rest going to nvImageCodec's CUDA (hybrid) decoder, both at once, as DALI's ``hw_decoder_load`` does (where the
-engine is missing, nvImageCodec's other backends take them all). 0.65 is DALI's default and ours: with "auto"
-(nvImageCodec gives the engine every JPEG it can take) the engine is the loader's limit beside a training loop,
-and the training stream waits for batches more. The cost of the split: the loader alone is slower (the CUDA
-decoder is the slower of the two), and the two decoders' pixels differ slightly (within a level or two) while
-nvImageCodec gives the engine the first share of each batch, so an image's pixels depend on its place in the
-batch, as with DALI. "auto" gives the fastest decode alone and pixels that do not depend on the batch.
+engine is missing, nvImageCodec's other backends take them all; what the engine refuses, progressive JPEGs for
+one, goes to the CUDA decoder whatever the share). The default, 1.0, gives the engine every JPEG: the engine runs
+beside the training step without taking its SMs, where the CUDA decoder's kernels share them with the model, so a
+model trains faster (DALI's default is 0.65). A smaller share helps only where the engine, not the GPU, limits
+the loader: the loader alone, or a model far faster than the engine's rate. Under a split the two decoders'
+pixels differ slightly (within a level or two) and nvImageCodec gives the engine the first share of each batch,
+so an image's pixels depend on its place in the batch, as with DALI. "auto" lets nvImageCodec pick per image.
 
 ``hybrid_huffman_threshold``: the CUDA decoder's share of the JPEGs (``hw_decoder_load``) decodes its Huffman stage
 on nvImageCodec's CPU threads unless an image has more pixels than this; past it nvJPEG's GPU_HYBRID backend runs
@@ -142,7 +143,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "gpu_decoders": ("INGEST_GPU_DECODERS", 1, _integer("gpu_decoders", 1)),
     "gpu_decode_threads": ("INGEST_GPU_DECODE_THREADS", "auto", _integer("gpu_decode_threads", 1, words=("auto",))),
     "decode_batches": ("INGEST_DECODE_BATCHES", "auto", _integer("decode_batches", 1, words=("auto",))),
-    "hw_decoder_load": ("INGEST_HW_DECODER_LOAD", 0.65, _fraction("hw_decoder_load")),
+    "hw_decoder_load": ("INGEST_HW_DECODER_LOAD", 1.0, _fraction("hw_decoder_load")),
     "hybrid_huffman_threshold": ("INGEST_HYBRID_HUFFMAN_THRESHOLD", 1_000_000, _integer("hybrid_huffman_threshold", 0)),
     "nvjpeg_host_padding": ("INGEST_NVJPEG_HOST_PADDING", 8 << 20, _integer("nvjpeg_host_padding", 0)),
     "nvjpeg_device_padding": ("INGEST_NVJPEG_DEVICE_PADDING", 0, _integer("nvjpeg_device_padding", 0)),

@@ -656,7 +656,7 @@ def test_hw_decoder_load_splits_between_the_hardware_and_cuda_decoders_or_takes_
     gpu.backend, gpu.device, gpu.messages = "auto", torch.device("cuda", 0), []
     with defaults.set(hw_decoder_load="auto"):
         assert gpu._backend_choices() == [None]
-    assert defaults.get("hw_decoder_load") == 0.65   # the default: DALI's split
+    assert gpu._backend_choices() == [[("HW_GPU_ONLY", 1.0), ("HYBRID_CPU_GPU", 1.0), ("GPU_ONLY", 1.0)], None]
     with defaults.set(hw_decoder_load=0.65):
         assert gpu._backend_choices() == [[("HW_GPU_ONLY", 0.65), ("HYBRID_CPU_GPU", 1.0), ("GPU_ONLY", 1.0)], None]
         assert gpu._first_decoder(make, Refused) == ("decoder", None) and gpu.backends is None

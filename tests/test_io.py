@@ -323,7 +323,7 @@ def test_native_addresses_of_buffers():
 
 def test_hw_decoder_load_setting(monkeypatch):
     monkeypatch.delenv("INGEST_HW_DECODER_LOAD", raising=False)
-    assert defaults.get("hw_decoder_load") == 0.65   # DALI's default split
+    assert defaults.get("hw_decoder_load") == 1.0   # every JPEG to the hardware engine
     monkeypatch.setenv("INGEST_HW_DECODER_LOAD", "0.9")
     assert defaults.get("hw_decoder_load") == 0.9
     monkeypatch.setenv("INGEST_HW_DECODER_LOAD", "auto")
