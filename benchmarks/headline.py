@@ -23,21 +23,17 @@ DOCUMENTS = (README, ROOT / "docs" / "benchmarks.md")
 BEGIN = "<!-- headline: python benchmarks/headline.py --write -->"
 END = "<!-- /headline -->"
 
-JPEG = "bench_settings/h100/synthetic_ref.json"
+RAMP = "bench_ramp/h200/models_hw_split.json"
 RAW = "bench_raw/h200/native_draws.json"
-DETECTION = "bench_detection/h100/rounds.json"
+DETECTION = "bench_detection/h200/in_process_vs_dali.json"
+SEGMENTATION = "bench_segmentation/h200/bench_segmentation.json"
 CPU = "bench_cpu/cpu-2core/bench_cpu.json"
-DDP = ("bench_ddp/h200x2/native_feed_ingest.json", "bench_ddp/h200x2/native_feed_dali.json")
+DDP = ("bench_ddp/h200x2/hw1_feed_ingest.json", "bench_ddp/h200x2/hw1_feed_dali.json")
 GIL = "bench_gil/h200x2-16cores/native_vs_dali.json"
 
 
 def _load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
-
-
-def _rounds(name: str, field) -> list[float]:
-    """``field(ingest) / field(dali)`` in each round of a `bench_settings.py --dali` run."""
-    return [field(r["defaults"]) / field(r["dali"]) for r in _load(name)["rounds"]]
 
 
 def _joined(values: list[float], digits: int = 2) -> str:
@@ -46,30 +42,38 @@ def _joined(values: list[float], digits: int = 2) -> str:
 
 def rows() -> list[tuple[str, str, str, str]]:
     """(figure, ingest / baseline, run, files) for each headline figure (files: names joined by ", ")."""
+    ramp = _load(RAMP)["summary"]
     raw = _load(RAW)["ratios"]
-    det = _load(DETECTION)["results"]
+    det = _load(DETECTION)["derived"]
+    seg = _load(SEGMENTATION)["derived"]
     cpu = _load(CPU)["derived"]
-    jpeg_run = "H100, 3 rounds, the Python stages (before the native engine)"
     ours, dali = (_load(name)["runs"] for name in DDP)
     gil = _load(GIL)["summary"]
+
+    def ddp(field: str) -> str:
+        return _joined([ours[g]["total"][field] / dali[g]["total"][field] for g in ("1", "2")])
+
+    # the ramp's ingest cases at hw_decoder_load 1.0 ("hw1"): the default since that run
+    head = [ramp[f"{m}_ingest_auto_hw1"]["head_img_s"] / ramp[f"{m}_dali"]["head_img_s"] for m in ("resnet18", "resnet50")]
     return [
-        ("ResNet-18 training img/s under torchrun, native engine vs DALI 2.4: 1 GPU / 2 GPUs",
-         _joined([ours[g]["total"]["train_img_s"] / dali[g]["total"]["train_img_s"] for g in ("1", "2")]),
+        ("ResNet-18 / ResNet-50 training img/s over the first 300 steps, vs DALI 2.4",
+         _joined(head), "H200, 16 cores, one round", RAMP),
+        ("ResNet-18 training img/s under torchrun, vs DALI 2.4: 1 GPU / 2 GPUs", ddp("train_img_s"),
          "2x H200, back to back in one session", f"{DDP[0]}, {DDP[1]}"),
+        ("the loader alone under torchrun, img/s, vs DALI 2.4: 1 GPU / 2 GPUs", ddp("loader_img_s"),
+         "2x H200, back to back in one session", f"{DDP[0]}, {DDP[1]}"),
+        ("peak GPU memory per GPU (model included) under torchrun, vs DALI 2.4: 1 GPU / 2 GPUs",
+         ddp("max_gpu_peak_mb"), "2x H200, back to back in one session", f"{DDP[0]}, {DDP[1]}"),
         ("the loader at full speed beside a busy Python thread, img/s vs DALI 2.4: file tree / TFRecord",
          _joined([gil[f"{x}:ingest_native"]["img_s_beside"] / gil[f"{x}:dali"]["img_s_beside"]
                   for x in ("filetree", "tfrecord")]), "H200, 16 cores, one run", GIL),
-        ("ResNet-18 training img/s fed by the loader, vs DALI 2.4",
-         _joined(_rounds(JPEG, lambda r: r["train"]["img_s"]), 3), jpeg_run, JPEG),
-        ("the loader alone, img/s, vs DALI 2.4",
-         _joined(_rounds(JPEG, lambda r: r["loader_img_s"])), jpeg_run, JPEG),
-        ("peak GPU memory of the loader, vs DALI 2.4",
-         _joined(_rounds(JPEG, lambda r: r["peak_mb"])), jpeg_run, JPEG),
         ("raw uint8 shards (no decode) vs DALI's JPEG pipeline / its numpy reader",
          f"{raw['loader_over_dali_jpeg']:.2f} / {raw['loader_over_dali_numpy_cpu']:.2f}", "H200, 16 cores, batch 512", RAW),
-        ("detection (COCO boxes, IoU crop, resize 800/1333), vs DALI 2.4: own-size / batch-padded images",
-         f"{det['ingest']['img_s'] / det['dali']['img_s']:.2f} / "
-         f"{det['ingest_batch']['img_s'] / det['dali_batch']['img_s']:.2f}", "H100, batch 32, 4 workers, 2 rounds", DETECTION),
+        ("segmentation (VOC JPEG + PNG class map, crop 512 + flip), vs DALI 2.4: with the masks / images only",
+         f"{seg['ingest_over_dali']:.2f} / {seg['ingest_images_over_dali_images']:.2f}", "H200, batch 32, one run",
+         SEGMENTATION),
+        ("detection in the training process (COCO boxes, IoU crop, resize 800/1333), vs DALI 2.4's best variant",
+         f"{det['ingest_over_dali_best_any']:.2f}", "H200, batch 32, one run", DETECTION),
         ("CPU decode + augmentation vs DataLoader + PIL (2 workers)",
          f"{cpu['ingest_over_dataloader']:.2f}", "2 CPU cores, 3 rounds", CPU),
     ]
