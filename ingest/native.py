@@ -68,6 +68,8 @@ from .formats import checks, tfrecord
 from .formats._native_table import NotNative
 from .formats.base import Location, fields_of
 from .ops import planner
+from .ops.affine import same_fill
+from .ops.geometry import CenterCrop, Flip, RandomResizedCrop, Resize
 from .engine import Batch, EpochEnd, Failures, Pipeline
 from .sampler import BatchPlan, Sampler
 
@@ -163,6 +165,9 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
     desc = describe(ops, 3)
     if desc is None:
         return None, "its op chain is not one the native planner runs (see ingest.native_plan)"
+    clash = _fill_clash(ops)
+    if clash is not None:
+        return None, clash
     probe = planner.plan(ops, [(64, 64), (480, 640)], 0)
     if probe.out_sizes[0] != probe.out_sizes[1]:
         return None, "its op chain's output size depends on the image's (the output ring is made at start)"
@@ -174,6 +179,29 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
     except NotNative as err:
         return None, f"{type(source).__name__} gives no native table here: {err}"
     return Chain(table, desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout), None
+
+
+def _fill_clash(ops) -> str | None:
+    """Why the native planner's one warp per batch could paint a pixel with the wrong fill, or None: it fills with
+    the chain's last fill (plan.h), so an op that can pad (a CenterCrop on images that may be smaller than its crop)
+    followed by an op of another fill needs the Python planner, which splits the warp there
+    (`ingest.ops.affine.fill_apart`). Sizes known for every image (after a Resize to a size, a RandomResizedCrop
+    or a CenterCrop) decide whether a CenterCrop can pad; anything else counts as able to."""
+    size = None        # every image's (height, width) here, where the ops fix it
+    padded = None      # the op that can pad first
+    for op in ops:
+        fill = getattr(op, "fill", None)
+        if fill is not None and padded is not None and not same_fill(fill, padded.fill):
+            return (f"its {type(padded).__name__} can pad with fill {padded.fill} and a later "
+                    f"{type(op).__name__} fills with {fill}: the native planner's one warp has one fill")
+        if fill is not None and padded is None and not (
+                isinstance(op, CenterCrop) and size is not None and size[0] >= op.size[0] and size[1] >= op.size[1]):
+            padded = op
+        if isinstance(op, (CenterCrop, RandomResizedCrop)) or (isinstance(op, Resize) and op.size is not None):
+            size = tuple(op.size)
+        elif not isinstance(op, Flip):
+            size = None
+    return None
 
 
 def choose(setting: str, chain: Chain | None, why: str | None) -> Chain | None:

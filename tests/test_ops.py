@@ -767,16 +767,121 @@ def centre_boxes(ims) -> list[np.ndarray]:
     return [np.array([[0.3 * im.shape[1], 0.3 * im.shape[0], 0.6 * im.shape[1], 0.7 * im.shape[0]]]) for im in ims]
 
 
+def through_warps(run, ims, p):
+    """The plan's warps, stage after stage, each on the one before's output, by ``run`` (the kernel's source on
+    the CPU, or `reference`); every stage of ``p`` must be a warp."""
+    assert all(stage.warp is not None for stage in p.stages)
+    for stage in p.stages:
+        ims = run(ims, stage.warp)
+    return ims
+
+
 @pytest.mark.parametrize("ops", crop_then_pad_chains(), ids=str)
 def test_crop_then_pad_fills_past_the_crop(kernel_on_cpu, ops):
-    """The warp (the kernel's source on the CPU and the torch reference) gives what op-by-op execution gives:
+    """The warps (the kernel's source on the CPU and the torch reference) give what op-by-op execution gives:
     fill, not the source, where the padding maps outside the crop, and a later resize reads fill there. Ragged
-    sources, and a fixed-size batch tensor of strided views (its source pointers are computed)."""
-    ragged_batch = ragged(4, seed=33, lo=40, hi=70) + [image(50, 47, 34)]
+    sources (some smaller than a crop, which then pads with its own fill), and a fixed-size batch tensor of
+    strided views (its source pointers are computed)."""
+    ragged_batch = ragged(4, seed=33, lo=40, hi=70) + [image(50, 47, 34), image(24, 70, 36)]
     fixed = torch.stack([image(60, 64, 35 + k) for k in range(3)])[:, 2:52, 5:, :]
     for ims in (ragged_batch, fixed):
         p = plan(ops, sizes_of(ims), np.random.default_rng(3), boxes=centre_boxes(ims))
         eager = as_list(p.execute(ims))
-        for a, b, c in zip(as_list(kernel_on_cpu(ims, p.warp)), as_list(reference(ims, p.warp)), eager):
+        for a, b, c in zip(as_list(through_warps(kernel_on_cpu, ims, p)), as_list(through_warps(reference, ims, p)),
+                           eager):
             assert a.shape == b.shape == c.shape
             assert diff(a, c).max() <= 1 and diff(b, c).max() <= 1, ops
+
+
+FILL = (9, 99, 199)
+
+
+def fill_chains() -> list[list]:
+    """Chains whose geometry ops fill differently, where an earlier op pads on small images (a crop larger than
+    the image, a pad, a rotation) and a later one has another fill."""
+    return [[CenterCrop((48, 40)), PadTo((64, 64), fill=FILL)],
+            [CenterCrop((40, 30)), PadTo((64, 64), fill=FILL), Resize((32, 40))],
+            [PadTo((56, 56), fill=FILL, center=True), CenterCrop(40)],
+            [Rotate(30, fill=FILL, interpolation="nearest"), Flip(p=1.0), CenterCrop(70, fill=5)]]
+
+
+@pytest.mark.parametrize("ops", fill_chains(), ids=str)
+def test_each_warp_fills_as_its_ops_on_images_smaller_than_the_crop(kernel_on_cpu, ops):
+    """Images smaller than the crop: each op pads with its own fill op by op, and the plan splits the run where
+    an op of another fill follows one that padded, so the kernel's source (stage after stage) gives the same."""
+    ims = [image(30, 26, 40), image(44, 20, 41), image(36, 38, 42)]
+    p = plan(ops, sizes_of(ims), np.random.default_rng(4))
+    eager = as_list(p.execute(ims))
+    warped = as_list(through_warps(kernel_on_cpu, ims, p))
+    for a, c in zip(warped, eager):
+        assert a.shape == c.shape
+        far = diff(a, c) > 1
+        if isinstance(ops[0], Rotate):   # nearest: float32 against float64 coordinates, ties along the edges
+            assert far.float().mean() < 0.01, ops
+        else:
+            assert not far.any(), ops
+    if isinstance(ops[0], CenterCrop):   # the crop's own padding is its fill (0), the pad's is FILL
+        assert warped[0][0, 0].tolist() == [0, 0, 0] and warped[0][-1, -1].tolist() == list(FILL)
+    assert len(p.stages) == 2
+
+
+def test_a_warp_ends_before_another_fill_only_after_an_op_padded():
+    small, large = [(30, 26), (70, 90)], [(70, 90), (64, 48)]
+
+    def runs(ops, sizes):
+        return [[type(op).__name__ for op, _ in stage.drawn] for stage in plan(ops, sizes, 0).stages]
+
+    crop_pad = [CenterCrop((48, 40)), PadTo((64, 64), fill=FILL)]
+    assert runs(crop_pad, large) == [["CenterCrop", "PadTo"]]           # the crop never pads: one warp
+    assert runs(crop_pad, small) == [["CenterCrop"], ["PadTo"]]
+    assert runs([CenterCrop((48, 40), fill=FILL), PadTo((64, 64), fill=FILL)], small) == [["CenterCrop", "PadTo"]]
+    assert runs([CenterCrop(48), PadTo(64, fill=(0, 0, 0))], small) == [["CenterCrop", "PadTo"]]  # one colour
+    assert runs([PadTo(100, fill=FILL), Resize(50), Flip(), CenterCrop(40)], large) == [
+        ["PadTo", "Resize", "Flip"], ["CenterCrop"]]                     # the crop's fill would paint the pad's
+    assert runs([Resize(32), Flip(), CenterCrop(24, fill=FILL)], small) == [["Resize", "Flip", "CenterCrop"]]
+    assert runs([Rotate(0, fill=FILL), CenterCrop(20)], small) == [["Rotate", "CenterCrop"]]  # no corner moves
+    assert runs([Rotate(10, fill=FILL), CenterCrop(20)], small) == [["Rotate"], ["CenterCrop"]]
+    assert runs([CenterCrop(48), PadTo(64, fill=FILL), Normalize(**IMAGENET)], small) == [
+        ["CenterCrop"], ["PadTo"]]
+    assert plan([CenterCrop(48), PadTo(64, fill=FILL), Normalize(**IMAGENET)], small, 0).stages[1].epilogue
+
+
+def test_split_warps_move_boxes_and_masks_as_one_warp_does():
+    """Boxes and masks have no fill of the images': through the split plan boxes land where one warp of every op
+    (the same ops with one fill) puts them, and masks (pixels only moved, on the CPU) as that warp and as the ops
+    one by one move them, the mask's fill wherever an op padded."""
+    from ingest.ops.planner import _warp_masks
+    sizes = [(30, 26), (44, 20), (70, 90)]
+    boxes = [np.array([[2.0, 3.0, 20.0, 25.0]]), np.array([[1.0, 30.0, 15.0, 40.0]]), np.array([[10.0, 5, 80, 60]])]
+    masks = [torch.from_numpy(np.random.default_rng(k).integers(1, 255, (2, h, w), dtype=np.uint8))
+             for k, (h, w) in enumerate(sizes)]
+    for ops, one, on_masks in [
+            ([CenterCrop((40, 30)), PadTo((64, 64), fill=FILL), Resize((32, 40))],
+             [CenterCrop((40, 30), fill=FILL), PadTo((64, 64), fill=FILL), Resize((32, 40))], None),
+            ([CenterCrop((40, 30)), Flip(p=1.0), PadTo((64, 64), fill=FILL)],
+             [CenterCrop((40, 30), fill=FILL), Flip(p=1.0), PadTo((64, 64), fill=FILL)],
+             [CenterCrop((40, 30), fill=7), Flip(p=1.0), PadTo((64, 64), fill=7)]),
+            ([PadTo(100, fill=FILL), Resize(50), Flip(p=1.0), CenterCrop(40)],
+             [PadTo(100, fill=FILL), Resize(50), Flip(p=1.0), CenterCrop(40, fill=FILL)], None)]:
+        split, joined = plan(ops, sizes, 5), plan(one, sizes, 5)
+        assert len(split.stages) == 2 and len(joined.stages) == 1
+        for a, b in zip(split.map_boxes(boxes)[0], joined.map_boxes(boxes)[0]):
+            np.testing.assert_array_equal(a, b)
+        if on_masks is not None:   # only moves pixels: no resampling, so no ties at a crop's edge
+            eager = plan(on_masks, sizes, 5).execute([m.permute(1, 2, 0) for m in masks])
+            for a, b, c in zip(split.warp_masks(masks, fill=7), _warp_masks(masks, joined.warp, 7), as_list(eager)):
+                assert torch.equal(a, b) and torch.equal(a, c.permute(2, 0, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_split_warps_move_masks_on_cuda_as_on_the_cpu():
+    """The CUDA path of `Plan.warp_masks` (one launch per stage) through a plan split by fill (whole-pixel moves:
+    no sample point lands on a pixel's edge, where float32 and float64 coordinates could round apart)."""
+    sizes = [(30, 26), (44, 20), (70, 90)]
+    masks = [torch.from_numpy(np.random.default_rng(k).integers(1, 255, (2, h, w), dtype=np.uint8))
+             for k, (h, w) in enumerate(sizes)]
+    p = plan([CenterCrop((40, 30)), Flip(p=1.0), PadTo((64, 64), fill=FILL)], sizes, 5)
+    assert len(p.stages) == 2
+    for a, b in zip(p.warp_masks(masks, device="cuda", fill=7), p.warp_masks(masks, fill=7)):
+        assert a.is_cuda and torch.equal(a.cpu(), b)

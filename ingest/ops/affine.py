@@ -160,6 +160,54 @@ def polygon_parts_kept(points: np.ndarray, part: np.ndarray) -> tuple[np.ndarray
     return points[keep], part[keep]
 
 
+def pads(steps: Steps, sizes: np.ndarray) -> bool:
+    """Whether the op ``steps`` (on inputs of ``sizes``, ``(N, 2)`` height, width) puts fill into its output for
+    some sample: its output rectangle, mapped to its input, reaches past the input, or past the region it reads
+    (``crop``) where it has one. A crop larger than the image, a pad, a canvas, a rotation or shear that moves a
+    corner do; a crop inside the image, a resize and a flip do not. The corners decide it exactly (the input
+    region is an axis-aligned rectangle), to a millionth of a pixel of rounding."""
+    if not len(sizes):
+        return False
+    reach = bounds(steps.matrix, columns(0.0, 0.0, steps.out_sizes[:, 1], steps.out_sizes[:, 0]))
+    limit = columns(0.0, 0.0, sizes[:, 1], sizes[:, 0])
+    if steps.crop is not None:
+        for c in range(2):
+            limit[:, c] = np.maximum(limit[:, c], steps.crop[:, c])
+            limit[:, c + 2] = np.minimum(limit[:, c + 2], steps.crop[:, c + 2])
+    eps = 1e-6
+    return bool((reach[:, 0] < limit[:, 0] - eps).any() or (reach[:, 1] < limit[:, 1] - eps).any()
+                or (reach[:, 2] > limit[:, 2] + eps).any() or (reach[:, 3] > limit[:, 3] + eps).any())
+
+
+def same_fill(a: Sequence[float] | None, b: Sequence[float] | None) -> bool:
+    """Whether two fills (one value or one per channel; None: none) paint the same colour: one value stands for
+    itself on every channel."""
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = tuple(map(float, a)), tuple(map(float, b))
+    if len(a) != len(b) and 1 in (len(a), len(b)):
+        a, b = (a * len(b), b) if len(a) == 1 else (a, b * len(a))
+    return a == b
+
+
+def fill_apart(run: Sequence[Steps], sizes: np.ndarray, steps: Steps) -> bool:
+    """Whether the op ``steps`` must start a warp of its own after the run of ops ``run`` (the first on inputs of
+    ``sizes``): it has a fill other than the run's (:func:`compose`'s, the last that an op of it has), and an op
+    of the run has put fill into this batch (:func:`pads`), pixels one warp would paint with the new fill. Ops
+    without a fill, and ops of the run's fill, always join, and so does any op after a run without a fill (an op
+    has a fill where it can put pixels from outside its input: `GeometryOp`)."""
+    if steps.fill is None:
+        return False
+    fill = next((st.fill for st in reversed(run) if st.fill is not None), None)
+    if fill is None or same_fill(fill, steps.fill):
+        return False
+    for st in run:
+        if pads(st, sizes):
+            return True
+        sizes = st.out_sizes
+    return False
+
+
 def nonempty(boxes: np.ndarray, min_size: float = 0.0) -> np.ndarray:
     """Which boxes ``[K, 4]`` have width and height above zero and at least ``min_size``."""
     w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
@@ -273,8 +321,10 @@ def compose(steps: Sequence[Steps], sizes: Sequence[Size]) -> Warp:
     input) mapped to source coordinates; the whole source if no op resamples. It may reach past the source
     (a crop larger than the image, a paste onto a canvas): taps there read ``fill``, as the padded pixels
     they stand for. Interpolation and antialias come from that op ("nearest" if none: the warp then only
-    moves whole pixels); fill from the last op that has one. ``readable`` and ``inside`` bound what that op's
-    input holds and where its output is read (see `Warp`): the ops that only move pixels, before and after it.
+    moves whole pixels); fill from the last op that has one, so every pixel without a source takes that one colour:
+    :func:`~ingest.ops.planner.plan` ends a run before an op of another fill once an op of it has padded
+    (:func:`pads`). ``readable`` and ``inside`` bound what that op's input holds and where its output is read (see
+    `Warp`): the ops that only move pixels, before and after it.
 
     Built from (N,) columns and `stacked_matmul`, so that no numpy call works on more than 500 elements at a
     batch size up to 500 (see `bounds`).

@@ -4,7 +4,8 @@
 parameters from row n of the batch's random source (and sees the samples' boxes, as mapped so far, when given), declares what it
 outputs, and joins a stage. Every run of consecutive geometry ops becomes one stage executed as one
 :class:`~ingest.ops.affine.Warp` (with a following pointwise-affine op, Normalize, as its epilogue); every
-other op is a stage of its own. The first stage's warp is known before decoding: ``Plan.warp.roi()`` tells
+other op is a stage of its own. A warp has one fill, so a run ends before an op of another fill once an op of
+the run has put fill into the batch (`affine.fill_apart`). The first stage's warp is known before decoding: ``Plan.warp.roi()`` tells
 the GPU decoder which region of each image to decode.
 
 The same plan then moves everything that belongs to the images: :meth:`Plan.execute` the pixels,
@@ -34,7 +35,8 @@ import torch
 
 from ..errors import ConfigError
 from . import resample
-from .affine import Steps, Warp, clip_polygons, compose, map_boxes_kept, map_points, nonempty, polygon_parts_kept
+from .affine import (Steps, Warp, clip_polygons, compose, fill_apart, map_boxes_kept, map_points, nonempty,
+                     polygon_parts_kept)
 from .boxes import BoxBatch, as_array, from_ltrb, split
 from .base import (PIXELS, ImageArena, ImageSpec, Images, Op, Rngs, Size, as_list, copy_into, device_and_channels,
                    per_sample, same_size, size_array, size_array_of, size_list, sizes_of)
@@ -312,6 +314,11 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
     ``draw`` gets them as a BoxBatch. ``pixels``: what the decoder gives (uint8 by default; uint16 and the
     channel count where the loader asked for them). Raises ConfigError when an op cannot take what the op
     before it outputs (or, first, those pixels: `check`).
+
+    Notes: a warp paints every pixel without a source with one fill, its run's last. A geometry op whose fill
+    differs from the open run's therefore starts a new warp when an earlier op of the run put fill pixels into
+    this batch (`affine.fill_apart`: a crop larger than some image, a pad, a canvas, a rotation), so each warp's
+    fill is what op-by-op execution gives; chains of one fill stay one warp.
     """
     if not all(isinstance(op, Op) for op in ops):   # a torchvision transform is wrapped; anything else refused
         ops = as_ops(ops)
@@ -344,6 +351,8 @@ def plan(ops: Sequence[Op], sizes: Sequence[Size], rngs: Rngs = None, *,
             if tracked is not None:
                 tracked.follow(op, params, steps)
             out = size_list(steps.out_sizes)
+            if open_warp and fill_apart(last.steps, warp_inputs[len(stages) - 1], steps):
+                open_warp = False   # one warp has one fill: an earlier op of the run padded with another
             if open_warp:
                 last.drawn.append((op, params))
                 last.steps.append(steps)
