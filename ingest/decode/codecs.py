@@ -126,11 +126,14 @@ _NAMES = {"jpeg2k": "JPEG 2000", "tiff": "TIFF", "pnm": "PNM"}
 
 def _plain_colour(buf: memoryview, pos: int, end: int) -> bool:
     """Whether a JP2 header box (``jp2h``, its contents from ``pos`` to ``end``) names colours the GPU decodes as
-    OpenJPEG does: no palette (``pclr``) and, where a ``colr`` box enumerates the colour space, sRGB or
-    greyscale (not sYCC, CMYK, CIELab...). An ICC profile is ignored by both decoders."""
+    the CPU decoder does: no palette (``pclr``), no ICC profile (a ``colr`` box of method 2 or 3, which the CPU
+    decoder applies, as OpenJPEG's own tools do, and nvJPEG2000 ignores) and, where a ``colr`` box enumerates the
+    colour space, sRGB or greyscale (not sYCC, CMYK, CIELab...)."""
     while pos + 8 <= end:
         length, kind = struct.unpack_from(">I4s", buf, pos)
         if kind == b"pclr":
+            return False
+        if kind == b"colr" and length >= 12 and buf[pos + 8] in (2, 3):   # an ICC profile (restricted or any)
             return False
         if kind == b"colr" and length >= 15 and buf[pos + 8] == 1:   # method 1: an enumerated colour space
             if struct.unpack_from(">I", buf, pos + 11)[0] not in _PLAIN_COLOURS:
