@@ -227,6 +227,36 @@ def test_icc_profile_jp2_is_decoded_on_the_cpu_where_the_profile_is_applied():
     assert decoder().decode(icc, "icc.jp2").shape == rgb.shape
 
 
+def test_jp2_channel_definitions_reordering_colours_are_decoded_on_the_cpu():
+    """A ``cdef`` box that maps codestream channels to other colours (or to opacity) is applied by the CPU decoder
+    (here: blue first); such a file is not GPU-eligible. One naming the colours in codestream order still is.
+    (Runs without the conformance files.)"""
+    rgb = np.zeros((8, 8, 3), np.uint8) + np.array([10, 20, 30], np.uint8)
+    plain = imagecodecs.jpeg2k_encode(rgb, level=0, codecformat="jp2")
+    read = lambda data: codecs.read_header(memoryview(data), "jpeg2k", "a.jp2")  # noqa: E731
+    for associations, gpu, first in (((1, 2, 3), True, (10, 20, 30)), ((3, 2, 1), False, (30, 20, 10)),
+                                     ((1, 2, 0), False, (10, 20, 30))):
+        kinds = [0, 0, 1 if associations[2] == 0 else 0]   # association 0 with type 1: opacity of the whole image
+        cdef = struct.pack(">H", 3) + b"".join(struct.pack(">3H", c, kinds[c], a) for c, a in enumerate(associations))
+        data = with_header_box(plain, b"cdef", cdef)
+        assert read(data).gpu is gpu, associations
+        np.testing.assert_array_equal(decoder().decode(data, "cdef.jp2")[0, 0], first)
+
+
+def with_header_box(jp2: bytes, kind: bytes, body: bytes) -> bytes:
+    """``jp2`` with a ``kind`` box holding ``body`` added at the end of its header box."""
+    out, pos = b"", 0
+    while pos < len(jp2):
+        length, box = struct.unpack_from(">I4s", jp2, pos)
+        length = length or len(jp2) - pos
+        contents = jp2[pos + 8:pos + length]
+        if box == b"jp2h":
+            contents += struct.pack(">I4s", 8 + len(body), kind) + body
+        out += struct.pack(">I4s", 8 + len(contents), box) + contents
+        pos += length
+    return out
+
+
 def with_colour_box(jp2: bytes, colour: bytes) -> bytes:
     """``jp2`` with its header box's ``colr`` box replaced by one holding ``colour`` (method, precedence,
     approximation, then the enumerated space or the profile)."""

@@ -126,13 +126,20 @@ _NAMES = {"jpeg2k": "JPEG 2000", "tiff": "TIFF", "pnm": "PNM"}
 
 def _plain_colour(buf: memoryview, pos: int, end: int) -> bool:
     """Whether a JP2 header box (``jp2h``, its contents from ``pos`` to ``end``) names colours the GPU decodes as
-    the CPU decoder does: no palette (``pclr``), no ICC profile (a ``colr`` box of method 2 or 3, which the CPU
-    decoder applies, as OpenJPEG's own tools do, and nvJPEG2000 ignores) and, where a ``colr`` box enumerates the
-    colour space, sRGB or greyscale (not sYCC, CMYK, CIELab...)."""
+    the CPU decoder does: no palette (``pclr``), no channel definition (``cdef``) other than colour channels in
+    codestream order (the CPU decoder reorders channels by it), no ICC profile (a ``colr`` box of method 2 or 3,
+    which the CPU decoder applies, as OpenJPEG's own tools do, and nvJPEG2000 ignores) and, where a ``colr`` box
+    enumerates the colour space, sRGB or greyscale (not sYCC, CMYK, CIELab...)."""
     while pos + 8 <= end:
         length, kind = struct.unpack_from(">I4s", buf, pos)
         if kind == b"pclr":
             return False
+        if kind == b"cdef" and length >= 10:   # N, then (channel, type, association) per channel
+            count = min(struct.unpack_from(">H", buf, pos + 8)[0], (length - 10) // 6)
+            for at in range(pos + 10, pos + 10 + 6 * count, 6):
+                channel, kind_of, association = struct.unpack_from(">3H", buf, at)
+                if kind_of != 0 or association != channel + 1:   # an opacity channel, or colours reordered
+                    return False
         if kind == b"colr" and length >= 12 and buf[pos + 8] in (2, 3):   # an ICC profile (restricted or any)
             return False
         if kind == b"colr" and length >= 15 and buf[pos + 8] == 1:   # method 1: an enumerated colour space
