@@ -243,39 +243,33 @@ def test_jp2_channel_definitions_reordering_colours_are_decoded_on_the_cpu():
         np.testing.assert_array_equal(decoder().decode(data, "cdef.jp2")[0, 0], first)
 
 
-def with_header_box(jp2: bytes, kind: bytes, body: bytes) -> bytes:
-    """``jp2`` with a ``kind`` box holding ``body`` added at the end of its header box."""
-    out, pos = b"", 0
-    while pos < len(jp2):
-        length, box = struct.unpack_from(">I4s", jp2, pos)
-        length = length or len(jp2) - pos
-        contents = jp2[pos + 8:pos + length]
-        if box == b"jp2h":
-            contents += struct.pack(">I4s", 8 + len(body), kind) + body
-        out += struct.pack(">I4s", 8 + len(contents), box) + contents
+def boxes(data: bytes) -> list[tuple[bytes, bytes]]:
+    """The (kind, contents) of the JP2 boxes in ``data``, in order (a length of 0: to the end)."""
+    out, pos = [], 0
+    while pos < len(data):
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        length = length or len(data) - pos
+        out.append((kind, data[pos + 8:pos + length]))
         pos += length
     return out
+
+
+def packed(items: list[tuple[bytes, bytes]]) -> bytes:
+    return b"".join(struct.pack(">I4s", 8 + len(contents), kind) + contents for kind, contents in items)
+
+
+def with_header_box(jp2: bytes, kind: bytes, body: bytes) -> bytes:
+    """``jp2`` with a ``kind`` box holding ``body`` added at the end of its header box."""
+    return packed([(box, contents + packed([(kind, body)]) if box == b"jp2h" else contents)
+                   for box, contents in boxes(jp2)])
 
 
 def with_colour_box(jp2: bytes, colour: bytes) -> bytes:
     """``jp2`` with its header box's ``colr`` box replaced by one holding ``colour`` (method, precedence,
     approximation, then the enumerated space or the profile)."""
-    out, pos = b"", 0
-    while pos < len(jp2):
-        length, kind = struct.unpack_from(">I4s", jp2, pos)
-        length = length or len(jp2) - pos
-        body = jp2[pos + 8:pos + length]
-        if kind == b"jp2h":
-            boxes, at = b"", 0
-            while at < len(body):
-                sub, sub_kind = struct.unpack_from(">I4s", body, at)
-                boxes += struct.pack(">I4s", 8 + len(colour), b"colr") + colour if sub_kind == b"colr" \
-                    else body[at:at + sub]
-                at += sub
-            body = boxes
-        out += struct.pack(">I4s", 8 + len(body), kind) + body
-        pos += length
-    return out
+    def recoloured(header: bytes) -> bytes:
+        return packed([(kind, colour if kind == b"colr" else contents) for kind, contents in boxes(header)])
+    return packed([(box, recoloured(contents) if box == b"jp2h" else contents) for box, contents in boxes(jp2)])
 
 
 # -- TIFF: libtiff's test images ------------------------------------------------------------------------------
