@@ -24,6 +24,7 @@ project's folder or a file is missing there, those tests skip. docs/codecs.md, "
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -207,10 +208,25 @@ def test_other_conformance_codestreams_equal_their_references(name):
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_refused_conformance_files_give_a_decode_error_naming_the_file(name):
+    """From the header alone: probing refuses them as decoding does, before any pixel is decoded."""
     path = j2k_input(name)
-    with pytest.raises(DecodeError, match=REFUSED[name]) as caught:
-        decoder(dtype="uint16", channels=4).decode(path.read_bytes(), str(path))
-    assert caught.value.path == str(path)
+    for refuse in (decoder(dtype="uint16", channels=4).decode, decoder().probe):
+        with pytest.raises(DecodeError, match=REFUSED[name]) as caught:
+            refuse(path.read_bytes(), str(path))
+        assert caught.value.path == str(path)
+
+
+def test_signed_jpeg2k_and_tiff_are_refused_from_their_headers():
+    """(Runs without the conformance files.)"""
+    signed = imagecodecs.jpeg2k_encode(np.arange(64, dtype=np.int8).reshape(8, 8) - 32, level=0, codecformat="j2k")
+    with pytest.raises(DecodeError, match="unsupported JPEG 2000: signed samples"):
+        codecs.read_header(memoryview(signed), "jpeg2k", "signed.j2k")
+    with pytest.raises(DecodeError, match="signed.j2k: unsupported JPEG 2000: signed"):
+        decoder().probe(signed, "signed.j2k")
+    tiff = io.BytesIO()
+    tifffile.imwrite(tiff, np.arange(64, dtype=np.int16).reshape(8, 8) - 32)
+    with pytest.raises(DecodeError, match="signed.tif: unsupported TIFF: signed 16-bit"):
+        decoder().probe(tiff.getvalue(), "signed.tif")
 
 
 def test_icc_profile_jp2_is_decoded_on_the_cpu_where_the_profile_is_applied():

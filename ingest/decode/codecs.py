@@ -113,10 +113,17 @@ def verbose() -> bool:
 # -- headers --------------------------------------------------------------------------------------------------
 
 
+class Unsupported(ValueError):
+    """A well-formed header of a kind that is not decoded here (signed samples, a component layout)."""
+
+
 def read_header(buf: memoryview, codec: str, name: str) -> Header:
-    """The :class:`Header` of a JPEG 2000 or TIFF file; :class:`DecodeError` naming the file where it is unreadable."""
+    """The :class:`Header` of a JPEG 2000 or TIFF file; :class:`DecodeError` naming the file where it is unreadable
+    or of a kind not decoded here."""
     try:
         return _jpeg2k_header(buf) if codec == "jpeg2k" else _tiff_header(buf)
+    except Unsupported as err:
+        raise DecodeError(f"unsupported {_NAMES[codec]}: {err}", path=name) from err
     except (struct.error, IndexError, ValueError, OverflowError) as err:
         raise DecodeError(f"unreadable {_NAMES[codec]} header: {err}", path=name) from err
 
@@ -180,14 +187,15 @@ def _jpeg2k_header(buf: memoryview) -> Header:
         struct.unpack_from(">H", buf, start + 40)
     comps = [struct.unpack_from(">3B", buf, start + 42 + 3 * c) for c in range(min(csiz, MAX_COMPONENTS + 1))]
     precision = max(((s & 0x7F) + 1 for s, _, _ in comps), default=0)
-    unsigned = all(not s & 0x80 for s, _, _ in comps)
+    if any(s & 0x80 for s, _, _ in comps):   # refused before decoding, as the other layouts not decoded here
+        raise Unsupported(f"signed samples ({precision}-bit) are not supported")
     steps = [(dx, dy) for _, dx, dy in comps]
     full = all(step == (1, 1) for step in steps)
     chroma = len(steps) >= 3 and steps[0] == (1, 1) and steps[1] == steps[2] in _CHROMA_STEPS and \
         all(step == (1, 1) for step in steps[3:])
     if not (full or chroma):
         # OpenJPEG's colour conversion prints to stderr and gives up on any other layout
-        raise ValueError(f"component subsampling {steps} is not supported")
+        raise Unsupported(f"component subsampling {steps} is not supported")
     height, width = ysiz - yo, xsiz - xo
     xt, yt, xto, yto = struct.unpack_from(">4I", buf, start + 24)
     if height <= 0 or width <= 0 or xt == 0 or yt == 0:
@@ -196,7 +204,7 @@ def _jpeg2k_header(buf: memoryview) -> Header:
     if tiles > MAX_TILES:
         raise ValueError(f"{tiles} tiles, more than a codestream can index ({MAX_TILES})")
     complete = end <= len(buf) and bytes(buf[end - 2:end]) == b"\xff\xd9"   # ends with EOC: not truncated
-    gpu = csiz in (1, 3) and precision == 8 and unsigned and full and complete and plain
+    gpu = csiz in (1, 3) and precision == 8 and full and complete and plain
     return Header("jpeg2k", height, width, csiz, precision, 1, 1 if csiz < 3 else 2, gpu)
 
 
@@ -251,6 +259,8 @@ def _tiff_header(buf: memoryview) -> Header:
                          f"{tags['width']}x{tags['height']} image")
     spp, bits = tags.get("spp", 1), tags.get("bits", 1)
     photometric = tags.get("photometric", 1 if spp < 3 else 2)
+    if tags.get("format", 1) == 2 and photometric in (1, 2):   # SampleFormat 2: gray or RGB signed integers
+        raise Unsupported(f"signed {bits}-bit integer samples are not supported")
     orientation = tags.get("orientation", 1)
     offsets, counts = chunks.get("offsets"), chunks.get("counts")
     size = np.uint64(len(buf))
