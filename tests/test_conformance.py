@@ -463,3 +463,51 @@ def test_gpu_decodes_the_conformance_files_within_the_same_bounds():
             assert "gpu" in paths, (took, dict(gpu.fallbacks), gpu.messages)
             if "file8.jp2" in took:
                 assert took["file8.jp2"] == "cpu-fallback", took
+
+
+GPU_TIFFS = r'''
+import json, sys
+import ingest  # noqa: F401 - before torch, as in the tests' conftest
+from ingest.decode.cpu import CpuDecoder
+from ingest.decode.gpu import GpuDecoder
+from ingest.errors import DecodeError
+paths = sys.argv[1:]
+datas = [open(p, "rb").read() for p in paths]
+with CpuDecoder(threads=2) as cpu:
+    try:
+        gpu = GpuDecoder("cuda", cpu)
+    except ImportError as err:
+        print(json.dumps({"skip": str(err)}))
+        sys.exit(0)
+    with gpu:
+        images, _, took = gpu.decode_batch(datas, paths)
+        out = {}
+        for p, data, image, path in zip(paths, datas, images, took):
+            try:
+                want = cpu.decode(data, p)
+            except DecodeError:
+                want = None
+            got = None if isinstance(image, DecodeError) else image.cpu().numpy()
+            same = want is not None and got is not None and got.shape == want.shape and bool((got == want).all())
+            out[p] = [path, want is None, got is None, same]
+        print(json.dumps({"images": out, "fallbacks": dict(gpu.fallbacks)}))
+'''
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_decodes_libtiffs_test_images_as_the_cpu_does():
+    """Every libtiff test TIFF (directory loops and sub-directory chains among them, which nvTIFF is given where
+    the first directory is plain 8-bit gray or RGB) in one GpuDecoder batch, in a child process so that a hang or a
+    crash fails here: each equals the CPU decode exactly (TIFF is lossless), or both refuse it."""
+    folder = libtiff_images()
+    paths = sorted(str(p) for p in folder.iterdir() if p.suffix in (".tif", ".tiff"))
+    done = subprocess.run([sys.executable, "-c", GPU_TIFFS, *paths], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if "skip" in report:
+        pytest.skip(report["skip"])
+    images = report["images"]
+    wrong = {Path(p).name: r for p, r in images.items() if not (r[3] or (r[1] and r[2]))}
+    assert not wrong, (wrong, report["fallbacks"])
+    assert any(r[0] == "gpu" for r in images.values()), report
