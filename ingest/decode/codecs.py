@@ -113,10 +113,17 @@ def verbose() -> bool:
 # -- headers --------------------------------------------------------------------------------------------------
 
 
+class Unsupported(ValueError):
+    """A well-formed header of a kind that is not decoded here (signed samples, a component layout)."""
+
+
 def read_header(buf: memoryview, codec: str, name: str) -> Header:
-    """The :class:`Header` of a JPEG 2000 or TIFF file; :class:`DecodeError` naming the file where it is unreadable."""
+    """The :class:`Header` of a JPEG 2000 or TIFF file; :class:`DecodeError` naming the file where it is unreadable
+    or of a kind not decoded here."""
     try:
         return _jpeg2k_header(buf) if codec == "jpeg2k" else _tiff_header(buf)
+    except Unsupported as err:
+        raise DecodeError(f"unsupported {_NAMES[codec]}: {err}", path=name) from err
     except (struct.error, IndexError, ValueError, OverflowError) as err:
         raise DecodeError(f"unreadable {_NAMES[codec]} header: {err}", path=name) from err
 
@@ -126,11 +133,21 @@ _NAMES = {"jpeg2k": "JPEG 2000", "tiff": "TIFF", "pnm": "PNM"}
 
 def _plain_colour(buf: memoryview, pos: int, end: int) -> bool:
     """Whether a JP2 header box (``jp2h``, its contents from ``pos`` to ``end``) names colours the GPU decodes as
-    OpenJPEG does: no palette (``pclr``) and, where a ``colr`` box enumerates the colour space, sRGB or
-    greyscale (not sYCC, CMYK, CIELab...). An ICC profile is ignored by both decoders."""
+    the CPU decoder does: no palette (``pclr``), no channel definition (``cdef``) other than colour channels in
+    codestream order (the CPU decoder reorders channels by it), no ICC profile (a ``colr`` box of method 2 or 3,
+    which the CPU decoder applies, as OpenJPEG's own tools do, and nvJPEG2000 ignores) and, where a ``colr`` box
+    enumerates the colour space, sRGB or greyscale (not sYCC, CMYK, CIELab...)."""
     while pos + 8 <= end:
         length, kind = struct.unpack_from(">I4s", buf, pos)
         if kind == b"pclr":
+            return False
+        if kind == b"cdef" and length >= 10:   # N, then (channel, type, association) per channel
+            count = min(struct.unpack_from(">H", buf, pos + 8)[0], (length - 10) // 6)
+            for at in range(pos + 10, pos + 10 + 6 * count, 6):
+                channel, kind_of, association = struct.unpack_from(">3H", buf, at)
+                if kind_of != 0 or association != channel + 1:   # an opacity channel, or colours reordered
+                    return False
+        if kind == b"colr" and length >= 12 and buf[pos + 8] in (2, 3):   # an ICC profile (restricted or any)
             return False
         if kind == b"colr" and length >= 15 and buf[pos + 8] == 1:   # method 1: an enumerated colour space
             if struct.unpack_from(">I", buf, pos + 11)[0] not in _PLAIN_COLOURS:
@@ -170,14 +187,15 @@ def _jpeg2k_header(buf: memoryview) -> Header:
         struct.unpack_from(">H", buf, start + 40)
     comps = [struct.unpack_from(">3B", buf, start + 42 + 3 * c) for c in range(min(csiz, MAX_COMPONENTS + 1))]
     precision = max(((s & 0x7F) + 1 for s, _, _ in comps), default=0)
-    unsigned = all(not s & 0x80 for s, _, _ in comps)
+    if any(s & 0x80 for s, _, _ in comps):   # refused before decoding, as the other layouts not decoded here
+        raise Unsupported(f"signed samples ({precision}-bit) are not supported")
     steps = [(dx, dy) for _, dx, dy in comps]
     full = all(step == (1, 1) for step in steps)
     chroma = len(steps) >= 3 and steps[0] == (1, 1) and steps[1] == steps[2] in _CHROMA_STEPS and \
         all(step == (1, 1) for step in steps[3:])
     if not (full or chroma):
         # OpenJPEG's colour conversion prints to stderr and gives up on any other layout
-        raise ValueError(f"component subsampling {steps} is not supported")
+        raise Unsupported(f"component subsampling {steps} is not supported")
     height, width = ysiz - yo, xsiz - xo
     xt, yt, xto, yto = struct.unpack_from(">4I", buf, start + 24)
     if height <= 0 or width <= 0 or xt == 0 or yt == 0:
@@ -186,7 +204,7 @@ def _jpeg2k_header(buf: memoryview) -> Header:
     if tiles > MAX_TILES:
         raise ValueError(f"{tiles} tiles, more than a codestream can index ({MAX_TILES})")
     complete = end <= len(buf) and bytes(buf[end - 2:end]) == b"\xff\xd9"   # ends with EOC: not truncated
-    gpu = csiz in (1, 3) and precision == 8 and unsigned and full and complete and plain
+    gpu = csiz in (1, 3) and precision == 8 and full and complete and plain
     return Header("jpeg2k", height, width, csiz, precision, 1, 1 if csiz < 3 else 2, gpu)
 
 
@@ -241,6 +259,8 @@ def _tiff_header(buf: memoryview) -> Header:
                          f"{tags['width']}x{tags['height']} image")
     spp, bits = tags.get("spp", 1), tags.get("bits", 1)
     photometric = tags.get("photometric", 1 if spp < 3 else 2)
+    if tags.get("format", 1) == 2 and photometric in (1, 2):   # SampleFormat 2: gray or RGB signed integers
+        raise Unsupported(f"signed {bits}-bit integer samples are not supported")
     orientation = tags.get("orientation", 1)
     offsets, counts = chunks.get("offsets"), chunks.get("counts")
     size = np.uint64(len(buf))
