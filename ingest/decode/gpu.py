@@ -28,7 +28,8 @@ Decisions, and why:
   those go to the CPU too and fail there.
 - **JPEG 2000** (nvJPEG2000) is GPU-eligible with 1 or 3 unsigned 8-bit components at full resolution (no
   subsampled component), complete (the codestream ends with EOC), no palette and, in a JP2 file, an sRGB or
-  greyscale colour space (sYCC and the others are OpenJPEG's to convert), and decodes regions like JPEG (nvJPEG2000 decodes only the tiles and code blocks a
+  greyscale colour space with no ICC profile and no channel definition that reorders or marks an opacity
+  (sYCC, ICC and the others are OpenJPEG's to apply), and decodes regions like JPEG (nvJPEG2000 decodes only the tiles and code blocks a
   region touches). **TIFF** (nvTIFF) is GPU-eligible when gray or RGB, 8-bit unsigned, chunky, uncompressed or
   LZW/Deflate-compressed with no predictor or the horizontal one, every strip or tile within the file; it is
   decoded whole (strips hold whole rows,
