@@ -516,9 +516,27 @@ def dali_tfrecord(path: str):
 def dali_recordio(path: str):
     def reader(fn, types, shard):
         files = _files(path, ".rec")
-        return fn.readers.mxnet(path=files, index_path=[f[:-4] + ".idx" for f in files], random_shuffle=True,
+        return fn.readers.mxnet(path=files, index_path=[dali_recordio_index(files)], random_shuffle=True,
                                 name="Reader", shard_id=shard[0], num_shards=shard[1])
-    return reader, "readers.mxnet (the converter's .idx files)"
+    return reader, "readers.mxnet (one index over the shards, made from the converter's .idx files)"
+
+
+def dali_recordio_index(files: list[str]) -> str:
+    """DALI's mxnet reader takes one index for all its .rec files, its offsets counted through the files as one
+    stream: the shards' own .idx files joined so (written once, beside the shards)."""
+    out = Path(files[0]).with_name("dali_all.idx")
+    if not out.exists():
+        lines, base, key = [], 0, 0
+        for f in files:
+            for line in Path(f[:-4] + ".idx").read_text().split("\n"):
+                if line.strip():
+                    lines.append(f"{key}\t{base + int(line.split()[1])}")
+                    key += 1
+            base += os.path.getsize(f)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.replace(out)
+    return str(out)
 
 
 def dali_wds(path: str):
