@@ -148,9 +148,12 @@ def exported_model(tmp_path: Path, monkeypatch, model: str | None = None, kind: 
     namespace: dict = {}
     exec(compile((model_dir / "1" / "model.py").read_text(), str(model_dir / "1" / "model.py"), "exec"), namespace)
     instance = namespace["TritonPythonModel"]()
+    threads = torch.get_num_threads()   # initialize sets the (stub) process's count: put this process's back
     instance.initialize({"model_config": json.dumps(config_json(text)), "model_instance_kind": kind,
                          "model_instance_device_id": "0", "model_repository": str(model_dir),
                          "model_version": "1"})
+    instance.initialized_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
     return instance
 
 
@@ -163,6 +166,26 @@ def config_json(text: str) -> dict:
     for output in doc.get("output", []):   # Triton hands the backend dims as numbers
         output["dims"] = [int(d) for d in output["dims"]]
     return doc
+
+
+def test_torch_runs_on_the_ops_threads_in_the_model_and_the_preprocessor(tmp_path, monkeypatch):
+    """The stub process's torch threads follow ops_threads; the Preprocessor runs a batch on them and gives the
+    calling thread its own count back."""
+    from ingest import defaults
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        with defaults.set(ops_threads=2):
+            model = exported_model(tmp_path, monkeypatch)
+            assert model.initialized_threads == 2 and torch.get_num_threads() == 3
+            seen = []
+            run = model.preprocessor._pipeline.run
+            monkeypatch.setattr(model.preprocessor._pipeline, "run",
+                                lambda plan: seen.append(torch.get_num_threads()) or run(plan))
+            (response,) = model.execute([FakeRequest(IMAGES[0])])
+            assert response.error is None and seen == [2] and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_a_bad_item_fails_only_its_own_request_in_a_batch(tmp_path, monkeypatch, reference):

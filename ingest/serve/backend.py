@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.utils.dlpack
 
+from .. import defaults
 from .preprocess import ItemError, Outcome, Preprocessor, as_items
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ class TritonPythonModel:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
+        # This process is the instance's: every thread in it (the transport's, the decode pool's, execute's) runs
+        # torch CPU ops on the ops_threads setting's threads, not on every core beside the server and its clients
+        torch.set_num_threads(defaults.ops_threads())
         self.preprocessor = Preprocessor(spec, device=device, model=parameter(config, "ingest_model"))
         self.dtypes = {o["name"]: self.pb.triton_string_to_numpy(o["data_type"]) for o in config["output"]}
         log.info("ingest: %s serving on %s", config.get("name"), device)
@@ -109,7 +113,8 @@ class TritonPythonModel:
             if len({tuple(x.shape) for x in rows}) > 1:
                 return self._error(f"the request's {len(rows)} items gave {name} of different shapes; send them "
                                    "one image per request, or end the spec with a fixed-size op")
-            batch = torch.stack(rows).to(_torch_dtype(self.dtypes[name])).contiguous()
+            batch = rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)   # one image: no copy
+            batch = batch.to(_torch_dtype(self.dtypes[name])).contiguous()
             tensors.append(self.pb.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(batch)))
         return self.pb.InferenceResponse(output_tensors=tensors)
 
