@@ -6,8 +6,10 @@ generated) are held in memory by every side.
 
 - ``serve``: `ingest serve`'s model on the real Triton server (nvidia-pytriton's), ``--clients`` concurrent
   gRPC clients (spread over ``--client-procs`` processes, each request one image) for ``--seconds``: img/s and
-  the request latency's p50/p99 under that load;
-- ``serve_batch1``: one client, one request at a time (batch-1 load): p50/p99 latency;
+  the request latency's p50/p99 under that load, and ``server_stats``: Triton's own account of the run (mean
+  dynamic batch, time in the batcher's queue, and per batch the Python backend's input, execute and output
+  steps; `stats_between`), which says whether the server waited on its batcher, its model or its copies;
+- ``serve_batch1``: one client, one request at a time (batch-1 load): p50/p99 latency (and its ``server_stats``);
 - ``inprocess``: the served model's preprocessing (`ingest.serve.Preprocessor`) called in-process on batches
   of ``--max-batch-size``: img/s, what the server wraps;
 - ``dali`` / ``dali_batch1``: DALI's pipeline (external_source, mixed decoder, resize, crop_mirror_normalize)
@@ -53,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-seconds", type=float, default=5.0)
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--queue-delay-us", type=int, default=500)
+    p.add_argument("--instances", type=int, default=1, help="model instances (instance_group count) the server runs")
     p.add_argument("--device", default=None, help="cuda:N or cpu (default cuda:0 where there is CUDA)")
     p.add_argument("--threads", type=int, default=8, help="DALI's CPU threads")
     p.add_argument("--only", default="serve,serve_batch1,inprocess,dali,dali_batch1")
@@ -158,6 +161,46 @@ def load_run(port: int, clients: int, procs: int, jpegs: list[bytes], args) -> d
             **percentiles(latencies)}
 
 
+def model_stats(port: int) -> dict:
+    """Triton's statistics of the ``preprocess`` model (its statistics extension, over gRPC), as numbers."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        (doc,) = client.get_inference_statistics("preprocess", as_json=True)["model_stats"]
+    finally:
+        client.close()
+    return doc
+
+
+def stats_between(before: dict, after: dict) -> dict:
+    """Where the server's time went between two `model_stats`: the mean dynamic batch, each request's wait in
+    the batcher, and per batch (one ``execute``) the Python backend's three steps: compute_input (the requests
+    into shared memory), compute_infer (``execute`` in the stub, its reply included), compute_output (the
+    outputs into the server's response buffers: device outputs copied out by the stub, then copied again)."""
+    def total(doc: dict, *keys: str) -> int:
+        for key in keys:
+            doc = doc.get(key, {})
+        return int(doc or 0)
+
+    def batched(doc: dict, step: str) -> tuple[int, int]:
+        rows = doc.get("batch_stats", [])
+        return (sum(total(r, step, "count") for r in rows), sum(total(r, step, "ns") for r in rows))
+    requests = total(after, "inference_count") - total(before, "inference_count")
+    batches = total(after, "execution_count") - total(before, "execution_count")
+    if not batches:
+        return {}
+    out = {"requests": requests, "batches": batches, "mean_batch": round(requests / batches, 2)}
+    waits = total(after, "inference_stats", "queue", "count") - total(before, "inference_stats", "queue", "count")
+    if waits:
+        out["queue_ms_per_request"] = round((total(after, "inference_stats", "queue", "ns")
+                                             - total(before, "inference_stats", "queue", "ns")) / waits / 1e6, 3)
+    for step in ("compute_input", "compute_infer", "compute_output"):
+        (n1, ns1), (n0, ns0) = batched(after, step), batched(before, step)
+        if n1 > n0:
+            out[f"{step}_ms_per_batch"] = round((ns1 - ns0) / (n1 - n0) / 1e6, 3)
+    return out
+
+
 def serve_sides(args, jpegs: list[bytes], results: dict) -> None:
     from ingest.serve import TritonServer, export
     from ingest.serve.server import gpu_options
@@ -166,7 +209,7 @@ def serve_sides(args, jpegs: list[bytes], results: dict) -> None:
     kind, gpus = ("KIND_CPU", []) if device == "cpu" else ("KIND_GPU", [torch.device(device).index or 0])
     repo = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     export(spec_text(), repo, kind=kind, gpus=gpus, max_batch_size=args.max_batch_size,
-           queue_delay_us=args.queue_delay_us)
+           queue_delay_us=args.queue_delay_us, instances=args.instances)
     ports = []
     for _ in range(2):
         with socket.socket() as s:
@@ -174,11 +217,15 @@ def serve_sides(args, jpegs: list[bytes], results: dict) -> None:
             ports.append(s.getsockname()[1])
     with TritonServer(repo, http_port=ports[0], grpc_port=ports[1], options=gpu_options(gpus)) as server:
         chosen = args.only.split(",")
+        def side(clients: int, procs: int) -> dict:
+            before = model_stats(ports[1])
+            out = load_run(ports[1], clients, procs, jpegs, args)
+            return {**out, "server_stats": stats_between(before, model_stats(ports[1])), "device": device}
         if "serve" in chosen:
-            results["serve"] = _guard(lambda: {**load_run(ports[1], args.clients, args.client_procs, jpegs, args),
-                                               "server_rss_mb": server.rss_bytes() >> 20, "device": device})
+            results["serve"] = _guard(lambda: {**side(args.clients, args.client_procs),
+                                               "server_rss_mb": server.rss_bytes() >> 20})
         if "serve_batch1" in chosen:
-            results["serve_batch1"] = _guard(lambda: {**load_run(ports[1], 1, 1, jpegs, args), "device": device})
+            results["serve_batch1"] = _guard(lambda: side(1, 1))
 
 
 # -- in-process sides -----------------------------------------------------------------------------------

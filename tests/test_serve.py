@@ -477,3 +477,18 @@ def test_serve_refuses_a_bad_model_or_device_before_starting(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert main(["serve", str(spec), "--device", "cuda:0"]) == 2
         assert "does not have" in capsys.readouterr().err
+
+
+def test_bench_serve_reads_the_servers_statistics_between_two_points():
+    """bench_serve's server_stats: deltas of Triton's model statistics, per request and per batch."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_serve import stats_between
+
+    def doc(requests, batches, queue_ns, infer_ns):
+        return {"inference_count": str(requests), "execution_count": str(batches),
+                "inference_stats": {"queue": {"count": str(requests), "ns": str(queue_ns)}},
+                "batch_stats": [{"batch_size": "4", "compute_infer": {"count": str(batches), "ns": str(infer_ns)}}]}
+    out = stats_between(doc(10, 5, 1_000_000, 9_000_000), doc(50, 15, 5_000_000, 29_000_000))
+    assert out == {"requests": 40, "batches": 10, "mean_batch": 4.0, "queue_ms_per_request": 0.1,
+                   "compute_infer_ms_per_batch": 2.0}
+    assert stats_between(doc(10, 5, 0, 0), doc(10, 5, 0, 0)) == {}
