@@ -140,10 +140,10 @@ def fake_pb_utils() -> types.ModuleType:
     return pb
 
 
-def exported_model(tmp_path: Path, monkeypatch, model: str | None = None, kind: str = "CPU"):
+def exported_model(tmp_path: Path, monkeypatch, model: str | None = None, kind: str = "CPU", **config):
     """The exported repository's model.py, imported and initialized as the Python backend would."""
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
-    model_dir = export(SPEC, tmp_path / "repo", kind=f"KIND_{kind}", model=model)
+    model_dir = export(SPEC, tmp_path / "repo", kind=f"KIND_{kind}", model=model, **config)
     text = (model_dir / "config.pbtxt").read_text()
     namespace: dict = {}
     exec(compile((model_dir / "1" / "model.py").read_text(), str(model_dir / "1" / "model.py"), "exec"), namespace)
@@ -275,6 +275,21 @@ def test_export_refuses_bad_input(tmp_path):
     with pytest.raises(ConfigError, match="must output one of"):
         config_text([Normalize(mean=[1.0], std=[60.0], dtype=torch.bfloat16)], name="x")
     assert 'data_type: TYPE_UINT8' in config_text([Resize(8)], name="x")
+    with pytest.raises(ConfigError, match="Unknown output memory 'gpu'. Available: device, host"):
+        config_text(OPS, name="x", output_memory="gpu")
+
+
+def test_the_output_memory_reaches_the_model_as_a_parameter(tmp_path, monkeypatch, reference):
+    """``output_memory="host"`` is a config parameter (device, the default, writes none); a CPU instance's
+    outputs are on the host either way and its answers are the same."""
+    assert "ingest_output_memory" not in config_text(OPS, name="x")
+    config = config_json(config_text(OPS, name="x", output_memory="host", model="m:f"))
+    assert config["parameters"] == {"ingest_model": {"string_value": "m:f"},
+                                    "ingest_output_memory": {"string_value": "host"}}
+    model = exported_model(tmp_path, monkeypatch, output_memory="host")
+    assert model.host_outputs is False   # a CPU instance: nothing to copy
+    (response,) = model.execute([FakeRequest(IMAGES[4])])
+    np.testing.assert_array_equal(response.tensors["IMAGES"].numpy()[0], reference[4])
 
 
 # -- the real server ------------------------------------------------------------------------------------
