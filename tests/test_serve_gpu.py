@@ -58,22 +58,10 @@ def test_outputs_of_different_shapes_go_to_the_host_one_by_one():
     assert all(h.is_pinned() for h in host) and [h.tolist() for h in host] == [r.tolist() for r in rows]
 
 
-def test_the_real_server_with_host_outputs_on_a_gpu(tmp_path, reference):
+@pytest.mark.parametrize("output_memory", ["device", "host"])
+def test_the_real_server_on_a_gpu(tmp_path, reference, output_memory):
     grpcclient = pytest.importorskip("tritonclient.grpc")
-    export(SPEC, tmp_path / "repo", kind="KIND_GPU", gpus=[0], output_memory="host")
-    http_port, grpc_port = free_ports(2)
-    with TritonServer(tmp_path / "repo", http_port=http_port, grpc_port=grpc_port, options=gpu_options([0])):
-        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
-        try:
-            for k in (0, 7):
-                np.testing.assert_allclose(infer_grpc(client, IMAGES[k])[0], reference[k], atol=GPU_TOL)
-        finally:
-            client.close()
-
-
-def test_the_real_server_on_a_gpu(tmp_path, reference):
-    grpcclient = pytest.importorskip("tritonclient.grpc")
-    export(SPEC, tmp_path / "repo", kind="KIND_GPU", gpus=[0])
+    export(SPEC, tmp_path / "repo", kind="KIND_GPU", gpus=[0], output_memory=output_memory)
     http_port, grpc_port = free_ports(2)
     with TritonServer(tmp_path / "repo", http_port=http_port, grpc_port=grpc_port, options=gpu_options([0])) as server:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
