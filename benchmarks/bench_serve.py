@@ -6,8 +6,13 @@ generated) are held in memory by every side.
 
 - ``serve``: `ingest serve`'s model on the real Triton server (nvidia-pytriton's), ``--clients`` concurrent
   gRPC clients (spread over ``--client-procs`` processes, each request one image) for ``--seconds``: img/s and
-  the request latency's p50/p99 under that load;
-- ``serve_batch1``: one client, one request at a time (batch-1 load): p50/p99 latency;
+  the request latency's p50/p99 under that load, and ``server_stats``: Triton's own account of the run (mean
+  dynamic batch, time in the batcher's queue, and per batch the Python backend's input, execute and output
+  steps; `stats_between`), which says whether the server waited on its batcher, its model or its copies;
+- ``serve_batch1``: one client, one request at a time (batch-1 load): p50/p99 latency (and its ``server_stats``);
+- ``serve_host_outputs``: ``serve`` with the model exported ``output_memory="host"``: a GPU batch's images
+  copied to pinned host memory in one copy, instead of a device tensor per request that the Python backend
+  copies out one at a time (on the CPU, the same model as ``serve``);
 - ``inprocess``: the served model's preprocessing (`ingest.serve.Preprocessor`) called in-process on batches
   of ``--max-batch-size``: img/s, what the server wraps;
 - ``dali`` / ``dali_batch1``: DALI's pipeline (external_source, mixed decoder, resize, crop_mirror_normalize)
@@ -53,9 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-seconds", type=float, default=5.0)
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--queue-delay-us", type=int, default=500)
+    p.add_argument("--instances", type=int, default=1, help="model instances (instance_group count) the server runs")
     p.add_argument("--device", default=None, help="cuda:N or cpu (default cuda:0 where there is CUDA)")
     p.add_argument("--threads", type=int, default=8, help="DALI's CPU threads")
-    p.add_argument("--only", default="serve,serve_batch1,inprocess,dali,dali_batch1")
+    p.add_argument("--only", default="serve,serve_batch1,serve_host_outputs,inprocess,dali,dali_batch1")
     p.add_argument("--dry-run", action="store_true", help="CPU, a few images and seconds: every code path")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -158,7 +164,49 @@ def load_run(port: int, clients: int, procs: int, jpegs: list[bytes], args) -> d
             **percentiles(latencies)}
 
 
-def serve_sides(args, jpegs: list[bytes], results: dict) -> None:
+def model_stats(port: int) -> dict:
+    """Triton's statistics of the ``preprocess`` model (its statistics extension, over gRPC), as numbers."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        (doc,) = client.get_inference_statistics("preprocess", as_json=True)["model_stats"]
+    finally:
+        client.close()
+    return doc
+
+
+def stats_between(before: dict, after: dict) -> dict:
+    """Where the server's time went between two `model_stats`: the mean dynamic batch, each request's wait in
+    the batcher, and per batch (one ``execute``) the Python backend's three steps: compute_input (the requests
+    into shared memory), compute_infer (``execute`` in the stub, its reply included), compute_output (the
+    outputs into the server's response buffers: device outputs copied out by the stub, then copied again)."""
+    def total(doc: dict, *keys: str) -> int:
+        for key in keys:
+            doc = doc.get(key, {})
+        return int(doc or 0)
+
+    def batched(doc: dict, step: str) -> tuple[int, int]:
+        rows = doc.get("batch_stats", [])
+        return (sum(total(r, step, "count") for r in rows), sum(total(r, step, "ns") for r in rows))
+    requests = total(after, "inference_count") - total(before, "inference_count")
+    batches = total(after, "execution_count") - total(before, "execution_count")
+    if not batches:
+        return {}
+    out = {"requests": requests, "batches": batches, "mean_batch": round(requests / batches, 2)}
+    waits = total(after, "inference_stats", "queue", "count") - total(before, "inference_stats", "queue", "count")
+    if waits:
+        out["queue_ms_per_request"] = round((total(after, "inference_stats", "queue", "ns")
+                                             - total(before, "inference_stats", "queue", "ns")) / waits / 1e6, 3)
+    for step in ("compute_input", "compute_infer", "compute_output"):
+        (n1, ns1), (n0, ns0) = batched(after, step), batched(before, step)
+        if n1 > n0:
+            out[f"{step}_ms_per_batch"] = round((ns1 - ns0) / (n1 - n0) / 1e6, 3)
+    return out
+
+
+def serve_sides(args, jpegs: list[bytes], results: dict, output_memory: str = "device") -> None:
+    """The server sides chosen by ``--only``: ``serve`` and ``serve_batch1`` with `ingest serve`'s model (device
+    outputs on a GPU), or with ``output_memory="host"`` ``serve_host_outputs`` (the batch copied to host once)."""
     from ingest.serve import TritonServer, export
     from ingest.serve.server import gpu_options
     import torch
@@ -166,19 +214,27 @@ def serve_sides(args, jpegs: list[bytes], results: dict) -> None:
     kind, gpus = ("KIND_CPU", []) if device == "cpu" else ("KIND_GPU", [torch.device(device).index or 0])
     repo = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     export(spec_text(), repo, kind=kind, gpus=gpus, max_batch_size=args.max_batch_size,
-           queue_delay_us=args.queue_delay_us)
+           queue_delay_us=args.queue_delay_us, instances=args.instances, output_memory=output_memory)
     ports = []
     for _ in range(2):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     with TritonServer(repo, http_port=ports[0], grpc_port=ports[1], options=gpu_options(gpus)) as server:
+        def side(clients: int, procs: int) -> dict:
+            before = model_stats(ports[1])
+            out = load_run(ports[1], clients, procs, jpegs, args)
+            return {**out, "server_stats": stats_between(before, model_stats(ports[1])), "device": device,
+                    "output_memory": output_memory}
         chosen = args.only.split(",")
+        if output_memory == "host":
+            results["serve_host_outputs"] = _guard(lambda: side(args.clients, args.client_procs))
+            return
         if "serve" in chosen:
-            results["serve"] = _guard(lambda: {**load_run(ports[1], args.clients, args.client_procs, jpegs, args),
-                                               "server_rss_mb": server.rss_bytes() >> 20, "device": device})
+            results["serve"] = _guard(lambda: {**side(args.clients, args.client_procs),
+                                               "server_rss_mb": server.rss_bytes() >> 20})
         if "serve_batch1" in chosen:
-            results["serve_batch1"] = _guard(lambda: {**load_run(ports[1], 1, 1, jpegs, args), "device": device})
+            results["serve_batch1"] = _guard(lambda: side(1, 1))
 
 
 # -- in-process sides -----------------------------------------------------------------------------------
@@ -278,6 +334,10 @@ def derive(results: dict) -> dict:
         out["serve_meets_0_8"] = out["serve_over_dali"] >= 0.8
     if rate("serve") and rate("inprocess"):
         out["serve_over_inprocess"] = round(rate("serve") / rate("inprocess"), 3)
+    if rate("serve_host_outputs") and rate("dali"):
+        out["serve_host_outputs_over_dali"] = round(rate("serve_host_outputs") / rate("dali"), 3)
+    if rate("serve_host_outputs") and rate("serve"):
+        out["serve_host_outputs_over_serve"] = round(rate("serve_host_outputs") / rate("serve"), 3)
     for key in ("serve_batch1", "dali_batch1", "serve"):
         for stat in ("p50_ms", "p99_ms"):
             if stat in results.get(key, {}):
@@ -315,6 +375,11 @@ def main(argv=None) -> int:
             err = _guard(lambda: serve_sides(args, jpegs, results) or {})
             if err.get("error"):
                 results["serve"] = err
+            write()
+        if "serve_host_outputs" in chosen:
+            err = _guard(lambda: serve_sides(args, jpegs, results, output_memory="host") or {})
+            if err.get("error"):
+                results["serve_host_outputs"] = err
             write()
         if "inprocess" in chosen:
             results["inprocess"] = _guard(lambda: inprocess_side(args, jpegs))

@@ -140,17 +140,20 @@ def fake_pb_utils() -> types.ModuleType:
     return pb
 
 
-def exported_model(tmp_path: Path, monkeypatch, model: str | None = None, kind: str = "CPU"):
+def exported_model(tmp_path: Path, monkeypatch, model: str | None = None, kind: str = "CPU", **config):
     """The exported repository's model.py, imported and initialized as the Python backend would."""
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
-    model_dir = export(SPEC, tmp_path / "repo", kind=f"KIND_{kind}", model=model)
+    model_dir = export(SPEC, tmp_path / "repo", kind=f"KIND_{kind}", model=model, **config)
     text = (model_dir / "config.pbtxt").read_text()
     namespace: dict = {}
     exec(compile((model_dir / "1" / "model.py").read_text(), str(model_dir / "1" / "model.py"), "exec"), namespace)
     instance = namespace["TritonPythonModel"]()
+    threads = torch.get_num_threads()   # initialize sets the (stub) process's count: put this process's back
     instance.initialize({"model_config": json.dumps(config_json(text)), "model_instance_kind": kind,
                          "model_instance_device_id": "0", "model_repository": str(model_dir),
                          "model_version": "1"})
+    instance.initialized_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
     return instance
 
 
@@ -163,6 +166,26 @@ def config_json(text: str) -> dict:
     for output in doc.get("output", []):   # Triton hands the backend dims as numbers
         output["dims"] = [int(d) for d in output["dims"]]
     return doc
+
+
+def test_torch_runs_on_the_ops_threads_in_the_model_and_the_preprocessor(tmp_path, monkeypatch):
+    """The stub process's torch threads follow ops_threads; the Preprocessor runs a batch on them and gives the
+    calling thread its own count back."""
+    from ingest import defaults
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        with defaults.set(ops_threads=2):
+            model = exported_model(tmp_path, monkeypatch)
+            assert model.initialized_threads == 2 and torch.get_num_threads() == 3
+            seen = []
+            run = model.preprocessor._pipeline.run
+            monkeypatch.setattr(model.preprocessor._pipeline, "run",
+                                lambda plan: seen.append(torch.get_num_threads()) or run(plan))
+            (response,) = model.execute([FakeRequest(IMAGES[0])])
+            assert response.error is None and seen == [2] and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_a_bad_item_fails_only_its_own_request_in_a_batch(tmp_path, monkeypatch, reference):
@@ -252,6 +275,21 @@ def test_export_refuses_bad_input(tmp_path):
     with pytest.raises(ConfigError, match="must output one of"):
         config_text([Normalize(mean=[1.0], std=[60.0], dtype=torch.bfloat16)], name="x")
     assert 'data_type: TYPE_UINT8' in config_text([Resize(8)], name="x")
+    with pytest.raises(ConfigError, match="Unknown output memory 'gpu'. Available: device, host"):
+        config_text(OPS, name="x", output_memory="gpu")
+
+
+def test_the_output_memory_reaches_the_model_as_a_parameter(tmp_path, monkeypatch, reference):
+    """``output_memory="host"`` is a config parameter (device, the default, writes none); a CPU instance's
+    outputs are on the host either way and its answers are the same."""
+    assert "ingest_output_memory" not in config_text(OPS, name="x")
+    config = config_json(config_text(OPS, name="x", output_memory="host", model="m:f"))
+    assert config["parameters"] == {"ingest_model": {"string_value": "m:f"},
+                                    "ingest_output_memory": {"string_value": "host"}}
+    model = exported_model(tmp_path, monkeypatch, output_memory="host")
+    assert model.host_outputs is False   # a CPU instance: nothing to copy
+    (response,) = model.execute([FakeRequest(IMAGES[4])])
+    np.testing.assert_array_equal(response.tensors["IMAGES"].numpy()[0], reference[4])
 
 
 # -- the real server ------------------------------------------------------------------------------------
@@ -454,3 +492,18 @@ def test_serve_refuses_a_bad_model_or_device_before_starting(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert main(["serve", str(spec), "--device", "cuda:0"]) == 2
         assert "does not have" in capsys.readouterr().err
+
+
+def test_bench_serve_reads_the_servers_statistics_between_two_points():
+    """bench_serve's server_stats: deltas of Triton's model statistics, per request and per batch."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_serve import stats_between
+
+    def doc(requests, batches, queue_ns, infer_ns):
+        return {"inference_count": str(requests), "execution_count": str(batches),
+                "inference_stats": {"queue": {"count": str(requests), "ns": str(queue_ns)}},
+                "batch_stats": [{"batch_size": "4", "compute_infer": {"count": str(batches), "ns": str(infer_ns)}}]}
+    out = stats_between(doc(10, 5, 1_000_000, 9_000_000), doc(50, 15, 5_000_000, 29_000_000))
+    assert out == {"requests": 40, "batches": 10, "mean_batch": 4.0, "queue_ms_per_request": 0.1,
+                   "compute_infer_ms_per_batch": 2.0}
+    assert stats_between(doc(10, 5, 0, 0), doc(10, 5, 0, 0)) == {}

@@ -34,9 +34,34 @@ def test_a_gpu_instance_answers_with_device_tensors(tmp_path, monkeypatch, refer
         np.testing.assert_allclose(output.cpu().numpy()[0], images.cpu().numpy()[0].mean(axis=(1, 2)), atol=1e-5)
 
 
-def test_the_real_server_on_a_gpu(tmp_path, reference):
+def test_a_gpu_instance_with_host_outputs_answers_with_pinned_host_tensors(tmp_path, monkeypatch, reference):
+    """output_memory="host": the batch's images and model rows leave in host memory, equal to the device ones."""
+    model = exported_model(tmp_path, monkeypatch, model=f"test_serve:{user_model.__name__}", kind="GPU",
+                           output_memory="host")
+    assert model.host_outputs
+    requests = [FakeRequest(IMAGES[0]), FakeRequest(BAD["not an image"][0]), FakeRequest(IMAGES[1])]
+    responses = model.execute(requests)
+    assert "refused" in responses[1].error
+    for k, r in ((0, responses[0]), (1, responses[2])):
+        images, output = r.tensors["IMAGES"], r.tensors["OUTPUT"]
+        assert not images.is_cuda and not output.is_cuda and images.is_pinned()
+        np.testing.assert_allclose(images.numpy()[0], reference[k], atol=GPU_TOL)
+        np.testing.assert_allclose(output.numpy()[0], images.numpy()[0].mean(axis=(1, 2)), atol=1e-5)
+
+
+def test_outputs_of_different_shapes_go_to_the_host_one_by_one():
+    import torch
+    from ingest.serve.backend import _host_rows
+    rows = [torch.arange(6.0, device="cuda").reshape(2, 3), torch.arange(4.0, device="cuda")]
+    host = _host_rows(rows)
+    torch.cuda.current_stream().synchronize()
+    assert all(h.is_pinned() for h in host) and [h.tolist() for h in host] == [r.tolist() for r in rows]
+
+
+@pytest.mark.parametrize("output_memory", ["device", "host"])
+def test_the_real_server_on_a_gpu(tmp_path, reference, output_memory):
     grpcclient = pytest.importorskip("tritonclient.grpc")
-    export(SPEC, tmp_path / "repo", kind="KIND_GPU", gpus=[0])
+    export(SPEC, tmp_path / "repo", kind="KIND_GPU", gpus=[0], output_memory=output_memory)
     http_port, grpc_port = free_ports(2)
     with TritonServer(tmp_path / "repo", http_port=http_port, grpc_port=grpc_port, options=gpu_options([0])) as server:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")

@@ -11,6 +11,10 @@ Notes
 Outputs leave as DLPack tensors (``pb_utils.Tensor.from_dlpack``): on a GPU instance the batch stays in device
 memory, for Triton to copy out to a client or hand to the next model of an ensemble. The stream the outputs
 were made on is synchronized before they are handed over, since a DLPack capsule carries no stream.
+With the model parameter ``ingest_output_memory`` set to ``host`` (`ingest.serve.repository.config_text`'s
+``output_memory``) a GPU instance instead copies the batch's outputs to pinned host memory in one copy and hands
+over host tensors: for clients that receive the images over HTTP or gRPC, which the Python backend otherwise
+serves by copying each request's device tensor out on its own.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 import torch
 import torch.utils.dlpack
 
+from .. import defaults
 from .preprocess import ItemError, Outcome, Preprocessor, as_items
 
 log = logging.getLogger(__name__)
@@ -54,8 +59,14 @@ class TritonPythonModel:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
+        # This process is the instance's: every thread in it (the transport's, the decode pool's, execute's) runs
+        # torch CPU ops on the ops_threads setting's threads, not on every core beside the server and its clients
+        torch.set_num_threads(defaults.ops_threads())
         self.preprocessor = Preprocessor(spec, device=device, model=parameter(config, "ingest_model"))
         self.dtypes = {o["name"]: self.pb.triton_string_to_numpy(o["data_type"]) for o in config["output"]}
+        # "host": a GPU batch's outputs leave in one copy to pinned memory (clients over HTTP/gRPC), not one
+        # device tensor per request for the stub to copy out one at a time
+        self.host_outputs = parameter(config, "ingest_output_memory", "device") == "host" and device.type == "cuda"
         log.info("ingest: %s serving on %s", config.get("name"), device)
 
     def execute(self, requests: list) -> list:
@@ -73,6 +84,8 @@ class TritonPythonModel:
         except Exception as err:   # a fault of the whole batch: its requests fail, the server stays up
             log.exception("ingest: a batch of %d requests failed", len(requests))
             return [resp or self._error(f"the batch failed: {type(err).__name__}: {err}") for resp in responses]
+        if self.host_outputs:
+            outcomes = _to_host(outcomes)
         by_request: dict[int, list[Outcome]] = {}
         for r, outcome in zip(owners, outcomes):
             by_request.setdefault(r, []).append(outcome)
@@ -109,9 +122,27 @@ class TritonPythonModel:
             if len({tuple(x.shape) for x in rows}) > 1:
                 return self._error(f"the request's {len(rows)} items gave {name} of different shapes; send them "
                                    "one image per request, or end the spec with a fixed-size op")
-            batch = torch.stack(rows).to(_torch_dtype(self.dtypes[name])).contiguous()
+            batch = rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)   # one image: no copy
+            batch = batch.to(_torch_dtype(self.dtypes[name])).contiguous()
             tensors.append(self.pb.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(batch)))
         return self.pb.InferenceResponse(output_tensors=tensors)
+
+
+def _to_host(outcomes: list[Outcome]) -> list[Outcome]:
+    """``outcomes`` with their tensors copied to pinned host memory, ready once the current stream is done."""
+    fields = {}
+    for field in ("image", "output"):
+        rows = [getattr(o, field) for o in outcomes if o.error is None]
+        if rows and rows[0] is not None:
+            fields[field] = iter(_host_rows(rows))
+    return [o if o.error is not None else Outcome(**{f: next(rows) for f, rows in fields.items()}) for o in outcomes]
+
+
+def _host_rows(rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    if len({(tuple(r.shape), r.dtype) for r in rows}) == 1:   # one copy for the batch
+        batch = torch.stack(rows)
+        return list(torch.empty(batch.shape, dtype=batch.dtype, pin_memory=True).copy_(batch, non_blocking=True))
+    return [torch.empty(r.shape, dtype=r.dtype, pin_memory=True).copy_(r, non_blocking=True) for r in rows]
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:

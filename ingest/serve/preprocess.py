@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from .. import defaults
 from ..engine import Failures, Pipeline
 from ..errors import ConfigError
 from ..formats.memory import MemorySource
@@ -78,6 +79,9 @@ class Preprocessor:
     and its reason comes from the budget's records. Outputs equal ``Loader(items, batch_size=len(items))``'s. On
     CUDA the returned tensors are ready on the current stream (the pipeline makes it wait on the batch); each
     stays valid while it is referenced. Not for several threads at once (a Triton instance calls it serially).
+    The batch's torch CPU ops run on the ``ops_threads`` setting's intra-op threads, as the loader's ops stage
+    does (torch's default, every core, spins OpenMP threads beside the decode pool and a server's transport);
+    the calling thread's own count is put back after each batch.
     """
 
     def __init__(self, spec: str | Sequence[Any], *, device: str | torch.device = "cpu",
@@ -121,9 +125,12 @@ class Preprocessor:
         plan = BatchPlan(epoch=0, number=self._batches, indices=np.arange(n, dtype=np.int64),
                          is_pad=np.zeros(n, dtype=bool), seed=np.random.SeedSequence(0))
         self._batches += 1
+        caller_threads = torch.get_num_threads()
+        torch.set_num_threads(defaults.ops_threads())
         try:
             batch = self._pipeline.run(plan)
         finally:
+            torch.set_num_threads(caller_threads)
             self._source.hold([])   # the request buffers are not kept past the batch
         names = {self._source.name(k): k for k in range(n)}
         for name, stage, reason in failures.items:

@@ -37,6 +37,9 @@ for _path in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
 from ingest.serve.backend import TritonPythonModel  # noqa: E402,F401  (the class Triton looks for)
 '''
 
+#: Where a GPU instance's outputs are handed over (`config_text`'s ``output_memory``).
+OUTPUT_MEMORY = ("device", "host")
+
 #: A model name Triton takes as a directory name.
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -52,21 +55,26 @@ def output_dtype(ops: Sequence[Any]) -> torch.dtype:
 
 def config_text(ops: Sequence[Any], *, name: str, max_batch_size: int = 64, queue_delay_us: int = 500,
                 kind: str = "KIND_AUTO", gpus: Sequence[int] = (), instances: int = 1,
-                model: str | None = None) -> str:
-    """The ``config.pbtxt`` of the model (see the module docstring)."""
+                model: str | None = None, output_memory: str = "device") -> str:
+    """The ``config.pbtxt`` of the model (see the module docstring). ``output_memory``: where a GPU instance
+    hands its outputs over, ``"device"`` (for a GPU consumer: an ensemble's next model) or ``"host"`` (one copy
+    of the batch to pinned host memory, for clients that receive the images over HTTP or gRPC)."""
     dtype = output_dtype(ops)
     if dtype not in TRITON_TYPES:
         raise ConfigError(f"a served spec must output one of {', '.join(str(d) for d in TRITON_TYPES)}, got {dtype}")
     if kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU"):
         raise ConfigError(f"Unknown instance kind {kind!r}. Available: KIND_AUTO, KIND_CPU, KIND_GPU")
+    if output_memory not in OUTPUT_MEMORY:
+        raise ConfigError(f"Unknown output memory {output_memory!r}. Available: {', '.join(OUTPUT_MEMORY)}")
     if max_batch_size < 1:
         raise ConfigError(f"`max_batch_size` must be >= 1, got {max_batch_size}")
     outputs = [f'  {{ name: "IMAGES" data_type: {TRITON_TYPES[dtype]} dims: [ -1, -1, -1 ] }}']
     if model is not None:
         outputs.append('  { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] }')
     group = f"count: {instances} kind: {kind}" + (f" gpus: [ {', '.join(map(str, gpus))} ]" if gpus else "")
-    params = "" if model is None else (f'parameters: {{ key: "ingest_model" value: {{ string_value: '
-                                       f'{json.dumps(model)} }} }}\n')
+    values = {"ingest_model": model, "ingest_output_memory": None if output_memory == "device" else output_memory}
+    params = "".join(f'parameters: {{ key: "{key}" value: {{ string_value: {json.dumps(value)} }} }}\n'
+                     for key, value in values.items() if value is not None)
     return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
             f"dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_us} }}\n"
             'input [\n  { name: "ENCODED" data_type: TYPE_UINT8 dims: [ -1 ] allow_ragged_batch: true }\n]\n'
