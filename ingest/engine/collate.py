@@ -91,6 +91,26 @@ def _padded(name: str, arrays: list[np.ndarray], pad: Any, *, fixed: bool) -> di
     return {name: torch.from_numpy(out), f"{name}_lengths": lengths}
 
 
+def padded_rows(name: str, flat: np.ndarray, starts: np.ndarray, pad: Any, *, fixed: bool) -> dict[str, torch.Tensor]:
+    """`_padded` of a field given as one array for the batch: sample n's values are rows
+    ``starts[n]:starts[n + 1]`` of ``flat`` (each sample's array one slice). The same
+    tensors `_padded` makes of the slices, from one reshape or one scatter instead of a copy per sample."""
+    counts = np.diff(starts)
+    lengths = torch.from_numpy(counts.astype(np.int64))
+    if not len(counts):
+        return {name: [], f"{name}_lengths": lengths}
+    n, longest = len(counts), int(counts.max())
+    if (counts == longest).all():   # every sample as long: stacked
+        out = {name: torch.from_numpy(np.ascontiguousarray(flat.reshape(n, longest, *flat.shape[1:])))}
+        if not fixed:
+            out[f"{name}_lengths"] = lengths
+        return out
+    padded = np.full((n, longest, *flat.shape[1:]), pad, dtype=flat.dtype)
+    owner = np.repeat(np.arange(n), counts)
+    padded[owner, np.arange(len(flat)) - starts[:-1][owner]] = flat
+    return {name: torch.from_numpy(padded), f"{name}_lengths": lengths}
+
+
 def _padded_tensors(name: str, tensors: list[torch.Tensor], pad: Any) -> dict[str, torch.Tensor]:
     """`_padded` for tensors that stay on their device."""
     lengths = torch.tensor([t.shape[0] if t.dim() else 1 for t in tensors], dtype=torch.int64)
