@@ -137,3 +137,17 @@ def test_batched_targets_equal_the_per_sample_ones(tmp_path, monkeypatch, option
                 assert len(a) == len(b) and all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a, b)), key
     assert sum(len(b["images"]) for b in got) < 12   # the broken image was left out
     assert any(len(set(b["boxes_lengths"].tolist())) > 1 for b in got)   # padded
+
+
+def test_kept_names_are_the_kept_samples_names(mixed):
+    """The ops stage names a batch's kept samples on demand (for messages): indexed, sliced and iterated, they are
+    the source's names of those samples."""
+    from ingest.engine.batch import _Names
+    from ingest.engine.ops import _kept_names
+    source = open_coco(mixed)
+    names = _Names(source, np.array([5, 0, 3, 1]))
+    kept = _kept_names(names, [0, 2, 3])
+    want = [source.name(5), source.name(3), source.name(1)]
+    assert list(kept) == want and kept[:2] == want[:2] and kept[1] == want[1] and len(kept) == 3
+    assert _kept_names(names, [0, 1, 2, 3]) is names
+    assert _kept_names(["a", "b", "c"], [0, 2]) == ["a", "c"]

@@ -18,7 +18,7 @@ from ..ops.base import size_array, stack_if_uniform
 from ..ops.boxes import from_ltrb
 from ..ops.mix import Mixing
 from .base import Stage
-from .batch import Batch, _select_rows, _Work, cuda_tensors, split_fields
+from .batch import Batch, _Names, _select_rows, _Work, cuda_tensors, split_fields
 from .boxes import BoxFields
 from .collate import PAD, collate, padded_rows, to_device
 from .outputs import Outputs
@@ -83,7 +83,7 @@ class OpsStage(Stage, BoxFields):
             return None  # every sample of the batch failed (and the budget allowed it)
         failed = set(work.failed)
         keep = [k for k in range(len(work.records)) if k not in failed]
-        names = [work.names[k] for k in keep] if self.extra_fields and self.with_fields else []   # for messages
+        names = _kept_names(work.names, keep) if self.extra_fields and self.with_fields else []   # for messages
         host_labels = np.ascontiguousarray(_select_rows(work.labels, keep, failed) if work.labels is not None else
                                            np.array([work.records[k].label for k in keep], dtype=np.int64))
         mixing = self._mixing(work, keep)
@@ -243,6 +243,13 @@ class OpsStage(Stage, BoxFields):
                 return images.permute(0, 3, 1, 2)
             return [im.permute(2, 0, 1) for im in images]   # ragged: a list, each image laid out as in a batch
         return images
+
+
+def _kept_names(names: Sequence[str], keep: list[int]) -> Sequence[str]:
+    """The kept samples' names; made on demand where the batch's are (`_Names`: only messages read them)."""
+    if isinstance(names, _Names):
+        return names if len(keep) == len(names) else _Names(names.source, names.indices[keep])
+    return [names[k] for k in keep]
 
 
 def _kept_rows(rows: dict[str, tuple[np.ndarray, np.ndarray]], keep: list[int], n: int
