@@ -35,7 +35,8 @@ def mixed(tmp_path):
     """Six images: 1 and 2 plain JPEGs, 3 a JPEG of another size than declared, 4 EXIF-turned (declared as shown),
     5 a PNG, 6 with an invalid annotation."""
     images = ((1, 20, 30), (2, 24, 16), (3, 18, 18), (4, 30, 20), (5, 16, 22), (6, 20, 20))
-    anns = [ann(10, 1, [1, 2, 6, 8], 2), ann(11, 1, [3, 4, 10, 5]), ann(12, 2, [0, 0, 4, 4]), ann(13, 3, [1, 1, 5, 5]),
+    anns = [ann(10, 1, [1, 2, 6, 8], 2, segmentation=[[1, 2, 7, 2, 7, 10, 1, 10]]),
+            ann(11, 1, [3, 4, 10, 5], segmentation=[[3, 4, 13, 4, 13, 9]]), ann(12, 2, [0, 0, 4, 4]), ann(13, 3, [1, 1, 5, 5]),
             ann(14, 4, [2, 2, 8, 8]), ann(15, 5, [1, 1, 9, 9]), ann(16, 6, [1, 1, -3, 5])]
     path = write_coco(tmp_path, anns, images=images)
     img = tmp_path / "img"
@@ -53,13 +54,15 @@ def _same(a, b) -> bool:
     return _same_record(a, b)
 
 
+@pytest.mark.parametrize("masks", [None, "polygons", "masks"])
 @pytest.mark.parametrize("native", [True, False])
-def test_parse_batch_gives_what_parse_gives(mixed, native, monkeypatch):
+def test_parse_batch_gives_what_parse_gives(mixed, native, masks, monkeypatch):
+    """Image 1's objects have polygons, the others none (masks="masks" fails them)."""
     if native and coco.NATIVE_HEADERS is None:
         pytest.skip("ingest.formats._jpeg was not built")
     if not native:
         monkeypatch.setattr(coco, "NATIVE_HEADERS", None)
-    source = open_coco(mixed, box_format="ltrb")
+    source = open_coco(mixed, box_format="ltrb", masks=masks)
     picks = [0, 1, 2, 3, 4, 5, -6, np.int64(1)]
     raws = [(source.root + "/" + source.name(i).rsplit("/", 1)[1]) for i in picks]
     raws = [open(p, "rb").read() for p in raws]
@@ -71,6 +74,9 @@ def test_parse_batch_gives_what_parse_gives(mixed, native, monkeypatch):
         except (ingest.errors.IngestError, ValueError) as err:
             want.append(err)
     assert all(map(_same, got, want)), (got, want)
+    if masks is not None:
+        assert isinstance(got[0], ingest.formats.Record) and got[0].fields[masks] is not None
+        return
     kinds = [type(g).__name__ for g in got]
     assert kinds == ["Record", "Record", "CorruptRecordError", "Record", "Record", "CorruptRecordError", "Record",
                      "Record"]

@@ -98,7 +98,7 @@ import numpy as np
 from PIL import Image
 
 from .. import defaults
-from ..errors import ConfigError, CorruptRecordError, OutsideRootError, SourceError
+from ..errors import ConfigError, CorruptRecordError, IngestError, OutsideRootError, SourceError
 from ..io import read_error
 from ._coco_index import (NO_SEG, POLYGONS, REPAIR_KEYS, RLE, is_number, load_cache, open_arrays, parse_instances,
                           parse_results, polygon_rle, short, unpack)
@@ -387,10 +387,7 @@ class CocoSource:
         fields: dict[str, Any] = {"image_id": int(self._a["img_id"][j]), "boxes": self._boxes[lo:hi].copy(),
                                   "categories": self._cats[lo:hi].copy(), "iscrowd": self._crowd[lo:hi].copy(),
                                   "area": self._area[lo:hi].copy()}
-        if self.masks == "masks":
-            fields["masks"] = self._pixel_masks(i, j, self._ann[lo:hi])
-        elif self.masks == "polygons":
-            fields["polygons"] = self._polygons(j, self._ann[lo:hi])
+        self._add_segmentation(fields, i, j, np.arange(lo, hi))
         if self._score is not None:
             fields["scores"] = self._score[lo:hi].copy()
         return Record(raw, -1, fields)
@@ -399,17 +396,16 @@ class CocoSource:
         """`parse` of a batch (`ingest.formats.base.parse_each`: per sample a `Record` or the error parsing it
         raised), in a few array operations: the size check reads every JPEG's frame header in one native call
         (``_jpeg``, the decoders' own header scan) and each field's values of the whole batch are gathered in
-        one copy, a record's arrays being slices of it. A sample that needs more goes through `parse`, which
-        gives it the same value or error: an index out of range, an image whose annotations are invalid, masks
-        or polygons, and, for the size check, a header the scan does not settle alone (not a JPEG, an EXIF or
-        XMP orientation other than 1, or a size other than the declared one: Pillow reads it again)."""
+        one copy, a record's arrays being slices of it (masks and polygons are made sample by sample, as `parse`
+        makes them). A sample that needs more goes through `parse`, which gives it the same value or error: an
+        index out of range, an image whose annotations are invalid, and, for the size check, a header the scan
+        does not settle alone (not a JPEG, an EXIF or XMP orientation other than 1, or a size other than the
+        declared one: Pillow reads it again)."""
         n = len(indices)
         idx = np.fromiter(map(int, indices), np.int64, n)
         count = len(self._img)
         idx[idx < 0] += count
         fast = (idx >= 0) & (idx < count)
-        if self.masks is not None or self._score is not None:
-            fast[:] = False
         j = self._img[np.where(fast, idx, 0)]
         if self._errors:
             fast &= ~np.isin(j, np.fromiter(self._errors, np.int64, len(self._errors)))
@@ -429,11 +425,29 @@ class CocoSource:
         edges = bounds.tolist()
         spans = list(zip(edges, edges[1:]))
         boxes, cats, crowd, area = self._boxes[take], self._cats[take], self._crowd[take], self._area[take]
+        scores = self._score[take] if self._score is not None else None
         ids = np.asarray(self._a["img_id"])[j[rows]].tolist()
         for k, image_id, (a, b) in zip(rows.tolist(), ids, spans):
-            out[k] = Record(raws[k], -1, {"image_id": image_id, "boxes": boxes[a:b], "categories": cats[a:b],
-                                          "iscrowd": crowd[a:b], "area": area[a:b]})
+            fields = {"image_id": image_id, "boxes": boxes[a:b], "categories": cats[a:b], "iscrowd": crowd[a:b],
+                      "area": area[a:b]}
+            if self.masks is not None:
+                try:
+                    self._add_segmentation(fields, int(idx[k]), int(j[k]), take[a:b])
+                except (IngestError, ValueError) as err:
+                    out[k] = err
+                    continue
+            if scores is not None:
+                fields["scores"] = scores[a:b]
+            out[k] = Record(raws[k], -1, fields)
         return out
+
+    def _add_segmentation(self, fields: dict[str, Any], i: int, j: int, objects: np.ndarray) -> None:
+        """Sample ``i``'s (image ``j``'s) masks or polygons into ``fields``, from its ``objects`` (rows of the kept
+        objects' arrays)."""
+        if self.masks == "masks":
+            fields["masks"] = self._pixel_masks(i, j, self._ann[objects])
+        elif self.masks == "polygons":
+            fields["polygons"] = self._polygons(j, self._ann[objects])
 
     def _sizes_agree(self, j: np.ndarray, raws: Sequence[Any]) -> np.ndarray:
         """Per sample, whether its bytes are a JPEG whose frame header is its image's declared width and height
