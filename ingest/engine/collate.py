@@ -22,7 +22,7 @@ wait for the GPU every step.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -91,23 +91,38 @@ def _padded(name: str, arrays: list[np.ndarray], pad: Any, *, fixed: bool) -> di
     return {name: torch.from_numpy(out), f"{name}_lengths": lengths}
 
 
-def padded_rows(name: str, flat: np.ndarray, starts: np.ndarray, pad: Any, *, fixed: bool) -> dict[str, torch.Tensor]:
-    """`_padded` of a field given as one array for the batch: sample n's values are rows
-    ``starts[n]:starts[n + 1]`` of ``flat`` (each sample's array one slice). The same
-    tensors `_padded` makes of the slices, from one reshape or one scatter instead of a copy per sample."""
-    counts = np.diff(starts)
+class Rows(NamedTuple):
+    """Where a batch's values go in a padded ``[N, longest, ...]`` batch: sample n's are rows ``starts[n]:starts[n + 1]``
+    of one array of every sample's values; ``slot`` is each row's (sample, position) index into the padded batch.
+    Made once for the fields that share the offsets (`padded_rows`)."""
+
+    counts: np.ndarray
+    longest: int
+    slot: tuple[np.ndarray, np.ndarray]
+
+    @classmethod
+    def of(cls, starts: np.ndarray) -> "Rows":
+        counts = np.diff(starts)
+        owner = np.repeat(np.arange(len(counts)), counts)
+        return cls(counts, int(counts.max()) if len(counts) else 0, (owner, np.arange(int(starts[-1])) - starts[owner]))
+
+
+def padded_rows(name: str, flat: np.ndarray, rows: Rows, pad: Any, *, fixed: bool) -> dict[str, torch.Tensor]:
+    """`_padded` of a field given as one array for the batch, ``flat``, whose rows `rows` places (each sample's
+    array one slice of it): the same tensors `_padded` makes of the slices, from one reshape or one scatter
+    instead of a copy per sample."""
+    counts, longest = rows.counts, rows.longest
     lengths = torch.from_numpy(counts.astype(np.int64))
     if not len(counts):
         return {name: [], f"{name}_lengths": lengths}
-    n, longest = len(counts), int(counts.max())
+    n = len(counts)
     if (counts == longest).all():   # every sample as long: stacked
         out = {name: torch.from_numpy(np.ascontiguousarray(flat.reshape(n, longest, *flat.shape[1:])))}
         if not fixed:
             out[f"{name}_lengths"] = lengths
         return out
     padded = np.full((n, longest, *flat.shape[1:]), pad, dtype=flat.dtype)
-    owner = np.repeat(np.arange(n), counts)
-    padded[owner, np.arange(len(flat)) - starts[:-1][owner]] = flat
+    padded[rows.slot] = flat
     return {name: torch.from_numpy(padded), f"{name}_lengths": lengths}
 
 

@@ -20,7 +20,7 @@ from ..ops.mix import Mixing
 from .base import Stage
 from .batch import Batch, _Names, _select_rows, _Work, cuda_tensors, split_fields
 from .boxes import BoxFields
-from .collate import PAD, collate, padded_rows, to_device
+from .collate import PAD, Rows, collate, padded_rows, to_device
 from .outputs import Outputs
 
 #: The kinds of per-box fields `_batch_targets` gives as one array, and the dtype `collate` batches them in.
@@ -147,15 +147,18 @@ class OpsStage(Stage, BoxFields):
         if not self.with_fields:
             return out
         rows = _kept_rows(rows, keep, len(work.records)) if rows else {}
+        placed: tuple[Any, Any] = (None, None)   # the last offsets seen and their `Rows` (the fields share them)
         for name, spec in self.extra_fields.items():
             if spec.kind == "mask" and work.masks is not None:
                 out[name] = self._masks(work, name, spec, keep)
                 continue
             if name in rows:
                 flat, starts = rows[name]
+                if starts is not placed[0]:
+                    placed = (starts, Rows.of(starts))
                 if spec.kind in _ROW_DTYPES:   # as `collate` takes them: one value per box
                     flat = flat.astype(_ROW_DTYPES[spec.kind], copy=False)
-                out.update(padded_rows(name, flat, starts, PAD[spec.kind], fixed=spec.kind != "array"
+                out.update(padded_rows(name, flat, placed[1], PAD[spec.kind], fixed=spec.kind != "array"
                                        and spec.shape is not None))
                 continue
             out.update(collate(name, spec, [v[name] for v in values], names=names, decode=self.cpu.decode))
@@ -259,12 +262,15 @@ def _kept_rows(rows: dict[str, tuple[np.ndarray, np.ndarray]], keep: list[int], 
         return rows
     kept = np.zeros(n, dtype=bool)
     kept[keep] = True
-    out = {}
+    out, done = {}, {}
     for name, (flat, starts) in rows.items():
-        counts = np.diff(starts)
-        new = np.zeros(len(keep) + 1, dtype=np.int64)
-        np.cumsum(counts[kept], out=new[1:])
-        out[name] = (flat[np.repeat(kept, counts)], new)
+        if id(starts) not in done:   # the fields share their offsets: the kept ones are made once
+            counts = np.diff(starts)
+            new = np.zeros(len(keep) + 1, dtype=np.int64)
+            np.cumsum(counts[kept], out=new[1:])
+            done[id(starts)] = (np.repeat(kept, counts), new)
+        rows_kept, new = done[id(starts)]
+        out[name] = (flat[rows_kept], new)
     return out
 
 
