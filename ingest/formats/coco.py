@@ -402,7 +402,10 @@ class CocoSource:
         does not settle alone (not a JPEG, an EXIF or XMP orientation other than 1, or a size other than the
         declared one: Pillow reads it again)."""
         n = len(indices)
-        idx = np.fromiter(map(int, indices), np.int64, n)
+        try:
+            idx = np.asarray(indices).astype(np.int64, casting="safe").reshape(n)
+        except (TypeError, ValueError, OverflowError):   # not all integers: `parse` says what is wrong
+            idx = np.full(n, -1 - len(self._img), dtype=np.int64)
         count = len(self._img)
         idx[idx < 0] += count
         fast = (idx >= 0) & (idx < count)
