@@ -36,8 +36,8 @@ def mixed(tmp_path):
     5 a PNG, 6 with an invalid annotation."""
     images = ((1, 20, 30), (2, 24, 16), (3, 18, 18), (4, 30, 20), (5, 16, 22), (6, 20, 20))
     anns = [ann(10, 1, [1, 2, 6, 8], 2, segmentation=[[1, 2, 7, 2, 7, 10, 1, 10]]),
-            ann(11, 1, [3, 4, 10, 5], segmentation=[[3, 4, 13, 4, 13, 9]]), ann(12, 2, [0, 0, 4, 4]), ann(13, 3, [1, 1, 5, 5]),
-            ann(14, 4, [2, 2, 8, 8]), ann(15, 5, [1, 1, 9, 9]), ann(16, 6, [1, 1, -3, 5])]
+            ann(11, 1, [3, 4, 10, 5], segmentation=[[3, 4, 13, 4, 13, 9]]), ann(12, 2, [0, 0, 4, 4]),
+            ann(13, 3, [1, 1, 5, 5]), ann(14, 4, [2, 2, 8, 8]), ann(15, 5, [1, 1, 9, 9]), ann(16, 6, [1, 1, -3, 5])]
     path = write_coco(tmp_path, anns, images=images)
     img = tmp_path / "img"
     (img / "000003.jpg").write_bytes(jpeg_bytes(10, 12, seed=3))

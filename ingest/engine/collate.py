@@ -92,9 +92,9 @@ def _padded(name: str, arrays: list[np.ndarray], pad: Any, *, fixed: bool) -> di
 
 
 class Rows(NamedTuple):
-    """Where a batch's values go in a padded ``[N, longest, ...]`` batch: sample n's are rows ``starts[n]:starts[n + 1]``
-    of one array of every sample's values; ``slot`` is each row's (sample, position) index into the padded batch.
-    Made once for the fields that share the offsets (`padded_rows`)."""
+    """Where a batch's values go in a padded ``[N, longest, ...]`` batch: sample n's are rows
+    ``starts[n]:starts[n + 1]`` of one array of every sample's values; ``slot`` is each row's (sample, position)
+    index into the padded batch. Made once for the fields that share the offsets (`padded_rows`)."""
 
     counts: np.ndarray
     longest: int

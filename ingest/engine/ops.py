@@ -219,8 +219,9 @@ class OpsStage(Stage, BoxFields):
         fields that are numpy arrays of one dtype, one value per box, in every sample (COCO's boxes, categories,
         iscrowd and area): the mapped boxes and each field's kept values as one array and its samples' offsets,
         the same values, in the same dtypes, that the per-sample targets hold. None where that does not hold
-        (masks, polygons, other values): the per-sample path takes the batch."""
-        if "masks" in self.extra_fields or "polygons" in self.extra_fields:
+        (boxes not declared an ``array``, masks, polygons, other values): the per-sample path takes the batch."""
+        if ("masks" in self.extra_fields or "polygons" in self.extra_fields
+                or self.extra_fields["boxes"].kind != "array"):   # (boxes of kind floats are batched flat: `collate`)
             return None
         names = [name for name in self.per_box if name in self.extra_fields]
         joined = {}
