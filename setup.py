@@ -2,7 +2,7 @@
 
 - ``ingest._readv``: a batch of file reads on native threads with the GIL released once per batch; without
   it `ingest.io` reads on Python threads.
-- ``ingest.decode._jpeg``: the JPEG headers of a batch in one call; without it `ingest.decode.cpu` reads them one
+- ``ingest.formats._jpeg``: the JPEG headers of a batch in one call; without it `ingest.decode.cpu` reads them one
   by one in Python.
 - ``ingest.formats._wire``: a batch of TFRecord records' ``tf.train.Example`` features located in one call;
   without it `ingest.formats.tfrecord` parses each record with protobuf (which stays the fallback for records
@@ -44,7 +44,7 @@ setup(ext_modules=[
               depends=["ingest/_native/plan.h", "ingest/_native/random_core.h"], libraries=["m"]),
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS,
               include_dirs=NATIVE, depends=["ingest/_native/example_scan.h"]),
-    Extension("ingest.decode._jpeg", ["ingest/decode/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
+    Extension("ingest.formats._jpeg", ["ingest/formats/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
               depends=["ingest/_native/jpeg_scan.h"]),
     Extension("ingest.ops._boxes", ["ingest/ops/_boxes.c"], optional=True, extra_compile_args=EXACT,
               depends=["ingest/_native/random_core.h"]),

@@ -1,4 +1,4 @@
-"""The batch JPEG header table (`ingest.decode.cpu.jpeg_headers`): the compiled scan (``ingest.decode._jpeg``)
+"""The batch JPEG header table (`ingest.decode.cpu.jpeg_headers`): the compiled scan (``ingest.formats._jpeg``)
 reads every byte string exactly as `read_jpeg_header` does — real files, hostile ones, crafted segments and
 random mutations — and `CpuDecoder.probe_batch` gives `probe`'s sizes and errors."""
 
@@ -17,7 +17,7 @@ from ingest.decode import cpu as decode
 from ingest.decode.cpu import HEADER_COLUMNS, CpuDecoder, header_of, jpeg_headers, read_jpeg_header
 from conftest import encode, realworld, textured
 
-native = pytest.mark.skipif(decode.NATIVE_HEADERS is None, reason="ingest.decode._jpeg was not built")
+native = pytest.mark.skipif(decode.NATIVE_HEADERS is None, reason="ingest.formats._jpeg was not built")
 
 
 def python_table(datas) -> np.ndarray:

@@ -1,5 +1,5 @@
 /* The JPEG header scan of one image, pure C (no Python): the same reading as ingest/decode/cpu.py's
- * read_jpeg_header. Included by ingest/decode/_jpeg.c (a batch of headers for Python) and the native engine
+ * read_jpeg_header. Included by ingest/formats/_jpeg.c (a batch of headers for Python) and the native engine
  * (ingest/_native/engine.c), so both read headers with one piece of code.
  *
  * ing_jpeg_scan(bytes, size, row) fills row[0..ING_JPEG_COLUMNS), the columns of decode.cpu.HEADER_COLUMNS:

@@ -4,7 +4,7 @@ RGBA where a decoder is asked for them).
 ::
 
     cpu           CpuDecoder (libjpeg-turbo through simplejpeg, Pillow for the rest), the batch JPEG header
-                  table (`jpeg_headers`; compiled in ``_jpeg.c``, with a Python reference)
+                  table (`jpeg_headers`; compiled in ``formats/_jpeg.c``, with a Python reference)
     codecs        JPEG 2000 and TIFF (imagecodecs), binary PNM/PAM, their headers and limits; the output rules
                   (dtype, channels) every decode ends in
     gpu           GpuDecoder: nvImageCodec on a CUDA stream (regions where the ops crop), the CPU decoder for

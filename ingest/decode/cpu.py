@@ -46,7 +46,7 @@ from ingest.errors import ConfigError, DecodeError
 from ingest.formats._images import JPEG_SIGNATURE
 
 try:  # the batch header scan in C (setup.py builds it where a compiler is found), else read_jpeg_header per image
-    from ingest.decode import _jpeg as NATIVE_HEADERS
+    from ingest.formats import _jpeg as NATIVE_HEADERS
 except ImportError:
     NATIVE_HEADERS = None
 
@@ -348,7 +348,7 @@ HEADER_COLUMNS = ("kind", "height", "width", "components", "precision", "process
 
 def jpeg_headers(datas: Sequence[Buffer]) -> np.ndarray:
     """An ``[n, 9]`` int64 table of :data:`HEADER_COLUMNS`, row k read from ``datas[k]`` as
-    :func:`read_jpeg_header` reads it: in one call to ``ingest.decode._jpeg`` (which keeps the GIL: a batch takes
+    :func:`read_jpeg_header` reads it: in one call to ``ingest.formats._jpeg`` (which keeps the GIL: a batch takes
     microseconds, less than getting the GIL back beside a busy thread), or, where that was not built, image by
     image here."""
     out = zeros((len(datas), len(HEADER_COLUMNS)), np.int64)

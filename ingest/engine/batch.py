@@ -141,7 +141,9 @@ class _Names:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, k: int) -> str:
+    def __getitem__(self, k: int | slice) -> Any:
+        if isinstance(k, slice):
+            return [self[j] for j in range(len(self))[k]]
         return self.source.name(int(self.indices[k]))
 
     def __reduce__(self):   # crossing to another process: the names, not the source

@@ -22,7 +22,7 @@ wait for the GPU every step.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -89,6 +89,41 @@ def _padded(name: str, arrays: list[np.ndarray], pad: Any, *, fixed: bool) -> di
     for k, a in enumerate(arrays):
         out[k, :len(a)] = a
     return {name: torch.from_numpy(out), f"{name}_lengths": lengths}
+
+
+class Rows(NamedTuple):
+    """Where a batch's values go in a padded ``[N, longest, ...]`` batch: sample n's are rows
+    ``starts[n]:starts[n + 1]`` of one array of every sample's values; ``slot`` is each row's (sample, position)
+    index into the padded batch. Made once for the fields that share the offsets (`padded_rows`)."""
+
+    counts: np.ndarray
+    longest: int
+    slot: tuple[np.ndarray, np.ndarray]
+
+    @classmethod
+    def of(cls, starts: np.ndarray) -> "Rows":
+        counts = np.diff(starts)
+        owner = np.repeat(np.arange(len(counts)), counts)
+        return cls(counts, int(counts.max()) if len(counts) else 0, (owner, np.arange(int(starts[-1])) - starts[owner]))
+
+
+def padded_rows(name: str, flat: np.ndarray, rows: Rows, pad: Any, *, fixed: bool) -> dict[str, torch.Tensor]:
+    """`_padded` of a field given as one array for the batch, ``flat``, whose rows `rows` places (each sample's
+    array one slice of it): the same tensors `_padded` makes of the slices, from one reshape or one scatter
+    instead of a copy per sample."""
+    counts, longest = rows.counts, rows.longest
+    lengths = torch.from_numpy(counts.astype(np.int64))
+    if not len(counts):
+        return {name: [], f"{name}_lengths": lengths}
+    n = len(counts)
+    if (counts == longest).all():   # every sample as long: stacked
+        out = {name: torch.from_numpy(np.ascontiguousarray(flat.reshape(n, longest, *flat.shape[1:])))}
+        if not fixed:
+            out[f"{name}_lengths"] = lengths
+        return out
+    padded = np.full((n, longest, *flat.shape[1:]), pad, dtype=flat.dtype)
+    padded[rows.slot] = flat
+    return {name: torch.from_numpy(padded), f"{name}_lengths": lengths}
 
 
 def _padded_tensors(name: str, tensors: list[torch.Tensor], pad: Any) -> dict[str, torch.Tensor]:

@@ -14,13 +14,17 @@ from ..decode.arena import arena_under
 from ..decode.cpu import CpuDecoder
 from ..formats.base import Field, Source
 from ..ops import planner
-from ..ops.base import stack_if_uniform
+from ..ops.base import size_array, stack_if_uniform
+from ..ops.boxes import from_ltrb
 from ..ops.mix import Mixing
 from .base import Stage
-from .batch import Batch, _select_rows, _Work, cuda_tensors, split_fields
+from .batch import Batch, _Names, _select_rows, _Work, cuda_tensors, split_fields
 from .boxes import BoxFields
-from .collate import collate, to_device
+from .collate import PAD, Rows, collate, padded_rows, to_device
 from .outputs import Outputs
+
+#: The kinds of per-box fields `_batch_targets` gives as one array, and the dtype `collate` batches them in.
+_ROW_DTYPES = {"ints": np.int64, "floats": np.float32}
 
 
 class OpsStage(Stage, BoxFields):
@@ -79,7 +83,7 @@ class OpsStage(Stage, BoxFields):
             return None  # every sample of the batch failed (and the budget allowed it)
         failed = set(work.failed)
         keep = [k for k in range(len(work.records)) if k not in failed]
-        names = [work.names[k] for k in keep] if self.extra_fields and self.with_fields else []   # for messages
+        names = _kept_names(work.names, keep) if self.extra_fields and self.with_fields else []   # for messages
         host_labels = np.ascontiguousarray(_select_rows(work.labels, keep, failed) if work.labels is not None else
                                            np.array([work.records[k].label for k in keep], dtype=np.int64))
         mixing = self._mixing(work, keep)
@@ -103,8 +107,8 @@ class OpsStage(Stage, BoxFields):
                     images = mixing.images(images)
                 if out is not None:
                     self.outputs.watch(images, out)
-                values = self._targets(work)
-                fields = self._collate([values[k] for k in keep], names, work, keep)
+                values, rows = self._targets(work)
+                fields = self._collate([values[k] for k in keep], names, work, keep, rows)
                 if not self.labels_on_host:
                     labels = torch.empty(labels.shape, dtype=labels.dtype, device=self.device)
                     if len(host_labels):
@@ -126,24 +130,36 @@ class OpsStage(Stage, BoxFields):
             images, ready = _select_rows(self._execute(work), keep, failed), None
             if mixing is not None:
                 images = mixing.images(images)
-            values = self._targets(work)
-            fields = self._collate([values[k] for k in keep], names, work, keep)
+            values, rows = self._targets(work)
+            fields = self._collate([values[k] for k in keep], names, work, keep, rows)
         if work.buffer is not None and len(self._spare_direct) < 2 and not _shares_memory(images, work.images):
             self._spare_direct.append((work.buffer, ready))   # for the next reads (`_direct_buffer`)
         indices = torch.from_numpy(np.ascontiguousarray(_select_rows(work.indices, keep, failed)))
         is_pad = torch.from_numpy(np.ascontiguousarray(_select_rows(work.is_pad, keep, failed)))
         return Batch(images, labels, indices, is_pad, fields, ready, work.plan.number)
 
-    def _collate(self, values: list[dict[str, Any]], names: list[str], work: _Work, keep: list[int]
-                 ) -> dict[str, Any]:
+    def _collate(self, values: list[dict[str, Any]], names: list[str], work: _Work, keep: list[int],
+                 rows: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> dict[str, Any]:
         """Every field other than image and label, batched by kind (`ingest.engine.collate`), and where the ops end
-        by padding (PadTo) ``image_sizes``: each image's (height, width) before the padding."""
+        by padding (PadTo) ``image_sizes``: each image's (height, width) before the padding. ``rows``: fields given
+        for the whole batch (`_targets`), each as one array and its samples' offsets, not in ``values``."""
         out: dict[str, Any] = {}
         if not self.with_fields:
             return out
+        rows = _kept_rows(rows, keep, len(work.records)) if rows else {}
+        placed: tuple[Any, Any] = (None, None)   # the last offsets seen and their `Rows` (the fields share them)
         for name, spec in self.extra_fields.items():
             if spec.kind == "mask" and work.masks is not None:
                 out[name] = self._masks(work, name, spec, keep)
+                continue
+            if name in rows:
+                flat, starts = rows[name]
+                if starts is not placed[0]:
+                    placed = (starts, Rows.of(starts))
+                if spec.kind in _ROW_DTYPES:   # as `collate` takes them: one value per box
+                    flat = flat.astype(_ROW_DTYPES[spec.kind], copy=False)
+                out.update(padded_rows(name, flat, placed[1], PAD[spec.kind], fixed=spec.kind != "array"
+                                       and spec.shape is not None))
                 continue
             out.update(collate(name, spec, [v[name] for v in values], names=names, decode=self.cpu.decode))
         if self.pads and work.ops_plan is not None and work.ops_plan.content_sizes is not None:
@@ -175,13 +191,17 @@ class OpsStage(Stage, BoxFields):
         return Mixing(self.mixer, rngs, [work.ops_plan.out_sizes[k] for k in keep], work.ops_plan.output)
 
     # -- detection targets ---------------------------------------------------------------------
-    def _targets(self, work: _Work) -> list[dict[str, Any]]:
+    def _targets(self, work: _Work) -> tuple[list[dict[str, Any]], dict[str, tuple[np.ndarray, np.ndarray]]]:
         """Each sample's other fields; with boxes, moved by the batch's geometry: boxes mapped (in the source's
         box format), masks warped like the image (on the ops' device), polygons moved and clipped like the boxes
-        (relative ones stay relative), per-box fields pruned with their boxes."""
+        (relative ones stay relative), per-box fields pruned with their boxes. Second, the fields given for the
+        whole batch instead (`_batch_targets`), by name: one array and its samples' offsets."""
         values = [r.fields for r in work.records]
         if not self.boxes or work.ops_plan is None or not self.with_fields:
-            return values
+            return values, {}
+        rows = self._batch_targets(work)
+        if rows is not None:
+            return values, rows
         # Polygons (COCO's JSON text) follow the boxes: relative coordinates as pixels while they move.
         relative = self.box_relative and "polygons" in self.extra_fields
         if relative:
@@ -192,7 +212,29 @@ class OpsStage(Stage, BoxFields):
         if relative:
             for v, size in zip(mapped, work.ops_plan.out_sizes):
                 v["polygons"] = planner.scale_polygons(v["polygons"], 1 / size[1], 1 / size[0])
-        return mapped
+        return mapped, {}
+
+    def _batch_targets(self, work: _Work) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+        """`Plan.batch_targets` for the whole batch at once, where the fields that move are the boxes and per-box
+        fields that are numpy arrays of one dtype, one value per box, in every sample (COCO's boxes, categories,
+        iscrowd and area): the mapped boxes and each field's kept values as one array and its samples' offsets,
+        the same values, in the same dtypes, that the per-sample targets hold. None where that does not hold
+        (boxes not declared an ``array``, masks, polygons, other values): the per-sample path takes the batch."""
+        if ("masks" in self.extra_fields or "polygons" in self.extra_fields
+                or self.extra_fields["boxes"].kind != "array"):   # (boxes of kind floats are batched flat: `collate`)
+            return None
+        names = [name for name in self.per_box if name in self.extra_fields]
+        joined = {}
+        for name in names:
+            joined[name] = planner.joined_per_box([r.fields.get(name) for r in work.records], work.boxes.starts)
+            if joined[name] is None or (self.extra_fields[name].kind in _ROW_DTYPES and joined[name].ndim != 1):
+                return None
+        mapped, keep = work.ops_plan.map_box_batch(work.boxes)
+        out = {"boxes": (from_ltrb(mapped, size_array(work.ops_plan.out_sizes), self.box_format, self.box_relative),
+                         mapped.starts)}
+        for name, values in joined.items():
+            out[name] = (values[keep], mapped.starts)
+        return out
 
     def _execute(self, work: _Work, out: torch.Tensor | None = None):
         if self.image_kind is None:
@@ -205,6 +247,32 @@ class OpsStage(Stage, BoxFields):
                 return images.permute(0, 3, 1, 2)
             return [im.permute(2, 0, 1) for im in images]   # ragged: a list, each image laid out as in a batch
         return images
+
+
+def _kept_names(names: Sequence[str], keep: list[int]) -> Sequence[str]:
+    """The kept samples' names; made on demand where the batch's are (`_Names`: only messages read them)."""
+    if isinstance(names, _Names):
+        return names if len(keep) == len(names) else _Names(names.source, names.indices[keep])
+    return [names[k] for k in keep]
+
+
+def _kept_rows(rows: dict[str, tuple[np.ndarray, np.ndarray]], keep: list[int], n: int
+               ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Batched fields (one array and its samples' offsets each) of the samples ``keep`` of ``n``."""
+    if len(keep) == n:
+        return rows
+    kept = np.zeros(n, dtype=bool)
+    kept[keep] = True
+    out, done = {}, {}
+    for name, (flat, starts) in rows.items():
+        if id(starts) not in done:   # the fields share their offsets: the kept ones are made once
+            counts = np.diff(starts)
+            new = np.zeros(len(keep) + 1, dtype=np.int64)
+            np.cumsum(counts[kept], out=new[1:])
+            done[id(starts)] = (np.repeat(kept, counts), new)
+        rows_kept, new = done[id(starts)]
+        out[name] = (flat[rows_kept], new)
+    return out
 
 
 def _shares_memory(images: Any, decoded: Any) -> bool:

@@ -13,7 +13,7 @@
  * here, and a record whose CRCs disagree is status 1 (protobuf's path then names the bad CRC). The batch is then
  * checksummed on up to CRC_THREADS native threads and scanned with the GIL released once (a batch's
  * checksums are long enough to be worth spreading and releasing for; docs/measurements.md, Formats); without
- * CRCs the scan is short and keeps the GIL (see ingest/decode/_jpeg.c for why short native calls keep it).
+ * CRCs the scan is short and keeps the GIL (see ingest/formats/_jpeg.c for why short native calls keep it).
  *
  * examples(records, keys, kinds, out, side, crc) -> int
  *   records  a sequence of n contiguous byte buffers, each one whole framed TFRecord record

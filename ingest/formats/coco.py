@@ -92,18 +92,23 @@ import os
 import stat
 import struct
 import warnings
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 from PIL import Image
 
 from .. import defaults
-from ..errors import ConfigError, CorruptRecordError, OutsideRootError, SourceError
+from ..errors import ConfigError, CorruptRecordError, IngestError, OutsideRootError, SourceError
 from ..io import read_error
 from ._coco_index import (NO_SEG, POLYGONS, REPAIR_KEYS, RLE, is_number, load_cache, open_arrays, parse_instances,
                           parse_results, polygon_rle, short, unpack)
-from .base import Field, Location, Record, check_index
+from .base import Field, Location, Record, check_index, parse_or_error
 from .boxes import DEFAULT as DEFAULT_BOXES, box_format as check_box_format, convert as convert_boxes
+
+try:  # a batch's JPEG frame headers in one call (setup.py builds it where a compiler is found), else Pillow's
+    from . import _jpeg as NATIVE_HEADERS
+except ImportError:
+    NATIVE_HEADERS = None
 
 #: Pixel masks of one image larger than this (objects x height x width bytes) fail it instead of allocating.
 MAX_MASK_BYTES = 1 << 31
@@ -382,13 +387,85 @@ class CocoSource:
         fields: dict[str, Any] = {"image_id": int(self._a["img_id"][j]), "boxes": self._boxes[lo:hi].copy(),
                                   "categories": self._cats[lo:hi].copy(), "iscrowd": self._crowd[lo:hi].copy(),
                                   "area": self._area[lo:hi].copy()}
-        if self.masks == "masks":
-            fields["masks"] = self._pixel_masks(i, j, self._ann[lo:hi])
-        elif self.masks == "polygons":
-            fields["polygons"] = self._polygons(j, self._ann[lo:hi])
+        self._add_segmentation(fields, i, j, np.arange(lo, hi))
         if self._score is not None:
             fields["scores"] = self._score[lo:hi].copy()
         return Record(raw, -1, fields)
+
+    def parse_batch(self, indices: Sequence[int], raws: Sequence[Any]) -> list[Any]:
+        """`parse` of a batch (`ingest.formats.base.parse_each`: per sample a `Record` or the error parsing it
+        raised), in a few array operations: the size check reads every JPEG's frame header in one native call
+        (``_jpeg``, the decoders' own header scan) and each field's values of the whole batch are gathered in
+        one copy, a record's arrays being slices of it (masks and polygons are made sample by sample, as `parse`
+        makes them). A sample that needs more goes through `parse`, which gives it the same value or error: an
+        index out of range, an image whose annotations are invalid, and, for the size check, a header the scan
+        does not settle alone (not a JPEG, an EXIF or XMP orientation other than 1, or a size other than the
+        declared one: Pillow reads it again)."""
+        n = len(indices)
+        try:
+            idx = np.asarray(indices).astype(np.int64, casting="safe").reshape(n)
+        except (TypeError, ValueError, OverflowError):   # not all integers: `parse` says what is wrong
+            idx = np.full(n, -1 - len(self._img), dtype=np.int64)
+        count = len(self._img)
+        idx[idx < 0] += count
+        fast = (idx >= 0) & (idx < count)
+        j = self._img[np.where(fast, idx, 0)]
+        if self._errors:
+            fast &= ~np.isin(j, np.fromiter(self._errors, np.int64, len(self._errors)))
+        if self.check_sizes and fast.any():
+            fast &= self._sizes_agree(j, raws)
+        out: list[Any] = [None] * n
+        for k in np.flatnonzero(~fast).tolist():
+            out[k] = parse_or_error(self, indices[k], raws[k])
+        rows = np.flatnonzero(fast)
+        if not len(rows):
+            return out
+        lo, hi = self._start[idx[rows]], self._start[idx[rows] + 1]
+        counts = hi - lo
+        bounds = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(counts, out=bounds[1:])
+        take = np.arange(bounds[-1]) + np.repeat(lo - bounds[:-1], counts)   # the objects of every sample, in order
+        edges = bounds.tolist()
+        spans = list(zip(edges, edges[1:]))
+        boxes, cats, crowd, area = self._boxes[take], self._cats[take], self._crowd[take], self._area[take]
+        scores = self._score[take] if self._score is not None else None
+        ids = np.asarray(self._a["img_id"])[j[rows]].tolist()
+        for k, image_id, (a, b) in zip(rows.tolist(), ids, spans):
+            fields = {"image_id": image_id, "boxes": boxes[a:b], "categories": cats[a:b], "iscrowd": crowd[a:b],
+                      "area": area[a:b]}
+            if self.masks is not None:
+                try:
+                    self._add_segmentation(fields, int(idx[k]), int(j[k]), take[a:b])
+                except (IngestError, ValueError) as err:
+                    out[k] = err
+                    continue
+            if scores is not None:
+                fields["scores"] = scores[a:b]
+            out[k] = Record(raws[k], -1, fields)
+        return out
+
+    def _add_segmentation(self, fields: dict[str, Any], i: int, j: int, objects: np.ndarray) -> None:
+        """Sample ``i``'s (image ``j``'s) masks or polygons into ``fields``, from its ``objects`` (rows of the kept
+        objects' arrays)."""
+        if self.masks == "masks":
+            fields["masks"] = self._pixel_masks(i, j, self._ann[objects])
+        elif self.masks == "polygons":
+            fields["polygons"] = self._polygons(j, self._ann[objects])
+
+    def _sizes_agree(self, j: np.ndarray, raws: Sequence[Any]) -> np.ndarray:
+        """Per sample, whether its bytes are a JPEG whose frame header is its image's declared width and height
+        with no orientation to apply (False where that is unknown: no native scan, another format, a turned
+        image, a header the scan refuses)."""
+        if NATIVE_HEADERS is None:
+            return np.zeros(len(j), dtype=bool)
+        table = np.zeros((len(j), 9), dtype=np.int64)
+        try:
+            NATIVE_HEADERS.headers(raws, table)
+        except (TypeError, ValueError, BufferError):   # a buffer the scan does not take: Pillow reads them all
+            return np.zeros(len(j), dtype=bool)
+        kind, h, w, orientation = table[:, 0], table[:, 1], table[:, 2], table[:, 6]
+        return ((kind == 1) & (orientation == 1) & (h == np.asarray(self._a["img_h"])[j])
+                & (w == np.asarray(self._a["img_w"])[j]))
 
     def _real_dir(self, directory: str) -> str:
         """``os.path.realpath(directory)``, remembered (a few directories hold a dataset's images)."""

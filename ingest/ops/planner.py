@@ -741,20 +741,11 @@ def _take_all(values: list[Any], keep: np.ndarray, before: np.ndarray, after: np
     numpy arrays, or all tensors, of one dtype (and device) whose lengths are the samples' box counts; else
     None (then `_take` goes sample by sample, and says which field is wrong)."""
     types = set(map(type, values))
-    if types not in ({np.ndarray}, {torch.Tensor}) or len(set(map(_DTYPE, values))) != 1:
-        return None
-    try:
-        lengths = np.fromiter(map(len, values), np.int64, len(values))
-    except TypeError:   # a 0-d value
-        return None
-    if not np.array_equal(lengths, np.diff(before)):
-        return None
     if types == {np.ndarray}:
-        try:
-            joined = np.concatenate(values)
-        except ValueError:   # shapes differ beyond the first dimension
-            return None
-        return split(joined[keep], after)
+        joined = joined_per_box(values, before)
+        return None if joined is None else split(joined[keep], after)
+    if types != {torch.Tensor} or len(set(map(_DTYPE, values))) != 1 or not _lengths_are(values, before):
+        return None
     if len({v.device for v in values}) == 1:
         try:
             joined = torch.cat(values)
@@ -762,6 +753,29 @@ def _take_all(values: list[Any], keep: np.ndarray, before: np.ndarray, after: np
             return None
         return split(joined[torch.from_numpy(keep).to(joined.device)], after)
     return None
+
+
+def joined_per_box(values: list[Any], starts: np.ndarray) -> np.ndarray | None:
+    """A per-box field of every sample as one array, sample n's values at rows ``starts[n]:starts[n + 1]``, when
+    the values are all numpy arrays of one dtype whose lengths are the samples' box counts (and whose shapes
+    agree past the first dimension); else None."""
+    if set(map(type, values)) != {np.ndarray} or len(set(map(_DTYPE, values))) != 1:
+        return None
+    if not _lengths_are(values, starts):
+        return None
+    try:
+        return np.concatenate(values)
+    except ValueError:   # shapes differ beyond the first dimension
+        return None
+
+
+def _lengths_are(values: list[Any], starts: np.ndarray) -> bool:
+    """Whether the values' lengths are the counts that ``starts`` (offsets) give (False for a 0-d value)."""
+    try:
+        lengths = np.fromiter(map(len, values), np.int64, len(values))
+    except TypeError:   # a 0-d value
+        return False
+    return np.array_equal(lengths, np.diff(starts))
 
 
 def _take(value: Any, keep: np.ndarray, name: str) -> Any:

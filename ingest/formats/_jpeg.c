@@ -64,7 +64,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"headers", py_headers, METH_VARARGS, "JPEG headers of a batch (see the top of ingest/decode/_jpeg.c)."},
+    {"headers", py_headers, METH_VARARGS, "JPEG headers of a batch (see the top of ingest/formats/_jpeg.c)."},
     {NULL, NULL, 0, NULL},
 };
 
