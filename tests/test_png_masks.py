@@ -377,13 +377,23 @@ def test_a_batch_decodes_as_mask_by_mask(threads):
 
 @needs_native
 def test_native_threads_split_a_batch():
-    pngs = [build(values_for(30, 40, 8, seed=k), 8, 3) for k in range(12)] + [b"junk"]
-    one = masks.NATIVE_PNG.decode(pngs, BIG, 1)
-    four = masks.NATIVE_PNG.decode(pngs, BIG, 4)
-    assert four[-1] is None and one[-1] is None
-    for a, b, k in zip(one[:-1], four[:-1], range(12)):
-        assert a[1:] == b[1:] == (30, 40, 1) and a[0] == b[0]
+    native_png = masks.NATIVE_PNG
+    pngs = [build(values_for(30, 40, 8, seed=k), 8, 3) for k in range(12)]
+    pngs += [b"junk", build(values_for(3, 3, 8), 8, 3)[:-30]]   # left to Pillow, refused
+    one = native_png.decode(pngs, BIG, 1)
+    four = native_png.decode(pngs, BIG, 4)
+    pending = native_png.start(pngs, BIG, 3)
+    started = native_png.finish(pending)
+    with pytest.raises(ValueError):
+        native_png.finish(pending)                          # finished with
+    assert one[-2] is None and four[-2] is None and started[-2] is None
+    assert one[-1] == four[-1] == started[-1] and "IDAT" in one[-1][0]
+    for a, b, c, k in zip(one, four, started, range(12)):
+        assert a[1:] == b[1:] == c[1:] == (30, 40, 1) and a[0] == b[0] == c[0]
         assert np.array_equal(np.frombuffer(a[0], np.uint8).reshape(30, 40), values_for(30, 40, 8, seed=k))
+    for _ in range(3):   # dropped unfinished: its threads are waited for when it is freed
+        native_png.start(pngs * 4, BIG, 4)
+    assert native_png.finish(native_png.start([], BIG, 4)) == []
 
 
 @needs_native

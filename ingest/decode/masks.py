@@ -20,9 +20,9 @@ are wrong, but a gray JPEG decodes as its levels.
 Notes
 -----
 The PNGs masks usually are (non-interlaced palette at 1-8 bits, gray at 1, 8 or 16 bits, 8-bit gray + alpha)
-are decoded by ``ingest.decode._png`` where it was built and zlib loads: a batch on native threads with the
-GIL released once, to exactly the values Pillow gives. Pillow decodes the rest, and everything where that
-module is missing. The native decoder is stricter than Pillow on damaged files: it checks every chunk's CRC
+are decoded by ``ingest.decode._png`` where it was built and zlib loads: a batch on native threads, to
+exactly the values Pillow gives, with at most one GIL hand-off per batch. Pillow decodes the rest, and
+everything where that module is missing. The native decoder is stricter than Pillow on damaged files: it checks every chunk's CRC
 (Pillow skips IDAT's) and wants the image data to inflate to exactly its rows, refusing more or less with a
 `DecodeError` that names the sample and the byte offset of the chunk.
 """
@@ -113,10 +113,17 @@ def _native_png(data: Any) -> bool:
 
 def _native_batch(bufs: Sequence[Any], names: Sequence[str], limit: int,
                   threads: int) -> list[np.ndarray | DecodeError]:
-    """PNG masks decoded by `NATIVE_PNG` on ``threads`` native threads, one GIL release for all; a PNG it
-    leaves (animated, no PLTE, ...) is decoded by Pillow; a refused one gives its `DecodeError`."""
+    """PNG masks decoded by `NATIVE_PNG` on ``threads`` native threads, one GIL release for all (see
+    `_native_results`)."""
+    return _native_results(NATIVE_PNG.decode(bufs, limit, threads), bufs, names, limit)
+
+
+def _native_results(results: list, bufs: Sequence[Any], names: Sequence[str],
+                    limit: int) -> list[np.ndarray | DecodeError]:
+    """`NATIVE_PNG`'s results as arrays; a PNG it leaves (animated, no PLTE, ...) decoded by Pillow; a refused
+    one as its `DecodeError`."""
     out: list[np.ndarray | DecodeError] = []
-    for buf, name, got in zip(bufs, names, NATIVE_PNG.decode(bufs, limit, threads)):
+    for buf, name, got in zip(bufs, names, results):
         if got is None:
             try:
                 out.append(_pillow(buf, name, limit))
@@ -142,10 +149,10 @@ def _decoded(data: np.ndarray, name: str) -> np.ndarray:
 
 
 class MaskDecoder:
-    """Decodes a batch's masks on a pool of ``threads`` threads (default: the ``decode_threads`` setting),
-    which starts on first use. The PNGs `NATIVE_PNG` takes go to it as one task, decoded on ``threads`` native
-    threads with one GIL release for the batch; each other mask is a task of its own, for Pillow (which lets
-    the GIL go while it inflates)."""
+    """Decodes a batch's masks on ``threads`` threads (default: the ``decode_threads`` setting). The PNGs
+    `NATIVE_PNG` takes are decoded on native threads of its own, started by `submit` and waited for by the
+    function it returns, which takes no GIL hand-off when they are done by then; each other mask is a task of a
+    pool of Python threads (started on first use), for Pillow, which lets the GIL go while it inflates."""
 
     def __init__(self, *, threads: int | None = None):
         threads = defaults.get("decode_threads") if threads is None else threads
@@ -159,22 +166,23 @@ class MaskDecoder:
         return self.submit(datas, names)()
 
     def submit(self, datas: Sequence[Any], names: Sequence[str]) -> Callable[[], list[np.ndarray | DecodeError]]:
-        """`decode_batch` started on the pool; the function returned waits for it and gives its result (the
-        caller decodes the images meanwhile)."""
+        """`decode_batch` started (on the native threads and the pool); the function returned waits for it and
+        gives its result (the caller decodes the images meanwhile)."""
         if len(datas) <= 1:
             done = [_or_error(d, n) for d, n in zip(datas, names)]
             return lambda: done
-        pool, limit = self._pool.pool, defaults.get("max_pixels")
+        limit = defaults.get("max_pixels")
         png = [k for k, d in enumerate(datas) if _native_png(d)]
-        native = pool.submit(_native_batch, [memoryview(datas[k]).cast("B") for k in png],
-                             [names[k] for k in png], limit, self.threads) if png else None
+        bufs, png_names = [memoryview(datas[k]).cast("B") for k in png], [names[k] for k in png]
+        native = NATIVE_PNG.start(bufs, limit, self.threads) if png else None
         taken = set(png)
-        others = {k: pool.submit(_or_error, d, n) for k, (d, n) in enumerate(zip(datas, names)) if k not in taken}
+        others = {k: self._pool.pool.submit(_or_error, d, n)
+                  for k, (d, n) in enumerate(zip(datas, names)) if k not in taken}
 
         def wait() -> list[np.ndarray | DecodeError]:
             out: list[Any] = [None] * len(datas)
             if native is not None:
-                for k, got in zip(png, native.result()):
+                for k, got in zip(png, _native_results(NATIVE_PNG.finish(native), bufs, png_names, limit)):
                     out[k] = got
             for k, future in others.items():
                 out[k] = future.result()
