@@ -3,13 +3,15 @@ beside a busy pure-Python thread, and the share of its own rate that the busy th
 
 Masks are VOC-shaped: 375x500 palette PNGs of class-id blobs (ids 0-20 and a 255 border), written by Pillow.
 Cases: one mask at a time on the calling thread (`decode_mask`), and `MaskDecoder.decode_batch` of a batch
-(the loader's path: Pillow per mask on the pool, or one native call per batch on ``--threads`` threads).
+(the loader's path: Pillow per mask on the pool, or one native batch on ``--threads`` threads); and, beside the
+busy thread, the time the loader's decode stage spends collecting a batch's masks when it does so
+``--overlap-ms`` after starting them (the images decode meanwhile).
 
 The cases run in turn for ``--rounds`` rounds and the medians are printed, so that other load on a shared
 machine falls on every case alike. A busy thread's "kept" share is its iterations per second beside the
 decoding over its rate alone in the same round.
 
-Usage: python dev/mask_png_beside.py [--seconds 1.5] [--rounds 5] [--batch 32] [--threads 2]
+Usage: python dev/mask_png_beside.py [--seconds 1.5] [--rounds 5] [--batch 32] [--threads 2] [--overlap-ms 40]
 """
 
 from __future__ import annotations
@@ -67,6 +69,21 @@ def rate(fn, pngs: list[bytes], batch: int, seconds: float) -> float:
     return done / (time.perf_counter() - t0)
 
 
+def overlapped_wait(pool, pngs: list[bytes], batch: int, seconds: float, overlap: float) -> float:
+    """Milliseconds per batch spent in the wait `MaskDecoder.submit` returns, called ``overlap`` seconds after
+    the submit (the caller sleeping meanwhile, as it waits on the GPU's image decode in the loader)."""
+    waited, k, t0 = 0.0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        start = (k * batch) % (len(pngs) - batch + 1)
+        wait = pool.submit(pngs[start:start + batch], ["m"] * batch)
+        time.sleep(overlap)
+        t1 = time.perf_counter()
+        wait()
+        waited += time.perf_counter() - t1
+        k += 1
+    return waited * 1e3 / k
+
+
 def busy_alone(seconds: float) -> float:
     with Busy() as b:
         time.sleep(seconds)
@@ -79,6 +96,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="the cases run in turn this often; medians reported")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--overlap-ms", type=float, default=40.0, help="the image decode's stand-in (a sleep)")
     args = p.parse_args()
     if masks.NATIVE_PNG is None:
         raise SystemExit("ingest.decode._png is not built or libz.so.1 did not load")
@@ -107,13 +125,16 @@ def main() -> None:
                     spent = time.perf_counter() - t0
                 samples.setdefault(f"{key}_beside_busy_masks_s", []).append(beside)
                 samples.setdefault(f"{key}_busy_kept", []).append(b.count / spent / alone)
+            with Busy():
+                samples.setdefault(f"{decoder}_pool_wait_ms_after_overlap_beside_busy", []).append(
+                    overlapped_wait(pools[decoder], pngs, args.batch, args.seconds, args.overlap_ms / 1e3))
         masks.NATIVE_PNG = native_module
     for pool in pools.values():
         pool.close()
     results = {"bytes_per_mask": int(np.mean([len(x) for x in pngs])), "batch": args.batch,
                "threads": args.threads, "rounds": args.rounds, "cpus": len(os.sched_getaffinity(0)),
                "load_1min": round(os.getloadavg()[0], 2)}
-    results.update({k: round(float(np.median(v)), 3 if k.endswith("kept") else 1) for k, v in samples.items()})
+    results.update({k: round(float(np.median(v)), 3 if k.endswith(("kept", "_ms")) else 1) for k, v in samples.items()})
     print(json.dumps(results, indent=1))
 
 
