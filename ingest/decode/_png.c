@@ -1,4 +1,4 @@
-/* Palette and gray PNG masks of a batch decoded in one call, the GIL released once for the whole batch.
+/* Palette and gray PNG masks of a batch decoded on native threads, with at most one GIL hand-off for the batch.
  *
  * ingest/decode/masks.py decodes masks with Pillow, which lets the GIL go and takes it back several times per
  * image; beside a busy Python thread every take-back can wait a switch interval. This module decodes the PNGs
