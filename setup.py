@@ -13,6 +13,9 @@
 - ``ingest._plan``: the native planner (``ingest/_native/plan.c``: a batch's draws, composed warp and warp
   kernel arguments in C, as the Python planner makes them) bound for `ingest.native_plan` and its tests; the
   native engine compiles the same file. Without it the Python planner is the only one.
+- ``ingest.decode._png``: a batch's palette and gray PNG masks decoded on native threads with the GIL released
+  once (zlib loaded at run time); without it, or without libz.so.1, `ingest.decode.masks` decodes them with
+  Pillow.
 - ``ingest.ops._boxes``: a detection batch's RandomIoUCrop draws, and its boxes through each op, in one call
   each holding the GIL; without it `ingest.ops.detection` and `ingest.ops.affine` do the same in numpy.
 - ``ingest.decode._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
@@ -46,6 +49,8 @@ setup(ext_modules=[
               include_dirs=NATIVE, depends=["ingest/_native/example_scan.h"]),
     Extension("ingest.formats._jpeg", ["ingest/formats/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
               depends=["ingest/_native/jpeg_scan.h"]),
+    Extension("ingest.decode._png", ["ingest/decode/_png.c"], optional=True, extra_compile_args=FLAGS,
+              libraries=["dl", "pthread"]),
     Extension("ingest.ops._boxes", ["ingest/ops/_boxes.c"], optional=True, extra_compile_args=EXACT,
               depends=["ingest/_native/random_core.h"]),
     Extension("ingest.decode._nvloop", ["ingest/decode/_nvloop.c"], optional=True, extra_compile_args=FLAGS,
