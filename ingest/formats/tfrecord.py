@@ -48,8 +48,9 @@ lists are not read); without it, such a file raises `SourceError` saying so.
 
 **Batches** (`TFRecordSource.parse_batch`, what the loader calls): the compiled ``_wire`` scan locates every
 feature of a batch's records in one call (the image as a view of the read buffer, not a copy out of a
-protobuf message), for specs of one-value features and int/float lists, and checks their CRCs with the
-crc32c package's own function (`_native_crc`) with the GIL released once per batch (else per record here).
+protobuf message), for specs of one-value features (DeepLab's mask among them) and int/float lists, and
+checks their CRCs with the crc32c package's own function (`_native_crc`) with the GIL released once per batch
+(else per record here).
 A record the scan does not take (anything but the canonical encoding, or a problem) is parsed with protobuf,
 record by record, which reads it or names what is wrong. Records come out the same either way.
 
@@ -546,7 +547,8 @@ class TFRecordSource:
 
 #: Field kind -> `_wire` kind code (``b``: one bytes value, ``i`` one int64, ``f`` one float, ``I``/``F``
 #: a list). Pixels, arrays and the Object Detection API's boxes and image ids are parsed with protobuf.
-_SCAN_CODES = {"image": "b", "bytes": "b", "text": "b", "int": "i", "float": "f", "ints": "I", "floats": "F"}
+_SCAN_CODES = {"image": "b", "mask": "b", "bytes": "b", "text": "b", "int": "i", "float": "f", "ints": "I",
+               "floats": "F"}
 #: List values room per record in a scanned batch; a batch with more takes its last records through protobuf.
 _SIDE = 256
 
@@ -570,17 +572,17 @@ def _scan_plan(spec: Mapping[str, tuple[str, Field]]) -> tuple[list[bytes], byte
 def _scanned(raw: Any, row: list, number: list, fields: list, side: np.ndarray,
              side_floats: np.ndarray) -> Record | None:
     """The Record of a record `_wire` took (``row``: its output row; ``number``: the same as float64), or None
-    where a value needs protobuf's path to read it or to name its problem (an empty image, text that is not
-    UTF-8, a list of the wrong length)."""
+    where a value needs protobuf's path to read it or to name its problem (an empty image or mask, text that is
+    not UTF-8, a list of the wrong length)."""
     values = {}
     at = 5
     for name, kind, shape in fields:
         a, b = row[at], row[at + 1]
+        if kind in ("image", "mask") and not b:
+            return None
         if kind == "image":
-            if not b:
-                return None
             value = raw[a:a + b]
-        elif kind == "bytes":
+        elif kind in ("mask", "bytes"):
             value = bytes(raw[a:a + b])
         elif kind == "text":
             try:
