@@ -240,3 +240,163 @@ def test_random_and_mutated_examples_read_as_protobuf_reads_them(source, data):
     messages = data.draw(st.lists(examples(), min_size=1, max_size=4))
     records = [frame(data.draw(mutated(m))) for m in messages]
     _compare(source, records)
+
+
+# -- DeepLab's segmentation layout: the mask is scanned too ----------------------------------------------
+
+FAKE_PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(30))
+
+
+def _deeplab(img=FAKE_JPEG, mask=FAKE_PNG, height=(4,), width=(6,)) -> Example:
+    ex = Example()
+    fmap = ex.features.feature
+    fmap["image/encoded"].bytes_list.value.append(img)
+    fmap["image/format"].bytes_list.value.append(b"jpeg")
+    if mask is not None:
+        fmap["image/segmentation/class/encoded"].bytes_list.value.append(mask)
+    fmap["image/height"].int64_list.value.extend(height)
+    fmap["image/width"].int64_list.value.extend(width)
+    return ex
+
+
+@pytest.fixture()
+def deeplab(tmp_path):
+    path = tmp_path / "seg.tfrecord"
+    path.write_bytes(frame(_deeplab().SerializeToString()))
+    src = TFRecordSource(str(path))   # the inferred spec: image, mask, and the size lists
+    assert src.fields["mask"].kind == "mask" and src._scan is not None
+    return src
+
+
+@pytest.mark.parametrize("native_crc", [True, False])
+def test_deeplab_records_are_scanned_and_damaged_ones_named_as_parse_names_them(deeplab, monkeypatch, native_crc):
+    crc = tfrecord._CRC
+    if not native_crc:
+        monkeypatch.setattr(tfrecord, "_CRC", 0)
+    good = [frame(_deeplab(mask=FAKE_PNG + bytes([k]), height=(k,)).SerializeToString()) for k in range(3)]
+    flipped = bytearray(good[0])
+    flipped[good[0].index(FAKE_PNG) + 3] ^= 1   # inside the mask: the message still parses
+    no_mask = _deeplab(mask=None)
+    int_mask = _deeplab(mask=None)
+    int_mask.features.feature["image/segmentation/class/encoded"].int64_list.value.append(1)
+    two_masks = _deeplab()
+    two_masks.features.feature["image/segmentation/class/encoded"].bytes_list.value.append(FAKE_PNG)
+    damaged = [bytes(flipped), good[1][:-3], b"\x00" * 20] + [frame(m.SerializeToString()) for m in
+                                                              (no_mask, int_mask, two_masks, _deeplab(mask=b""))]
+    records = good + damaged
+    # the bad CRC and the truncated, missing, ill-typed and doubled masks are left to protobuf by the scan; an
+    # empty mask is scanned, then refused by `_scanned`: protobuf's path names every one of them
+    assert _status(deeplab, records, crc) == [0] * 3 + [1] * 6 + [0]
+    batch = _compare(deeplab, records)
+    for k, record in enumerate(batch[:3]):
+        assert type(record.fields["mask"]) is bytes and record.fields["mask"] == FAKE_PNG + bytes([k])
+        assert record.fields["image/height"].tolist() == [k] and record.fields["image/height"].dtype == np.int64
+    assert "bad data CRC" in str(batch[3])
+    assert [f"'image/segmentation/class/encoded': {what}" in str(e) for e, what in
+            zip(batch[6:], ("missing", "holds a int64_list", "holds 2 values", "empty mask"))] == [True] * 4
+
+
+def test_deeplab_records_written_by_the_writer_read_the_same(tmp_path):
+    fields = {"image": Field("image"), "mask": Field("mask"), "label": Field("int")}
+    writer = TFRecordWriter(tmp_path, "seg", fields)
+    for i in range(10):
+        writer.add(Record(FAKE_JPEG + bytes([i]), i, {"mask": FAKE_PNG * (i + 1)}))
+    writer.close()
+    for features in (None, tfrecord.writer_spec(fields),
+                     {"image": ["image/encoded", "image"], "mask": ["image/segmentation/class/encoded", "mask"]}):
+        src = TFRecordSource(str(tmp_path / "seg.tfrecord"), features=features)
+        raws = [read_location(src.locate(i)) for i in range(len(src))]
+        assert src._scan is not None and _status(src, raws) == [0] * 10
+        assert [r.fields["mask"] for r in _compare(src, raws)] == [FAKE_PNG * (i + 1) for i in range(10)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_deeplab_records_read_as_protobuf_reads_them(deeplab, data):
+    messages = [_deeplab(mask=data.draw(st.binary(max_size=8)), height=data.draw(st.lists(st.integers(0, 9),
+                                                                                         max_size=2)))
+                for _ in range(data.draw(st.integers(1, 3)))]
+    _compare(deeplab, [frame(data.draw(mutated(m.SerializeToString()))) for m in messages])
+
+
+# -- the Object Detection API's layout: boxes and image ids are scanned too ------------------------------
+
+def _od_records(tmp_path) -> str:
+    fields = {"image": Field("image"), "boxes": Field("array", dtype="float32"), "categories": Field("ints"),
+              "iscrowd": Field("ints"), "area": Field("floats"), "image_id": Field("int")}
+    writer = TFRecordWriter(tmp_path, "od", fields)
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        xy = rng.uniform(0, 20, (i, 2))
+        boxes = np.concatenate([xy, xy + rng.uniform(1, 9, (i, 2))], axis=1)
+        writer.add(Record(bytes(_tiny_png(24, 32)), -1, {"boxes": boxes, "categories": np.arange(i),
+                                                      "iscrowd": np.zeros(i, np.int64),
+                                                      "area": np.full(i, 2.5, np.float32), "image_id": 100 + i}))
+    writer.close()
+    return str(tmp_path / "od.tfrecord")
+
+
+def _tiny_png(height: int, width: int) -> bytes:
+    import io
+
+    from PIL import Image
+    out = io.BytesIO()
+    Image.new("L", (width, height)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _od_example(**changes) -> bytes:
+    """One OD API record with a box, ``changes`` replacing features (key -> (list kind, values), or None to
+    leave the feature out)."""
+    features = {"image/encoded": ("bytes_list", [FAKE_JPEG]), "image/height": ("int64_list", [10]),
+                "image/width": ("int64_list", [20]), "image/object/class/label": ("int64_list", [1]),
+                "image/source_id": ("bytes_list", [b"42"]),
+                **{key: ("float_list", [v]) for key, v in zip(tfrecord.OD_BOX_KEYS, (0.1, 0.2, 0.5, 0.75))}}
+    features.update(changes)
+    ex = Example()
+    for key, feature in features.items():
+        if feature is not None:
+            getattr(ex.features.feature[key], feature[0]).value.extend(feature[1])
+    return frame(ex.SerializeToString())
+
+
+@pytest.mark.parametrize("box_format", ["xyxy", "xywh", "cxcywh"])
+def test_detection_records_are_scanned_and_read_as_parse_reads_them(tmp_path, box_format):
+    path = _od_records(tmp_path)
+    src = TFRecordSource(path, box_format=box_format)
+    assert {"boxes", "categories", "iscrowd", "area", "image_id"} <= set(src.fields) and src._scan is not None
+    raws = [read_location(src.locate(i)) for i in range(len(src))]
+    assert _status(src, raws) == [0] * len(raws)
+    batch = _compare(src, raws)
+    assert [r.fields["image_id"] for r in batch] == list(range(100, 106))
+    assert [r.fields["boxes"].shape for r in batch] == [(i, 4) for i in range(6)]
+    assert batch[3].fields["boxes"].dtype == np.float32 and batch[3].fields["boxes"].any()
+    spec = TFRecordSource(path, features={"image": "image/encoded", "boxes": ["image/object/bbox", "array"],
+                                          "categories": "image/object/class/label"})
+    assert spec._scan is not None and _status(spec, raws) == [0] * len(raws)
+    _compare(spec, raws)
+
+
+def test_damaged_detection_records_are_named_as_parse_names_them(tmp_path):
+    spec = {"image": "image/encoded", "boxes": ["image/object/bbox", "array"], "image_id": ["image/source_id", "int"],
+            "categories": "image/object/class/label"}
+    path = tmp_path / "one.tfrecord"
+    path.write_bytes(_od_example())
+    src = TFRecordSource(str(path), features=spec)
+    assert src._scan is not None
+    ymax = tfrecord.OD_BOX_KEYS[3]
+    records = [_od_example(), _od_example(**{ymax: ("float_list", [0.5, 0.6])}),
+               _od_example(**{"image/height": ("int64_list", [0])}), _od_example(**{"image/width": None}),
+               _od_example(**{"image/source_id": ("bytes_list", [b"img7.jpg"])}),
+               _od_example(**{"image/source_id": ("bytes_list", [b""])}),
+               _od_example(**{ymax: ("int64_list", [1])})]
+    # taken by the scan but refused by `_od_boxes` or `_scanned` (list lengths, size, id), or left by the scan
+    assert _status(src, records) == [0, 0, 0, 1, 0, 0, 1]
+    batch = _compare(src, records)
+    assert batch[0].fields["boxes"].tolist() == [[2.0, 2.0, 10.0, 7.5]] and batch[0].fields["image_id"] == 42
+    assert ["coordinate lists of different lengths" in str(batch[1]), "image size 0x20" in str(batch[2]),
+            "'image/width': missing" in str(batch[3]), "not an integer image id" in str(batch[4]),
+            "not an integer image id" in str(batch[5]), "holds a int64_list" in str(batch[6])] == [True] * 6
+    many = [_od_example(**{key: ("float_list", [0.5] * 70) for key in tfrecord.OD_BOX_KEYS})]
+    assert _status(src, many) == [1]   # past the batch's list room: read by protobuf
+    assert _compare(src, many)[0].fields["boxes"].shape == (70, 4)

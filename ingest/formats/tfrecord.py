@@ -48,8 +48,10 @@ lists are not read); without it, such a file raises `SourceError` saying so.
 
 **Batches** (`TFRecordSource.parse_batch`, what the loader calls): the compiled ``_wire`` scan locates every
 feature of a batch's records in one call (the image as a view of the read buffer, not a copy out of a
-protobuf message), for specs of one-value features and int/float lists, and checks their CRCs with the
-crc32c package's own function (`_native_crc`) with the GIL released once per batch (else per record here).
+protobuf message), for specs of one-value features (DeepLab's mask among them), int/float lists and the
+Object Detection API's boxes (its four coordinate lists and the image size) and image ids, and checks their
+CRCs with the crc32c package's own function (`_native_crc`) with the GIL released once per batch (else per
+record here).
 A record the scan does not take (anything but the canonical encoding, or a problem) is parsed with protobuf,
 record by record, which reads it or names what is wrong. Records come out the same either way.
 
@@ -74,7 +76,7 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 from .._atomic import atomic_write
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import _protos
-from ._example import (OD_BOXES, OD_CLASS_TEXT, OD_KEYS, OD_SOURCE_ID, field_value, infer_spec, normalize_spec,
+from ._example import (OD_BOX_KEYS, OD_BOXES, OD_CLASS_TEXT, OD_KEYS, OD_SIZE_KEYS, OD_SOURCE_ID, field_value, infer_spec, normalize_spec,
                        parse_features, put, put_boxes, to_record, unread_keys, writer_spec)
 from ._images import image_type
 from ._native_table import NativeTable, NotNative
@@ -488,6 +490,8 @@ class TFRecordSource:
             if not row[0] and not (check and (masked_crc(raw[:8]) != row[2]
                                               or masked_crc(raw[HEADER:HEADER + row[1]]) != row[3])):
                 record = _scanned(raw, row, number, fields, side, side_floats)
+                if record is not None:
+                    record = convert_record(record, self._boxes)
             parsed.append(record if record is not None else parse_or_error(self, i, raw))
         return parsed
 
@@ -545,42 +549,51 @@ class TFRecordSource:
 # -- batches scanned natively ----------------------------------------------------------------------
 
 #: Field kind -> `_wire` kind code (``b``: one bytes value, ``i`` one int64, ``f`` one float, ``I``/``F``
-#: a list). Pixels, arrays and the Object Detection API's boxes and image ids are parsed with protobuf.
-_SCAN_CODES = {"image": "b", "bytes": "b", "text": "b", "int": "i", "float": "f", "ints": "I", "floats": "F"}
+#: a list). The Object Detection API's boxes are asked as their four coordinate lists and the image size, its
+#: image id as one bytes value; pixels and other arrays are parsed with protobuf.
+_SCAN_CODES = {"image": "b", "mask": "b", "bytes": "b", "text": "b", "int": "i", "float": "f", "ints": "I",
+               "floats": "F"}
 #: List values room per record in a scanned batch; a batch with more takes its last records through protobuf.
 _SIDE = 256
 
 
 def _scan_plan(spec: Mapping[str, tuple[str, Field]]) -> tuple[list[bytes], bytes, list] | None:
-    """What `_wire.examples` is asked for a spec: keys, kind codes and ``(name, kind, shape)`` per field;
-    None where the scan was not built or a field needs protobuf."""
-    if _wire is None or not spec or len(spec) > 64:
+    """What `_wire.examples` is asked for a spec: keys, kind codes and ``(name, kind, shape)`` per field (kind
+    ``od_boxes``: six keys, ``od_id``: the decimal image id); None where the scan was not built or a field
+    needs protobuf."""
+    if _wire is None or not spec:
         return None
-    keys, codes, fields = [], [], []
+    keys, codes, fields = [], "", []
     for name, (key, field) in spec.items():
-        code = _SCAN_CODES.get(field.kind)
-        if code is None or key in (OD_BOXES, OD_SOURCE_ID):
-            return None
-        keys.append(key.encode("utf-8"))
-        codes.append(code)
-        fields.append((name, field.kind, None if field.shape is None else tuple(field.shape)))
-    return keys, "".join(codes).encode("ascii"), fields
+        kind = field.kind
+        if key == OD_BOXES:
+            kind, asked, code = "od_boxes", OD_BOX_KEYS + OD_SIZE_KEYS, "FFFFii"
+        elif key == OD_SOURCE_ID and kind == "int":
+            kind, asked, code = "od_id", (key,), "b"
+        else:
+            asked, code = (key,), _SCAN_CODES.get(kind)
+            if code is None:
+                return None
+        keys.extend(k.encode("utf-8") for k in asked)
+        codes += code
+        fields.append((name, kind, None if field.shape is None else tuple(field.shape)))
+    return (keys, codes.encode("ascii"), fields) if len(keys) <= 64 else None
 
 
 def _scanned(raw: Any, row: list, number: list, fields: list, side: np.ndarray,
              side_floats: np.ndarray) -> Record | None:
     """The Record of a record `_wire` took (``row``: its output row; ``number``: the same as float64), or None
-    where a value needs protobuf's path to read it or to name its problem (an empty image, text that is not
-    UTF-8, a list of the wrong length)."""
+    where a value needs protobuf's path to read it or to name its problem (an empty image or mask, text that is
+    not UTF-8, a list of the wrong length)."""
     values = {}
     at = 5
     for name, kind, shape in fields:
         a, b = row[at], row[at + 1]
+        if kind in ("image", "mask") and not b:
+            return None
         if kind == "image":
-            if not b:
-                return None
             value = raw[a:a + b]
-        elif kind == "bytes":
+        elif kind in ("mask", "bytes"):
             value = bytes(raw[a:a + b])
         elif kind == "text":
             try:
@@ -591,6 +604,16 @@ def _scanned(raw: Any, row: list, number: list, fields: list, side: np.ndarray,
             value = a
         elif kind == "float":
             value = number[at]
+        elif kind == "od_id":
+            value = bytes(raw[a:a + b])
+            if not value.isdigit():
+                return None
+            value = int(value)
+        elif kind == "od_boxes":
+            value = _od_boxes(row[at:at + 12], side_floats)
+            if value is None:
+                return None
+            at += 10
         else:
             if shape is not None and shape != (b,):
                 return None
@@ -598,6 +621,16 @@ def _scanned(raw: Any, row: list, number: list, fields: list, side: np.ndarray,
         values[name] = value
         at += 2
     return Record(values.pop("image", None), values.pop("label", -1), values)
+
+
+def _od_boxes(cells: list, side_floats: np.ndarray) -> np.ndarray | None:
+    """`_example.Extract.od_boxes` on scanned cells (four coordinate lists in `side`, then height and width):
+    ``[N, 4]`` float32 boxes in pixels; None where the lists differ in length or the size is not positive."""
+    count, height, width = cells[1], cells[8], cells[10]
+    if any(cells[k] != count for k in (3, 5, 7)) or height <= 0 or width <= 0:
+        return None
+    coords = [side_floats[cells[k]:cells[k] + count] for k in (0, 2, 4, 6)]
+    return (np.stack(coords, axis=1).reshape(-1, 4) * (width, height, width, height)).astype(np.float32)
 
 
 def reader_spec(fields: Mapping[str, Field], writer: Mapping[str, Any]) -> dict[str, Any]:
