@@ -399,24 +399,7 @@ def run_variant(name: str, args, dev, res: dict, flush) -> None:
     res["first_batch_seconds"] = round(time.perf_counter() - t0, 3)
     res["check"] = describe_batch(images, loader.per_image(targets), relative=loader.relative_boxes)
     flush()
-    n, tw = 1, time.perf_counter()
-    while n < args.warmup_batches or time.perf_counter() - tw < args.warmup_seconds:
-        next(gen)
-        n += 1
-    bench_gpu.sync(dev)
-    res["warmup_batches"] = n
-
-    n, count, t0 = 0, 0, time.perf_counter()
-    while True:
-        images, targets = next(gen)
-        n += 1
-        count += len(images)
-        el = time.perf_counter() - t0
-        if (el >= args.seconds and n >= args.min_batches) or n >= args.max_batches:
-            break
-    bench_gpu.sync(dev)
-    el = time.perf_counter() - t0
-    res.update(img_s=round(count / el, 1), batches=n, images=count, seconds=round(el, 3))
+    res.update(bench_gpu.loader_window(gen, args, dev))   # warm-up, then the timed window
     mem.stop()
     res["memory"].update(mem.result())
     if loader.stats is not None:

@@ -738,23 +738,25 @@ def loader_variant(key, args, dev, res, flush) -> None:
 def loader_window(gen, args, dev) -> dict:
     """The loader alone: a warm-up (>= ``warmup_batches`` and ``warmup_seconds``, which also drains what it
     queued while starting), then a timed window (>= ``seconds`` and ``min_batches``) ending with a device
-    synchronise: ``warmup_batches``, ``img_s``, ``batches``, ``seconds``."""
+    synchronise: ``warmup_batches``, ``img_s``, ``batches``, ``images``, ``seconds``. A batch's images are a tensor
+    or a list of them (ragged batches): ``len`` counts either."""
     n, tw = 1, time.perf_counter()
     while n < args.warmup_batches or time.perf_counter() - tw < args.warmup_seconds:
         next(gen)
         n += 1
     sync(dev)
     out = {"warmup_batches": n}
-    n, t0 = 0, time.perf_counter()
+    n, count, t0 = 0, 0, time.perf_counter()
     while True:
         x, _ = next(gen)
         n += 1
+        count += len(x)
         el = time.perf_counter() - t0
         if (el >= args.seconds and n >= args.min_batches) or n >= args.max_batches:
             break
     sync(dev)
     el = time.perf_counter() - t0
-    out.update(img_s=round(n * x.shape[0] / el, 1), batches=n, seconds=round(el, 3))
+    out.update(img_s=round(count / el, 1), batches=n, images=count, seconds=round(el, 3))
     return out
 
 
