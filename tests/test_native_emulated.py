@@ -198,16 +198,23 @@ def stand_in(tmp_path_factory) -> Path:
     return d / "fake.so"
 
 
+def _child(stand_in: Path, root: str, chain: str, mode: str) -> subprocess.CompletedProcess:
+    """This file run as a child process on the stand-in driver (``mode``: regions 0/1, executor, crc, records);
+    asserts it exited 0."""
+    env = dict(os.environ, INGEST_CUDA_LIBRARY=str(stand_in),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, __file__, str(stand_in), root, chain, mode], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
 @pytest.mark.parametrize("regions", [True, False], ids=["regions", "whole"])
 @pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8", "crop-pad-resize"])
 def test_gpu_path_on_a_stand_in_driver_matches_the_planner(tmp_path, stand_in, chain, regions):
     from test_native import tree_with_oddities
     root = tree_with_oddities(tmp_path / "t")
-    env = dict(os.environ, INGEST_CUDA_LIBRARY=str(stand_in),
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, __file__, str(stand_in), str(root), chain, str(int(regions))], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _child(stand_in, str(root), chain, str(int(regions)))
     assert "batches compared: 5" in done.stdout, done.stdout
 
 
@@ -215,20 +222,12 @@ def test_gpu_path_on_a_stand_in_driver_matches_the_planner(tmp_path, stand_in, c
 def test_executor_on_a_stand_in_driver_keeps_what_the_loop_keeps(tmp_path, stand_in, chain):
     from test_native import tree_with_oddities
     root = tree_with_oddities(tmp_path / "t")
-    env = dict(os.environ, INGEST_CUDA_LIBRARY=str(stand_in),
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, __file__, str(stand_in), str(root), chain, "executor"], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _child(stand_in, str(root), chain, "executor")
     assert "executor batches compared: 15" in done.stdout, done.stdout
 
 
 def test_a_record_whose_crc_differs_is_dropped_on_the_gpu_path(tmp_path, stand_in):
-    env = dict(os.environ, INGEST_CUDA_LIBRARY=str(stand_in),
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, __file__, str(stand_in), str(tmp_path), "rrc-flip-normalize", "crc"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _child(stand_in, str(tmp_path), "rrc-flip-normalize", "crc")
     assert "crc batches compared: 3" in done.stdout, done.stdout
 
 
@@ -236,11 +235,7 @@ RECORD_FORMATS = ["tfrecord", "tfrecord-crc", "lmdb", "caffe", "webdataset"]
 
 
 def test_record_formats_on_a_stand_in_driver_match_the_python_stages(tmp_path, stand_in):
-    env = dict(os.environ, INGEST_CUDA_LIBRARY=str(stand_in),
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, __file__, str(stand_in), str(tmp_path), "rrc-flip-normalize", "records"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _child(stand_in, str(tmp_path), "rrc-flip-normalize", "records")
     for fmt in RECORD_FORMATS:
         assert f"{fmt}: record batches compared: 6" in done.stdout, done.stdout
 
