@@ -41,7 +41,7 @@ import re
 import tarfile
 import zlib
 from dataclasses import dataclass
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, Iterator
 
 import numpy as np
 
@@ -425,21 +425,6 @@ def header_problem(block: Any, key: str, ext: str, size: int) -> str | None:
                                         and want.startswith(got[:len(key)])):
         return None
     return f"the header names member {got[:120]!r}, the index {want[:120]!r}"
-
-
-def headers_taken(blocks: np.ndarray, names: Sequence[bytes], sizes: np.ndarray) -> np.ndarray:
-    """Which of ``blocks`` ((n, 512) uint8, member headers) `header_problem` takes at once as the header of the
-    member ``names[k]`` (its name, UTF-8) of ``sizes[k]`` bytes: name field the name and a NUL, size field eleven
-    octal digits and a NUL, a regular file. An (n,) bool array; False is no verdict (`header_problem` then
-    checks that header in full)."""
-    n = len(names)
-    lens = np.fromiter(map(len, names), np.int64, n)
-    field = np.array(names, "S100").view(np.uint8).reshape(n, 100)   # (NUL-padded, longer names cut)
-    name_ok = ((blocks[:, :100] == field) | (np.arange(100) > lens[:, None])).all(1) & (lens < 100)
-    digits = ((sizes[:, None] >> (3 * np.arange(10, -1, -1))) & 7) + ord("0")
-    size_ok = (blocks[:, 124:135] == digits).all(1) & (blocks[:, 135] == 0) & (sizes >= 0) & (sizes < 8 ** 11)
-    kind = blocks[:, 156]
-    return name_ok & size_ok & ((kind == ord("0")) | (kind == 0))
 
 
 def open_index(shard: str, *, write: bool = False, path: str | None = None) -> TarIndex:

@@ -49,9 +49,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .. import defaults
 from ..errors import ConfigError, CorruptRecordError, SourceError
-from ..io import NATIVE, _Tasks
 from . import checks, tarindex
 from ._native_table import NativeTable, NotNative
 from ._shards import gzipped, resolve_shards
@@ -67,7 +65,6 @@ TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")
 MAX_GUNZIP = 1 << 30
 _SCAN_SAMPLES = 16   # samples looked at to declare fields when none are given
 _BLOCK = tarfile.BLOCKSIZE   # a member's header block, read with its data
-_TABLE_CHUNK = 8192          # samples whose members `native_table` reads in one batch (bounds its buffer)
 
 
 def kind_of(ext: str) -> str:
@@ -425,8 +422,8 @@ class WebDatasetSource:
         against the index as `parse` checks it; a sample whose image or label member is missing, whose header
         disagrees with the index, whose label member's CRC32C fails or whose label is not the index's is left to
         `parse` (``NativeTable.python``), which names its problem. `NotNative` for streamed shards and for fields
-        other than a plain (not gzipped) image and an optional int label. Made once (one batch of reads per
-        shard), then kept."""
+        other than a plain (not gzipped) image and an optional int label. Made once (two small reads per sample),
+        then kept."""
         if self.streamed:
             raise NotNative("streamed (gzipped) tars are read front to back, not at offsets")
         kinds = {name: kind_of(exts[0]) for name, exts in self._exts.items()}
@@ -442,12 +439,15 @@ class WebDatasetSource:
         label = np.frombuffer(mem.columns["label"], np.int64) if "label" in kinds else None
         labels = np.full(n, -1, np.int64)
         python = np.zeros(n, np.uint8)
-        for k in range(len(self.shards)):
-            for a in range(mem.starts[k], mem.starts[k + 1], _TABLE_CHUNK):
-                b = min(a + _TABLE_CHUNK, mem.starts[k + 1])
-                ok, values = self._native_samples(k, a, image[a:b], None if label is None else label[a:b])
-                python[a:b] = ~ok
-                labels[a:b] = np.where(ok, values, -1)
+        for k, shard in enumerate(self.shards):
+            with open(shard, "rb") as f:
+                for i in range(mem.starts[k], mem.starts[k + 1]):
+                    value = self._native_label(f.fileno(), i, int(image[i]),
+                                               None if label is None else int(label[i]))
+                    if value is None:
+                        python[i] = 1
+                    else:
+                        labels[i] = value
         offsets = np.frombuffer(mem.offsets, np.int64)[np.maximum(image, 0)]
         sizes = np.where(python == 1, 0, np.frombuffer(mem.sizes, np.int64)[np.maximum(image, 0)])
         crcs = None if self._crcs is None else np.frombuffer(self._crcs, np.uint32)[np.maximum(image, 0)]
@@ -455,71 +455,31 @@ class WebDatasetSource:
                                    sizes, labels, "whole", crcs, python=python if python.any() else None)
         return self._native
 
-    def _native_samples(self, k: int, first_sample: int, image: np.ndarray,
-                        label: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """`native_table`'s checks of consecutive samples of shard ``k`` from sample ``first_sample`` on (their
-        image and label members, -1: missing; label None: no label field): (which the engine may read, their
-        labels: -1 without a label field). Every image header block and label member (with its header) is read
-        in one batch; the headers are checked at once by `tarindex.headers_taken` and, where it gives no verdict,
-        one by one by `tarindex.header_problem`; labels of plain decimal digits are read at once, any other by
-        `decode_member`."""
-        mem, path, keys = self._members, self.shards[k], self._indexes[k].keys
-        skip = first_sample - mem.starts[k]                          # samples of the shard before these
-        offsets, sizes = np.frombuffer(mem.offsets, np.int64), np.frombuffer(mem.sizes, np.int64)
-        n = len(image)
-        ok = image >= 0
-        lab = np.flatnonzero(ok & (label >= 0)) if label is not None else np.zeros(0, np.int64)
-        rows = np.concatenate([np.flatnonzero(ok), lab])            # the sample of each range read
-        members = np.concatenate([image[ok], label[lab] if label is not None else lab])
-        heads = len(rows) - len(lab)                                 # ranges 0:heads: image header blocks
-        size = sizes[label[lab]] if label is not None else lab       # label members' data, after all blocks
-        first = len(rows) * _BLOCK + np.concatenate([[0], np.cumsum(size)])[:-1]
-        arena = np.empty(len(rows) * _BLOCK + int(size.sum()), np.uint8)
-        # Range r: its header block to arena[r * 512:], a label member's data on to arena[first[r - heads]:].
-        segments = np.arange(len(rows) + 1) + np.maximum(np.arange(len(rows) + 1) - heads, 0)
-        seg_starts = np.empty(segments[-1], np.int64)
-        seg_lens = np.full(segments[-1], _BLOCK, np.int64)
-        seg_starts[segments[:-1]] = np.arange(len(rows)) * _BLOCK
-        seg_starts[segments[heads:-1] + 1], seg_lens[segments[heads:-1] + 1] = first, size
-        got = _read_ranges(path, arena, offsets[members] - _BLOCK, segments, seg_starts, seg_lens)
-        good = got == _BLOCK + np.concatenate([np.zeros(heads, np.int64), size])
-        blocks = arena[:len(rows) * _BLOCK].reshape(len(rows), _BLOCK)
-        names = [f"{keys[skip + j]}.{mem.exts[m]}".encode("utf-8", "surrogateescape")
-                 for j, m in zip(rows.tolist(), members.tolist())]
-        taken = tarindex.headers_taken(blocks, names, sizes[members])
-        for r in np.flatnonzero(good & ~taken).tolist():
-            m = int(members[r])
-            taken[r] = tarindex.header_problem(blocks[r], keys[skip + rows[r]], mem.exts[m], int(sizes[m])) is None
-        good &= taken
-        passed = np.zeros(n, bool)
-        passed[rows[:heads]] = good[:heads]
-        values = np.full(n, -1, np.int64)
+    def _native_label(self, fd: int, i: int, image: int, label: int | None) -> int | None:
+        """`native_table`'s checks of sample ``i`` (its image and label members, -1: missing; None: no label
+        field; the shard open as ``fd``): its label (-1 without a label field), or None where `parse` must read
+        it."""
+        mem = self._members
+        key = self._key(i)[1]
+        if image < 0 or tarindex.header_problem(os.pread(fd, _BLOCK, mem.offsets[image] - _BLOCK), key,
+                                                 mem.exts[image], mem.sizes[image]) is not None:
+            return None
         if label is None:
-            return passed, values
-        ok = np.zeros(n, bool)
-        check = good[heads:]
-        if self._crcs is not None:
-            at = np.flatnonzero(check)
-            views = [arena[s:s + z] for s, z in zip(first[at].tolist(), size[at].tolist())]
-            check[at] = checks.crcs(views) == np.frombuffer(self._crcs, np.uint32)[label[lab[at]]]
-        digits = arena[np.minimum(first[:, None] + np.arange(18), max(len(arena) - 1, 0))] - ord("0") \
-            if len(arena) else np.zeros((len(lab), 18), np.uint8)
-        within = np.arange(18) < size[:, None]
-        plain = check & (size >= 1) & (size <= 18) & ((digits <= 9) | ~within).all(1) & \
-            np.array([not mem.exts[m].endswith(".gz") for m in label[lab].tolist()], bool)
-        powers = 10 ** np.maximum(size[:, None] - 1 - np.arange(18), 0)
-        decoded = np.where(within, digits.astype(np.int64) * powers, 0).sum(1)
-        for r in np.flatnonzero(check & ~plain).tolist():
-            m = int(label[lab[r]])
-            try:
-                decoded[r] = decode_member(mem.exts[m], arena[first[r]:first[r] + size[r]], path=path, where="label")
-            except CorruptRecordError:
-                check[r] = False
-        known = np.frombuffer(mem.label_ints, np.int64)[first_sample + lab]
-        check &= (known == tarindex.NO_INT) | (decoded == known)
-        ok[lab] = check & passed[lab]
-        values[lab] = decoded
-        return ok, values
+            return -1
+        if label < 0:
+            return None
+        part = os.pread(fd, _BLOCK + mem.sizes[label], mem.offsets[label] - _BLOCK)
+        data = part[_BLOCK:]
+        if len(data) != mem.sizes[label] or tarindex.header_problem(part, key, mem.exts[label],
+                                                                    mem.sizes[label]) is not None or \
+                (self._crcs is not None and checks.crc(data) != self._crcs[label]):
+            return None
+        try:
+            value = decode_member(mem.exts[label], data, path=self.shards[mem.shard_of[i]], where="label")
+        except CorruptRecordError:
+            return None
+        known = mem.label_ints[i]
+        return None if known != tarindex.NO_INT and value != known else value
 
     # -- streaming ---------------------------------------------------------------------------------
     def _stream_samples(self, k: int) -> Iterator[tuple[str, list[tuple[str, tarindex.Member]]]]:
@@ -556,24 +516,6 @@ class WebDatasetSource:
     def __repr__(self) -> str:
         size = "streamed" if self.streamed else f"{len(self)} samples"
         return f"WebDatasetSource({len(self.shards)} shards, {size}, fields {sorted(self.fields)})"
-
-
-def _read_ranges(path: str, arena: np.ndarray, offsets: np.ndarray, first: np.ndarray, starts: np.ndarray,
-                 lens: np.ndarray) -> np.ndarray:
-    """Read range k of ``path``, from byte ``offsets[k]``, into the ``arena`` segments ``first[k]:first[k + 1]``
-    (segment s: ``lens[s]`` bytes at ``starts[s]``), in one batch on ``io_threads`` native threads (the GIL given
-    up once): per range the bytes read, or -errno."""
-    if not len(offsets):
-        return np.zeros(0, np.int64)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        tasks = _Tasks(arena, [path] * len(offsets), np.full(len(offsets), fd, np.int64), offsets, first, starts,
-                       lens)
-        if NATIVE is not None:
-            return tasks.run_native(max(1, min(defaults.get("io_threads"), len(offsets) // 256)))
-        return np.array([tasks.run_one(k) for k in range(len(tasks))], np.int64)
-    finally:
-        os.close(fd)
 
 
 def _record(values: dict[str, Any]) -> Record:
