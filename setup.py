@@ -50,6 +50,7 @@ setup(ext_modules=[
     Extension("ingest.formats._jpeg", ["ingest/formats/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
               depends=["ingest/_native/jpeg_scan.h"]),
     Extension("ingest.decode._png", ["ingest/decode/_png.c"], optional=True, extra_compile_args=FLAGS,
+              include_dirs=NATIVE, depends=["ingest/_native/png_decode.h", "ingest/_native/dlsyms.h"],
               libraries=["dl", "pthread"]),
     Extension("ingest.ops._boxes", ["ingest/ops/_boxes.c"], optional=True, extra_compile_args=EXACT,
               depends=["ingest/_native/random_core.h"]),
@@ -57,6 +58,7 @@ setup(ext_modules=[
               depends=["ingest/_native/nvloop.h"]),
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE, libraries=["m", "dl", "pthread"],
-              depends=["ingest/_native/" + h for h in ("crc32c.h", "example_scan.h", "jpeg_scan.h", "nvloop.h",
-                                                       "plan.h", "preadv.h", "random_core.h")]),
+              depends=["ingest/_native/" + h for h in ("crc32c.h", "dlsyms.h", "example_scan.h", "jpeg_scan.h",
+                                                       "nvloop.h", "plan.h", "png_decode.h", "preadv.h",
+                                                       "random_core.h")]),
 ])

@@ -71,6 +71,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "dlsyms.h"
 #include "example_scan.h"
 #include "jpeg_scan.h"
 #include "nvloop.h"
@@ -143,13 +144,7 @@ static const char *load_cuda(void) {
     if (cu.lib != NULL)
         return NULL;
     const char *name = getenv("INGEST_CUDA_LIBRARY");
-    void *lib = dlopen(name && name[0] ? name : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL)
-        return "cannot load libcuda.so.1 (or INGEST_CUDA_LIBRARY)";
-    struct {
-        const char *name;
-        void **slot;
-    } names[] = {
+    const ing_symbol names[] = {
         {"cuInit", (void **)&cu.Init}, {"cuDeviceGet", (void **)&cu.DeviceGet},
         {"cuDevicePrimaryCtxRetain", (void **)&cu.PrimaryRetain},
         {"cuDevicePrimaryCtxRelease_v2", (void **)&cu.PrimaryRelease},
@@ -164,14 +159,12 @@ static const char *load_cuda(void) {
         {"cuLaunchKernel", (void **)&cu.LaunchKernel}, {"cuGetErrorString", (void **)&cu.GetErrorString},
         {"cuLaunchHostFunc", (void **)&cu.LaunchHostFunc},
     };
-    for (size_t k = 0; k < sizeof names / sizeof names[0]; ++k) {
-        *names[k].slot = dlsym(lib, names[k].name);
-        if (*names[k].slot == NULL) {
-            memset(&cu, 0, sizeof cu);
-            dlclose(lib);
-            return "libcuda.so.1 lacks a driver function the engine calls";
-        }
-    }
+    int missing;
+    void *lib = ing_dlopen_all(name && name[0] ? name : "libcuda.so.1", names, sizeof names / sizeof names[0],
+                               &missing);
+    if (lib == NULL)
+        return missing ? "libcuda.so.1 lacks a driver function the engine calls"
+                       : "cannot load libcuda.so.1 (or INGEST_CUDA_LIBRARY)";
     cu.lib = lib;
     return NULL;
 }
