@@ -80,7 +80,7 @@ except ImportError:   # built where a C compiler was found (setup.py)
 
 ENGINES = ("auto", "python", "native")
 #: Why a sample fell back to the Python path, by the engine's code (`stats()["native"]["fallbacks"]`).
-FALLBACK_REASONS = {1: "not a GPU JPEG", 2: "oriented", 3: "record", 4: "decoder", 5: "plan"}
+FALLBACK_REASONS = {1: "not a GPU JPEG", 2: "oriented", 3: "record", 4: "decoder", 5: "plan", 6: "mask"}
 _KINDS = {"whole": 0, "recordio": 1, "tfrecord": 2, "caffe_datum": 3, "framed": 4}
 _TABLES = "file trees, RecordIO, TFRecord, LMDB and WebDataset do"
 _DTYPES = {torch.uint8: 0, torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
@@ -96,6 +96,7 @@ class Chain:
     size: tuple[int, int]   # the fixed output (height, width)
     dtype: torch.dtype
     layout: str | None    # the ops' output layout; None: NHWC memory handed out as NCHW views
+    mask_fill: int = 255  # the table's mask field's fill (`Field.mask_fill`), where it has one
 
 
 def why_not(source, ops, *, device: torch.device, decode: str, workers: int, streamed: bool, tuple_output: bool,
@@ -117,12 +118,12 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
     fields = fields_of(source)
     if pipeline.image_kind != "image" or pipeline.direct or "boxes" in fields:
         return None, "it takes encoded images without boxes"
-    if not tuple_output and set(fields) - {"image", "label"}:
-        extra = ", ".join(sorted(set(fields) - {"image", "label"}))
-        return None, f"output='dict' asks for fields it does not collate ({extra})"
     chain, why = chain_for(source, ops)
     if chain is None:
         return None, why
+    extra = set(fields) - {"image", "label"} - ({chain.table.mask[0]} if chain.table.mask else set())
+    if not tuple_output and extra:
+        return None, f"output='dict' asks for fields it does not collate ({', '.join(sorted(extra))})"
     if mostly_other_codecs(chain.table):
         return None, ("most of its images are JPEG 2000 or TIFF, which it would hand to the CPU decoder (the Python "
                       "stages decode them on the GPU)")
@@ -177,8 +178,14 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
     try:
         table = table_of()
     except NotNative as err:
-        return None, f"{type(source).__name__} gives no native table here: {err}"
-    return Chain(table, desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout), None
+        masks = [n for n, f in fields_of(source).items() if f.kind == "mask"]
+        also = (f" (a mask field, {', '.join(masks)}, rides the native engine from TFRecord records only, where one "
+                "byte range holds the image and its mask)") if masks else ""
+        return None, f"{type(source).__name__} gives no native table here: {err}{also}"
+    fill = fields_of(source)[table.mask[0]].mask_fill if table.mask else 255
+    if not 0 <= fill <= 255:
+        return None, f"its mask field's fill {fill} is not a uint8 value (the engine's masks are uint8)"
+    return Chain(table, desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout, fill), None
 
 
 def _fill_clash(ops) -> str | None:
@@ -262,31 +269,37 @@ def _references(tensor: torch.Tensor) -> int:
 
 
 class _Slot:
-    """One output slot's tensors on the Python side: the output and label tensors the engine writes (``out``,
-    ``labels``), the view handed out of the output (``shown``), host arrays of the rows' dataset indices and
-    padding flags, and the storage use counts of the two tensors with nothing of the user's alive."""
+    """One output slot's tensors on the Python side: the output, label and (a table with a mask, the fields asked
+    for) mask tensors the engine writes (``out``, ``labels``, ``masks``), the view handed out of the output
+    (``shown``), host arrays of the rows' dataset indices and padding flags, and the storage use counts of the
+    tensors with nothing of the user's alive."""
 
-    __slots__ = ("out", "labels", "shown", "address", "indices", "pad", "alone", "generation", "pending", "stream",
-                 "lost", "watching")
+    __slots__ = ("out", "labels", "masks", "shown", "address", "indices", "pad", "alone", "generation", "pending",
+                 "stream", "lost", "watching")
 
-    def __init__(self, out: torch.Tensor, labels: torch.Tensor, layout: str | None, batch: int):
-        self.out, self.labels = out, labels
+    def __init__(self, out: torch.Tensor, labels: torch.Tensor, layout: str | None, batch: int,
+                 masks: torch.Tensor | None = None):
+        self.out, self.labels, self.masks = out, labels, masks
         self.shown = out.permute(0, 3, 1, 2) if layout is None else out
         self.address = out.data_ptr()
         self.watching: tuple = ()
         self.indices = np.zeros(batch, np.int64)
         self.pad = np.zeros(batch, np.uint8)
-        self.alone = (_references(out), _references(labels))
+        self.alone = tuple(map(_references, self.tensors))
         self.generation, self.pending, self.stream, self.lost = 0, 0, 0, False
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.out, self.labels) if self.masks is None else (self.out, self.labels, self.masks)
 
     def held(self, dying: int) -> bool:
         """Whether anything but this slot (and the tensor handed out that is being dropped: 0 the images, 1 the
-        labels, which holds its memory while its drop is seen) holds either tensor's memory; True where torch
-        does not say."""
+        labels, 2 the masks, which holds its memory while its drop is seen) holds any tensor's memory; True where
+        torch does not say."""
         if _USE_COUNT is None:
             return True
-        return (_references(self.out) > self.alone[0] + (dying == 0)
-                or _references(self.labels) > self.alone[1] + (dying == 1))
+        return any(_references(t) > alone + (dying == k) for k, (t, alone) in enumerate(zip(self.tensors,
+                                                                                            self.alone)))
 
 
 class NativeExecutor:
@@ -306,6 +319,8 @@ class NativeExecutor:
                  dry: bool = False, read_threads: int | None = None, gpu: tuple | None = None):
         self.pipeline, self.chain, self.sampler, self.prefetch = pipeline, chain, sampler, prefetch
         self.with_fields, self.dry = with_fields, dry
+        # the mask field the engine decodes and warps beside the images (only where the batches carry the fields)
+        self._mask = chain.table.mask if with_fields else None
         self.device = pipeline.device
         self._budget = budget
         self._failures: dict[int, Failures] = {epoch: failures}
@@ -332,7 +347,8 @@ class NativeExecutor:
             min(19, defaults.get("engine_nice")),
             None if table.crcs is None else np.ascontiguousarray(table.crcs, np.uint32),
             list(table.keys) or None, table.record_crc,
-            None if table.python is None else np.ascontiguousarray(table.python, np.uint8))
+            None if table.python is None else np.ascontiguousarray(table.python, np.uint8),
+            None if self._mask is None else self._mask[1], chain.mask_fill)
         self._slots: list[_Slot | None] = [None] * slots
         self._dry: list[np.ndarray] = []
         self._out: list[int] = []   # slots handed out and not given back, oldest first
@@ -360,14 +376,17 @@ class NativeExecutor:
         with self._on_device():
             out = torch.empty(shape, dtype=self.chain.dtype, device=self.device)
             labels = torch.empty(self._batch, dtype=torch.int64, device=self.device)
+            masks = None if self._mask is None else torch.empty((self._batch, h, w), dtype=torch.uint8,
+                                                                device=self.device)
         self.outputs_made += 1
         old = self._slots[k]
-        slot = _Slot(out, labels, self.chain.layout, self._batch)
+        slot = _Slot(out, labels, self.chain.layout, self._batch, masks)
         if old is not None:
             slot.generation = old.generation + 1
             slot.indices, slot.pad = old.indices, old.pad
         self._slots[k] = slot
-        self._engine.set_slot(k, out.data_ptr(), labels.data_ptr(), slot.indices, slot.pad)
+        self._engine.set_slot(k, out.data_ptr(), labels.data_ptr(), slot.indices, slot.pad, None,
+                              0 if masks is None else masks.data_ptr())
 
     def _give_back(self, k: int) -> None:
         slot = self._slots[k]
@@ -377,10 +396,11 @@ class NativeExecutor:
             self._fill_slot(k)
         self._engine.release(k, slot.stream)
 
-    def _watch(self, k: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        """Give slot k back once both tensors handed out are dropped (wherever that happens)."""
+    def _watch(self, k: int, *handed: torch.Tensor) -> None:
+        """Give slot k back once every tensor handed out of it (images, labels and masks, in the slot's order) is
+        dropped (wherever that happens)."""
         slot = self._slots[k]
-        slot.pending, generation = 2, slot.generation
+        slot.pending, generation = len(handed), slot.generation
         me = weakref.ref(self)
 
         def dropped(which: int):
@@ -392,7 +412,7 @@ class NativeExecutor:
                 slot.lost = slot.held(which)
                 ex._give_back(k)
 
-        slot.watching = (weakref.ref(images, lambda _: dropped(0)), weakref.ref(labels, lambda _: dropped(1)))
+        slot.watching = tuple(weakref.ref(t, lambda _, which=which: dropped(which)) for which, t in enumerate(handed))
 
     def _unstarve(self) -> None:
         """Every slot is out and nothing is ready: the oldest slot out gets new tensors (the user keeps the old ones)
@@ -453,21 +473,25 @@ class NativeExecutor:
                     continue
                 return batch
             images, labels = slot.shown[:rows], slot.labels[:rows]
+            masks = None if slot.masks is None else slot.masks[:rows]
             # the stats' decode paths: GPU rows and those filled here
             self.pipeline.decode_stage.count_paths({"gpu": rows - len(fallback or ()),
                                                     **({"cpu-fallback": len(fallback)} if fallback else {})})
+            kept = np.arange(rows)
             if fallback:
-                images, labels = self._complete(k, epoch, number, rows, fallback, images, labels, failures)
-            if self.with_fields:
-                indices = torch.from_numpy(slot.indices[:rows].copy())
-                is_pad = torch.from_numpy(slot.pad[:rows].astype(bool))
+                images, labels, masks, kept = self._complete(k, epoch, number, rows, fallback, images, labels, masks,
+                                                             failures)
+            if self.with_fields:   # (the rows kept: a fallback row that failed is dropped)
+                indices = torch.from_numpy(slot.indices[kept])
+                is_pad = torch.from_numpy(slot.pad[kept].astype(bool))
             else:
                 indices = is_pad = _NONE
             if images.data_ptr() == slot.address:
-                self._watch(k, images, labels)
+                self._watch(k, images, labels, *(() if masks is None else (masks,)))
             else:   # a new tensor (a fallback dropped): the slot is free once the copies queued so far have run
                 self._give_back(k)
-            batch = Batch(images, labels, indices, is_pad, {}, None, number)
+            batch = Batch(images, labels, indices, is_pad, {} if masks is None else {self._mask[0]: masks}, None,
+                          number)
             self._python[0] += time.perf_counter() - start
             self._python[1] += 1
             return batch
@@ -498,9 +522,11 @@ class NativeExecutor:
         return fallback
 
     def _complete(self, k: int, epoch: int, number: int, rows: int, fallback: list[tuple[int, int]],
-                  images: torch.Tensor, labels: torch.Tensor, failures: Failures):
+                  images: torch.Tensor, labels: torch.Tensor, masks: torch.Tensor | None, failures: Failures):
         """Fill the fallback rows through a Python pipeline decoding on the CPU: the same reads, probes, draws and
-        ops for those samples; rows whose sample fails there are dropped (the batch is then a new tensor)."""
+        ops for those samples (and masks: its decode stage decodes them, or fails the sample with the error the
+        Python engine gives); rows whose sample fails there are dropped (the batch is then a new tensor). Returns
+        the images, labels, masks and the rows kept."""
         index = np.array([i for i, _ in fallback], np.int64)
         at = np.array([r for _, r in fallback], np.int64)
         pad = self._slots[k].pad[at].astype(bool)
@@ -525,11 +551,26 @@ class NativeExecutor:
                 where = torch.tensor(filled, dtype=torch.long, device=self.device)
                 images[where] = done.images
                 labels[where] = done.labels
+                if masks is not None:
+                    masks[where] = self._fallback_masks(done, got)
             dropped = sorted(set(at.tolist()) - set(filled))
+            kept = np.array(sorted(set(range(rows)) - set(dropped)), np.int64)
             if dropped:
-                keep = torch.tensor(sorted(set(range(rows)) - set(dropped)), dtype=torch.long, device=self.device)
+                keep = torch.from_numpy(kept).to(self.device)
                 images, labels = images[keep], labels[keep]
-        return images, labels
+                masks = None if masks is None else masks[keep]
+        return images, labels, masks, kept
+
+    def _fallback_masks(self, done: Batch, indices: list[int]) -> torch.Tensor:
+        """The fallback pipeline's masks for its rows, as the slot's (uint8 at the output size); a mask of other
+        values (16-bit) is a DecodeError naming the sample: the engine's mask output is uint8."""
+        got = done.fields[self._mask[0]]
+        if isinstance(got, torch.Tensor) and got.dtype == torch.uint8:
+            return got.to(self.device)
+        from .errors import DecodeError
+        bad = next((i for i, m in zip(indices, got) if m.dtype != torch.uint8), indices[0])
+        raise DecodeError(f"mask {self._mask[0]!r} holds 16-bit values, which the native engine's uint8 masks cannot "
+                          "hold: run this source with engine='python'", path=self.pipeline.source.name(bad))
 
     def _on_device(self) -> contextlib.AbstractContextManager:
         return torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
@@ -538,6 +579,8 @@ class NativeExecutor:
         if self._fallback is None:
             p = self.pipeline
             self._fallback = Pipeline(p.source, ops=p.ops, device=p.device, decode="cpu")
+            if self._mask is None:   # (a fallback row's other fields are not collated)
+                self._fallback.deliver(None, with_fields=False)
         return self._fallback
 
     # -- the rest ----------------------------------------------------------------------------------------

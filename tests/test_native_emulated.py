@@ -7,8 +7,9 @@ origins, arena offsets, kernel arguments and rows, the labels' upload, the decod
 decoder refuses (its row left to Python), a RecordIO record whose CRC32C differs (its row dropped) and batches
 and epoch ends reaching next() in order through host functions that run late on a thread of their own, without a
 GPU; and, through the NativeExecutor, each record format's table (TFRecord, LMDB ours and Caffe, WebDataset) against
-the Python stages, a TFRecord record whose CRC fails dropped. Runs in a child process (the stand-in driver is loaded
-once per process)."""
+the Python stages, a TFRecord record whose CRC fails dropped, and a DeepLab TFRecord set's masks (decoded natively,
+warped by the mask kernel launch) equal to the Python stages' exactly. Runs in a child process (the stand-in driver
+is loaded once per process)."""
 
 from __future__ import annotations
 
@@ -240,6 +241,90 @@ def test_record_formats_on_a_stand_in_driver_match_the_python_stages(tmp_path, s
         assert f"{fmt}: record batches compared: 6" in done.stdout, done.stdout
 
 
+def test_masks_on_a_stand_in_driver_equal_the_python_stages(tmp_path, stand_in):
+    done = _child(stand_in, str(tmp_path), "rrc-flip-normalize", "masks")
+    assert "mask batches compared: 6" in done.stdout, done.stdout
+    (tmp_path / "2").mkdir()
+    done = _child(stand_in, str(tmp_path / "2"), "resize-crop-uint8", "masks")
+    assert "mask batches compared: 6" in done.stdout, done.stdout
+
+
+def deeplab_source(root: Path):
+    """A DeepLab-layout TFRecord file of 12 records (``image/encoded``, ``image/class/label``,
+    ``image/segmentation/class/encoded``): 8-bit gray masks of class ids with 255 edges, record 2's a palette PNG,
+    record 3's image a PNG (Python decodes it), record 7's mask a size off its image's and record 10's an RGB
+    PNG (the Python stages fail both samples), record 5 the image the stand-in decoder refuses."""
+    from test_native_records import example, jpeg_bytes
+    from PIL import Image
+    from conftest import encode, textured
+    from ingest.formats.tfrecord import TFRecordSource
+
+    frames = []
+    for i in range(12):
+        h, w = 20 + 3 * i, 30 + 2 * (i % 5)
+        values = ((np.arange(h)[:, None] // 3 + np.arange(w)[None] // 4 + i) % 21).astype(np.uint8)
+        values[::7] = 255
+        mask = Image.fromarray(values[:-2] if i == 7 else values, mode="L")
+        if i == 2:
+            mask = mask.convert("P")
+        elif i == 10:
+            mask = mask.convert("RGB")
+        image = encode(Image.fromarray(textured(h, w, i)), "PNG") if i == 3 else jpeg_bytes(h, w, seed=i)
+        frames.append(example(image__encoded=image, image__class__label=i % 5,
+                              image__segmentation__class__encoded=encode(mask, "PNG")))
+    path = root / "seg.tfrecord"
+    path.write_bytes(b"".join(frames))
+    return TFRecordSource(str(path))
+
+
+def child_masks(lib_path: str, root: str, chain_name: str) -> None:
+    """The NativeExecutor over the stand-ins on a DeepLab TFRecord set with its batches' fields, two epochs, against
+    the Python stages: the same rows (the samples whose mask fails dropped, with the Python engine's failures),
+    labels and masks exactly; images as the kernel over the stand-in's patterns, the fallback rows' as Python's."""
+    from ingest.engine import Failures, Pipeline
+    from ingest.sampler import Sampler
+
+    ops = chains()[chain_name]
+    src = deeplab_source(Path(root))
+    refused = len(src.parse(5, read_location(src.locate(5))).image)
+    fake, gpu, _ = stand_in_gpu(lib_path, src, True, refused=refused)
+    chain, why = native.chain_for(src, ops)
+    assert chain is not None and chain.table.mask == ("mask", b"image/segmentation/class/encoded"), why
+    sampler = Sampler(len(src), 4, shuffle=True, seed=5)
+    failures = Failures(2, sampler.samples())
+    ex = native.NativeExecutor(Pipeline(src, ops=ops, device="cpu"), chain, sampler, epoch=0, start=0, offset=0,
+                               failures=failures, budget=lambda: Failures(2, sampler.samples()), prefetch=1,
+                               gpu=gpu, with_fields=True)
+    seen = []
+    for epoch in range(2):
+        seen += [(b.indices.clone(), b.images.clone(), b.labels.clone(), b.fields["mask"].clone()) for b in ex]
+    stats = ex.stats()
+    ex.close()
+    assert stats["fallbacks"].get("mask") == 2 * 2, stats   # records 7 and 10, each epoch
+    assert sorted(name for name, _, _ in failures.items) == sorted([src.name(7), src.name(10)]), failures.items
+    reference = Pipeline(src, ops=ops, device="cpu")
+    compared = 0
+    for epoch in range(2):
+        for plan in sampler.batches(epoch):
+            idx, x, y, m = seen[compared]
+            reference.start_epoch(Failures(2, sampler.samples()))
+            work = reference.read(plan)
+            want = kernel_reference(fake, work, ops)
+            reference.start_epoch(Failures(2, sampler.samples()))
+            python = reference.run(plan)
+            assert torch.equal(idx, python.indices) and torch.equal(y, python.labels), (epoch, plan.number, idx,
+                                                                                       python.indices, y, python.labels)
+            assert m.dtype == torch.uint8 and torch.equal(m, python.fields["mask"]), (epoch, plan.number)
+            for row, i in enumerate(idx.tolist()):
+                k = work.indices.tolist().index(i)
+                if i in (3, 5):
+                    assert_close(x[row], python.images[row], ops, f"epoch {epoch} fallback row {row}")
+                else:
+                    assert_kernel_row(x[row], want[k], chain, ops, f"epoch {epoch} row {row}")
+            compared += 1
+    print(f"mask batches compared: {compared}")
+
+
 def record_source(root: Path, fmt: str):
     """A source of ``fmt`` holding the same 11 records (record 3 a PNG), and the index of the record whose CRC fails
     (None: none)."""
@@ -446,6 +531,11 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, ops, what: str) -> None:
     assert diff.max() <= 1.05, f"{what}: {diff.max():.3f} levels off"   # (a level of the channel of least std)
 
 
+def assert_kernel_row(got: torch.Tensor, want: torch.Tensor, chain, ops, what: str) -> None:
+    """An executor's image row against the kernel's (HWC) output; NHWC memory is handed out as NCHW views."""
+    assert_close(got.permute(1, 2, 0) if chain.layout is None else got, want, ops, what)
+
+
 def child_executor(lib_path: str, root: str, chain_name: str) -> None:
     """The NativeExecutor over the stand-ins (a CPU pipeline, host tensors as its ring) for three epochs, the loop
     keeping every other batch whole and a view of the others: slots held are replaced, a starved engine gets
@@ -496,8 +586,7 @@ def child_executor(lib_path: str, root: str, chain_name: str) -> None:
                 if row in rows:
                     assert_close(x[row], python.images[row], ops, f"epoch {epoch} batch {number} fallback row {row}")
                 else:
-                    got = x[row].permute(1, 2, 0) if chain.layout is None else x[row]
-                    assert_close(got, want[row], ops, f"epoch {epoch} batch {number} row {row}")
+                    assert_kernel_row(x[row], want[row], chain, ops, f"epoch {epoch} batch {number} row {row}")
             compared += 1
     print(f"executor batches compared: {compared}")
 
@@ -512,6 +601,8 @@ def pattern(h: int, w: int, length: int) -> np.ndarray:
 if __name__ == "__main__":
     if sys.argv[4] == "executor":
         child_executor(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4] == "masks":
+        child_masks(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "crc":
         child_crc(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "records":

@@ -76,13 +76,14 @@
 #include "jpeg_scan.h"
 #include "nvloop.h"
 #include "plan.h"
+#include "png_decode.h"
 #include "preadv.h"
 
 enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, FMT_FRAMED = 4, FMT_COUNT };
 enum { ST_OK = 0, ST_FAILED = 1, ST_FALLBACK = 2 };
 enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3 };
 /* why a sample falls back */
-enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5 };
+enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5, WHY_MASK = 6 };
 /* a TFRecord record's CRC check (read team): j->crc[k] */
 enum { TF_OK = 0, TF_LENGTH_CRC = 1, TF_DATA_CRC = 2, TF_FRAMING = 3 };
 enum { R_BATCH = 0, R_EPOCH = 1 };
@@ -185,6 +186,8 @@ typedef struct {
 typedef struct {
     int64_t epoch, number, n;
     int64_t *index, *label, *off, *want, *got, *crc, *img, *hdr, *hw, *ok_pos, *ok_index, *ok_hw;
+    int64_t *mask;         /* per sample: its mask's encoded bytes (offset in `host`, length; -1 none), then its
+                              decoded values' offset in `mhost` */
     uint8_t *pad;
     int32_t *state, *why;
     uint32_t *status;      /* nvImageCodec's per-image status of a refused image */
@@ -200,6 +203,11 @@ typedef struct {
     int recorded;
     int arena;             /* the device arena its images were decoded into */
     int64_t next_task;     /* the read team's next sample */
+    ing_png *png;          /* per sample: its mask's decode */
+    unsigned char *mhost;  /* the decoded masks (pinned with a GPU), uploaded to `mdev` for their warp */
+    size_t mcap, mtotal;
+    CUdeviceptr mdev;
+    size_t mdev_cap;
 } Job;
 
 typedef struct Engine Engine;
@@ -261,6 +269,9 @@ struct Engine {
     ex_request keys;      /* TFRECORD: the image key ('b') and, where given, the label key ('i') */
     char *key_block;
     int record_crc;       /* TFRECORD: check the records' own masked CRC32Cs */
+    int mask_cell;        /* TFRECORD: the keys' index of the mask's key (one bytes value, a PNG); -1: no mask */
+    ing_chain mchain;     /* the chain for the masks: one uint8 channel, no Normalize, the mask's fill */
+    ing_png_worker *png_workers; /* one per read team member */
     int *fds;
     int keep_open, format;
     ing_chain chain;
@@ -295,7 +306,7 @@ struct Engine {
     /* per slot */
     Py_buffer *slot_idx, *slot_pad, *slot_dry;
     char *slot_held; /* 3 flags per slot: which of the buffers above are held */
-    CUdeviceptr *slot_out, *slot_lbl, *slot_args;
+    CUdeviceptr *slot_out, *slot_lbl, *slot_args, *slot_mask;
     unsigned char **slot_host; /* pinned (host memory dry): labels (batch int64), then the kernel's arguments */
     Note **slot_notes;
     int64_t *slot_nnotes;
@@ -324,7 +335,7 @@ struct Engine {
     int arena_used[ARENAS];
     int64_t batches_decoded;
     /* the decode thread's per-batch scratch */
-    int64_t *g_pos, *g_reg, *g_org, *g_dec, *g_aoff, *g_row, *p_org, *p_dec, *p_row;
+    int64_t *g_pos, *g_reg, *g_org, *g_dec, *g_aoff, *g_row, *p_org, *p_dec, *p_row, *p_pos, *p_hw;
     uint64_t *p_src;
     ing_sample *p_plan;
     /* counts */
@@ -555,29 +566,30 @@ static void note(Job *j, Note *notes, int64_t *count, int64_t k, int64_t row, in
     ++*count;
 }
 
-/* The host arena of at least `need` bytes (its GPU reads are over: take_job waited). */
-static int ensure_host(Engine *e, Job *j, size_t need) {
-    if (need <= j->cap && j->host != NULL)
+/* A job's host arena (*host, of *cap bytes: the read arena or the mask arena) of at least `need` bytes, pinned
+ * with a GPU (its GPU reads are over: take_job waited). */
+static int ensure_host(Engine *e, unsigned char **host, size_t *cap, size_t need, const char *what) {
+    if (need <= *cap && *host != NULL)
         return 1;
-    size_t cap = need + need / 4 + 4096;
+    size_t size = need + need / 4 + 4096;
     if (e->gpu) {
-        if (j->host != NULL)
-            cu.MemFreeHost(j->host);
-        j->host = NULL;
-        j->cap = 0;
-        if (!cuok(e, cu.MemHostAlloc((void **)&j->host, cap, 0), "cuMemHostAlloc")) {
-            j->host = NULL;
+        if (*host != NULL)
+            cu.MemFreeHost(*host);
+        *host = NULL;
+        *cap = 0;
+        if (!cuok(e, cu.MemHostAlloc((void **)host, size, 0), "cuMemHostAlloc")) {
+            *host = NULL;
             return 0;
         }
     } else {
-        free(j->host);
-        j->cap = 0;
-        if ((j->host = malloc(cap)) == NULL) {
-            fail(e, "out of host memory for a read arena of %zu bytes", cap);
+        free(*host);
+        *cap = 0;
+        if ((*host = malloc(size)) == NULL) {
+            fail(e, "out of host memory for a %s of %zu bytes", what, size);
             return 0;
         }
     }
-    j->cap = cap;
+    *cap = size;
     return 1;
 }
 
@@ -609,7 +621,7 @@ static int read_batch(Engine *e, Job *j) {
         if (j->state[k] == ST_OK)
             total += ((size_t)j->want[k] + 63) & ~(size_t)63;
     }
-    if (!ensure_host(e, j, total))
+    if (!ensure_host(e, &j->host, &j->cap, total, "read arena"))
         return 0;
     j->next_task = 0;
     team_run(&e->readers, read_fn);
@@ -650,22 +662,29 @@ static int recordio_image(const unsigned char *p, int64_t len, int64_t *start, i
     return 1;
 }
 
-/* The image (the first `keys` entry, one bytes value) and label (the second, one int64; -1 without one) of a whole
- * framed TFRecord record holding a canonical tf.train.Example (example_scan.h), as TFRecordSource reads them; 0 for
- * anything else (a framing that does not hold, an empty image, a missing key, protobuf's other encodings: the
- * Python reader reads the record or names its problem). CRCs are checked before (tfrecord_check). */
-static int tfrecord_image(const unsigned char *p, int64_t len, const ex_request *keys, int64_t *start, int64_t *end,
-                          int64_t *label) {
+/* The image (the first `keys` entry, one bytes value), label (the second where the table reads one, one int64; -1
+ * without one) and mask (the last where `mask_cell` >= 0, one bytes value: its start and length in mask[0..1]) of a
+ * whole framed TFRecord record holding a canonical tf.train.Example (example_scan.h), as TFRecordSource reads them;
+ * 0 for anything else (a framing that does not hold, an empty image or mask, a missing key, protobuf's other
+ * encodings: the Python reader reads the record or names its problem). CRCs are checked before (tfrecord_check). */
+static int tfrecord_image(const unsigned char *p, int64_t len, const ex_request *keys, int mask_cell,
+                          int64_t *start, int64_t *end, int64_t *label, int64_t *mask) {
     if (len < EX_FRAMING || ex_le64(p) != (uint64_t)(len - EX_FRAMING))
         return 0;
-    int64_t cells[4] = {0, 0, -1, 0}, spare;
+    int64_t cells[6] = {0, 0, -1, 0, 0, 0}, spare;
     ex_side side = {&spare, 0, 0};
     ex_span data = {p + 12, p + len - 4};
     if (ex_scan_example(data, keys, p, cells, &side) != EX_OK || cells[1] == 0)
         return 0;
     *start = cells[0];
     *end = cells[0] + cells[1];
-    *label = cells[2];
+    *label = keys->m > 1 + (mask_cell >= 0) ? cells[2] : -1;
+    if (mask_cell >= 0) {
+        mask[0] = cells[2 * mask_cell];
+        mask[1] = cells[2 * mask_cell + 1];
+        if (mask[1] == 0)
+            return 0;
+    }
     return 1;
 }
 
@@ -735,14 +754,15 @@ static int framed_image(const unsigned char *p, int64_t len, int64_t *start, int
     return 1;
 }
 
-/* The image of a record of `format` (not FMT_WHOLE) and the label it holds; 0 where Python's reader decides. */
+/* The image of a record of `format` (not FMT_WHOLE), the label it holds and (a TFRecord table with a mask key) its
+ * mask's start and length in mask[0..1] (else untouched); 0 where Python's reader decides. */
 static int record_image(const Engine *e, const unsigned char *p, int64_t len, int64_t *start, int64_t *end,
-                        int64_t *label) {
+                        int64_t *label, int64_t *mask) {
     switch (e->format) {
     case FMT_RECORDIO:
         return recordio_image(p, len, start, end, label);
     case FMT_TFRECORD:
-        return tfrecord_image(p, len, &e->keys, start, end, label);
+        return tfrecord_image(p, len, &e->keys, e->mask_cell, start, end, label, mask);
     case FMT_CAFFE_DATUM:
         return datum_image(p, len, start, end, label);
     default:
@@ -757,6 +777,60 @@ static int why_not_gpu(const int64_t *row, int64_t max_pixels) {
         (row[3] != 1 && row[3] != 3) || row[7] != 0 || pixels <= 0 || pixels > max_pixels)
         return WHY_HEADER;
     return row[6] != 1 ? WHY_ORIENTED : 0;
+}
+
+/* Team member: the batch's masks whose headers were taken, decoded into the mask arena. */
+static void mask_fn(Engine *e, int id) {
+    Job *j = e->reading;
+    for (;;) {
+        int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
+        if (k >= j->n)
+            return;
+        if (j->state[k] == ST_OK)
+            ing_png_decode(&j->png[k], &e->png_workers[id]);
+    }
+}
+
+/* The masks of the samples the GPU path takes, decoded on the read team into the host mask arena (png_decode.h),
+ * each at its image's probed size: a mask the native decoder leaves to Pillow or refuses, of 16-bit values, or of
+ * another size than its image's leaves its sample to Python (WHY_MASK), whose decode stage takes it or names
+ * what is wrong with it (masks.py, decode.py). 0 (the engine stopped) where the arena cannot be had. */
+static int decode_masks(Engine *e, Job *j) {
+    size_t total = 0;
+    for (int64_t k = 0; k < j->n; ++k) {
+        if (j->state[k] != ST_OK)
+            continue;
+        ing_png *png = &j->png[k];
+        memset(png, 0, sizeof *png);
+        png->data = j->host + j->mask[2 * k];
+        png->len = (size_t)j->mask[2 * k + 1];
+        png->offset = -1;
+        if (j->mask[2 * k + 1] <= 0 || ing_png_header(png) != ING_PNG_DECODED || png->depth == 16 ||
+            png->height != (uint32_t)j->hw[2 * k] || png->width != (uint32_t)j->hw[2 * k + 1]) {
+            j->state[k] = ST_FALLBACK;
+            j->why[k] = WHY_MASK;
+            continue;
+        }
+        j->mask[2 * k] = (int64_t)total; /* (its encoded bytes are png->data now) */
+        total += ((size_t)png->width * png->height + 255) & ~(size_t)255;
+    }
+    j->mtotal = total;
+    if (total == 0)
+        return 1;
+    if (!ensure_host(e, &j->mhost, &j->mcap, total, "mask arena"))
+        return 0;
+    for (int64_t k = 0; k < j->n; ++k)
+        if (j->state[k] == ST_OK)
+            j->png[k].out = j->mhost + j->mask[2 * k];
+    e->reading = j;
+    j->next_task = 0;
+    team_run(&e->readers, mask_fn);
+    for (int64_t k = 0; k < j->n; ++k)
+        if (j->state[k] == ST_OK && j->png[k].status != ING_PNG_DECODED) {
+            j->state[k] = ST_FALLBACK;
+            j->why[k] = WHY_MASK;
+        }
+    return 1;
 }
 
 /* Parses, probes and plans a read batch; notes go to the job's own list (copied to the slot later). */
@@ -786,15 +860,19 @@ static int prepare_batch(Engine *e, Job *j) {
             continue;
         }
         const unsigned char *p = j->host + j->off[k];
+        j->mask[2 * k] = 0;
+        j->mask[2 * k + 1] = -1;
         if (e->format != FMT_WHOLE) {
-            int64_t own = -1;
-            if (!record_image(e, p, j->got[k], &start, &stop, &own)) {
+            int64_t own = -1, mask[2] = {0, -1};
+            if (!record_image(e, p, j->got[k], &start, &stop, &own, mask)) {
                 j->state[k] = ST_FALLBACK;
                 j->why[k] = WHY_RECORD;
                 continue;
             }
             if (e->labels == NULL)
                 j->label[k] = own;
+            j->mask[2 * k] = j->off[k] + mask[0];
+            j->mask[2 * k + 1] = mask[1];
         }
         j->img[2 * k] = j->off[k] + start;
         j->img[2 * k + 1] = stop - start;
@@ -841,7 +919,7 @@ static int prepare_batch(Engine *e, Job *j) {
             }
         }
     }
-    return 1;
+    return e->mask_cell < 0 || decode_masks(e, j);
 }
 
 /* -- queues ------------------------------------------------------------------------------------------------ */
@@ -1083,6 +1161,63 @@ static int64_t decode_batch(Engine *e, Job *j) {
     return m;
 }
 
+/* The masks of the m2 rows the image kernel was packed for (p_plan, p_pos, p_row), uploaded from the mask arena and
+ * warped into the slot's mask output (uint8 [batch, out_h, out_w]) with their images' maps: the same matrices and
+ * boxes, nearest sampling, one channel, no Normalize, the mask's fill (Warp.for_masks; no window narrowing, which
+ * for_masks drops). The job's event is recorded again behind them: its host arenas are free once they ran. */
+static int warp_masks(Engine *e, Job *j, int slot, int64_t m2) {
+    CUdeviceptr out = e->slot_mask[slot];
+    if (j->mtotal == 0 || out == 0)
+        return 1;
+    if (j->mtotal > j->mdev_cap) { /* (its last reader ran: take_job waited for the job's event) */
+        if (j->mdev != 0)
+            cu.MemFree(j->mdev);
+        j->mdev = 0;
+        j->mdev_cap = 0;
+        size_t size = (j->mtotal + j->mtotal / 4 + ARENA_STEP - 1) / ARENA_STEP * ARENA_STEP;
+        if (!cuok(e, cu.MemAlloc(&j->mdev, size), "cuMemAlloc (mask arena)")) {
+            j->mdev = 0;
+            return 0;
+        }
+        j->mdev_cap = size;
+        e->st_arena_allocs++;
+    }
+    size_t args = (size_t)(32 * e->batch + 16) * sizeof(int64_t);
+    int64_t *ip = (int64_t *)(e->slot_host[slot] + (size_t)e->batch * sizeof(int64_t) + args);
+    double *fp = (double *)(ip + 16 * m2);
+    for (int64_t q = 0; q < m2; ++q) {
+        int64_t k = e->p_pos[q];
+        ing_sample *s = &e->p_plan[q];
+        s->inside[0] = s->inside[1] = -INFINITY;
+        s->inside[2] = s->inside[3] = INFINITY;
+        s->readable[0] = s->readable[1] = 0.0;
+        s->readable[2] = (double)j->hw[2 * k + 1];
+        s->readable[3] = (double)j->hw[2 * k];
+        e->p_hw[2 * q] = j->hw[2 * k];
+        e->p_hw[2 * q + 1] = j->hw[2 * k + 1];
+        e->p_src[q] = (uint64_t)(j->mdev + (CUdeviceptr)j->mask[2 * k]);
+    }
+    int32_t grid[3];
+    ing_plan_out plan = {.sample = e->p_plan, .params = NULL, .interpolation = ING_NEAREST, .antialias = 0};
+    int st = ing_pack(&e->mchain, m2, &plan, NULL, e->p_hw, e->p_src, NULL, ip, fp, grid);
+    if (st != ING_OK) {
+        fail(e, "the native planner could not pack the masks of batch %lld of epoch %lld: %s", (long long)j->number,
+             (long long)j->epoch, ing_strerror(st));
+        return 0;
+    }
+    for (int64_t q = 0; q < m2; ++q)
+        ip[16 * q + 1] = e->p_row[q] * e->out_h * e->out_w;
+    size_t bytes = (size_t)(16 * m2 + 16 * (m2 + 1)) * sizeof(int64_t);
+    CUdeviceptr d_ip = e->slot_args[slot] + (CUdeviceptr)args, d_fp = d_ip + (CUdeviceptr)(16 * m2 * sizeof(int64_t));
+    int channels = 1, kind = 0, nchw = 0, normalize = 0;
+    void *params[] = {&d_ip, &d_fp, &out, &channels, &kind, &nchw, &normalize};
+    return cuok(e, cu.MemcpyHtoDAsync(j->mdev, j->mhost, j->mtotal, e->stream), "cuMemcpyHtoDAsync (masks)") &&
+           cuok(e, cu.MemcpyHtoDAsync(d_ip, ip, bytes, e->stream), "cuMemcpyHtoDAsync (mask arguments)") &&
+           cuok(e, cu.LaunchKernel(e->kernels[ING_NEAREST], (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2],
+                                   32, 8, 1, 0, e->stream, params, NULL), "cuLaunchKernel (mask warp)") &&
+           cuok(e, cu.EventRecord(j->done, e->stream), "cuEventRecord");
+}
+
 /* Takes a slot and writes the batch into it: rows, labels, indices, padding, notes, and (GPU) the kernel. */
 static int output_batch(Engine *e, Job *j, int64_t m) {
     const Note *notes = j->notes;
@@ -1160,6 +1295,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
             e->p_dec[2 * m2] = e->g_dec[2 * g], e->p_dec[2 * m2 + 1] = e->g_dec[2 * g + 1];
             e->p_src[m2] = (uint64_t)(e->arena[j->arena] + (CUdeviceptr)e->g_aoff[g]);
             e->p_row[m2] = e->g_row[k];
+            e->p_pos[m2] = k;
             ++m2;
         }
         if (m2 > 0) {
@@ -1185,6 +1321,8 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
             if (!cuok(e, cu.MemcpyHtoDAsync(d_ip, ip, bytes, e->stream), "cuMemcpyHtoDAsync (kernel arguments)") ||
                 !cuok(e, cu.LaunchKernel(e->kernels[which], (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2],
                                          32, 8, 1, 0, e->stream, params, NULL), "cuLaunchKernel (warp)"))
+                return 0;
+            if (e->mask_cell >= 0 && !warp_masks(e, j, slot, m2))
                 return 0;
         }
         if (m > 0) { /* the arena is free once the kernel ran (or at once when nothing of it was kept) */
@@ -1291,6 +1429,12 @@ static void engine_free(Engine *e) {
         for (int k = 0; k < JOBS; ++k) {
             if (e->jobs[k].host)
                 cu.MemFreeHost(e->jobs[k].host);
+            if (e->jobs[k].mhost)
+                cu.MemFreeHost(e->jobs[k].mhost);
+            if (e->jobs[k].mdev)
+                cu.MemFree(e->jobs[k].mdev);
+            e->jobs[k].mhost = NULL;
+            e->jobs[k].mdev = 0;
             if (e->jobs[k].done)
                 cu.EventDestroy(e->jobs[k].done);
             e->jobs[k].host = NULL;
@@ -1318,8 +1462,12 @@ static void engine_free(Engine *e) {
     }
     for (int k = 0; k < JOBS; ++k) {
         Job *j = &e->jobs[k];
-        if (!e->gpu)
+        if (!e->gpu) {
             free(j->host);
+            free(j->mhost);
+        }
+        free(j->png);
+        j->png = NULL;
         free(j->index); /* one block holds every per-sample array of the job */
         free(j->plan);  /* and one its plans */
         free(j->notes);
@@ -1334,6 +1482,10 @@ static void engine_free(Engine *e) {
     }
     free(e->dec);
     e->dec = NULL;
+    for (int t = 0; e->png_workers && t < e->readers.size; ++t)
+        ing_png_worker_free(&e->png_workers[t]);
+    free(e->png_workers);
+    e->png_workers = NULL;
     if (e->fds) {
         for (int64_t f = 0; f < e->nfiles; ++f)
             if (e->fds[f] >= 0)
@@ -1356,6 +1508,7 @@ static void engine_free(Engine *e) {
     free(e->slot_out);
     free(e->slot_lbl);
     free(e->slot_args);
+    free(e->slot_mask);
     free(e->slot_ready);
     free(e->slot_free);
     free(e->slot_stream);
@@ -1377,7 +1530,7 @@ static void engine_free(Engine *e) {
     e->key_block = NULL;
     e->slot_notes = NULL;
     e->slot_host = NULL;
-    e->slot_out = e->slot_lbl = e->slot_args = NULL;
+    e->slot_out = e->slot_lbl = e->slot_args = e->slot_mask = NULL;
     e->slot_ready = e->slot_free = NULL;
     e->slot_stream = NULL;
     e->posted = NULL;
@@ -1506,12 +1659,15 @@ static int alloc_job(Engine *e, Job *j) {
     char *block = calloc(1, bytes + 16);
     ing_sample *plans = calloc((size_t)(2 * B), sizeof(ing_sample));
     Note *notes = calloc((size_t)B, sizeof(Note));
-    if (block == NULL || plans == NULL || notes == NULL) {
+    ing_png *png = calloc((size_t)B, sizeof(ing_png));
+    if (block == NULL || plans == NULL || notes == NULL || png == NULL) {
         free(block);
         free(plans);
         free(notes);
+        free(png);
         return -1;
     }
+    j->png = png;
     j->notes = notes;
     int64_t *p = (int64_t *)block;
     j->index = p, p += B;
@@ -1522,7 +1678,8 @@ static int alloc_job(Engine *e, Job *j) {
     j->ok_pos = p, p += B;
     j->ok_index = p, p += B;
     j->crc = p, p += B;
-    p += 3 * B; /* spare */
+    j->mask = p, p += 2 * B;
+    p += B; /* spare */
     j->hdr = p, p += 9 * B;
     j->hw = p, p += 2 * B;
     j->ok_hw = p, p += 2 * B;
@@ -1637,11 +1794,12 @@ static int setup_gpu(Engine *e, PyObject *gpu) {
         ok = cuok(e, cu.EventCreate(&e->arena_ev[a], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     for (int k = 0; ok && k < JOBS; ++k)
         ok = cuok(e, cu.EventCreate(&e->jobs[k].done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-    size_t host_bytes = (size_t)B * 8 + (size_t)(32 * B + 16) * 8;
+    /* pinned per slot: labels, the image kernel's arguments, the mask kernel's */
+    size_t host_bytes = (size_t)B * 8 + 2 * (size_t)(32 * B + 16) * 8;
     for (int64_t s = 0; ok && s < e->nslots; ++s) {
         ok = cuok(e, cu.EventCreate(&e->slot_ready[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate") &&
              cuok(e, cu.EventCreate(&e->slot_free[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate") &&
-             cuok(e, cu.MemAlloc(&e->slot_args[s], (size_t)(32 * B + 16) * 8), "cuMemAlloc (kernel arguments)") &&
+             cuok(e, cu.MemAlloc(&e->slot_args[s], 2 * (size_t)(32 * B + 16) * 8), "cuMemAlloc (kernel arguments)") &&
              cuok(e, cu.MemHostAlloc((void **)&e->slot_host[s], host_bytes, 0), "cuMemHostAlloc");
     }
     CUcontext popped;
@@ -1666,8 +1824,14 @@ done:
     return result;
 }
 
-/* A TFRecord table's feature keys, [image key] or [image key, label key] (bytes), into e->keys (kinds "bi"). */
-static int set_keys(Engine *e, PyObject *keys) {
+/* A TFRecord table's feature keys, [image key] or [image key, label key] (bytes), and the mask's key (bytes, or None
+ * for no mask) after them, into e->keys (kinds "b", "bi", "bb" or "bib") and e->mask_cell. */
+static int set_keys(Engine *e, PyObject *keys, PyObject *mask_key) {
+    e->mask_cell = -1;
+    if (mask_key != Py_None && !PyBytes_Check(mask_key)) {
+        PyErr_SetString(PyExc_TypeError, "mask_key must be bytes or None");
+        return -1;
+    }
     PyObject *seq = keys == Py_None ? NULL : PySequence_Fast(keys, "keys must be a sequence of bytes");
     Py_ssize_t m = seq ? PySequence_Fast_GET_SIZE(seq) : 0, total = 0;
     if (seq == NULL || m < 1 || m > 2) {
@@ -1684,6 +1848,8 @@ static int set_keys(Engine *e, PyObject *keys) {
         }
         total += PyBytes_GET_SIZE(PySequence_Fast_GET_ITEM(seq, k));
     }
+    if (mask_key != Py_None)
+        total += PyBytes_GET_SIZE(mask_key);
     if ((e->key_block = malloc((size_t)total + 1)) == NULL) {
         Py_DECREF(seq);
         PyErr_NoMemory();
@@ -1699,7 +1865,15 @@ static int set_keys(Engine *e, PyObject *keys) {
         at += len;
     }
     e->keys.m = m;
-    e->keys.kinds = "bi";
+    e->keys.kinds = m == 1 ? "b" : "bi";
+    if (mask_key != Py_None) {
+        memcpy(at, PyBytes_AS_STRING(mask_key), (size_t)PyBytes_GET_SIZE(mask_key));
+        e->keys.keys[m] = at;
+        e->keys.lens[m] = PyBytes_GET_SIZE(mask_key);
+        e->mask_cell = (int)m;
+        e->keys.m = m + 1;
+        e->keys.kinds = m == 1 ? "bb" : "bib";
+    }
     Py_DECREF(seq);
     return 0;
 }
@@ -1707,10 +1881,10 @@ static int set_keys(Engine *e, PyObject *keys) {
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"paths", "files", "offsets", "sizes", "labels", "format", "desc", "seed", "batch_size",
                              "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", "crcs", "keys",
-                             "record_crc", "python", NULL};
+                             "record_crc", "python", "mask_key", "mask_fill", NULL};
     PyObject *paths, *files, *offsets, *sizes, *labels, *desc_obj, *gpu = Py_None, *crcs = Py_None, *keys = Py_None,
-             *python = Py_None;
-    int format, regions, nice = 0, record_crc = 0;
+             *python = Py_None, *mask_key = Py_None;
+    int format, regions, nice = 0, record_crc = 0, mask_fill = 255;
     unsigned long long seed;
     Py_ssize_t batch, slots, threads;
     long long max_pixels;
@@ -1718,10 +1892,22 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "an Engine is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiOOpO:Engine", kwlist, &paths, &files,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiOOpOOi:Engine", kwlist, &paths, &files,
                                      &offsets, &sizes, &labels, &format, &desc_obj, &seed, &batch, &slots, &threads,
-                                     &max_pixels, &regions, &gpu, &nice, &crcs, &keys, &record_crc, &python))
+                                     &max_pixels, &regions, &gpu, &nice, &crcs, &keys, &record_crc, &python,
+                                     &mask_key, &mask_fill))
         return -1;
+    if ((mask_key != Py_None && format != FMT_TFRECORD) || mask_fill < 0 || mask_fill > 255) {
+        PyErr_SetString(PyExc_ValueError, "Engine: a mask key is for a TFRecord table, its fill 0..255");
+        return -1;
+    }
+    if (mask_key != Py_None) {
+        const char *why = ing_png_load();
+        if (why != NULL) {
+            PyErr_SetString(PyExc_ImportError, why);
+            return -1;
+        }
+    }
     if (format < 0 || format >= FMT_COUNT || batch < 1 || slots < 1 || threads < 1 || max_pixels < 1 || nice < 0 ||
         nice > 19) {
         PyErr_SetString(PyExc_ValueError,
@@ -1740,7 +1926,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->regions = regions;
     e->nice = nice;
     e->record_crc = format == FMT_TFRECORD && record_crc;
-    if (format == FMT_TFRECORD && set_keys(e, keys) < 0)
+    e->mask_cell = -1;
+    if (format == FMT_TFRECORD && set_keys(e, keys, mask_key) < 0)
         goto fail;
     /* the table */
     if (!PyList_Check(paths)) {
@@ -1882,11 +2069,19 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         e->out_w = two[0].out_hw[1];
         e->row_elems = e->out_h * e->out_w * e->chain.channels;
     }
+    e->mchain = e->chain; /* the masks' chain: the same ops, one uint8 channel filled with the mask's fill */
+    e->mchain.channels = 1;
+    e->mchain.normalize = 0;
+    e->mchain.kind = 0;
+    e->mchain.nchw = 0;
+    memset(e->mchain.fill, 0, sizeof e->mchain.fill);
+    e->mchain.fill[0] = (double)mask_fill;
     /* per batch and per slot */
     int64_t B = batch;
     e->slot_out = calloc((size_t)slots, sizeof(CUdeviceptr));
     e->slot_lbl = calloc((size_t)slots, sizeof(CUdeviceptr));
     e->slot_args = calloc((size_t)slots, sizeof(CUdeviceptr));
+    e->slot_mask = calloc((size_t)slots, sizeof(CUdeviceptr));
     e->slot_host = calloc((size_t)slots, sizeof(unsigned char *));
     e->slot_notes = calloc((size_t)slots, sizeof(Note *));
     e->slot_nnotes = calloc((size_t)slots, sizeof(int64_t));
@@ -1903,10 +2098,10 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->slot_idx = calloc((size_t)slots, sizeof(Py_buffer));
     e->slot_pad = calloc((size_t)slots, sizeof(Py_buffer));
     e->slot_dry = calloc((size_t)slots, sizeof(Py_buffer));
-    e->g_pos = calloc((size_t)B * 16, sizeof(int64_t));
+    e->g_pos = calloc((size_t)B * 19, sizeof(int64_t));
     e->p_src = calloc((size_t)B, sizeof(uint64_t));
     e->p_plan = calloc((size_t)B, sizeof(ing_sample));
-    if (!e->slot_out || !e->slot_lbl || !e->slot_args || !e->slot_host || !e->slot_notes || !e->slot_nnotes ||
+    if (!e->slot_out || !e->slot_lbl || !e->slot_args || !e->slot_mask || !e->slot_host || !e->slot_notes || !e->slot_nnotes ||
         !e->slot_ready || !e->slot_free || !e->slot_stream || !e->posted || !e->free_slots || !e->slot_given || !e->pending || !e->slot_held || !e->slot_idx ||
         !e->slot_pad || !e->slot_dry || !e->g_pos || !e->p_src || !e->p_plan) {
         PyErr_NoMemory();
@@ -1919,7 +2114,9 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->g_row = e->g_aoff + B;
     e->p_org = e->g_row + B;
     e->p_dec = e->p_org + 2 * B;
-    e->p_row = e->p_dec + 2 * B; /* 16 B in all */
+    e->p_row = e->p_dec + 2 * B;
+    e->p_pos = e->p_row + B;
+    e->p_hw = e->p_pos + B; /* 19 B in all */
     for (int64_t s = 0; s < slots; ++s)
         if ((e->slot_notes[s] = calloc((size_t)B, sizeof(Note))) == NULL) {
             PyErr_NoMemory();
@@ -1951,6 +2148,10 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         goto fail;
     }
     e->teams_made = 1;
+    if ((e->png_workers = calloc((size_t)e->readers.size, sizeof(ing_png_worker))) == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
     if (pthread_create(&e->reader, NULL, reader_main, e) != 0) {
         PyErr_SetString(PyExc_RuntimeError, "Engine: cannot start its reader thread");
         goto fail;
@@ -2060,9 +2261,9 @@ static int hold(Engine *e, int64_t slot, int which, PyObject *obj, Py_ssize_t by
 
 static PyObject *Engine_set_slot(Engine *e, PyObject *args) {
     Py_ssize_t slot;
-    unsigned long long out, labels;
+    unsigned long long out, labels, masks = 0;
     PyObject *idx = Py_None, *pad = Py_None, *dry = Py_None;
-    if (!PyArg_ParseTuple(args, "nKK|OOO:set_slot", &slot, &out, &labels, &idx, &pad, &dry) || !alive(e))
+    if (!PyArg_ParseTuple(args, "nKK|OOOK:set_slot", &slot, &out, &labels, &idx, &pad, &dry, &masks) || !alive(e))
         return NULL;
     PyObject *result = NULL;
     if (slot < 0 || slot >= e->nslots) {
@@ -2077,6 +2278,7 @@ static PyObject *Engine_set_slot(Engine *e, PyObject *args) {
     pthread_mutex_lock(&e->lock);
     e->slot_out[slot] = (CUdeviceptr)out;
     e->slot_lbl[slot] = (CUdeviceptr)labels;
+    e->slot_mask[slot] = (CUdeviceptr)masks;
     pthread_mutex_unlock(&e->lock);
     result = Py_NewRef(Py_None);
 done:
@@ -2250,7 +2452,7 @@ static PyMethodDef Engine_methods[] = {
     {"add_epoch", (PyCFunction)Engine_add_epoch, METH_VARARGS,
      "add_epoch(epoch, number0, indices, bounds, pad): queue an epoch's batches (see the top of engine.c)."},
     {"set_slot", (PyCFunction)Engine_set_slot, METH_VARARGS,
-     "set_slot(k, out, labels[, indices, pad, dry]): slot k's device addresses and host arrays."},
+     "set_slot(k, out, labels[, indices, pad, dry, masks]): slot k's device addresses and host arrays."},
     {"release", (PyCFunction)Engine_release, METH_VARARGS,
      "release(k[, stream]): slot k is free once the work queued on stream so far has run."},
     {"next", (PyCFunction)Engine_next, METH_VARARGS,
@@ -2304,17 +2506,17 @@ static PyObject *py_record_image(PyObject *self, PyObject *args) {
     memset(&scratch, 0, sizeof scratch);
     scratch.format = format;
     PyObject *result = NULL;
-    int64_t start = 0, end = 0, label = -1;
+    int64_t start = 0, end = 0, label = -1, mask[2] = {0, -1};
     if (format <= FMT_WHOLE || format >= FMT_COUNT) {
         PyErr_Format(PyExc_ValueError, "record_image: format %d is not a record format", format);
         goto done;
     }
-    if (format == FMT_TFRECORD && set_keys(&scratch, keys) < 0)
+    if (format == FMT_TFRECORD && set_keys(&scratch, keys, Py_None) < 0)
         goto done;
     int code = format == FMT_TFRECORD && check ? tfrecord_check(b.buf, b.len) : TF_OK;
     if (code == TF_LENGTH_CRC || code == TF_DATA_CRC)
         result = PyLong_FromLong(code);
-    else if (!record_image(&scratch, b.buf, b.len, &start, &end, &label))
+    else if (!record_image(&scratch, b.buf, b.len, &start, &end, &label, mask))
         result = Py_NewRef(Py_None);
     else
         result = Py_BuildValue("(LLL)", (long long)start, (long long)end, (long long)label);

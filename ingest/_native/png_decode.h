@@ -407,7 +407,7 @@ static void png_inflate(ing_png *j, ing_png_worker *wk, size_t at) {
 }
 
 /* The output's bytes per value: 2 for 16-bit gray, else 1. */
-static size_t ing_png_itemsize(const ing_png *j) { return j->depth == 16 ? 2 : 1; }
+static inline size_t ing_png_itemsize(const ing_png *j) { return j->depth == 16 ? 2 : 1; }
 
 /* A header that gave ING_PNG_DECODED, decoded into j->out: the chunks walked, the rows inflated (any thread). */
 static void ing_png_decode(ing_png *j, ing_png_worker *wk) {

@@ -14,8 +14,9 @@ import numpy as np
 #: - "whole": the range is the image;
 #: - "recordio": an MXNet record: the IRHeader, its float labels, then the image; the label from the header;
 #: - "tfrecord": one whole framed TFRecord record holding a tf.train.Example: the image is the one bytes value of
-#:   feature ``keys[0]``, the label the one int64 of ``keys[1]`` (-1 without a second key); with ``record_crc`` the
-#:   record's own masked CRC32Cs (length, data) are checked;
+#:   feature ``keys[0]``, the label the one int64 of ``keys[1]`` (-1 without a second key), the mask (where the
+#:   table has a ``mask``) the one bytes value of its key; with ``record_crc`` the record's own masked CRC32Cs
+#:   (length, data) are checked;
 #: - "caffe_datum": an encoded Caffe ``Datum``: the image is its ``data`` (field 4), the label its ``label`` (5);
 #: - "framed": our LMDB layout's record of an image and an int label (`ingest.formats._framed`).
 #:
@@ -37,7 +38,9 @@ class NativeTable:
     ``record_crc`` whether the engine checks a "tfrecord" record's own CRCs; ``python[i]`` 1 where the source
     knows at start that sample i needs its Python reader (a missing member, a header or label that disagrees with
     the index): the engine does not read it and leaves its row to the Python pipeline (None: none);
-    ``index_names(i)`` how the reader's errors name sample i (their ``index``; None: i itself)."""
+    ``index_names(i)`` how the reader's errors name sample i (their ``index``; None: i itself); ``mask`` a "tfrecord"
+    table's mask field, (field name, feature key), which the engine decodes and warps beside the image where the
+    consumer takes the fields (None: no mask)."""
 
     paths: Sequence[str]
     files: np.ndarray     # int64
@@ -50,6 +53,7 @@ class NativeTable:
     record_crc: bool = False
     python: np.ndarray | None = None   # uint8
     index_names: Callable[[int], Any] | None = None
+    mask: tuple[str, bytes] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -61,3 +65,5 @@ class NativeTable:
         if (self.kind == "tfrecord") != bool(self.keys) or len(self.keys) > 2:
             raise ValueError("a 'tfrecord' table, and only one, names its image key and, where read, its label key "
                              f"(got keys {self.keys!r} for kind {self.kind!r})")
+        if self.mask is not None and self.kind != "tfrecord":
+            raise ValueError(f"only a 'tfrecord' table carries a mask (got one for kind {self.kind!r})")

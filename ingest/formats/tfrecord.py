@@ -516,20 +516,25 @@ class TFRecordSource:
 
     def native_table(self) -> NativeTable:
         """Every record's byte range for the native engine (kind "tfrecord"), which checks each record's framing
-        and, with ``check_crc``, both its CRCs, and finds the image and label features in its Example with the
+        and, with ``check_crc``, both its CRCs, and finds the image, label and mask features in its Example with the
         scan `parse_batch` runs (``ingest/_native/example_scan.h``); records it does not take go to `parse`.
-        `NotNative` for compressed shards and for a spec other than an encoded image and an optional int label."""
+        `NotNative` for compressed shards and for a spec other than an encoded image, an optional int label and an
+        optional mask (DeepLab's ``image/segmentation/class/encoded``, for one)."""
         if self.streamed:
             raise NotNative("compressed TFRecords are read streamed, not at offsets")
         spec = self._spec
         kinds = {name: field.kind for name, (_, field) in spec.items()}
-        if kinds.get("image") != "image" or kinds.get("label", "int") != "int" or set(kinds) - {"image", "label"}:
-            raise NotNative(f"it reads encoded images with an optional int label, not the fields {kinds}")
+        masks = [name for name in set(kinds) - {"image", "label"} if kinds[name] == "mask"]
+        if (kinds.get("image") != "image" or kinds.get("label", "int") != "int" or len(masks) > 1
+                or set(kinds) - {"image", "label", *masks}):
+            raise NotNative(f"it reads encoded images with an optional int label and an optional mask, not the "
+                            f"fields {kinds}")
         keys = tuple(spec[name][0].encode("utf-8") for name in ("image", "label") if name in spec)
+        mask = (masks[0], spec[masks[0]][0].encode("utf-8")) if masks else None
         t = self._table
         return NativeTable(t.shards, np.frombuffer(t.shard_of, np.intc).astype(np.int64),
                            np.frombuffer(t.offsets, np.int64), np.frombuffer(t.sizes, np.int64), None, "tfrecord",
-                           keys=keys, record_crc=self.check_crc)
+                           keys=keys, record_crc=self.check_crc, mask=mask)
 
     # -- streamed (compressed) ---------------------------------------------------------------------
     def iter_shard(self, k: int, skip: int = 0) -> Iterator[tuple[str, Record]]:
