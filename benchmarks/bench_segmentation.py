@@ -18,7 +18,9 @@ deliver, per batch, two device tensors of the same shapes and dtypes:
   ingest         ingest.Loader(DIR, decode="mixed", device="cuda", output="dict", ops=[RandomResizedCrop(512),
                  Flip(0.5), Normalize(mean, std)]): ``images`` as above; the map is a ``mask`` field inferred from
                  DeepLab's key, decoded on the CPU beside the GPU's JPEG decode, warped with the image's maps and
-                 left alone by Normalize (``mask``); default worker processes
+                 left alone by Normalize (``mask``); default worker processes (none for GPU decode: the native
+                 engine runs it, masks included; the variant's ``engine`` says which engine ran, and
+                 ``native_why_not`` why not the native one)
   dali           DALI: readers.tfrecord(DeepLab's keys) -> decoders.image_random_crop(mixed, RGB) and
                  decoders.image_random_crop(mixed, GRAY) with one seed (the same crop window for both: each draws
                  its windows from the seed and the sample's shape, which agree) -> resize 512 (linear antialiased /
@@ -359,6 +361,9 @@ def run_variant(name: str, args, dev, res: dict, flush) -> None:
     images, masks = next(gen)
     bench_gpu.sync(dev)
     res["first_batch_seconds"] = round(time.perf_counter() - t0, 3)
+    if loader.stats is not None:   # which of ingest's engines runs the variant (the native one where eligible)
+        stats = bench_gpu.loader_stats(loader.stats)
+        res["engine"] = stats.get("engine") if isinstance(stats, dict) else stats
     res["check"] = describe_batch(images, masks)
     flush()
     res.update(bench_gpu.loader_window(gen, args, dev))   # warm-up, then the timed window
@@ -408,7 +413,8 @@ def build_ingest(args, dev, workers: int | None, masks: bool = True) -> bench_gp
                            last_batch="drop", num_workers=workers, reader_options=options,
                            ops=[RandomResizedCrop(SIZE, scale=SCALE, ratio=RATIO), Flip(p=0.5), Normalize(MEAN, STD)])
     f = bench_gpu.Feed(loader, lambda b: (b["images"], b.get("mask")), stats=loader.stats, close=loader.close)
-    f.info = {"num_workers": loader.num_workers, "worker_stages": loader.worker_stages}
+    f.info = {"num_workers": loader.num_workers, "worker_stages": loader.worker_stages,
+              "native_why_not": loader.native_why_not}
     if dev.type != "cuda":
         f.info["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
     return f

@@ -187,6 +187,7 @@ class Loader:
                                     channels=channels)
         self._native = native.choose(defaults.get("engine"), chain, why)
         self.engine = "native" if self._native is not None else "python"   # what runs (`stats()["engine"]`)
+        self.native_why_not = why   # why the native engine does not run these settings (None where it can)
         worker_threads = num_threads or max(1, defaults.cores() // max(num_workers, 1))
         self._spec = dict(source=source, ops=self.ops, device=str(self.device), decode=self.decode, io=io,
                           num_threads=worker_threads, sampler=self.sampler, prefetch=prefetch,

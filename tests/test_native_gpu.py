@@ -1,7 +1,9 @@
 """The native engine on CUDA (run on the device machine): the same samples as the Python engine for the same seed
 (order, labels, crops and flips; pixels within the decoders' tolerance) on a file tree with fallbacks (PNG,
 EXIF-rotated, progressive JPEGs), on a RecordIO file and on each record format the engine reads (TFRecord, LMDB
-ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both; the output ring (a loop's
+ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both, a DeepLab TFRecord set's
+masks (output="dict": the same keys, shapes, dtypes and mask values; the samples whose mask fails dropped by
+both); the output ring (a loop's
 batches never rewritten behind its stream, batches and views the user keeps never written again); read failures
 naming the file; shutdown."""
 
@@ -122,6 +124,34 @@ def test_record_formats_give_the_python_engines_samples(tmp_path, fmt):
             assert compare(a, b, ops, off_rows=2) == 6
             stats = a.stats()
     assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]
+
+
+@pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8"])
+def test_deeplab_masks_give_the_python_engines_batches(tmp_path, chain):
+    """12 DeepLab records (a palette mask, a PNG image, a mask of another size and an RGB mask among them): the
+    dicts of both engines have the same keys, shapes and dtypes, the same indices and labels, masks equal to the
+    value, images within the decoders' tolerance; the two bad masks fail their samples in both (budget 2)."""
+    from test_native_emulated import deeplab_source
+    src = deeplab_source(tmp_path)
+    ops = CHAINS[chain]
+    with defaults.set(hw_decoder_load=0):
+        a, b = pair(src, ops, batch_size=4, shuffle=True, seed=3, output="dict", max_failures=2)
+        with a, b:
+            n = 0
+            for _ in range(2):
+                for da, db in zip(a, b):
+                    assert set(da) == set(db) and "mask" in da
+                    for key in ("images", "labels", "mask"):
+                        assert da[key].is_cuda and da[key].shape == db[key].shape and da[key].dtype == db[key].dtype
+                    assert torch.equal(da["indices"], db["indices"]) and torch.equal(da["labels"].cpu(),
+                                                                                        db["labels"].cpu())
+                    assert torch.equal(da["mask"].cpu(), db["mask"].cpu())
+                    assert (levels(da["images"], ops) - levels(db["images"], ops)).abs().mean() < 1.5
+                    n += 1
+            stats, failures = a.stats(), [sorted(f[0] for f in x.stats()["failures"]) for x in (a, b)]
+    assert n == 6 and stats["engine"] == "native", stats["engine"]
+    assert stats["native"]["fallbacks"]["mask"] == 4, stats["native"]
+    assert failures[0] == failures[1] == sorted([src.name(7), src.name(10)]), failures
 
 
 def test_a_tfrecord_record_whose_crc_fails_is_dropped_by_both_engines(tmp_path):
