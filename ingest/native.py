@@ -546,8 +546,10 @@ class NativeExecutor:
             if filled:
                 if self._cuda:   # (made on the fallback pipeline's stream, read on this one)
                     stream = torch.cuda.current_stream(self.device)
-                    for t in (done.images, done.labels):
-                        t.record_stream(stream)
+                    made = [done.images, done.labels] + ([done.fields[self._mask[0]]] if masks is not None else [])
+                    for t in made:
+                        if isinstance(t, torch.Tensor):
+                            t.record_stream(stream)
                 where = torch.tensor(filled, dtype=torch.long, device=self.device)
                 images[where] = done.images
                 labels[where] = done.labels
