@@ -16,7 +16,7 @@ Rules:
   ``native_table()`` (file trees, RecordIO, uncompressed TFRecord of an image and an optional int label, LMDB of
   ours, encoded Caffe Datums or images, indexed WebDataset tars of an image and an optional label; where a
   source's settings or data rule a table out, ``NotNative`` says why), encoded images and nothing else asked for
-  (``output="tuple"``, or a source with only an image and a label), images that are not mostly JPEG 2000 or TIFF
+  (``output="tuple"``, or a source with only an image, a label and, in a TFRecord table, one ``mask`` field), images that are not mostly JPEG 2000 or TIFF
   (`mostly_other_codecs`: the engine's GPU path takes JPEGs, and the Python stages decode those two on the GPU
   too), a chain `ingest.native_plan.describe` takes whose output size is fixed, nvImageCodec's native binding and
   CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs the native engine where eligible,
@@ -44,6 +44,11 @@ Rules:
   with CPU decoding for those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is
   dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a CPU
   decode, per batch that has one; `stats()["native"]["fallbacks"]` counts them.
+- **Masks**: with the fields asked for, a table's mask field (``NativeTable.mask``) is decoded by the engine's read
+  team and warped like its image (nearest, the field's ``mask_fill``) into each slot's ``[B, H, W]`` uint8 mask
+  tensor, handed out as the batch's field under its name; a mask the engine leaves to Python (fallback "mask")
+  has its row filled, or its sample failed, by the Python pipeline as above; a 16-bit one there is a
+  `DecodeError` (the slot's masks are uint8).
 - **Epochs**: the engine runs on into the next epoch, as the Python executor does; each epoch's indices and batch
   bounds are made once from the sampler's plans and handed over as arrays, one epoch ahead.
 """

@@ -6,13 +6,16 @@
  *                      (WHOLE: the range is the image; RECORDIO: the IRHeader; TFRECORD: the framing and the
  *                      tf.train.Example's image and label features, example_scan.h; CAFFE_DATUM: an encoded Datum's
  *                      data and label fields; FRAMED: our LMDB layout's record of an image and a label), scans the
- *                      JPEG header (jpeg_scan.h) and plans the op chain (plan.h: draws, regions to decode, output
- *                      sizes)
+ *                      JPEG header (jpeg_scan.h), plans the op chain (plan.h: draws, regions to decode, output
+ *                      sizes) and, for a TFRecord table with a mask key, decodes the batch's PNG masks on the read
+ *                      team into a pinned mask arena (png_decode.h)
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
  *                      (one thread per nvImageCodec decoder, nvloop.h), then takes a free output slot, packs the
  *                      warp kernel's arguments (plan.h), uploads them and the labels from pinned memory, launches
- *                      the fused warp + normalize kernel into the slot's output and queues a host function behind
- *                      it that puts the batch on the ready queue once the GPU has run it (cuLaunchHostFunc)
+ *                      the fused warp + normalize kernel into the slot's output (and, with masks, uploads them and
+ *                      launches the nearest warp on them with the same plans into the slot's mask output) and
+ *                      queues a host function behind it that puts the batch on the ready queue once the GPU has run
+ *                      it (cuLaunchHostFunc)
  *   Python (next)      takes a finished batch (waiting for one with the GIL released when none is ready) and
  *                      returns (kind, slot, epoch, number, rows, notes); it makes no CUDA call, so the training
  *                      thread never holds the GIL while the driver's locks are contended by the engine's threads
@@ -30,7 +33,8 @@
  * path does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, more than
  * max_pixels, EXIF- or XMP-oriented, a record its format's parse leaves to the Python reader (a split or damaged
  * RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that is not a plain
- * encoded one), or one nvImageCodec refuses) keeps its row and is reported as a note (index, row, NOTE_FALLBACK,
+ * encoded one), a mask the engine does not decode (WHY_MASK: not a PNG png_decode.h decodes, 16-bit, refused, or
+ * not its image's size), or one nvImageCodec refuses) keeps its row and is reported as a note (index, row, NOTE_FALLBACK,
  * why, nvImageCodec status): Python fills that row.
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
