@@ -245,7 +245,10 @@ def test_masks_on_a_stand_in_driver_equal_the_python_stages(tmp_path, stand_in):
     done = _child(stand_in, str(tmp_path), "rrc-flip-normalize", "masks")
     assert "mask batches compared: 6" in done.stdout, done.stdout
     (tmp_path / "2").mkdir()
+    (tmp_path / "3").mkdir()
     done = _child(stand_in, str(tmp_path / "2"), "resize-crop-uint8", "masks")
+    assert "mask batches compared: 6" in done.stdout, done.stdout
+    done = _child(stand_in, str(tmp_path / "3"), "crop-pad-resize", "masks")
     assert "mask batches compared: 6" in done.stdout, done.stdout
 
 

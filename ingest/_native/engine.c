@@ -1166,9 +1166,10 @@ static int64_t decode_batch(Engine *e, Job *j) {
 }
 
 /* The masks of the m2 rows the image kernel was packed for (p_plan, p_pos, p_row), uploaded from the mask arena and
- * warped into the slot's mask output (uint8 [batch, out_h, out_w]) with their images' maps: the same matrices and
- * boxes, nearest sampling, one channel, no Normalize, the mask's fill (Warp.for_masks; no window narrowing, which
- * for_masks drops). The job's event is recorded again behind them: its host arenas are free once they ran. */
+ * warped into the slot's mask output (uint8 [batch, out_h, out_w]) with their images' plans at the probed size:
+ * the same matrices, boxes and windows (the image's narrowing to what every op reads is where Warp.for_masks puts
+ * its box, `valid`: outside it the mask reads its fill), nearest sampling, one channel, no Normalize, the mask's
+ * fill. The job's event is recorded again behind them: its host arenas are free once they ran. */
 static int warp_masks(Engine *e, Job *j, int slot, int64_t m2) {
     CUdeviceptr out = e->slot_mask[slot];
     if (j->mtotal == 0 || out == 0)
@@ -1191,12 +1192,6 @@ static int warp_masks(Engine *e, Job *j, int slot, int64_t m2) {
     double *fp = (double *)(ip + 16 * m2);
     for (int64_t q = 0; q < m2; ++q) {
         int64_t k = e->p_pos[q];
-        ing_sample *s = &e->p_plan[q];
-        s->inside[0] = s->inside[1] = -INFINITY;
-        s->inside[2] = s->inside[3] = INFINITY;
-        s->readable[0] = s->readable[1] = 0.0;
-        s->readable[2] = (double)j->hw[2 * k + 1];
-        s->readable[3] = (double)j->hw[2 * k];
         e->p_hw[2 * q] = j->hw[2 * k];
         e->p_hw[2 * q + 1] = j->hw[2 * k + 1];
         e->p_src[q] = (uint64_t)(j->mdev + (CUdeviceptr)j->mask[2 * k]);
