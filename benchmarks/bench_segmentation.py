@@ -16,8 +16,9 @@ deliver, per batch, two device tensors of the same shapes and dtypes:
   masks   uint8   [32, 512, 512]    (the class ids as stored: 0-20, 255 on outlines and where nothing was)
 
   ingest         ingest.Loader(DIR, decode="mixed", device="cuda", output="dict", ops=[RandomResizedCrop(512),
-                 Flip(0.5), Normalize(mean, std)]): ``images`` as above; the map is a ``mask`` field inferred from
-                 DeepLab's key, decoded on the CPU beside the GPU's JPEG decode, warped with the image's maps and
+                 Flip(0.5), Normalize(mean, std)], features={"image": DeepLab's image key, "mask": (its map's
+                 key, "mask")}: the two features DALI reads): ``images`` as above; the map a ``mask`` field,
+                 decoded on the CPU beside the GPU's JPEG decode, warped with the image's maps and
                  left alone by Normalize (``mask``); default worker processes (none for GPU decode: the native
                  engine runs it, masks included; the variant's ``engine`` says which engine ran, and
                  ``native_why_not`` why not the native one)
@@ -91,7 +92,7 @@ AUGMENTATION = (f"RandomResizedCrop {SIZE} (scale {list(SCALE)}, ratio 3/4-4/3, 
                 f"[B, {SIZE}, {SIZE}], on the device")
 PIPELINES = {
     "ingest": "Loader(DIR, decode=mixed, device=cuda, ops=[RandomResizedCrop(512), Flip(0.5), Normalize], "
-              "output=dict), the map a mask field inferred from DeepLab's key, default num_workers",
+              "output=dict, features image + mask), the map a mask field (DeepLab's key), default num_workers",
     "dali": "readers.tfrecord -> decoders.image_random_crop(mixed, RGB) + decoders.image_random_crop(mixed, GRAY), one "
             "seed -> resize(512, linear antialias / nearest) -> coin_flip: crop_mirror_normalize(mirror, float CHW) "
             "on the image, flip on the map -> DALIGenericIterator",
@@ -407,7 +408,9 @@ def build_ingest(args, dev, workers: int | None, masks: bool = True) -> bench_gp
     """images float32 [B, 3, 512, 512] and masks uint8 [B, 512, 512] (None with ``masks=False``) on ``dev``."""
     import ingest
     from ingest.ops import Flip, Normalize, RandomResizedCrop
-    options = {} if masks else {"features": {"image": IMAGE_KEY}}
+    # the two features DALI's reader is given too (the records' image/height and image/width are not asked for:
+    # as fields, the output dict would carry them, and the native engine collates only the image and its mask)
+    options = {"features": {"image": IMAGE_KEY, **({"mask": (MASK_KEY, "mask")} if masks else {})}}
     loader = ingest.Loader(args.data, batch_size=args.batch, device=str(dev),
                            decode="mixed" if dev.type == "cuda" else "cpu", shuffle=True, seed=0, output="dict",
                            last_batch="drop", num_workers=workers, reader_options=options,

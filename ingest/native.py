@@ -185,7 +185,8 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
     except NotNative as err:
         masks = [n for n, f in fields_of(source).items() if f.kind == "mask"]
         also = (f" (a mask field, {', '.join(masks)}, rides the native engine from TFRecord records only, where one "
-                "byte range holds the image and its mask)") if masks else ""
+                "byte range holds the image and its mask)") if masks and not isinstance(source, tfrecord.TFRecordSource) \
+            else ""
         return None, f"{type(source).__name__} gives no native table here: {err}{also}"
     fill = fields_of(source)[table.mask[0]].mask_fill if table.mask else 255
     if not 0 <= fill <= 255:

@@ -91,3 +91,16 @@ def test_a_16_bit_or_empty_mask_is_left_to_python(tmp_path):
     path.write_bytes(b"".join(frames))
     rows, why = _dry(TFRecordSource(str(path)), with_fields=True)
     assert why == {1: 6, 2: 3}, why   # the 16-bit mask, and the empty one (a record the Python reader names)
+
+
+def test_a_table_of_image_and_mask_without_a_label(tmp_path):
+    """DeepLab's records as bench_segmentation reads them (features image and mask only): the engine's scan asks
+    for the two keys, the label is -1, every mask decoded natively."""
+    deeplab_source(tmp_path)
+    src = TFRecordSource(str(tmp_path / "seg.tfrecord"), features={"image": "image/encoded",
+                                                                    "mask": (MASK_KEY, "mask")})
+    chain, why = native.chain_for(src, OPS)
+    assert chain is not None and chain.table.keys == (b"image/encoded",), why
+    rows, why = _dry(src, with_fields=True)
+    assert why == {3: 1, 7: 6, 10: 6}, why
+    assert (rows[:, 1] == -1).all()
