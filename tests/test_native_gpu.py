@@ -148,7 +148,7 @@ def test_deeplab_masks_give_the_python_engines_batches(tmp_path, chain):
                     assert torch.equal(da["mask"].cpu(), db["mask"].cpu())
                     assert (levels(da["images"], ops) - levels(db["images"], ops)).abs().mean() < 1.5
                     n += 1
-            stats, failures = a.stats(), [sorted(f[0] for f in x.stats()["failures"]) for x in (a, b)]
+            stats, failures = a.stats(), [sorted({f[0] for f in x.stats()["failures"]}) for x in (a, b)]
     assert n == 6 and stats["engine"] == "native", stats["engine"]
     assert stats["native"]["fallbacks"]["mask"] == 4, stats["native"]
     assert failures[0] == failures[1] == sorted([src.name(7), src.name(10)]), failures
