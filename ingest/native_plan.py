@@ -4,10 +4,13 @@ The native engine plans a batch in C (``ingest/_native/plan.h``): the draws, the
 decode and the warp kernel's argument rows, the numbers `ingest.ops.planner.plan` and
 `ingest.ops._warp_kernel.pack` make. It runs the chains :func:`describe` describes:
 
-    any sequence of Resize, CenterCrop, RandomResizedCrop and Flip (HorizontalFlip, VerticalFlip), at least one,
-    optionally followed by Normalize
+    any sequence of Resize, CenterCrop, RandomResizedCrop, Flip (HorizontalFlip, VerticalFlip), ZoomOut,
+    RandomIoUCrop (at most 8 thresholds) and PadTo (without ``batch=True``), at least one, optionally followed
+    by Normalize
 
-on images of 1 to 4 channels. For any other chain :func:`describe` returns None and the Python stages run it
+on images of 1 to 4 channels. Given the samples' boxes, :func:`plan` also moves them as the Python planner does
+(`Plan.map_box_batch`: RandomIoUCrop draws on them, every op maps, clips and drops them) and returns the kept
+boxes with the row of each among the boxes given, to gather their other fields. For any other chain :func:`describe` returns None and the Python stages run it
 (they also raise the ConfigError of a chain that is wrong for the images, e.g. a fill or a Normalize with three
 values on one channel). :func:`plan` and :func:`pack` call the C code through ``ingest._plan`` (built by
 setup.py where a C compiler is found; ``NATIVE`` is None without it).
@@ -22,6 +25,8 @@ import numpy as np
 from .errors import ConfigError
 from .ops import _warp_kernel, resample
 from .ops.base import Op
+from .ops.boxes import BoxBatch
+from .ops.detection import PadTo, RandomIoUCrop, ZoomOut
 from .ops.geometry import CenterCrop, Flip, HorizontalFlip, RandomResizedCrop, Resize, VerticalFlip
 from .ops.normalize import Normalize
 
@@ -32,17 +37,20 @@ except ImportError:
 
 # plan.h's numbers (tests check them against ingest._plan's)
 RECORD, MAX_OPS, DESC_VERSION = 16, 16, 1
-RESIZE, CENTER_CROP, RANDOM_RESIZED_CROP, FLIP = 1, 2, 3, 4
+RESIZE, CENTER_CROP, RANDOM_RESIZED_CROP, FLIP, ZOOM_OUT, IOU_CROP, PAD_TO = 1, 2, 3, 4, 5, 6, 7
+PARAMS, MAX_IOUS = 5, 8
 RESIZE_SIZE, RESIZE_SHORTER, RESIZE_LONGER = 0, 1, 2
 INTERPOLATIONS = {"nearest": 0, "bilinear": 1, "bicubic": 2}
 
 #: One ``ing_sample`` of plan.h.
-SAMPLE = np.dtype([("region", np.int64, 4), ("out_hw", np.int64, 2), ("src_hw", np.int64, 2),
+SAMPLE = np.dtype([("region", np.int64, 4), ("out_hw", np.int64, 2), ("content_hw", np.int64, 2),
+                   ("src_hw", np.int64, 2),
                    ("matrix", np.float64, 6), ("box", np.float64, 4), ("inside", np.float64, 4),
                    ("readable", np.float64, 4)])
 
 #: The op classes the native planner runs, exactly (a subclass may change what they do).
-_GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, Flip, HorizontalFlip, VerticalFlip)
+_GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, Flip, HorizontalFlip, VerticalFlip, ZoomOut, RandomIoUCrop,
+             PadTo)
 
 
 def describe(ops: Sequence[Op], channels: int = 3) -> np.ndarray | None:
@@ -51,6 +59,9 @@ def describe(ops: Sequence[Op], channels: int = 3) -> np.ndarray | None:
     ops = list(ops)
     normalize = ops.pop() if ops and type(ops[-1]) is Normalize else None
     if not ops or len(ops) > MAX_OPS or not all(type(op) in _GEOMETRY for op in ops) or not 1 <= channels <= 4:
+        return None
+    if any(isinstance(op, PadTo) and op.batch or isinstance(op, RandomIoUCrop) and len(op.min_ious) > MAX_IOUS
+           for op in ops):   # a batch-wide pad; more thresholds than a record holds
         return None
     fill = next((op.fill for op in reversed(ops) if op.fill is not None), (0.0,))
     try:
@@ -65,12 +76,12 @@ def describe(ops: Sequence[Op], channels: int = 3) -> np.ndarray | None:
         desc[0, 6:6 + channels], desc[0, 10:10 + channels] = epilogue.a, epilogue.b
     desc[1, :channels] = fill_values
     for row, op in zip(desc[2:], ops):
-        row[:9] = _record(op)
+        row[:] = _record(op)
     return desc.reshape(-1)
 
 
 def _record(op: Op) -> list[float]:
-    """One op's description record (its first 9 fields)."""
+    """One op's description record (RECORD fields)."""
     if isinstance(op, Resize):
         if op.size is not None:
             mode, size = RESIZE_SIZE, op.size
@@ -84,18 +95,27 @@ def _record(op: Op) -> list[float]:
     elif isinstance(op, RandomResizedCrop):
         fields = [RANDOM_RESIZED_CROP, *op.size, *op.scale, *op.ratio, INTERPOLATIONS[op.interpolation],
                   op.antialias]
+    elif isinstance(op, ZoomOut):
+        fields = [ZOOM_OUT, *op.ratio, op.p]
+    elif isinstance(op, RandomIoUCrop):
+        fields = [IOU_CROP, *op.scale, *op.aspect, op.attempts, op.rounds, len(op.min_ious),
+                  *(np.nan if t is None else t for t in op.min_ious)]
+    elif isinstance(op, PadTo):
+        fields = [PAD_TO, *(op.size or (0, 0)), op.multiple or 0, op.center]
     else:
         fields = [FLIP, op.p, op.horizontal, op.vertical]
-    return [float(v) for v in fields] + [0.0] * (9 - len(fields))
+    return [float(v) for v in fields] + [0.0] * (RECORD - len(fields))
 
 
 class NativePlan(NamedTuple):
     """A batch planned by the native planner (plan.h's ``ing_plan_out``)."""
 
-    samples: np.ndarray        # (N,) `SAMPLE` records: region, out_hw, src_hw, matrix (2 x 3), box
-    params: np.ndarray         # (N, ops, 4) int64: each op's drawn parameters (plan.h)
+    samples: np.ndarray        # (N,) `SAMPLE` records: region, out_hw, content_hw, src_hw, matrix (2 x 3), box
+    params: np.ndarray         # (N, ops, PARAMS) int64: each op's drawn parameters (plan.h)
     interpolation: str         # the batch's filter, and whether it antialiases
     antialias: bool
+    boxes: BoxBatch | None = None   # given boxes: those kept, in output pixels (ltrb float64), per sample
+    kept: np.ndarray | None = None  # ... and each one's row among the boxes given (int64), to gather other fields
 
 
 def _check_seed(seed: int) -> int:
@@ -105,19 +125,38 @@ def _check_seed(seed: int) -> int:
 
 
 def plan(desc: np.ndarray, seed: int, epoch: int, indices: Sequence[int] | np.ndarray,
-         sizes: Sequence[tuple[int, int]] | np.ndarray) -> NativePlan:
-    """The chain ``desc`` planned for dataset ``indices`` of ``epoch`` on the probed ``sizes`` (height, width)."""
+         sizes: Sequence[tuple[int, int]] | np.ndarray, boxes: BoxBatch | Sequence[np.ndarray] | None = None, *,
+         min_size: float = 0.0) -> NativePlan:
+    """The chain ``desc`` planned for dataset ``indices`` of ``epoch`` on the probed ``sizes`` (height, width).
+
+    ``boxes``: the samples' boxes (a `BoxBatch`, or one ``[K, 4]`` array per sample: x0 y0 x1 y1 in pixels of the
+    probed source), which RandomIoUCrop draws on; they come back moved and pruned as
+    ``planner.plan(..., boxes=boxes).map_box_batch(boxes, min_size=min_size)`` gives them, with the row of each
+    kept box among those given. Without them RandomIoUCrop keeps every image whole."""
     idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
     hw = np.ascontiguousarray(sizes, dtype=np.int64).reshape(-1, 2)
     if len(hw) != len(idx):
         raise ValueError(f"got {len(idx)} indices and {len(hw)} sizes")
     n, nops = len(idx), int(desc[1])
     samples = np.zeros(n, dtype=SAMPLE)
-    params = np.zeros((n, nops, 4), dtype=np.int64)
+    params = np.zeros((n, nops, PARAMS), dtype=np.int64)
+    extra: tuple = ()
+    if boxes is not None:
+        given = boxes if isinstance(boxes, BoxBatch) else BoxBatch.of(boxes)
+        if len(given) != n:
+            raise ValueError(f"got boxes for {len(given)} samples, the batch has {n}")
+        flat = np.ascontiguousarray(given.flat, dtype=np.float64)
+        out, kept, counts = np.empty_like(flat), np.empty(len(flat), dtype=np.int64), np.empty(n, dtype=np.int64)
+        extra = (flat, np.ascontiguousarray(given.counts, dtype=np.int64), float(min_size), out, kept, counts)
     interpolation, antialias = NATIVE.plan(np.ascontiguousarray(desc, dtype=np.float64), _check_seed(seed), n, idx,
-                                           int(epoch), hw, samples, params)
+                                           int(epoch), hw, samples, params, *extra)
     names = {v: k for k, v in INTERPOLATIONS.items()}
-    return NativePlan(samples, params, names[interpolation], bool(antialias))
+    if not extra:
+        return NativePlan(samples, params, names[interpolation], bool(antialias))
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    m = int(starts[-1])
+    return NativePlan(samples, params, names[interpolation], bool(antialias), BoxBatch(out[:m], starts), kept[:m])
 
 
 def pack(desc: np.ndarray, planned: NativePlan, decoded_hw: np.ndarray, src: np.ndarray,

@@ -44,7 +44,8 @@ enum {
 enum { ING_NEAREST = 0, ING_BILINEAR = 1, ING_BICUBIC = 2 };
 
 /* Op kinds of a description record. */
-enum { ING_RESIZE = 1, ING_CENTER_CROP = 2, ING_RANDOM_RESIZED_CROP = 3, ING_FLIP = 4 };
+enum { ING_RESIZE = 1, ING_CENTER_CROP = 2, ING_RANDOM_RESIZED_CROP = 3, ING_FLIP = 4, ING_ZOOM_OUT = 5,
+       ING_IOU_CROP = 6, ING_PAD_TO = 7 };
 
 /* Resize modes (which of Resize's arguments was given). */
 enum { ING_RESIZE_SIZE = 0, ING_RESIZE_SHORTER = 1, ING_RESIZE_LONGER = 2 };
@@ -52,6 +53,8 @@ enum { ING_RESIZE_SIZE = 0, ING_RESIZE_SHORTER = 1, ING_RESIZE_LONGER = 2 };
 #define ING_MAX_OPS 16   /* geometry ops in one chain */
 #define ING_RECORD 16    /* doubles per record of a description */
 #define ING_DESC_VERSION 1
+#define ING_PARAMS 5      /* drawn parameters per op and sample (ing_plan_out.params) */
+#define ING_MAX_IOUS 8    /* RandomIoUCrop's thresholds */
 
 /* One geometry op's configuration (the fields its kind uses; the others are zero). */
 typedef struct {
@@ -62,11 +65,17 @@ typedef struct {
     int64_t size[2];        /* Resize: (h, w) or the side's length in size[0]; CenterCrop, RandomResizedCrop:
                                the output (h, w) */
     int64_t max_size;       /* Resize with ING_RESIZE_SHORTER: the longer side's cap, 0 for none */
-    double scale[2];        /* RandomResizedCrop: area fraction (min, max) */
-    double ratio[2];        /* RandomResizedCrop: aspect w / h (min, max) */
-    double p;               /* Flip: the probability of each flip */
+    double scale[2];        /* RandomResizedCrop: area fraction (min, max); RandomIoUCrop: side fraction */
+    double ratio[2];        /* RandomResizedCrop, RandomIoUCrop: aspect w / h (min, max); ZoomOut: canvas ratio */
+    double p;               /* Flip: the probability of each flip; ZoomOut: of a canvas */
     int32_t horizontal;     /* Flip: left-right flips drawn (0 or 1) */
     int32_t vertical;       /* Flip: top-bottom flips drawn (0 or 1) */
+    int32_t center;         /* PadTo: 1 pads around the centre, 0 at the bottom and right */
+    int64_t multiple;       /* PadTo: pad up to a multiple of it, 0 for none (size[]: at least that, 0 for none) */
+    int64_t attempts;       /* RandomIoUCrop: crops tried per round */
+    int64_t rounds;         /* RandomIoUCrop: thresholds tried */
+    int32_t n_ious;         /* RandomIoUCrop: 1..ING_MAX_IOUS thresholds in min_ious, NaN for None (no crop) */
+    double min_ious[ING_MAX_IOUS];
 } ing_op;
 
 /* A whole chain: the geometry ops in order, then the warp's fill and epilogue. */
@@ -94,6 +103,10 @@ typedef struct {
  *   ING_RANDOM_RESIZED_CROP  [1] h [2] w [3] scale min [4] scale max [5] ratio min [6] ratio max
  *                            [7] interpolation [8] antialias
  *   ING_FLIP                 [1] p [2] horizontal [3] vertical
+ *   ING_ZOOM_OUT             [1] ratio min [2] ratio max [3] p
+ *   ING_IOU_CROP             [1] scale min [2] scale max [3] aspect min [4] aspect max [5] attempts [6] rounds
+ *                            [7] thresholds (1..ING_MAX_IOUS) [8..] the thresholds, NaN for None
+ *   ING_PAD_TO               [1] size h [2] size w (0 0: none) [3] multiple (0: none) [4] center
  * so len = ING_RECORD * (2 + nops). Returns ING_EINVAL for a malformed one, ING_EUNSUPPORTED for another
  * version or an unknown op kind. */
 int ing_chain_parse(ing_chain *chain, const double *desc, int64_t len, uint64_t seed);
@@ -104,6 +117,8 @@ typedef struct {
     int64_t region[4];   /* x0 y0 x1 y1 (end exclusive): the source pixels the warp can read, clipped to the
                             image: Warp.regions(). The decoder may decode just these (or the whole image) */
     int64_t out_hw[2];   /* output height, width */
+    int64_t content_hw[2];  /* the size before the chain's trailing PadTo ops (out_hw when it ends otherwise):
+                               where the image lies in a padded output (image_sizes) */
     int64_t src_hw[2];   /* the probed size it was planned for (height, width) */
     double matrix[6];    /* output coords -> source coords: x = m0 x' + m1 y' + m2, y = m3 x' + m4 y' + m5 */
     double box[4];       /* x0 y0 x1 y1: the source region the resample may read (Warp.box) */
@@ -111,12 +126,31 @@ typedef struct {
     double readable[4];  /* Warp.readable: the source pixels the last resampling op's input holds */
 } ing_sample;
 
-/* A batch's plan: the caller points `sample` at n ing_sample and `params` at n * nops * 4 int64 (or NULL). */
+/* A batch's boxes (detection), all arrays the caller's: what ing_plan reads and writes when given them. Each
+ * sample's boxes go through the chain as the Python planner's (`Plan.map_box_batch`): RandomIoUCrop draws on
+ * them as mapped so far and keeps those whose centre its crop holds; every op maps them (corners through its
+ * inverse map, the bounding box clipped to its output) and drops the empty ones; at the end those narrower or
+ * lower than min_size are dropped too. */
+typedef struct {
+    const double *in;         /* M x 4: x0 y0 x1 y1 in pixels of the probed source, sample after sample */
+    const int64_t *counts;    /* n: each sample's number of boxes (>= 0; M is their sum) */
+    double min_size;          /* > 0: the smallest width and height kept at the end; 0: any nonempty box */
+    double *out;              /* M x 4, written: the kept boxes in output pixels, sample after sample (the first
+                                 sum(kept_counts) rows; may not be `in`) */
+    int64_t *kept;            /* M, written: each kept box's row in `in` (to gather its labels and other fields) */
+    int64_t *kept_counts;     /* n, written: each sample's kept boxes */
+} ing_boxes;
+
+/* A batch's plan: the caller points `sample` at n ing_sample and `params` at n * nops * ING_PARAMS int64 (or
+ * NULL). */
 typedef struct {
     ing_sample *sample;     /* n, written */
-    int64_t *params;        /* NULL, or n x nops x 4, written: each op's drawn parameters for sample k at
-                               [k][op][0..3]: RandomResizedCrop top, left, height, width (its Python params);
-                               Flip left-right, top-bottom (0/1), 0, 0; Resize, CenterCrop output h, w, 0, 0 */
+    int64_t *params;        /* NULL, or n x nops x ING_PARAMS, written: each op's drawn parameters for sample k at
+                               [k][op][..] (0 where unused): RandomResizedCrop top, left, height, width (its
+                               Python params); Flip left-right, top-bottom (0/1); ZoomOut left, top, canvas
+                               height, width; RandomIoUCrop top, left, height, width, cropped (its Python
+                               params); Resize, CenterCrop, PadTo output h, w */
+    ing_boxes *boxes;       /* NULL (no boxes: RandomIoUCrop keeps every image whole), or the batch's boxes */
     int32_t interpolation;  /* written: the batch's filter, from the last op that resamples any of its samples
                                (ING_NEAREST, antialias 0, when none does), as affine.compose picks it */
     int32_t antialias;      /* written */
@@ -125,7 +159,8 @@ typedef struct {
 /* ing_plan: every op's draws and the composed warp for n samples: dataset indices `index` (n, >= 0) of `epoch`
  * (>= 0), probed sizes `hw` (n x 2: height, width, each in 1 .. 2**31 - 1). What planner.plan(ops, hw,
  * SampleRandom.keyed(seed, epoch, index)).warp holds, per sample; draws depend only on (seed, epoch, index[k],
- * hw[k]) and the ops. */
+ * hw[k]) and the ops (and RandomIoUCrop's on the sample's boxes). With plan->boxes, also
+ * planner.plan(..., boxes=...).map_box_batch(min_size=...): the kept boxes and their rows (ing_boxes). */
 int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t epoch, const int64_t *hw,
              ing_plan_out *plan);
 
