@@ -18,17 +18,19 @@ setup.py where a C compiler is found; ``NATIVE`` is None without it).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
 from .errors import ConfigError
-from .ops import _warp_kernel, resample
-from .ops.base import Op
+from .ops import _warp_kernel, planner, resample
+from .ops.affine import Warp
+from .ops.base import PIXELS, ImageSpec, Op, size_list
 from .ops.boxes import BoxBatch
 from .ops.detection import PadTo, RandomIoUCrop, ZoomOut
 from .ops.geometry import CenterCrop, Flip, HorizontalFlip, RandomResizedCrop, Resize, VerticalFlip
 from .ops.normalize import Normalize
+from .random import SampleRandom
 
 try:
     from . import _plan as NATIVE
@@ -46,7 +48,7 @@ INTERPOLATIONS = {"nearest": 0, "bilinear": 1, "bicubic": 2}
 SAMPLE = np.dtype([("region", np.int64, 4), ("out_hw", np.int64, 2), ("content_hw", np.int64, 2),
                    ("src_hw", np.int64, 2),
                    ("matrix", np.float64, 6), ("box", np.float64, 4), ("inside", np.float64, 4),
-                   ("readable", np.float64, 4)])
+                   ("readable", np.float64, 4), ("valid", np.float64, 4)])
 
 #: The op classes the native planner runs, exactly (a subclass may change what they do).
 _GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, Flip, HorizontalFlip, VerticalFlip, ZoomOut, RandomIoUCrop,
@@ -107,6 +109,70 @@ def _record(op: Op) -> list[float]:
     return [float(v) for v in fields] + [0.0] * (RECORD - len(fields))
 
 
+class Planner:
+    """`ingest.ops.planner.plan` for one op chain done by the native planner: the same `planner.Plan` (draws,
+    sizes, one warp, the boxes moved and pruned), from one C call and a few array views instead of every op's
+    numpy steps. :meth:`of` gives one where the results are the same (tested): a chain :func:`describe`
+    describes, of one fill (the Python planner then makes one warp as the native planner does). The plan has no
+    per-op `Steps` (``stage.steps`` is empty): it serves images, boxes given to it and masks, not
+    `Plan.map_polygons` nor boxes other than those it was given."""
+
+    def __init__(self, ops: Sequence[Op], desc: np.ndarray, pixels: ImageSpec):
+        self.ops, self.desc = list(ops), desc
+        self.output = planner.check(self.ops, pixels)
+        self.geometry = self.ops[:-1] if type(self.ops[-1]) is Normalize else self.ops
+        self.epilogue = self.ops[-1] if type(self.ops[-1]) is Normalize else None
+        fills = [op.fill for op in self.geometry if op.fill is not None]
+        self.fill = fills[-1] if fills else (0.0,)
+        self.pads = isinstance(self.geometry[-1], PadTo)   # content sizes: before the trailing padding
+
+    @classmethod
+    def of(cls, ops: Sequence[Op], pixels: ImageSpec = PIXELS) -> "Planner | None":
+        """The native planner for ``ops`` on decoded ``pixels`` (uint8), or None where it would not plan them
+        as `planner.plan` does (or is not built)."""
+        if NATIVE is None or pixels.dtype != PIXELS.dtype or pixels.channels is None:
+            return None
+        desc = describe(ops, pixels.channels)
+        fills = {op.fill for op in ops if getattr(op, "fill", None) is not None}
+        return None if desc is None or len(fills) > 1 else cls(ops, desc, pixels)
+
+    def plan(self, sizes: Sequence[tuple[int, int]], rngs: "SampleRandom", boxes: BoxBatch | None = None
+             ) -> planner.Plan:
+        """``planner.plan(ops, sizes, rngs, boxes=boxes)``: ``rngs`` a fresh `SampleRandom` (no draws made)."""
+        if rngs.calls:
+            raise ValueError("the native planner draws from a fresh SampleRandom")
+        hw = np.ascontiguousarray(sizes, dtype=np.int64).reshape(-1, 2)
+        q = plan(self.desc, 0, 0, None, hw, boxes, keys=rngs.keys)
+        s = q.samples
+        n = len(s)
+        matrix = np.zeros((n, 3, 3))
+        matrix[:, :2] = s["matrix"].reshape(n, 2, 3)
+        matrix[:, 2, 2] = 1.0
+        src, out = size_list(hw), size_list(s["out_hw"])
+        warp = Warp(matrix, out, s["box"], q.interpolation, q.antialias, self.fill, src, s["valid"], s["readable"],
+                    s["inside"])
+        drawn = [(op, _params(op, q.params[:, k])) for k, op in enumerate(self.geometry)]
+        stage = planner.Stage(list(drawn), src, out, warp=warp, epilogue=self.epilogue)
+        if self.epilogue is not None:
+            drawn.append((self.epilogue, None))
+        tracked = None
+        if boxes is not None:
+            tracked = (boxes, planner._Boxes.moved(boxes, q.boxes, q.kept))
+        return planner.Plan(src, drawn, [stage], out, self.output, size_list(s["content_hw"]) if self.pads else None,
+                            tracked)
+
+
+def _params(op: Op, drawn: np.ndarray) -> Any:
+    """An op's drawn parameters (plan.h, ``params``) as its ``draw`` gives them."""
+    if isinstance(op, Flip):
+        return drawn[:, :2].astype(bool)
+    if isinstance(op, RandomIoUCrop):
+        return drawn[:, :5]
+    if isinstance(op, (RandomResizedCrop, ZoomOut)):
+        return drawn[:, :4]
+    return None
+
+
 class NativePlan(NamedTuple):
     """A batch planned by the native planner (plan.h's ``ing_plan_out``)."""
 
@@ -124,34 +190,42 @@ def _check_seed(seed: int) -> int:
     return int(seed)
 
 
-def plan(desc: np.ndarray, seed: int, epoch: int, indices: Sequence[int] | np.ndarray,
+def plan(desc: np.ndarray, seed: int, epoch: int, indices: Sequence[int] | np.ndarray | None,
          sizes: Sequence[tuple[int, int]] | np.ndarray, boxes: BoxBatch | Sequence[np.ndarray] | None = None, *,
-         min_size: float = 0.0) -> NativePlan:
+         min_size: float = 0.0, keys: np.ndarray | None = None) -> NativePlan:
     """The chain ``desc`` planned for dataset ``indices`` of ``epoch`` on the probed ``sizes`` (height, width).
 
     ``boxes``: the samples' boxes (a `BoxBatch`, or one ``[K, 4]`` array per sample: x0 y0 x1 y1 in pixels of the
     probed source), which RandomIoUCrop draws on; they come back moved and pruned as
     ``planner.plan(..., boxes=boxes).map_box_batch(boxes, min_size=min_size)`` gives them, with the row of each
-    kept box among those given. Without them RandomIoUCrop keeps every image whole."""
-    idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+    kept box among those given. Without them RandomIoUCrop keeps every image whole. ``keys``: the samples' keys
+    (a fresh `SampleRandom`'s) to draw from instead of those of (seed, epoch, indices), which are then unused."""
     hw = np.ascontiguousarray(sizes, dtype=np.int64).reshape(-1, 2)
-    if len(hw) != len(idx):
-        raise ValueError(f"got {len(idx)} indices and {len(hw)} sizes")
-    n, nops = len(idx), int(desc[1])
+    if keys is not None:
+        keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        seed, epoch, idx = 0, 0, None
+        n = len(keys)
+    else:
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        n = len(idx)
+    if len(hw) != n:
+        raise ValueError(f"got {n} indices and {len(hw)} sizes")
+    nops = int(desc[1])
     samples = np.zeros(n, dtype=SAMPLE)
     params = np.zeros((n, nops, PARAMS), dtype=np.int64)
-    extra: tuple = ()
+    flat = given_counts = out = kept = counts = None
     if boxes is not None:
         given = boxes if isinstance(boxes, BoxBatch) else BoxBatch.of(boxes)
         if len(given) != n:
             raise ValueError(f"got boxes for {len(given)} samples, the batch has {n}")
         flat = np.ascontiguousarray(given.flat, dtype=np.float64)
         out, kept, counts = np.empty_like(flat), np.empty(len(flat), dtype=np.int64), np.empty(n, dtype=np.int64)
-        extra = (flat, np.ascontiguousarray(given.counts, dtype=np.int64), float(min_size), out, kept, counts)
+        given_counts = np.ascontiguousarray(given.counts, dtype=np.int64)
     interpolation, antialias = NATIVE.plan(np.ascontiguousarray(desc, dtype=np.float64), _check_seed(seed), n, idx,
-                                           int(epoch), hw, samples, params, *extra)
+                                           int(epoch), hw, samples, params, flat, given_counts, float(min_size),
+                                           out, kept, counts, keys)
     names = {v: k for k, v in INTERPOLATIONS.items()}
-    if not extra:
+    if boxes is None:
         return NativePlan(samples, params, names[interpolation], bool(antialias))
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])

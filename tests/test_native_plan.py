@@ -19,7 +19,7 @@ import torch
 
 from ingest import native, native_plan, random as rnd
 from ingest.ops import _warp_kernel, affine, detection, planner, resample
-from ingest.ops.base import ImageArena, size_array_of
+from ingest.ops.base import ImageArena, ImageSpec, as_list, size_array_of
 from ingest.ops.boxes import BoxBatch
 from ingest.ops.color import ColorJitter
 from ingest.decode.gpu import clip_regions
@@ -387,6 +387,7 @@ def check_detection(ops, seed, epoch, idx, hw, boxes, min_size=0.0):
     np.testing.assert_array_equal(s["box"], w.box)
     np.testing.assert_array_equal(s["inside"], w.inside)
     np.testing.assert_array_equal(s["readable"], w.readable)
+    np.testing.assert_array_equal(s["valid"], w.valid)
     assert (q.interpolation, q.antialias) == (w.interpolation, w.antialias)
     for k, ((op, params), steps) in enumerate(zip(stage.drawn, stage.steps)):
         got = q.params[:, k]
@@ -489,3 +490,64 @@ def test_boxes_must_match_the_batch():
         native_plan.NATIVE.plan(desc, 0, 1, np.zeros(1, np.int64), 0, np.ones((1, 2), np.int64), samples, None,
                                 np.zeros((1, 4)), np.array([2]), 0.0, np.zeros((1, 4)), np.zeros(1, np.int64),
                                 np.zeros(1, np.int64))
+
+
+@pytest.mark.parametrize("name", sorted(DETECTION))
+def test_the_native_planner_makes_the_python_planners_plan(name):
+    """`native_plan.Planner.plan` in place of `planner.plan`: the same Plan where the pipeline reads it (draws,
+    sizes, the warp), so the same images on the CPU's op-by-op path and through the warp, boxes and masks."""
+    ops = DETECTION[name]
+    pixels = ImageSpec(torch.uint8, None, 3)
+    native = native_plan.Planner.of(ops, pixels)
+    rng = np.random.default_rng(11)
+    for trial in range(3):
+        n = int(rng.integers(1, 6))
+        hw = rng.integers(8, 90, (n, 2))
+        given = BoxBatch.of(random_boxes(rng, hw))
+        idx = rng.integers(0, 1000, n)
+        p = planner.plan(ops, hw, SampleRandom.keyed(trial, 1, idx), boxes=given, pixels=pixels)
+        q = native.plan(hw, SampleRandom.keyed(trial, 1, idx), given)
+        assert (q.sizes, q.out_sizes, q.content_sizes, q.output) == (p.sizes, p.out_sizes, p.content_sizes, p.output)
+        for (op, a), (op2, b) in zip(p.drawn, q.drawn):
+            assert op is op2 and (a is None) == (b is None)
+            if a is not None:
+                assert a.dtype == b.dtype
+                np.testing.assert_array_equal(a, b)
+        (ps,), (qs,) = p.stages, q.stages
+        assert [op for op, _ in ps.drawn] == [op for op, _ in qs.drawn] and ps.epilogue is qs.epilogue
+        for f in ("matrix", "box", "valid", "readable", "inside"):
+            np.testing.assert_array_equal(getattr(qs.warp, f), getattr(ps.warp, f))
+        assert (qs.warp.out_sizes, qs.warp.source_sizes, qs.warp.fill, qs.warp.interpolation, qs.warp.antialias) == (
+            ps.warp.out_sizes, ps.warp.source_sizes, ps.warp.fill, ps.warp.interpolation, ps.warp.antialias)
+        images = [torch.from_numpy(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in hw.tolist()]
+        for want, got in zip(as_list(p.execute(images)), as_list(q.execute(images))):
+            assert torch.equal(want, got)
+        smaller = [im[: max(1, im.shape[0] // 2), : max(1, im.shape[1] // 2)] for im in images]   # the warp's path
+        for want, got in zip(as_list(p.execute(smaller)), as_list(q.execute(smaller))):
+            assert torch.equal(want, got)
+        for a, b in zip(p.map_box_batch(given, min_size=1.5), q.map_box_batch(given, min_size=1.5)):
+            np.testing.assert_array_equal(getattr(a, "flat", a), getattr(b, "flat", b))
+        masks = [torch.from_numpy(rng.integers(0, 2, (2, h, w), dtype=np.uint8)) for h, w in hw.tolist()]
+        for want, got in zip(p.warp_masks(masks), q.warp_masks(masks)):
+            assert torch.equal(want, got)
+
+
+def test_the_native_planner_takes_chains_of_one_fill():
+    spec = ImageSpec(torch.uint8, None, 3)
+    assert native_plan.Planner.of([ZoomOut(fill=3), RandomIoUCrop(), PadTo(multiple=32, fill=3)], spec) is not None
+    assert native_plan.Planner.of([ZoomOut(fill=3), RandomIoUCrop(), PadTo(multiple=32)], spec) is None
+    assert native_plan.Planner.of([Rotate(10)], spec) is None
+    assert native_plan.Planner.of([ZoomOut()], ImageSpec(torch.uint16, None, 3)) is None
+
+
+def test_a_native_plan_moves_only_what_it_was_planned_with():
+    """It keeps no per-op steps: other boxes and polygons are refused, not left where they were."""
+    ops = DETECTION["ssd"]
+    hw = np.array([[40, 50], [60, 30]])
+    given = BoxBatch.of([np.array([[1.0, 2, 20, 30]]), np.zeros((0, 4))])
+    q = native_plan.Planner.of(ops, ImageSpec(torch.uint8, None, 3)).plan(hw, SampleRandom.keyed(0, 0, [1, 2]), given)
+    q.map_box_batch(given)
+    with pytest.raises(ValueError, match="no per-op steps"):
+        q.map_box_batch(BoxBatch.of([np.array([[1.0, 2, 20, 30]]), np.zeros((0, 4))]))
+    with pytest.raises(ValueError, match="no per-op steps"):
+        q.map_polygons([[[[1, 2, 10, 2, 10, 10]]], []])

@@ -341,12 +341,12 @@ static void bounds(const double m[9], const double r[4], double out[4]) {
 
 int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t epoch, const int64_t *hw,
              ing_plan_out *plan) {
-    if (!chain || n < 0 || (n && (!index || !hw || !plan || !plan->sample)) || !plan)
+    if (!chain || !plan || n < 0 || (n && (!(index || plan->keys) || !hw || !plan->sample)))
         return ING_EINVAL;
-    if (epoch < 0)
+    if (epoch < 0 && !plan->keys)
         return ING_ESIZE;
     for (int64_t k = 0; k < n; ++k)
-        if (index[k] < 0 || !fits(hw + 2 * k))
+        if ((!plan->keys && index[k] < 0) || !fits(hw + 2 * k))
             return ING_ESIZE;
     ing_boxes *boxes = plan->boxes;
     if (boxes && n && (!boxes->counts || !boxes->kept_counts || !(boxes->min_size >= 0.0)))
@@ -360,11 +360,11 @@ int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t ep
     if (boxes && read && (!boxes->in || !boxes->out || !boxes->kept))
         return ING_EINVAL;
     read = 0;
-    uint64_t prefix = ing_prefix(chain->seed, (uint64_t)epoch);
+    uint64_t prefix = plan->keys ? 0 : ing_prefix(chain->seed, (uint64_t)epoch);
     int resampler = -1;   /* the last op that resamples any sample (affine.compose) */
     for (int64_t k = 0; k < n; ++k) {
         ing_sample *s = &plan->sample[k];
-        uint64_t key = ing_combine(prefix, (uint64_t)index[k]), call = 0;
+        uint64_t key = plan->keys ? plan->keys[k] : ing_combine(prefix, (uint64_t)index[k]), call = 0;
         int64_t cur[2] = {hw[2 * k], hw[2 * k + 1]}, content[2] = {-1, -1};
         /* the sample's boxes, moved op by op where they are written (planner._Boxes) */
         double *b = NULL;
@@ -439,6 +439,7 @@ int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t ep
             cur[0] = st.out[0], cur[1] = st.out[1];
         }
         memcpy(s->matrix, m, 6 * sizeof *m);
+        memcpy(s->valid, valid, sizeof valid);
         s->out_hw[0] = cur[0], s->out_hw[1] = cur[1];
         s->content_hw[0] = content[0] < 0 ? cur[0] : content[0];
         s->content_hw[1] = content[0] < 0 ? cur[1] : content[1];

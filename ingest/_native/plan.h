@@ -124,6 +124,7 @@ typedef struct {
     double box[4];       /* x0 y0 x1 y1: the source region the resample may read (Warp.box) */
     double inside[4];    /* Warp.inside: where output points may map (+-inf: unbounded) */
     double readable[4];  /* Warp.readable: the source pixels the last resampling op's input holds */
+    double valid[4];     /* Warp.valid: what every op of the chain reads of its input (masks' box) */
 } ing_sample;
 
 /* A batch's boxes (detection), all arrays the caller's: what ing_plan reads and writes when given them. Each
@@ -151,6 +152,8 @@ typedef struct {
                                height, width; RandomIoUCrop top, left, height, width, cropped (its Python
                                params); Resize, CenterCrop, PadTo output h, w */
     ing_boxes *boxes;       /* NULL (no boxes: RandomIoUCrop keeps every image whole), or the batch's boxes */
+    const uint64_t *keys;   /* NULL, or n sample keys (random.sample_keys) to draw from instead of those of
+                               (chain seed, epoch, index[k]), which are then not read */
     int32_t interpolation;  /* written: the batch's filter, from the last op that resamples any of its samples
                                (ING_NEAREST, antialias 0, when none does), as affine.compose picks it */
     int32_t antialias;      /* written */

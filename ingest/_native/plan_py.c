@@ -3,8 +3,8 @@
  * the dtype and size given), checked here; a description is parsed on each call. Calls keep the GIL: it serves
  * tests, not a hot path.
  *
- * plan(desc, seed, n, indices, epoch, sizes, samples, params[, boxes, counts, min_size, out, kept, kept_counts])
- *     -> (interpolation, antialias)
+ * plan(desc, seed, n, indices, epoch, sizes, samples, params[, boxes, counts, min_size, out, kept, kept_counts,
+ *      keys]) -> (interpolation, antialias)
  *   desc     float64 description (plan.h, ing_chain_parse)      seed   an int in [0, 2**64)
  *   indices  int64 [n] dataset indices                           epoch  an int >= 0
  *   sizes    int64 [n, 2] probed (height, width)
@@ -13,6 +13,7 @@
  *   boxes    float64 [m, 4] x0 y0 x1 y1, or None (no boxes: the rest are not read)
  *   counts   int64 [n], summing to m                             min_size  a float >= 0
  *   out      writable float64 [m, 4]   kept  writable int64 [m]   kept_counts  writable int64 [n] (ing_boxes)
+ *   keys     uint64 [n] sample keys to draw from (then indices may be None), or None
  *
  * pack(desc, seed, samples, interpolation, antialias, origins, decoded, src, strides, ip, fp) -> (gx, gy, gz)
  *   samples  [n] ing_sample records from plan; interpolation, antialias: plan's result
@@ -72,20 +73,21 @@ static int chain_of(PyObject *desc, unsigned long long seed, ing_chain *chain) {
 
 static PyObject *py_plan(PyObject *self, PyObject *args) {
     PyObject *desc, *indices, *sizes, *samples, *params, *boxes = Py_None, *counts = Py_None, *boxes_out = Py_None,
-             *kept = Py_None, *kept_counts = Py_None;
+             *kept = Py_None, *kept_counts = Py_None, *keys = Py_None;
     unsigned long long seed;
     long long epoch;
     double min_size = 0.0;
     Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "OKnOLOOO|OOdOOO:plan", &desc, &seed, &n, &indices, &epoch, &sizes, &samples, &params,
-                          &boxes, &counts, &min_size, &boxes_out, &kept, &kept_counts))
+    if (!PyArg_ParseTuple(args, "OKnOLOOO|OOdOOOO:plan", &desc, &seed, &n, &indices, &epoch, &sizes, &samples,
+                          &params, &boxes, &counts, &min_size, &boxes_out, &kept, &kept_counts, &keys))
         return NULL;
     ing_chain chain;
     if (chain_of(desc, seed, &chain) < 0)
         return NULL;
-    arg a[9] = {{.held = 0}};
+    arg a[10] = {{.held = 0}};
     PyObject *result = NULL;
-    if (n < 0 || get(indices, &a[0], 0, 0, "indices", n * 8) < 0 || get(sizes, &a[1], 0, 0, "sizes", n * 16) < 0 ||
+    if (n < 0 || get(keys, &a[9], 0, 1, "keys", n * 8) < 0 ||
+        get(indices, &a[0], 0, keys != Py_None, "indices", n * 8) < 0 || get(sizes, &a[1], 0, 0, "sizes", n * 16) < 0 ||
         get(samples, &a[2], 1, 0, "samples", n * (Py_ssize_t)sizeof(ing_sample)) < 0 ||
         get(params, &a[3], 1, 1, "params", n * chain.nops * ING_PARAMS * 8) < 0) {
         if (!PyErr_Occurred())
@@ -117,14 +119,15 @@ static PyObject *py_plan(PyObject *self, PyObject *args) {
         given.in = at(&a[4]), given.counts = c, given.out = at(&a[6]), given.kept = at(&a[7]);
         given.kept_counts = at(&a[8]);
     }
-    ing_plan_out out = {.sample = at(&a[2]), .params = at(&a[3]), .boxes = boxes != Py_None ? &given : NULL};
+    ing_plan_out out = {.sample = at(&a[2]), .params = at(&a[3]), .boxes = boxes != Py_None ? &given : NULL,
+                        .keys = at(&a[9])};
     int err = ing_plan(&chain, n, at(&a[0]), epoch, at(&a[1]), &out);
     if (err)
         fail(err);
     else
         result = Py_BuildValue("(ii)", out.interpolation, out.antialias);
 done:
-    release(a, 9);
+    release(a, 10);
     return result;
 }
 
