@@ -1,13 +1,19 @@
 /* A batch's op chain in C: per-sample draws, the composed warp, the regions to decode and the warp kernel's
  * argument rows, exactly as the Python planner makes them (ingest/ops/planner.py `plan`, affine.py `compose`,
- * resample.py `_setup`, _warp_kernel.py `pack`), for the chains the native engine runs:
+ * resample.py `_setup`, _warp_kernel.py `pack`), and with boxes the kept boxes (`Plan.map_box_batch`), for
+ * these chains:
  *
- *   any sequence of Resize, CenterCrop, RandomResizedCrop and Flip (HorizontalFlip, VerticalFlip), at least
- *   one, optionally followed by Normalize (the warp's epilogue).
+ *   any sequence of Resize (with `max_size`), CenterCrop, RandomResizedCrop, Flip (HorizontalFlip,
+ *   VerticalFlip), ZoomOut, RandomIoUCrop (at most ING_MAX_IOUS thresholds) and PadTo (a size and/or a multiple,
+ *   not batch=True), at least one, optionally followed by Normalize (the warp's epilogue): the classification
+ *   chains and the detection ones (SSD's ZoomOut + RandomIoUCrop + HorizontalFlip + Resize(800, max_size=1333),
+ *   with PadTo(multiple=32) and Normalize or without).
  *
  * Anything else is described by no chain (`ingest.native_plan.describe` returns None) and runs on the Python
- * stages. Same seed, epoch, dataset indices and probed sizes give the same draws, output sizes and regions as
- * the Python planner, and the same `ip` rows; `fp` rows are the same doubles (see `ing_pack`).
+ * stages. Same seed, epoch, dataset indices (or sample keys), probed sizes and boxes give the same draws, output
+ * sizes and regions as the Python planner, the same kept boxes and the same `ip` rows; `fp` rows are the same
+ * doubles (see `ing_pack`). One warp per batch with the chain's last fill: a chain whose ops' fills differ may
+ * plan otherwise in Python (its warps split where an op padded), and its callers refuse such chains.
  *
  * Use, per batch (no globals: any number of threads may plan and pack different batches at once; nothing is
  * allocated, every array is the caller's):
@@ -19,6 +25,16 @@
  *   launch warp_{nearest,bilinear,bicubic}[plan.interpolation](ip, fp, out, chain.channels, chain.kind,
  *          chain.nchw, chain.normalize) on grid x (32, 8, 1) threads, `out` holding
  *          ing_out_elements(&chain, n, &plan) elements of chain.kind (samples one after another)
+ *
+ * Detection (boxes): point plan.boxes at an ing_boxes holding the batch's boxes (x0 y0 x1 y1 in pixels of the
+ * probed images, after the reader's format is converted: engine/boxes.py `_to_ltrb`) and per-sample counts, with
+ * room for as many out. RandomIoUCrop's draw depends on them (its IoU and centre rules), so they must be given
+ * to ing_plan, before decoding; ing_plan returns each sample's kept boxes in output pixels and each one's row
+ * among those given, which gathers the per-box fields (labels, iscrowd, area, mask ids). Output sizes then vary
+ * per sample (Resize's max_size, PadTo's multiple): out_hw[k] per sample, content_hw[k] the size before the
+ * trailing PadTo (image_sizes). What an engine still does itself: the boxes to the format asked for
+ * (`boxes.from_ltrb`), the per-box fields gathered by `kept`, and a ragged output (offsets per sample, as the
+ * warp writes them) with the boxes and fields collated per batch.
  *
  * ing_chain_parse, ing_plan and ing_pack return ING_OK (0) or a negative error code (`ing_strerror`); on error
  * their outputs are unspecified. Built with -ffp-contract=off: every double operation rounds on its own, as numpy's do.

@@ -1,7 +1,8 @@
 /* ingest._plan: the native planner (plan.h) bound for `ingest.native_plan`, which allocates the arrays and reads
  * the results; the native engine calls plan.c directly. Every array is a buffer of the caller's (C-contiguous,
- * the dtype and size given), checked here; a description is parsed on each call. Calls keep the GIL: it serves
- * tests, not a hot path.
+ * the dtype and size given), checked here; a description is parsed on each call. Calls keep the GIL, as
+ * ops/_boxes.c's do: they are short, and the Python engine's read stage makes one per batch of a detection chain
+ * (`native_plan.Planner`), where a GIL hand-off would cost more than the call (docs/design.md, The GIL).
  *
  * plan(desc, seed, n, indices, epoch, sizes, samples, params[, boxes, counts, min_size, out, kept, kept_counts,
  *      keys]) -> (interpolation, antialias)
