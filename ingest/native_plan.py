@@ -5,8 +5,8 @@ decode and the warp kernel's argument rows, the numbers `ingest.ops.planner.plan
 `ingest.ops._warp_kernel.pack` make. It runs the chains :func:`describe` describes:
 
     any sequence of Resize, CenterCrop, RandomResizedCrop, Flip (HorizontalFlip, VerticalFlip), ZoomOut,
-    RandomIoUCrop (at most 8 thresholds) and PadTo (without ``batch=True``), at least one, optionally followed
-    by Normalize
+    RandomIoUCrop (at most 8 thresholds) and PadTo (``batch=True`` where asked), at least one, optionally
+    followed by Normalize
 
 on images of 1 to 4 channels. Given the samples' boxes, :func:`plan` also moves them as the Python planner does
 (`Plan.map_box_batch`: RandomIoUCrop draws on them, every op maps, clips and drops them) and returns the kept
@@ -55,15 +55,16 @@ _GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, Flip, HorizontalFlip, Vertic
              PadTo)
 
 
-def describe(ops: Sequence[Op], channels: int = 3) -> np.ndarray | None:
+def describe(ops: Sequence[Op], channels: int = 3, *, batch_wide: bool = False) -> np.ndarray | None:
     """The float64 description (plan.h, ``ing_chain_parse``) of ``ops`` on images of ``channels`` channels, or
-    None when the native planner does not run that chain."""
+    None when the native planner does not run that chain. ``batch_wide``: also chains with a PadTo(batch=True),
+    whose output size is the batch's (a caller that sizes its output once, from a probe, must not take them)."""
     ops = list(ops)
     normalize = ops.pop() if ops and type(ops[-1]) is Normalize else None
     if not ops or len(ops) > MAX_OPS or not all(type(op) in _GEOMETRY for op in ops) or not 1 <= channels <= 4:
         return None
-    if any(isinstance(op, PadTo) and op.batch or isinstance(op, RandomIoUCrop) and len(op.min_ious) > MAX_IOUS
-           for op in ops):   # a batch-wide pad; more thresholds than a record holds
+    if any(isinstance(op, RandomIoUCrop) and len(op.min_ious) > MAX_IOUS   # more than a record holds
+           or isinstance(op, PadTo) and op.batch and not batch_wide for op in ops):
         return None
     fill = next((op.fill for op in reversed(ops) if op.fill is not None), (0.0,))
     try:
@@ -103,7 +104,7 @@ def _record(op: Op) -> list[float]:
         fields = [IOU_CROP, *op.scale, *op.aspect, op.attempts, op.rounds, len(op.min_ious),
                   *(np.nan if t is None else t for t in op.min_ious)]
     elif isinstance(op, PadTo):
-        fields = [PAD_TO, *(op.size or (0, 0)), op.multiple or 0, op.center]
+        fields = [PAD_TO, *(op.size or (0, 0)), op.multiple or 0, op.center, op.batch]
     else:
         fields = [FLIP, op.p, op.horizontal, op.vertical]
     return [float(v) for v in fields] + [0.0] * (RECORD - len(fields))
@@ -132,7 +133,7 @@ class Planner:
         as `planner.plan` does (or is not built)."""
         if NATIVE is None or pixels.dtype != PIXELS.dtype or pixels.channels is None:
             return None
-        desc = describe(ops, pixels.channels)
+        desc = describe(ops, pixels.channels, batch_wide=True)
         fills = {op.fill for op in ops if getattr(op, "fill", None) is not None}
         return None if desc is None or len(fills) > 1 else cls(ops, desc, pixels)
 

@@ -340,6 +340,9 @@ DETECTION = {
                            PadTo(multiple=32, fill=(10, 20, 30)), Normalize(MEAN, STD)],
     "letterbox": [RandomIoUCrop(attempts=3, rounds=2), Resize(longer=320), PadTo(320, center=True),
                   PadTo(multiple=7)],
+    "batch-padded": [ZoomOut(p=0.3), RandomIoUCrop(), Flip(0.5), Resize(300, max_size=500),
+                     PadTo(multiple=32, batch=True), Normalize(MEAN, STD)],
+    "batch-padded-first": [PadTo(batch=True, center=True), RandomIoUCrop(), PadTo((50, 60), multiple=16, batch=True)],
     "rrc-then-iou": [RandomResizedCrop(300), RandomIoUCrop(scale=(0.5, 1.0)), PadTo((310, 330), multiple=8)],
     # a high threshold, few trials: most samples give up and stay whole
     "iou-gives-up": [Resize(200), ZoomOut(p=1.0), RandomIoUCrop((0.95,), attempts=1, rounds=1), HorizontalFlip()],
@@ -372,7 +375,7 @@ def detection_sizes(rng, n):
 
 def check_detection(ops, seed, epoch, idx, hw, boxes, min_size=0.0):
     """The native plan of ``ops`` with ``boxes`` equals the Python planner's: draws, sizes, warp, kept boxes."""
-    desc = native_plan.describe(ops)
+    desc = native_plan.describe(ops, batch_wide=True)
     assert desc is not None
     given = None if boxes is None else BoxBatch.of(boxes)
     p = planner.plan(ops, hw, SampleRandom.keyed(seed, epoch, idx), boxes=given)
@@ -437,7 +440,7 @@ def test_detection_plan_matches_the_python_planner(name, engine, monkeypatch):
 @pytest.mark.parametrize("name", sorted(DETECTION))
 def test_detection_pack_matches_the_warp_kernel_arguments(name):
     ops = DETECTION[name]
-    desc = native_plan.describe(ops)
+    desc = native_plan.describe(ops, batch_wide=True)
     rng = np.random.default_rng(3)
     for trial in range(3):
         n = int(rng.integers(1, 20))
@@ -476,7 +479,11 @@ def test_detection_edge_cases():
 
 
 def test_detection_chains_not_described():
+    # a batch-wide pad only where asked: the native engine sizes its output ring once
     assert native_plan.describe([RandomIoUCrop(), PadTo(multiple=32, batch=True)]) is None
+    assert native_plan.describe([RandomIoUCrop(), PadTo(multiple=32, batch=True)], batch_wide=True) is not None
+    chain, why = native.chain_for(object(), [Resize(100), PadTo(batch=True)])
+    assert chain is None and "not one the native planner runs" in why
     assert native_plan.describe([RandomIoUCrop(tuple(v / 10 for v in range(9)))]) is None   # 9 thresholds
     assert native_plan.describe([RandomIoUCrop(tuple(v / 10 for v in range(8)))]) is not None
 

@@ -4,10 +4,10 @@
  * these chains:
  *
  *   any sequence of Resize (with `max_size`), CenterCrop, RandomResizedCrop, Flip (HorizontalFlip,
- *   VerticalFlip), ZoomOut, RandomIoUCrop (at most ING_MAX_IOUS thresholds) and PadTo (a size and/or a multiple,
- *   not batch=True), at least one, optionally followed by Normalize (the warp's epilogue): the classification
- *   chains and the detection ones (SSD's ZoomOut + RandomIoUCrop + HorizontalFlip + Resize(800, max_size=1333),
- *   with PadTo(multiple=32) and Normalize or without).
+ *   VerticalFlip), ZoomOut, RandomIoUCrop (at most ING_MAX_IOUS thresholds) and PadTo (a size, a multiple, the
+ *   batch's largest image: batch=True), at least one, optionally followed by Normalize (the warp's epilogue):
+ *   the classification chains and the detection ones (SSD's ZoomOut + RandomIoUCrop + HorizontalFlip +
+ *   Resize(800, max_size=1333), with PadTo(multiple=32) or PadTo(multiple=32, batch=True), Normalize or not).
  *
  * Anything else is described by no chain (`ingest.native_plan.describe` returns None) and runs on the Python
  * stages. Same seed, epoch, dataset indices (or sample keys), probed sizes and boxes give the same draws, output
@@ -87,6 +87,7 @@ typedef struct {
     int32_t horizontal;     /* Flip: left-right flips drawn (0 or 1) */
     int32_t vertical;       /* Flip: top-bottom flips drawn (0 or 1) */
     int32_t center;         /* PadTo: 1 pads around the centre, 0 at the bottom and right */
+    int32_t batch;          /* PadTo: 1 pads every image to the batch's largest first */
     int64_t multiple;       /* PadTo: pad up to a multiple of it, 0 for none (size[]: at least that, 0 for none) */
     int64_t attempts;       /* RandomIoUCrop: crops tried per round */
     int64_t rounds;         /* RandomIoUCrop: thresholds tried */
@@ -122,7 +123,7 @@ typedef struct {
  *   ING_ZOOM_OUT             [1] ratio min [2] ratio max [3] p
  *   ING_IOU_CROP             [1] scale min [2] scale max [3] aspect min [4] aspect max [5] attempts [6] rounds
  *                            [7] thresholds (1..ING_MAX_IOUS) [8..] the thresholds, NaN for None
- *   ING_PAD_TO               [1] size h [2] size w (0 0: none) [3] multiple (0: none) [4] center
+ *   ING_PAD_TO               [1] size h [2] size w (0 0: none) [3] multiple (0: none) [4] center [5] batch
  * so len = ING_RECORD * (2 + nops). Returns ING_EINVAL for a malformed one, ING_EUNSUPPORTED for another
  * version or an unknown op kind. */
 int ing_chain_parse(ing_chain *chain, const double *desc, int64_t len, uint64_t seed);
@@ -178,7 +179,8 @@ typedef struct {
 /* ing_plan: every op's draws and the composed warp for n samples: dataset indices `index` (n, >= 0) of `epoch`
  * (>= 0), probed sizes `hw` (n x 2: height, width, each in 1 .. 2**31 - 1). What planner.plan(ops, hw,
  * SampleRandom.keyed(seed, epoch, index)).warp holds, per sample; draws depend only on (seed, epoch, index[k],
- * hw[k]) and the ops (and RandomIoUCrop's on the sample's boxes). With plan->boxes, also
+ * hw[k]) and the ops (and RandomIoUCrop's on the sample's boxes); a batch-wide PadTo's size on every sample's
+ * size before it (the plan of a batch is not that of its slices). With plan->boxes, also
  * planner.plan(..., boxes=...).map_box_batch(min_size=...): the kept boxes and their rows (ing_boxes). */
 int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t epoch, const int64_t *hw,
              ing_plan_out *plan);
