@@ -8,12 +8,13 @@ decode and the warp kernel's argument rows, the numbers `ingest.ops.planner.plan
     RandomIoUCrop (at most 8 thresholds) and PadTo (``batch=True`` where asked), at least one, optionally
     followed by Normalize
 
-on images of 1 to 4 channels. Given the samples' boxes, :func:`plan` also moves them as the Python planner does
-(`Plan.map_box_batch`: RandomIoUCrop draws on them, every op maps, clips and drops them) and returns the kept
-boxes with the row of each among the boxes given, to gather their other fields. For any other chain :func:`describe` returns None and the Python stages run it
+on images of 1 to 4 channels. For any other chain :func:`describe` returns None and the Python stages run it
 (they also raise the ConfigError of a chain that is wrong for the images, e.g. a fill or a Normalize with three
-values on one channel). :func:`plan` and :func:`pack` call the C code through ``ingest._plan`` (built by
-setup.py where a C compiler is found; ``NATIVE`` is None without it).
+values on one channel). Given the samples' boxes, :func:`plan` also moves them as the Python planner does
+(`Plan.map_box_batch`: RandomIoUCrop draws on them, every op maps, clips and drops them) and returns the kept
+boxes with the row of each among the boxes given, to gather their other fields. :class:`Planner` stands in
+for `planner.plan` in the Python engine's read stage. :func:`plan` and :func:`pack` call the C code through
+``ingest._plan`` (built by setup.py where a C compiler is found; ``NATIVE`` is None without it).
 """
 
 from __future__ import annotations
@@ -137,12 +138,13 @@ class Planner:
         fills = {op.fill for op in ops if getattr(op, "fill", None) is not None}
         return None if desc is None or len(fills) > 1 else cls(ops, desc, pixels)
 
-    def plan(self, sizes: Sequence[tuple[int, int]], rngs: "SampleRandom", boxes: BoxBatch | None = None
-             ) -> planner.Plan:
+    def plan(self, sizes: Sequence[tuple[int, int]], rngs: SampleRandom,
+             boxes: BoxBatch | Sequence[np.ndarray] | None = None) -> planner.Plan:
         """``planner.plan(ops, sizes, rngs, boxes=boxes)``: ``rngs`` a fresh `SampleRandom` (no draws made)."""
         if rngs.calls:
             raise ValueError("the native planner draws from a fresh SampleRandom")
         hw = np.ascontiguousarray(sizes, dtype=np.int64).reshape(-1, 2)
+        boxes = None if boxes is None else BoxBatch.of(boxes)   # (what `map_box_batch` then reuses)
         q = plan(self.desc, 0, 0, None, hw, boxes, keys=rngs.keys)
         s = q.samples
         n = len(s)
@@ -156,9 +158,7 @@ class Planner:
         stage = planner.Stage(list(drawn), src, out, warp=warp, epilogue=self.epilogue)
         if self.epilogue is not None:
             drawn.append((self.epilogue, None))
-        tracked = None
-        if boxes is not None:
-            tracked = (boxes, planner._Boxes.moved(boxes, q.boxes, q.kept))
+        tracked = None if boxes is None else planner.moved_boxes(boxes, q.boxes, q.kept)
         return planner.Plan(src, drawn, [stage], out, self.output, size_list(s["content_hw"]) if self.pads else None,
                             tracked)
 

@@ -496,6 +496,14 @@ def run_ops(ops: Sequence[Op], images: Images, rng: Rngs = None, *, device_kind:
 
 # --------------------------------------------------------------------------------------------------
 
+def moved_boxes(given: BoxBatch, kept: BoxBatch, rows: np.ndarray) -> tuple[BoxBatch, "_Boxes"]:
+    """`Plan.tracked` for boxes moved through every op elsewhere (the native planner): ``given`` the boxes the plan
+    was drawn with, ``kept`` those left (in output pixels), ``rows`` the row of each among ``given``'s."""
+    tracked = _Boxes(kept)
+    tracked.starts, tracked.row = given.starts, rows
+    return given, tracked
+
+
 class BoxRows(NamedTuple):
     """A batch's boxes and per-box fields through a plan, one array each (`Plan.box_rows`)."""
 
@@ -514,14 +522,6 @@ class _Boxes:
         self.flat = boxes.flat
         self.owner = boxes.owner
         self.row = np.arange(len(self.flat))
-
-    @classmethod
-    def moved(cls, given: BoxBatch, boxes: BoxBatch, rows: np.ndarray) -> "_Boxes":
-        """``given``'s boxes once moved through every op elsewhere (the native planner): ``boxes`` are those
-        left, ``rows`` the row of each among ``given``'s."""
-        tracked = cls.__new__(cls)
-        tracked.starts, tracked.flat, tracked.owner, tracked.row = given.starts, boxes.flat, boxes.owner, rows
-        return tracked
 
     def batch(self) -> BoxBatch:
         """The boxes still here, with their samples' offsets."""
