@@ -11,8 +11,9 @@
   RandomResizedCrop regions, in one call holding the GIL each; without it numpy makes the same numbers, in
   many more calls, letting the GIL go on large arrays.
 - ``ingest._plan``: the native planner (``ingest/_native/plan.c``: a batch's draws, composed warp and warp
-  kernel arguments in C, as the Python planner makes them) bound for `ingest.native_plan` and its tests; the
-  native engine compiles the same file. Without it the Python planner is the only one.
+  kernel arguments in C, as the Python planner makes them, and a detection batch's boxes) bound for
+  `ingest.native_plan`, its tests and the Python engine's read stage (detection chains); the native engine
+  compiles the same file. Without it the Python planner is the only one.
 - ``ingest.decode._png``: a batch's palette and gray PNG masks decoded on native threads with the GIL released
   once (zlib loaded at run time); without it, or without libz.so.1, `ingest.decode.masks` decodes them with
   Pillow.
