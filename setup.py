@@ -11,8 +11,9 @@
   RandomResizedCrop regions, in one call holding the GIL each; without it numpy makes the same numbers, in
   many more calls, letting the GIL go on large arrays.
 - ``ingest._plan``: the native planner (``ingest/_native/plan.c``: a batch's draws, composed warp and warp
-  kernel arguments in C, as the Python planner makes them) bound for `ingest.native_plan` and its tests; the
-  native engine compiles the same file. Without it the Python planner is the only one.
+  kernel arguments in C, as the Python planner makes them, and a detection batch's boxes) bound for
+  `ingest.native_plan`, its tests and the Python engine's read stage (detection chains); the native engine
+  compiles the same file. Without it the Python planner is the only one.
 - ``ingest.decode._png``: a batch's palette and gray PNG masks decoded on native threads with the GIL released
   once (zlib loaded at run time); without it, or without libz.so.1, `ingest.decode.masks` decodes them with
   Pillow.
@@ -44,7 +45,8 @@ setup(ext_modules=[
               depends=["ingest/_native/random_core.h"], libraries=["m"]),
     Extension("ingest._plan", ["ingest/_native/plan_py.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE,
-              depends=["ingest/_native/plan.h", "ingest/_native/random_core.h"], libraries=["m"]),
+              depends=["ingest/_native/plan.h", "ingest/_native/random_core.h", "ingest/_native/boxes_core.h"],
+              libraries=["m"]),
     Extension("ingest.formats._wire", ["ingest/formats/_wire.c"], optional=True, extra_compile_args=FLAGS,
               include_dirs=NATIVE, depends=["ingest/_native/example_scan.h"]),
     Extension("ingest.formats._jpeg", ["ingest/formats/_jpeg.c"], optional=True, extra_compile_args=FLAGS,
@@ -53,12 +55,12 @@ setup(ext_modules=[
               include_dirs=NATIVE, depends=["ingest/_native/png_decode.h", "ingest/_native/dlsyms.h"],
               libraries=["dl", "pthread"]),
     Extension("ingest.ops._boxes", ["ingest/ops/_boxes.c"], optional=True, extra_compile_args=EXACT,
-              depends=["ingest/_native/random_core.h"]),
+              depends=["ingest/_native/random_core.h", "ingest/_native/boxes_core.h"]),
     Extension("ingest.decode._nvloop", ["ingest/decode/_nvloop.c"], optional=True, extra_compile_args=FLAGS,
               depends=["ingest/_native/nvloop.h"]),
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE, libraries=["m", "dl", "pthread"],
-              depends=["ingest/_native/" + h for h in ("crc32c.h", "dlsyms.h", "example_scan.h", "jpeg_scan.h",
-                                                       "nvloop.h", "plan.h", "png_decode.h", "preadv.h",
-                                                       "random_core.h")]),
+              depends=["ingest/_native/" + h for h in ("boxes_core.h", "crc32c.h", "dlsyms.h", "example_scan.h",
+                                                       "jpeg_scan.h", "nvloop.h", "plan.h", "png_decode.h",
+                                                       "preadv.h", "random_core.h")]),
 ])

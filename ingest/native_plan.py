@@ -4,26 +4,34 @@ The native engine plans a batch in C (``ingest/_native/plan.h``): the draws, the
 decode and the warp kernel's argument rows, the numbers `ingest.ops.planner.plan` and
 `ingest.ops._warp_kernel.pack` make. It runs the chains :func:`describe` describes:
 
-    any sequence of Resize, CenterCrop, RandomResizedCrop and Flip (HorizontalFlip, VerticalFlip), at least one,
-    optionally followed by Normalize
+    any sequence of Resize, CenterCrop, RandomResizedCrop, Flip (HorizontalFlip, VerticalFlip), ZoomOut,
+    RandomIoUCrop (at most 8 thresholds) and PadTo (``batch=True`` where asked), at least one, optionally
+    followed by Normalize
 
 on images of 1 to 4 channels. For any other chain :func:`describe` returns None and the Python stages run it
 (they also raise the ConfigError of a chain that is wrong for the images, e.g. a fill or a Normalize with three
-values on one channel). :func:`plan` and :func:`pack` call the C code through ``ingest._plan`` (built by
-setup.py where a C compiler is found; ``NATIVE`` is None without it).
+values on one channel). Given the samples' boxes, :func:`plan` also moves them as the Python planner does
+(`Plan.map_box_batch`: RandomIoUCrop draws on them, every op maps, clips and drops them) and returns the kept
+boxes with the row of each among the boxes given, to gather their other fields. :class:`Planner` stands in
+for `planner.plan` in the Python engine's read stage. :func:`plan` and :func:`pack` call the C code through
+``ingest._plan`` (built by setup.py where a C compiler is found; ``NATIVE`` is None without it).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
 from .errors import ConfigError
-from .ops import _warp_kernel, resample
-from .ops.base import Op
+from .ops import _warp_kernel, planner, resample
+from .ops.affine import Warp
+from .ops.base import PIXELS, ImageSpec, Op, size_list
+from .ops.boxes import BoxBatch
+from .ops.detection import PadTo, RandomIoUCrop, ZoomOut
 from .ops.geometry import CenterCrop, Flip, HorizontalFlip, RandomResizedCrop, Resize, VerticalFlip
 from .ops.normalize import Normalize
+from .random import SampleRandom
 
 try:
     from . import _plan as NATIVE
@@ -32,25 +40,32 @@ except ImportError:
 
 # plan.h's numbers (tests check them against ingest._plan's)
 RECORD, MAX_OPS, DESC_VERSION = 16, 16, 1
-RESIZE, CENTER_CROP, RANDOM_RESIZED_CROP, FLIP = 1, 2, 3, 4
+RESIZE, CENTER_CROP, RANDOM_RESIZED_CROP, FLIP, ZOOM_OUT, IOU_CROP, PAD_TO = 1, 2, 3, 4, 5, 6, 7
+PARAMS, MAX_IOUS = 5, 8
 RESIZE_SIZE, RESIZE_SHORTER, RESIZE_LONGER = 0, 1, 2
 INTERPOLATIONS = {"nearest": 0, "bilinear": 1, "bicubic": 2}
 
 #: One ``ing_sample`` of plan.h.
-SAMPLE = np.dtype([("region", np.int64, 4), ("out_hw", np.int64, 2), ("src_hw", np.int64, 2),
+SAMPLE = np.dtype([("region", np.int64, 4), ("out_hw", np.int64, 2), ("content_hw", np.int64, 2),
+                   ("src_hw", np.int64, 2),
                    ("matrix", np.float64, 6), ("box", np.float64, 4), ("inside", np.float64, 4),
-                   ("readable", np.float64, 4)])
+                   ("readable", np.float64, 4), ("valid", np.float64, 4)])
 
 #: The op classes the native planner runs, exactly (a subclass may change what they do).
-_GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, Flip, HorizontalFlip, VerticalFlip)
+_GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, Flip, HorizontalFlip, VerticalFlip, ZoomOut, RandomIoUCrop,
+             PadTo)
 
 
-def describe(ops: Sequence[Op], channels: int = 3) -> np.ndarray | None:
+def describe(ops: Sequence[Op], channels: int = 3, *, batch_wide: bool = False) -> np.ndarray | None:
     """The float64 description (plan.h, ``ing_chain_parse``) of ``ops`` on images of ``channels`` channels, or
-    None when the native planner does not run that chain."""
+    None when the native planner does not run that chain. ``batch_wide``: also chains with a PadTo(batch=True),
+    whose output size is the batch's (a caller that sizes its output once, from a probe, must not take them)."""
     ops = list(ops)
     normalize = ops.pop() if ops and type(ops[-1]) is Normalize else None
     if not ops or len(ops) > MAX_OPS or not all(type(op) in _GEOMETRY for op in ops) or not 1 <= channels <= 4:
+        return None
+    if any(isinstance(op, RandomIoUCrop) and len(op.min_ious) > MAX_IOUS   # more than a record holds
+           or isinstance(op, PadTo) and op.batch and not batch_wide for op in ops):
         return None
     fill = next((op.fill for op in reversed(ops) if op.fill is not None), (0.0,))
     try:
@@ -65,12 +80,12 @@ def describe(ops: Sequence[Op], channels: int = 3) -> np.ndarray | None:
         desc[0, 6:6 + channels], desc[0, 10:10 + channels] = epilogue.a, epilogue.b
     desc[1, :channels] = fill_values
     for row, op in zip(desc[2:], ops):
-        row[:9] = _record(op)
+        row[:] = _record(op)
     return desc.reshape(-1)
 
 
 def _record(op: Op) -> list[float]:
-    """One op's description record (its first 9 fields)."""
+    """One op's description record (RECORD fields)."""
     if isinstance(op, Resize):
         if op.size is not None:
             mode, size = RESIZE_SIZE, op.size
@@ -84,18 +99,90 @@ def _record(op: Op) -> list[float]:
     elif isinstance(op, RandomResizedCrop):
         fields = [RANDOM_RESIZED_CROP, *op.size, *op.scale, *op.ratio, INTERPOLATIONS[op.interpolation],
                   op.antialias]
+    elif isinstance(op, ZoomOut):
+        fields = [ZOOM_OUT, *op.ratio, op.p]
+    elif isinstance(op, RandomIoUCrop):
+        fields = [IOU_CROP, *op.scale, *op.aspect, op.attempts, op.rounds, len(op.min_ious),
+                  *(np.nan if t is None else t for t in op.min_ious)]
+    elif isinstance(op, PadTo):
+        fields = [PAD_TO, *(op.size or (0, 0)), op.multiple or 0, op.center, op.batch]
     else:
         fields = [FLIP, op.p, op.horizontal, op.vertical]
-    return [float(v) for v in fields] + [0.0] * (9 - len(fields))
+    return [float(v) for v in fields] + [0.0] * (RECORD - len(fields))
+
+
+class Planner:
+    """`ingest.ops.planner.plan` for one op chain done by the native planner: the same `planner.Plan` (draws,
+    sizes, one warp, the boxes moved and pruned), from one C call and a few array views instead of every op's
+    numpy steps. :meth:`of` gives one where the results are the same (tested): a chain :func:`describe`
+    describes, of one fill (the Python planner then makes one warp as the native planner does). The plan has no
+    per-op `Steps` (``stage.steps`` is empty): it serves images, boxes given to it and masks, not
+    `Plan.map_polygons` nor boxes other than those it was given."""
+
+    def __init__(self, ops: Sequence[Op], desc: np.ndarray, pixels: ImageSpec):
+        self.ops, self.desc = list(ops), desc
+        self.output = planner.check(self.ops, pixels)
+        self.geometry = self.ops[:-1] if type(self.ops[-1]) is Normalize else self.ops
+        self.epilogue = self.ops[-1] if type(self.ops[-1]) is Normalize else None
+        fills = [op.fill for op in self.geometry if op.fill is not None]
+        self.fill = fills[-1] if fills else (0.0,)
+        self.pads = isinstance(self.geometry[-1], PadTo)   # content sizes: before the trailing padding
+
+    @classmethod
+    def of(cls, ops: Sequence[Op], pixels: ImageSpec = PIXELS) -> "Planner | None":
+        """The native planner for ``ops`` on decoded ``pixels`` (uint8), or None where it would not plan them
+        as `planner.plan` does (or is not built)."""
+        if NATIVE is None or pixels.dtype != PIXELS.dtype or pixels.channels is None:
+            return None
+        desc = describe(ops, pixels.channels, batch_wide=True)
+        fills = {op.fill for op in ops if getattr(op, "fill", None) is not None}
+        return None if desc is None or len(fills) > 1 else cls(ops, desc, pixels)
+
+    def plan(self, sizes: Sequence[tuple[int, int]], rngs: SampleRandom,
+             boxes: BoxBatch | Sequence[np.ndarray] | None = None) -> planner.Plan:
+        """``planner.plan(ops, sizes, rngs, boxes=boxes)``: ``rngs`` a fresh `SampleRandom` (no draws made)."""
+        if rngs.calls:
+            raise ValueError("the native planner draws from a fresh SampleRandom")
+        hw = np.ascontiguousarray(sizes, dtype=np.int64).reshape(-1, 2)
+        boxes = None if boxes is None else BoxBatch.of(boxes)   # (what `map_box_batch` then reuses)
+        q = plan(self.desc, 0, 0, None, hw, boxes, keys=rngs.keys)
+        s = q.samples
+        n = len(s)
+        matrix = np.zeros((n, 3, 3))
+        matrix[:, :2] = s["matrix"].reshape(n, 2, 3)
+        matrix[:, 2, 2] = 1.0
+        src, out = size_list(hw), size_list(s["out_hw"])
+        warp = Warp(matrix, out, s["box"], q.interpolation, q.antialias, self.fill, src, s["valid"], s["readable"],
+                    s["inside"])
+        drawn = [(op, _params(op, q.params[:, k])) for k, op in enumerate(self.geometry)]
+        stage = planner.Stage(list(drawn), src, out, warp=warp, epilogue=self.epilogue)
+        if self.epilogue is not None:
+            drawn.append((self.epilogue, None))
+        tracked = None if boxes is None else planner.moved_boxes(boxes, q.boxes, q.kept)
+        return planner.Plan(src, drawn, [stage], out, self.output, size_list(s["content_hw"]) if self.pads else None,
+                            tracked)
+
+
+def _params(op: Op, drawn: np.ndarray) -> Any:
+    """An op's drawn parameters (plan.h, ``params``) as its ``draw`` gives them."""
+    if isinstance(op, Flip):
+        return drawn[:, :2].astype(bool)
+    if isinstance(op, RandomIoUCrop):
+        return drawn[:, :5]
+    if isinstance(op, (RandomResizedCrop, ZoomOut)):
+        return drawn[:, :4]
+    return None
 
 
 class NativePlan(NamedTuple):
     """A batch planned by the native planner (plan.h's ``ing_plan_out``)."""
 
-    samples: np.ndarray        # (N,) `SAMPLE` records: region, out_hw, src_hw, matrix (2 x 3), box
-    params: np.ndarray         # (N, ops, 4) int64: each op's drawn parameters (plan.h)
+    samples: np.ndarray        # (N,) `SAMPLE` records: region, out_hw, content_hw, src_hw, matrix (2 x 3), box
+    params: np.ndarray         # (N, ops, PARAMS) int64: each op's drawn parameters (plan.h)
     interpolation: str         # the batch's filter, and whether it antialiases
     antialias: bool
+    boxes: BoxBatch | None = None   # given boxes: those kept, in output pixels (ltrb float64), per sample
+    kept: np.ndarray | None = None  # ... and each one's row among the boxes given (int64), to gather other fields
 
 
 def _check_seed(seed: int) -> int:
@@ -104,20 +191,47 @@ def _check_seed(seed: int) -> int:
     return int(seed)
 
 
-def plan(desc: np.ndarray, seed: int, epoch: int, indices: Sequence[int] | np.ndarray,
-         sizes: Sequence[tuple[int, int]] | np.ndarray) -> NativePlan:
-    """The chain ``desc`` planned for dataset ``indices`` of ``epoch`` on the probed ``sizes`` (height, width)."""
-    idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+def plan(desc: np.ndarray, seed: int, epoch: int, indices: Sequence[int] | np.ndarray | None,
+         sizes: Sequence[tuple[int, int]] | np.ndarray, boxes: BoxBatch | Sequence[np.ndarray] | None = None, *,
+         min_size: float = 0.0, keys: np.ndarray | None = None) -> NativePlan:
+    """The chain ``desc`` planned for dataset ``indices`` of ``epoch`` on the probed ``sizes`` (height, width).
+
+    ``boxes``: the samples' boxes (a `BoxBatch`, or one ``[K, 4]`` array per sample: x0 y0 x1 y1 in pixels of the
+    probed source), which RandomIoUCrop draws on; they come back moved and pruned as
+    ``planner.plan(..., boxes=boxes).map_box_batch(boxes, min_size=min_size)`` gives them, with the row of each
+    kept box among those given. Without them RandomIoUCrop keeps every image whole. ``keys``: the samples' keys
+    (a fresh `SampleRandom`'s) to draw from instead of those of (seed, epoch, indices), which are then unused."""
     hw = np.ascontiguousarray(sizes, dtype=np.int64).reshape(-1, 2)
-    if len(hw) != len(idx):
-        raise ValueError(f"got {len(idx)} indices and {len(hw)} sizes")
-    n, nops = len(idx), int(desc[1])
+    if keys is not None:
+        keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        seed, epoch, idx = 0, 0, None
+        n = len(keys)
+    else:
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        n = len(idx)
+    if len(hw) != n:
+        raise ValueError(f"got {n} indices and {len(hw)} sizes")
+    nops = int(desc[1])
     samples = np.zeros(n, dtype=SAMPLE)
-    params = np.zeros((n, nops, 4), dtype=np.int64)
+    params = np.zeros((n, nops, PARAMS), dtype=np.int64)
+    flat = given_counts = out = kept = counts = None
+    if boxes is not None:
+        given = boxes if isinstance(boxes, BoxBatch) else BoxBatch.of(boxes)
+        if len(given) != n:
+            raise ValueError(f"got boxes for {len(given)} samples, the batch has {n}")
+        flat = np.ascontiguousarray(given.flat, dtype=np.float64)
+        out, kept, counts = np.empty_like(flat), np.empty(len(flat), dtype=np.int64), np.empty(n, dtype=np.int64)
+        given_counts = np.ascontiguousarray(given.counts, dtype=np.int64)
     interpolation, antialias = NATIVE.plan(np.ascontiguousarray(desc, dtype=np.float64), _check_seed(seed), n, idx,
-                                           int(epoch), hw, samples, params)
+                                           int(epoch), hw, samples, params, flat, given_counts, float(min_size),
+                                           out, kept, counts, keys)
     names = {v: k for k, v in INTERPOLATIONS.items()}
-    return NativePlan(samples, params, names[interpolation], bool(antialias))
+    if boxes is None:
+        return NativePlan(samples, params, names[interpolation], bool(antialias))
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    m = int(starts[-1])
+    return NativePlan(samples, params, names[interpolation], bool(antialias), BoxBatch(out[:m], starts), kept[:m])
 
 
 def pack(desc: np.ndarray, planned: NativePlan, decoded_hw: np.ndarray, src: np.ndarray,

@@ -13,6 +13,7 @@ from PIL import Image
 
 import ingest
 from ingest.engine.ops import OpsStage
+from ingest.native_plan import Planner
 from ingest.formats import coco
 from ingest.formats.base import _same_record
 from ingest.ops import Flip, PadTo, RandomIoUCrop, Resize
@@ -95,9 +96,20 @@ def test_kept_rows_leave_out_the_failed_samples():
     assert _kept_rows({"x": (flat, starts)}, [0, 1, 2, 3], 4)["x"][0] is flat
 
 
-def _batches(path, n: int, *, batched: bool, monkeypatch, device: str = "cpu", **options) -> list[dict]:
+_native_plan = Planner.plan   # the real one, for the counting stand-in
+
+
+def _batches(path, n: int, *, batched: bool, monkeypatch, device: str = "cpu", native: bool = True,
+             **options) -> list[dict]:
+    """``n`` batches; ``batched``: the ops stage's batched targets (else per sample), ``native``: the read stage
+    plans with the native planner (else `planner.plan`; its use is checked)."""
     if not batched:
         monkeypatch.setattr(OpsStage, "_batch_targets", lambda self, work: None)
+    planned = []
+    if native:
+        monkeypatch.setattr(Planner, "plan", lambda self, *a, **k: planned.append(1) or _native_plan(self, *a, **k))
+    else:
+        monkeypatch.setattr(Planner, "of", classmethod(lambda cls, *a, **k: None))
     ops = [RandomIoUCrop(min_ious=(None, 0.1, 0.5, 0.9), attempts=20), Flip(p=0.5), Resize(40, max_size=64),
            PadTo(multiple=8)]
     loader = ingest.Loader(str(path), reader_options={"images": str(path.parent.parent / "img"), "cache": False,
@@ -106,17 +118,21 @@ def _batches(path, n: int, *, batched: bool, monkeypatch, device: str = "cpu", *
                            max_failures=5, ragged=True)
     try:
         it = iter(loader)
-        return [next(it) for _ in range(n)]
+        out = [next(it) for _ in range(n)]
+        assert bool(planned) == native
+        return out
     finally:
         loader.close()
         monkeypatch.undo()
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-planner", "python-planner"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("options", [{"box_format": "ltrb"}, {"box_format": "xywh", "relative": True}])
-def test_batched_targets_equal_the_per_sample_ones(tmp_path, monkeypatch, options, device):
+def test_batched_targets_equal_the_per_sample_ones(tmp_path, monkeypatch, options, device, native):
     """Varying box counts (padding), an image without objects, a sample failing to decode (on the GPU path its
-    row reaches the ops stage and is left out of the batched fields)."""
+    row reaches the ops stage and is left out of the batched fields). The reference: per-sample targets of
+    `planner.plan`'s plans; against it the batched targets of the native planner's plans and of `planner.plan`'s."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     rng = np.random.default_rng(0)
@@ -131,8 +147,8 @@ def test_batched_targets_equal_the_per_sample_ones(tmp_path, monkeypatch, option
     path = write_coco(tmp_path, anns, images=images)
     whole = jpeg_bytes(37, 42, seed=7)
     (tmp_path / "img" / "000007.jpg").write_bytes(whole[:len(whole) * 2 // 3])   # its header reads, its pixels fail
-    want = _batches(path, 3, batched=False, monkeypatch=monkeypatch, device=device, **options)
-    got = _batches(path, 3, batched=True, monkeypatch=monkeypatch, device=device, **options)
+    want = _batches(path, 3, batched=False, monkeypatch=monkeypatch, device=device, native=False, **options)
+    got = _batches(path, 3, batched=True, monkeypatch=monkeypatch, device=device, native=native, **options)
     for g, w in zip(got, want):
         assert g.keys() == w.keys()
         for key in g:

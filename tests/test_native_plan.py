@@ -18,10 +18,12 @@ import pytest
 import torch
 
 from ingest import native, native_plan, random as rnd
-from ingest.ops import _warp_kernel, planner, resample
-from ingest.ops.base import ImageArena, size_array_of
+from ingest.ops import _warp_kernel, affine, detection, planner, resample
+from ingest.ops.base import ImageArena, ImageSpec, as_list, size_array_of
+from ingest.ops.boxes import BoxBatch
 from ingest.ops.color import ColorJitter
 from ingest.decode.gpu import clip_regions
+from ingest.ops.detection import PadTo, RandomIoUCrop, ZoomOut
 from ingest.ops.geometry import (CenterCrop, Flip, HorizontalFlip, RandomResizedCrop, Resize, Rotate,
                                  VerticalFlip)
 from ingest.ops.normalize import Normalize
@@ -106,7 +108,7 @@ def test_plan_matches_the_python_planner(name, engine, monkeypatch):
         for k, ((op, params), steps) in enumerate(zip(p.stages[0].drawn, p.stages[0].steps)):
             got = q.params[:, k]
             if isinstance(op, RandomResizedCrop):
-                np.testing.assert_array_equal(got, params)
+                np.testing.assert_array_equal(got[:, :4], params)
             elif isinstance(op, Flip):
                 np.testing.assert_array_equal(got[:, :2], params.astype(np.int64))
             else:
@@ -265,6 +267,8 @@ def test_constants_match_the_header():
                                                                                      c.DESC_VERSION)
     assert (native_plan.RESIZE, native_plan.CENTER_CROP, native_plan.RANDOM_RESIZED_CROP, native_plan.FLIP) == (
         c.RESIZE, c.CENTER_CROP, c.RANDOM_RESIZED_CROP, c.FLIP)
+    assert (native_plan.ZOOM_OUT, native_plan.IOU_CROP, native_plan.PAD_TO, native_plan.PARAMS,
+            native_plan.MAX_IOUS) == (c.ZOOM_OUT, c.IOU_CROP, c.PAD_TO, c.PARAMS, c.MAX_IOUS)
     assert (native_plan.RESIZE_SIZE, native_plan.RESIZE_SHORTER, native_plan.RESIZE_LONGER) == (
         c.RESIZE_SIZE, c.RESIZE_SHORTER, c.RESIZE_LONGER)
     assert native_plan.INTERPOLATIONS == {"nearest": c.NEAREST, "bilinear": c.BILINEAR, "bicubic": c.BICUBIC}
@@ -323,3 +327,234 @@ def test_the_native_engine_refuses_fills_one_warp_cannot_give(ops, clash):
     if clash:
         small = planner.plan(ops, [(40, 30), (500, 600)], 0)
         assert len([st for st in small.stages if st.warp is not None]) == 2   # what the Python planner does
+
+
+# -- detection chains, with boxes --------------------------------------------------------------------------------
+
+DETECTION = {
+    "ssd": [ZoomOut(), RandomIoUCrop(), HorizontalFlip(), Resize(800, max_size=1333)],
+    "bench-detection": [RandomIoUCrop(min_ious=(None, 0.0, 0.1, 0.3, 0.5, 0.7, 0.9), attempts=50), Flip(0.5),
+                        Resize(800, max_size=1333), PadTo(multiple=32)],
+    "zoom-pad-normalize": [ZoomOut((1.0, 2.5), fill=(10, 20, 30), p=0.7), RandomIoUCrop((None, 0.0, 0.5, 0.9)),
+                           Flip(0.5, vertical=True), Resize(300, max_size=400, interpolation="bicubic"),
+                           PadTo(multiple=32, fill=(10, 20, 30)), Normalize(MEAN, STD)],
+    "letterbox": [RandomIoUCrop(attempts=3, rounds=2), Resize(longer=320), PadTo(320, center=True),
+                  PadTo(multiple=7)],
+    "batch-padded": [ZoomOut(p=0.3), RandomIoUCrop(), Flip(0.5), Resize(300, max_size=500),
+                     PadTo(multiple=32, batch=True), Normalize(MEAN, STD)],
+    "batch-padded-first": [PadTo(batch=True, center=True), RandomIoUCrop(), PadTo((50, 60), multiple=16, batch=True)],
+    "rrc-then-iou": [RandomResizedCrop(300), RandomIoUCrop(scale=(0.5, 1.0)), PadTo((310, 330), multiple=8)],
+    # a high threshold, few trials: most samples give up and stay whole
+    "iou-gives-up": [Resize(200), ZoomOut(p=1.0), RandomIoUCrop((0.95,), attempts=1, rounds=1), HorizontalFlip()],
+}
+
+
+def random_boxes(rng: np.random.Generator, hw: np.ndarray) -> list[np.ndarray]:
+    """Per sample 0 to 12 ltrb boxes in pixels of its size: most inside, some empty, inverted, thin or past the
+    image; a fifth of the samples have none."""
+    out = []
+    for h, w in hw.tolist():
+        k = 0 if rng.random() < 0.2 else int(rng.integers(1, 13))
+        x = np.sort(rng.uniform(-0.2, 1.2, (k, 2)) * w, axis=1)
+        y = np.sort(rng.uniform(-0.2, 1.2, (k, 2)) * h, axis=1)
+        b = np.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], axis=1)
+        odd = rng.random(k)
+        b[odd < 0.1, 2] = b[odd < 0.1, 0]                       # empty
+        b[(odd >= 0.1) & (odd < 0.2)] = b[(odd >= 0.1) & (odd < 0.2)][:, [2, 3, 0, 1]]   # inverted
+        b[(odd >= 0.2) & (odd < 0.3)] += 5 * max(h, w)          # wholly outside
+        b[(odd >= 0.3) & (odd < 0.4)] = np.round(b[(odd >= 0.3) & (odd < 0.4)])   # whole pixels
+        out.append(b)
+    return out
+
+
+def detection_sizes(rng, n):
+    hw = rng.integers(20, 900, (n, 2))
+    hw[rng.random(n) < 0.1] = rng.integers(1, 4, 2)   # tiny
+    return hw
+
+
+def check_detection(ops, seed, epoch, idx, hw, boxes, min_size=0.0):
+    """The native plan of ``ops`` with ``boxes`` equals the Python planner's: draws, sizes, warp, kept boxes."""
+    desc = native_plan.describe(ops, batch_wide=True)
+    assert desc is not None
+    given = None if boxes is None else BoxBatch.of(boxes)
+    p = planner.plan(ops, hw, SampleRandom.keyed(seed, epoch, idx), boxes=given)
+    q = native_plan.plan(desc, seed, epoch, idx, hw, given, min_size=min_size)
+    (stage,) = p.stages   # one warp (the chains have one fill)
+    w, s = stage.warp, q.samples
+    np.testing.assert_array_equal(s["out_hw"], np.array(p.out_sizes).reshape(-1, 2))
+    content = p.content_sizes if p.content_sizes is not None else p.out_sizes
+    np.testing.assert_array_equal(s["content_hw"], np.array(content).reshape(-1, 2))
+    np.testing.assert_array_equal(s["region"], w.regions())
+    np.testing.assert_array_equal(s["matrix"].reshape(-1, 2, 3), w.matrix[:, :2])
+    np.testing.assert_array_equal(s["box"], w.box)
+    np.testing.assert_array_equal(s["inside"], w.inside)
+    np.testing.assert_array_equal(s["readable"], w.readable)
+    np.testing.assert_array_equal(s["valid"], w.valid)
+    assert (q.interpolation, q.antialias) == (w.interpolation, w.antialias)
+    for k, ((op, params), steps) in enumerate(zip(stage.drawn, stage.steps)):
+        got = q.params[:, k]
+        if isinstance(op, (RandomResizedCrop, RandomIoUCrop, ZoomOut, Flip)):
+            params = np.asarray(params, dtype=np.int64)
+            np.testing.assert_array_equal(got[:, :params.shape[1]], params)
+            np.testing.assert_array_equal(got[:, params.shape[1]:], 0)
+        else:
+            np.testing.assert_array_equal(got[:, :2], steps.out_sizes)
+    if given is None:
+        assert q.boxes is None and q.kept is None
+        return p, q
+    mapped, keep = p.map_box_batch(given, min_size=min_size)
+    np.testing.assert_array_equal(q.boxes.starts, mapped.starts)
+    np.testing.assert_array_equal(q.boxes.flat, mapped.flat)
+    np.testing.assert_array_equal(q.kept, np.flatnonzero(keep))
+    return p, q
+
+
+@pytest.mark.parametrize("engine", ["native", "numpy"])
+@pytest.mark.parametrize("name", sorted(DETECTION))
+def test_detection_plan_matches_the_python_planner(name, engine, monkeypatch):
+    """Draws (RandomIoUCrop's on the boxes as ZoomOut and the ops before it left them), output and content
+    sizes, the warp, and the boxes kept, with their rows, for random batches; "numpy": against the Python
+    planner's numpy draws and box maps, not ingest.ops._boxes (whose core plan.c shares)."""
+    if engine == "numpy":
+        monkeypatch.setattr(rnd, "NATIVE", None)
+        monkeypatch.setattr(detection, "NATIVE", None)
+        monkeypatch.setattr(affine, "_boxes", None)
+    ops = DETECTION[name]
+    rng = np.random.default_rng(len(name))
+    kept = given = gave_up = 0
+    for trial in range(10):
+        n = int(rng.integers(1, 40))
+        seed, epoch, idx = int(rng.integers(0, 2**63)), int(rng.integers(0, 100)), rng.integers(0, 2**40, n)
+        hw = detection_sizes(rng, n)
+        boxes = random_boxes(rng, hw)
+        p, q = check_detection(ops, seed, epoch, idx, hw, boxes, min_size=[0.0, 2.5][trial % 2])
+        kept, given = kept + len(q.kept), given + sum(map(len, boxes))
+        crops = [params for op, params in p.drawn if isinstance(op, RandomIoUCrop)]
+        gave_up += int(((crops[0][:, 4] == 0) & (np.array(list(map(len, boxes))) > 0)).sum())
+    assert 0 < kept < given   # boxes both kept and dropped
+    if name == "iou-gives-up":
+        assert gave_up > 0
+
+
+@pytest.mark.parametrize("name", sorted(DETECTION))
+def test_detection_pack_matches_the_warp_kernel_arguments(name):
+    ops = DETECTION[name]
+    desc = native_plan.describe(ops, batch_wide=True)
+    rng = np.random.default_rng(3)
+    for trial in range(3):
+        n = int(rng.integers(1, 20))
+        hw = detection_sizes(rng, n)
+        idx = rng.integers(0, 1000, n)
+        p, q = check_detection(ops, trial, 2, idx, hw, random_boxes(rng, hw))
+        images = arena(hw, 3)
+        w, epilogue, want = python_pack(p, images, None, 3)
+        ip, fp, grid = native_plan.pack(desc, q, hw, images.pointers().astype(np.uint64))
+        np.testing.assert_array_equal(ip, want.ip)
+        np.testing.assert_array_equal(fp, want.fp)
+        assert grid == want.grid
+
+
+def test_detection_edge_cases():
+    ops = DETECTION["ssd"]
+    hw = np.array([[300, 400], [50, 60], [1, 1], [640, 480]])
+    idx = np.arange(4)
+    # no boxes given: RandomIoUCrop keeps every image whole, as the Python planner does without boxes
+    _, q = check_detection(ops, 5, 0, idx, hw, None)
+    assert (q.params[:, 1, 4] == 0).all()
+    # samples without boxes
+    _, q = check_detection(ops, 5, 0, idx, hw, [np.zeros((0, 4))] * 4)
+    assert len(q.kept) == 0 and (q.params[:, 1, 4] == 0).all()
+    # every box pruned: outside every image (before a ZoomOut could bring it in), or narrower than min_size
+    outside = [np.array([[5000.0, 5000, 5100, 5100], [-50, -50, -1, -1]])] * 4
+    _, q = check_detection(DETECTION["bench-detection"], 5, 0, idx, hw, outside)
+    assert len(q.kept) == 0 and q.boxes.starts.tolist() == [0] * 5
+    inside = [np.array([[0.0, 0, 1, 1], [0, 0, w / 2, h / 2]]) for h, w in hw.tolist()]
+    _, q = check_detection(ops, 5, 0, idx, hw, inside, min_size=1e6)
+    assert len(q.kept) == 0
+    # degenerate boxes: empty and a point (dropped by the first map), inverted (the map's corners right it)
+    odd = [np.array([[10.0, 10, 10, 40], [40, 40, 10, 10], [7, 7, 7, 7], [0, 0, w, h]]) for h, w in hw.tolist()]
+    _, q = check_detection(ops, 9, 3, idx, hw, odd)
+    assert set(q.kept.tolist()) <= {1, 3, 5, 7, 9, 11, 13, 15} and {1, 5, 9, 13} & set(q.kept.tolist())
+
+
+def test_detection_chains_not_described():
+    # a batch-wide pad only where asked: the native engine sizes its output ring once
+    assert native_plan.describe([RandomIoUCrop(), PadTo(multiple=32, batch=True)]) is None
+    assert native_plan.describe([RandomIoUCrop(), PadTo(multiple=32, batch=True)], batch_wide=True) is not None
+    chain, why = native.chain_for(object(), [Resize(100), PadTo(batch=True)])
+    assert chain is None and "not one the native planner runs" in why
+    assert native_plan.describe([RandomIoUCrop(tuple(v / 10 for v in range(9)))]) is None   # 9 thresholds
+    assert native_plan.describe([RandomIoUCrop(tuple(v / 10 for v in range(8)))]) is not None
+
+
+def test_boxes_must_match_the_batch():
+    desc = native_plan.describe(DETECTION["ssd"])
+    with pytest.raises(ValueError, match="boxes for 1 samples"):
+        native_plan.plan(desc, 0, 0, [1, 2], [[10, 10], [10, 10]], [np.zeros((1, 4))])
+    samples = np.zeros(1, native_plan.SAMPLE)
+    with pytest.raises(ValueError, match="sum to 2"):
+        native_plan.NATIVE.plan(desc, 0, 1, np.zeros(1, np.int64), 0, np.ones((1, 2), np.int64), samples, None,
+                                np.zeros((1, 4)), np.array([2]), 0.0, np.zeros((1, 4)), np.zeros(1, np.int64),
+                                np.zeros(1, np.int64))
+
+
+@pytest.mark.parametrize("name", sorted(DETECTION))
+def test_the_native_planner_makes_the_python_planners_plan(name):
+    """`native_plan.Planner.plan` in place of `planner.plan`: the same Plan where the pipeline reads it (draws,
+    sizes, the warp), so the same images on the CPU's op-by-op path and through the warp, boxes and masks."""
+    ops = DETECTION[name]
+    pixels = ImageSpec(torch.uint8, None, 3)
+    native = native_plan.Planner.of(ops, pixels)
+    rng = np.random.default_rng(11)
+    for trial in range(3):
+        n = int(rng.integers(1, 6))
+        hw = rng.integers(8, 90, (n, 2))
+        given = BoxBatch.of(random_boxes(rng, hw))
+        idx = rng.integers(0, 1000, n)
+        p = planner.plan(ops, hw, SampleRandom.keyed(trial, 1, idx), boxes=given, pixels=pixels)
+        q = native.plan(hw, SampleRandom.keyed(trial, 1, idx), given)
+        assert (q.sizes, q.out_sizes, q.content_sizes, q.output) == (p.sizes, p.out_sizes, p.content_sizes, p.output)
+        for (op, a), (op2, b) in zip(p.drawn, q.drawn):
+            assert op is op2 and (a is None) == (b is None)
+            if a is not None:
+                assert a.dtype == b.dtype
+                np.testing.assert_array_equal(a, b)
+        (ps,), (qs,) = p.stages, q.stages
+        assert [op for op, _ in ps.drawn] == [op for op, _ in qs.drawn] and ps.epilogue is qs.epilogue
+        for f in ("matrix", "box", "valid", "readable", "inside"):
+            np.testing.assert_array_equal(getattr(qs.warp, f), getattr(ps.warp, f))
+        assert (qs.warp.out_sizes, qs.warp.source_sizes, qs.warp.fill, qs.warp.interpolation, qs.warp.antialias) == (
+            ps.warp.out_sizes, ps.warp.source_sizes, ps.warp.fill, ps.warp.interpolation, ps.warp.antialias)
+        images = [torch.from_numpy(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in hw.tolist()]
+        for want, got in zip(as_list(p.execute(images)), as_list(q.execute(images))):
+            assert torch.equal(want, got)
+        smaller = [im[: max(1, im.shape[0] // 2), : max(1, im.shape[1] // 2)] for im in images]   # the warp's path
+        for want, got in zip(as_list(p.execute(smaller)), as_list(q.execute(smaller))):
+            assert torch.equal(want, got)
+        for a, b in zip(p.map_box_batch(given, min_size=1.5), q.map_box_batch(given, min_size=1.5)):
+            np.testing.assert_array_equal(getattr(a, "flat", a), getattr(b, "flat", b))
+        masks = [torch.from_numpy(rng.integers(0, 2, (2, h, w), dtype=np.uint8)) for h, w in hw.tolist()]
+        for want, got in zip(p.warp_masks(masks), q.warp_masks(masks)):
+            assert torch.equal(want, got)
+
+
+def test_the_native_planner_takes_chains_of_one_fill():
+    spec = ImageSpec(torch.uint8, None, 3)
+    assert native_plan.Planner.of([ZoomOut(fill=3), RandomIoUCrop(), PadTo(multiple=32, fill=3)], spec) is not None
+    assert native_plan.Planner.of([ZoomOut(fill=3), RandomIoUCrop(), PadTo(multiple=32)], spec) is None
+    assert native_plan.Planner.of([Rotate(10)], spec) is None
+    assert native_plan.Planner.of([ZoomOut()], ImageSpec(torch.uint16, None, 3)) is None
+
+
+def test_a_native_plan_moves_only_what_it_was_planned_with():
+    """It keeps no per-op steps: other boxes and polygons are refused, not left where they were."""
+    ops = DETECTION["ssd"]
+    hw = np.array([[40, 50], [60, 30]])
+    given = BoxBatch.of([np.array([[1.0, 2, 20, 30]]), np.zeros((0, 4))])
+    q = native_plan.Planner.of(ops, ImageSpec(torch.uint8, None, 3)).plan(hw, SampleRandom.keyed(0, 0, [1, 2]), given)
+    q.map_box_batch(given)
+    with pytest.raises(ValueError, match="no per-op steps"):
+        q.map_box_batch(BoxBatch.of([np.array([[1.0, 2, 20, 30]]), np.zeros((0, 4))]))
+    with pytest.raises(ValueError, match="no per-op steps"):
+        q.map_polygons([[[[1, 2, 10, 2, 10, 10]]], []])

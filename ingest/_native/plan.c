@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "boxes_core.h"
 #include "random_core.h"
 
 #define BLOCK_X 32   /* _warp_kernel._BLOCK */
@@ -69,6 +70,37 @@ static int parse_op(const double *r, ing_op *op) {
         op->vertical = (int32_t)whole(r[3], 0, 1);
         if (!(op->p >= 0.0 && op->p <= 1.0) || op->horizontal < 0 || op->vertical < 0 ||
             !(op->horizontal || op->vertical))
+            return ING_EINVAL;
+        return ING_OK;
+    case ING_ZOOM_OUT:   /* ZoomOut.__init__: 1 <= min <= max, finite; p a probability */
+        op->ratio[0] = r[1], op->ratio[1] = r[2], op->p = r[3];
+        if (!(1.0 <= op->ratio[0] && op->ratio[0] <= op->ratio[1] && isfinite(op->ratio[1])) ||
+            !(op->p >= 0.0 && op->p <= 1.0))
+            return ING_EINVAL;
+        return ING_OK;
+    case ING_IOU_CROP:   /* RandomIoUCrop.__init__ */
+        op->scale[0] = r[1], op->scale[1] = r[2], op->ratio[0] = r[3], op->ratio[1] = r[4];
+        op->attempts = whole(r[5], 1, INT32_MAX);
+        op->rounds = whole(r[6], 1, INT32_MAX);
+        op->n_ious = (int32_t)whole(r[7], 1, ING_MAX_IOUS);
+        if (!(0.0 < op->scale[0] && op->scale[0] <= op->scale[1] && op->scale[1] <= 1.0) ||
+            !(0.0 < op->ratio[0] && op->ratio[0] <= op->ratio[1] && isfinite(op->ratio[1])) || op->attempts < 0 ||
+            op->rounds < 0 || op->n_ious < 0)
+            return ING_EINVAL;
+        for (int k = 0; k < op->n_ious; ++k) {
+            op->min_ious[k] = r[8 + k];
+            if (!isnan(r[8 + k]) && !(r[8 + k] >= 0.0 && r[8 + k] <= 1.0))
+                return ING_EINVAL;
+        }
+        return ING_OK;
+    case ING_PAD_TO:   /* PadTo.__init__: a size (both sides), a multiple, the batch's largest, or several */
+        op->size[0] = whole(r[1], 0, INT32_MAX);
+        op->size[1] = whole(r[2], 0, INT32_MAX);
+        op->multiple = whole(r[3], 0, INT32_MAX);
+        op->center = (int32_t)whole(r[4], 0, 1);
+        op->batch = (int32_t)whole(r[5], 0, 1);
+        if (op->size[0] < 0 || op->size[1] < 0 || (op->size[0] == 0) != (op->size[1] == 0) || op->multiple < 0 ||
+            op->center < 0 || op->batch < 0 || !(op->size[0] || op->multiple || op->batch))
             return ING_EINVAL;
         return ING_OK;
     default:
@@ -155,13 +187,25 @@ static int64_t centre_offset(int64_t n, int64_t c) {
     return c > n ? -((c - n) / 2) : (int64_t)rint((double)(n - c) / 2.0);
 }
 
-/* One sample through op `op` (its draws made): `hw` its input size, `key` its key, `call` the op's first call
- * number. `params` gets the op's 4 parameters. */
-static void op_step(const ing_op *op, const int64_t hw[2], uint64_t key, uint64_t call, step *st, int64_t params[4]) {
+/* A translation by (left, top) (output pixel (x, y) is input pixel (x + left, y + top)) to an output of oh x ow,
+ * reading the input region of the output's extent (ZoomOut, RandomIoUCrop, PadTo: detection._translation and
+ * their crop). */
+static void translation(step *st, double left, double top, int64_t oh, int64_t ow) {
+    st->m[2] = left, st->m[5] = top;
+    st->out[0] = oh, st->out[1] = ow;
+    st->crop[0] = left, st->crop[1] = top, st->crop[2] = left + (double)ow, st->crop[3] = top + (double)oh;
+    st->cropped = 1;
+}
+
+/* One sample through op `op` (its draws made): `hw` its input size, `largest` the batch's largest input height
+ * and width (a batch-wide PadTo's), `key` its key, `call` the op's first call number, `boxes` (nboxes x 4) its
+ * boxes as mapped so far (RandomIoUCrop's draw reads them). `params` gets the op's ING_PARAMS parameters. */
+static void op_step(const ing_op *op, const int64_t hw[2], const int64_t largest[2], uint64_t key, uint64_t call,
+                    const double *boxes, int64_t nboxes, step *st, int64_t params[ING_PARAMS]) {
     double h = (double)hw[0], w = (double)hw[1];
     identity(st->m);
     st->cropped = st->resamples = 0;
-    memset(params, 0, 4 * sizeof *params);
+    memset(params, 0, ING_PARAMS * sizeof *params);
     switch (op->kind) {
     case ING_RESIZE:
         resize_size(op, hw[0], hw[1], st->out);
@@ -201,12 +245,77 @@ static void op_step(const ing_op *op, const int64_t hw[2], uint64_t key, uint64_
         params[0] = fx, params[1] = fy;
         break;
     }
+    case ING_ZOOM_OUT: {   /* ZoomOut.draw: random(4), the coin, the ratio, the position x and y */
+        uint64_t c = ing_combine(key, call);
+        double u[4];
+        for (int j = 0; j < 4; ++j)
+            u[j] = ing_unit(ing_combine(c, (uint64_t)j));
+        double r = u[0] < op->p ? op->ratio[0] + u[1] * (op->ratio[1] - op->ratio[0]) : 1.0;
+        int64_t ch = (int64_t)(h * r), cw = (int64_t)(w * r);
+        int64_t left = (int64_t)((double)(cw - hw[1]) * u[2]), top = (int64_t)((double)(ch - hw[0]) * u[3]);
+        translation(st, -(double)left, -(double)top, ch, cw);
+        params[0] = left, params[1] = top, params[2] = ch, params[3] = cw;
+        break;
+    }
+    case ING_IOU_CROP: {
+        const ing_iou_config c = {op->min_ious, op->n_ious, op->scale[0], op->scale[1], op->ratio[0], op->ratio[1],
+                                  op->attempts, op->rounds};
+        ing_iou_crop(key, call, hw[0], hw[1], boxes, nboxes, &c, params);
+        translation(st, (double)params[1], (double)params[0], params[2], params[3]);
+        break;
+    }
+    case ING_PAD_TO: {   /* PadTo._padded and _steps */
+        int64_t out[2];
+        for (int a = 0; a < 2; ++a) {
+            out[a] = op->batch ? largest[a] : hw[a];
+            out[a] = out[a] > op->size[a] ? out[a] : op->size[a];
+            if (op->multiple)
+                out[a] = (out[a] + op->multiple - 1) / op->multiple * op->multiple;
+        }
+        int64_t top = op->center ? (out[0] - hw[0]) / 2 : 0, left = op->center ? (out[1] - hw[1]) / 2 : 0;
+        translation(st, -(double)left, -(double)top, out[0], out[1]);
+        params[0] = out[0], params[1] = out[1];
+        break;
+    }
     }
 }
 
-/* The call numbers an op's draw takes (RandomResizedCrop's advance(2), Flip's random(2)). */
+/* The call numbers an op's draw takes (RandomResizedCrop's advance(2), Flip's and ZoomOut's random(k),
+ * RandomIoUCrop's advance(1)). */
 static uint64_t op_calls(const ing_op *op) {
-    return op->kind == ING_RANDOM_RESIZED_CROP ? 2 : op->kind == ING_FLIP ? 1 : 0;
+    switch (op->kind) {
+    case ING_RANDOM_RESIZED_CROP: return 2;
+    case ING_FLIP: case ING_ZOOM_OUT: case ING_IOU_CROP: return 1;
+    default: return 0;
+    }
+}
+
+/* np.linalg.inv of an op's map (scales, translations, flips: m1 = m3 = 0), as LAPACK's LU inverse gives it for
+ * these matrices (tested): 1 / a on the diagonal, -(t * (1 / a)) for the translation. */
+static void inverse(const double m[9], double inv[9]) {
+    identity(inv);
+    inv[0] = 1.0 / m[0], inv[4] = 1.0 / m[4];
+    inv[2] = -(m[2] * inv[0]), inv[5] = -(m[5] * inv[4]);
+}
+
+/* Sample k's boxes b (n of them, their input rows in `rows`) through one op (`st`, its `params`), compacted in
+ * place (planner._Boxes.follow): RandomIoUCrop's filter, then the map, clip and drop of empty boxes. Returns how
+ * many remain. */
+static int64_t follow(const ing_op *op, const step *st, const int64_t params[ING_PARAMS], double *b, int64_t *rows,
+                      int64_t n) {
+    double inv[9];
+    inverse(st->m, inv);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (op->kind == ING_IOU_CROP && !ing_iou_keeps(b + 4 * i, params))
+            continue;
+        double r[4];
+        if (!ing_map_box(b + 4 * i, inv, st->out, r))
+            continue;
+        memcpy(b + 4 * kept, r, sizeof r);
+        rows[kept++] = rows[i];
+    }
+    return kept;
 }
 
 /* a @ b for 3x3 matrices, each entry summed left to right (numpy's matmul of these matrices, tested). */
@@ -232,75 +341,167 @@ static void bounds(const double m[9], const double r[4], double out[4]) {
     }
 }
 
+/* Sample s's state between ops (ing_plan keeps it in the sample's own record): the composed map so far as 3 x 3
+ * (affine maps: the last row is 0 0 1). */
+static void load_matrix(const ing_sample *s, double m[9]) {
+    memcpy(m, s->matrix, 6 * sizeof *m);
+    m[6] = 0.0, m[7] = 0.0, m[8] = 1.0;
+}
+
+/* ing_plan's start for sample s of probed size hw: no op yet. */
+static void start_sample(ing_sample *s, const int64_t hw[2]) {
+    const double whole[4] = {0.0, 0.0, (double)hw[1], (double)hw[0]};
+    s->src_hw[0] = s->out_hw[0] = hw[0], s->src_hw[1] = s->out_hw[1] = hw[1];
+    s->content_hw[0] = s->content_hw[1] = -1;   /* no padding op yet */
+    const double eye[6] = {1.0, 0.0, 0.0, 0.0, 1.0, 0.0};
+    memcpy(s->matrix, eye, sizeof eye);
+    /* affine.compose: the box starts as the whole source; an op that resamples sets it to its input region (its
+     * crop, else its whole input) mapped to the source. valid: what every op so far reads; inside: what the ops
+     * after the last resample read */
+    memcpy(s->box, whole, sizeof whole);
+    memcpy(s->valid, whole, sizeof whole);
+    memcpy(s->readable, whole, sizeof whole);
+    s->inside[0] = s->inside[1] = -INFINITY, s->inside[2] = s->inside[3] = INFINITY;
+}
+
+/* Op j (its step `st` made) on sample s: affine.compose's regions and box, the composed map, the size, and
+ * planner.plan's content size (the size before a run of padding ops that nothing after has resized). Returns
+ * whether the op resampled the sample. */
+static int compose_step(const ing_op *op, int j, const step *st, ing_sample *s) {
+    double m[9], next[9];
+    load_matrix(s, m);
+    const int64_t cur[2] = {s->out_hw[0], s->out_hw[1]};
+    if (op->kind == ING_PAD_TO) {
+        if (s->content_hw[0] < 0)
+            s->content_hw[0] = cur[0], s->content_hw[1] = cur[1];
+    } else {
+        s->content_hw[0] = s->content_hw[1] = -1;
+    }
+    double whole_input[4] = {0.0, 0.0, (double)cur[1], (double)cur[0]};
+    const double *regions[2];
+    int nregions = 0;
+    if (j)
+        regions[nregions++] = whole_input;
+    if (st->cropped)
+        regions[nregions++] = st->crop;
+    for (int r = 0; r < nregions; ++r) {
+        double mapped[4];
+        if (j)
+            bounds(m, regions[r], mapped);
+        else
+            memcpy(mapped, regions[r], sizeof mapped);
+        for (int c = 0; c < 2; ++c) {
+            s->valid[c] = max2(s->valid[c], mapped[c]), s->valid[c + 2] = min2(s->valid[c + 2], mapped[c + 2]);
+            s->inside[c] = max2(s->inside[c], mapped[c]);
+            s->inside[c + 2] = min2(s->inside[c + 2], mapped[c + 2]);
+        }
+    }
+    if (st->resamples) {
+        bounds(m, st->cropped ? st->crop : whole_input, s->box);
+        memcpy(s->readable, s->valid, sizeof s->valid);
+        s->inside[0] = s->inside[1] = -INFINITY, s->inside[2] = s->inside[3] = INFINITY;
+    }
+    if (j == 0) {
+        memcpy(next, st->m, sizeof next);
+    } else {
+        matmul(m, st->m, next);
+    }
+    memcpy(s->matrix, next, 6 * sizeof *next);
+    s->out_hw[0] = st->out[0], s->out_hw[1] = st->out[1];
+    return st->resamples;
+}
+
+/* Sample k's boxes (n at b, their rows at `rows`) less those narrower or lower than min_size (> 0), compacted:
+ * Plan.map_box_batch's nonempty(boxes, min_size). Returns how many remain. */
+static int64_t prune(double *b, int64_t *rows, int64_t n, double min_size) {
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double *r = b + 4 * i, bw = r[2] - r[0], bh = r[3] - r[1];
+        if (bw > 0 && bh > 0 && bw >= min_size && bh >= min_size) {
+            memmove(b + 4 * kept, r, 4 * sizeof *r);
+            rows[kept++] = rows[i];
+        }
+    }
+    return kept;
+}
+
 int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t epoch, const int64_t *hw,
              ing_plan_out *plan) {
-    if (!chain || n < 0 || (n && (!index || !hw || !plan || !plan->sample)) || !plan)
+    if (!chain || !plan || n < 0 || (n && (!(index || plan->keys) || !hw || !plan->sample)))
         return ING_EINVAL;
-    if (epoch < 0)
+    if (epoch < 0 && !plan->keys)
         return ING_ESIZE;
     for (int64_t k = 0; k < n; ++k)
-        if (index[k] < 0 || !fits(hw + 2 * k))
+        if ((!plan->keys && index[k] < 0) || !fits(hw + 2 * k))
             return ING_ESIZE;
-    uint64_t prefix = ing_prefix(chain->seed, (uint64_t)epoch);
-    int resampler = -1;   /* the last op that resamples any sample (affine.compose) */
+    ing_boxes *boxes = plan->boxes;
+    if (boxes && n && (!boxes->counts || !boxes->kept_counts || !(boxes->min_size >= 0.0)))
+        return ING_EINVAL;
+    int64_t total = 0;   /* the boxes given */
+    for (int64_t k = 0; boxes && k < n; ++k) {
+        if (boxes->counts[k] < 0)
+            return ING_EINVAL;
+        total += boxes->counts[k];
+    }
+    if (boxes && total && (!boxes->in || !boxes->out || !boxes->kept))
+        return ING_EINVAL;
+    /* Op by op over the samples (a batch-wide PadTo needs every sample's size before it); each sample's state
+     * lives in its record, its boxes at its input rows of boxes->out (planner._Boxes), their count in
+     * kept_counts, until the end compacts them. */
     for (int64_t k = 0; k < n; ++k) {
-        ing_sample *s = &plan->sample[k];
-        uint64_t key = ing_combine(prefix, (uint64_t)index[k]), call = 0;
-        int64_t cur[2] = {hw[2 * k], hw[2 * k + 1]};
-        double m[9], next[9];
-        identity(m);
-        /* affine.compose: the box starts as the whole source; an op that resamples sets it to its input
-         * region (its crop, else its whole input) mapped to the source */
-        s->box[0] = 0.0, s->box[1] = 0.0, s->box[2] = (double)cur[1], s->box[3] = (double)cur[0];
-        /* valid: what every op so far reads; inside: what the ops after the last resample read */
-        double valid[4] = {0.0, 0.0, (double)cur[1], (double)cur[0]};
-        memcpy(s->readable, valid, sizeof valid);
-        s->inside[0] = s->inside[1] = -INFINITY, s->inside[2] = s->inside[3] = INFINITY;
-        for (int j = 0; j < chain->nops; ++j) {
-            const ing_op *op = &chain->ops[j];
-            int64_t unused[4];
-            int64_t *params = plan->params ? plan->params + 4 * (k * chain->nops + j) : unused;
+        start_sample(&plan->sample[k], hw + 2 * k);
+        if (boxes)
+            boxes->kept_counts[k] = boxes->counts[k];
+    }
+    if (total) {
+        memcpy(boxes->out, boxes->in, (size_t)(4 * total) * sizeof *boxes->out);
+        for (int64_t i = 0; i < total; ++i)
+            boxes->kept[i] = i;
+    }
+    uint64_t prefix = plan->keys ? 0 : ing_prefix(chain->seed, (uint64_t)epoch), call = 0;
+    int resampler = -1;   /* the last op that resamples any sample (affine.compose) */
+    for (int j = 0; j < chain->nops; ++j) {
+        const ing_op *op = &chain->ops[j];
+        int64_t largest[2] = {0, 0};   /* PadTo(batch=True): the batch's largest height and width */
+        for (int64_t k = 0; op->batch && k < n; ++k)
+            for (int a = 0; a < 2; ++a)
+                largest[a] = plan->sample[k].out_hw[a] > largest[a] ? plan->sample[k].out_hw[a] : largest[a];
+        int64_t first = 0;   /* sample k's first box row */
+        for (int64_t k = 0; k < n; ++k) {
+            ing_sample *s = &plan->sample[k];
+            uint64_t key = plan->keys ? plan->keys[k] : ing_combine(prefix, (uint64_t)index[k]);
+            int64_t unused[ING_PARAMS];
+            int64_t *params = plan->params ? plan->params + ING_PARAMS * (k * chain->nops + j) : unused;
+            double *b = boxes ? boxes->out + 4 * first : NULL;
+            int64_t nb = boxes ? boxes->kept_counts[k] : 0;
             step st;
             memset(&st, 0, sizeof st);   /* every field read below is set by op_step; this says so */
-            op_step(op, cur, key, call, &st, params);
-            call += op_calls(op);
-            double whole_input[4] = {0.0, 0.0, (double)cur[1], (double)cur[0]};
-            const double *regions[2];
-            int nregions = 0;
-            if (j)
-                regions[nregions++] = whole_input;
-            if (st.cropped)
-                regions[nregions++] = st.crop;
-            for (int r = 0; r < nregions; ++r) {
-                double mapped[4];
-                if (j)
-                    bounds(m, regions[r], mapped);
-                else
-                    memcpy(mapped, regions[r], sizeof mapped);
-                for (int c = 0; c < 2; ++c) {
-                    valid[c] = max2(valid[c], mapped[c]), valid[c + 2] = min2(valid[c + 2], mapped[c + 2]);
-                    s->inside[c] = max2(s->inside[c], mapped[c]);
-                    s->inside[c + 2] = min2(s->inside[c + 2], mapped[c + 2]);
-                }
-            }
-            if (st.resamples) {
-                bounds(m, st.cropped ? st.crop : whole_input, s->box);
-                memcpy(s->readable, valid, sizeof valid);
-                s->inside[0] = s->inside[1] = -INFINITY, s->inside[2] = s->inside[3] = INFINITY;
-                if (j > resampler)
-                    resampler = j;
-            }
-            if (j == 0) {
-                memcpy(m, st.m, sizeof m);
-            } else {
-                matmul(m, st.m, next);
-                memcpy(m, next, sizeof m);
-            }
-            cur[0] = st.out[0], cur[1] = st.out[1];
+            op_step(op, s->out_hw, largest, key, call, b, nb, &st, params);
+            if (nb)
+                boxes->kept_counts[k] = follow(op, &st, params, b, boxes->kept + first, nb);
+            if (compose_step(op, j, &st, s) && j > resampler)
+                resampler = j;
+            first += boxes ? boxes->counts[k] : 0;
         }
-        memcpy(s->matrix, m, 6 * sizeof *m);
-        s->out_hw[0] = cur[0], s->out_hw[1] = cur[1];
-        s->src_hw[0] = hw[2 * k], s->src_hw[1] = hw[2 * k + 1];
+        call += op_calls(op);
+    }
+    int64_t first = 0, written = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        ing_sample *s = &plan->sample[k];
+        if (s->content_hw[0] < 0)
+            s->content_hw[0] = s->out_hw[0], s->content_hw[1] = s->out_hw[1];
+        if (boxes) {   /* the kept boxes after those of the samples before */
+            int64_t nb = boxes->kept_counts[k];
+            if (boxes->min_size > 0)
+                nb = prune(boxes->out + 4 * first, boxes->kept + first, nb, boxes->min_size);
+            if (nb && written != first) {
+                memmove(boxes->out + 4 * written, boxes->out + 4 * first, (size_t)(4 * nb) * sizeof *boxes->out);
+                memmove(boxes->kept + written, boxes->kept + first, (size_t)nb * sizeof *boxes->kept);
+            }
+            boxes->kept_counts[k] = nb;
+            written += nb;
+            first += boxes->counts[k];
+        }
         /* Warp.regions: floor / ceil of the box, clipped to the image */
         double lo[2] = {floor(s->box[0]), floor(s->box[1])}, hi[2] = {ceil(s->box[2]), ceil(s->box[3])};
         for (int a = 0; a < 2; ++a) {

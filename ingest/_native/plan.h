@@ -1,13 +1,19 @@
 /* A batch's op chain in C: per-sample draws, the composed warp, the regions to decode and the warp kernel's
  * argument rows, exactly as the Python planner makes them (ingest/ops/planner.py `plan`, affine.py `compose`,
- * resample.py `_setup`, _warp_kernel.py `pack`), for the chains the native engine runs:
+ * resample.py `_setup`, _warp_kernel.py `pack`), and with boxes the kept boxes (`Plan.map_box_batch`), for
+ * these chains:
  *
- *   any sequence of Resize, CenterCrop, RandomResizedCrop and Flip (HorizontalFlip, VerticalFlip), at least
- *   one, optionally followed by Normalize (the warp's epilogue).
+ *   any sequence of Resize (with `max_size`), CenterCrop, RandomResizedCrop, Flip (HorizontalFlip,
+ *   VerticalFlip), ZoomOut, RandomIoUCrop (at most ING_MAX_IOUS thresholds) and PadTo (a size, a multiple, the
+ *   batch's largest image: batch=True), at least one, optionally followed by Normalize (the warp's epilogue):
+ *   the classification chains and the detection ones (SSD's ZoomOut + RandomIoUCrop + HorizontalFlip +
+ *   Resize(800, max_size=1333), with PadTo(multiple=32) or PadTo(multiple=32, batch=True), Normalize or not).
  *
  * Anything else is described by no chain (`ingest.native_plan.describe` returns None) and runs on the Python
- * stages. Same seed, epoch, dataset indices and probed sizes give the same draws, output sizes and regions as
- * the Python planner, and the same `ip` rows; `fp` rows are the same doubles (see `ing_pack`).
+ * stages. Same seed, epoch, dataset indices (or sample keys), probed sizes and boxes give the same draws, output
+ * sizes and regions as the Python planner, the same kept boxes and the same `ip` rows; `fp` rows are the same
+ * doubles (see `ing_pack`). One warp per batch with the chain's last fill: a chain whose ops' fills differ may
+ * plan otherwise in Python (its warps split where an op padded), and its callers refuse such chains.
  *
  * Use, per batch (no globals: any number of threads may plan and pack different batches at once; nothing is
  * allocated, every array is the caller's):
@@ -19,6 +25,16 @@
  *   launch warp_{nearest,bilinear,bicubic}[plan.interpolation](ip, fp, out, chain.channels, chain.kind,
  *          chain.nchw, chain.normalize) on grid x (32, 8, 1) threads, `out` holding
  *          ing_out_elements(&chain, n, &plan) elements of chain.kind (samples one after another)
+ *
+ * Detection (boxes): point plan.boxes at an ing_boxes holding the batch's boxes (x0 y0 x1 y1 in pixels of the
+ * probed images, after the reader's format is converted: engine/boxes.py `_to_ltrb`) and per-sample counts, with
+ * room for as many out. RandomIoUCrop's draw depends on them (its IoU and centre rules), so they must be given
+ * to ing_plan, before decoding; ing_plan returns each sample's kept boxes in output pixels and each one's row
+ * among those given, which gathers the per-box fields (labels, iscrowd, area, mask ids). Output sizes then vary
+ * per sample (Resize's max_size, PadTo's multiple): out_hw[k] per sample, content_hw[k] the size before the
+ * trailing PadTo (image_sizes). What an engine still does itself: the boxes to the format asked for
+ * (`boxes.from_ltrb`), the per-box fields gathered by `kept`, and a ragged output (offsets per sample, as the
+ * warp writes them) with the boxes and fields collated per batch.
  *
  * ing_chain_parse, ing_plan and ing_pack return ING_OK (0) or a negative error code (`ing_strerror`); on error
  * their outputs are unspecified. Built with -ffp-contract=off: every double operation rounds on its own, as numpy's do.
@@ -44,7 +60,8 @@ enum {
 enum { ING_NEAREST = 0, ING_BILINEAR = 1, ING_BICUBIC = 2 };
 
 /* Op kinds of a description record. */
-enum { ING_RESIZE = 1, ING_CENTER_CROP = 2, ING_RANDOM_RESIZED_CROP = 3, ING_FLIP = 4 };
+enum { ING_RESIZE = 1, ING_CENTER_CROP = 2, ING_RANDOM_RESIZED_CROP = 3, ING_FLIP = 4, ING_ZOOM_OUT = 5,
+       ING_IOU_CROP = 6, ING_PAD_TO = 7 };
 
 /* Resize modes (which of Resize's arguments was given). */
 enum { ING_RESIZE_SIZE = 0, ING_RESIZE_SHORTER = 1, ING_RESIZE_LONGER = 2 };
@@ -52,6 +69,8 @@ enum { ING_RESIZE_SIZE = 0, ING_RESIZE_SHORTER = 1, ING_RESIZE_LONGER = 2 };
 #define ING_MAX_OPS 16   /* geometry ops in one chain */
 #define ING_RECORD 16    /* doubles per record of a description */
 #define ING_DESC_VERSION 1
+#define ING_PARAMS 5      /* drawn parameters per op and sample (ing_plan_out.params) */
+#define ING_MAX_IOUS 8    /* RandomIoUCrop's thresholds */
 
 /* One geometry op's configuration (the fields its kind uses; the others are zero). */
 typedef struct {
@@ -62,11 +81,18 @@ typedef struct {
     int64_t size[2];        /* Resize: (h, w) or the side's length in size[0]; CenterCrop, RandomResizedCrop:
                                the output (h, w) */
     int64_t max_size;       /* Resize with ING_RESIZE_SHORTER: the longer side's cap, 0 for none */
-    double scale[2];        /* RandomResizedCrop: area fraction (min, max) */
-    double ratio[2];        /* RandomResizedCrop: aspect w / h (min, max) */
-    double p;               /* Flip: the probability of each flip */
+    double scale[2];        /* RandomResizedCrop: area fraction (min, max); RandomIoUCrop: side fraction */
+    double ratio[2];        /* RandomResizedCrop, RandomIoUCrop: aspect w / h (min, max); ZoomOut: canvas ratio */
+    double p;               /* Flip: the probability of each flip; ZoomOut: of a canvas */
     int32_t horizontal;     /* Flip: left-right flips drawn (0 or 1) */
     int32_t vertical;       /* Flip: top-bottom flips drawn (0 or 1) */
+    int32_t center;         /* PadTo: 1 pads around the centre, 0 at the bottom and right */
+    int32_t batch;          /* PadTo: 1 pads every image to the batch's largest first */
+    int64_t multiple;       /* PadTo: pad up to a multiple of it, 0 for none (size[]: at least that, 0 for none) */
+    int64_t attempts;       /* RandomIoUCrop: crops tried per round */
+    int64_t rounds;         /* RandomIoUCrop: thresholds tried */
+    int32_t n_ious;         /* RandomIoUCrop: 1..ING_MAX_IOUS thresholds in min_ious, NaN for None (no crop) */
+    double min_ious[ING_MAX_IOUS];
 } ing_op;
 
 /* A whole chain: the geometry ops in order, then the warp's fill and epilogue. */
@@ -94,6 +120,10 @@ typedef struct {
  *   ING_RANDOM_RESIZED_CROP  [1] h [2] w [3] scale min [4] scale max [5] ratio min [6] ratio max
  *                            [7] interpolation [8] antialias
  *   ING_FLIP                 [1] p [2] horizontal [3] vertical
+ *   ING_ZOOM_OUT             [1] ratio min [2] ratio max [3] p
+ *   ING_IOU_CROP             [1] scale min [2] scale max [3] aspect min [4] aspect max [5] attempts [6] rounds
+ *                            [7] thresholds (1..ING_MAX_IOUS) [8..] the thresholds, NaN for None
+ *   ING_PAD_TO               [1] size h [2] size w (0 0: none) [3] multiple (0: none) [4] center [5] batch
  * so len = ING_RECORD * (2 + nops). Returns ING_EINVAL for a malformed one, ING_EUNSUPPORTED for another
  * version or an unknown op kind. */
 int ing_chain_parse(ing_chain *chain, const double *desc, int64_t len, uint64_t seed);
@@ -104,19 +134,43 @@ typedef struct {
     int64_t region[4];   /* x0 y0 x1 y1 (end exclusive): the source pixels the warp can read, clipped to the
                             image: Warp.regions(). The decoder may decode just these (or the whole image) */
     int64_t out_hw[2];   /* output height, width */
+    int64_t content_hw[2];  /* the size before the chain's trailing PadTo ops (out_hw when it ends otherwise):
+                               where the image lies in a padded output (image_sizes) */
     int64_t src_hw[2];   /* the probed size it was planned for (height, width) */
     double matrix[6];    /* output coords -> source coords: x = m0 x' + m1 y' + m2, y = m3 x' + m4 y' + m5 */
     double box[4];       /* x0 y0 x1 y1: the source region the resample may read (Warp.box) */
     double inside[4];    /* Warp.inside: where output points may map (+-inf: unbounded) */
     double readable[4];  /* Warp.readable: the source pixels the last resampling op's input holds */
+    double valid[4];     /* Warp.valid: what every op of the chain reads of its input (masks' box) */
 } ing_sample;
 
-/* A batch's plan: the caller points `sample` at n ing_sample and `params` at n * nops * 4 int64 (or NULL). */
+/* A batch's boxes (detection), all arrays the caller's: what ing_plan reads and writes when given them. Each
+ * sample's boxes go through the chain as the Python planner's (`Plan.map_box_batch`): RandomIoUCrop draws on
+ * them as mapped so far and keeps those whose centre its crop holds; every op maps them (corners through its
+ * inverse map, the bounding box clipped to its output) and drops the empty ones; at the end those narrower or
+ * lower than min_size are dropped too. */
+typedef struct {
+    const double *in;         /* M x 4: x0 y0 x1 y1 in pixels of the probed source, sample after sample */
+    const int64_t *counts;    /* n: each sample's number of boxes (>= 0; M is their sum) */
+    double min_size;          /* > 0: the smallest width and height kept at the end; 0: any nonempty box */
+    double *out;              /* M x 4, written: the kept boxes in output pixels, sample after sample (the first
+                                 sum(kept_counts) rows; may not be `in`) */
+    int64_t *kept;            /* M, written: each kept box's row in `in` (to gather its labels and other fields) */
+    int64_t *kept_counts;     /* n, written: each sample's kept boxes */
+} ing_boxes;
+
+/* A batch's plan: the caller points `sample` at n ing_sample and `params` at n * nops * ING_PARAMS int64 (or
+ * NULL). */
 typedef struct {
     ing_sample *sample;     /* n, written */
-    int64_t *params;        /* NULL, or n x nops x 4, written: each op's drawn parameters for sample k at
-                               [k][op][0..3]: RandomResizedCrop top, left, height, width (its Python params);
-                               Flip left-right, top-bottom (0/1), 0, 0; Resize, CenterCrop output h, w, 0, 0 */
+    int64_t *params;        /* NULL, or n x nops x ING_PARAMS, written: each op's drawn parameters for sample k at
+                               [k][op][..] (0 where unused): RandomResizedCrop top, left, height, width (its
+                               Python params); Flip left-right, top-bottom (0/1); ZoomOut left, top, canvas
+                               height, width; RandomIoUCrop top, left, height, width, cropped (its Python
+                               params); Resize, CenterCrop, PadTo output h, w */
+    ing_boxes *boxes;       /* NULL (no boxes: RandomIoUCrop keeps every image whole), or the batch's boxes */
+    const uint64_t *keys;   /* NULL, or n sample keys (random.sample_keys) to draw from instead of those of
+                               (chain seed, epoch, index[k]), which are then not read */
     int32_t interpolation;  /* written: the batch's filter, from the last op that resamples any of its samples
                                (ING_NEAREST, antialias 0, when none does), as affine.compose picks it */
     int32_t antialias;      /* written */
@@ -125,7 +179,9 @@ typedef struct {
 /* ing_plan: every op's draws and the composed warp for n samples: dataset indices `index` (n, >= 0) of `epoch`
  * (>= 0), probed sizes `hw` (n x 2: height, width, each in 1 .. 2**31 - 1). What planner.plan(ops, hw,
  * SampleRandom.keyed(seed, epoch, index)).warp holds, per sample; draws depend only on (seed, epoch, index[k],
- * hw[k]) and the ops. */
+ * hw[k]) and the ops (and RandomIoUCrop's on the sample's boxes); a batch-wide PadTo's size on every sample's
+ * size before it (the plan of a batch is not that of its slices). With plan->boxes, also
+ * planner.plan(..., boxes=...).map_box_batch(min_size=...): the kept boxes and their rows (ing_boxes). */
 int ing_plan(const ing_chain *chain, int64_t n, const int64_t *index, int64_t epoch, const int64_t *hw,
              ing_plan_out *plan);
 

@@ -14,8 +14,7 @@ from ..decode.arena import arena_under
 from ..decode.cpu import CpuDecoder
 from ..formats.base import Field, Source
 from ..ops import planner
-from ..ops.base import size_array, stack_if_uniform
-from ..ops.boxes import from_ltrb
+from ..ops.base import stack_if_uniform
 from ..ops.mix import Mixing
 from .base import Stage
 from .batch import Batch, _Names, _select_rows, _Work, cuda_tensors, split_fields
@@ -215,26 +214,21 @@ class OpsStage(Stage, BoxFields):
         return mapped, {}
 
     def _batch_targets(self, work: _Work) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
-        """`Plan.batch_targets` for the whole batch at once, where the fields that move are the boxes and per-box
-        fields that are numpy arrays of one dtype, one value per box, in every sample (COCO's boxes, categories,
-        iscrowd and area): the mapped boxes and each field's kept values as one array and its samples' offsets,
-        the same values, in the same dtypes, that the per-sample targets hold. None where that does not hold
-        (boxes not declared an ``array``, masks, polygons, other values): the per-sample path takes the batch."""
+        """The boxes and per-box fields of the whole batch at once (`Plan.box_rows`), where the fields that move
+        are the boxes and per-box fields that are numpy arrays of one dtype, one value per box, in every sample
+        (COCO's boxes, categories, iscrowd and area): each as one array and its samples' offsets, the values, in
+        the dtypes, that the per-sample targets hold. None where that does not hold (boxes not declared an
+        ``array``, masks, polygons, other values): the per-sample path takes the batch."""
         if ("masks" in self.extra_fields or "polygons" in self.extra_fields
                 or self.extra_fields["boxes"].kind != "array"):   # (boxes of kind floats are batched flat: `collate`)
             return None
         names = [name for name in self.per_box if name in self.extra_fields]
-        joined = {}
-        for name in names:
-            joined[name] = planner.joined_per_box([r.fields.get(name) for r in work.records], work.boxes.starts)
-            if joined[name] is None or (self.extra_fields[name].kind in _ROW_DTYPES and joined[name].ndim != 1):
-                return None
-        mapped, keep = work.ops_plan.map_box_batch(work.boxes)
-        out = {"boxes": (from_ltrb(mapped, size_array(work.ops_plan.out_sizes), self.box_format, self.box_relative),
-                         mapped.starts)}
-        for name, values in joined.items():
-            out[name] = (values[keep], mapped.starts)
-        return out
+        rows = work.ops_plan.box_rows(work.boxes, {name: [r.fields.get(name) for r in work.records] for name in names},
+                                      box_format=self.box_format, relative=self.box_relative)
+        if any(name not in rows.fields or (self.extra_fields[name].kind in _ROW_DTYPES and rows.fields[name].ndim != 1)
+               for name in names):
+            return None
+        return {"boxes": (rows.boxes, rows.starts), **{name: (rows.fields[name], rows.starts) for name in names}}
 
     def _execute(self, work: _Work, out: torch.Tensor | None = None):
         if self.image_kind is None:

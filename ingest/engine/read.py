@@ -15,6 +15,7 @@ from ..decode.cpu import CpuDecoder
 from ..errors import CorruptRecordError, IngestError
 from ..formats.base import Location, Source, fields_of, locate_each, parse_each
 from ..io import ByteReader
+from ..native_plan import Planner
 from ..ops import planner
 from ..ops.base import PIXELS, ImageSpec
 from ..sampler import BatchPlan
@@ -55,6 +56,10 @@ class ReadStage(Stage, BoxFields):
         self._init_boxes(source, extra_fields, self.image_kind, self.ops)
         self.failures = Failures(0, 0)
         self.pixels = decoded_pixels(cpu) if self.image_kind == "image" else PIXELS   # what the ops are planned for
+        # Detection chains the native planner runs plan there (the same Plan; it moves the boxes it is given, so
+        # it takes them whatever the ops draw on, and keeps no per-op steps, so polygons stay with planner.plan)
+        self._native = (Planner.of(self.ops, self.pixels) if self.boxes and "polygons" not in extra_fields
+                        else None)
 
     def start_epoch(self, failures: Failures) -> None:
         """Count the batches read from now on against ``failures`` (the budget of the epoch they belong to)."""
@@ -186,8 +191,11 @@ class ReadStage(Stage, BoxFields):
             rngs = replace(work.plan, indices=work.indices, is_pad=work.is_pad).sample_rngs()
             if self.boxes:
                 work.boxes = self._to_ltrb([r.fields["boxes"] for r in work.records], probed)
-            work.ops_plan = planner.plan(self.ops, probed, rngs, boxes=work.boxes if self.box_ops else None,
-                                         pixels=self.pixels)
+            if self._native is not None:
+                work.ops_plan = self._native.plan(probed, rngs, work.boxes)
+            else:
+                work.ops_plan = planner.plan(self.ops, probed, rngs, boxes=work.boxes if self.box_ops else None,
+                                             pixels=self.pixels)
         return work
 
     def close(self) -> None:

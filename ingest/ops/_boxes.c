@@ -31,83 +31,17 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../_native/random_core.h"   /* the hash behind ingest.random.SampleRandom */
-
-#define SPAWN 0x535041574E000001ULL   /* ingest.random._SPAWN */
-
-typedef struct {
-    const double *choices;
-    Py_ssize_t n_choices;
-    double s0, s1, a0, a1;
-    long attempts, rounds;
-} IouConfig;
-
-/* Whether the crop (top, left, ch, cw) qualifies for ``threshold`` against boxes b[0..k-1]: some box has its
- * centre strictly inside and the best IoU among those is >= threshold (a NaN IoU makes the best NaN, as
- * numpy's max does, and then none qualifies). */
-static int qualifies(const double *b, Py_ssize_t k, int64_t top, int64_t left, int64_t ch, int64_t cw,
-                     double threshold) {
-    double x0 = (double)left, y0 = (double)top;
-    double x1 = x0 + (double)cw, y1 = y0 + (double)ch;
-    double area = (double)(cw * ch), best = -1.0;
-    int inside = 0, nan = 0;
-    for (Py_ssize_t j = 0; j < k; ++j, b += 4) {
-        double bx0 = b[0], by0 = b[1], bx1 = b[2], by1 = b[3];
-        double cx = (bx0 + bx1) / 2, cy = (by0 + by1) / 2;
-        if (!(x0 < cx && cx < x1 && y0 < cy && cy < y1))
-            continue;
-        inside = 1;
-        double iw = (bx1 < x1 ? bx1 : x1) - (bx0 > x0 ? bx0 : x0);
-        double ih = (by1 < y1 ? by1 : y1) - (by0 > y0 ? by0 : y0);
-        double inter = (iw < 0 ? 0.0 : iw) * (ih < 0 ? 0.0 : ih);
-        double uni = (bx1 - bx0) * (by1 - by0) + area - inter;
-        double iou = uni > 0 ? inter / uni : 0.0;
-        if (iou != iou)
-            nan = 1;
-        else if (iou > best)
-            best = iou;
-    }
-    return inside && !nan && best >= threshold;
-}
-
-/* One sample of iou_crops: out (top, left, height, width, cropped), already the whole image. */
-static void iou_crop(uint64_t key, uint64_t call, int64_t h, int64_t w, const double *b, Py_ssize_t k,
-                     const IouConfig *c, int64_t *out) {
-    if (k == 0)
-        return;
-    uint64_t rounds = ing_combine(ing_combine(key, call), SPAWN);
-    for (long r = 0; r < c->rounds; ++r) {
-        uint64_t rk = ing_combine(ing_combine(rounds, (uint64_t)r), SPAWN);
-        int64_t span = (int64_t)c->n_choices, pick = (int64_t)(ing_unit(ing_mix(ing_combine(rk, 0))) * (double)span);
-        double threshold = c->choices[pick < span - 1 ? pick : span - 1];
-        if (threshold != threshold)   /* None: the image stays whole */
-            return;
-        uint64_t draws = ing_combine(rk, 1);
-        for (long a = 0; a < c->attempts; ++a) {
-            double u[4];
-            for (int j = 0; j < 4; ++j)
-                u[j] = ing_unit(ing_combine(draws, (uint64_t)(4 * a + j)));
-            int64_t cw = (int64_t)((double)w * (c->s0 + (c->s1 - c->s0) * u[0]));
-            int64_t ch = (int64_t)((double)h * (c->s0 + (c->s1 - c->s0) * u[1]));
-            int64_t left = (int64_t)((double)(w - cw) * u[2]);
-            int64_t top = (int64_t)((double)(h - ch) * u[3]);
-            if (!(cw > 0 && ch > 0 && c->a0 * (double)ch <= (double)cw && (double)cw <= c->a1 * (double)ch))
-                continue;
-            if (qualifies(b, k, top, left, ch, cw, threshold)) {
-                out[0] = top, out[1] = left, out[2] = ch, out[3] = cw, out[4] = 1;
-                return;
-            }
-        }
-    }
-}
+#include "../_native/boxes_core.h"   /* the draw and the map, shared with the native planner */
 
 static PyObject *py_iou_crops(PyObject *self, PyObject *args) {
     Py_buffer keys, sizes, boxes, starts, choices, out;
     unsigned long long call;
-    IouConfig c;
+    ing_iou_config c;
+    long attempts, rounds;
     if (!PyArg_ParseTuple(args, "y*Ky*y*y*y*ddddllw*:iou_crops", &keys, &call, &sizes, &boxes, &starts, &choices,
-                          &c.s0, &c.s1, &c.a0, &c.a1, &c.attempts, &c.rounds, &out))
+                          &c.s0, &c.s1, &c.a0, &c.a1, &attempts, &rounds, &out))
         return NULL;
+    c.attempts = attempts, c.rounds = rounds;
     PyObject *result = NULL;
     Py_ssize_t n = keys.len / 8, m = boxes.len / 32;
     const int64_t *st = starts.buf, *hw = sizes.buf;
@@ -131,11 +65,9 @@ static PyObject *py_iou_crops(PyObject *self, PyObject *args) {
     const uint64_t *key = keys.buf;
     const double *b = boxes.buf;
     int64_t *o = out.buf;
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        int64_t *row = o + 5 * i;
-        row[0] = 0, row[1] = 0, row[2] = hw[2 * i], row[3] = hw[2 * i + 1], row[4] = 0;
-        iou_crop(key[i], (uint64_t)call, hw[2 * i], hw[2 * i + 1], b + 4 * st[i], st[i + 1] - st[i], &c, row);
-    }
+    for (Py_ssize_t i = 0; i < n; ++i)
+        ing_iou_crop(key[i], (uint64_t)call, hw[2 * i], hw[2 * i + 1], b + 4 * st[i], st[i + 1] - st[i], &c,
+                     o + 5 * i);
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&keys);
@@ -146,10 +78,6 @@ done:
     PyBuffer_Release(&out);
     return result;
 }
-
-/* numpy's minimum and maximum: NaN if either is, else the smaller (larger); the first when they compare equal. */
-static inline double mn(double a, double b) { return a <= b || a != a ? a : b; }
-static inline double mx(double a, double b) { return a >= b || a != a ? a : b; }
 
 static PyObject *py_map_boxes(PyObject *self, PyObject *args) {
     Py_buffer boxes, owner, inverse, sizes, out, keep;
@@ -172,23 +100,8 @@ static PyObject *py_map_boxes(PyObject *self, PyObject *args) {
     const double *in = boxes.buf, *inv = inverse.buf;
     double *o = out.buf;
     char *k = keep.buf;
-    for (Py_ssize_t i = 0; i < m; ++i) {
-        const double *a = inv + 9 * own[i], *b = in + 4 * i;
-        double x0 = b[0], y0 = b[1], x1 = b[2], y1 = b[3], r[4];
-        for (int axis = 0; axis < 2; ++axis) {
-            double p = a[3 * axis], q = a[3 * axis + 1], s = a[3 * axis + 2];
-            double c0 = p * x0 + q * y0 + s, c1 = p * x1 + q * y0 + s, c2 = p * x1 + q * y1 + s,
-                   c3 = p * x0 + q * y1 + s;
-            double lim = (double)hw[2 * own[i] + 1 - axis];
-            double lo = mn(mn(mn(c0, c1), c2), c3), hi = mx(mx(mx(c0, c1), c2), c3);
-            /* np.clip(v, 0, lim): min(max(v, 0), lim), NaN kept */
-            lo = lo < 0.0 ? 0.0 : lo, lo = lo > lim ? lim : lo;
-            hi = hi < 0.0 ? 0.0 : hi, hi = hi > lim ? lim : hi;
-            r[axis] = lo, r[axis + 2] = hi;
-        }
-        o[4 * i] = r[0], o[4 * i + 1] = r[1], o[4 * i + 2] = r[2], o[4 * i + 3] = r[3];
-        k[i] = (r[2] - r[0] > 0) && (r[3] - r[1] > 0);
-    }
+    for (Py_ssize_t i = 0; i < m; ++i)
+        k[i] = (char)ing_map_box(in + 4 * i, inv + 9 * own[i], hw + 2 * own[i], o + 4 * i);
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&boxes);

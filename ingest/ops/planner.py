@@ -157,12 +157,18 @@ class Plan:
         if self.tracked is not None and self.tracked[0] is boxes:   # mapped already while the plan was drawn
             tracked = copy.copy(self.tracked[1])
         else:
+            self._check_steps("boxes other than those it was planned with")
             tracked = _Boxes(boxes)
             for stage in self.stages:
                 for (op, params), steps in zip(stage.drawn, stage.steps):
                     tracked.follow(op, params, steps)
         tracked.prune(min_size)
         return tracked.batch(), tracked.keep()
+
+    def _check_steps(self, what: str) -> None:
+        """ValueError where a warp's ops have no steps (a plan of the native planner's) to move ``what`` by."""
+        if any(stage.warp is not None and not stage.steps for stage in self.stages):
+            raise ValueError(f"this plan (the native planner's) keeps no per-op steps to move {what} by")
 
     def warp_masks(self, masks: Sequence[Any], *, device: torch.device | str | None = None,
                    fill: int = 0) -> list[torch.Tensor]:
@@ -198,6 +204,7 @@ class Plan:
         if len(segmentations) != len(self.sizes):
             raise ValueError(f"got segmentations for {len(segmentations)} samples, the batch has {len(self.sizes)}")
         out = [list(objs) for objs in segmentations]
+        self._check_steps("polygons")
         geometry = [steps for stage in self.stages for steps in stage.steps]
         if not geometry:
             return out
@@ -253,17 +260,37 @@ class Plan:
         ``box_format`` (``"xyxy"``, ``"xywh"`` or ``"cxcywh"``) of each output image, relative to its size with ``relative``
         (`ingest.ops.boxes.from_ltrb`): the pipeline's form. ``masks`` are pruned where they are and warped on
         ``device`` (:meth:`warp_masks`)."""
+        fields = {name: [t.get(name) for t in targets] for name in per_box}   # (a sample without it: not joined)
+        rows = self.box_rows(boxes, fields, box_format=box_format, relative=relative, min_size=min_size)
+        pruned = {name: split(values, rows.starts) for name, values in rows.fields.items()}
+        return self._targets(targets, None, split(rows.boxes, rows.starts), rows.keep, boxes.starts, rows.starts,
+                             per_box, device, pruned)
+
+    def box_rows(self, boxes: BoxBatch, fields: dict[str, list[Any]] | None = None, *, box_format: str = "xyxy",
+                 relative: bool = False, min_size: float = 0.0) -> "BoxRows":
+        """A batch's boxes (absolute ltrb of the source) and per-box fields through the plan, as one array each:
+        the kept boxes in ``box_format`` (relative to each output image's size with ``relative``: `from_ltrb`),
+        and every field of ``fields`` (per sample: one value per box) whose values are numpy arrays of one dtype
+        and of the samples' box counts, joined and pruned with its boxes; fields that are not are left out (the
+        caller prunes them sample by sample). :meth:`batch_targets` and the pipeline's ops stage both take their
+        boxes and per-box fields from here."""
         mapped, keep = self.map_box_batch(boxes, min_size=min_size)
-        out = split(from_ltrb(mapped, size_array(self.out_sizes), box_format, relative), mapped.starts)
-        return self._targets(targets, None, out, keep, boxes.starts, mapped.starts, per_box, device)
+        joined = {}
+        for name, values in (fields or {}).items():
+            flat = joined_per_box(values, boxes.starts)
+            if flat is not None:
+                joined[name] = flat[keep]
+        return BoxRows(from_ltrb(mapped, size_array(self.out_sizes), box_format, relative), mapped.starts, keep,
+                       joined)
 
     def _targets(self, targets: Sequence[dict[str, Any]], has: list[bool] | None, boxes: list[Any], keep: np.ndarray,
                  before: np.ndarray, after: np.ndarray, per_box: Sequence[str],
-                 device: torch.device | None = None) -> list[dict[str, Any]]:
+                 device: torch.device | None = None, done: dict[str, list[Any]] | None = None
+                 ) -> list[dict[str, Any]]:
         """The targets with ``boxes`` (per sample) set and their per-box fields, masks and polygons pruned by
         ``keep`` (``[M]`` over the input boxes, sample n's at rows ``before[n]:before[n + 1]``, its kept ones
         at ``after[n]:after[n + 1]``); then masks warped and polygons moved. ``has``: which samples had boxes
-        (None: all)."""
+        (None: all). ``done``: per-box fields pruned already (`box_rows`), per sample."""
         out = list(map(dict, targets))
         if has is None:
             for d, b in zip(out, boxes):
@@ -277,8 +304,12 @@ class Plan:
             for d in out:
                 if "polygons" in d:
                     d["polygons"] = _segmentation_list(d["polygons"])
+        done = done or {}
+        for name, values in done.items():
+            for d, v in zip(out, values):
+                d[name] = v
         for name in [*per_box, "masks", "polygons"]:
-            if name not in fields:
+            if name not in fields or name in done:
                 continue
             everywhere = has is None and sum(map(operator.contains, out, repeat(name))) == len(out)
             pruned = _take_all(list(map(operator.itemgetter(name), out)), keep, before, after) if everywhere else None
@@ -464,6 +495,23 @@ def run_ops(ops: Sequence[Op], images: Images, rng: Rngs = None, *, device_kind:
 
 
 # --------------------------------------------------------------------------------------------------
+
+def moved_boxes(given: BoxBatch, kept: BoxBatch, rows: np.ndarray) -> tuple[BoxBatch, "_Boxes"]:
+    """`Plan.tracked` for boxes moved through every op elsewhere (the native planner): ``given`` the boxes the plan
+    was drawn with, ``kept`` those left (in output pixels), ``rows`` the row of each among ``given``'s."""
+    tracked = _Boxes(kept)
+    tracked.starts, tracked.row = given.starts, rows
+    return given, tracked
+
+
+class BoxRows(NamedTuple):
+    """A batch's boxes and per-box fields through a plan, one array each (`Plan.box_rows`)."""
+
+    boxes: np.ndarray                # [K, 4] float32: the kept boxes of every sample, in the asked format
+    starts: np.ndarray               # [N + 1] int64: sample n's are rows starts[n]:starts[n + 1]
+    keep: np.ndarray                 # [M] bool: which of the boxes given were kept
+    fields: dict[str, np.ndarray]    # per-box fields joined and pruned (rows as `boxes`'s)
+
 
 class _Boxes:
     """A batch's boxes on their way through the ops: one ``[M, 4]`` array, the sample each belongs to and its
