@@ -19,7 +19,8 @@ Rules:
   ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
   (``output="tuple"``, or a source with only an image, a label and, in a TFRecord table, one ``mask`` field), images that are not mostly JPEG 2000 or TIFF
   (`mostly_other_codecs`: the engine's GPU path takes JPEGs, and the Python stages decode those two on the GPU
-  too), a chain `ingest.native_plan.describe` takes whose output size is fixed, nvImageCodec's native binding and
+  too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
+  shape, fixed by that shape: `one_shape`), nvImageCodec's native binding (not for raw pixels) and
   CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs the native engine where eligible,
   "python" never, "native" raises a ConfigError naming why where not.
 - **Same samples** as the Python engine for the same seed: the same order, draws (keyed by seed, epoch and dataset
@@ -184,8 +185,9 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
     if clash is not None:
         return None, clash
     probe = planner.plan(ops, [(64, 64), (480, 640)], 0)
-    if probe.out_sizes[0] != probe.out_sizes[1]:
-        return None, "its op chain's output size depends on the image's (the output ring is made at start)"
+    varies = "its op chain's output size depends on the image's (the output ring is made at start)"
+    if probe.out_sizes[0] != probe.out_sizes[1] and getattr(source, "fixed_shape", None) is None:
+        return None, varies   # (raw shards of one pixel shape: one output size, checked on their table below)
     table_of = getattr(source, "native_table", None)
     if table_of is None:
         return None, f"{type(source).__name__} gives no native table ({_TABLES})"
@@ -197,10 +199,27 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
                 "byte range holds the image and its mask)") if masks and not isinstance(source, tfrecord.TFRecordSource) \
             else ""
         return None, f"{type(source).__name__} gives no native table here: {err}{also}"
+    if probe.out_sizes[0] != probe.out_sizes[1]:   # fixed all the same where every image has one size
+        shape = one_shape(table)
+        if shape is None:
+            return None, varies
+        probe = planner.plan(ops, [shape], 0)
     fill = fields_of(source)[table.mask[0]].mask_fill if table.mask else 255
     if not 0 <= fill <= 255:
         return None, f"its mask field's fill {fill} is not a uint8 value (the engine's masks are uint8)"
     return Chain(table, desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout, fill), None
+
+
+def one_shape(table) -> tuple[int, int] | None:
+    """The (height, width) every sample of a "pixels" table the engine reads has (raw shards of one pixel shape:
+    a chain whose output size follows the image's then gives one size), else None. The engine plans its output
+    size at its first such sample's (engine.c)."""
+    if table.kind != "pixels":
+        return None
+    hw = table.hw if table.python is None else table.hw[table.python == 0]
+    if not len(hw) or (hw != hw[0]).any():
+        return None
+    return int(hw[0, 0]), int(hw[0, 1])
 
 
 def _fill_clash(ops) -> str | None:

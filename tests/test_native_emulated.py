@@ -184,7 +184,10 @@ def chains():
             "resize-crop-uint8": [Resize((40, 52)), CenterCrop(32), Flip(p=0.5)],
             # a crop, then one that pads past it, then a resize: the kernel's source is the first crop's window
             # (one fill: the first crop pads small images too, which with another fill the native engine refuses)
-            "crop-pad-resize": [CenterCrop(20, fill=9), CenterCrop(40, fill=9), Resize(32)]}
+            "crop-pad-resize": [CenterCrop(20, fill=9), CenterCrop(40, fill=9), Resize(32)],
+            # output sizes that follow the image's: one size over raw shards of one pixel shape
+            "flip-normalize": [Flip(p=0.5), Normalize(MEAN, STD)],
+            "shorter-flip": [Resize(shorter=20), Flip(p=0.5)]}
 
 
 @pytest.fixture(scope="module")
@@ -258,9 +261,10 @@ def test_raw_shards_on_a_stand_in_driver_equal_the_kernel_on_the_python_plan(tmp
     done = _child(stand_in, str(tmp_path), "rrc-flip-normalize", "raw")
     for case in RAW_CASES:
         assert f"{case}: raw batches compared: 6" in done.stdout, done.stdout
-    (tmp_path / "2").mkdir()
-    done = _child(stand_in, str(tmp_path / "2"), "crop-pad-resize", "raw")
-    assert f"fixed: raw batches compared: 6" in done.stdout, done.stdout
+    for k, chain in enumerate(["crop-pad-resize", "flip-normalize", "shorter-flip"]):
+        (tmp_path / str(k)).mkdir()
+        done = _child(stand_in, str(tmp_path / str(k)), chain, "raw")
+        assert "fixed: raw batches compared: 6" in done.stdout, done.stdout
 
 
 def test_raw_shards_the_engine_cannot_take_are_refused(tmp_path):
@@ -271,6 +275,14 @@ def test_raw_shards_the_engine_cannot_take_are_refused(tmp_path):
     assert why == "RawSource gives no native table here: its pixels have 1 channel, and the native engine takes 3 (RGB)"
     _, why = native.chain_for(RawSource(raw_source(tmp_path / "arrays", "arrays")[0]), ops)
     assert why == "RawSource gives no native table here: its shards hold no 'image' field of pixels", why
+    # an output size that follows the image's: one size over one pixel shape, none over shapes that differ
+    ragged = RawSource(raw_source(tmp_path / "ragged", "ragged")[0])
+    fixed = RawSource(raw_source(tmp_path / "fixed", "fixed")[0])
+    for name, size in (("flip-normalize", (28, 36)), ("shorter-flip", (20, 25))):
+        chain, why = native.chain_for(fixed, chains()[name])
+        assert chain is not None and chain.size == size, (name, why, chain and chain.size)
+        _, why = native.chain_for(ragged, chains()[name])
+        assert why == "its op chain's output size depends on the image's (the output ring is made at start)", why
 
 
 RAW_CASES = ["fixed", "ragged-crc"]

@@ -155,16 +155,19 @@ def test_deeplab_masks_give_the_python_engines_batches(tmp_path, chain):
     assert failures[0] == failures[1] == sorted([src.name(7), src.name(10)]), failures
 
 
-@pytest.mark.parametrize("case", ["fixed", "ragged"])
-@pytest.mark.parametrize("chain", list(CHAINS))
+RAW_CHAINS = [(chain, case) for chain in CHAINS for case in ("fixed", "ragged")] + [("flip-normalize", "fixed")]
+
+
+@pytest.mark.parametrize("chain, case", RAW_CHAINS)
 def test_raw_shards_give_the_python_engines_batches_exactly(tmp_path, chain, case):
     """11 raw samples (one pixel shape: the Python stages' direct reads; or shapes that differ): both engines run
     the same kernel on the same plans over the same pixels, so every batch is equal, bit for bit, over two epochs;
-    the native engine reads, uploads and warps them with no decoder and no fallback."""
+    the native engine reads, uploads and warps them with no decoder and no fallback. Over one pixel shape a chain
+    whose output follows the image's size (Flip and Normalize) runs natively too."""
     from ingest.formats.raw import RawSource
     from test_native_emulated import raw_source
-    path, _ = raw_source(tmp_path / case, "fixed" if case == "fixed" else "ragged")
-    ops = CHAINS[chain]
+    path, _ = raw_source(tmp_path / case, case)
+    ops = CHAINS.get(chain) or [Flip(p=0.5), Normalize(MEAN, STD)]
     a, b = pair(RawSource(path), ops, batch_size=4, shuffle=True, seed=6, last_batch="partial")
     n = 0
     with a, b:

@@ -2141,9 +2141,17 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "desc: %s", ing_strerror(st));
         goto fail;
     }
-    /* the chain's fixed output size: plan one 64 x 64 and one 480 x 640 sample (the Python side checked it) */
+    /* the chain's fixed output size: plan one 64 x 64 and one 480 x 640 sample (the Python side checked it); a
+     * PIXELS table's first sample's size twice (raw shards of one pixel shape: a chain whose output follows the
+     * image's gives one size; a row planned to another falls back, WHY_PLAN) */
     {
         int64_t idx[2] = {0, 1}, hw[4] = {64, 64, 480, 640};
+        for (int64_t i = 0; e->pixel_hw != NULL && i < n; ++i)
+            if (e->python == NULL || !e->python[i]) {
+                hw[0] = hw[2] = e->pixel_hw[2 * i];
+                hw[1] = hw[3] = e->pixel_hw[2 * i + 1];
+                break;
+            }
         ing_sample two[2];
         ing_plan_out out = {.sample = two, .params = NULL};
         if ((st = ing_plan(&e->chain, 2, idx, 0, hw, &out)) != ING_OK) {
