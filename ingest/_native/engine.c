@@ -6,18 +6,18 @@
  *                      (WHOLE: the range is the image; RECORDIO: the IRHeader; TFRECORD: the framing and the
  *                      tf.train.Example's image and label features, example_scan.h; CAFFE_DATUM: an encoded Datum's
  *                      data and label fields; FRAMED: our LMDB layout's record of an image and a label; PIXELS: a
- *                      raw shard's decoded uint8 [H, W, 3] pixels, of the table's `hw`: nothing to parse or scan),
- *                      scans the JPEG header (jpeg_scan.h), plans the op chain (plan.h: draws, regions to decode, output
- *                      sizes) and, for a TFRecord table with a mask key, decodes the batch's PNG masks on the read
- *                      team into a pinned mask arena (png_decode.h)
+ *                      raw shard's decoded uint8 [H, W, 3] pixels, of the table's `hw`: nothing to parse or
+ *                      scan), scans the JPEG header (jpeg_scan.h), plans the op chain (plan.h: draws, regions to
+ *                      decode, output sizes) and, for a TFRecord table with a mask key, decodes the batch's PNG
+ *                      masks on the read team into a pinned mask arena (png_decode.h)
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
  *                      (one thread per nvImageCodec decoder, nvloop.h; PIXELS: copies the read arena to a device
- *                      arena in one copy instead, each sample's pixels then read where they landed), then takes a free output slot, packs the
- *                      warp kernel's arguments (plan.h), uploads them and the labels from pinned memory, launches
- *                      the fused warp + normalize kernel into the slot's output (and, with masks, uploads them and
- *                      launches the nearest warp on them with the same plans into the slot's mask output) and
- *                      queues a host function behind it that puts the batch on the ready queue once the GPU has run
- *                      it (cuLaunchHostFunc)
+ *                      arena in one copy instead, each sample's pixels then read where they landed), then takes a
+ *                      free output slot, packs the warp kernel's arguments (plan.h), uploads them and the labels
+ *                      from pinned memory, launches the fused warp + normalize kernel into the slot's output (and,
+ *                      with masks, uploads them and launches the nearest warp on them with the same plans into the
+ *                      slot's mask output) and queues a host function behind it that puts the batch on the ready
+ *                      queue once the GPU has run it (cuLaunchHostFunc)
  *   Python (next)      takes a finished batch (waiting for one with the GIL released when none is ready) and
  *                      returns (kind, slot, epoch, number, rows, notes); it makes no CUDA call, so the training
  *                      thread never holds the GIL while the driver's locks are contended by the engine's threads
@@ -55,8 +55,9 @@
  *
  * libcuda is dlopen'ed at run time; nvImageCodec's function addresses, handles and struct layouts and the warp
  * kernel's CUfunction handles come from Python (ingest/native.py; a PIXELS table's `gpu` is the device and the
- * kernels alone), so this builds with a C compiler and Python's headers alone. A forked child cannot use an engine of its parent's (its threads did not fork): every method
- * raises there, and the child's copy is dropped without touching its locks.
+ * kernels alone), so this builds with a C compiler and Python's headers alone. A forked child cannot use an engine
+ * of its parent's (its threads did not fork): every method raises there, and the child's copy is dropped without
+ * touching its locks.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
