@@ -5,8 +5,10 @@ Makes (or reuses) a raw dataset of N SIZE x SIZE x 3 uint8 samples in /dev/shm: 
 ``--jpegs DIR`` every image of a JPEG tree resized to SIZE x SIZE. Then measures, for the same shard files:
 
   l  first, in a process that has done nothing else yet (as a user's): ``ingest.Loader(data_dir, ...)``
-     (RandomResizedCrop 224 + Flip + Normalize fp16, shuffled) with each ``--loader-workers`` value: the
-     headline figure
+     (RandomResizedCrop 224 + Flip + Normalize fp16, shuffled) with each ``--loader-workers`` value on each of
+     ``--engines`` (the `engine` setting: "native" reads, uploads and warps raw shards on the native engine's
+     threads, "python" on the Python stages; a Loader that refuses an engine is recorded with its reason, and
+     each case records the engine it ran, ``stats()["engine"]``): the best is the headline figure
   a  KvikIO alone: ``CuFile.pread`` of large chunks (one batch's bytes each) into a CuPy buffer, at each of
      ``--threads`` KvikIO thread counts; its best GB/s is the reference
   b  ingest ``RawSource.read_batch`` into a preallocated CUDA ``[B, H, W, 3]`` tensor with the loader's default
@@ -73,6 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", default="1,2,4,8,16", help="KvikIO / reader thread counts to measure")
     p.add_argument("--seconds", type=float, default=3.0, help="timed window per measurement")
     p.add_argument("--loader-workers", default="0", help="num_workers values for the ingest.Loader case, e.g. 0,4")
+    p.add_argument("--engines", default="native,python", help="the Loader cases' `engine` settings, e.g. native")
     p.add_argument("--dali", action="store_true", help="also run DALI's numpy reader (d) if DALI imports")
     p.add_argument("--dali-jpegs", default=None, help="with --dali: an ImageFolder of JPEGs for DALI's JPEG pipeline")
     p.add_argument("--only", default=None, help="run only these steps, e.g. loader or loader,kvikio (default: all)")
@@ -80,6 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.threads = [int(t) for t in args.threads.split(",")]
     args.loader_workers = [int(w) for w in args.loader_workers.split(",")]
+    args.engines = [e for e in args.engines.split(",") if e]
     args.data = args.data or f"/dev/shm/ingest_raw_{args.n}_{args.size}"
     args.batch = min(args.batch, args.n)
     return args
@@ -426,7 +430,8 @@ def read_ops_rates(src: RawSource, args, report) -> dict:
 
 
 def loader_cases(src: RawSource, args, report) -> dict:
-    res = {f"workers{w}": loader_rate(args, make_ops(), w) for w in args.loader_workers}
+    res = {f"{engine}_workers{w}": loader_rate(args, make_ops(), w, engine)
+           for engine in args.engines for w in args.loader_workers}
     res["images_per_s"] = max(c.get("images_per_s", 0) for c in res.values())
     return res
 
@@ -477,12 +482,15 @@ def overlapped(src: RawSource, args, idx, ops, reader, ring: int = 4) -> dict:
     return rates(calls * args.batch, calls * args.batch * args.size ** 2 * 3, secs)
 
 
-def loader_rate(args, ops, workers: int) -> dict:
-    """``ingest.Loader`` over the raw dataset (``num_workers=workers``), where it takes one (else the error)."""
+def loader_rate(args, ops, workers: int, engine: str = "auto") -> dict:
+    """``ingest.Loader`` over the raw dataset (``num_workers=workers``, the `engine` setting ``engine``), where it
+    takes one (else the error: a Loader that cannot run on the engine asked for says why)."""
     try:
         import ingest
-        loader = ingest.Loader(args.data, batch_size=args.batch, device=args.device, ops=ops, shuffle=True,
-                               num_workers=workers, last_batch="drop")   # every batch full: counted as such
+        from ingest import defaults
+        with defaults.set(engine=engine):   # (read when the Loader is made)
+            loader = ingest.Loader(args.data, batch_size=args.batch, device=args.device, ops=ops, shuffle=True,
+                                   num_workers=workers, last_batch="drop")   # every batch full: counted as such
         it = iter(loader)
 
         def step(k):
@@ -496,6 +504,8 @@ def loader_rate(args, ops, workers: int) -> dict:
         stats = loader.stats()
         loader.close()
         return {**rates(calls * args.batch, calls * args.batch * args.size ** 2 * 3, secs),
+                "engine": stats.get("engine"), "native_why_not": loader.native_why_not,
+                "native": stats.get("native"),   # the native engine's counts (its GIL per batch among them)
                 "decode_paths": stats.get("decode_paths"), "read_path": stats.get("read_path"),
                 "stages": stats.get("stages")}   # busy and CPU seconds per stage: which one is the limit
     except Exception as err:

@@ -12,13 +12,15 @@ with the engine's threads) and the wrapping of the batch's output slot.
 
 Rules:
 
-- **Eligible** (`why_not` returns None): a CUDA device with decode "mixed", no worker processes, a source with
-  ``native_table()`` (file trees, RecordIO, uncompressed TFRecord of an image and an optional int label, LMDB of
-  ours, encoded Caffe Datums or images, indexed WebDataset tars of an image and an optional label; where a
-  source's settings or data rule a table out, ``NotNative`` says why), encoded images and nothing else asked for
+- **Eligible** (`why_not` returns None): a CUDA device with decode "mixed" (any decode for raw pixels), no worker
+  processes, a source with ``native_table()`` (file trees, RecordIO, uncompressed TFRecord of an image and an
+  optional int label, LMDB of ours, encoded Caffe Datums or images, indexed WebDataset tars of an image and an
+  optional label, raw shards of uint8 RGB pixels; where a source's settings or data rule a table out,
+  ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
   (``output="tuple"``, or a source with only an image, a label and, in a TFRecord table, one ``mask`` field), images that are not mostly JPEG 2000 or TIFF
   (`mostly_other_codecs`: the engine's GPU path takes JPEGs, and the Python stages decode those two on the GPU
-  too), a chain `ingest.native_plan.describe` takes whose output size is fixed, nvImageCodec's native binding and
+  too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
+  shape, fixed by that shape: `one_shape`), nvImageCodec's native binding (not for raw pixels) and
   CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs the native engine where eligible,
   "python" never, "native" raises a ConfigError naming why where not.
 - **Same samples** as the Python engine for the same seed: the same order, draws (keyed by seed, epoch and dataset
@@ -44,6 +46,11 @@ Rules:
   with CPU decoding for those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is
   dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a CPU
   decode, per batch that has one; `stats()["native"]["fallbacks"]` counts them.
+- **Raw pixels** (a "pixels" table, `ingest.formats.raw.RawSource.native_table`): each sample's pixels are read
+  into the pinned arena like any record, the batch's arena is copied to a device arena in one copy, and the warp
+  kernel reads each sample where it landed, whole, at the table's height and width: no header scan, no
+  nvImageCodec (its `gpu` argument is the device and the kernels alone). The Python stages run the same kernel on
+  the same plan over the same pixels on a GPU, so the batches are equal exactly.
 - **Masks**: with the fields asked for, a table's mask field (``NativeTable.mask``) is decoded by the engine's read
   team and warped like its image (nearest, the field's ``mask_fill``) into each slot's ``[B, H, W]`` uint8 mask
   tensor, handed out as the batch's field under its name; a mask the engine leaves to Python (fallback "mask")
@@ -68,7 +75,7 @@ import numpy as np
 import torch
 
 from . import defaults, io
-from .errors import ConfigError
+from .errors import ConfigError, CorruptRecordError
 from .formats import checks, tfrecord
 from .formats._native_table import NotNative
 from .formats.base import Location, fields_of
@@ -86,8 +93,8 @@ except ImportError:   # built where a C compiler was found (setup.py)
 ENGINES = ("auto", "python", "native")
 #: Why a sample fell back to the Python path, by the engine's code (`stats()["native"]["fallbacks"]`).
 FALLBACK_REASONS = {1: "not a GPU JPEG", 2: "oriented", 3: "record", 4: "decoder", 5: "plan", 6: "mask"}
-_KINDS = {"whole": 0, "recordio": 1, "tfrecord": 2, "caffe_datum": 3, "framed": 4}
-_TABLES = "file trees, RecordIO, TFRecord, LMDB and WebDataset do"
+_KINDS = {"whole": 0, "recordio": 1, "tfrecord": 2, "caffe_datum": 3, "framed": 4, "pixels": 5}
+_TABLES = "file trees, RecordIO, TFRecord, LMDB, WebDataset and raw shards do"
 _DTYPES = {torch.uint8: 0, torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -114,18 +121,21 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
                       "pixels, which the Python stages decode and transform)")
     if ENGINE is None:
         return None, "the native engine (ingest._engine) was not built"
-    if device.type != "cuda" or decode != "mixed":
+    pixels = getattr(pipeline, "image_kind", None) == "pixels"   # (raw pixels: nothing to decode)
+    if device.type != "cuda" or (decode != "mixed" and not pixels):
         return None, f"it decodes on the GPU for a CUDA device (device={device}, decode={decode!r})"
     if workers or streamed or pipeline is None:
         return None, "it runs in the training process on a seekable source (no worker processes, no stream)"
     if getattr(source, "native_table", None) is None:
         return None, f"{type(source).__name__} gives no native table ({_TABLES})"
     fields = fields_of(source)
-    if pipeline.image_kind != "image" or pipeline.direct or "boxes" in fields:
-        return None, "it takes encoded images without boxes"
+    if (pipeline.image_kind != "image" and not pixels) or (pipeline.direct and not pixels) or "boxes" in fields:
+        return None, "it takes encoded images or raw pixels, without boxes"
     chain, why = chain_for(source, ops)
     if chain is None:
         return None, why
+    if pixels != (chain.table.kind == "pixels"):
+        return None, f"its images are {pipeline.image_kind}, but its native table's are {chain.table.kind!r}"
     extra = set(fields) - {"image", "label"} - ({chain.table.mask[0]} if chain.table.mask else set())
     if not tuple_output and extra:
         return None, f"output='dict' asks for fields it does not collate ({', '.join(sorted(extra))})"
@@ -133,7 +143,7 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
         return None, ("most of its images are JPEG 2000 or TIFF, which it would hand to the CPU decoder (the Python "
                       "stages decode them on the GPU)")
     lanes = [gpu for gpu, _ in pipeline.lanes if gpu is not None]
-    if not lanes or any(gpu.engine != "native" for gpu in lanes):
+    if not pixels and (not lanes or any(gpu.engine != "native" for gpu in lanes)):
         return None, "nvImageCodec's native binding did not load (see ingest.decode._nvimgcodec)"
     from .ops import _warp_kernel
     if not _warp_kernel.available():
@@ -175,8 +185,9 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
     if clash is not None:
         return None, clash
     probe = planner.plan(ops, [(64, 64), (480, 640)], 0)
-    if probe.out_sizes[0] != probe.out_sizes[1]:
-        return None, "its op chain's output size depends on the image's (the output ring is made at start)"
+    varies = "its op chain's output size depends on the image's (the output ring is made at start)"
+    if probe.out_sizes[0] != probe.out_sizes[1] and getattr(source, "fixed_shape", None) is None:
+        return None, varies   # (raw shards of one pixel shape: one output size, checked on their table below)
     table_of = getattr(source, "native_table", None)
     if table_of is None:
         return None, f"{type(source).__name__} gives no native table ({_TABLES})"
@@ -188,10 +199,27 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
                 "byte range holds the image and its mask)") if masks and not isinstance(source, tfrecord.TFRecordSource) \
             else ""
         return None, f"{type(source).__name__} gives no native table here: {err}{also}"
+    if probe.out_sizes[0] != probe.out_sizes[1]:   # fixed all the same where every image has one size
+        shape = one_shape(table)
+        if shape is None:
+            return None, varies
+        probe = planner.plan(ops, [shape], 0)
     fill = fields_of(source)[table.mask[0]].mask_fill if table.mask else 255
     if not 0 <= fill <= 255:
         return None, f"its mask field's fill {fill} is not a uint8 value (the engine's masks are uint8)"
     return Chain(table, desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout, fill), None
+
+
+def one_shape(table) -> tuple[int, int] | None:
+    """The (height, width) every sample of a "pixels" table the engine reads has (raw shards of one pixel shape:
+    a chain whose output size follows the image's then gives one size), else None. The engine plans its output
+    size at its first such sample's (engine.c)."""
+    if table.kind != "pixels":
+        return None
+    hw = table.hw if table.python is None else table.hw[table.python == 0]
+    if not len(hw) or (hw != hw[0]).any():
+        return None
+    return int(hw[0, 0]), int(hw[0, 1])
 
 
 def _fill_clash(ops) -> str | None:
@@ -239,11 +267,21 @@ def epoch_arrays(plans: Iterator[BatchPlan]) -> tuple[int, np.ndarray, np.ndarra
     return plans[0].number, indices, bounds, pad
 
 
-def _gpu_arguments(pipeline: Pipeline) -> tuple:
-    """The engine's `gpu` argument: nvImageCodec's functions, handles and struct layouts (from the ctypes binding),
-    the pipeline's decoders (every lane's: the Python stages do not run meanwhile) and the kernels."""
-    from .decode import _nvimgcodec as nv
+def _kernels(device: torch.device) -> tuple[int, int, int]:
+    """The warp kernel's CUfunction handles (nearest, bilinear, bicubic) for ``device``."""
+    import cupy
     from .ops import _warp_kernel
+    with cupy.cuda.Device(device.index):   # a RawKernel's Function (its CUfunction: .ptr) for this device
+        return tuple(_warp_kernel._function(name).kernel.ptr for name in ("nearest", "bilinear", "bicubic"))
+
+
+def _gpu_arguments(pipeline: Pipeline, table) -> tuple:
+    """The engine's `gpu` argument: nvImageCodec's functions, handles and struct layouts (from the ctypes binding),
+    the pipeline's decoders (every lane's: the Python stages do not run meanwhile) and the kernels; for a "pixels"
+    table, which decodes nothing, the device and the kernels alone."""
+    if table.kind == "pixels":
+        return pipeline.device.index, _kernels(pipeline.device)
+    from .decode import _nvimgcodec as nv
     lib = nv.load()
     decoders = [d for gpu, _ in pipeline.lanes if gpu is not None for d in gpu._decoders]
     info = nv.new(nv.ImageInfo)
@@ -256,10 +294,8 @@ def _gpu_arguments(pipeline: Pipeline) -> tuple:
     view.region.ndim = 2
     region = nv.CodeStreamView.region.offset
     destroy = tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in (lib.ImageDestroy, lib.CodeStreamDestroy))
-    import cupy
     device = pipeline.device
-    with cupy.cuda.Device(device.index):   # a RawKernel's Function (its CUfunction: .ptr) for this device
-        kernels = tuple(_warp_kernel._function(name).kernel.ptr for name in ("nearest", "bilinear", "bicubic"))
+    kernels = _kernels(device)
     return (device.index, lib.loop_functions, destroy, lib.instance, tuple(d.handle for d in decoders),
             ctypes.addressof(decoders[0].params),
             (bytes(info), nv.ImageInfo.buffer.offset, nv.ImageInfo.cuda_stream.offset,
@@ -341,7 +377,7 @@ class NativeExecutor:
         self._python = [0.0, 0]   # seconds of __next__ outside the engine's wait, and the batches they made
         table = chain.table
         slots = prefetch + 1
-        gpu = None if dry else gpu or _gpu_arguments(pipeline)
+        gpu = None if dry else gpu or _gpu_arguments(pipeline, table)
         self._cuda = self.device.type == "cuda"
         self._engine = ENGINE.Engine(
             list(table.paths), np.ascontiguousarray(table.files, np.int64),
@@ -354,7 +390,8 @@ class NativeExecutor:
             None if table.crcs is None else np.ascontiguousarray(table.crcs, np.uint32),
             list(table.keys) or None, table.record_crc,
             None if table.python is None else np.ascontiguousarray(table.python, np.uint8),
-            None if self._mask is None else self._mask[1], chain.mask_fill)
+            None if self._mask is None else self._mask[1], chain.mask_fill,
+            None if table.hw is None else np.ascontiguousarray(table.hw, np.int64))
         self._slots: list[_Slot | None] = [None] * slots
         self._dry: list[np.ndarray] = []
         self._out: list[int] = []   # slots handed out and not given back, oldest first
@@ -481,7 +518,8 @@ class NativeExecutor:
             images, labels = slot.shown[:rows], slot.labels[:rows]
             masks = None if slot.masks is None else slot.masks[:rows]
             # the stats' decode paths: GPU rows and those filled here
-            self.pipeline.decode_stage.count_paths({"gpu": rows - len(fallback or ()),
+            path = "none (raw, native)" if self.chain.table.kind == "pixels" else "gpu"
+            self.pipeline.decode_stage.count_paths({path: rows - len(fallback or ()),
                                                     **({"cpu-fallback": len(fallback)} if fallback else {})})
             kept = np.arange(rows)
             if fallback:
@@ -520,6 +558,9 @@ class NativeExecutor:
             elif stage == ENGINE.NOTE_CORRUPT:   # code: the CRC32C of the bytes read; status: the one written
                 err = checks.mismatch_error(code, status, int(table.sizes[index]), path=path, index=named,
                                             offset=offset)
+                if table.kind == "pixels":   # (named as the raw reader names a field's mismatch)
+                    err = CorruptRecordError(f"field 'image': {str(err).split(': ', 1)[1]}", path=path, index=named,
+                                             offset=offset)
             elif code < 0:
                 err = io.read_error(Location(path, offset), OSError(-code, os.strerror(-code)))
             else:

@@ -46,12 +46,16 @@ def test_pixel_sources_upload():
         assert got.is_cuda and torch.equal(got.cpu(), torch.from_numpy(want).permute(2, 0, 1))  # CHW, as stacked
 
 
+@pytest.mark.parametrize("engine, way", [("python", "none (raw, direct read)"), ("native", "none (raw, native)")])
 @pytest.mark.parametrize("io", ["auto", "posix"])
-def test_raw_shards_land_on_the_gpu_directly(tmp_path, io):
+def test_raw_shards_land_on_the_gpu_directly(tmp_path, io, engine, way):
+    """On the Python stages (direct reads) and on the native engine (one upload per batch, the warp)."""
     from test_fields import _raw_dataset
     arrays = _raw_dataset(tmp_path / "raw")
-    loader = ingest.Loader(tmp_path / "raw", batch_size=4, device="cuda", output="dict", io=io,
-                           ops=[ingest.ops.Flip(p=1.0)])
+    with ingest.defaults.set(engine=engine):
+        loader = ingest.Loader(tmp_path / "raw", batch_size=4, device="cuda", output="dict", io=io,
+                               ops=[ingest.ops.Flip(p=1.0)])
+    assert loader.engine == engine
     seen = 0
     for b in loader:
         for image, i in zip(b["images"], b["indices"].tolist()):
@@ -59,4 +63,4 @@ def test_raw_shards_land_on_the_gpu_directly(tmp_path, io):
             assert torch.equal(image.permute(1, 2, 0).cpu(), torch.from_numpy(arrays[i][:, ::-1].copy()))
             seen += 1
     paths = loader.stats()["decode_paths"]   # the next epoch's read-ahead included
-    assert seen == 10 and set(paths) == {"none (raw, direct read)"} and paths["none (raw, direct read)"] >= 10
+    assert seen == 10 and set(paths) == {way} and paths[way] >= 10

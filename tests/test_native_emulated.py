@@ -8,8 +8,10 @@ decoder refuses (its row left to Python), a RecordIO record whose CRC32C differs
 and epoch ends reaching next() in order through host functions that run late on a thread of their own, without a
 GPU; and, through the NativeExecutor, each record format's table (TFRecord, LMDB ours and Caffe, WebDataset) against
 the Python stages, a TFRecord record whose CRC fails dropped, and a DeepLab TFRecord set's masks (decoded natively,
-warped by the mask kernel launch) equal to the Python stages' exactly. Runs in a child process (the stand-in driver
-is loaded once per process)."""
+warped by the mask kernel launch) equal to the Python stages' exactly; and raw tensor shards (kind "pixels": read,
+uploaded in one copy per batch and warped with no decode) equal to the kernel over the Python planner's warp of the
+same pixels exactly, with the Python stages' rows and labels, a sample whose CRC32C differs dropped and shards the
+engine cannot take refused. Runs in a child process (the stand-in driver is loaded once per process)."""
 
 from __future__ import annotations
 
@@ -182,7 +184,10 @@ def chains():
             "resize-crop-uint8": [Resize((40, 52)), CenterCrop(32), Flip(p=0.5)],
             # a crop, then one that pads past it, then a resize: the kernel's source is the first crop's window
             # (one fill: the first crop pads small images too, which with another fill the native engine refuses)
-            "crop-pad-resize": [CenterCrop(20, fill=9), CenterCrop(40, fill=9), Resize(32)]}
+            "crop-pad-resize": [CenterCrop(20, fill=9), CenterCrop(40, fill=9), Resize(32)],
+            # output sizes that follow the image's: one size over raw shards of one pixel shape
+            "flip-normalize": [Flip(p=0.5), Normalize(MEAN, STD)],
+            "shorter-flip": [Resize(shorter=20), Flip(p=0.5)]}
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +255,138 @@ def test_masks_on_a_stand_in_driver_equal_the_python_stages(tmp_path, stand_in):
     assert "mask batches compared: 6" in done.stdout, done.stdout
     done = _child(stand_in, str(tmp_path / "3"), "crop-pad-resize", "masks")
     assert "mask batches compared: 6" in done.stdout, done.stdout
+
+
+def test_raw_shards_on_a_stand_in_driver_equal_the_kernel_on_the_python_plan(tmp_path, stand_in):
+    done = _child(stand_in, str(tmp_path), "rrc-flip-normalize", "raw")
+    for case in RAW_CASES:
+        assert f"{case}: raw batches compared: 6" in done.stdout, done.stdout
+    for k, chain in enumerate(["crop-pad-resize", "flip-normalize", "shorter-flip"]):
+        (tmp_path / str(k)).mkdir()
+        done = _child(stand_in, str(tmp_path / str(k)), chain, "raw")
+        assert "fixed: raw batches compared: 6" in done.stdout, done.stdout
+
+
+def test_raw_shards_the_engine_cannot_take_are_refused(tmp_path):
+    from ingest.formats.raw import RawSource
+    ops = chains()["rrc-flip-normalize"]
+    gray = RawSource(raw_source(tmp_path / "gray", "gray")[0])
+    _, why = native.chain_for(gray, ops)
+    assert why == "RawSource gives no native table here: its pixels have 1 channel, and the native engine takes 3 (RGB)"
+    _, why = native.chain_for(RawSource(raw_source(tmp_path / "arrays", "arrays")[0]), ops)
+    assert why == "RawSource gives no native table here: its shards hold no 'image' field of pixels", why
+    # an output size that follows the image's: one size over one pixel shape, none over shapes that differ
+    ragged = RawSource(raw_source(tmp_path / "ragged", "ragged")[0])
+    fixed = RawSource(raw_source(tmp_path / "fixed", "fixed")[0])
+    for name, size in (("flip-normalize", (28, 36)), ("shorter-flip", (20, 25))):
+        chain, why = native.chain_for(fixed, chains()[name])
+        assert chain is not None and chain.size == size, (name, why, chain and chain.size)
+        _, why = native.chain_for(ragged, chains()[name])
+        assert why == "its op chain's output size depends on the image's (the output ring is made at start)", why
+
+
+RAW_CASES = ["fixed", "ragged-crc"]
+
+
+def raw_source(root: Path, case: str) -> tuple[Path, int | None]:
+    """A raw dataset of 11 samples of ``case``: "fixed" (one pixel shape: the Python stages' direct reads), "ragged"
+    (shapes that differ), "ragged-crc" (the same, sample 6's pixels with a changed byte), "gray" (1 channel) or
+    "arrays" (no image field); its directory and the index of the sample whose CRC
+    fails (None: none)."""
+    from ingest.formats.base import Field, Record
+    from ingest.formats.raw import RawWriter
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    if case == "arrays":
+        fields = {"x": Field("array"), "label": Field("int")}
+    else:
+        fields = {"image": Field("pixels"), "label": Field("int")}
+    with RawWriter(root, "part-000", fields) as w:
+        for i in range(11):
+            h, ww = (28, 36) if case == "fixed" else (20 + 3 * i, 30 + 2 * (i % 5))
+            pixels = rng.integers(0, 256, (h, ww, 1 if case == "gray" else 3), dtype=np.uint8)
+            w.add(Record(None, i % 4, {"x": pixels}) if case == "arrays" else Record(pixels, i % 4, {}))
+    if case != "ragged-crc":
+        return root, None
+    from ingest.formats.raw import RawSource
+    src = RawSource(root)
+    at = int(src.ranges([6])[1][0]) + 100
+    path = Path(src.paths[0])
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x40
+    path.write_bytes(bytes(data))
+    return root, 6
+
+
+def child_raw(lib_path: str, root: str, chain_name: str, case: str) -> None:
+    """The NativeExecutor over the stand-in driver on a raw dataset for two epochs (with each batch's indices),
+    against the Python stages: the same rows, indices and labels (a sample whose CRC fails dropped with the error
+    the raw reader gives), and each image exactly the kernel run on the Python planner's warp over its pixels (what
+    the Python stages run on a GPU; on the CPU they run op by op, within a level of it)."""
+    from ingest.engine import Failures, Pipeline
+    from ingest.formats.raw import RawSource
+    from ingest.sampler import Sampler
+
+    ops = chains()[chain_name]
+    path, bad = raw_source(Path(root), case)
+    src = RawSource(path, check="crc" if bad is not None else None)
+    fake, _, _ = stand_in_gpu(lib_path, src, True, refused=-1)
+    gpu = (0, (1, 2, 3))   # a pixels table decodes nothing: the device and the kernels
+    chain, why = native.chain_for(src, ops)
+    assert chain is not None and chain.table.kind == "pixels", why
+    assert (chain.table.crcs is not None) == (bad is not None)
+    sampler = Sampler(len(src), 4, shuffle=True, seed=11)
+    budget = 0 if bad is None else 2
+    failures = Failures(budget, sampler.samples())
+    pipe = Pipeline(src, ops=ops, device="cpu")
+    assert pipe.direct == (case == "fixed")
+    ex = native.NativeExecutor(pipe, chain, sampler, epoch=0, start=0, offset=0, failures=failures,
+                               budget=lambda: Failures(budget, sampler.samples()), prefetch=1, gpu=gpu,
+                               with_fields=True)
+    seen, reasons = [], []
+    for epoch in range(2):
+        seen += [(b.indices.clone(), b.images.clone(), b.labels.clone()) for b in ex]
+        reasons += [(name, reason) for name, _, reason in (failures if epoch == 0 else ex._failures[1]).items]
+    stats = ex.stats()
+    ex.close()
+    assert not stats["fallbacks"] and stats["failures"] == (0 if bad is None else 2), stats
+    reference = Pipeline(src, ops=ops, device="cpu")
+    compared, want_reasons = 0, []
+    for epoch in range(2):
+        python_failures = Failures(budget, sampler.samples())
+        for plan in sampler.batches(epoch):
+            idx, x, y = seen[compared]
+            reference.start_epoch(Failures(budget, sampler.samples()))
+            work = reference.read(plan)
+            if work.ops_plan is None:   # a direct read: its draws are made in the decode stage
+                work = reference.decode_stage.run(work)
+            want = pixel_kernel_reference(fake, work, ops)
+            reference.start_epoch(python_failures)
+            python = reference.run(plan)
+            assert torch.equal(idx, python.indices) and torch.equal(y, python.labels), (epoch, plan.number, idx,
+                                                                                       python.indices)
+            assert bad is None or bad not in idx.tolist()
+            for row in range(len(idx)):
+                got = x[row] if chain.layout is not None else x[row].permute(1, 2, 0)
+                assert torch.equal(got, want[row]), f"{case} epoch {epoch} batch {plan.number} row {row}"
+                assert_kernel_row(x[row], python.images[row].permute(1, 2, 0) if chain.layout is None
+                                  else python.images[row], chain, ops, f"{case} epoch {epoch} row {row}")
+            compared += 1
+        want_reasons += [(name, reason) for name, _, reason in python_failures.items]
+    # the sample whose CRC fails: dropped in each epoch with the error the raw reader raises
+    assert reasons == want_reasons == ([] if bad is None else [(src.name(bad), want_reasons[0][1])] * 2), reasons
+    assert bad is None or "field 'image': CRC32C" in reasons[0][1], reasons
+    print(f"{case}: raw batches compared: {compared}")
+
+
+def pixel_kernel_reference(fake, work, ops) -> torch.Tensor:
+    """The kernel run on the Python planner's warp over the batch's own pixels (a direct read's batch tensor, else
+    each record's), as the Python stages run it on a GPU."""
+    if isinstance(work.images, torch.Tensor):
+        ims = [work.images[k].contiguous() for k in range(len(work.images))]
+    else:
+        ims = [torch.from_numpy(np.ascontiguousarray(r.image)) for r in work.records]
+    return kernel_reference(fake, work, ops, ims)
 
 
 def deeplab_source(root: Path):
@@ -507,13 +644,15 @@ def fallback_rows(src, idx, refused: int) -> list[int]:
             if os.path.basename(src.name(i)).startswith("z") or os.path.getsize(src.name(i)) == refused]
 
 
-def kernel_reference(fake, work, ops) -> torch.Tensor:
-    """The kernel run on the Python planner's warp over whole pattern images (what the stand-in decodes)."""
+def kernel_reference(fake, work, ops, ims: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """The kernel run on the Python planner's warp over whole pattern images (what the stand-in decodes), or over
+    ``ims`` where given."""
     from ingest.ops import Normalize, _warp_kernel
     from ingest.ops.base import sizes_of
     from ingest.ops.resample import _fill_values, _setup
     normalize = ops[-1] if isinstance(ops[-1], Normalize) else None
-    ims = [torch.from_numpy(pattern(hh, ww, len(r.image))) for (hh, ww), r in zip(work.sizes, work.records)]
+    if ims is None:
+        ims = [torch.from_numpy(pattern(hh, ww, len(r.image))) for (hh, ww), r in zip(work.sizes, work.records)]
     warp, c = work.ops_plan.warp, 3
     coefficients = normalize.epilogue(c)[:2] if normalize else None
     packed = _warp_kernel.pack(ims, warp.out_sizes, _setup(warp, sizes_of(ims)), _fill_values(warp.fill, c),
@@ -606,6 +745,10 @@ if __name__ == "__main__":
         child_executor(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "masks":
         child_masks(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4] == "raw":
+        cases = RAW_CASES if sys.argv[3] == "rrc-flip-normalize" else ["fixed"]
+        for name in cases:
+            child_raw(sys.argv[1], os.path.join(sys.argv[2], name), sys.argv[3], name)
     elif sys.argv[4] == "crc":
         child_crc(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "records":

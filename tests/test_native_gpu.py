@@ -3,7 +3,8 @@
 EXIF-rotated, progressive JPEGs), on a RecordIO file and on each record format the engine reads (TFRecord, LMDB
 ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both, a DeepLab TFRecord set's
 masks (output="dict": the same keys, shapes, dtypes and mask values; the samples whose mask fails dropped by
-both); the output ring (a loop's
+both); raw tensor shards (one pixel shape and shapes that differ: the same batches exactly, the kernel's over the
+same pixels and plans; a sample whose CRC32C differs dropped by both with the same error); the output ring (a loop's
 batches never rewritten behind its stream, batches and views the user keeps never written again); read failures
 naming the file; shutdown."""
 
@@ -152,6 +153,46 @@ def test_deeplab_masks_give_the_python_engines_batches(tmp_path, chain):
     assert n == 6 and stats["engine"] == "native", stats["engine"]
     assert stats["native"]["fallbacks"]["mask"] == 4, stats["native"]
     assert failures[0] == failures[1] == sorted([src.name(7), src.name(10)]), failures
+
+
+RAW_CHAINS = [(chain, case) for chain in CHAINS for case in ("fixed", "ragged")] + [("flip-normalize", "fixed")]
+
+
+@pytest.mark.parametrize("chain, case", RAW_CHAINS)
+def test_raw_shards_give_the_python_engines_batches_exactly(tmp_path, chain, case):
+    """11 raw samples (one pixel shape: the Python stages' direct reads; or shapes that differ): both engines run
+    the same kernel on the same plans over the same pixels, so every batch is equal, bit for bit, over two epochs;
+    the native engine reads, uploads and warps them with no decoder and no fallback. Over one pixel shape a chain
+    whose output follows the image's size (Flip and Normalize) runs natively too."""
+    from ingest.formats.raw import RawSource
+    from test_native_emulated import raw_source
+    path, _ = raw_source(tmp_path / case, case)
+    ops = CHAINS.get(chain) or [Flip(p=0.5), Normalize(MEAN, STD)]
+    a, b = pair(RawSource(path), ops, batch_size=4, shuffle=True, seed=6, last_batch="partial")
+    n = 0
+    with a, b:
+        for _ in range(2):
+            for (xa, ya), (xb, yb) in zip(a, b):
+                assert xa.is_cuda and xa.shape == xb.shape and xa.dtype == xb.dtype
+                assert torch.equal(ya, yb) and torch.equal(xa, xb), (chain, case, n)
+                n += 1
+        stats = a.stats()
+    assert n == 6 and stats["engine"] == "native" and stats["native"]["fallbacks"] == {}, stats
+    assert set(stats["decode_paths"]) == {"none (raw, native)"}, stats["decode_paths"]
+
+
+def test_a_raw_sample_whose_crc_fails_is_dropped_by_both_engines(tmp_path):
+    from ingest.formats.raw import RawSource
+    from test_native_emulated import raw_source
+    path, bad = raw_source(tmp_path, "ragged-crc")
+    ops = CHAINS["rrc-flip-normalize"]
+    a, b = pair(RawSource(path, check="crc"), ops, batch_size=4, shuffle=False, max_failures=1)
+    with a, b:
+        for (xa, ya), (xb, yb) in zip(a, b):
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+        failed = [[(f[0], f[2]) for f in x.stats()["failures"]] for x in (a, b)]
+    assert failed[0] == failed[1] and [f[0] for f in failed[0]] == [RawSource(path).name(bad)], failed
+    assert "field 'image': CRC32C" in failed[0][0][1], failed
 
 
 def test_a_tfrecord_record_whose_crc_fails_is_dropped_by_both_engines(tmp_path):

@@ -1,6 +1,8 @@
 """Raw shards read straight into CUDA memory: KvikIO's path and the posix fallback (preadv into pinned memory +
 one copy) give the bytes that were written, for dense and padded layouts, shuffled and repeated indices,
-reads split into chunks, staged reads with uneven strides, and buffers with GPU work still queued on them."""
+reads split into chunks, staged reads with uneven strides, and buffers with GPU work still queued on them; the
+Python stages' direct reads (these tests pin ``engine="python"``: tests/test_native_gpu.py covers raw shards on the
+native engine)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda, textured
+from ingest import defaults
 from ingest.formats import Field, Record
 from ingest.formats.raw import RawSource, RawWriter
 from ingest.io import READ_CHUNK, ByteReader
@@ -204,7 +207,9 @@ def test_raw_loader_reuses_its_batch_tensors_and_matches_the_cpu_loader(tmp_path
     ops = [RandomResizedCrop(24), Flip(), Normalize([120.0] * 3, [60.0] * 3)]
     kw = dict(batch_size=10, ops=ops, shuffle=True, seed=3, num_workers=0, last_batch="partial")
     root = str(tmp_path / "raw")
-    gpu, cpu = ingest.Loader(root, device="cuda", **kw), ingest.Loader(root, device="cpu", **kw)
+    with defaults.set(engine="python"):   # (the Python stages' direct reads are what is tested)
+        gpu, cpu = ingest.Loader(root, device="cuda", **kw), ingest.Loader(root, device="cpu", **kw)
+    assert gpu.engine == "python"
     sizes = []
     try:
         for _ in range(3):
@@ -257,7 +262,8 @@ def test_ops_stage_marks_the_outputs_for_the_training_loops_stream(tmp_path, mon
         calls.append((threading.current_thread().name, stream.cuda_stream))
         return real(self, stream)
     monkeypatch.setattr(torch.Tensor, "record_stream", spy)
-    loader = ingest.Loader(str(tmp_path / "raw"), batch_size=4, device="cuda", num_workers=0)
+    with defaults.set(engine="python"):   # (the ops stage is what is tested)
+        loader = ingest.Loader(str(tmp_path / "raw"), batch_size=4, device="cuda", num_workers=0)
     try:
         it = iter(loader)
         main = torch.cuda.current_stream().cuda_stream

@@ -5,17 +5,19 @@
  *                      a pinned host arena, reads them with preadv on the read team (preadv.h), parses each record
  *                      (WHOLE: the range is the image; RECORDIO: the IRHeader; TFRECORD: the framing and the
  *                      tf.train.Example's image and label features, example_scan.h; CAFFE_DATUM: an encoded Datum's
- *                      data and label fields; FRAMED: our LMDB layout's record of an image and a label), scans the
- *                      JPEG header (jpeg_scan.h), plans the op chain (plan.h: draws, regions to decode, output
- *                      sizes) and, for a TFRecord table with a mask key, decodes the batch's PNG masks on the read
- *                      team into a pinned mask arena (png_decode.h)
+ *                      data and label fields; FRAMED: our LMDB layout's record of an image and a label; PIXELS: a
+ *                      raw shard's decoded uint8 [H, W, 3] pixels, of the table's `hw`: nothing to parse or
+ *                      scan), scans the JPEG header (jpeg_scan.h), plans the op chain (plan.h: draws, regions to
+ *                      decode, output sizes) and, for a TFRecord table with a mask key, decodes the batch's PNG
+ *                      masks on the read team into a pinned mask arena (png_decode.h)
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
- *                      (one thread per nvImageCodec decoder, nvloop.h), then takes a free output slot, packs the
- *                      warp kernel's arguments (plan.h), uploads them and the labels from pinned memory, launches
- *                      the fused warp + normalize kernel into the slot's output (and, with masks, uploads them and
- *                      launches the nearest warp on them with the same plans into the slot's mask output) and
- *                      queues a host function behind it that puts the batch on the ready queue once the GPU has run
- *                      it (cuLaunchHostFunc)
+ *                      (one thread per nvImageCodec decoder, nvloop.h; PIXELS: copies the read arena to a device
+ *                      arena in one copy instead, each sample's pixels then read where they landed), then takes a
+ *                      free output slot, packs the warp kernel's arguments (plan.h), uploads them and the labels
+ *                      from pinned memory, launches the fused warp + normalize kernel into the slot's output (and,
+ *                      with masks, uploads them and launches the nearest warp on them with the same plans into the
+ *                      slot's mask output) and queues a host function behind it that puts the batch on the ready
+ *                      queue once the GPU has run it (cuLaunchHostFunc)
  *   Python (next)      takes a finished batch (waiting for one with the GIL released when none is ready) and
  *                      returns (kind, slot, epoch, number, rows, notes); it makes no CUDA call, so the training
  *                      thread never holds the GIL while the driver's locks are contended by the engine's threads
@@ -52,9 +54,10 @@
  * last kernel that read it.
  *
  * libcuda is dlopen'ed at run time; nvImageCodec's function addresses, handles and struct layouts and the warp
- * kernel's CUfunction handles come from Python (ingest/native.py), so this builds with a C compiler and Python's
- * headers alone. A forked child cannot use an engine of its parent's (its threads did not fork): every method
- * raises there, and the child's copy is dropped without touching its locks.
+ * kernel's CUfunction handles come from Python (ingest/native.py; a PIXELS table's `gpu` is the device and the
+ * kernels alone), so this builds with a C compiler and Python's headers alone. A forked child cannot use an engine
+ * of its parent's (its threads did not fork): every method raises there, and the child's copy is dropped without
+ * touching its locks.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -83,7 +86,8 @@
 #include "png_decode.h"
 #include "preadv.h"
 
-enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, FMT_FRAMED = 4, FMT_COUNT };
+enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, FMT_FRAMED = 4, FMT_PIXELS = 5,
+       FMT_COUNT };
 enum { ST_OK = 0, ST_FAILED = 1, ST_FALLBACK = 2 };
 enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3 };
 /* why a sample falls back */
@@ -268,6 +272,7 @@ struct Engine {
     char **paths;
     char *path_block;
     int64_t *files, *offsets, *sizes, *labels;
+    int64_t *pixel_hw;    /* PIXELS: each sample's height and width (its range holds uint8 [H, W, 3], dense) */
     uint32_t *crcs;       /* each record's CRC32C, checked as read (NULL: none) */
     uint8_t *python;      /* 1 where the table leaves a sample to Python (NULL: none) */
     ex_request keys;      /* TFRECORD: the image key ('b') and, where given, the label key ('i') */
@@ -866,6 +871,15 @@ static int prepare_batch(Engine *e, Job *j) {
         const unsigned char *p = j->host + j->off[k];
         j->mask[2 * k] = 0;
         j->mask[2 * k + 1] = -1;
+        if (e->format == FMT_PIXELS) { /* decoded pixels: the table's size, no header to scan */
+            int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
+            memset(row, 0, ING_JPEG_COLUMNS * sizeof(int64_t));
+            row[1] = j->hw[2 * k] = e->pixel_hw[2 * i];
+            row[2] = j->hw[2 * k + 1] = e->pixel_hw[2 * i + 1];
+            j->img[2 * k] = j->off[k];
+            j->img[2 * k + 1] = j->got[k];
+            continue;
+        }
         if (e->format != FMT_WHOLE) {
             int64_t own = -1, mask[2] = {0, -1};
             if (!record_image(e, p, j->got[k], &start, &stop, &own, mask)) {
@@ -1076,37 +1090,9 @@ static void decode_fn(Engine *e, int id) {
 
 static void put_ptr(char *base, ptrdiff_t off, const void *value) { memcpy(base + off, &value, sizeof value); }
 
-/* Decodes the batch's GPU samples (their regions: decode_gpu.clip_regions) into a device arena; refused ones
- * fall back. Fills g_pos/g_reg/g_org/g_dec/g_aoff for the kernel. Returns the count of the GPU list, or -1. */
-static int64_t decode_batch(Engine *e, Job *j) {
-    int64_t m = 0;
-    size_t need = 0;
-    for (int64_t k = 0; k < j->n; ++k) {
-        if (j->state[k] != ST_OK)
-            continue;
-        const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k, *r = j->plan[k].region;
-        int64_t h = row[1], w = row[2];
-        int64_t x0 = r[0] > 0 ? r[0] : 0, y0 = r[1] > 0 ? r[1] : 0, x1 = r[2] < w ? r[2] : w, y1 = r[3] < h ? r[3] : h;
-        int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h;
-        int keep = e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0];
-        int64_t *g = e->g_reg + 4 * m;
-        if (keep) {
-            g[0] = x0, g[1] = y0, g[2] = x1, g[3] = y1;
-            e->g_org[2 * m] = x0, e->g_org[2 * m + 1] = y0;
-            e->g_dec[2 * m] = y1 - y0, e->g_dec[2 * m + 1] = x1 - x0;
-        } else {
-            g[0] = g[1] = g[2] = g[3] = 0;
-            e->g_org[2 * m] = e->g_org[2 * m + 1] = 0;
-            e->g_dec[2 * m] = h, e->g_dec[2 * m + 1] = w;
-        }
-        e->g_pos[m] = k;
-        e->g_aoff[m] = (int64_t)need;
-        size_t bytes = (size_t)(e->g_dec[2 * m] * e->g_dec[2 * m + 1] * 3);
-        need += (bytes + ALIGN - 1) / ALIGN * ALIGN;
-        ++m;
-    }
-    if (m == 0)
-        return 0;
+/* The next device arena for job j, of at least `need` bytes, once the kernel that last read it has run; -1 (the
+ * engine stopped) where it cannot be had. */
+static int take_arena(Engine *e, Job *j, size_t need) {
     int a = (int)(e->batches_decoded++ % ARENAS);
     j->arena = a;
     if (e->arena_used[a] && !cuok(e, cu.EventSynchronize(e->arena_ev[a]), "cuEventSynchronize"))
@@ -1124,7 +1110,55 @@ static int64_t decode_batch(Engine *e, Job *j) {
         e->arena_cap[a] = size;
         e->st_arena_allocs++;
     }
-    /* np.array_split's shares: the first m % ndec decoders take one more */
+    return a;
+}
+
+/* Decodes the batch's GPU samples (their regions: decode_gpu.clip_regions) into a device arena; refused ones
+ * fall back. A PIXELS batch decodes nothing: its read arena, where each sample's pixels lie dense at its offset, is
+ * copied whole to the device arena in one copy (bytes of samples that failed or fell back ride along: one copy
+ * costs less than a copy per sample), each sample's pixels then read by the kernel where they landed, whole. Fills
+ * g_pos/g_reg/g_org/g_dec/g_aoff for the kernel. Returns the count of the GPU list, or -1. */
+static int64_t decode_batch(Engine *e, Job *j) {
+    int64_t m = 0;
+    size_t need = 0;
+    int pixels = e->format == FMT_PIXELS;
+    for (int64_t k = 0; k < j->n; ++k) {
+        if (j->state[k] != ST_OK)
+            continue;
+        const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k, *r = j->plan[k].region;
+        int64_t h = row[1], w = row[2];
+        int64_t x0 = r[0] > 0 ? r[0] : 0, y0 = r[1] > 0 ? r[1] : 0, x1 = r[2] < w ? r[2] : w, y1 = r[3] < h ? r[3] : h;
+        int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h;
+        int keep = !pixels && e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0];
+        int64_t *g = e->g_reg + 4 * m;
+        if (keep) {
+            g[0] = x0, g[1] = y0, g[2] = x1, g[3] = y1;
+            e->g_org[2 * m] = x0, e->g_org[2 * m + 1] = y0;
+            e->g_dec[2 * m] = y1 - y0, e->g_dec[2 * m + 1] = x1 - x0;
+        } else {
+            g[0] = g[1] = g[2] = g[3] = 0;
+            e->g_org[2 * m] = e->g_org[2 * m + 1] = 0;
+            e->g_dec[2 * m] = h, e->g_dec[2 * m + 1] = w;
+        }
+        e->g_pos[m] = k;
+        size_t bytes = (size_t)(e->g_dec[2 * m] * e->g_dec[2 * m + 1] * 3);
+        if (pixels) { /* where the read arena holds it */
+            e->g_aoff[m] = j->img[2 * k];
+            need = (size_t)j->img[2 * k] + bytes > need ? (size_t)j->img[2 * k] + bytes : need;
+        } else {
+            e->g_aoff[m] = (int64_t)need;
+            need += (bytes + ALIGN - 1) / ALIGN * ALIGN;
+        }
+        ++m;
+    }
+    if (m == 0)
+        return 0;
+    int a = take_arena(e, j, need);
+    if (a < 0)
+        return -1;
+    if (pixels && !cuok(e, cu.MemcpyHtoDAsync(e->arena[a], j->host, need, e->stream), "cuMemcpyHtoDAsync (pixels)"))
+        return -1;
+    /* np.array_split's shares: the first m % ndec decoders take one more (PIXELS: no decoders) */
     int64_t first = 0;
     for (int d = 0; d < e->ndec; ++d) {
         Decoder *dc = &e->dec[d];
@@ -1147,7 +1181,8 @@ static int64_t decode_batch(Engine *e, Job *j) {
         }
         first += dc->count;
     }
-    team_run(&e->decoders, decode_fn);
+    if (!pixels)
+        team_run(&e->decoders, decode_fn);
     for (int d = 0; d < e->ndec; ++d) {
         Decoder *dc = &e->dec[d];
         for (int64_t i = 0; i < dc->count; ++i) {
@@ -1268,7 +1303,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
                 int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h;
                 d[D_H] = h, d[D_W] = w;
                 memcpy(d + D_RX0, r, 4 * sizeof(int64_t));
-                if (e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0])
+                if (e->format != FMT_PIXELS && e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0])
                     d[D_DX0] = x0, d[D_DY0] = y0, d[D_DX1] = x1, d[D_DY1] = y1;
                 d[D_OH] = s->out_hw[0], d[D_OW] = s->out_hw[1];
             }
@@ -1303,7 +1338,9 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
             int32_t grid[3];
             ing_plan_out plan = {.sample = e->p_plan, .params = NULL, .interpolation = j->interpolation,
                                  .antialias = j->antialias};
-            int st = ing_pack(&e->chain, m2, &plan, e->p_org, e->p_dec, e->p_src, NULL, ip, fp, grid);
+            /* (pixels: whole images at their planned size, as the Python stages' warp takes them: no origins) */
+            int st = ing_pack(&e->chain, m2, &plan, e->format == FMT_PIXELS ? NULL : e->p_org, e->p_dec, e->p_src,
+                              NULL, ip, fp, grid);
             if (st != ING_OK) {
                 fail(e, "the native planner could not pack batch %lld of epoch %lld: %s", (long long)j->number,
                      (long long)j->epoch, ing_strerror(st));
@@ -1524,6 +1561,8 @@ static void engine_free(Engine *e) {
     free(e->files);
     free(e->crcs);
     free(e->python);
+    free(e->pixel_hw);
+    e->pixel_hw = NULL;
     free(e->key_block);
     e->python = NULL;
     e->key_block = NULL;
@@ -1693,8 +1732,67 @@ static int alloc_job(Engine *e, Job *j) {
 }
 
 
+/* The device's primary context (torch's), a stream of the engine's own, events, argument buffers; 0 on success,
+ * -1 with an exception set. */
+static int setup_cuda(Engine *e, int device) {
+    int64_t B = e->batch;
+    if (!cuok(e, cu.Init(0), "cuInit") || !cuok(e, cu.DeviceGet(&e->dev, device), "cuDeviceGet") ||
+        !cuok(e, cu.PrimaryRetain(&e->ctx, e->dev), "cuDevicePrimaryCtxRetain")) {
+        PyErr_SetString(PyExc_RuntimeError, e->error);
+        return -1;
+    }
+    e->gpu = 1;
+    cu.CtxPush(e->ctx);
+    int ok = cuok(e, cu.StreamCreate(&e->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    for (int a = 0; ok && a < ARENAS; ++a)
+        ok = cuok(e, cu.EventCreate(&e->arena_ev[a], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    for (int k = 0; ok && k < JOBS; ++k)
+        ok = cuok(e, cu.EventCreate(&e->jobs[k].done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    /* pinned per slot: labels, the image kernel's arguments, the mask kernel's */
+    size_t host_bytes = (size_t)B * 8 + 2 * (size_t)(32 * B + 16) * 8;
+    for (int64_t s = 0; ok && s < e->nslots; ++s) {
+        ok = cuok(e, cu.EventCreate(&e->slot_ready[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate") &&
+             cuok(e, cu.EventCreate(&e->slot_free[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate") &&
+             cuok(e, cu.MemAlloc(&e->slot_args[s], 2 * (size_t)(32 * B + 16) * 8), "cuMemAlloc (kernel arguments)") &&
+             cuok(e, cu.MemHostAlloc((void **)&e->slot_host[s], host_bytes, 0), "cuMemHostAlloc");
+    }
+    CUcontext popped;
+    cu.CtxPop(&popped);
+    if (!ok) {
+        PyErr_SetString(PyExc_RuntimeError, e->error);
+        return -1;
+    }
+    return 0;
+}
+
+/* A PIXELS table's `gpu` tuple: (device, the 3 kernels). Nothing is decoded, so no nvImageCodec. */
+static int setup_pixels_gpu(Engine *e, PyObject *gpu) {
+    int device;
+    PyObject *kernels;
+    if (!PyArg_ParseTuple(gpu, "iO:gpu", &device, &kernels))
+        return -1;
+    if (!PyTuple_Check(kernels) || PyTuple_GET_SIZE(kernels) != 3) {
+        PyErr_SetString(PyExc_TypeError, "gpu: expected (device, 3 kernels) for a pixels table");
+        return -1;
+    }
+    for (int k = 0; k < 3; ++k)
+        if ((e->kernels[k] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(kernels, k))) == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "gpu: a null address");
+            return -1;
+        }
+    const char *why = load_cuda();
+    if (why != NULL) {
+        PyErr_SetString(PyExc_ImportError, why);
+        return -1;
+    }
+    return setup_cuda(e, device);
+}
+
 /* The GPU part of the constructor (the `gpu` tuple); 0 on success, -1 with an exception set. */
 static int setup_gpu(Engine *e, PyObject *gpu) {
+    if (e->format == FMT_PIXELS)
+        return setup_pixels_gpu(e, gpu);
     int device;
     PyObject *fns, *destroys, *decoders, *kernels;
     unsigned long long instance, params;
@@ -1782,33 +1880,7 @@ static int setup_gpu(Engine *e, PyObject *gpu) {
         }
         memcpy(dc->slots.probe, probe_t.buf, (size_t)e->probe_size);
     }
-    /* the device's primary context (torch's), a stream of the engine's own, events, argument buffers */
-    if (!cuok(e, cu.Init(0), "cuInit") || !cuok(e, cu.DeviceGet(&e->dev, device), "cuDeviceGet") ||
-        !cuok(e, cu.PrimaryRetain(&e->ctx, e->dev), "cuDevicePrimaryCtxRetain"))
-        goto cuda_failed;
-    e->gpu = 1;
-    cu.CtxPush(e->ctx);
-    int ok = cuok(e, cu.StreamCreate(&e->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    for (int a = 0; ok && a < ARENAS; ++a)
-        ok = cuok(e, cu.EventCreate(&e->arena_ev[a], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-    for (int k = 0; ok && k < JOBS; ++k)
-        ok = cuok(e, cu.EventCreate(&e->jobs[k].done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-    /* pinned per slot: labels, the image kernel's arguments, the mask kernel's */
-    size_t host_bytes = (size_t)B * 8 + 2 * (size_t)(32 * B + 16) * 8;
-    for (int64_t s = 0; ok && s < e->nslots; ++s) {
-        ok = cuok(e, cu.EventCreate(&e->slot_ready[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate") &&
-             cuok(e, cu.EventCreate(&e->slot_free[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate") &&
-             cuok(e, cu.MemAlloc(&e->slot_args[s], 2 * (size_t)(32 * B + 16) * 8), "cuMemAlloc (kernel arguments)") &&
-             cuok(e, cu.MemHostAlloc((void **)&e->slot_host[s], host_bytes, 0), "cuMemHostAlloc");
-    }
-    CUcontext popped;
-    cu.CtxPop(&popped);
-    if (!ok)
-        goto cuda_failed;
-    result = 0;
-    goto done;
-cuda_failed:
-    PyErr_SetString(PyExc_RuntimeError, e->error);
+    result = setup_cuda(e, device);
     goto done;
 bad_address:
     if (!PyErr_Occurred())
@@ -1880,9 +1952,9 @@ static int set_keys(Engine *e, PyObject *keys, PyObject *mask_key) {
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"paths", "files", "offsets", "sizes", "labels", "format", "desc", "seed", "batch_size",
                              "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", "crcs", "keys",
-                             "record_crc", "python", "mask_key", "mask_fill", NULL};
+                             "record_crc", "python", "mask_key", "mask_fill", "hw", NULL};
     PyObject *paths, *files, *offsets, *sizes, *labels, *desc_obj, *gpu = Py_None, *crcs = Py_None, *keys = Py_None,
-             *python = Py_None, *mask_key = Py_None;
+             *python = Py_None, *mask_key = Py_None, *hw = Py_None;
     int format, regions, nice = 0, record_crc = 0, mask_fill = 255;
     unsigned long long seed;
     Py_ssize_t batch, slots, threads;
@@ -1891,13 +1963,17 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "an Engine is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiOOpOOi:Engine", kwlist, &paths, &files,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiOOpOOiO:Engine", kwlist, &paths, &files,
                                      &offsets, &sizes, &labels, &format, &desc_obj, &seed, &batch, &slots, &threads,
                                      &max_pixels, &regions, &gpu, &nice, &crcs, &keys, &record_crc, &python,
-                                     &mask_key, &mask_fill))
+                                     &mask_key, &mask_fill, &hw))
         return -1;
     if ((mask_key != Py_None && format != FMT_TFRECORD) || mask_fill < 0 || mask_fill > 255) {
         PyErr_SetString(PyExc_ValueError, "Engine: a mask key is for a TFRecord table, its fill 0..255");
+        return -1;
+    }
+    if ((hw != Py_None) != (format == FMT_PIXELS)) {
+        PyErr_SetString(PyExc_ValueError, "Engine: a pixels table, and only one, gives each sample's height and width");
         return -1;
     }
     if (mask_key != Py_None) {
@@ -2001,6 +2077,21 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         memcpy(e->python, v.buf, (size_t)n);
         PyBuffer_Release(&v);
     }
+    if (hw != Py_None) {
+        if ((e->pixel_hw = copy_int64s(hw, 2 * n, NULL, "hw")) == NULL)
+            goto fail;
+        for (int64_t i = 0; i < n; ++i) { /* (a sample the table leaves to Python may be anything) */
+            int64_t h = e->pixel_hw[2 * i], w = e->pixel_hw[2 * i + 1];
+            if ((e->python == NULL || !e->python[i]) &&
+                (h < 1 || w < 1 || h > INT32_MAX || w > INT32_MAX || e->sizes[i] / 3 / h != w ||
+                 e->sizes[i] != h * w * 3)) {
+                PyErr_Format(PyExc_ValueError, "sample %lld: %lld bytes do not hold %lld x %lld x 3 pixels",
+                             (long long)i, (long long)e->sizes[i], (long long)e->pixel_hw[2 * i],
+                             (long long)e->pixel_hw[2 * i + 1]);
+                goto fail;
+            }
+        }
+    }
     for (int64_t i = 0; i < n; ++i)
         if (e->files[i] < 0 || e->files[i] >= e->nfiles || e->offsets[i] < 0) {
             PyErr_Format(PyExc_ValueError, "sample %lld: file %lld or offset %lld out of range", (long long)i,
@@ -2051,9 +2142,17 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "desc: %s", ing_strerror(st));
         goto fail;
     }
-    /* the chain's fixed output size: plan one 64 x 64 and one 480 x 640 sample (the Python side checked it) */
+    /* the chain's fixed output size: plan one 64 x 64 and one 480 x 640 sample (the Python side checked it); a
+     * PIXELS table's first sample's size twice (raw shards of one pixel shape: a chain whose output follows the
+     * image's gives one size; a row planned to another falls back, WHY_PLAN) */
     {
         int64_t idx[2] = {0, 1}, hw[4] = {64, 64, 480, 640};
+        for (int64_t i = 0; e->pixel_hw != NULL && i < n; ++i)
+            if (e->python == NULL || !e->python[i]) {
+                hw[0] = hw[2] = e->pixel_hw[2 * i];
+                hw[1] = hw[3] = e->pixel_hw[2 * i + 1];
+                break;
+            }
         ing_sample two[2];
         ing_plan_out out = {.sample = two, .params = NULL};
         if ((st = ing_plan(&e->chain, 2, idx, 0, hw, &out)) != ING_OK) {

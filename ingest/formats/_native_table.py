@@ -18,11 +18,13 @@ import numpy as np
 #:   table has a ``mask``) the one bytes value of its key; with ``record_crc`` the record's own masked CRC32Cs
 #:   (length, data) are checked;
 #: - "caffe_datum": an encoded Caffe ``Datum``: the image is its ``data`` (field 4), the label its ``label`` (5);
-#: - "framed": our LMDB layout's record of an image and an int label (`ingest.formats._framed`).
+#: - "framed": our LMDB layout's record of an image and an int label (`ingest.formats._framed`);
+#: - "pixels": the range is the image already decoded, uint8 ``[H, W, 3]`` dense (a raw shard's), of the table's
+#:   ``hw``: nothing is parsed or decoded, and the kernel reads the pixels where they land.
 #:
 #: A record the engine's parse does not take (anything but the plain encoding) keeps its row, filled by the
 #: Python reader, which reads it or names its problem.
-KINDS = ("whole", "recordio", "tfrecord", "caffe_datum", "framed")
+KINDS = ("whole", "recordio", "tfrecord", "caffe_datum", "framed", "pixels")
 
 
 class NotNative(Exception):
@@ -40,7 +42,8 @@ class NativeTable:
     the index): the engine does not read it and leaves its row to the Python pipeline (None: none);
     ``index_names(i)`` how the reader's errors name sample i (their ``index``; None: i itself); ``mask`` a "tfrecord"
     table's mask field, (field name, feature key), which the engine decodes and warps beside the image where the
-    consumer takes the fields (None: no mask)."""
+    consumer takes the fields (None: no mask); ``hw`` a "pixels" table's ``[n, 2]`` heights and widths, and only
+    its (each range then holds exactly ``h * w * 3`` bytes)."""
 
     paths: Sequence[str]
     files: np.ndarray     # int64
@@ -54,6 +57,7 @@ class NativeTable:
     python: np.ndarray | None = None   # uint8
     index_names: Callable[[int], Any] | None = None
     mask: tuple[str, bytes] | None = None
+    hw: np.ndarray | None = None   # int64 [n, 2]
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -65,5 +69,8 @@ class NativeTable:
         if (self.kind == "tfrecord") != bool(self.keys) or len(self.keys) > 2:
             raise ValueError("a 'tfrecord' table, and only one, names its image key and, where read, its label key "
                              f"(got keys {self.keys!r} for kind {self.kind!r})")
+        if (self.kind == "pixels") != (self.hw is not None) or (self.hw is not None and self.hw.shape != (n, 2)):
+            raise ValueError(f"a 'pixels' table, and only one, gives each sample's height and width as [n, 2] "
+                             f"(got {None if self.hw is None else self.hw.shape} for kind {self.kind!r})")
         if self.mask is not None and self.kind != "tfrecord":
             raise ValueError(f"only a 'tfrecord' table carries a mask (got one for kind {self.kind!r})")

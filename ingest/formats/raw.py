@@ -65,6 +65,7 @@ from .._atomic import atomic_write
 from .._numpy import take
 from ..errors import ConfigError, CorruptRecordError, SourceError
 from . import RAW_INDEX, checks
+from ._native_table import NativeTable, NotNative
 from ._raw_index import (COLUMNS, DATA_SUFFIX, DEFAULT_ALIGN, DTYPES, FIELD_ALIGN, FORMAT, INDEX_SUFFIX, STORED,
                          VERSION, Shard, encode_array, shard_indexes)
 from .base import DEFAULT_FIELDS, Field, Location, Record, check_index, check_indices
@@ -433,6 +434,36 @@ class RawSource:
 
     def labels(self) -> np.ndarray:
         return self._labels
+
+    def native_table(self) -> NativeTable:
+        """Every sample's ``image`` pixels for the native engine (kind "pixels"): their byte range, height and
+        width, the label from the index and, where fields are checked (``check``), the field's CRC32C, which the
+        engine checks over the bytes it reads as `parse` does. A sample of no pixels (a side of 0) is left to
+        the Python reader. Raises `NotNative` where the engine cannot take the pixels: no ``image`` field of
+        pixels, a dtype other than uint8, or a channel count other than 3 (the native kernel's output is RGB)."""
+        image = self.fields.get("image")
+        if image is None or image.kind != "pixels":
+            raise NotNative("its shards hold no 'image' field of pixels")
+        if self._dtypes["image"] != "uint8":
+            raise NotNative(f"its pixels are {self._dtypes['image']}, and the native engine takes uint8 pixels")
+        n = self._count
+        shapes = self._shapes["image"]
+        shapes = np.broadcast_to(np.asarray(shapes, np.int64), (n, 3)) if isinstance(shapes, tuple) else shapes
+        if n and shapes.shape[1] != 3:
+            raise NotNative(f"its pixels have {shapes.shape[1]} dims, not [H, W, C]")
+        channels = np.unique(shapes[:, 2]) if n else np.zeros(0, np.int64)
+        if len(channels) and (channels != 3).any():
+            odd = int(channels[channels != 3][0])
+            raise NotNative(f"its pixels have {odd} channel{'s' if odd != 1 else ''}, and the native engine takes 3 "
+                            "(RGB)")
+        hw = np.ascontiguousarray(shapes[:, :2], np.int64)
+        empty = (hw <= 0).any(axis=1)
+        nbytes = self._nbytes["image"]
+        sizes = np.full(n, nbytes, np.int64) if isinstance(nbytes, int) else np.asarray(nbytes, np.int64)
+        crcs = None if self._crcs is None else self._crcs["image"].astype(np.uint32)
+        return NativeTable(self.paths, self._file.astype(np.int64), np.asarray(self._offsets["image"], np.int64),
+                           sizes, np.asarray(self._labels, np.int64), "pixels", crcs,
+                           python=empty.astype(np.uint8) if empty.any() else None, hw=hw)
 
     def name(self, i: int) -> str:
         i = check_index(i, self._count)
