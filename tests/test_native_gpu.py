@@ -3,7 +3,8 @@
 EXIF-rotated, progressive JPEGs), on a RecordIO file and on each record format the engine reads (TFRecord, LMDB
 ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both, a DeepLab TFRecord set's
 masks (output="dict": the same keys, shapes, dtypes and mask values; the samples whose mask fails dropped by
-both); the output ring (a loop's
+both), a COCO set's detection batches (boxes, their fields and counts exactly; ragged and batch-padded images); the
+output ring (a loop's
 batches never rewritten behind its stream, batches and views the user keeps never written again); read failures
 naming the file; shutdown."""
 
@@ -152,6 +153,40 @@ def test_deeplab_masks_give_the_python_engines_batches(tmp_path, chain):
     assert n == 6 and stats["engine"] == "native", stats["engine"]
     assert stats["native"]["fallbacks"]["mask"] == 4, stats["native"]
     assert failures[0] == failures[1] == sorted([src.name(7), src.name(10)]), failures
+
+
+@pytest.mark.parametrize("chain", ["iou-flip-resize-pad", "iou-flip-resize-padbatch", "resize-crop-pad"])
+def test_coco_detection_gives_the_python_engines_batches(tmp_path, chain):
+    """12 COCO images (a PNG among them, an image without boxes, one whose boxes the crop drops): the dicts of both
+    engines have the same keys in the same order, the same indices, boxes, categories, iscrowd, area, counts,
+    image ids and image sizes exactly (on the device), images of the same shapes within the decoders'
+    tolerance; per-image lists (ragged) or one padded tensor (a batch-wide PadTo)."""
+    from test_native_emulated import coco_source, detection_chains
+    src, _ = coco_source(tmp_path)
+    ops = detection_chains()[chain]
+    batchwide = chain.endswith("padbatch")
+    with defaults.set(hw_decoder_load=0):
+        a, b = pair(src, ops, batch_size=4, shuffle=True, seed=3, output="dict", ragged=not batchwide)
+        with a, b:
+            n = 0
+            for _ in range(2):
+                for da, db in zip(a, b):
+                    assert list(da) == list(db) and "boxes_lengths" in da
+                    for key in da:
+                        if key == "images":
+                            continue
+                        assert da[key].device == db[key].device and da[key].dtype == db[key].dtype, key
+                        assert torch.equal(da[key].cpu(), db[key].cpu()), (key, da[key], db[key])
+                    ia = [da["images"]] if batchwide else da["images"]
+                    ib = [db["images"]] if batchwide else db["images"]
+                    assert [x.shape for x in ia] == [x.shape for x in ib] and ia[0].is_cuda
+                    for x, y in zip(ia, ib):
+                        assert (x.double() - y.double()).abs().mean() < 1.5
+                    n += 1
+            stats = a.stats()
+    assert n == 6 and stats["engine"] == "native", stats["engine"]
+    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]
+    assert stats["native"]["python_ms_per_batch"] < 5, stats["native"]
 
 
 def test_a_tfrecord_record_whose_crc_fails_is_dropped_by_both_engines(tmp_path):

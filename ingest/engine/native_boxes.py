@@ -162,11 +162,12 @@ def detection_of(source, ops: Sequence, fill: Sequence[float]) -> tuple[Detectio
 
 
 def engine_arguments(det: Detection, channels: int) -> tuple:
-    """``Engine.set_detection``'s arguments."""
+    """``Engine.set_detection``'s arguments (its stride: a row's capacity, the rows' spacing in a ragged slot and the
+    largest output a sample may have)."""
     fields = [(values, values.dtype.itemsize, np.array([pad], values.dtype).tobytes()) for _, values, _, pad in
               det.per_box]
     return (det.boxes, det.starts, fields, [v for _, v in det.per_sample], FORMATS[det.box_format], det.relative,
-            det.declared, det.stride(channels), det.batchwide)
+            det.declared, det.row_capacity(channels), det.batchwide)
 
 
 class SlotViews:
