@@ -453,6 +453,7 @@ class NativeExecutor:
         slot = _Slot(out, labels, "NHWC", batch, targets=targets)
         slot.views = SlotViews(out, targets, host.numpy(), info)
         slot.staging = host
+        slot.alone = tuple(map(_references, slot.tensors))   # (the views' own references to the targets)
         if old is not None:
             slot.generation = old.generation + 1
             slot.indices, slot.pad = old.indices, old.pad

@@ -76,9 +76,12 @@ def test_what_it_refuses_is_named(coco, ops, options, says):
 
 
 def test_the_table_leaves_what_the_reader_must_check_to_python(tmp_path):
-    images = [(1, 20, 30), (2, 20, 30), (3, 20, 30), (4, 20, 30)]
+    images = [(1, 20, 30), (2, 20, 30), (3, 20, 30), (4, 20, 30), (5, 20, 30)]
     path = write_coco(tmp_path, [ann(1, 1, [1, 1, 5, 5]), ann(2, 4, [1, 1, 5, -5])], images=images)
     img = tmp_path / "img"
+    (img / "sub").mkdir()
+    os.replace(img / "000005.jpg", img / "sub" / "five.jpg")
+    os.symlink(img / "sub" / "five.jpg", img / "000005.jpg")   # a link inside the root: read where it leads
     os.remove(img / "000002.jpg")   # missing: the reader names it
     outside = tmp_path / "elsewhere.jpg"
     os.replace(img / "000003.jpg", outside)
@@ -87,7 +90,7 @@ def test_the_table_leaves_what_the_reader_must_check_to_python(tmp_path):
     table = src.native_table()
     assert table.kind == "whole" and (table.labels == -1).all()
     # image 4's annotation is invalid (negative height): its read raises, in Python
-    assert table.python.tolist() == [0, 1, 1, 1]
+    assert table.python.tolist() == [0, 1, 1, 1, 0] and table.paths[4] == str(img / "sub" / "five.jpg")
     assert table.sizes[0] == os.path.getsize(img / "000001.jpg") and table.paths[0] == str(img / "000001.jpg")
 
 

@@ -355,9 +355,9 @@ class CocoSource:
     # -- the native engine (`ingest.native`): the files as a table, the boxes and fields as arrays ------------
     def native_table(self) -> NativeTable:
         """Every image file as a "whole" table (labels -1). A sample the engine must leave to the Python reader is
-        marked in ``python``: one whose annotations are invalid, whose file the checks of `_image_file` refuse or
-        cannot settle from one ``lstat`` (a link, a name leaving the root, a missing file, a non-regular or too
-        large one: the reader names the problem). Raises `NotNative` for masks or polygons (the engine moves boxes
+        marked in ``python``: one whose annotations are invalid or whose file the checks of `_image_file` refuse
+        (a name leaving the root, a link leading outside it, a missing file, a non-regular or too large one: the
+        reader names the problem); a link inside the root is read where it leads. Raises `NotNative` for masks or polygons (the engine moves boxes
         only) and for relative boxes without ``check_sizes`` (they scale by the probed size)."""
         if self.masks is not None:
             raise NotNative(f"masks={self.masks!r}: the engine moves boxes and their fields, not masks or polygons")
@@ -377,13 +377,16 @@ class CocoSource:
             try:
                 os.fsencode(path)
                 st = os.lstat(path)
+                real = self._real_dir(os.path.dirname(path)).rstrip(os.sep) + os.sep
+                if stat.S_ISLNK(st.st_mode):   # read where it leads, checked as the reader checks it
+                    paths[i] = os.path.realpath(path)
+                    st, real = os.stat(paths[i]), paths[i]
             except (OSError, UnicodeEncodeError):
                 python[i] = 1
                 continue
-            inside = self.allow_outside_root or self._real_dir(os.path.dirname(path)).rstrip(os.sep) + os.sep \
-                == root or self._real_dir(os.path.dirname(path)).startswith(root)
+            inside = self.allow_outside_root or real.startswith(root)
             if not stat.S_ISREG(st.st_mode) or st.st_size > self.max_bytes or not inside:
-                python[i] = 1   # (a link is not S_ISREG under lstat: the reader resolves and checks it)
+                python[i] = 1
                 continue
             sizes[i] = st.st_size
         safe = [p if not python[i] else os.devnull for i, p in enumerate(paths)]   # (not read: left to Python)
