@@ -49,6 +49,12 @@ Rules:
   tensor, handed out as the batch's field under its name; a mask the engine leaves to Python (fallback "mask")
   has its row filled, or its sample failed, by the Python pipeline as above; a 16-bit one there is a
   `DecodeError` (the slot's masks are uint8).
+- **Detection**: a source with ``native_boxes()`` (COCO) and a bounded detection chain (`ingest.engine.native_boxes`)
+  hands the engine its boxes and fields once; each batch comes with every sample at its own output size (a list
+  of views of the slot's rows, or one tensor with a batch-wide PadTo) and its targets padded as the Python engine
+  collates them (boxes in the asked format, per-box fields, ``<field>_lengths`` and ``image_sizes`` on the host,
+  the rest on the device), views of the slot's buffers, the slot given back once all are dropped. A batch with
+  fallback rows gets them, boxes and fields included, from the Python pipeline, merged into new tensors.
 - **Epochs**: the engine runs on into the next epoch, as the Python executor does; each epoch's indices and batch
   bounds are made once from the sampler's plans and handed over as arrays, one epoch ahead.
 """
@@ -76,6 +82,7 @@ from .ops import planner
 from .ops.affine import same_fill
 from .ops.geometry import CenterCrop, Flip, RandomResizedCrop, Resize
 from .engine import Batch, EpochEnd, Failures, Pipeline
+from .engine.collate import stays_on_host
 from .sampler import BatchPlan, Sampler
 
 try:
@@ -319,7 +326,8 @@ class _Slot:
                  masks: torch.Tensor | None = None, targets: torch.Tensor | None = None):
         self.out, self.labels, self.masks = out, labels, masks
         self.targets = targets   # detection: the device targets (engine.native_boxes.SlotViews)
-        self.views = self.staging = None
+        self.views = None
+        self.staging = None   # detection: the pinned host staging of the targets (its counts and sizes handed out)
         self.shown = out.permute(0, 3, 1, 2) if layout is None else out
         self.address = out.data_ptr()
         self.watching: tuple = ()
@@ -331,7 +339,7 @@ class _Slot:
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
         if self.targets is not None:
-            return self.out, self.labels, self.targets
+            return (self.out, self.labels, self.targets) + ((self.staging,) if self.staging is not None else ())
         return (self.out, self.labels) if self.masks is None else (self.out, self.labels, self.masks)
 
     def held(self, dying: int) -> bool:
@@ -451,7 +459,7 @@ class NativeExecutor:
         self.outputs_made += 1
         old = self._slots[k]
         slot = _Slot(out, labels, "NHWC", batch, targets=targets)
-        slot.views = SlotViews(out, targets, host.numpy(), info)
+        slot.views = SlotViews(out, targets, host, info)
         slot.staging = host
         slot.alone = tuple(map(_references, slot.tensors))   # (the views' own references to the targets)
         if old is not None:
@@ -603,7 +611,9 @@ class NativeExecutor:
             indices = is_pad = _NONE
         if kept is None:
             handed = [*(images if isinstance(images, list) else [images]), labels, *fields.values()]
-            storage = [0] * (len(handed) - 1 - len(fields)) + [1] + [2] * len(fields)
+            # (which of the slot's tensors each views: the rows, the labels, the targets, the host staging)
+            storage = [0] * (len(handed) - 1 - len(fields)) + [1] + [3 if stays_on_host(name) else 2
+                                                                       for name in fields]
             self._watch(k, *handed, storage=storage)
         else:   # new tensors: the slot is free once the copies queued so far have run
             self._give_back(k)

@@ -31,7 +31,7 @@ from ..formats.boxes import box_format as check_box_format
 from ..ops.boxes import BoxBatch, to_ltrb
 from ..ops.detection import PadTo, RandomIoUCrop, ZoomOut
 from ..ops.geometry import CenterCrop, Flip, RandomResizedCrop, Resize
-from .collate import PAD
+from .collate import PAD, stays_on_host
 
 #: The engine's info array: int64s before the rows (engine_det.h DET_HEAD), columns per row.
 HEAD, COLUMNS = 32, 5
@@ -171,15 +171,18 @@ def engine_arguments(det: Detection, channels: int) -> tuple:
 
 
 class SlotViews:
-    """One slot's detection buffers: the image rows (flat), the device targets (as uint8, int64 and float32), the
-    host staging the engine writes them from and its info array."""
+    """One slot's detection buffers: the image rows (flat), the device targets (as int64 and float32), the host
+    staging the engine writes them from (pinned with CUDA; the counts and sizes are handed out from it: they stay on
+    the host, `collate.stays_on_host`) and its info array."""
 
-    __slots__ = ("out", "targets", "i64", "f32", "host", "info")
+    __slots__ = ("out", "targets", "i64", "f32", "staging", "host", "host_i64", "info")
 
-    def __init__(self, out: torch.Tensor, targets: torch.Tensor, host: np.ndarray, info: np.ndarray):
-        self.out, self.targets, self.host, self.info = out, targets, host, info
+    def __init__(self, out: torch.Tensor, targets: torch.Tensor, staging: torch.Tensor, info: np.ndarray):
+        self.out, self.targets, self.staging, self.info = out, targets, staging, info
+        self.host = staging.numpy()
         self.i64 = targets[:targets.numel() // 8 * 8].view(torch.int64)
         self.f32 = targets[:targets.numel() // 4 * 4].view(torch.float32)
+        self.host_i64 = staging[:staging.numel() // 8 * 8].view(torch.int64)
 
     def shapes(self, rows: int) -> list[list[int]]:
         """Per row: out height, width, content height, width, kept boxes."""
@@ -206,7 +209,8 @@ class SlotViews:
         return [out.as_strided((h, w, c), (w * c, c, 1), r * stride) for r, (h, w, _, _, _) in enumerate(shapes)]
 
     def fields(self, rows: int, det: Detection) -> dict[str, torch.Tensor]:
-        """The batch's target fields, views of the device targets, in the Python engine's order."""
+        """The batch's target fields in the Python engine's order: views of the device targets, the counts and
+        sizes of the host staging."""
         info = self.info
         k = int(info[0])
         offsets = info[4:4 + int(info[3])].tolist()
@@ -217,9 +221,9 @@ class SlotViews:
             size = 8 if dtype == torch.int64 else 4
             got[name] = base.as_strided((rows, k), (k, 1), offsets[1 + f] // size)
         for f, name in enumerate(["boxes"] + [name for name, *_ in det.per_box]):
-            got[f"{name}_lengths"] = self.i64.as_strided((rows,), (1,), offsets[1 + nf + f] // 8)
+            got[f"{name}_lengths"] = self.host_i64.as_strided((rows,), (1,), offsets[1 + nf + f] // 8)
         if det.sizes:
-            got["image_sizes"] = self.i64.as_strided((rows, 2), (2, 1), offsets[2 + 2 * nf] // 8)
+            got["image_sizes"] = self.host_i64.as_strided((rows, 2), (2, 1), offsets[2 + 2 * nf] // 8)
         for v, (name, _) in enumerate(det.per_sample):
             got[name] = self.i64.as_strided((rows,), (1,), offsets[3 + 2 * nf + v] // 8)
         return {name: got[name] for name in det.order}
@@ -270,8 +274,9 @@ def merged(det: Detection, rows: int, filled: list[int], dropped: list[int], ima
         for q, v in enumerate(per_row):
             padded[q, :len(v)] = v
         out[name] = torch.from_numpy(padded).to(device)
-        out[f"{name}_lengths"] = torch.tensor([len(v) for v in per_row], dtype=torch.int64).to(device)
+        out[f"{name}_lengths"] = torch.tensor([len(v) for v in per_row], dtype=torch.int64)   # (on the host)
     for name in [n for n in det.order if n not in out]:
         ours, theirs = fields[name].cpu(), done_fields[name].cpu()
-        out[name] = torch.stack([theirs[at[r]] if r in at else ours[r] for r in kept.tolist()]).to(device)
+        joined = torch.stack([theirs[at[r]] if r in at else ours[r] for r in kept.tolist()])
+        out[name] = joined if stays_on_host(name) else joined.to(device)
     return images, {name: out[name] for name in det.order}, kept
