@@ -651,7 +651,8 @@ def kernel_parts(fake, work, ops) -> list[torch.Tensor]:
 def child_detection(lib_path: str, root: str, chain_name: str) -> None:
     """The NativeExecutor over the stand-ins on a COCO set with its batches' fields, two epochs, against the Python
     stages: the same rows, boxes, categories, iscrowd, area, image ids, counts and image sizes exactly (the PNG's
-    and the refused image's rows filled by Python), images as the kernel over the stand-in's patterns."""
+    and the refused image's rows filled by Python), images as the kernel over the stand-in's patterns; what the loop
+    keeps of a batch (all of it, or one image's view and one count) is never written again."""
     from ingest.engine import Failures, Pipeline
     from ingest.sampler import Sampler
 
@@ -664,14 +665,26 @@ def child_detection(lib_path: str, root: str, chain_name: str) -> None:
     ex = native.NativeExecutor(Pipeline(src, ops=ops, device="cpu"), chain, sampler, epoch=0, start=0, offset=0,
                                failures=Failures(0, sampler.samples()), budget=lambda: Failures(0, sampler.samples()),
                                prefetch=1, gpu=gpu, with_fields=True)
-    seen = []
+    seen, kept = [], []
     for epoch in range(2):
         for b in ex:
             images = [im.clone() for im in b.images] if isinstance(b.images, list) else b.images.clone()
             seen.append((b.indices.clone(), images, b.labels.clone(), {k: v.clone() for k, v in b.fields.items()}))
+            if len(seen) % 2:   # kept whole (its slot gets new buffers), or one box count and one image's view
+                kept.append((len(seen) - 1, b.images, b.fields))
+            else:
+                kept.append((len(seen) - 1, [b.images[-1]], {"boxes_lengths": b.fields["boxes_lengths"]}))
+            del b
     stats = ex.stats()
     ex.close()
     assert sum(stats["fallbacks"].values()) == 2 * 2, stats   # the PNG and the refused image, each epoch
+    assert stats["outputs_made"] > 2, stats   # slots held by the loop were replaced
+    for at, images, fields in kept:   # what the loop kept was never written again
+        if isinstance(images, list) and len(images) == 1:
+            assert torch.equal(images[0], seen[at][1][-1])
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(images, seen[at][1]))
+        assert all(torch.equal(v, seen[at][3][k]) for k, v in fields.items())
     reference = Pipeline(src, ops=ops, device="cpu")
     reference.deliver(None, with_fields=True)
     compared = pruned = 0

@@ -255,7 +255,8 @@ def merged(det: Detection, rows: int, filled: list[int], dropped: list[int], ima
             canvas[new, :src.shape[0], :src.shape[1]] = src
         images = canvas if hwc else (canvas.permute(0, 3, 1, 2).contiguous() if nchw else canvas.permute(0, 3, 1, 2))
     else:
-        images = [done_list[at[r]] if r in at else images[r] for r in kept.tolist()]
+        # (the engine's rows copied: the slot goes back to the engine once the copies queued so far have run)
+        images = [done_list[at[r]] if r in at else images[r].clone() for r in kept.tolist()]
     if not fields:
         return images, fields, kept
     out: dict[str, Any] = {}
