@@ -258,6 +258,12 @@ def test_detection_on_a_stand_in_driver_equals_the_python_stages(tmp_path, stand
     assert "detection batches compared: 6" in done.stdout, done.stdout
 
 
+@pytest.mark.parametrize("chain", ["iou-flip-resize-pad", "iou-flip-resize-padbatch"])
+def test_a_detection_loader_on_a_stand_in_driver_hands_out_the_python_engines_dicts(tmp_path, stand_in, chain):
+    done = _child(stand_in, str(tmp_path), chain, "detection-loader")
+    assert "loader batches compared: 6" in done.stdout, done.stdout
+
+
 def deeplab_source(root: Path):
     """A DeepLab-layout TFRecord file of 12 records (``image/encoded``, ``image/class/label``,
     ``image/segmentation/class/encoded``): 8-bit gray masks of class ids with 255 edges, record 2's a palette PNG,
@@ -717,6 +723,37 @@ def child_detection(lib_path: str, root: str, chain_name: str) -> None:
     print(f"detection batches compared: {compared}")
 
 
+def child_detection_loader(lib_path: str, root: str, chain_name: str) -> None:
+    """A Loader (output="dict", ragged as the chain needs) whose native engine runs on the stand-ins, against the
+    same Loader on the Python engine: the same keys in the same order, fields equal, images of the same shapes."""
+    import ingest
+    from ingest import defaults
+
+    ops = detection_chains()[chain_name]
+    src, refused = coco_source(Path(root))
+    _, gpu, _ = stand_in_gpu(lib_path, src, True, refused=refused)
+    chain, why = native.chain_for(src, ops)
+    assert chain is not None, why
+    batchwide = chain.detection.batchwide
+    options = dict(batch_size=4, shuffle=True, seed=2, output="dict", ragged=not batchwide, num_workers=0)
+    with defaults.set(engine="python"):
+        python = ingest.Loader(src, ops=ops, device="cpu", decode="cpu", **options)
+        want = [b for _ in range(2) for b in python]
+    ours = ingest.Loader(src, ops=ops, device="cpu", decode="cpu", **options)
+    ours._native, native._gpu_arguments = chain, lambda pipeline: gpu   # (the stand-ins as the GPU)
+    got = [b for _ in range(2) for b in ours]
+    assert ours.stats()["engine"] == "native" and len(got) == len(want) == 6
+    for a, b in zip(got, want):
+        assert list(a) == list(b)
+        for key in a:
+            if key == "images":
+                ia, ib = ([a[key]], [b[key]]) if batchwide else (a[key], b[key])
+                assert [x.shape for x in ia] == [x.shape for x in ib]
+            else:
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+    print(f"loader batches compared: {len(got)}")
+
+
 def pattern(h: int, w: int, length: int) -> np.ndarray:
     """What the stand-in decoder writes for a whole image of ``length`` encoded bytes."""
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
@@ -731,6 +768,8 @@ if __name__ == "__main__":
         child_masks(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "detection":
         child_detection(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4] == "detection-loader":
+        child_detection_loader(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "crc":
         child_crc(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "records":
