@@ -60,7 +60,7 @@ setup(ext_modules=[
               depends=["ingest/_native/nvloop.h"]),
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE, libraries=["m", "dl", "pthread"],
-              depends=["ingest/_native/" + h for h in ("boxes_core.h", "crc32c.h", "dlsyms.h", "example_scan.h",
+              depends=["ingest/_native/" + h for h in ("boxes_core.h", "crc32c.h", "dlsyms.h", "engine_det.h", "example_scan.h",
                                                        "jpeg_scan.h", "nvloop.h", "plan.h", "png_decode.h",
                                                        "preadv.h", "random_core.h")]),
 ])

@@ -17,7 +17,8 @@ of 32 (per image). Output uint8 images, boxes ltrb.
   ingest       ingest.Loader(instances.json, decode="mixed", device="cuda", ops=[RandomIoUCrop, Flip,
                Resize(800, max_size=1333), PadTo(multiple=32)], output="dict", ragged=True: images a list), its
                default worker processes
-               (none: detection runs in the training process); the check splits targets with
+               (none: detection runs in the training process, on the native engine where eligible: each
+               variant's ``engine`` and ``native_why_not`` say which ran and why); the check splits targets with
                `ingest.torch.detection_targets`
   ingest_w0    the same with num_workers=0 (one process; the default's setting, named)
   ingest_w4    the same with num_workers=4 (the default before detection ran in the training process)
@@ -460,7 +461,9 @@ def build_ingest(args, dev, workers: int | None, stages: str = "auto", batch_pad
                            batch_size=args.batch, device=str(dev), decode="mixed" if dev.type == "cuda" else "cpu",
                            ops=ops, shuffle=True, seed=0, output="dict", last_batch="drop", num_workers=workers,
                            worker_stages=stages, ragged=not batch_pad)
-    info = {"num_workers": loader.num_workers, "worker_stages": loader.worker_stages}
+    # the engine that runs it (ingest.native: detection in the training process runs natively where eligible)
+    info = {"num_workers": loader.num_workers, "worker_stages": loader.worker_stages, "engine": loader.engine,
+            "native_why_not": loader.native_why_not}
     if dev.type != "cuda":
         info["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
 

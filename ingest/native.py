@@ -56,6 +56,12 @@ Rules:
   tensor, handed out as the batch's field under its name; a mask the engine leaves to Python (fallback "mask")
   has its row filled, or its sample failed, by the Python pipeline as above; a 16-bit one there is a
   `DecodeError` (the slot's masks are uint8).
+- **Detection**: a source with ``native_boxes()`` (COCO) and a bounded detection chain (`ingest.engine.native_boxes`)
+  hands the engine its boxes and fields once; each batch comes with every sample at its own output size (a list
+  of views of the slot's rows, or one tensor with a batch-wide PadTo) and its targets padded as the Python engine
+  collates them (boxes in the asked format, per-box fields, ``<field>_lengths`` and ``image_sizes`` on the host,
+  the rest on the device), views of the slot's buffers, the slot given back once all are dropped. A batch with
+  fallback rows gets them, boxes and fields included, from the Python pipeline, merged into new tensors.
 - **Epochs**: the engine runs on into the next epoch, as the Python executor does; each epoch's indices and batch
   bounds are made once from the sampler's plans and handed over as arrays, one epoch ahead.
 """
@@ -83,6 +89,7 @@ from .ops import planner
 from .ops.affine import same_fill
 from .ops.geometry import CenterCrop, Flip, RandomResizedCrop, Resize
 from .engine import Batch, EpochEnd, Failures, Pipeline
+from .engine.collate import stays_on_host
 from .sampler import BatchPlan, Sampler
 
 try:
@@ -109,6 +116,14 @@ class Chain:
     dtype: torch.dtype
     layout: str | None    # the ops' output layout; None: NHWC memory handed out as NCHW views
     mask_fill: int = 255  # the table's mask field's fill (`Field.mask_fill`), where it has one
+    detection: Any = None  # engine.native_boxes.Detection: boxes and their fields, ragged outputs (None: none)
+
+    @property
+    def fields(self) -> frozenset[str]:
+        """The fields besides image and label its batches carry."""
+        if self.detection is not None:
+            return self.detection.fields
+        return frozenset({self.table.mask[0]} if self.table.mask else ())
 
 
 def why_not(source, ops, *, device: torch.device, decode: str, workers: int, streamed: bool, tuple_output: bool,
@@ -129,14 +144,16 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
     if getattr(source, "native_table", None) is None:
         return None, f"{type(source).__name__} gives no native table ({_TABLES})"
     fields = fields_of(source)
-    if (pipeline.image_kind != "image" and not pixels) or (pipeline.direct and not pixels) or "boxes" in fields:
-        return None, "it takes encoded images or raw pixels, without boxes"
+    if (pipeline.image_kind != "image" and not pixels) or (pipeline.direct and not pixels):
+        return None, "it takes encoded images or raw pixels"
+    if pixels and "boxes" in fields:
+        return None, "it takes raw pixels without boxes"
     chain, why = chain_for(source, ops)
     if chain is None:
         return None, why
     if pixels != (chain.table.kind == "pixels"):
         return None, f"its images are {pipeline.image_kind}, but its native table's are {chain.table.kind!r}"
-    extra = set(fields) - {"image", "label"} - ({chain.table.mask[0]} if chain.table.mask else set())
+    extra = set(fields) - {"image", "label"} - chain.fields
     if not tuple_output and extra:
         return None, f"output='dict' asks for fields it does not collate ({', '.join(sorted(extra))})"
     if mostly_other_codecs(chain.table):
@@ -178,13 +195,16 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
         from .native_plan import describe
     except ImportError:
         return None, "the native planner (ingest.native_plan) is missing"
-    desc = describe(ops, 3)
+    boxes = "boxes" in fields_of(source)
+    desc = describe(ops, 3, batch_wide=boxes)
     if desc is None:
         return None, "its op chain is not one the native planner runs (see ingest.native_plan)"
     clash = _fill_clash(ops)
     if clash is not None:
         return None, clash
     probe = planner.plan(ops, [(64, 64), (480, 640)], 0)
+    if boxes:
+        return _detection_chain(source, ops, desc, probe)
     varies = "its op chain's output size depends on the image's (the output ring is made at start)"
     if probe.out_sizes[0] != probe.out_sizes[1] and getattr(source, "fixed_shape", None) is None:
         return None, varies   # (raw shards of one pixel shape: one output size, checked on their table below)
@@ -220,6 +240,27 @@ def one_shape(table) -> tuple[int, int] | None:
     if not len(hw) or (hw != hw[0]).any():
         return None
     return int(hw[0, 0]), int(hw[0, 1])
+
+
+def _detection_chain(source, ops, desc: np.ndarray, probe) -> tuple[Chain | None, str | None]:
+    """`chain_for` of a source with boxes: its table and `engine.native_boxes.Detection`, or why not."""
+    from .engine.native_boxes import detection_of
+    if getattr(source, "native_table", None) is None:
+        return None, f"{type(source).__name__} gives no native table ({_TABLES})"
+    fill = desc[ING_RECORD:ING_RECORD + 3]
+    if desc[3]:   # Normalize: the padding's values are the filled levels through its epilogue
+        fill = fill * desc[6:9] + desc[10:13]
+    det, why = detection_of(source, ops, fill.tolist())
+    if det is None:
+        return None, why
+    try:
+        table = source.native_table()
+    except NotNative as err:
+        return None, f"{type(source).__name__} gives no native table here: {err}"
+    return Chain(table, desc, det.bound, probe.output.dtype, probe.output.layout, detection=det), None
+
+
+ING_RECORD = 16   # doubles per record of a chain's description (plan.h)
 
 
 def _fill_clash(ops) -> str | None:
@@ -317,11 +358,14 @@ class _Slot:
     tensors with nothing of the user's alive."""
 
     __slots__ = ("out", "labels", "masks", "shown", "address", "indices", "pad", "alone", "generation", "pending",
-                 "stream", "lost", "watching")
+                 "stream", "lost", "watching", "targets", "views", "staging")
 
     def __init__(self, out: torch.Tensor, labels: torch.Tensor, layout: str | None, batch: int,
-                 masks: torch.Tensor | None = None):
+                 masks: torch.Tensor | None = None, targets: torch.Tensor | None = None):
         self.out, self.labels, self.masks = out, labels, masks
+        self.targets = targets   # detection: the device targets (engine.native_boxes.SlotViews)
+        self.views = None
+        self.staging = None   # detection: the pinned host staging of the targets (its counts and sizes handed out)
         self.shown = out.permute(0, 3, 1, 2) if layout is None else out
         self.address = out.data_ptr()
         self.watching: tuple = ()
@@ -332,6 +376,8 @@ class _Slot:
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
+        if self.targets is not None:
+            return (self.out, self.labels, self.targets) + ((self.staging,) if self.staging is not None else ())
         return (self.out, self.labels) if self.masks is None else (self.out, self.labels, self.masks)
 
     def held(self, dying: int) -> bool:
@@ -392,6 +438,10 @@ class NativeExecutor:
             None if table.python is None else np.ascontiguousarray(table.python, np.uint8),
             None if self._mask is None else self._mask[1], chain.mask_fill,
             None if table.hw is None else np.ascontiguousarray(table.hw, np.int64))
+        self._det = chain.detection
+        if self._det is not None:
+            from .engine import native_boxes
+            self._engine.set_detection(*native_boxes.engine_arguments(self._det, 3))
         self._slots: list[_Slot | None] = [None] * slots
         self._dry: list[np.ndarray] = []
         self._out: list[int] = []   # slots handed out and not given back, oldest first
@@ -414,6 +464,8 @@ class NativeExecutor:
                 slot = self._slots[k]
                 self._engine.set_slot(k, 0, 0, slot.indices, slot.pad, self._dry[k])
             return
+        if self._det is not None:
+            return self._fill_detection_slot(k)
         h, w = self.chain.size
         shape = (self._batch, 3, h, w) if self.chain.layout == "NCHW" else (self._batch, h, w, 3)
         with self._on_device():
@@ -431,6 +483,31 @@ class NativeExecutor:
         self._engine.set_slot(k, out.data_ptr(), labels.data_ptr(), slot.indices, slot.pad, None,
                               0 if masks is None else masks.data_ptr())
 
+    def _fill_detection_slot(self, k: int) -> None:
+        """Slot k's detection buffers: image rows for the largest batch, device targets and their host staging
+        (pinned with CUDA), the info array (`engine.native_boxes.SlotViews`)."""
+        from .engine.native_boxes import COLUMNS, HEAD, SlotViews
+        det, batch = self._det, self._batch
+        size = det.target_bytes(batch)
+        with self._on_device():
+            out = torch.empty(batch * det.row_capacity(3), dtype=self.chain.dtype, device=self.device)
+            labels = torch.empty(batch, dtype=torch.int64, device=self.device)
+            targets = torch.empty(size, dtype=torch.uint8, device=self.device)
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=self._cuda)
+        info = np.zeros(HEAD + COLUMNS * batch, np.int64)
+        self.outputs_made += 1
+        old = self._slots[k]
+        slot = _Slot(out, labels, "NHWC", batch, targets=targets)
+        slot.views = SlotViews(out, targets, host, info)
+        slot.staging = host
+        slot.alone = tuple(map(_references, slot.tensors))   # (the views' own references to the targets)
+        if old is not None:
+            slot.generation = old.generation + 1
+            slot.indices, slot.pad = old.indices, old.pad
+        self._slots[k] = slot
+        self._engine.set_slot(k, out.data_ptr(), labels.data_ptr(), slot.indices, slot.pad, None, 0)
+        self._engine.set_targets(k, targets.data_ptr(), slot.views.host, info)
+
     def _give_back(self, k: int) -> None:
         slot = self._slots[k]
         if k in self._out:
@@ -439,9 +516,10 @@ class NativeExecutor:
             self._fill_slot(k)
         self._engine.release(k, slot.stream)
 
-    def _watch(self, k: int, *handed: torch.Tensor) -> None:
+    def _watch(self, k: int, *handed: torch.Tensor, storage: list[int] | None = None) -> None:
         """Give slot k back once every tensor handed out of it (images, labels and masks, in the slot's order) is
-        dropped (wherever that happens)."""
+        dropped (wherever that happens). ``storage``: which of the slot's tensors each one views (None: the
+        slot's order)."""
         slot = self._slots[k]
         slot.pending, generation = len(handed), slot.generation
         me = weakref.ref(self)
@@ -452,7 +530,7 @@ class NativeExecutor:
                 return
             slot.pending -= 1
             if slot.pending == 0:
-                slot.lost = slot.held(which)
+                slot.lost = slot.held(which if storage is None else storage[which])
                 ex._give_back(k)
 
         slot.watching = tuple(weakref.ref(t, lambda _, which=which: dropped(which)) for which, t in enumerate(handed))
@@ -509,6 +587,13 @@ class NativeExecutor:
             except BaseException:
                 self._give_back(k)
                 raise
+            if self._det is not None and rows and not self.dry:
+                batch = self._detection_batch(k, slot, epoch, number, rows, fallback, failures)
+                if batch is None:
+                    continue
+                self._python[0] += time.perf_counter() - start
+                self._python[1] += 1
+                return batch
             if rows == 0 or self.dry:   # every sample failed (and the budget allowed it), or a dry run
                 batch = DryBatch(self._dry[k][:rows].copy(), number, epoch, notes) if self.dry and rows else None
                 self._give_back(k)
@@ -539,6 +624,62 @@ class NativeExecutor:
             self._python[0] += time.perf_counter() - start
             self._python[1] += 1
             return batch
+
+    def _detection_batch(self, k: int, slot: "_Slot", epoch: int, number: int, rows: int, fallback: list | None,
+                         failures: Failures) -> Batch | None:
+        """A detection batch: views of the slot's image rows and targets (`engine.native_boxes.SlotViews`), the
+        fallback rows filled by the Python pipeline (new tensors then); None when every row failed there."""
+        det, views = self._det, slot.views
+        shapes = views.shapes(rows)
+        chain = self.chain
+        images = views.images(rows, shapes, det, chain.layout, chain.layout == "NCHW", 3)
+        fields = views.fields(rows, det) if self.with_fields else {}
+        labels = slot.labels[:rows]
+        self.pipeline.decode_stage.count_paths({"gpu": rows - len(fallback or ()),
+                                                **({"cpu-fallback": len(fallback)} if fallback else {})})
+        kept = None
+        if fallback:
+            images, labels, fields, kept = self._complete_detection(k, epoch, number, rows, fallback, images, labels,
+                                                                    fields, failures)
+            if kept is None:
+                return None
+        if self.with_fields:
+            at = np.arange(rows) if kept is None else kept
+            indices = torch.from_numpy(slot.indices[at])
+            is_pad = torch.from_numpy(slot.pad[at].astype(bool))
+        else:
+            indices = is_pad = _NONE
+        if kept is None:
+            handed = [*(images if isinstance(images, list) else [images]), labels, *fields.values()]
+            # (which of the slot's tensors each views: the rows, the labels, the targets, the host staging)
+            storage = [0] * (len(handed) - 1 - len(fields)) + [1] + [3 if stays_on_host(name) else 2
+                                                                       for name in fields]
+            self._watch(k, *handed, storage=storage)
+        else:   # new tensors: the slot is free once the copies queued so far have run
+            self._give_back(k)
+        return Batch(images, labels, indices, is_pad, fields, None, number)
+
+    def _complete_detection(self, k: int, epoch: int, number: int, rows: int, fallback: list[tuple[int, int]],
+                            images: Any, labels: torch.Tensor, fields: dict, failures: Failures):
+        """`_complete` for a detection batch: the fallback rows' images, boxes and fields from the Python pipeline,
+        merged the Python engine's way (`engine.native_boxes.merged`). Returns the images, labels, fields and rows
+        kept (None: none)."""
+        from .engine.native_boxes import merged
+        done, filled, at = self._run_fallback(k, epoch, number, fallback, failures)
+        with self._on_device():
+            if self._cuda and done is not None and done.ready is not None:   # (made on the pipeline's stream)
+                torch.cuda.current_stream(self.device).wait_event(done.ready)
+            dropped = sorted(set(at.tolist()) - set(filled))
+            if len(dropped) == rows:
+                self._give_back(k)
+                return None, None, None, None
+            chain = self.chain
+            images, fields, kept = merged(self._det, rows, filled, dropped, images, fields,
+                                          done.images if done is not None else [],
+                                          done.fields if done is not None else {}, self._det.fill, self.device,
+                                          chain.layout, chain.layout == "NCHW")
+            labels = labels[torch.from_numpy(kept).to(labels.device)] if dropped else labels.clone()
+        return images, labels, fields, kept
 
     def _notes(self, notes: list, failures: Failures) -> list[tuple[int, int]]:
         """Count the batch's read failures and CRC mismatches against ``failures`` (raising its typed error where the
@@ -574,22 +715,8 @@ class NativeExecutor:
         ops for those samples (and masks: its decode stage decodes them, or fails the sample with the error the
         Python engine gives); rows whose sample fails there are dropped (the batch is then a new tensor). Returns
         the images, labels, masks and the rows kept."""
-        index = np.array([i for i, _ in fallback], np.int64)
-        at = np.array([r for _, r in fallback], np.int64)
-        pad = self._slots[k].pad[at].astype(bool)
-        plan = BatchPlan(epoch, number, index, pad,
-                         np.random.SeedSequence([self.sampler.seed, epoch, self.sampler.shard_id, number]),
-                         self.sampler.seed)
-        pipe = self._fallback_pipeline()
-        pipe.start_epoch(failures)
+        done, filled, at = self._run_fallback(k, epoch, number, fallback, failures)
         with self._on_device():
-            done = pipe.run(plan)
-            got = [] if done is None else done.indices.tolist()
-            # rows of the samples that came back, in their order (a failed sample is left out of `done`)
-            by_index = {}
-            for i, r in fallback:
-                by_index.setdefault(i, []).append(r)
-            filled = [by_index[i].pop(0) for i in got]
             if filled:
                 if self._cuda:   # (made on the fallback pipeline's stream, read on this one)
                     stream = torch.cuda.current_stream(self.device)
@@ -601,7 +728,7 @@ class NativeExecutor:
                 images[where] = done.images
                 labels[where] = done.labels
                 if masks is not None:
-                    masks[where] = self._fallback_masks(done, got)
+                    masks[where] = self._fallback_masks(done, done.indices.tolist())
             dropped = sorted(set(at.tolist()) - set(filled))
             kept = np.array(sorted(set(range(rows)) - set(dropped)), np.int64)
             if dropped:
@@ -609,6 +736,27 @@ class NativeExecutor:
                 images, labels = images[keep], labels[keep]
                 masks = None if masks is None else masks[keep]
         return images, labels, masks, kept
+
+    def _run_fallback(self, k: int, epoch: int, number: int, fallback: list[tuple[int, int]], failures: Failures
+                      ) -> tuple[Batch | None, list[int], np.ndarray]:
+        """The fallback rows' samples through the Python pipeline decoding on the CPU (the same reads, probes, draws
+        and ops): its batch (None: every sample failed), the rows of the samples that came back in their order (a
+        failed sample is left out of it), and every fallback row."""
+        index = np.array([i for i, _ in fallback], np.int64)
+        at = np.array([r for _, r in fallback], np.int64)
+        pad = self._slots[k].pad[at].astype(bool)
+        plan = BatchPlan(epoch, number, index, pad,
+                         np.random.SeedSequence([self.sampler.seed, epoch, self.sampler.shard_id, number]),
+                         self.sampler.seed)
+        pipe = self._fallback_pipeline()
+        pipe.start_epoch(failures)
+        with self._on_device():
+            done = pipe.run(plan)
+        got = [] if done is None else done.indices.tolist()
+        by_index: dict[int, list[int]] = {}
+        for i, r in fallback:
+            by_index.setdefault(i, []).append(r)
+        return done, [by_index[i].pop(0) for i in got], at
 
     def _fallback_masks(self, done: Batch, indices: list[int]) -> torch.Tensor:
         """The fallback pipeline's masks for its rows, as the slot's (uint8 at the output size); a mask of other
@@ -628,7 +776,9 @@ class NativeExecutor:
         if self._fallback is None:
             p = self.pipeline
             self._fallback = Pipeline(p.source, ops=p.ops, device=p.device, decode="cpu")
-            if self._mask is None:   # (a fallback row's other fields are not collated)
+            if self._det is not None:   # (its boxes and fields make the rows' targets)
+                self._fallback.deliver(None, with_fields=True)
+            elif self._mask is None:   # (a fallback row's other fields are not collated)
                 self._fallback.deliver(None, with_fields=False)
         return self._fallback
 

@@ -285,8 +285,7 @@ class Loader:
     def _native_output(self) -> bool:
         """Whether the native engine gives what this iteration yields (a dict asks for every field); a
         ConfigError where the ``engine`` setting is "native" and it does not."""
-        mask = self._native.table.mask
-        extra = set(fields_of(self.source)) - {"image", "label"} - ({mask[0]} if mask else set())
+        extra = set(fields_of(self.source)) - {"image", "label"} - self._native.fields
         if self.output == "tuple" or not extra:
             return True
         if defaults.get("engine") == "native":

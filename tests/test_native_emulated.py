@@ -389,6 +389,18 @@ def pixel_kernel_reference(fake, work, ops) -> torch.Tensor:
     return kernel_reference(fake, work, ops, ims)
 
 
+@pytest.mark.parametrize("chain", ["iou-flip-resize-pad", "iou-flip-resize-padbatch", "resize-crop-pad"])
+def test_detection_on_a_stand_in_driver_equals_the_python_stages(tmp_path, stand_in, chain):
+    done = _child(stand_in, str(tmp_path), chain, "detection")
+    assert "detection batches compared: 6" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("chain", ["iou-flip-resize-pad", "iou-flip-resize-padbatch"])
+def test_a_detection_loader_on_a_stand_in_driver_hands_out_the_python_engines_dicts(tmp_path, stand_in, chain):
+    done = _child(stand_in, str(tmp_path), chain, "detection-loader")
+    assert "loader batches compared: 6" in done.stdout, done.stdout
+
+
 def deeplab_source(root: Path):
     """A DeepLab-layout TFRecord file of 12 records (``image/encoded``, ``image/class/label``,
     ``image/segmentation/class/encoded``): 8-bit gray masks of class ids with 255 edges, record 2's a palette PNG,
@@ -733,6 +745,154 @@ def child_executor(lib_path: str, root: str, chain_name: str) -> None:
     print(f"executor batches compared: {compared}")
 
 
+def detection_chains():
+    from ingest.ops import Flip, PadTo, RandomIoUCrop, Resize
+    from ingest.ops.geometry import CenterCrop
+    return {"iou-flip-resize-pad": [RandomIoUCrop(), Flip(p=0.5), Resize(40, max_size=64), PadTo(multiple=32)],
+            "iou-flip-resize-padbatch": [RandomIoUCrop(), Flip(p=0.5), Resize(40, max_size=64),
+                                         PadTo(multiple=32, batch=True)],
+            # the centre crop drops the corner boxes of image 4 (all of them)
+            "resize-crop-pad": [Resize(48, max_size=80), CenterCrop(32), Flip(p=0.5), PadTo(multiple=16)]}
+
+
+def coco_source(root: Path):
+    """A COCO set of 12 JPEG images with 0 to 4 boxes each (image 7 none, image 4 only boxes in its top-left
+    corner), xywh boxes given back as asked (cxcywh), image 9 a PNG named .jpg (Python decodes it); and the byte
+    size of image 5, which the stand-in decoder refuses."""
+    from test_coco import ann, write_coco
+    from PIL import Image
+    from conftest import encode, textured
+    from ingest.formats.coco import CocoSource
+    images = [(i + 1, 40 + 7 * i, 60 + 5 * (i % 4)) for i in range(12)]
+    anns, aid = [], 1
+    for iid, h, w in images:
+        boxes = [] if iid == 8 else ([[0, 0, 3, 3], [1, 1, 4, 2]] if iid == 5 else
+                                     [[2 + 3 * k, 3 + 2 * k, 10 + k, 8 + 3 * k] for k in range(1 + iid % 4)])
+        for b in boxes:
+            anns.append(ann(aid, iid, b, 1 + aid % 2, iscrowd=int(aid % 5 == 0), area=float(aid) + 0.5))
+            aid += 1
+    path = write_coco(root, anns, images=images)
+    (root / "img" / "000010.jpg").write_bytes(encode(Image.fromarray(textured(images[9][1], images[9][2], 9)),
+                                                      "PNG"))
+    src = CocoSource(path, images=root / "img", cache=False, box_format="cxcywh", check_sizes=False)
+    return src, os.path.getsize(root / "img" / "000006.jpg")
+
+
+def kernel_parts(fake, work, ops) -> list[torch.Tensor]:
+    """`kernel_reference` per sample, HWC at each sample's own size."""
+    from ingest.ops import _warp_kernel
+    from ingest.ops.base import sizes_of
+    from ingest.ops.resample import _fill_values, _setup
+    ims = [torch.from_numpy(pattern(hh, ww, len(r.image))) for (hh, ww), r in zip(work.sizes, work.records)]
+    warp = work.ops_plan.warp
+    packed = _warp_kernel.pack(ims, warp.out_sizes, _setup(warp, sizes_of(ims)), _fill_values(warp.fill, 3), None)
+    buffer, parts = _warp_kernel.output(packed, torch.uint8, "cpu", False)
+    fake.run(["nearest", "bilinear", "bicubic"].index(warp.interpolation), *packed.grid,
+             ctypes.c_void_p(packed.ip.ctypes.data), ctypes.c_void_p(packed.fp.ctypes.data),
+             ctypes.c_void_p(buffer.data_ptr()), 3, 0, 0, 0)
+    return list(parts.unbind(0)) if isinstance(parts, torch.Tensor) else parts
+
+
+def child_detection(lib_path: str, root: str, chain_name: str) -> None:
+    """The NativeExecutor over the stand-ins on a COCO set with its batches' fields, two epochs, against the Python
+    stages: the same rows, boxes, categories, iscrowd, area, image ids, counts and image sizes exactly (the PNG's
+    and the refused image's rows filled by Python), images as the kernel over the stand-in's patterns; what the loop
+    keeps of a batch (all of it, or one image's view and one count) is never written again."""
+    from ingest.engine import Failures, Pipeline
+    from ingest.sampler import Sampler
+
+    ops = detection_chains()[chain_name]
+    src, refused = coco_source(Path(root))
+    fake, gpu, _ = stand_in_gpu(lib_path, src, True, refused=refused)
+    chain, why = native.chain_for(src, ops)
+    assert chain is not None and chain.detection is not None, why
+    sampler = Sampler(len(src), 4, shuffle=True, seed=5)
+    ex = native.NativeExecutor(Pipeline(src, ops=ops, device="cpu"), chain, sampler, epoch=0, start=0, offset=0,
+                               failures=Failures(0, sampler.samples()), budget=lambda: Failures(0, sampler.samples()),
+                               prefetch=1, gpu=gpu, with_fields=True)
+    seen, kept = [], []
+    for epoch in range(2):
+        for b in ex:
+            images = [im.clone() for im in b.images] if isinstance(b.images, list) else b.images.clone()
+            seen.append((b.indices.clone(), images, b.labels.clone(), {k: v.clone() for k, v in b.fields.items()}))
+            if len(seen) % 2:   # kept whole (its slot gets new buffers), or one box count and one image's view
+                kept.append((len(seen) - 1, b.images, b.fields))
+            else:
+                kept.append((len(seen) - 1, [b.images[-1]], {"boxes_lengths": b.fields["boxes_lengths"]}))
+            del b
+    stats = ex.stats()
+    ex.close()
+    assert sum(stats["fallbacks"].values()) == 2 * 2, stats   # the PNG and the refused image, each epoch
+    assert stats["outputs_made"] > 2, stats   # slots held by the loop were replaced
+    for at, images, fields in kept:   # what the loop kept was never written again
+        if isinstance(images, list) and len(images) == 1:
+            assert torch.equal(images[0], seen[at][1][-1])
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(images, seen[at][1]))
+        assert all(torch.equal(v, seen[at][3][k]) for k, v in fields.items())
+    reference = Pipeline(src, ops=ops, device="cpu")
+    reference.deliver(None, with_fields=True)
+    compared = pruned = 0
+    batchwide = chain.detection.batchwide
+    for epoch in range(2):
+        for plan in sampler.batches(epoch):
+            idx, x, y, fields = seen[compared]
+            reference.start_epoch(Failures(0, sampler.samples()))
+            work = reference.read(plan)
+            want = kernel_parts(fake, work, ops)
+            reference.start_epoch(Failures(0, sampler.samples()))
+            python = reference.run(plan)
+            assert torch.equal(idx, python.indices) and torch.equal(y, python.labels)
+            assert list(fields) == list(python.fields), (list(fields), list(python.fields))
+            for name, value in python.fields.items():
+                assert fields[name].dtype == value.dtype and torch.equal(fields[name], value), \
+                    (epoch, plan.number, name, fields[name], value)
+            pruned += int(((fields["boxes_lengths"] == 0) & torch.from_numpy(
+                np.diff(src._start)[idx.numpy()] > 0)).sum())
+            python_images = list(python.images.unbind(0)) if batchwide else python.images
+            ours = list(x.unbind(0)) if batchwide else x
+            assert [tuple(t.shape) for t in ours] == [tuple(t.shape) for t in python_images]
+            for row, i in enumerate(idx.tolist()):
+                if i in (5, 9):   # the refused image and the PNG
+                    assert_close(ours[row], python_images[row], ops, f"epoch {epoch} fallback row {row}")
+                else:
+                    assert_close(ours[row].permute(1, 2, 0), want[row], ops, f"epoch {epoch} row {row}")
+            compared += 1
+    assert chain_name != "resize-crop-pad" or pruned >= 2, pruned
+    print(f"detection batches compared: {compared}")
+
+
+def child_detection_loader(lib_path: str, root: str, chain_name: str) -> None:
+    """A Loader (output="dict", ragged as the chain needs) whose native engine runs on the stand-ins, against the
+    same Loader on the Python engine: the same keys in the same order, fields equal, images of the same shapes."""
+    import ingest
+    from ingest import defaults
+
+    ops = detection_chains()[chain_name]
+    src, refused = coco_source(Path(root))
+    _, gpu, _ = stand_in_gpu(lib_path, src, True, refused=refused)
+    chain, why = native.chain_for(src, ops)
+    assert chain is not None, why
+    batchwide = chain.detection.batchwide
+    options = dict(batch_size=4, shuffle=True, seed=2, output="dict", ragged=not batchwide, num_workers=0)
+    with defaults.set(engine="python"):
+        python = ingest.Loader(src, ops=ops, device="cpu", decode="cpu", **options)
+        want = [b for _ in range(2) for b in python]
+    ours = ingest.Loader(src, ops=ops, device="cpu", decode="cpu", **options)
+    ours._native, native._gpu_arguments = chain, lambda pipeline: gpu   # (the stand-ins as the GPU)
+    got = [b for _ in range(2) for b in ours]
+    assert ours.stats()["engine"] == "native" and len(got) == len(want) == 6
+    for a, b in zip(got, want):
+        assert list(a) == list(b)
+        for key in a:
+            if key == "images":
+                ia, ib = ([a[key]], [b[key]]) if batchwide else (a[key], b[key])
+                assert [x.shape for x in ia] == [x.shape for x in ib]
+            else:
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+    print(f"loader batches compared: {len(got)}")
+
+
 def pattern(h: int, w: int, length: int) -> np.ndarray:
     """What the stand-in decoder writes for a whole image of ``length`` encoded bytes."""
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
@@ -749,6 +909,10 @@ if __name__ == "__main__":
         cases = RAW_CASES if sys.argv[3] == "rrc-flip-normalize" else ["fixed"]
         for name in cases:
             child_raw(sys.argv[1], os.path.join(sys.argv[2], name), sys.argv[3], name)
+    elif sys.argv[4] == "detection":
+        child_detection(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4] == "detection-loader":
+        child_detection_loader(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "crc":
         child_crc(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "records":

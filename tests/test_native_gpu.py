@@ -4,7 +4,8 @@ EXIF-rotated, progressive JPEGs), on a RecordIO file and on each record format t
 ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both, a DeepLab TFRecord set's
 masks (output="dict": the same keys, shapes, dtypes and mask values; the samples whose mask fails dropped by
 both); raw tensor shards (one pixel shape and shapes that differ: the same batches exactly, the kernel's over the
-same pixels and plans; a sample whose CRC32C differs dropped by both with the same error); the output ring (a loop's
+same pixels and plans; a sample whose CRC32C differs dropped by both with the same error); a COCO set's detection
+batches (boxes, their fields and counts exactly; ragged and batch-padded images); the output ring (a loop's
 batches never rewritten behind its stream, batches and views the user keeps never written again); read failures
 naming the file; shutdown."""
 
@@ -193,6 +194,40 @@ def test_a_raw_sample_whose_crc_fails_is_dropped_by_both_engines(tmp_path):
         failed = [[(f[0], f[2]) for f in x.stats()["failures"]] for x in (a, b)]
     assert failed[0] == failed[1] and [f[0] for f in failed[0]] == [RawSource(path).name(bad)], failed
     assert "field 'image': CRC32C" in failed[0][0][1], failed
+
+
+@pytest.mark.parametrize("chain", ["iou-flip-resize-pad", "iou-flip-resize-padbatch", "resize-crop-pad"])
+def test_coco_detection_gives_the_python_engines_batches(tmp_path, chain):
+    """12 COCO images (a PNG among them, an image without boxes, one whose boxes the crop drops): the dicts of both
+    engines have the same keys in the same order, the same indices, boxes, categories, iscrowd, area, counts,
+    image ids and image sizes exactly (on the device), images of the same shapes within the decoders'
+    tolerance; per-image lists (ragged) or one padded tensor (a batch-wide PadTo)."""
+    from test_native_emulated import coco_source, detection_chains
+    src, _ = coco_source(tmp_path)
+    ops = detection_chains()[chain]
+    batchwide = chain.endswith("padbatch")
+    with defaults.set(hw_decoder_load=0):
+        a, b = pair(src, ops, batch_size=4, shuffle=True, seed=3, output="dict", ragged=not batchwide)
+        with a, b:
+            n = 0
+            for _ in range(2):
+                for da, db in zip(a, b):
+                    assert list(da) == list(db) and "boxes_lengths" in da
+                    for key in da:
+                        if key == "images":
+                            continue
+                        assert da[key].device == db[key].device and da[key].dtype == db[key].dtype, key
+                        assert torch.equal(da[key].cpu(), db[key].cpu()), (key, da[key], db[key])
+                    ia = [da["images"]] if batchwide else da["images"]
+                    ib = [db["images"]] if batchwide else db["images"]
+                    assert [x.shape for x in ia] == [x.shape for x in ib] and ia[0].is_cuda
+                    for x, y in zip(ia, ib):
+                        assert (x.double() - y.double()).abs().mean() < 1.5
+                    n += 1
+            stats = a.stats()
+    assert n == 6 and stats["engine"] == "native", stats["engine"]
+    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]
+    assert stats["native"]["python_ms_per_batch"] < 5, stats["native"]
 
 
 def test_a_tfrecord_record_whose_crc_fails_is_dropped_by_both_engines(tmp_path):

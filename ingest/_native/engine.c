@@ -180,6 +180,39 @@ static const char *load_cuda(void) {
 
 /* -- the engine's state ------------------------------------------------------------------------------------ */
 
+/* -- detection's state (the functions: engine_det.h) ------------------------------------------------------- */
+
+#define DET_FIELDS 8      /* per-box fields and per-sample int fields, each */
+#define DET_HEAD 32       /* int64s before the rows in a slot's detection info array */
+
+/* A batch's boxes through ing_plan: the planned samples' boxes (ltrb of the probed images), the kept ones. */
+typedef struct {
+    double *in, *out;         /* M x 4 each */
+    int64_t *grow;            /* M: each row of `in`'s row in the dataset's boxes (gathers the per-box fields) */
+    int64_t *kept;            /* M */
+    int64_t *counts, *kept_counts, *first; /* per planned sample q: boxes given, kept, first kept row of `out` */
+    int64_t *q_of;            /* per sample k of the batch: q, or -1 where not planned */
+    int64_t row_elems;        /* this batch's output elements between rows */
+    ing_boxes boxes;
+} DetJob;
+
+/* The dataset's boxes and fields (set_detection) and the slots' target buffers (set_targets). */
+typedef struct {
+    int on, format, relative, batchwide, nfields, nsample;
+    int64_t nbox, maxcount, stride;
+    double *boxes;            /* nbox x 4: absolute ltrb of each image's declared (= probed) size */
+    int64_t *starts;          /* n + 1 */
+    int64_t *declared;        /* n x 2 (height, width): a probed size that differs falls back; NULL: none */
+    int64_t fsize[DET_FIELDS];
+    unsigned char *fvals[DET_FIELDS];
+    unsigned char fpad[DET_FIELDS][8];
+    int64_t *svals[DET_FIELDS];
+    Py_buffer *thost, *tinfo; /* per slot: the staged targets (pinned with a GPU), the info Python reads */
+    char *theld;
+    CUdeviceptr *tdev;
+    size_t *tbytes;           /* per slot: the bytes staged for its batch */
+} Det;
+
 typedef struct Epoch {
     struct Epoch *next;
     int64_t epoch, number0, batches;
@@ -216,6 +249,7 @@ typedef struct {
     size_t mcap, mtotal;
     CUdeviceptr mdev;
     size_t mdev_cap;
+    DetJob det;            /* detection (engine_det.h) */
 } Job;
 
 typedef struct Engine Engine;
@@ -352,6 +386,7 @@ struct Engine {
     /* The consumer's side, changed only with the GIL held: nanoseconds next() and release() held the GIL, the part
      * of it in CUDA driver calls, and the batches next() handed over. */
     int64_t gil_ns, handed;
+    Det det; /* detection (engine_det.h); det.on 0 otherwise */
 };
 
 /* -- errors ------------------------------------------------------------------------------------------------ */
@@ -843,6 +878,8 @@ static int decode_masks(Engine *e, Job *j) {
 }
 
 /* Parses, probes and plans a read batch; notes go to the job's own list (copied to the slot later). */
+#include "engine_det.h"
+
 static int prepare_batch(Engine *e, Job *j) {
     Note *notes = j->notes;
     int64_t *nnotes = &j->nnotes;
@@ -905,6 +942,7 @@ static int prepare_batch(Engine *e, Job *j) {
         j->hw[2 * k] = row[1];
         j->hw[2 * k + 1] = row[2];
     }
+    det_check(e, j);
     /* plan the samples the GPU path takes */
     int64_t m = 0;
     for (int64_t k = 0; k < j->n; ++k)
@@ -920,6 +958,7 @@ static int prepare_batch(Engine *e, Job *j) {
     j->antialias = 0;
     if (m > 0) {
         ing_plan_out out = {.sample = j->ok_plan, .params = NULL};
+        out.boxes = det_boxes(e, j, m);
         int st = ing_plan(&e->chain, m, j->ok_index, j->epoch, j->ok_hw, &out);
         if (st != ING_OK) {
             fail(e, "the native planner failed on batch %lld of epoch %lld: %s", (long long)j->number,
@@ -928,10 +967,12 @@ static int prepare_batch(Engine *e, Job *j) {
         }
         j->interpolation = out.interpolation;
         j->antialias = out.antialias;
+        det_planned(e, j, m);
         for (int64_t q = 0; q < m; ++q) {
             int64_t k = j->ok_pos[q];
             j->plan[k] = j->ok_plan[q];
-            if (j->ok_plan[q].out_hw[0] != e->out_h || j->ok_plan[q].out_hw[1] != e->out_w) {
+            if (e->det.on ? det_too_big(e, &j->ok_plan[q])
+                          : j->ok_plan[q].out_hw[0] != e->out_h || j->ok_plan[q].out_hw[1] != e->out_w) {
                 j->state[k] = ST_FALLBACK; /* not the chain's fixed output size: Python plans it */
                 j->why[k] = WHY_PLAN;
             }
@@ -1311,6 +1352,8 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
         ++rows;
     }
     e->slot_nnotes[slot] = nkept;
+    if (!det_rows(e, j, slot, rows))
+        return 0;
     if (e->gpu) { /* the kernel writes the slot after the work the consumer queued before giving it back */
         unsigned long long consumer = e->slot_stream[slot];
         e->slot_stream[slot] = NO_STREAM;
@@ -1347,7 +1390,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
                 return 0;
             }
             for (int64_t q = 0; q < m2; ++q)
-                ip[16 * q + 1] = e->p_row[q] * e->row_elems;
+                ip[16 * q + 1] = e->p_row[q] * (e->det.on ? j->det.row_elems : e->row_elems);
             size_t bytes = (size_t)(16 * m2 + 16 * (m2 + 1)) * sizeof(int64_t);
             CUdeviceptr d_ip = e->slot_args[slot], d_fp = d_ip + (CUdeviceptr)(16 * m2 * sizeof(int64_t)), d_out = out;
             int channels = e->chain.channels, kind = e->chain.kind, nchw = e->chain.nchw;
@@ -1368,6 +1411,8 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
         }
         if (rows > 0 && !cuok(e, cu.MemcpyHtoDAsync(labels_dev, labels, (size_t)rows * sizeof(int64_t), e->stream),
                               "cuMemcpyHtoDAsync (labels)"))
+            return 0;
+        if (!det_upload(e, slot))
             return 0;
         if (!cuok(e, cu.EventRecord(e->slot_ready[slot], e->stream), "cuEventRecord"))
             return 0;
@@ -1576,6 +1621,7 @@ static void engine_free(Engine *e) {
     e->free_slots = NULL;
     e->slot_given = NULL;
     e->pending = NULL;
+    det_free(e);
     e->g_pos = NULL;
     e->p_src = NULL;
     e->p_plan = NULL;
@@ -1587,6 +1633,7 @@ static void engine_free(Engine *e) {
 
 /* Releases the Python buffers the slots hold (GIL held). */
 static void release_buffers(Engine *e) {
+    det_release(e);
     for (int64_t s = 0; e->slot_held && s < e->nslots; ++s) {
         if (e->slot_held[3 * s])
             PyBuffer_Release(&e->slot_idx[s]);
@@ -2160,8 +2207,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
             goto fail;
         }
         if (two[0].out_hw[0] != two[1].out_hw[0] || two[0].out_hw[1] != two[1].out_hw[1]) {
-            PyErr_SetString(PyExc_ValueError, "desc: the chain's output size depends on the image's");
-            goto fail;
+            two[0].out_hw[0] = two[0].out_hw[1] = 0; /* sizes vary: only set_detection's rows take its samples */
         }
         e->out_h = two[0].out_hw[0];
         e->out_w = two[0].out_hw[1];
@@ -2558,6 +2604,11 @@ static PyMethodDef Engine_methods[] = {
     {"labels", (PyCFunction)Engine_labels, METH_VARARGS, "labels(k) -> bytes: slot k's host labels."},
     {"close", (PyCFunction)Engine_close, METH_NOARGS, "Stop and join every thread, free everything native."},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counts: batches, samples, fallbacks, failures, ..."},
+    {"set_detection", (PyCFunction)Engine_set_detection, METH_VARARGS,
+     "set_detection(boxes, starts, fields, sample_fields, box_format, relative, declared, stride, batchwide): the "
+     "dataset's boxes and fields, once, before the first epoch (engine_det.h)."},
+    {"set_targets", (PyCFunction)Engine_set_targets, METH_VARARGS,
+     "set_targets(k, device, host, info): slot k's target buffers (engine_det.h)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -74,3 +74,23 @@ class NativeTable:
                              f"(got {None if self.hw is None else self.hw.shape} for kind {self.kind!r})")
         if self.mask is not None and self.kind != "tfrecord":
             raise ValueError(f"only a 'tfrecord' table carries a mask (got one for kind {self.kind!r})")
+
+
+@dataclass(frozen=True)
+class NativeBoxes:
+    """A detection source's boxes and fields for the native engine, handed over once: sample i's boxes are rows
+    ``starts[i]:starts[i + 1]`` of ``boxes`` (``[M, 4]``, as its records hold them: the source's ``box_format``,
+    relative where the source's ``relative`` says); ``per_box[name]`` one value per box (int64 or float32, as
+    the records' field), ``per_sample[name]`` one int64 per sample; ``declared[i]`` the (height, width) the boxes
+    are in, which the image's probed size must be (None: not checked)."""
+
+    boxes: np.ndarray                 # [M, 4]
+    starts: np.ndarray                # int64 [n + 1]
+    per_box: dict[str, np.ndarray]
+    per_sample: dict[str, np.ndarray]
+    declared: np.ndarray | None = None   # int64 [n, 2]
+
+    def __post_init__(self):
+        m = int(self.starts[-1]) if len(self.starts) else -1
+        if len(self.starts) < 1 or len(self.boxes) != m or any(len(v) != m for v in self.per_box.values()):
+            raise ValueError(f"native boxes: starts end at {m}, boxes and per-box fields must hold that many rows")

@@ -102,6 +102,7 @@ from ..errors import ConfigError, CorruptRecordError, IngestError, OutsideRootEr
 from ..io import read_error
 from ._coco_index import (NO_SEG, POLYGONS, REPAIR_KEYS, RLE, is_number, load_cache, open_arrays, parse_instances,
                           parse_results, polygon_rle, short, unpack)
+from ._native_table import NativeBoxes, NativeTable, NotNative
 from .base import Field, Location, Record, check_index, parse_or_error
 from .boxes import DEFAULT as DEFAULT_BOXES, box_format as check_box_format, convert as convert_boxes
 
@@ -350,6 +351,61 @@ class CocoSource:
             raise SourceError(f"{path}: {image} is {st.st_size} bytes, over `max_bytes` {self.max_bytes}",
                               path=path)
         return path, st.st_size
+
+    # -- the native engine (`ingest.native`): the files as a table, the boxes and fields as arrays ------------
+    def native_table(self) -> NativeTable:
+        """Every image file as a "whole" table (labels -1). A sample the engine must leave to the Python reader is
+        marked in ``python``: one whose annotations are invalid or whose file the checks of `_image_file` refuse
+        (a name leaving the root, a link leading outside it, a missing file, a non-regular or too large one: the
+        reader names the problem); a link inside the root is read where it leads. Raises `NotNative` for masks or polygons (the engine moves boxes
+        only) and for relative boxes without ``check_sizes`` (they scale by the probed size)."""
+        if self.masks is not None:
+            raise NotNative(f"masks={self.masks!r}: the engine moves boxes and their fields, not masks or polygons")
+        if self.relative and not self.check_sizes:
+            raise NotNative("relative boxes with check_sizes=False scale by each image's probed size")
+        n = len(self._img)
+        paths = [self._joined(int(j)) for j in self._img.tolist()]
+        sizes = np.full(n, -1, np.int64)
+        python = np.zeros(n, np.uint8)
+        root = self._real_dir(self.root).rstrip(os.sep) + os.sep
+        for i, path in enumerate(paths):
+            j = int(self._img[i])
+            name = unpack(self._a["img_file"], self._a["img_file_end"], j)
+            if j in self._errors or "\0" in name or os.path.isabs(name) or ".." in name.split("/"):
+                python[i] = 1
+                continue
+            try:
+                os.fsencode(path)
+                st = os.lstat(path)
+                real = self._real_dir(os.path.dirname(path)).rstrip(os.sep) + os.sep
+                if stat.S_ISLNK(st.st_mode):   # read where it leads, checked as the reader checks it
+                    paths[i] = os.path.realpath(path)
+                    st, real = os.stat(paths[i]), paths[i]
+            except (OSError, UnicodeEncodeError):
+                python[i] = 1
+                continue
+            inside = self.allow_outside_root or real.startswith(root)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > self.max_bytes or not inside:
+                python[i] = 1
+                continue
+            sizes[i] = st.st_size
+        safe = [p if not python[i] else os.devnull for i, p in enumerate(paths)]   # (not read: left to Python)
+        return NativeTable(safe, np.arange(n, dtype=np.int64), np.zeros(n, np.int64), sizes,
+                           np.full(n, -1, np.int64), "whole", python=python)
+
+    def native_boxes(self) -> NativeBoxes:
+        """The samples' boxes (as the records hold them: `box_format`, relative or not) and fields as arrays:
+        per box ``categories``, ``iscrowd``, ``area`` (and ``scores``), per sample ``image_id``, and the declared
+        image sizes the boxes are in (None without ``check_sizes``: nothing to check them against)."""
+        per_box = {"categories": self._cats.astype(np.int64), "iscrowd": self._crowd, "area": self._area}
+        if self._score is not None:
+            per_box["scores"] = np.asarray(self._score, np.float32)
+        declared = None
+        if self.check_sizes:
+            declared = np.stack([np.asarray(self._a["img_h"])[self._img],
+                                 np.asarray(self._a["img_w"])[self._img]], 1).astype(np.int64)
+        return NativeBoxes(self._boxes, self._start.astype(np.int64), per_box,
+                           {"image_id": self.image_ids.astype(np.int64)}, declared)
 
     def _where_images(self) -> str:
         """What a missing image file's message adds: the images root used and the option that sets it."""
