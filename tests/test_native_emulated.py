@@ -879,7 +879,7 @@ def child_detection_loader(lib_path: str, root: str, chain_name: str) -> None:
         python = ingest.Loader(src, ops=ops, device="cpu", decode="cpu", **options)
         want = [b for _ in range(2) for b in python]
     ours = ingest.Loader(src, ops=ops, device="cpu", decode="cpu", **options)
-    ours._native, native._gpu_arguments = chain, lambda pipeline: gpu   # (the stand-ins as the GPU)
+    ours._native, native._gpu_arguments = chain, lambda pipeline, table: gpu   # (the stand-ins as the GPU)
     got = [b for _ in range(2) for b in ours]
     assert ours.stats()["engine"] == "native" and len(got) == len(want) == 6
     for a, b in zip(got, want):
