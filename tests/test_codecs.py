@@ -662,14 +662,22 @@ def test_gpu_jpeg2k_decoders_of_their_own_give_the_same_images_and_regions():
     got = {}
     with CpuDecoder(threads=1) as cpu:
         for count in (0, 2):
-            with defaults.set(jpeg2k_decoders=count), decode_gpu.GpuDecoder("cuda", cpu, engine="native") as gpu:
+            with defaults.set(jpeg2k_decoders=count):
+                try:
+                    gpu = decode_gpu.GpuDecoder("cuda", cpu, engine="native")
+                except ImportError as err:   # no native engine for this nvImageCodec
+                    pytest.skip(str(err))
+            with gpu:
                 assert len(gpu._j2k_decoders) == count
                 images, origins, paths = gpu.decode_batch(datas, names, rois=rois)
                 got[count] = ([image.cpu() for image in images], origins, paths, dict(gpu.fallbacks))
     assert got[2][1:] == got[0][1:]
     assert got[2][2] == ["gpu-roi", "gpu", "gpu-roi", "gpu", "gpu", "cpu-fallback", "gpu-roi"], got[2][2]
     for name, mine, shared in zip(names, got[2][0], got[0][0]):
-        assert torch.equal(mine, shared), name
+        if name == "lossy.j2k":   # the 9/7 wavelet in floating point: the same decoder, so a level at most
+            assert (mine.int() - shared.int()).abs().max() <= 1, name
+        else:
+            assert torch.equal(mine, shared), name
 
 
 def test_batch_shares_give_jpeg2k_images_to_their_own_decoders_when_there_are_some():

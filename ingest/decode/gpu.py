@@ -297,6 +297,9 @@ class GpuDecoder:
     one does not pay there. ``cpu_threads``: each decoder's nvImageCodec CPU threads (0: one per core); a
     pipeline gives each of its decoders its share of the cores (`cpu_threads_each`) rather than every decoder
     one thread per core. The figures behind these rules: docs/measurements.md, The in-process CUDA loader.
+    The ``jpeg2k_decoders`` setting (native engine, "auto" backend) adds that many decoders, of ``cpu_threads``
+    each, which take the batch's JPEG 2000 images between them (`batch_shares`): nvImageCodec decodes one JPEG
+    2000 image per thread at a time and caps a decoder's threads, so they raise the images in flight.
 
     :attr:`engine` says which engine runs, :attr:`fallbacks` counts why GPU-eligible images went to the CPU
     decoder, :attr:`messages` holds what nvImageCodec printed while loading.
