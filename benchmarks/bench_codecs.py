@@ -26,11 +26,25 @@ issue 36 asks >= 1.2 for JPEG 2000 over DALI and >= 3 for TIFF on the GPU over D
 says each against its bar), ``<set>_ingest_gpu_share`` (of the images ingest's loader decoded, warm-up included,
 the share nvImageCodec took) and the decode-only rates.
 
-Running order: every set's loaders, then the decode-only runs; ``--budget`` bounds them all together (the sets'
-making aside), and a variant left too little time is recorded as skipped.
+Settings (``--setting NAME=INGEST_VAR=VALUE[,INGEST_VAR=VALUE]``, repeatable; bench_settings.py's syntax, each
+variable one of ingest's settings): the ingest loader (i) runs once per setting, in its own process with those
+variables, against the same DALI runs. The first setting is the headline (``<set>/ingest_mixed`` when it is
+named ``default``, else ``<set>/ingest_mixed@NAME`` like the others); ``<set>_settings`` in ``derived`` gives each
+setting's img/s and its ratio over DALI, ``<set>_best_setting`` the fastest. The decode-only run (f) takes the
+first setting's variables.
+
+Windows: JPEG 2000 decodes an order of magnitude slower than TIFF, so its sets' loaders are timed over
+``--j2k-seconds`` and at least ``--j2k-min-batches`` (default 8 s and 20 batches; 3 s windows held 9 to 21
+batches, too few to tell settings apart).
+
+Running order: per set, the first setting's loader, DALI's, then the other settings'; then the decode-only runs.
+``--budget`` bounds them all together (the sets' making aside), and a variant left too little time is recorded
+as skipped.
 
     python benchmarks/bench_codecs.py                      # GPU; JSON in benchmarks/results/bench_codecs/<device>/
     python benchmarks/bench_codecs.py --dry-run            # CPU only, tiny sets; DALI on its CPU backend
+    python benchmarks/bench_codecs.py --sets j2k_lossy,j2k_lossless --only i,d --budget 200 \\
+        --setting default= --setting t15=INGEST_GPU_DECODE_THREADS=15   # settings against the same DALI
 """
 
 from __future__ import annotations
@@ -52,6 +66,7 @@ sys.path.insert(1, str(HERE))
 
 import bench_gpu  # noqa: E402 - after the path: this tree's ingest and the benchmark helpers
 from bench_gpu import MEAN, STD, Feed, describe_batch, sync  # noqa: E402
+from bench_settings import parse_setting  # noqa: E402
 
 SETS = {"j2k_lossy": ".jp2", "j2k_lossless": ".jp2", "tiff": ".tif"}
 VARIANTS = {"i": "ingest_mixed", "d": "dali_mixed", "c": "dali_cpu_decode", "f": "decode_only"}
@@ -60,6 +75,11 @@ ORDER = "idcf"
 SET_VARIANTS = {"j2k_lossy": "idf", "j2k_lossless": "idf", "tiff": "idcf"}
 #: The least a variant is started with under --budget.
 MIN_CHILD_SECONDS = 15
+#: Sets timed over --j2k-seconds and --j2k-min-batches instead of --seconds and --min-batches.
+J2K_SETS = ("j2k_lossy", "j2k_lossless")
+#: ingest's settings read in each loader child and recorded with its result (what the decode's concurrency is).
+RECORDED_SETTINGS = ("gpu_decoders", "gpu_decode_threads", "decode_batches", "jpeg2k_decoders", "jpeg2k_device_padding",
+                     "nvjpeg_host_padding", "nvjpeg_device_padding")
 #: Issue 36's bars: derived figure -> the least it asks.
 TARGETS = {"j2k_lossy_ingest_over_dali": 1.2, "j2k_lossless_ingest_over_dali": 1.2, "tiff_ingest_over_dali_cpu": 3.0}
 
@@ -76,6 +96,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="DALI and CPU decoder threads (default 16)")
     p.add_argument("--seconds", type=float, default=None, help="timed window per loader (default 3)")
     p.add_argument("--decode-seconds", type=float, default=None, help="timed window per decode case (default 2)")
+    p.add_argument("--j2k-seconds", type=float, default=None,
+                   help="timed window per loader of the JPEG 2000 sets (default 8)")
+    p.add_argument("--j2k-min-batches", type=int, default=None,
+                   help="the JPEG 2000 sets' timed windows hold at least this many batches (default 20)")
+    p.add_argument("--setting", action="append", metavar="NAME=INGEST_VAR=VALUE[,INGEST_VAR=VALUE]",
+                   help="a named setting the ingest loader runs under (NAME= alone: the defaults); repeatable, "
+                        "the first is the headline (default: one setting, 'default')")
     p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up (default 1.5)")
     p.add_argument("--warmup-batches", type=int, default=2)
     p.add_argument("--min-batches", type=int, default=3)
@@ -92,11 +119,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU only, tiny sizes (DALI is reported unavailable)")
     p.add_argument("--child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     p.add_argument("--child-set", choices=sorted(SETS), help=argparse.SUPPRESS)
+    p.add_argument("--child-setting", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     dry = a.dry_run
     defaults = dict(images=16 if dry else 1024, batch=8 if dry else 256, threads=2 if dry else 16,
                     seconds=0.5 if dry else 3.0, decode_seconds=0.5 if dry else 2.0,
+                    j2k_seconds=0.5 if dry else 8.0, j2k_min_batches=1 if dry else 20,
                     warmup_seconds=0.2 if dry else 1.5, workers=2 if dry else os.cpu_count())
     for k, v in defaults.items():
         if getattr(a, k) is None:
@@ -109,7 +138,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.sets = [s for s in a.sets.split(",") if s]
     a.cpu_decode = [s for s in a.cpu_decode.split(",") if s]
     if a.child_budget is None:
-        a.child_budget = 60 + 3 * a.warmup_seconds + 2 * a.seconds + 4 * a.decode_seconds
+        a.child_budget = 60 + 3 * a.warmup_seconds + 2 * max(a.seconds, a.j2k_seconds) + 4 * a.decode_seconds
+    try:
+        a.settings = [parse_setting(s) for s in (a.setting or ["default="])]
+    except SystemExit as err:
+        p.error(str(err))
+    names = [n for n, _ in a.settings]
+    if len(set(names)) != len(names) or any(not re.fullmatch(r"[A-Za-z0-9_.-]+", n) for n in names):
+        p.error(f"setting names must differ and be made of letters, digits, '_', '.' and '-'; got {names}")
+    unknown_vars = sorted({v for _, env in a.settings for v in env} - known_variables())
+    if unknown_vars:
+        p.error(f"--setting: {', '.join(unknown_vars)} not among ingest's settings' variables "
+                f"({', '.join(sorted(known_variables()))})")
     unknown = (set(a.sets + a.cpu_decode) - set(SETS)) | (set((a.only or ORDER).replace(",", "")) - set(VARIANTS))
     if unknown:
         p.error(f"Unknown set(s) or variant(s) {sorted(unknown)}. Sets: {', '.join(SETS)}; variants: "
@@ -136,8 +176,9 @@ def main(argv=None) -> int:
     argfile = logdir / "args.json"
     argfile.write_text(json.dumps(vars(args)))
     t_runs = time.perf_counter()
-    for name, key in plan(args):
-        label = f"{name}/{VARIANTS[key]}"
+    settings = dict(args.settings)
+    for name, key, setting in plan(args):
+        label = variant_label(name, key, setting, args.settings[0][0])
         left = args.budget - (time.perf_counter() - t_runs) if args.budget else args.child_budget
         if left < MIN_CHILD_SECONDS:
             report["results"][label] = {"variant": label, "error": f"skipped: --budget {args.budget:g} s spent"}
@@ -146,9 +187,14 @@ def main(argv=None) -> int:
         print(f"[bench_codecs] {label} ...", flush=True)
         cmd = [sys.executable, os.path.abspath(__file__), "--child", key, "--child-set", name]
         env = dict(os.environ, INGEST_BENCH_ARGS=str(argfile), PYTHONUNBUFFERED="1")
-        log = logdir / f"{name}_{key}.log"
+        if setting is not None:
+            cmd += ["--child-setting", setting]
+            env.update(settings[setting])
+        log = logdir / (f"{name}_{key}" + (f"@{setting}" if setting is not None else "") + ".log")
         res = bench_gpu.run_json_child(cmd, env, min(args.child_budget, left), log, label.replace("/", "-"))
         res["library_messages"] = library_messages(log)
+        if setting is not None:
+            res["setting"], res["setting_env"] = setting, settings[setting]
         report["results"][label] = res
         print(f"[bench_codecs]   {bench_gpu._one_line(res)}", flush=True)
         report["derived"] = derive(report["results"])
@@ -160,12 +206,35 @@ def main(argv=None) -> int:
     return 0
 
 
-def plan(args) -> list[tuple[str, str]]:
-    """(set, variant) in running order: every set's loaders first (the figures the issue asks for), then the
-    decode-only runs, so that a spent --budget cuts the diagnostics."""
+def plan(args) -> list[tuple[str, str, str | None]]:
+    """(set, variant, setting name or None) in running order: per set, ingest's loader under the first setting,
+    DALI's loaders, ingest's under the other settings (the figures the issue asks for first, so that a spent
+    --budget cuts the extra settings), then the decode-only runs (under the first setting)."""
     want = {name: args.only or SET_VARIANTS[name] for name in args.sets}
-    loaders = [(name, k) for name in args.sets for k in ORDER if k != "f" and k in want[name]]
-    return loaders + [(name, "f") for name in args.sets if "f" in want[name]]
+    first, *others = [n for n, _ in args.settings]
+    out = []
+    for name in args.sets:
+        if "i" in want[name]:
+            out.append((name, "i", first))
+        out += [(name, k, None) for k in ORDER if k in "dc" and k in want[name]]
+        if "i" in want[name]:
+            out += [(name, "i", s) for s in others]
+    return out + [(name, "f", first) for name in args.sets if "f" in want[name]]
+
+
+def variant_label(name: str, key: str, setting: str | None, headline: str) -> str:
+    """The result's key: ``<set>/<variant>``, with ``@<setting>`` for ingest's loader under any setting but a
+    headline one named ``default`` (the key earlier results have)."""
+    label = f"{name}/{VARIANTS[key]}"
+    if key == "i" and setting is not None and not (setting == headline == "default"):
+        label += f"@{setting}"
+    return label
+
+
+def known_variables() -> set[str]:
+    """The environment variables of ingest's settings (``ingest.defaults``)."""
+    from ingest import defaults
+    return {defaults.variable(name) for name in defaults.names()}
 
 
 def derive(results: dict) -> dict:
@@ -173,10 +242,20 @@ def derive(results: dict) -> dict:
     r = bench_gpu._ratio
     out = {}
     for name in SETS:
-        out[f"{name}_ingest_over_dali"] = r(g(f"{name}/ingest_mixed", "img_s"), g(f"{name}/dali_mixed", "img_s"))
-        out[f"{name}_ingest_over_dali_cpu"] = r(g(f"{name}/ingest_mixed", "img_s"),
-                                                g(f"{name}/dali_cpu_decode", "img_s"))
-        out[f"{name}_ingest_gpu_share"] = gpu_share(g(f"{name}/ingest_mixed", "loader_stats", "decode_paths"))
+        loaders = [k for k in results if k == f"{name}/ingest_mixed" or k.startswith(f"{name}/ingest_mixed@")]
+        headline = loaders[0] if loaders else f"{name}/ingest_mixed"
+        if len(loaders) > 1:
+            per = {results[k].get("setting", k.partition("@")[2] or "default"):
+                   {"img_s": g(k, "img_s"), "over_dali": r(g(k, "img_s"), g(f"{name}/dali_mixed", "img_s")),
+                    "env": results[k].get("setting_env")} for k in loaders}
+            out[f"{name}_settings"] = per
+            timed = {s: v["img_s"] for s, v in per.items() if v["img_s"] is not None}
+            if timed:
+                best = max(timed, key=timed.get)
+                out[f"{name}_best_setting"] = {"setting": best, **per[best]}
+        out[f"{name}_ingest_over_dali"] = r(g(headline, "img_s"), g(f"{name}/dali_mixed", "img_s"))
+        out[f"{name}_ingest_over_dali_cpu"] = r(g(headline, "img_s"), g(f"{name}/dali_cpu_decode", "img_s"))
+        out[f"{name}_ingest_gpu_share"] = gpu_share(g(headline, "loader_stats", "decode_paths"))
         out[f"{name}_decode_gpu_img_s"] = g(f"{name}/decode_only", "decode", "ingest_gpu_regions", "img_s")
         out[f"{name}_decode_gpu_paths"] = g(f"{name}/decode_only", "decode", "ingest_gpu_regions",
                                             "paths_first_batch")
@@ -281,12 +360,18 @@ def list_files(root: Path) -> list[Path]:
 
 
 def child_main(args) -> int:
-    key, name, out_path = args.child, args.child_set, args.child_out
+    key, name, out_path, setting = args.child, args.child_set, args.child_out, args.child_setting
     args = bench_gpu.child_args(args)
     args.data = str(Path(args.root) / name)
+    if name in J2K_SETS:   # the longer window (see the module doc)
+        args.seconds, args.min_batches = args.j2k_seconds, max(args.min_batches, args.j2k_min_batches)
 
     def run(dev, res, flush):
         res["set"] = name
+        if setting is not None:
+            from ingest import defaults
+            res["setting"] = setting
+            res["ingest_settings"] = {k: defaults.get(k) for k in RECORDED_SETTINGS}
         if key == "f":
             decode_only(args, dev, res, flush)
             return
