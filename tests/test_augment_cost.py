@@ -161,3 +161,18 @@ def test_upload_keeps_dtypes_and_shapes():
     for a, t in zip(arrays, F.upload(arrays, "cpu")):
         assert t.shape == a.shape and np.array_equal(t.numpy(), a)
     assert F.upload([], "cpu") == []
+
+
+def test_upload_packs_arrays_into_one_copy_for_a_device(monkeypatch):
+    copies = []
+
+    def to_device(host, device):   # the staged copy, kept on the host: what the views must read back
+        copies.append(host.copy())
+        return torch.from_numpy(copies[-1])
+    monkeypatch.setattr(F, "_to_device_bytes", to_device)
+    arrays = [np.arange(5, dtype=np.int64), np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3),
+              np.array([True, False, True]), np.arange(3, dtype=np.uint8), np.array([1.5, -2.25])]
+    sent = F.upload(arrays, "cuda")
+    assert len(copies) == 1
+    for a, t in zip(arrays, sent):
+        assert t.shape == a.shape and t.dtype == torch.from_numpy(a).dtype and np.array_equal(t.numpy(), a)
