@@ -224,10 +224,9 @@ def _pointwise(x: torch.Tensor, sent: Sequence[torch.Tensor], steps: tuple[bool,
     params, contrast, mask = sent
     blend, masked, inverted = steps
     a_t, b_t, thr = (params[:, k].view(-1, 1, 1, 1) for k in range(3))
-    xf = x.to(torch.float32)
-    out = xf.mul(a_t)
+    out = x.mul(a_t)   # uint8 times float32: float32, as torchvision's float copy times the factor
     if blend:
-        r, g, bl = xf.unbind(dim=1)
+        r, g, bl = x.unbind(dim=1)
         gray = r.mul(0.2989).add_(g, alpha=0.587).add_(bl, alpha=0.114).floor_().unsqueeze(1)
         other = torch.where(contrast.view(-1, 1, 1, 1), gray.mean(dim=(-3, -2, -1), keepdim=True), gray)
         out = out.addcmul_(other, b_t)

@@ -586,7 +586,10 @@ def warp_sent(images: torch.Tensor, sent: Sequence[torch.Tensor], interpolation:
             x = torch.where(mask < 0.5, fill.expand_as(x), x)
         else:
             x = x.sub_(fill).mul_(mask).add_(fill)
-    return x if fp else x.round_().to(images.dtype)
+    if fp:
+        return x
+    # nearest sampling without a fill blend gives the input's whole levels (or 0): nothing to round
+    return (x if interpolation == "nearest" and fill is None else x.round_()).to(images.dtype)
 
 
 def affine(images: torch.Tensor, angle: Value, translate: Value, scale: Value, shear: Value,
