@@ -21,6 +21,7 @@ Rules: images must have 1 or 3 channels where torchvision requires it (colour op
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
@@ -46,6 +47,7 @@ Value = Any   # a number, or N values (sequence, numpy array or tensor)
 #: batch the ring covers several batches queued ahead of the GPU before the host would wait for one.
 _STAGING = Staging(slots=32)
 _CONSTANTS: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+_CONSTANTS_LOCK = threading.Lock()
 _KEPT = 32   # constants kept (base grids are per image size: a ragged stream of sizes must not grow it)
 
 
@@ -86,13 +88,16 @@ def _stream_key(device: torch.device) -> int:
 def _cached(key: tuple, build: Callable[[], torch.Tensor]) -> torch.Tensor:
     """The tensor ``build()`` made once per ``key`` (the most recent few are kept). Keys of CUDA tensors hold
     the stream (:func:`_stream_key`): a tensor is used on the stream that made it, so dropping it is safe."""
-    t = _CONSTANTS.get(key)
-    if t is None:
-        t = _CONSTANTS[key] = build()
+    with _CONSTANTS_LOCK:
+        t = _CONSTANTS.get(key)
+        if t is not None:
+            _CONSTANTS.move_to_end(key)
+            return t
+    t = build()
+    with _CONSTANTS_LOCK:
+        _CONSTANTS[key] = t
         while len(_CONSTANTS) > _KEPT:
             _CONSTANTS.popitem(last=False)
-    else:
-        _CONSTANTS.move_to_end(key)
     return t
 
 
