@@ -27,7 +27,7 @@ Each loader variant times the loader alone (--seconds) and then ResNet-50 traini
 bf16 autocast, channels_last, SGD, soft labels through CrossEntropyLoss), as bench_gpu.py does. The ingest
 child also measures the GPU time the augmentation adds per batch (``augment_cost``): its ops on a batch of
 decoded 375 x 500 images already on the GPU, RandomResizedCrop + flip + Normalize with and without RandAugment
-+ RandomErasing + MixUpCutMix, timed with CUDA events.
++ RandomErasing + MixUpCutMix, timed with CUDA events, and each of the three alone on the cropped batch.
 
 Derived: ``ingest_over_dali_train`` (p / d, issue 35 asks >= 1.2), ``ingest_over_dataloader_train`` (i / t,
 issue 35 asks >= 5), the same ratios of the loader-only rates, and ``augment_gpu_ms_per_batch``.
@@ -171,7 +171,8 @@ def derive(results: dict) -> dict:
             "train_over_synthetic": {k: r(g(k, "train", "img_s"), g("synthetic", "train", "img_s"))
                                      for k in ("ingest_timm", "ingest_no_mix", "dali_rand_augment", "dataloader_v2")},
             "augment_gpu_ms_per_batch": g("ingest_timm", "augment_cost", "added_gpu_ms"),
-            "augment_host_ms_per_batch": g("ingest_timm", "augment_cost", "added_host_ms")}
+            "augment_host_ms_per_batch": g("ingest_timm", "augment_cost", "added_host_ms"),
+            "augment_parts_ms": g("ingest_timm", "augment_cost", "parts")}
 
 
 # ==================================================================================================
@@ -338,8 +339,10 @@ def synthetic(args, dev, res: dict) -> None:
 def augment_cost(args, dev, rounds: int = 20, source: tuple[int, int] = (375, 500)) -> dict:
     """GPU (CUDA events) and host time per batch of ingest's ops on a batch of decoded ``source`` (h, w) images
     already on the device, as the Loader runs them after decoding: RandomResizedCrop + flip + Normalize (the
-    plain recipe) vs the same with RandAugment(2, 9) + RandomErasing(0.25) + MixUpCutMix (timm's). The
-    difference is what the augmentation adds; RandAugment's geometry folds into the crop's warp in both."""
+    plain recipe, Normalize fused into the crop's warp) vs the same with RandAugment(2, 9) + RandomErasing(0.25)
+    + MixUpCutMix (timm's: the policy and the erasing are stages of their own between the warp and Normalize).
+    The difference is what the augmentation adds. ``parts``: each augmentation op alone on the cropped batch
+    (224 x 224 uint8, MixUpCutMix on its float32 NCHW normalized form)."""
     import numpy as np
     import torch
     from ingest.ops import plan
@@ -358,29 +361,42 @@ def augment_cost(args, dev, rounds: int = 20, source: tuple[int, int] = (375, 50
             mixer.mix_labels(labels, params)
         return out
 
-    res = {"source_hw": list(source), "batch": args.batch, "rounds": rounds}
-    for name, chain, mix in (("plain", plain, False), ("recipe", full, True)):
+    def timed(fn) -> dict:
         for k in range(3):
-            out = run(chain, mix, k)
+            fn(k)
         sync(dev)
-        res[name] = {"out_shape": list(out.shape)}
         gpu, host = [], []
         for k in range(rounds):
             if cuda:
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 begin.record()
             t0 = time.perf_counter()
-            run(chain, mix, 100 + k)
+            fn(100 + k)
             host.append(time.perf_counter() - t0)
             if cuda:
                 end.record()
                 gpu.append((begin, end))
         sync(dev)
-        res[name]["host_ms"] = round(1000 * sum(host) / rounds, 3)
+        out = {"host_ms": round(1000 * sum(host) / rounds, 3)}
         if cuda:
-            res[name]["gpu_ms"] = round(sum(b.elapsed_time(e) for b, e in gpu) / rounds, 3)
+            out["gpu_ms"] = round(sum(b.elapsed_time(e) for b, e in gpu) / rounds, 3)
+        return out
+
+    res = {"source_hw": list(source), "batch": args.batch, "rounds": rounds}
+    for name, chain, mix in (("plain", plain, False), ("recipe", full, True)):
+        res[name] = {"out_shape": list(run(chain, mix, 0).shape), **timed(lambda k: run(chain, mix, k))}
     for key in ("gpu_ms", "host_ms") if cuda else ("host_ms",):
         res[f"added_{key}"] = round(res["recipe"][key] - res["plain"][key], 3)
+    cropped = plan(ops[:2], sizes, 0).execute(images)
+    out_sizes = [tuple(cropped.shape[1:3])] * args.batch
+    normalized = plan(ops[4:5], out_sizes, 0).execute(cropped)
+    policy, erasing = ops[2], ops[3]
+    drawn = {name: [op.draw(out_sizes, 1000 + k) for k in range(rounds + 3)]
+             for name, op in (("policy", policy), ("erasing", erasing), ("mix", mixer))}
+    res["parts"] = {
+        "rand_augment": timed(lambda k: policy.apply(cropped, drawn["policy"][k % len(drawn["policy"])])),
+        "random_erasing": timed(lambda k: erasing.apply(cropped, drawn["erasing"][k % len(drawn["erasing"])])),
+        "mix_images": timed(lambda k: mixer.mix_images(normalized, drawn["mix"][k % len(drawn["mix"])]))}
     return res
 
 

@@ -152,3 +152,40 @@ def test_torchvision_op_on_cuda_leaves_the_users_generators_alone():
     seeds = op.draw([(61, 77)] * 8, 3)
     assert torch.equal(op.apply(x, seeds), op.apply(x, seeds))
     assert torch.equal(torch.random.get_rng_state(), cpu_state) and torch.equal(torch.cuda.get_rng_state(), cuda_state)
+
+
+def test_augmentation_never_waits_for_the_gpu():
+    """Under torch's sync debug mode "error" any device-to-host synchronization raises: the policies, erasing,
+    mixing and the primitives with per-sample parameters on the host queue their work and return."""
+    n, h, w = 64, 96, 112
+    x = batch(n, h, w, seed=3).permute(0, 2, 3, 1).contiguous().cuda()
+    ops = [RandAugment(2, 9), RandAugment(2, 9, interpolation="bilinear", fill=(1, 2, 3)), TrivialAugmentWide(),
+           AutoAugment(), RandomErasing(1.0), RandomErasing(1.0, value=(1, 2, 3)), RandomErasing(1.0, value="random")]
+    params = [op.draw([(h, w)] * n, 5) for op in ops]
+    mix = MixUpCutMix(0.8, 1.0, num_classes=10, label_smoothing=0.1)
+    mixed = mix.draw([(h, w)] * n, 6)
+    labels = torch.arange(n, device="cuda") % 10
+    f = np.linspace(0.2, 1.8, n)
+
+    def run():
+        for op, p in zip(ops, params):
+            op.apply(x, p)
+        mix.mix_images(x.permute(0, 3, 1, 2).float(), mixed)
+        mix.mix_images(x.permute(0, 3, 1, 2).clone(), mixed)
+        mix.mix_labels(labels, mixed)
+        y = x.permute(0, 3, 1, 2)
+        for fn, value in ((F.adjust_brightness, f), (F.adjust_contrast, f), (F.adjust_saturation, f),
+                          (F.adjust_sharpness, f), (F.adjust_hue, (f - 1) / 2), (F.posterize, np.arange(n) % 9),
+                          (F.solarize, 4.0 * np.arange(n))):
+            fn(y, value)
+        F.equalize(y), F.autocontrast(y), F.gaussian_blur(y, 5, f), F.rotate(y, 3.0 * np.arange(n), fill=(1, 2, 3))
+
+    run()
+    run()   # warm: constants, staging buffers, cuDNN's choices
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()

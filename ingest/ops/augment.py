@@ -8,11 +8,16 @@ whole batch with the primitives of :mod:`ingest.ops.functional`, which equal tor
 **Policies** draw what torchvision's ``transforms.v2`` draws, with its distributions: RandAugment ``num_ops``
 times an op uniformly from its 14 and a sign coin (magnitude fixed by ``magnitude``); TrivialAugmentWide an op,
 a magnitude bin uniformly from ``num_magnitude_bins`` and a sign; AutoAugment one of the 25 sub-policies, then
-each of its two ops with its probability, and a sign. The ops then run in that order per sample, batched: in
-round r every sample that drew op k runs it in one call over those samples (its geometry ones, shear,
-translate and rotate, together in one per-sample affine resample), so a round is at most a dozen batched
-calls whatever the batch size. Unlike torchvision, each *sample* draws its own ops (torchvision draws once per
-call, i.e. per image when it runs per sample in a DataLoader worker: the same distribution).
+each of its two ops with its probability, and a sign. The ops then run in that order per sample, batched: on a
+uint8 RGB batch, round r runs at most five groups, each over the samples that drew one of its ops: the geometry
+ops (shear, translate, rotate: one per-sample affine resample), the pointwise ones (brightness, colour,
+contrast, posterize, solarize, invert: one pass), sharpness, autocontrast and equalize (per-sample histograms
+by one ``scatter_add``, the tables applied by one ``gather``). The host plans every round from the draws
+(which samples, their matrices and factors) and sends it to the device in one copy; nothing waits for the
+device. So a batch costs a fixed number of torch calls (about 70 per round at most), whatever its size. Gray
+and float batches run op by op on the same groups. Unlike torchvision, each *sample* draws its own ops
+(torchvision draws once per call, i.e. per image when it runs per sample in a DataLoader worker: the same
+distribution).
 
 A policy mixes geometry and colour per sample, in order, so it is a stage of its own rather than part of
 the fused warp; :class:`RandomAffine` is a geometry op and folds into the warp of the geometry around it
@@ -60,25 +65,21 @@ def on_batches(images: Images, fn) -> Images:
     return out
 
 
-def _index(rows: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
-
-
 class _Rows:
     """A batch ``[n, C, H, W]`` that ops change on subsets of its samples, in place of a private copy."""
 
     def __init__(self, x: torch.Tensor):
         self.x, self.owned = x, False
 
-    def update(self, rows: np.ndarray, fn) -> None:
-        """Samples ``rows`` of the batch replaced by ``fn(those samples)``."""
-        if not len(rows):
-            return
-        if len(rows) == len(self.x):
+    def update(self, rows: np.ndarray | torch.Tensor | None, fn) -> None:
+        """Samples ``rows`` of the batch (host indices, int64 indices on the batch's device, or None: all)
+        replaced by ``fn(those samples)``."""
+        if rows is None or (isinstance(rows, np.ndarray) and len(rows) == len(self.x)):
             self.x, self.owned = fn(self.x), True
             return
-        idx = _index(rows, self.x.device)
+        if not len(rows):
+            return
+        idx = F.upload([rows.astype(np.int64)], self.x.device)[0] if isinstance(rows, np.ndarray) else rows
         out = fn(self.x.index_select(0, idx))
         if not self.owned:
             self.x, self.owned = self.x.clone(), True
@@ -198,38 +199,41 @@ def _colour(name: str, x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
 _POINTWISE = np.array([OP[n] for n in ("Brightness", "Color", "Contrast", "Posterize", "Solarize", "Invert")])
 
 
-def _pointwise(x: torch.Tensor, ops: np.ndarray, m: np.ndarray) -> torch.Tensor:
-    """Brightness, Color, Contrast, Posterize, Solarize and Invert on uint8 RGB ``x``, each sample its own op
-    (``ops``) and magnitude, in one pass of a dozen torch calls: ``trunc(clamp(x * a + g * (1 - a)))`` with
-    ``g`` the luma (Color) or its mean (Contrast) and ``a = 1`` for the other ops, then ``& mask`` (Posterize;
-    255 for the others), then inversion at or above a threshold (Solarize; 0 for Invert, 256 for the others).
-    The same float32 operations as torchvision's, so the same results (``mul`` then ``addcmul`` is its
-    ``add(alpha=)``)."""
+def _pointwise_arguments(ops: np.ndarray, m: np.ndarray) -> tuple[list[np.ndarray], tuple[bool, bool, bool]]:
+    """What :func:`_pointwise` takes for samples drawing ``ops`` with magnitudes ``m``, on the host: ``[n, 3]``
+    float32 (the factor ``a``, ``b = 1 - a`` for Color and Contrast, the solarize threshold), ``[n]`` bool
+    (Contrast), ``[n]`` uint8 (the posterize mask); and which of the blend, mask and inversion steps any sample
+    needs."""
     blend = np.isin(ops, [OP["Brightness"], OP["Color"], OP["Contrast"]])
     a = np.where(blend, 1.0 + m, 1.0)
     b = np.where(blend & (ops != OP["Brightness"]), -m, 0.0)   # 1 - a, taken in float64 as torchvision does
     bits = np.where(ops == OP["Posterize"], m, 8).astype(np.int64)
     mask = np.where(bits >= 8, 255, (255 << (8 - np.minimum(bits, 8))) & 255)
     threshold = np.where(ops == OP["Solarize"], 255.0 * m, np.where(ops == OP["Invert"], 0.0, 256.0))
-    host = np.stack([a, b, threshold], axis=1)
-    dev = x.device
-    params = torch.from_numpy(host).to(torch.float32)
-    params = params.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else params
+    arrays = [np.stack([a, b, threshold], axis=1).astype(np.float32), ops == OP["Contrast"], mask.astype(np.uint8)]
+    return arrays, (bool((b != 0).any()), bool((mask != 255).any()), bool((threshold <= 255).any()))
+
+
+def _pointwise(x: torch.Tensor, sent: Sequence[torch.Tensor], steps: tuple[bool, bool, bool]) -> torch.Tensor:
+    """Brightness, Color, Contrast, Posterize, Solarize and Invert on uint8 RGB ``x``, each sample its own op
+    and magnitude (:func:`_pointwise_arguments`' arrays, on ``x``'s device), in one pass of a dozen torch calls:
+    ``trunc(clamp(x * a + g * (1 - a)))`` with ``g`` the luma (Color) or its mean (Contrast) and ``a = 1`` for
+    the other ops, then ``& mask`` (Posterize; 255 for the others), then inversion at or above a threshold
+    (Solarize; 0 for Invert, 256 for the others). The same float32 operations as torchvision's, so the same
+    results (``mul`` then ``addcmul`` is its ``add(alpha=)``)."""
+    params, contrast, mask = sent
+    blend, masked, inverted = steps
     a_t, b_t, thr = (params[:, k].view(-1, 1, 1, 1) for k in range(3))
-    xf = x.to(torch.float32)
-    out = xf.mul(a_t)
-    if (b != 0).any():
-        r, g, bl = xf.unbind(dim=1)
+    out = x.mul(a_t)   # uint8 times float32: float32, as torchvision's float copy times the factor
+    if blend:
+        r, g, bl = x.unbind(dim=1)
         gray = r.mul(0.2989).add_(g, alpha=0.587).add_(bl, alpha=0.114).floor_().unsqueeze(1)
-        contrast = torch.from_numpy((ops == OP["Contrast"]).reshape(-1, 1, 1, 1))
-        contrast = contrast.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else contrast
-        other = torch.where(contrast, gray.mean(dim=(-3, -2, -1), keepdim=True), gray)
+        other = torch.where(contrast.view(-1, 1, 1, 1), gray.mean(dim=(-3, -2, -1), keepdim=True), gray)
         out = out.addcmul_(other, b_t)
     out = out.clamp_(0, 255).to(torch.uint8)
-    if (mask != 255).any():
-        m_t = torch.from_numpy(mask.astype(np.uint8).reshape(-1, 1, 1, 1))
-        out = out & (m_t.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else m_t)
-    if (threshold <= 255).any():
+    if masked:
+        out = out & mask.view(-1, 1, 1, 1)
+    if inverted:
         out = torch.where(out >= thr, out.bitwise_not(), out)
     return out
 
@@ -263,6 +267,62 @@ class _Policy(Op):
     def _run(self, x: torch.Tensor, ops: np.ndarray, mags: np.ndarray) -> torch.Tensor:
         if x.shape[1] not in (1, 3):
             raise ValueError(f"{type(self).__name__} needs images of 1 or 3 channels, got {x.shape[1]}")
+        if x.shape[1] != 3 or x.dtype != torch.uint8:
+            return self._run_each(x, ops, mags)
+        steps, arrays = self._steps(ops, mags, x.shape[-2:])
+        sent = iter(F.upload(arrays, x.device))   # every parameter of every round: one copy to the device
+        batch = _Rows(x)
+        for kind, rows, k, extra in steps:
+            idx = None if rows is None else next(sent)
+            params = [next(sent) for _ in range(k)]
+            if kind == "warp":
+                batch.update(idx, lambda s: F.warp_sent(s, params, self.interpolation))
+            elif kind == "pointwise":
+                batch.update(idx, lambda s: _pointwise(s, params, extra))
+            elif kind == "Sharpness":
+                batch.update(idx, lambda s: F._sharpen(s, params[0], params[1]))
+            else:
+                batch.update(idx, F.autocontrast if kind == "AutoContrast" else F.equalize)
+        return batch.x
+
+    def _steps(self, ops: np.ndarray, mags: np.ndarray, size: Sequence[int]) -> tuple[list[tuple], list[np.ndarray]]:
+        """A uint8 RGB batch's work, planned on the host: per round the groups of samples that drew the geometry
+        ops, the pointwise ops, Sharpness, AutoContrast and Equalize, each ``(kind, rows or None for all, how
+        many parameter arrays, extra)``, and the arrays (each group's rows, then its parameters) to upload."""
+        n = len(ops)
+        steps: list[tuple] = []
+        arrays: list[np.ndarray] = []
+        fill = None if self.fill is None else F._fill_values(list(self.fill), 3)
+
+        def add(kind: str, rows: np.ndarray, params: list[np.ndarray], extra: Any = None) -> None:
+            whole = len(rows) == n
+            if not whole:
+                arrays.append(rows.astype(np.int64))
+            arrays.extend(params)
+            steps.append((kind, None if whole else rows, len(params), extra))
+
+        for r in range(ops.shape[1]):
+            col, m = ops[:, r], mags[:, r]
+            rows = np.flatnonzero(np.isin(col, _GEOMETRY))
+            if len(rows):
+                theta = _policy_theta(col[rows], m[rows], *size)
+                add("warp", rows, F.warp_arguments(theta, size, fill, torch.float32))
+            rows = np.flatnonzero(np.isin(col, _POINTWISE))
+            if len(rows):
+                add("pointwise", rows, *_pointwise_arguments(col[rows], m[rows]))
+            rows = np.flatnonzero(col == OP["Sharpness"])
+            if len(rows):   # the factor and one minus it, in float64 before the cast (torchvision's _blend)
+                f = 1.0 + m[rows]
+                add("Sharpness", rows, [f.astype(np.float32).reshape(-1, 1, 1, 1),
+                                        (1.0 - f).astype(np.float32).reshape(-1, 1, 1, 1)])
+            for name in ("AutoContrast", "Equalize"):
+                rows = np.flatnonzero(col == OP[name])
+                if len(rows):
+                    add(name, rows, [])
+        return steps, arrays
+
+    def _run_each(self, x: torch.Tensor, ops: np.ndarray, mags: np.ndarray) -> torch.Tensor:
+        """Gray or float batches: per round, each op drawn on the samples that drew it."""
         h, w = x.shape[-2:]
         batch = _Rows(x)
         for r in range(ops.shape[1]):
@@ -271,14 +331,9 @@ class _Policy(Op):
             if len(rows):
                 theta = _policy_theta(col[rows], m[rows], h, w)
                 batch.update(rows, lambda s: F.warp_batch(s, theta, self.interpolation, self.fill))
-            fused = x.shape[1] == 3 and x.dtype == torch.uint8
-            if fused:   # the pointwise ops of every sample that drew one, in one pass
-                rows = np.flatnonzero(np.isin(col, _POINTWISE))
-                if len(rows):
-                    batch.update(rows, lambda s: _pointwise(s, col[rows], m[rows]))
             for k in np.unique(col).tolist():
                 name = NAMES[k]
-                if name == "Identity" or k in _GEOMETRY or (fused and k in _POINTWISE):
+                if name == "Identity" or k in _GEOMETRY:
                     continue
                 rows = np.flatnonzero(col == k)
                 batch.update(rows, lambda s: _colour(name, s, m[rows]))
@@ -460,19 +515,24 @@ class RandomErasing(Op):
         return on_batches(images, lambda x, rows: self._erase(x, boxes[rows], seeds[rows]))
 
     def _erase(self, x: torch.Tensor, boxes: np.ndarray, seeds: np.ndarray) -> torch.Tensor:
+        """One masked fill from the per-sample rectangles; their corners, and the fill values, in one upload."""
         c = x.shape[1]
+        corners = np.concatenate([boxes[:, :2], boxes[:, :2] + boxes[:, 2:]], axis=1)
         if self.value == "random":
             rows = np.flatnonzero(boxes[:, 2] > 0)
             g = torch.Generator(device=x.device)
             g.manual_seed(int(np.bitwise_xor.reduce(seeds[rows])) & ((1 << 63) - 1))
-            mean = torch.tensor(self.mean[:c] if len(self.mean) >= c else self.mean * c, device=x.device)
-            std = torch.tensor(self.std[:c] if len(self.std) >= c else self.std * c, device=x.device)
+            mean, std = (np.asarray(v[:c] if len(v) >= c else v * c, dtype=np.float32) for v in (self.mean, self.std))
+            box, mean_t, std_t = F.upload([corners, mean, std], x.device)
             noise = torch.randn((len(x), c) + tuple(x.shape[-2:]), generator=g, device=x.device)
-            value = noise.mul_(std.view(1, -1, 1, 1)).add_(mean.view(1, -1, 1, 1))
-            value = value.round_().clamp_(0, 255) if x.dtype == torch.uint8 else value
-        else:
-            value = torch.tensor(self.value if len(self.value) == c else self.value * c).view(1, -1, 1, 1)
-        return F.erase(x, boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], value)
+            value = noise.mul_(std_t.view(1, -1, 1, 1)).add_(mean_t.view(1, -1, 1, 1))
+            value = (value.round_().clamp_(0, 255) if x.dtype == torch.uint8 else value).to(x.dtype)
+            return F.erase_boxes(x, box, value)
+        values = self.value if len(self.value) == c else self.value * c
+        if len(set(values)) == 1:   # one number: a masked fill
+            return F.erase_boxes(x, F.upload([corners], x.device)[0], float(values[0]))
+        box, value = F.upload([corners, np.asarray(values, dtype=np.float32)], x.device)
+        return F.erase_boxes(x, box, value.view(1, -1, 1, 1).to(x.dtype))
 
 
 class GaussianBlur(Op):

@@ -17,9 +17,10 @@ import torch
 
 from ..errors import ConfigError
 from .base import Images, Op, Rngs, Size, as_list, per_sample, probability
+from .functional import _constant, upload
 
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision's (ITU-R 601) luma weights
-_HUE_OFFSETS = torch.tensor([[5.0], [3.0], [1.0]])  # r, g, b in the closed-form HSV -> RGB
+_HUE_OFFSETS = np.array([[5.0], [3.0], [1.0]], dtype=np.float32)  # r, g, b in the closed-form HSV -> RGB
 
 
 def _factor_range(name: str, value: Any, *, center: float, bound: tuple[float, float]) -> tuple[float, float]:
@@ -130,10 +131,9 @@ def _apply_flat(ims: list[torch.Tensor], params: JitterParams) -> list[torch.Ten
 
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device`` through pinned memory, so the copy is asynchronous (from pageable memory,
-    as ``torch.tensor(array, device=cuda)`` does, the driver may wait for the stream)."""
-    host = torch.from_numpy(np.ascontiguousarray(array))
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+    """A host array on ``device``, asynchronously (`ingest.ops.functional.upload`: from pageable memory, as
+    ``torch.tensor(array, device=cuda)`` copies, the host would wait for the stream)."""
+    return upload([array], device)[0]
 
 
 def _upload(arrays: Sequence[np.ndarray | None], device: torch.device) -> list[torch.Tensor | None]:
@@ -189,6 +189,6 @@ def _shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     inv = 1.0 / torch.where(flat, torch.ones_like(delta), delta)
     h = torch.where(v == r, (g - b) * inv, torch.where(v == g, (b - r) * inv + 2.0, (r - g) * inv + 4.0))
     h6 = torch.remainder(h * (1.0 / 6.0) + shift, 1.0).mul_(6.0)
-    k = torch.remainder(_HUE_OFFSETS.to(x.device) + h6, 6.0)
+    k = torch.remainder(_constant(("hue offsets",), lambda: _HUE_OFFSETS, x.device) + h6, 6.0)
     ramp = torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0)
     return (v - (v * s) * ramp).mul_(255.999).floor_()  # torchvision's float -> uint8 rule

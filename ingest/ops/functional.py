@@ -5,7 +5,9 @@ new batch of the same dtype, shape and device. A parameter is a number (the whol
 sample: a sequence, numpy array or tensor of N values. The arithmetic is torchvision's, step for step, in
 float32, so a uint8 result equals torchvision's within one level (equal where the parameter is a number; a
 per-sample factor changes the order of one float32 multiply-add) and a float result within float32 rounding.
-Each is a fixed number of batched torch operations: no loop over samples.
+Each is a fixed number of batched torch operations: no loop over samples, and no wait for the device: per-sample
+parameters given on the host go to the device in one asynchronous copy (:func:`upload`), constants are made
+once per device.
 
 Geometry: :func:`rotate` and :func:`affine` sample the batch through per-sample matrices with
 ``grid_sample``, as torchvision does (same grid, same fill blend), keeping the size of the batch. Inside a
@@ -19,11 +21,15 @@ Rules: images must have 1 or 3 channels where torchvision requires it (colour op
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .._driver import Staging
 
 __all__ = [
     "adjust_brightness", "adjust_contrast", "adjust_hue", "adjust_saturation", "adjust_sharpness", "affine",
@@ -36,6 +42,74 @@ Value = Any   # a number, or N values (sequence, numpy array or tensor)
 
 # --------------------------------------------------------------------------------------------------
 # Helpers
+
+#: Pinned buffers of the parameter uploads: a buffer is reused once its copy has run, so with a few uploads per
+#: batch the ring covers several batches queued ahead of the GPU before the host would wait for one.
+_STAGING = Staging(slots=32)
+_CONSTANTS: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+_CONSTANTS_LOCK = threading.Lock()
+_KEPT = 32   # constants kept (base grids are per image size: a ragged stream of sizes must not grow it)
+
+
+def _to_device_bytes(host: np.ndarray, device: torch.device) -> torch.Tensor:
+    """The C-contiguous uint8 array ``host`` as a tensor on ``device``: itself on the CPU; on CUDA one
+    asynchronous copy on the current stream through a ring of pinned staging buffers (no pinning per call,
+    no wait for the GPU)."""
+    if device.type != "cuda":
+        return torch.from_numpy(host)
+    dst = torch.empty(host.nbytes, dtype=torch.uint8, device=device)
+    _STAGING.copy(host, dst, torch.cuda.current_stream(device))
+    return dst
+
+
+def upload(arrays: Sequence[np.ndarray], device: torch.device | str) -> list[torch.Tensor]:
+    """Host arrays as tensors of their dtypes and shapes on ``device``, all in one copy (on the CPU: the arrays'
+    memory, no copy). How the ops send a batch's per-sample parameters: one upload, then views of it."""
+    device = torch.device(device)
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    if device.type != "cuda" or not arrays:
+        return [torch.from_numpy(a) for a in arrays]
+    starts, end = [], 0
+    for a in arrays:
+        starts.append(end)
+        end += -(-a.nbytes // 8) * 8   # every array 8-byte aligned, so each views as its dtype
+    host = np.zeros(max(end, 8), dtype=np.uint8)
+    for a, at in zip(arrays, starts):
+        host[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
+    dev = _to_device_bytes(host, device)
+    return [dev[at:at + a.nbytes].view(torch.from_numpy(a[:0].reshape(-1)).dtype).view(a.shape)
+            for a, at in zip(arrays, starts)]
+
+
+def _stream_key(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def _cached(key: tuple, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The tensor ``build()`` made once per ``key`` (the most recent few are kept). Keys of CUDA tensors hold
+    the stream (:func:`_stream_key`): a tensor is used on the stream that made it, so dropping it is safe."""
+    with _CONSTANTS_LOCK:
+        t = _CONSTANTS.get(key)
+        if t is not None:
+            _CONSTANTS.move_to_end(key)
+            return t
+    t = build()
+    with _CONSTANTS_LOCK:
+        _CONSTANTS[key] = t
+        while len(_CONSTANTS) > _KEPT:
+            _CONSTANTS.popitem(last=False)
+    return t
+
+
+def _constant(key: tuple, make: Callable[[], np.ndarray], device: torch.device,
+              dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A constant tensor made on the host by ``make()`` (a numpy array), in ``dtype`` (default its own), kept
+    per ``key``, device and dtype: made and uploaded once."""
+    def build() -> torch.Tensor:
+        t = upload([make()], device)[0]
+        return t if dtype is None else t.to(dtype)
+    return _cached(key + (str(device), _stream_key(device), dtype), build)
+
 
 def _check(images: torch.Tensor, *, channels: Sequence[int] | None = (1, 3)) -> None:
     if not isinstance(images, torch.Tensor) or images.dim() != 4:
@@ -71,8 +145,7 @@ def _per_sample(value: Value, images: torch.Tensor, name: str, *, low: float | N
     if isinstance(value, torch.Tensor):
         t = value.to(device=images.device, dtype=dtype)
     else:
-        t = torch.from_numpy(host.astype(np.float32 if dtype == torch.float32 else np.float64))
-        t = (t.pin_memory().to(images.device, non_blocking=True) if images.device.type == "cuda" else t).to(dtype)
+        t = upload([host.astype(np.float32 if dtype == torch.float32 else np.float64)], images.device)[0].to(dtype)
     if t.numel() not in (1, n):
         raise ValueError(f"`{name}` has {t.numel()} values for a batch of {n}")
     return t.reshape(-1, 1, 1, 1)
@@ -166,7 +239,7 @@ def _rgb_to_hsv(image: torch.Tensor) -> torch.Tensor:
     return torch.stack((h, s, maxc), dim=-3)
 
 
-_HSV_SELECT = torch.tensor([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]], dtype=torch.long)
+_HSV_SELECT = np.array([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]], dtype=np.int64)
 
 
 def _hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
@@ -182,7 +255,7 @@ def _hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
     t = sxf.add_(one_minus_s).mul_(v).clamp_(0.0, 1.0)
     p = one_minus_s.mul_(v).clamp_(0.0, 1.0)
     vpqt = torch.stack((v, p, q, t), dim=-3)
-    select = _HSV_SELECT.to(img.device, non_blocking=True)[:, i].moveaxis(0, -3)
+    select = _constant(("hsv",), lambda: _HSV_SELECT, img.device)[:, i].moveaxis(0, -3)
     return vpqt.gather(-3, select)
 
 
@@ -206,13 +279,19 @@ def adjust_sharpness(images: torch.Tensor, sharpness_factor: Value) -> torch.Ten
     """Blend with the image smoothed by PIL's 3x3 kernel (border pixels kept) by the factor (>= 0)."""
     _check(images)
     f, g = _ratio(sharpness_factor, images, "sharpness_factor")
+    return _sharpen(images, f, g)
+
+
+def _sharpen(images: torch.Tensor, f: float | torch.Tensor, g: float | torch.Tensor) -> torch.Tensor:
+    """:func:`adjust_sharpness` with the factor ``f`` and ``g = 1 - f`` given (numbers or ``[N, 1, 1, 1]``)."""
     n, c, h, w = images.shape
     if images.numel() == 0 or h <= 2 or w <= 2:
         return images
     fp = images.is_floating_point()
     dtype = images.dtype if fp else torch.float32
     a, b = 1.0 / 13.0, 5.0 / 13.0
-    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=dtype, device=images.device).expand(c, 1, 3, 3)
+    kernel = _constant(("sharpness",), lambda: np.array([[a, a, a], [a, b, a], [a, a, a]]), images.device,
+                       dtype).expand(c, 1, 3, 3)
     out = images.to(dtype=dtype, copy=True)
     blurred = F.conv2d(out, kernel, groups=c)
     if not fp:
@@ -284,16 +363,19 @@ def equalize(images: torch.Tensor) -> torch.Tensor:
     batch_shape = x.shape[:-2]
     flat = x.flatten(start_dim=-2).to(torch.long)
     hist = flat.new_zeros(batch_shape + (256,), dtype=torch.int32)
-    hist.scatter_add_(dim=-1, index=flat, src=hist.new_ones(1).expand_as(flat))
+    one = _constant(("one",), lambda: np.ones(1, dtype=np.int32), x.device)
+    hist.scatter_add_(dim=-1, index=flat, src=one.expand_as(flat))
     cum_hist = hist.cumsum(dim=-1)
-    index = cum_hist.argmax(dim=-1)
-    non_max = flat.shape[-1] - hist.gather(dim=-1, index=index.unsqueeze_(-1))
-    step = non_max.div_(255, rounding_mode="floor")
-    valid = step.ne(0).unsqueeze_(-1)
-    cum_hist = cum_hist[..., :-1]
-    cum_hist.add_(step // 2).div_(step.clamp_(min=1), rounding_mode="floor").clamp_(0, 255)
-    lut = torch.cat([cum_hist.new_zeros(batch_shape + (1,)), cum_hist], dim=-1).to(torch.uint8)
-    out = torch.where(valid, lut.gather(dim=-1, index=flat).view_as(x), x)
+    index = cum_hist.argmax(dim=-1, keepdim=True)   # the last level in the image
+    step = (flat.shape[-1] - hist.gather(dim=-1, index=index)).div_(255, rounding_mode="floor")
+    valid = step.ne(0)
+    lut = torch.zeros_like(cum_hist)
+    torch.add(cum_hist[..., :-1], step // 2, out=lut[..., 1:])
+    lut[..., 1:].div_(step.clamp_(min=1), rounding_mode="floor").clamp_(0, 255)
+    # an image of one level (step 0) is kept: the identity table, chosen on the small tables, not the pixels
+    identity = _constant(("levels",), lambda: np.arange(256, dtype=np.int64), x.device)
+    lut = torch.where(valid, lut, identity).to(torch.uint8)
+    out = lut.gather(dim=-1, index=flat).view_as(x)
     return out.to(images.dtype).div_(255.0) if fp else out
 
 
@@ -305,9 +387,8 @@ def _gaussian_kernels(kernel_size: int, sigma: torch.Tensor | float, dtype: torc
     """torchvision's 1-D kernel, one row per sigma: ``[S, k]``."""
     lim = (kernel_size - 1) / (2.0 * math.sqrt(2.0))
     x = torch.linspace(-lim, lim, steps=kernel_size, dtype=dtype, device=device)
-    s = sigma.reshape(-1, 1) if isinstance(sigma, torch.Tensor) else torch.tensor([[sigma]], dtype=dtype,
-                                                                                   device=device)
-    return torch.softmax(x.div(s).pow(2).neg(), dim=-1)
+    s = sigma.reshape(-1, 1) if isinstance(sigma, torch.Tensor) else float(sigma)
+    return torch.softmax(x.div(s).pow(2).neg(), dim=-1).reshape(-1, kernel_size)
 
 
 def gaussian_blur(images: torch.Tensor, kernel_size: int | Sequence[int], sigma: Value | None = None) -> torch.Tensor:
@@ -351,28 +432,46 @@ def erase(images: torch.Tensor, i: Value, j: Value, h: Value, w: Value, v: torch
     broadcasts against ``[N, C, H, W]`` (per channel ``[C, 1, 1]``, per sample ``[N, C, 1, 1]``, or per
     pixel). A sample with ``h`` or ``w`` 0 is left as it is."""
     _check(images, channels=None)
-    n, _, height, width = images.shape
     dev = images.device
+    host: list[np.ndarray] = []
+    box = None
+    if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in (i, j, h, w)):
+        i, j, h, w = (a.to(dev, torch.int64).reshape(-1) if isinstance(a, torch.Tensor) else
+                      upload([np.asarray(a, dtype=np.int64).reshape(-1)], dev)[0] for a in (i, j, h, w))
+        box = torch.stack(torch.broadcast_tensors(i, j, i + h, j + w), dim=1)
+    else:
+        i, j, h, w = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (i, j, h, w))
+        host.append(np.stack(np.broadcast_arrays(i, j, i + h, j + w), axis=1))
+    moved = isinstance(v, torch.Tensor) and v.device != dev
+    if moved:
+        host.append((v.detach() if v.requires_grad else v).numpy())
+    sent = iter(upload(host, dev))
+    box = next(sent) if box is None else box
+    value = (next(sent) if moved else v).to(images.dtype) if isinstance(v, torch.Tensor) else float(v)
+    return erase_boxes(images, box, value, inplace)
 
-    def column(value: Value) -> torch.Tensor:
-        if isinstance(value, torch.Tensor):
-            t = value.to(dev, torch.int64)
-        else:
-            t = torch.from_numpy(np.asarray(value, dtype=np.int64).copy())
-            t = t.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else t
-        return t.reshape(-1, 1)
 
-    i, j, h, w = column(i), column(j), column(h), column(w)
-    rows = torch.arange(height, device=dev).view(1, -1)
-    cols = torch.arange(width, device=dev).view(1, -1)
-    in_rows = (rows >= i) & (rows < i + h)          # [N or 1, H]
-    in_cols = (cols >= j) & (cols < j + w)          # [N or 1, W]
-    mask = (in_rows[:, None, :, None] & in_cols[:, None, None, :])
-    value = v if isinstance(v, torch.Tensor) else torch.tensor(v)
-    value = value.to(dev, images.dtype)
-    if inplace:
-        return images.copy_(torch.where(mask, value, images))
-    return torch.where(mask, value, images)
+def erase_mask(images: torch.Tensor, box: torch.Tensor) -> torch.Tensor:
+    """``[N or 1, 1, H, W]`` bool: inside each sample's rectangle (``box`` as :func:`erase_boxes` takes it), for
+    images ``[N, C, H, W]``."""
+    height, width = images.shape[-2:]
+    rows = _constant(("arange", height), lambda: np.arange(height, dtype=np.int64), images.device).view(1, -1)
+    cols = _constant(("arange", width), lambda: np.arange(width, dtype=np.int64), images.device).view(1, -1)
+    in_rows = (rows >= box[:, 0:1]) & (rows < box[:, 2:3])      # [N or 1, H]
+    in_cols = (cols >= box[:, 1:2]) & (cols < box[:, 3:4])      # [N or 1, W]
+    return in_rows[:, None, :, None] & in_cols[:, None, None, :]
+
+
+def erase_boxes(images: torch.Tensor, box: torch.Tensor, value: torch.Tensor | float,
+                inplace: bool = False) -> torch.Tensor:
+    """:func:`erase` with the rectangles as ``[N or 1, 4]`` int64 rows (top, left, bottom, right; ends
+    exclusive) on the images' device and ``value`` a number or a tensor of the images' dtype and device: one
+    mask from the per-sample rectangles, one masked fill."""
+    mask = erase_mask(images, box)
+    if isinstance(value, torch.Tensor):
+        out = torch.where(mask, value, images)
+        return images.copy_(out) if inplace else out
+    return images.masked_fill_(mask, value) if inplace else images.masked_fill(mask, value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -428,34 +527,74 @@ def warp_batch(images: torch.Tensor, theta: np.ndarray, interpolation: str = "ne
     _check(images, channels=None)
     if interpolation not in ("nearest", "bilinear"):
         raise ValueError(f"Unknown interpolation {interpolation!r}. Available: bilinear, nearest")
-    n, c, h, w = images.shape
     if images.numel() == 0:
         return images
+    host = warp_arguments(theta, images.shape[-2:], _fill_values(fill, images.shape[1]), _work_dtype(images))
+    return warp_sent(images, upload(host, images.device), interpolation)
+
+
+def _work_dtype(images: torch.Tensor) -> torch.dtype:
+    return images.dtype if images.is_floating_point() else torch.float32
+
+
+def warp_arguments(theta: np.ndarray, size: Sequence[int], fill: list[float] | None,
+                   dtype: torch.dtype) -> list[np.ndarray]:
+    """What :func:`warp_sent` takes, on the host: for float32 work, torchvision's grid matrices
+    ``theta^T / (w / 2, h / 2)`` (``[N, 3, 2]``, the same float32 operations as its), else ``theta`` in float64
+    (divided on the device in ``dtype``); then the fill values when there are any."""
+    h, w = size
+    if dtype == torch.float32:
+        half = np.array([0.5 * w, 0.5 * h], dtype=np.float32)
+        host = [np.ascontiguousarray(np.asarray(theta, dtype=np.float64).astype(np.float32).transpose(0, 2, 1) / half)]
+    else:
+        host = [np.ascontiguousarray(theta, dtype=np.float64)]
+    if fill is not None:
+        host.append(np.asarray(fill, dtype=np.float32 if dtype == torch.float32 else np.float64))
+    return host
+
+
+def _base_grid(h: int, w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torchvision's affine base grid ``[1, h * w, 3]``: pixel centres relative to the image centre, and 1."""
+    def build() -> torch.Tensor:
+        base = torch.empty(1, h, w, 3, dtype=dtype, device=device)
+        base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
+        base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device)[:, None])
+        base[..., 2].fill_(1)
+        return base.view(1, h * w, 3)
+    return _cached(("grid", h, w, dtype, str(device), _stream_key(device)), build)
+
+
+def warp_sent(images: torch.Tensor, sent: Sequence[torch.Tensor], interpolation: str) -> torch.Tensor:
+    """:func:`warp_batch` with :func:`warp_arguments`' arrays already on the images' device."""
+    n, c, h, w = images.shape
     fp = images.is_floating_point()
-    dtype = images.dtype if fp else torch.float32
-    theta_t = torch.from_numpy(np.ascontiguousarray(theta, dtype=np.float64)).to(dtype)
-    theta_t = theta_t.to(images.device, non_blocking=True) if images.device.type == "cuda" else theta_t
-    theta_t = theta_t.expand(n, 2, 3)
-    base = torch.empty(1, h, w, 3, dtype=dtype, device=images.device)
-    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=images.device))
-    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=images.device)[:, None])
-    base[..., 2].fill_(1)
-    rescaled = theta_t.transpose(1, 2).div(torch.tensor([0.5 * w, 0.5 * h], dtype=dtype, device=images.device))
-    grid = base.view(1, h * w, 3).expand(n, h * w, 3).bmm(rescaled).view(n, h, w, 2)
-    x = images if fp else images.to(dtype)
-    values = _fill_values(fill, c)
-    if values is not None:
-        x = torch.cat((x, torch.ones((n, 1, h, w), dtype=dtype, device=images.device)), dim=1)
+    dtype = _work_dtype(images)
+    dev = images.device
+    if dtype == torch.float32:
+        rescaled = sent[0]
+    else:
+        half = _constant(("half", w, h), lambda: np.array([0.5 * w, 0.5 * h]), dev, dtype)
+        rescaled = sent[0].to(dtype).transpose(1, 2).div(half)
+    grid = _base_grid(h, w, dtype, dev).expand(n, h * w, 3).bmm(rescaled.expand(n, 3, 2)).view(n, h, w, 2)
+    fill = sent[1].to(dtype).view(1, -1, 1, 1) if len(sent) > 1 else None
+    if fill is None:
+        x = images if fp else images.to(dtype)
+    else:   # torchvision's: a channel of ones resampled with the image marks what came from inside
+        x = torch.empty((n, c + 1, h, w), dtype=dtype, device=dev)
+        x[:, :c].copy_(images)
+        x[:, c].fill_(1)
     x = F.grid_sample(x, grid, mode=interpolation, padding_mode="zeros", align_corners=False)
-    if values is not None:
+    if fill is not None:
         x, mask = torch.tensor_split(x, indices=(-1,), dim=-3)
         mask = mask.expand_as(x)
-        fill_img = torch.tensor(values, dtype=dtype, device=images.device).view(1, -1, 1, 1)
         if interpolation == "nearest":
-            x = torch.where(mask < 0.5, fill_img.expand_as(x), x)
+            x = torch.where(mask < 0.5, fill.expand_as(x), x)
         else:
-            x = x.sub_(fill_img).mul_(mask).add_(fill_img)
-    return x if fp else x.round_().to(images.dtype)
+            x = x.sub_(fill).mul_(mask).add_(fill)
+    if fp:
+        return x
+    # nearest sampling without a fill blend gives the input's whole levels (or 0): nothing to round
+    return (x if interpolation == "nearest" and fill is None else x.round_()).to(images.dtype)
 
 
 def affine(images: torch.Tensor, angle: Value, translate: Value, scale: Value, shear: Value,

@@ -32,6 +32,7 @@ import torch
 from ..errors import ConfigError
 from ..random import SampleRandom
 from .base import ImageSpec, Images, Op, Rngs, Size, levels, per_sample, probability, size_array
+from .functional import erase_mask, upload
 
 #: Rounds of Marsaglia and Tsang's rejection drawn per Gamma variate. Each is accepted with probability >= 0.95
 #: (shape >= 1), so all 16 fail with probability < 1e-20; that sample then takes the last candidate.
@@ -155,19 +156,20 @@ class BatchOp(Op):
         src = x.to(torch.int32) if x.dtype == torch.uint16 else x   # CUDA has no uint16 roll or where
         partner = src.roll(1, 0)
         weight = np.where(blend, lam, 1.0)
-        w_self = _column(weight, dev, dtype)
-        w_other = _column(1.0 - weight, dev, dtype)
-        out = src.to(dtype).mul(w_self).addcmul_(partner.to(dtype), w_other)
-        if not fp:
+        cut = bool((boxes[:, 2] > boxes[:, 0]).any())
+        # the weights of each sample and its partner, and the CutMix boxes: one upload
+        host = [np.stack([weight, 1.0 - weight], axis=1).astype(np.float64 if dtype == torch.float64 else np.float32)]
+        sent = upload(host + [np.ascontiguousarray(boxes, dtype=np.int64)] if cut else host, dev)
+        w_self, w_other = (sent[0][:, k].to(dtype).view(n, 1, 1, 1) for k in range(2))
+        if fp:   # in place: the partners are a copy already
+            out = x.mul_(w_self).addcmul_(partner, w_other)
+        else:
+            out = src.to(dtype).mul(w_self).addcmul_(partner.to(dtype), w_other)
             out = out.round_().clamp_(0, levels(x.dtype)).to(src.dtype)
-        if (boxes[:, 2] > boxes[:, 0]).any():
-            rows = torch.arange(x.shape[-2], device=dev).view(1, -1)
-            cols = torch.arange(x.shape[-1], device=dev).view(1, -1)
-            b = _column(boxes, dev, torch.int64).view(n, 4)
-            inside = (((rows >= b[:, 0:1]) & (rows < b[:, 2:3]))[:, None, :, None]
-                      & ((cols >= b[:, 1:2]) & (cols < b[:, 3:4]))[:, None, None, :])
-            out = torch.where(inside, partner, out)
-        x.copy_(out)
+        if cut:
+            out = torch.where(erase_mask(out, sent[1]), partner, out, out=out)
+        if out is not x:
+            x.copy_(out)
         return images
 
     def mix_labels(self, labels: np.ndarray | torch.Tensor, params: MixParams) -> np.ndarray | torch.Tensor:
@@ -179,7 +181,7 @@ class BatchOp(Op):
                 return torch.from_numpy(self.mix_labels(labels.numpy(), params))
             on = torch.nn.functional.one_hot(labels.long(), self.num_classes).to(torch.float32)
             y = on.mul_(1.0 - self.label_smoothing).add_(self.label_smoothing / self.num_classes)
-            w = torch.from_numpy(lam.astype(np.float32)).to(labels.device, non_blocking=True)[:, None]
+            w = upload([lam.astype(np.float32)], labels.device)[0][:, None]
             return y.mul(w).add_(y.roll(1, 0).mul_(1.0 - w))
         labels = np.asarray(labels).reshape(-1)
         if len(labels) != len(lam):
@@ -206,13 +208,6 @@ class BatchOp(Op):
         shape = images.shape[1:3] if channels_last else images.shape[2:4]
         params = self.draw([tuple(shape)] * len(images), per_sample(rng, len(images)))
         return self.mix_images(images.clone(), params, channels_last=channels_last), self.mix_labels(labels, params)
-
-
-def _column(values: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Per-sample values as ``[N, 1, 1, 1]`` (or ``[N, 4, 1, 1]``) on ``device``, through pinned memory on CUDA."""
-    t = torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
-    t = t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
-    return t.view(len(values), -1, 1, 1)
 
 
 class MixUp(BatchOp):

@@ -41,6 +41,7 @@ import torch
 
 from ..errors import ConfigError
 from .augment import on_batches
+from .functional import upload
 from .base import Images, Op, Rngs, Size, per_sample
 
 __all__ = ["BatchFunction", "Torchvision", "as_ops", "is_torchvision_transform"]
@@ -105,8 +106,7 @@ class BatchFunction(_UserOp):
         def run(x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
             rand = None
             if params is not None:
-                rand = torch.from_numpy(params[rows].astype(np.float32))
-                rand = rand.pin_memory().to(x.device, non_blocking=True) if x.device.type == "cuda" else rand
+                rand = upload([params[rows].astype(np.float32)], x.device)[0]
             return self._checked(self.fn(x, rand), x, f"BatchFunction({_name(self.fn)})")
         return on_batches(images, run)
 
