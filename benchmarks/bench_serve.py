@@ -14,6 +14,7 @@ Every server side starts its own server (`SERVER_SIDES` says what each changes):
   ``backend_timings``: the model's own split of ``execute`` (reading the requests, the preprocessing, the wait
   for the device, building the responses; `read_timings`);
 - ``serve_batch1``: one client, one request at a time (batch-1 load): p50/p99 latency (and its ``server_stats``);
+  ``serve_batch1_delay0`` the same with the batcher's max queue delay 0 (what the 500 us default adds);
 - ``serve_host_outputs``: ``serve`` with the model exported ``output_memory="host"``: a GPU batch's images
   copied to pinned host memory in one copy, instead of a device tensor per request that the Python backend
   copies out one at a time (on the CPU, the same model as ``serve``);
@@ -38,7 +39,8 @@ Every server side starts its own server (`SERVER_SIDES` says what each changes):
   of the transport's ceiling the preprocessing keeps), and the batch-1 latencies of the server and of DALI.
 
 A client counts an answer of the wrong shape or dtype as an error.
-The report is rewritten after each side, so a run stopped part-way keeps the sides it finished.
+The in-process sides (the ceiling) run first, then the server sides; the report is rewritten after each side,
+so a run stopped part-way (``timeout -s INT``) keeps the sides it finished.
 
     python benchmarks/bench_serve.py --data /dev/shm/ingest_bench_20k --out benchmarks/results/bench_serve/<device>/bench_serve.json
     python benchmarks/bench_serve.py --dry-run --out /tmp/serve.json     # CPU, a few seconds per side
@@ -50,6 +52,7 @@ import argparse
 import io
 import json
 import multiprocessing as mp
+import shutil
 import socket
 import sys
 import tempfile
@@ -177,12 +180,17 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
             if now >= timed_from and ok:   # img/s and latency count answered requests only
                 lat.append(done - now)
             k += 97
+        results.append((lat, errors))
         if shm:
             del image   # a view of the region: it cannot be closed while one is alive
-            client.unregister_system_shared_memory(key)
+            for attempt in range(50):   # the server lets go of a region a moment after the last answer
+                try:
+                    client.unregister_system_shared_memory(key)
+                    break
+                except Exception:   # noqa: BLE001 - tritonclient's "currently in use"
+                    time.sleep(0.02)
             shmutils.destroy_shared_memory_region(region)
         client.close()
-        results.append((lat, errors))
 
     workers = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
     for w in workers:
@@ -254,13 +262,15 @@ def stats_between(before: dict, after: dict) -> dict:
     return out
 
 
-#: What each server side changes from ``serve`` (every side starts its own server; ``serve_batch1`` is ``serve``
-#: under one client): ``output_memory``, ``instances`` (True: ``--variant-instances``), ``fp16`` (the spec's
+#: What each server side changes from ``serve`` (every side starts its own server): ``batch1`` (one client, one
+#: request at a time), ``queue_delay_us`` (the batcher's, instead of ``--queue-delay-us``), ``output_memory``,
+#: ``instances`` (True: ``--variant-instances``), ``fp16`` (the spec's
 #: Normalize outputs float16), ``shm`` (clients receive IMAGES in Triton system shared memory regions),
 #: ``null`` (`NULL_MODEL`: no preprocessing at all, the transport's ceiling).
 SERVER_SIDES = {
     "serve": {},
-    "serve_batch1": {},
+    "serve_batch1": {"batch1": True},
+    "serve_batch1_delay0": {"batch1": True, "queue_delay_us": 0},
     "serve_host_outputs": {"output_memory": "host"},
     "serve_null": {"null": True},
     "serve_instances": {"instances": True},
@@ -310,9 +320,9 @@ def server_side(args, jpegs: list[bytes], name: str) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     repo, timings = work / "repo", work / "timings"   # the repository holds models only
     timings.mkdir()
-    model_dir = export(spec_text(side.get("fp16", False)), repo, kind=kind, gpus=gpus,
-                       max_batch_size=args.max_batch_size, queue_delay_us=args.queue_delay_us, instances=instances,
-                       output_memory=output_memory)
+    queue_delay_us = side.get("queue_delay_us", args.queue_delay_us)
+    model_dir = export(spec_text(side.get("fp16", False)), repo, kind=kind, gpus=gpus, instances=instances,
+                       max_batch_size=args.max_batch_size, queue_delay_us=queue_delay_us, output_memory=output_memory)
     if side.get("null"):
         (model_dir / "1" / "model.py").write_text(NULL_MODEL)
     ports = []
@@ -320,7 +330,7 @@ def server_side(args, jpegs: list[bytes], name: str) -> dict:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    clients, procs = (1, 1) if name == "serve_batch1" else (args.clients, args.client_procs)
+    clients, procs = (1, 1) if side.get("batch1") else (args.clients, args.client_procs)
     saved = os.environ.get("INGEST_SERVE_TIMINGS")
     os.environ["INGEST_SERVE_TIMINGS"] = str(timings)   # the server's environment is this process's
     try:
@@ -329,15 +339,17 @@ def server_side(args, jpegs: list[bytes], name: str) -> dict:
             out = load_run(ports[1], clients, procs, jpegs, args, shm=side.get("shm", False),
                            fp16=side.get("fp16", False))
             out.update(server_stats=stats_between(before, model_stats(ports[1])), device=device,
-                       output_memory=output_memory, instances=instances, output_dtype="float16" if side.get(
-                           "fp16") else "float32", server_rss_mb=server.rss_bytes() >> 20)
+                       output_memory=output_memory, instances=instances,
+                       queue_delay_us=queue_delay_us, output_dtype="float16" if side.get("fp16") else "float32",
+                       server_rss_mb=server.rss_bytes() >> 20)
+        if not side.get("null"):
+            out["backend_timings"] = read_timings(timings)
     finally:
         if saved is None:
             os.environ.pop("INGEST_SERVE_TIMINGS", None)
         else:
             os.environ["INGEST_SERVE_TIMINGS"] = saved
-    if not side.get("null"):
-        out["backend_timings"] = read_timings(timings)
+        shutil.rmtree(work, ignore_errors=True)
     return out
 
 
@@ -459,7 +471,7 @@ def derive(results: dict) -> dict:
     def rate(key):
         return results.get(key, {}).get("img_s")
     out = {}
-    served = [k for k in SERVER_SIDES if k not in ("serve_batch1",) and not SERVER_SIDES[k].get("null") and rate(k)]
+    served = [k for k, side in SERVER_SIDES.items() if not side.get("batch1") and not side.get("null") and rate(k)]
     if rate("dali"):
         for key in served:
             out[f"{key}_over_dali"] = round(rate(key) / rate("dali"), 3)
@@ -475,7 +487,7 @@ def derive(results: dict) -> dict:
             out[f"{key}_over_{ceiling.removeprefix('serve_')}"] = round(rate(key) / rate(ceiling), 3)
     if rate("serve_host_outputs") and rate("serve"):
         out["serve_host_outputs_over_serve"] = round(rate("serve_host_outputs") / rate("serve"), 3)
-    for key in ("serve_batch1", "inprocess_batch1", "dali_batch1", "serve"):
+    for key in ("serve_batch1", "serve_batch1_delay0", "inprocess_batch1", "dali_batch1", "serve"):
         for stat in ("p50_ms", "p99_ms"):
             if stat in results.get(key, {}):
                 out[f"{key}_{stat}"] = results[key][stat]
@@ -508,10 +520,6 @@ def main(argv=None) -> int:
 
     chosen = args.only.split(",")
     try:
-        for name in SERVER_SIDES:
-            if name in chosen:
-                results[name] = _guard(lambda: server_side(args, jpegs, name))
-                write()
         for name, batch in INPROCESS_SIDES.items():
             if name in chosen:
                 results[name] = _guard(lambda: inprocess_side(args, jpegs, batch))
@@ -521,6 +529,11 @@ def main(argv=None) -> int:
             write()
         if "dali_batch1" in chosen:
             results["dali_batch1"] = _guard(lambda: dali_side(args, jpegs, 1))
+            write()
+        for name in SERVER_SIDES:
+            if name in chosen:
+                results[name] = _guard(lambda: server_side(args, jpegs, name))
+                write()
     except KeyboardInterrupt:   # `timeout -s INT`: the server is stopped on the way out; what finished is kept
         report["interrupted"] = True
         write()
