@@ -296,6 +296,8 @@ class TritonPythonModel:
         dtype = {"TYPE_FP16": torch.float16}.get(config["output"][0]["data_type"], torch.float32)
         cuda = args.get("model_instance_kind") == "GPU" and torch.cuda.is_available()
         device = torch.device("cuda", int(args.get("model_instance_device_id") or 0)) if cuda else "cpu"
+        if cuda:
+            torch.cuda.set_device(device)
         self.image = torch.zeros((1, 3, 224, 224), dtype=dtype, device=device)
 
     def execute(self, requests):
