@@ -308,8 +308,9 @@ class TritonPythonModel:
 
 def server_side(args, jpegs: list[bytes], name: str) -> dict:
     """One server side of `SERVER_SIDES`: its own server and model repository, ``--clients`` clients (one for
-    ``serve_batch1``); with Triton's statistics of the timed window (``server_stats``) and the model's own
-    account of ``execute`` over the server's life, warm-up included (``backend_timings``, `read_timings`)."""
+    the ``batch1`` sides); with Triton's statistics over the clients' run, their warm-up included
+    (``server_stats``), and the model's own account of ``execute`` over the same run less each instance's
+    first 10 batches (``backend_timings``, `read_timings`)."""
     import os
     from ingest.serve import TritonServer, export
     from ingest.serve.server import gpu_options

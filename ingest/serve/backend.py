@@ -18,8 +18,8 @@ serves by copying each request's device tensor out on its own.
 
 With the environment variable ``INGEST_SERVE_TIMINGS`` set to a directory, each instance adds up the wall
 time of ``execute``'s steps (reading the requests, the preprocessing, the wait for the device, building the
-responses) and writes them to ``DIR/<model>-<pid>.json`` every few seconds and when it is finalized: what a
-benchmark reads to split Triton's ``compute_infer`` into its parts.
+responses) past its first few batches, and writes them to ``DIR/<model>-<pid>.json`` every second and
+when it is finalized: what a benchmark reads to split Triton's ``compute_infer`` into its parts.
 """
 
 from __future__ import annotations
@@ -145,24 +145,30 @@ class TritonPythonModel:
 
 class Timings:
     """Wall seconds per step of ``execute``, added up over batches and written as JSON to
-    ``directory/<name>-<pid>.json`` (every ``every`` seconds and on `write`); nothing without a directory."""
+    ``directory/<name>-<pid>.json`` (every ``every`` seconds and on `write`); nothing without a directory.
+    The first ``skip`` batches (the decoders' and the device's first use) are left out."""
 
-    def __init__(self, name: str, directory: str | None, every: float = 5.0):
+    def __init__(self, name: str, directory: str | None, every: float = 1.0, skip: int = 10):
         self.path = Path(directory) / f"{name}-{os.getpid()}.json" if directory else None
-        self.every = every
+        self.every, self.skip = every, skip
         self.totals: dict[str, float] = {}
         self.counts = {"batches": 0, "requests": 0, "items": 0}
         self._written = time.monotonic()
 
     def start(self) -> "_Clock":
-        return _Clock(self.totals if self.path else None)
+        return _Clock(self.path is not None)
 
     def add(self, clock: "_Clock", **counts: int) -> None:
         if self.path is None:
             return
+        if self.skip > 0:
+            self.skip -= 1
+            return
         self.counts["batches"] += 1
         for key, n in counts.items():
             self.counts[key] += n
+        for step, seconds in clock.laps.items():
+            self.totals[step] = self.totals.get(step, 0.0) + seconds
         if time.monotonic() - self._written > self.every:
             self.write()
 
@@ -177,17 +183,18 @@ class Timings:
 
 
 class _Clock:
-    """One ``execute``'s laps, added into ``totals`` (a no-op without)."""
+    """One ``execute``'s laps (``laps``: step -> seconds; nothing is timed when not ``on``)."""
 
-    def __init__(self, totals: dict[str, float] | None):
-        self.totals = totals
-        self.last = time.perf_counter() if totals is not None else 0.0
+    def __init__(self, on: bool):
+        self.on = on
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter() if on else 0.0
 
     def lap(self, step: str) -> None:
-        if self.totals is None:
+        if not self.on:
             return
         now = time.perf_counter()
-        self.totals[step] = self.totals.get(step, 0.0) + now - self.last
+        self.laps[step] = now - self.last
         self.last = now
 
 
