@@ -4,24 +4,43 @@ The pipeline (both sides): decode a JPEG, resize the shorter side to 256, centre
 normalisation to float32 CHW. The same ``--images`` JPEGs (from ``--data``, e.g. make_data.py's set; or
 generated) are held in memory by every side.
 
+Every server side starts its own server (`SERVER_SIDES` says what each changes):
+
 - ``serve``: `ingest serve`'s model on the real Triton server (nvidia-pytriton's), ``--clients`` concurrent
   gRPC clients (spread over ``--client-procs`` processes, each request one image) for ``--seconds``: img/s and
   the request latency's p50/p99 under that load, and ``server_stats``: Triton's own account of the run (mean
   dynamic batch, time in the batcher's queue, and per batch the Python backend's input, execute and output
-  steps; `stats_between`), which says whether the server waited on its batcher, its model or its copies;
+  steps; `stats_between`), which says whether the server waited on its batcher, its model or its copies; and
+  ``backend_timings``: the model's own split of ``execute`` (reading the requests, the preprocessing, the wait
+  for the device, building the responses; `read_timings`);
 - ``serve_batch1``: one client, one request at a time (batch-1 load): p50/p99 latency (and its ``server_stats``);
+  ``serve_batch1_delay0`` the same with the batcher's max queue delay 0 (what the 500 us default adds);
 - ``serve_host_outputs``: ``serve`` with the model exported ``output_memory="host"``: a GPU batch's images
   copied to pinned host memory in one copy, instead of a device tensor per request that the Python backend
   copies out one at a time (on the CPU, the same model as ``serve``);
+- ``serve_null``: the same server, clients and output (``[1, 3, 224, 224]`` float32 on the instance's device)
+  from a model that does nothing but hand over one preallocated image per request (`NULL_MODEL`): the most any
+  preprocessing gets through this server;
+- ``serve_instances`` / ``serve_null_instances``: ``serve`` / ``serve_null`` with ``--variant-instances``
+  model instances (each its own backend process: one batch's infer overlaps another's output);
+- ``serve_fp16``: the spec's Normalize outputs float16 (half the bytes of each answer);
+- ``serve_shm``: each client receives IMAGES in a Triton system shared memory region of its own (tritonclient's
+  shared-memory utilities) instead of in the gRPC payload;
+- ``serve_instances_fp16_shm``: the three together;
 - ``inprocess``: the served model's preprocessing (`ingest.serve.Preprocessor`) called in-process on batches
-  of ``--max-batch-size``: img/s, what the server wraps;
+  of ``--max-batch-size``: img/s, what the server wraps; ``inprocess_batch16`` the same on batches of 16 (about
+  the dynamic batch 64 clients make of one instance: what ``serve``'s ``backend_timings`` preprocessing step
+  compares with), ``inprocess_batch1`` one image a call (p50/p99 too);
 - ``dali`` / ``dali_batch1``: DALI's pipeline (external_source, mixed decoder, resize, crop_mirror_normalize)
   in-process on batches of ``--max-batch-size`` (img/s, the ceiling) and of 1 (p50/p99 per image); without
   CUDA (``--dry-run``) the same pipeline with the CPU decoder and no device;
-- derived: ``serve_over_dali`` (the target: >= 0.8, ``serve_meets_0_8``), ``serve_over_inprocess``, and the
-  batch-1 latencies of the server and of DALI.
+- derived (`derive`): ``serve_over_dali`` (the target: >= 0.8, ``serve_meets_0_8``), each other side over DALI
+  and the best of them (``best``, ``best_over_dali``), ``serve_over_inprocess``, ``serve_over_null`` (how much
+  of the transport's ceiling the preprocessing keeps), and the batch-1 latencies of the server and of DALI.
 
-The report is rewritten after each side, so a run stopped part-way keeps the sides it finished.
+A client counts an answer of the wrong shape or dtype as an error.
+The in-process sides (the ceiling) run first, then the server sides; the report is rewritten after each side,
+so a run stopped part-way (``timeout -s INT``) keeps the sides it finished.
 
     python benchmarks/bench_serve.py --data /dev/shm/ingest_bench_20k --out benchmarks/results/bench_serve/<device>/bench_serve.json
     python benchmarks/bench_serve.py --dry-run --out /tmp/serve.json     # CPU, a few seconds per side
@@ -33,6 +52,7 @@ import argparse
 import io
 import json
 import multiprocessing as mp
+import shutil
 import socket
 import sys
 import tempfile
@@ -59,15 +79,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--queue-delay-us", type=int, default=500)
     p.add_argument("--instances", type=int, default=1, help="model instances (instance_group count) the server runs")
+    p.add_argument("--variant-instances", type=int, default=4,
+                   help="model instances of the *_instances sides (default 4; 2 with --dry-run)")
     p.add_argument("--device", default=None, help="cuda:N or cpu (default cuda:0 where there is CUDA)")
     p.add_argument("--threads", type=int, default=8, help="DALI's CPU threads")
-    p.add_argument("--only", default="serve,serve_batch1,serve_host_outputs,inprocess,dali,dali_batch1")
+    p.add_argument("--only", default=",".join([*SERVER_SIDES, *INPROCESS_SIDES, "dali", "dali_batch1"]))
     p.add_argument("--dry-run", action="store_true", help="CPU, a few images and seconds: every code path")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.dry_run:
         args.images, args.clients, args.client_procs = min(args.images, 32), min(args.clients, 8), 2
         args.seconds, args.warmup_seconds, args.device = min(args.seconds, 2.0), min(args.warmup_seconds, 1.0), "cpu"
+        args.variant_instances = min(args.variant_instances, 2)
+    unknown = set(args.only.split(",")) - {*SERVER_SIDES, *INPROCESS_SIDES, "dali", "dali_batch1"}
+    if unknown:
+        p.error(f"--only: unknown side(s) {', '.join(sorted(unknown))}")
     return args
 
 
@@ -90,9 +116,12 @@ def load_jpegs(args) -> list[bytes]:
     return out
 
 
-def spec_text() -> str:
+def spec_text(fp16: bool = False) -> str:
+    """The served spec; ``fp16``: Normalize outputs float16 (half the bytes of every answer)."""
+    import torch
     from ingest.ops import CenterCrop, Normalize, Resize, dumps
-    return dumps([Resize(256), CenterCrop(224), Normalize(mean=bench_gpu.MEAN, std=bench_gpu.STD)])
+    return dumps([Resize(256), CenterCrop(224), Normalize(mean=bench_gpu.MEAN, std=bench_gpu.STD,
+                                                          dtype=torch.float16 if fp16 else torch.float32)])
 
 
 def percentiles(latencies: list[float]) -> dict:
@@ -106,14 +135,27 @@ def percentiles(latencies: list[float]) -> dict:
 
 # -- the server side ------------------------------------------------------------------------------------
 def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, seconds: float, offset: int,
-                 queue: mp.Queue) -> None:
-    """``threads`` gRPC clients in this process: warm up, then time ``seconds`` of requests."""
+                 queue: mp.Queue, shm: bool = False, fp16: bool = False) -> None:
+    """``threads`` gRPC clients in this process: warm up, then time ``seconds`` of requests. With ``shm`` each
+    client receives IMAGES in a system shared memory region of its own, registered with the server (the
+    answer travels without the gRPC payload) and read there as an array."""
+    import os
     import numpy as np
     import tritonclient.grpc as grpcclient
+    import tritonclient.utils.shared_memory as shmutils
     results: list = []
+    dtype = np.float16 if fp16 else np.float32
+    out_bytes = 3 * 224 * 224 * np.dtype(dtype).itemsize
 
     def loop(t: int) -> None:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        outputs, region, image = None, None, None
+        if shm:
+            key = f"bench_serve_{os.getpid()}_{t}"
+            region = shmutils.create_shared_memory_region(key, "/" + key, out_bytes)
+            client.register_system_shared_memory(key, "/" + key, out_bytes)
+            outputs = [grpcclient.InferRequestedOutput("IMAGES")]
+            outputs[0].set_shared_memory(key, out_bytes)
         lat, errors, k = [], 0, offset + t
         start = time.perf_counter()
         timed_from, end = start + warmup, start + warmup + seconds
@@ -125,16 +167,30 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
             tensor = grpcclient.InferInput("ENCODED", list(x.shape), "UINT8")
             tensor.set_data_from_numpy(x)
             try:
-                client.infer("preprocess", [tensor]).as_numpy("IMAGES")
-                ok = True
+                result = client.infer("preprocess", [tensor], outputs=outputs)
+                if shm:
+                    image = shmutils.get_contents_as_numpy(region, dtype, result.get_output("IMAGES").shape)
+                else:
+                    image = result.as_numpy("IMAGES")
+                ok = image.shape == (1, 3, 224, 224) and image.dtype == dtype
+                errors += not ok
             except Exception:   # noqa: BLE001 - counted; the run goes on
                 errors, ok = errors + 1, False
             done = time.perf_counter()
             if now >= timed_from and ok:   # img/s and latency count answered requests only
                 lat.append(done - now)
             k += 97
-        client.close()
         results.append((lat, errors))
+        if shm:
+            del image   # a view of the region: it cannot be closed while one is alive
+            for attempt in range(50):   # the server lets go of a region a moment after the last answer
+                try:
+                    client.unregister_system_shared_memory(key)
+                    break
+                except Exception:   # noqa: BLE001 - tritonclient's "currently in use"
+                    time.sleep(0.02)
+            shmutils.destroy_shared_memory_region(region)
+        client.close()
 
     workers = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
     for w in workers:
@@ -144,12 +200,14 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
     queue.put(([x for lat, _ in results for x in lat], sum(e for _, e in results)))
 
 
-def load_run(port: int, clients: int, procs: int, jpegs: list[bytes], args) -> dict:
+def load_run(port: int, clients: int, procs: int, jpegs: list[bytes], args, shm: bool = False,
+             fp16: bool = False) -> dict:
     procs = max(1, min(procs, clients))
     queue: mp.Queue = mp.get_context("spawn").Queue()
     ctx = mp.get_context("spawn")
     children = [ctx.Process(target=_client_proc, args=(port, clients // procs + (p < clients % procs), jpegs,
-                                                       args.warmup_seconds, args.seconds, p * 1009, queue))
+                                                       args.warmup_seconds, args.seconds, p * 1009, queue, shm,
+                                                       fp16))
                 for p in range(procs)]
     for c in children:
         c.start()
@@ -204,37 +262,113 @@ def stats_between(before: dict, after: dict) -> dict:
     return out
 
 
-def serve_sides(args, jpegs: list[bytes], results: dict, output_memory: str = "device") -> None:
-    """The server sides chosen by ``--only``: ``serve`` and ``serve_batch1`` with `ingest serve`'s model (device
-    outputs on a GPU), or with ``output_memory="host"`` ``serve_host_outputs`` (the batch copied to host once)."""
+#: What each server side changes from ``serve`` (every side starts its own server): ``batch1`` (one client, one
+#: request at a time), ``queue_delay_us`` (the batcher's, instead of ``--queue-delay-us``), ``output_memory``,
+#: ``instances`` (True: ``--variant-instances``), ``fp16`` (the spec's
+#: Normalize outputs float16), ``shm`` (clients receive IMAGES in Triton system shared memory regions),
+#: ``null`` (`NULL_MODEL`: no preprocessing at all, the transport's ceiling).
+SERVER_SIDES = {
+    "serve": {},
+    "serve_batch1": {"batch1": True},
+    "serve_batch1_delay0": {"batch1": True, "queue_delay_us": 0},
+    "serve_host_outputs": {"output_memory": "host"},
+    "serve_null": {"null": True},
+    "serve_instances": {"instances": True},
+    "serve_null_instances": {"null": True, "instances": True},
+    "serve_fp16": {"fp16": True},
+    "serve_shm": {"shm": True},
+    "serve_instances_fp16_shm": {"instances": True, "fp16": True, "shm": True},
+}
+
+#: The ``null`` sides' model: every request answered with one preallocated [1, 3, 224, 224] image of the
+#: output dtype on the instance's device, handed over as the served model hands its own (DLPack).
+NULL_MODEL = '''"""bench_serve's transport ceiling: no decode, no ops; one preallocated image per request."""
+import json
+
+import torch
+import torch.utils.dlpack
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        dtype = {"TYPE_FP16": torch.float16}.get(config["output"][0]["data_type"], torch.float32)
+        cuda = args.get("model_instance_kind") == "GPU" and torch.cuda.is_available()
+        device = torch.device("cuda", int(args.get("model_instance_device_id") or 0)) if cuda else "cpu"
+        if cuda:
+            torch.cuda.set_device(device)
+        self.image = torch.zeros((1, 3, 224, 224), dtype=dtype, device=device)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor.from_dlpack("IMAGES", torch.utils.dlpack.to_dlpack(self.image))]) for _ in requests]
+'''
+
+
+def server_side(args, jpegs: list[bytes], name: str) -> dict:
+    """One server side of `SERVER_SIDES`: its own server and model repository, ``--clients`` clients (one for
+    the ``batch1`` sides); with Triton's statistics over the clients' run, their warm-up included
+    (``server_stats``), and the model's own account of ``execute`` over the same run less each instance's
+    first 10 batches (``backend_timings``, `read_timings`)."""
+    import os
     from ingest.serve import TritonServer, export
     from ingest.serve.server import gpu_options
     import torch
+    side = SERVER_SIDES[name]
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     kind, gpus = ("KIND_CPU", []) if device == "cpu" else ("KIND_GPU", [torch.device(device).index or 0])
-    repo = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    export(spec_text(), repo, kind=kind, gpus=gpus, max_batch_size=args.max_batch_size,
-           queue_delay_us=args.queue_delay_us, instances=args.instances, output_memory=output_memory)
+    instances = args.variant_instances if side.get("instances") else args.instances
+    output_memory = side.get("output_memory", "device")
+    work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    repo, timings = work / "repo", work / "timings"   # the repository holds models only
+    timings.mkdir()
+    queue_delay_us = side.get("queue_delay_us", args.queue_delay_us)
+    model_dir = export(spec_text(side.get("fp16", False)), repo, kind=kind, gpus=gpus, instances=instances,
+                       max_batch_size=args.max_batch_size, queue_delay_us=queue_delay_us, output_memory=output_memory)
+    if side.get("null"):
+        (model_dir / "1" / "model.py").write_text(NULL_MODEL)
     ports = []
     for _ in range(2):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    with TritonServer(repo, http_port=ports[0], grpc_port=ports[1], options=gpu_options(gpus)) as server:
-        def side(clients: int, procs: int) -> dict:
+    clients, procs = (1, 1) if side.get("batch1") else (args.clients, args.client_procs)
+    saved = os.environ.get("INGEST_SERVE_TIMINGS")
+    os.environ["INGEST_SERVE_TIMINGS"] = str(timings)   # the server's environment is this process's
+    try:
+        with TritonServer(repo, http_port=ports[0], grpc_port=ports[1], options=gpu_options(gpus)) as server:
             before = model_stats(ports[1])
-            out = load_run(ports[1], clients, procs, jpegs, args)
-            return {**out, "server_stats": stats_between(before, model_stats(ports[1])), "device": device,
-                    "output_memory": output_memory}
-        chosen = args.only.split(",")
-        if output_memory == "host":
-            results["serve_host_outputs"] = _guard(lambda: side(args.clients, args.client_procs))
-            return
-        if "serve" in chosen:
-            results["serve"] = _guard(lambda: {**side(args.clients, args.client_procs),
-                                               "server_rss_mb": server.rss_bytes() >> 20})
-        if "serve_batch1" in chosen:
-            results["serve_batch1"] = _guard(lambda: side(1, 1))
+            out = load_run(ports[1], clients, procs, jpegs, args, shm=side.get("shm", False),
+                           fp16=side.get("fp16", False))
+            out.update(server_stats=stats_between(before, model_stats(ports[1])), device=device,
+                       output_memory=output_memory, instances=instances,
+                       queue_delay_us=queue_delay_us, output_dtype="float16" if side.get("fp16") else "float32",
+                       server_rss_mb=server.rss_bytes() >> 20)
+        if not side.get("null"):
+            out["backend_timings"] = read_timings(timings)
+    finally:
+        if saved is None:
+            os.environ.pop("INGEST_SERVE_TIMINGS", None)
+        else:
+            os.environ["INGEST_SERVE_TIMINGS"] = saved
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def read_timings(directory: Path) -> dict:
+    """The served model's ``execute`` steps (`ingest.serve.backend.Timings` files, every instance's added
+    up): ms per batch of each step and the mean batch."""
+    docs = [json.loads(p.read_text()) for p in directory.glob("*.json")]
+    batches = sum(d["batches"] for d in docs)
+    if not batches:
+        return {}
+    steps: dict = {}
+    for d in docs:
+        for step, seconds in d["seconds"].items():
+            steps[step] = steps.get(step, 0.0) + seconds
+    return {"batches": batches, "mean_batch": round(sum(d["items"] for d in docs) / batches, 2),
+            **{f"{step}_ms_per_batch": round(s / batches * 1e3, 3) for step, s in steps.items()}}
 
 
 # -- in-process sides -----------------------------------------------------------------------------------
@@ -254,26 +388,34 @@ def timed(run_batch, batches: list, args) -> tuple[int, float, list[float]]:
     return images, time.perf_counter() - t0, calls
 
 
-def inprocess_side(args, jpegs: list[bytes]) -> dict:
+#: The in-process sides and their batch (None: ``--max-batch-size``): the served preprocessing at the server's
+#: largest batch, at about the dynamic batch 64 clients make of one instance, and one image at a time.
+INPROCESS_SIDES = {"inprocess": None, "inprocess_batch16": 16, "inprocess_batch1": 1}
+
+
+def inprocess_side(args, jpegs: list[bytes], batch: int | None = None) -> dict:
+    """`ingest.serve.Preprocessor` called in-process on ``batch`` images a call (``--max-batch-size`` by
+    default), waited for: img/s, and per call p50/p99 for batch 1."""
     import numpy as np
     import torch
     from ingest.serve import Preprocessor
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+    batch = batch or args.max_batch_size
     pre = Preprocessor(spec_text(), device=device)
     arrays = [np.frombuffer(j, np.uint8) for j in jpegs]
-    batches = [arrays[i:i + args.max_batch_size] for i in range(0, len(arrays) - args.max_batch_size + 1,
-                                                                 args.max_batch_size)] or [arrays]
+    batches = [[arrays[(i + j) % len(arrays)] for j in range(batch)] for i in range(0, max(len(arrays), batch), batch)]
 
-    def run(batch) -> int:
-        out = pre.run(batch)
+    def run(items) -> int:
+        out = pre.run(items)
         if device != "cpu":
             torch.cuda.synchronize()
         return sum(o.error is None for o in out)
     try:
-        images, seconds, _ = timed(run, batches, args)
+        images, seconds, calls = timed(run, batches, args)
     finally:
         pre.close()
-    return {"img_s": round(images / seconds, 1), "batch": args.max_batch_size, "device": device}
+    return {"img_s": round(images / seconds, 1), "batch": batch, "device": device,
+            **(percentiles(calls) if batch == 1 else {})}
 
 
 def dali_side(args, jpegs: list[bytes], batch: int) -> dict:
@@ -326,19 +468,29 @@ def _guard(fn) -> dict:
 
 
 def derive(results: dict) -> dict:
+    """Each server side over DALI (``<side>_over_dali``; the target: ``serve`` >= 0.8, ``serve_meets_0_8``, and
+    ``best_over_dali``, the best server side that preprocesses), ``serve`` over in-process, each side over its
+    transport ceiling (``serve_over_null``, ``serve_instances_over_null_instances``) and the latencies."""
     def rate(key):
         return results.get(key, {}).get("img_s")
     out = {}
-    if rate("serve") and rate("dali"):
-        out["serve_over_dali"] = round(rate("serve") / rate("dali"), 3)
-        out["serve_meets_0_8"] = out["serve_over_dali"] >= 0.8
+    served = [k for k, side in SERVER_SIDES.items() if not side.get("batch1") and not side.get("null") and rate(k)]
+    if rate("dali"):
+        for key in served:
+            out[f"{key}_over_dali"] = round(rate(key) / rate("dali"), 3)
+        if rate("serve"):
+            out["serve_meets_0_8"] = out["serve_over_dali"] >= 0.8
+        if served:
+            best = max(served, key=rate)
+            out["best"], out["best_over_dali"] = best, round(rate(best) / rate("dali"), 3)
     if rate("serve") and rate("inprocess"):
         out["serve_over_inprocess"] = round(rate("serve") / rate("inprocess"), 3)
-    if rate("serve_host_outputs") and rate("dali"):
-        out["serve_host_outputs_over_dali"] = round(rate("serve_host_outputs") / rate("dali"), 3)
+    for key, ceiling in (("serve", "serve_null"), ("serve_instances", "serve_null_instances")):
+        if rate(key) and rate(ceiling):
+            out[f"{key}_over_{ceiling.removeprefix('serve_')}"] = round(rate(key) / rate(ceiling), 3)
     if rate("serve_host_outputs") and rate("serve"):
         out["serve_host_outputs_over_serve"] = round(rate("serve_host_outputs") / rate("serve"), 3)
-    for key in ("serve_batch1", "dali_batch1", "serve"):
+    for key in ("serve_batch1", "serve_batch1_delay0", "inprocess_batch1", "dali_batch1", "serve"):
         for stat in ("p50_ms", "p99_ms"):
             if stat in results.get(key, {}):
                 out[f"{key}_{stat}"] = results[key][stat]
@@ -371,24 +523,20 @@ def main(argv=None) -> int:
 
     chosen = args.only.split(",")
     try:
-        if {"serve", "serve_batch1"} & set(chosen):
-            err = _guard(lambda: serve_sides(args, jpegs, results) or {})
-            if err.get("error"):
-                results["serve"] = err
-            write()
-        if "serve_host_outputs" in chosen:
-            err = _guard(lambda: serve_sides(args, jpegs, results, output_memory="host") or {})
-            if err.get("error"):
-                results["serve_host_outputs"] = err
-            write()
-        if "inprocess" in chosen:
-            results["inprocess"] = _guard(lambda: inprocess_side(args, jpegs))
-            write()
+        for name, batch in INPROCESS_SIDES.items():
+            if name in chosen:
+                results[name] = _guard(lambda: inprocess_side(args, jpegs, batch))
+                write()
         if "dali" in chosen:
             results["dali"] = _guard(lambda: dali_side(args, jpegs, args.max_batch_size))
             write()
         if "dali_batch1" in chosen:
             results["dali_batch1"] = _guard(lambda: dali_side(args, jpegs, 1))
+            write()
+        for name in SERVER_SIDES:
+            if name in chosen:
+                results[name] = _guard(lambda: server_side(args, jpegs, name))
+                write()
     except KeyboardInterrupt:   # `timeout -s INT`: the server is stopped on the way out; what finished is kept
         report["interrupted"] = True
         write()

@@ -239,6 +239,50 @@ def test_a_batch_that_raises_fails_its_requests_and_the_next_batch_runs(tmp_path
     assert model.execute([FakeRequest(IMAGES[0])])[0].error is None
 
 
+def test_the_model_adds_up_its_execute_steps_where_asked(tmp_path, monkeypatch):
+    """INGEST_SERVE_TIMINGS: each instance writes its steps' totals and counts past its first batches (on
+    finalize, and as it goes); unset, nothing is written."""
+    monkeypatch.setenv("INGEST_SERVE_TIMINGS", str(tmp_path / "timings"))
+    (tmp_path / "timings").mkdir()
+    model = exported_model(tmp_path, monkeypatch)
+    model.timings.skip = 1   # the first batch is left out
+    model.execute([FakeRequest(IMAGES[5])] * 5)
+    model.execute([FakeRequest(IMAGES[0]), FakeRequest(IMAGES[1]), FakeRequest(b"junk")])
+    model.execute([FakeRequest(IMAGES[2])])
+    model.finalize()
+    (path,) = (tmp_path / "timings").glob("*.json")
+    assert path.name == f"preprocess-{os.getpid()}.json"
+    doc = json.loads(path.read_text())
+    assert {k: doc[k] for k in ("batches", "requests", "items")} == {"batches": 2, "requests": 4, "items": 4}
+    assert set(doc["seconds"]) == {"inputs", "preprocess", "device_wait", "responses"}
+    assert doc["seconds"]["preprocess"] > 0
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_serve import read_timings
+    got = read_timings(tmp_path / "timings")
+    assert got["batches"] == 2 and got["mean_batch"] == 2.0
+    assert got["preprocess_ms_per_batch"] == round(doc["seconds"]["preprocess"] / 2 * 1e3, 3)
+    monkeypatch.delenv("INGEST_SERVE_TIMINGS")
+    model = exported_model(tmp_path / "again", monkeypatch)
+    model.execute([FakeRequest(IMAGES[0])])
+    model.finalize()
+    assert model.timings.path is None and len(list((tmp_path / "timings").glob("*"))) == 1
+
+
+def test_a_float16_spec_answers_float16_equal_to_the_loader(tmp_path, monkeypatch):
+    """Normalize(dtype=float16) in the spec: the model's output is FP16 (half the bytes an answer carries), the
+    loader's own float16 images."""
+    ops = [*OPS[:2], Normalize(mean=[124.0, 116.0, 104.0], std=[58.0, 57.0, 57.0], dtype=torch.float16)]
+    monkeypatch.setattr(sys.modules[__name__], "SPEC", dumps(ops))
+    assert "TYPE_FP16" in config_text(ops, name="x")
+    model = exported_model(tmp_path, monkeypatch)
+    responses = model.execute([FakeRequest(IMAGES[k]) for k in (0, 7)])
+    with Loader([IMAGES[0], IMAGES[7]], batch_size=2, ops=ops) as loader:
+        (images, _), = list(loader)
+    for r, row in zip(responses, images):
+        assert r.tensors["IMAGES"].dtype == torch.float16
+        assert torch.equal(r.tensors["IMAGES"][0], row)
+
+
 # -- triton-export --------------------------------------------------------------------------------------
 def test_triton_export_writes_a_repository_triton_parses(tmp_path, capsys):
     spec = tmp_path / "spec.json"
@@ -254,7 +298,13 @@ def test_triton_export_writes_a_repository_triton_parses(tmp_path, capsys):
     assert config["output"] == [{"name": "IMAGES", "data_type": "TYPE_FP32", "dims": [-1, -1, -1]}]
     assert "dynamic_batching" in config
     assert config["instance_group"] == [{"count": 1}]   # kind KIND_AUTO: the enum's default, not printed
+    assert "parameters" not in config
     assert (model_dir / "1" / "spec.json").read_text() == SPEC
+    assert main(["triton-export", str(spec), str(tmp_path / "repo"), "--name", "two", "--instances", "2",
+                 "--output-memory", "host"]) == 0
+    config = config_json((tmp_path / "repo" / "two" / "config.pbtxt").read_text())
+    assert config["instance_group"] == [{"count": 2}]
+    assert config["parameters"] == {"ingest_output_memory": {"string_value": "host"}}
 
 
 def test_the_documented_ensemble_config_parses():
@@ -277,6 +327,8 @@ def test_export_refuses_bad_input(tmp_path):
     assert 'data_type: TYPE_UINT8' in config_text([Resize(8)], name="x")
     with pytest.raises(ConfigError, match="Unknown output memory 'gpu'. Available: device, host"):
         config_text(OPS, name="x", output_memory="gpu")
+    with pytest.raises(ConfigError, match="`instances` must be >= 1, got 0"):
+        config_text(OPS, name="x", instances=0)
 
 
 def test_the_output_memory_reaches_the_model_as_a_parameter(tmp_path, monkeypatch, reference):
@@ -296,7 +348,8 @@ def test_the_output_memory_reaches_the_model_as_a_parameter(tmp_path, monkeypatc
 
 
 class Served:
-    """`ingest serve` started by the tests as a user would: the command, its server and the backend stub."""
+    """`ingest serve` started by the tests as a user would: the command, its server and two model instances
+    (two backend stubs, batches running side by side)."""
 
     def __init__(self, work: Path):
         (work / "usermodel.py").write_text("def net(batch):\n    return batch.mean(dim=(2, 3))\n")
@@ -307,7 +360,8 @@ class Served:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ingest.tools.cli", "serve", str(work / "spec.json"), "--http-port",
              str(self.http_port), "--grpc-port", str(self.grpc_port), "--model", "usermodel:net", "--device", "cpu",
-             "--repository", str(work / "repo"), "--max-batch-size", "16", "--max-queue-delay-us", "20000"],
+             "--repository", str(work / "repo"), "--max-batch-size", "16", "--max-queue-delay-us", "20000",
+             "--instances", "2"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         watcher = TritonServer(work / "repo", http_port=self.http_port)
         deadline = time.monotonic() + 120
@@ -369,6 +423,38 @@ def test_http_and_grpc_answers_equal_the_in_process_loader(server, reference):
                 assert got.shape == (1, 3, 32, 32) and got.dtype == np.float32
                 np.testing.assert_allclose(got[0], reference[k], atol=1e-5)
     finally:
+        client.close()
+
+
+def test_answers_into_a_clients_shared_memory_equal_the_in_process_loader(server, reference):
+    """A client that registers a system shared memory region and asks for IMAGES there (tritonclient's
+    shared-memory utilities, as bench_serve's serve_shm clients do) reads the same answers from it."""
+    import tritonclient.utils.shared_memory as shm
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    key, size = f"ingest_test_{os.getpid()}", 3 * 32 * 32 * 4
+    region = shm.create_shared_memory_region(key, "/" + key, size)
+    try:
+        client.register_system_shared_memory(key, "/" + key, size)
+        out = grpcclient.InferRequestedOutput("IMAGES")
+        out.set_shared_memory(key, size)
+        for k in (2, 9):
+            x = np.frombuffer(IMAGES[k], np.uint8)[None]
+            tensor = grpcclient.InferInput("ENCODED", list(x.shape), "UINT8")
+            tensor.set_data_from_numpy(x)
+            result = client.infer("preprocess", [tensor], outputs=[out])
+            assert not any(result.get_response().raw_output_contents)   # not in the payload
+            got = shm.get_contents_as_numpy(region, np.float32, result.get_output("IMAGES").shape)
+            np.testing.assert_allclose(got[0], reference[k], atol=1e-5)
+            del got   # a view of the region, which cannot be closed while one is alive
+        for _ in range(50):   # the server lets go of the region a moment after the last answer
+            try:
+                client.unregister_system_shared_memory(key)
+                break
+            except Exception:   # tritonclient's "currently in use"
+                time.sleep(0.02)
+        assert key not in client.get_system_shared_memory_status().regions
+    finally:
+        shm.destroy_shared_memory_region(region)
         client.close()
 
 
@@ -478,7 +564,7 @@ def test_the_user_model_runs_in_the_server(server):
 
 def test_shutdown_leaves_no_process_behind(server):   # last of the server's tests: it stops the server
     tree = process_tree(server.process.pid)
-    assert len(tree) >= 3   # the command, tritonserver, the backend stub
+    assert len(tree) >= 4   # the command, tritonserver, the two instances' backend stubs
     server.stop()
     assert server.process.returncode == 130 and "serving preprocess (CPU)" in server.output
     assert [pid for pid in tree if alive(pid)] == []
@@ -507,3 +593,22 @@ def test_bench_serve_reads_the_servers_statistics_between_two_points():
     assert out == {"requests": 40, "batches": 10, "mean_batch": 4.0, "queue_ms_per_request": 0.1,
                    "compute_infer_ms_per_batch": 2.0}
     assert stats_between(doc(10, 5, 0, 0), doc(10, 5, 0, 0)) == {}
+
+
+def test_bench_serve_derives_each_side_against_dali_and_its_ceiling():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_serve import derive
+    results = {"serve": {"img_s": 100.0, "p50_ms": 9.0}, "serve_null": {"img_s": 400.0},
+               "serve_instances": {"img_s": 300.0}, "serve_null_instances": {"img_s": 600.0},
+               "serve_fp16": {"error": "x"}, "dali": {"img_s": 1000.0}, "inprocess": {"img_s": 500.0}}
+    out = derive(results)
+    assert out["serve_over_dali"] == 0.1 and out["serve_meets_0_8"] is False
+    assert out["serve_instances_over_dali"] == 0.3 and "serve_fp16_over_dali" not in out
+    assert out["best"] == "serve_instances" and out["best_over_dali"] == 0.3   # a null side is no candidate
+    assert out["serve_over_null"] == 0.25 and out["serve_instances_over_null_instances"] == 0.5
+    assert out["serve_over_inprocess"] == 0.2 and out["serve_p50_ms"] == 9.0
+    from bench_serve import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(["--only", "serve,serve_nope", "--out", "x.json"])
+    args = parse_args(["--dry-run", "--only", "serve_instances", "--out", "x.json"])
+    assert args.variant_instances == 2 and args.device == "cpu"

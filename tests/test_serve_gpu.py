@@ -49,6 +49,25 @@ def test_a_gpu_instance_with_host_outputs_answers_with_pinned_host_tensors(tmp_p
         np.testing.assert_allclose(output.numpy()[0], images.numpy()[0].mean(axis=(1, 2)), atol=1e-5)
 
 
+def test_a_float16_spec_on_a_gpu_instance_answers_float16_device_tensors(tmp_path, monkeypatch):
+    """Normalize(dtype=float16) (bench_serve's serve_fp16): FP16 device tensors, the GPU loader's images."""
+    import sys
+    import torch
+    from ingest import Loader
+    from ingest.ops import Normalize, dumps
+    import test_serve
+    ops = [*test_serve.OPS[:2], Normalize(mean=[124.0, 116.0, 104.0], std=[58.0, 57.0, 57.0], dtype=torch.float16)]
+    monkeypatch.setattr(sys.modules["test_serve"], "SPEC", dumps(ops))
+    model = exported_model(tmp_path, monkeypatch, kind="GPU")
+    responses = model.execute([FakeRequest(IMAGES[k]) for k in (0, 7)])
+    with Loader([IMAGES[0], IMAGES[7]], batch_size=2, ops=ops, device="cuda") as loader:
+        (images, _), = list(loader)
+    for r, row in zip(responses, images):
+        got = r.tensors["IMAGES"]
+        assert got.is_cuda and got.dtype == torch.float16
+        torch.testing.assert_close(got[0], row, atol=2e-3, rtol=0)
+
+
 def test_outputs_of_different_shapes_go_to_the_host_one_by_one():
     import torch
     from ingest.serve.backend import _host_rows
@@ -58,10 +77,10 @@ def test_outputs_of_different_shapes_go_to_the_host_one_by_one():
     assert all(h.is_pinned() for h in host) and [h.tolist() for h in host] == [r.tolist() for r in rows]
 
 
-@pytest.mark.parametrize("output_memory", ["device", "host"])
-def test_the_real_server_on_a_gpu(tmp_path, reference, output_memory):
+@pytest.mark.parametrize("output_memory,instances", [("device", 1), ("host", 1), ("device", 2)])
+def test_the_real_server_on_a_gpu(tmp_path, reference, output_memory, instances):
     grpcclient = pytest.importorskip("tritonclient.grpc")
-    export(SPEC, tmp_path / "repo", kind="KIND_GPU", gpus=[0], output_memory=output_memory)
+    export(SPEC, tmp_path / "repo", kind="KIND_GPU", gpus=[0], output_memory=output_memory, instances=instances)
     http_port, grpc_port = free_ports(2)
     with TritonServer(tmp_path / "repo", http_port=http_port, grpc_port=grpc_port, options=gpu_options([0])) as server:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
@@ -70,7 +89,7 @@ def test_the_real_server_on_a_gpu(tmp_path, reference, output_memory):
                 np.testing.assert_allclose(infer_grpc(client, IMAGES[k])[0], reference[k], atol=GPU_TOL)
         finally:
             client.close()
-        assert "(GPU device 0)" in server.log.read_text()   # Triton's line for the instance it made
+        assert server.log.read_text().count("(GPU device 0)") >= instances   # Triton's line per instance made
 
 
 #: A user model for the real server that notes, from inside the backend stub, the device of the batch it gets

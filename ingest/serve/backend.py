@@ -15,6 +15,11 @@ With the model parameter ``ingest_output_memory`` set to ``host`` (`ingest.serve
 ``output_memory``) a GPU instance instead copies the batch's outputs to pinned host memory in one copy and hands
 over host tensors: for clients that receive the images over HTTP or gRPC, which the Python backend otherwise
 serves by copying each request's device tensor out on its own.
+
+With the environment variable ``INGEST_SERVE_TIMINGS`` set to a directory, each instance adds up the wall
+time of ``execute``'s steps (reading the requests, the preprocessing, the wait for the device, building the
+responses) past its first few batches, and writes them to ``DIR/<model>-<pid>.json`` every second and
+when it is finalized: what a benchmark reads to split Triton's ``compute_infer`` into its parts.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +74,11 @@ class TritonPythonModel:
         # "host": a GPU batch's outputs leave in one copy to pinned memory (clients over HTTP/gRPC), not one
         # device tensor per request for the stub to copy out one at a time
         self.host_outputs = parameter(config, "ingest_output_memory", "device") == "host" and device.type == "cuda"
+        self.timings = Timings(config.get("name", "model"), os.environ.get("INGEST_SERVE_TIMINGS"))
         log.info("ingest: %s serving on %s", config.get("name"), device)
 
     def execute(self, requests: list) -> list:
+        clock = self.timings.start()
         items, owners, responses = [], [], [None] * len(requests)
         for r, request in enumerate(requests):
             try:
@@ -79,11 +88,13 @@ class TritonPythonModel:
                 continue
             items.extend(request_items)
             owners.extend([r] * len(request_items))
+        clock.lap("inputs")
         try:
             outcomes = self.preprocessor.run(items) if items else []
         except Exception as err:   # a fault of the whole batch: its requests fail, the server stays up
             log.exception("ingest: a batch of %d requests failed", len(requests))
             return [resp or self._error(f"the batch failed: {type(err).__name__}: {err}") for resp in responses]
+        clock.lap("preprocess")
         if self.host_outputs:
             outcomes = _to_host(outcomes)
         by_request: dict[int, list[Outcome]] = {}
@@ -91,11 +102,15 @@ class TritonPythonModel:
             by_request.setdefault(r, []).append(outcome)
         if self.preprocessor.device.type == "cuda":   # DLPack carries no stream: the outputs must be done
             torch.cuda.current_stream(self.preprocessor.device).synchronize()
+        clock.lap("device_wait")
         for r, mine in by_request.items():
             responses[r] = self._response(requests[r], mine)
+        clock.lap("responses")
+        self.timings.add(clock, requests=len(requests), items=len(items))
         return responses
 
     def finalize(self) -> None:
+        self.timings.write()
         self.preprocessor.close()
 
     def _input(self, request: Any) -> np.ndarray:
@@ -126,6 +141,61 @@ class TritonPythonModel:
             batch = batch.to(_torch_dtype(self.dtypes[name])).contiguous()
             tensors.append(self.pb.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(batch)))
         return self.pb.InferenceResponse(output_tensors=tensors)
+
+
+class Timings:
+    """Wall seconds per step of ``execute``, added up over batches and written as JSON to
+    ``directory/<name>-<pid>.json`` (every ``every`` seconds and on `write`); nothing without a directory.
+    The first ``skip`` batches (the decoders' and the device's first use) are left out."""
+
+    def __init__(self, name: str, directory: str | None, every: float = 1.0, skip: int = 10):
+        self.path = Path(directory) / f"{name}-{os.getpid()}.json" if directory else None
+        self.every, self.skip = every, skip
+        self.totals: dict[str, float] = {}
+        self.counts = {"batches": 0, "requests": 0, "items": 0}
+        self._written = time.monotonic()
+
+    def start(self) -> "_Clock":
+        return _Clock(self.path is not None)
+
+    def add(self, clock: "_Clock", **counts: int) -> None:
+        if self.path is None:
+            return
+        if self.skip > 0:
+            self.skip -= 1
+            return
+        self.counts["batches"] += 1
+        for key, n in counts.items():
+            self.counts[key] += n
+        for step, seconds in clock.laps.items():
+            self.totals[step] = self.totals.get(step, 0.0) + seconds
+        if time.monotonic() - self._written > self.every:
+            self.write()
+
+    def write(self) -> None:
+        if self.path is None:
+            return
+        self._written = time.monotonic()
+        doc = {**self.counts, "seconds": {k: round(v, 6) for k, v in self.totals.items()}}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.path)
+
+
+class _Clock:
+    """One ``execute``'s laps (``laps``: step -> seconds; nothing is timed when not ``on``)."""
+
+    def __init__(self, on: bool):
+        self.on = on
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter() if on else 0.0
+
+    def lap(self, step: str) -> None:
+        if not self.on:
+            return
+        now = time.perf_counter()
+        self.laps[step] = now - self.last
+        self.last = now
 
 
 def _to_host(outcomes: list[Outcome]) -> list[Outcome]:

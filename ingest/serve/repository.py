@@ -58,7 +58,9 @@ def config_text(ops: Sequence[Any], *, name: str, max_batch_size: int = 64, queu
                 model: str | None = None, output_memory: str = "device") -> str:
     """The ``config.pbtxt`` of the model (see the module docstring). ``output_memory``: where a GPU instance
     hands its outputs over, ``"device"`` (for a GPU consumer: an ensemble's next model) or ``"host"`` (one copy
-    of the batch to pinned host memory, for clients that receive the images over HTTP or gRPC)."""
+    of the batch to pinned host memory, for clients that receive the images over HTTP or gRPC). ``instances``:
+    the instance group's count; each instance is a backend process of its own running whole batches, so one
+    batch's preprocessing overlaps another's hand-over."""
     dtype = output_dtype(ops)
     if dtype not in TRITON_TYPES:
         raise ConfigError(f"a served spec must output one of {', '.join(str(d) for d in TRITON_TYPES)}, got {dtype}")
@@ -68,6 +70,8 @@ def config_text(ops: Sequence[Any], *, name: str, max_batch_size: int = 64, queu
         raise ConfigError(f"Unknown output memory {output_memory!r}. Available: {', '.join(OUTPUT_MEMORY)}")
     if max_batch_size < 1:
         raise ConfigError(f"`max_batch_size` must be >= 1, got {max_batch_size}")
+    if instances < 1:
+        raise ConfigError(f"`instances` must be >= 1, got {instances}")
     outputs = [f'  {{ name: "IMAGES" data_type: {TRITON_TYPES[dtype]} dims: [ -1, -1, -1 ] }}']
     if model is not None:
         outputs.append('  { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] }')

@@ -22,6 +22,11 @@ def _common(p: Any) -> None:
                    help="how long the dynamic batcher waits to fill a batch, in microseconds (default 500)")
     p.add_argument("--model", metavar="MODULE:CALLABLE", default=None,
                    help="a model run on the preprocessed batch in the same server (output OUTPUT)")
+    p.add_argument("--instances", type=int, default=1,
+                   help="model instances, each its own backend process running whole batches (default 1)")
+    p.add_argument("--output-memory", default="device", choices=("device", "host"),
+                   help="where a GPU instance hands its outputs over: device (default; for a GPU consumer such as "
+                        "an ensemble's next model) or host (the batch copied to pinned host memory at once)")
 
 
 def add_parser(sub: Any) -> None:
@@ -75,10 +80,15 @@ def _device(device: str | None) -> tuple[str, list[int]]:
     return "KIND_GPU", [dev.index or 0]
 
 
+def _config(args: Any) -> dict[str, Any]:
+    """The model config options both commands take (`ingest.serve.repository.config_text`'s)."""
+    return {"max_batch_size": args.max_batch_size, "queue_delay_us": args.max_queue_delay_us, "model": args.model,
+            "instances": args.instances, "output_memory": args.output_memory}
+
+
 def run_export(args: Any) -> int:
     from ..serve import export
-    model_dir = export(_spec_text(args.spec), args.repo, name=args.name, kind=args.kind,
-                       max_batch_size=args.max_batch_size, queue_delay_us=args.max_queue_delay_us, model=args.model)
+    model_dir = export(_spec_text(args.spec), args.repo, name=args.name, kind=args.kind, **_config(args))
     print(f"wrote {model_dir}")
     return 0
 
@@ -89,8 +99,7 @@ def run_serve(args: Any) -> int:
     kind, gpus = _device(args.device)
     load_model(args.model)   # an unimportable model is refused before the server starts
     repo = args.repository or tempfile.mkdtemp(prefix="ingest-repo-")
-    export(_spec_text(args.spec), repo, name=args.model_name, kind=kind, gpus=gpus,
-           max_batch_size=args.max_batch_size, queue_delay_us=args.max_queue_delay_us, model=args.model)
+    export(_spec_text(args.spec), repo, name=args.model_name, kind=kind, gpus=gpus, **_config(args))
     server = TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port, options=gpu_options(gpus))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # a SIGTERM stops the server as Ctrl-C does
     try:
