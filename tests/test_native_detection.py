@@ -125,3 +125,33 @@ def test_set_detection_checks_its_arguments(coco):
             engine.set_targets(0, 0, np.zeros(64, np.uint8), np.zeros(8, np.int64))
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("batchwide", [False, True])
+def test_a_batch_whose_fallback_rows_all_failed_keeps_the_engines_rows(coco, batchwide):
+    """`merged` with every fallback row dropped (Python decoded none: no fields came back) gives the engine's other
+    rows, their boxes and per-sample fields, as new tensors."""
+    import torch
+    from ingest.engine.native_boxes import merged
+    src = CocoSource(coco, images=coco.parent.parent / "img", cache=False, box_format="ltrb")
+    ops = BENCH[:-1] + [PadTo(multiple=32, batch=True)] if batchwide else BENCH
+    det, why = detection_of(src, ops, (0.0, 0.0, 0.0))
+    assert why is None
+    rows = 3
+    images = torch.arange(rows * 3 * 4 * 5, dtype=torch.uint8).reshape(rows, 3, 4, 5)
+    boxes = torch.tensor([[[1, 2, 3, 4], [0, 0, 0, 0]], [[5, 6, 7, 8], [1, 1, 2, 2]], [[0, 0, 0, 0]] * 2],
+                         dtype=torch.float32)
+    fields = {"image_id": torch.tensor([1, 2, 3]), "boxes": boxes, "boxes_lengths": torch.tensor([1, 2, 0])}
+    for name, _, dtype, pad in det.per_box:
+        fields[name] = torch.full((rows, 2), 7, dtype=dtype)
+        fields[f"{name}_lengths"] = torch.tensor([1, 2, 0])
+    if "image_sizes" in det.order:
+        fields["image_sizes"] = torch.tensor([[4, 5], [4, 5], [4, 5]])
+    fields = {name: fields[name] for name in det.order}
+    got_images, got, kept = merged(det, rows, [], [1], images if batchwide else list(images.unbind(0)), fields,
+                                   [], {}, (0.0, 0.0, 0.0), torch.device("cpu"), "NCHW", True)
+    assert kept.tolist() == [0, 2] and list(got) == list(det.order)
+    assert got["image_id"].tolist() == [1, 3] and got["boxes_lengths"].tolist() == [1, 0]
+    assert got["boxes"].tolist() == [[[1, 2, 3, 4]], [[0, 0, 0, 0]]]
+    shown = got_images if batchwide else torch.stack(got_images)
+    assert torch.equal(shown, images[[0, 2]])

@@ -266,7 +266,8 @@ def merged(det: Detection, rows: int, filled: list[int], dropped: list[int], ima
         return [values[q, :lengths[q]] for q in range(len(lengths))]
 
     for name in [n for n in det.order if f"{n}_lengths" in det.order]:
-        ours, theirs = rows_of(fields, name), rows_of(done_fields, name)
+        ours = rows_of(fields, name)
+        theirs = rows_of(done_fields, name) if name in done_fields else []   # (every fallback row failed)
         per_row = [theirs[at[r]] if r in at else ours[r] for r in kept.tolist()]
         most = max([len(v) for v in per_row], default=0)
         pad = 0 if name == "boxes" else next(p for n, _, _, p in det.per_box if n == name)
@@ -277,7 +278,8 @@ def merged(det: Detection, rows: int, filled: list[int], dropped: list[int], ima
         out[name] = torch.from_numpy(padded).to(device)
         out[f"{name}_lengths"] = torch.tensor([len(v) for v in per_row], dtype=torch.int64)   # (on the host)
     for name in [n for n in det.order if n not in out]:
-        ours, theirs = fields[name].cpu(), done_fields[name].cpu()
+        ours = fields[name].cpu()
+        theirs = done_fields[name].cpu() if name in done_fields else None   # (None: every fallback row failed)
         joined = torch.stack([theirs[at[r]] if r in at else ours[r] for r in kept.tolist()])
         out[name] = joined if stays_on_host(name) else joined.to(device)
     return images, {name: out[name] for name in det.order}, kept
