@@ -44,7 +44,7 @@ as skipped.
     python benchmarks/bench_codecs.py                      # GPU; JSON in benchmarks/results/bench_codecs/<device>/
     python benchmarks/bench_codecs.py --dry-run            # CPU only, tiny sets; DALI on its CPU backend
     python benchmarks/bench_codecs.py --sets j2k_lossy,j2k_lossless --only i,d --budget 200 \\
-        --setting default= --setting t15=INGEST_GPU_DECODE_THREADS=15   # settings against the same DALI
+        --setting default= --setting pad16=INGEST_JPEG2K_DEVICE_PADDING=16777216   # settings against the same DALI
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ MIN_CHILD_SECONDS = 15
 #: Sets timed over --j2k-seconds and --j2k-min-batches instead of --seconds and --min-batches.
 J2K_SETS = ("j2k_lossy", "j2k_lossless")
 #: ingest's settings read in each loader child and recorded with its result (what the decode's concurrency is).
-RECORDED_SETTINGS = ("gpu_decoders", "gpu_decode_threads", "decode_batches", "jpeg2k_decoders", "jpeg2k_device_padding",
+RECORDED_SETTINGS = ("gpu_decoders", "gpu_decode_threads", "decode_batches", "jpeg2k_device_padding",
                      "nvjpeg_host_padding", "nvjpeg_device_padding")
 #: Issue 36's bars: derived figure -> the least it asks.
 TARGETS = {"j2k_lossy_ingest_over_dali": 1.2, "j2k_lossless_ingest_over_dali": 1.2, "tiff_ingest_over_dali_cpu": 3.0}

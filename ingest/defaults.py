@@ -14,7 +14,6 @@
 | nvjpeg_host_padding | INGEST_NVJPEG_HOST_PADDING | 8388608 | bytes nvJPEG adds to each pinned host buffer it allocates, so a thread's buffers rarely grow again (DALI's ``host_memory_padding`` and default); 0: none |
 | nvjpeg_device_padding | INGEST_NVJPEG_DEVICE_PADDING | 0 | bytes nvJPEG adds to each device buffer it allocates (DALI's ``device_memory_padding``, whose default is 16 MiB); 0: none |
 | jpeg2k_device_padding | INGEST_JPEG2K_DEVICE_PADDING | 0 | bytes nvJPEG2000 adds to each device buffer it allocates (nvImageCodec's ``nvjpeg2k_cuda_decoder:device_memory_padding``); 0: none |
-| jpeg2k_decoders | INGEST_JPEG2K_DECODERS | 0 | nvImageCodec decoders of each GPU decoder that take its batches' JPEG 2000 images alone, each with the GPU decoder's CPU threads; 0: they share the JPEG decoders |
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode feeding CUDA, else 0) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
@@ -76,13 +75,8 @@ it cost device memory for no steady-state speed. What the padding is for is the 
 
 ``jpeg2k_device_padding``: the same for nvJPEG2000 (nvImageCodec's JPEG 2000 decoder), whose device buffers (one
 decode state per nvImageCodec thread) grow the same way and free with ``cudaFree``. Unlike nvJPEG's, nvImageCodec's
-JPEG 2000 decoder applies its padding without a device allocator of the caller's. 0 (none) until a measurement
-says otherwise (`benchmarks/bench_codecs.py --setting`, docs/codecs.md).
-
-``jpeg2k_decoders``: nvImageCodec decodes each JPEG 2000 image on one of a decoder's CPU threads, each thread
-waiting for its last image's GPU work before starting the next, and caps a decoder's threads at the cores less
-one; so the images of a batch in flight at once are at most the threads of the decoders sharing it. Decoders of
-their own for JPEG 2000 raise that without giving the JPEGs more threads than they use. Native engine only.
+JPEG 2000 decoder applies its padding without a device allocator of the caller's. DALI gives it 16 MiB; here it
+stays 0 (none): it has not been measured alone (`benchmarks/bench_codecs.py --setting` does that, docs/codecs.md).
 
 ``keep_freed_memory``: by default glibc hands freed memory back to the kernel (past 128 KB free at the top of
 the heap) and gives every block of 128 KB or more its own mapping, so each record copied out of its file (a
@@ -160,7 +154,6 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "nvjpeg_host_padding": ("INGEST_NVJPEG_HOST_PADDING", 8 << 20, _integer("nvjpeg_host_padding", 0)),
     "nvjpeg_device_padding": ("INGEST_NVJPEG_DEVICE_PADDING", 0, _integer("nvjpeg_device_padding", 0)),
     "jpeg2k_device_padding": ("INGEST_JPEG2K_DEVICE_PADDING", 0, _integer("jpeg2k_device_padding", 0)),
-    "jpeg2k_decoders": ("INGEST_JPEG2K_DECODERS", 0, _integer("jpeg2k_decoders", 0)),
     "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),
     "ops_threads": ("INGEST_OPS_THREADS", "auto", _integer("ops_threads", 1, words=("auto",))),
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),

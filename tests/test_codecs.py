@@ -649,57 +649,6 @@ def test_gpu_decoder_with_uint16_or_gray_output_decodes_on_the_cpu_and_uploads_t
             np.testing.assert_array_equal(image.cpu().numpy(), cpu.decode(batch[name], name))   # uint16: numpy
 
 
-@pytest.mark.gpu
-@requires_gpu
-def test_gpu_jpeg2k_decoders_of_their_own_give_the_same_images_and_regions():
-    """``jpeg2k_decoders=2``: a batch's JPEG 2000 images split between two decoders of their own, its JPEG and
-    TIFF on the shared one; every image, region and path equals what one shared decoder gives."""
-    from ingest import defaults
-    batch = gpu_batch()
-    names = ["lossless.jp2", "a.jpg", "lossy.j2k", "lzw.tif", "lossless.jp2", "a.png", "lossy.j2k"]
-    datas = [batch[name] for name in names]
-    rois = [(30, 20, 150, 140), None, (0, 0, 100, 100), None, None, None, (10, 10, 200, 180)]
-    got = {}
-    with CpuDecoder(threads=1) as cpu:
-        for count in (0, 2):
-            with defaults.set(jpeg2k_decoders=count):
-                try:
-                    gpu = decode_gpu.GpuDecoder("cuda", cpu, engine="native")
-                except ImportError as err:   # no native engine for this nvImageCodec
-                    pytest.skip(str(err))
-            with gpu:
-                assert len(gpu._j2k_decoders) == count
-                images, origins, paths = gpu.decode_batch(datas, names, rois=rois)
-                got[count] = ([image.cpu() for image in images], origins, paths, dict(gpu.fallbacks))
-    assert got[2][1:] == got[0][1:]
-    assert got[2][2] == ["gpu-roi", "gpu", "gpu-roi", "gpu", "gpu", "cpu-fallback", "gpu-roi"], got[2][2]
-    for name, mine, shared in zip(names, got[2][0], got[0][0]):
-        if name == "lossy.j2k":   # the 9/7 wavelet in floating point: the same decoder, so a level at most
-            assert (mine.int() - shared.int()).abs().max() <= 1, name
-        else:
-            assert torch.equal(mine, shared), name
-
-
-def test_batch_shares_give_jpeg2k_images_to_their_own_decoders_when_there_are_some():
-    """`batch_shares`: every image in exactly one share, in batch order within it; without JPEG 2000 decoders
-    the batch is cut into runs as before, with them the JPEG 2000 images go to those slots only."""
-    K = decode_gpu.KIND_JPEG2K
-    kinds = np.array([1, K, K, 1, decode_gpu.KIND_TIFF, K, K, K, 1])
-    plain = decode_gpu.batch_shares(kinds, 2, 0)
-    assert [(slot, chunk.tolist()) for slot, chunk in plain] == [(0, [0, 1, 2, 3, 4]), (1, [5, 6, 7, 8])]
-    split = decode_gpu.batch_shares(kinds, 1, 2)
-    assert [(slot, chunk.tolist()) for slot, chunk in split] == [(0, [0, 3, 4, 8]), (1, [1, 2, 5]), (2, [6, 7])]
-    only_j2k = decode_gpu.batch_shares(np.full(5, K), 2, 3)   # the shared decoders get nothing: no empty share
-    assert [(slot, chunk.tolist()) for slot, chunk in only_j2k] == [(2, [0, 1]), (3, [2, 3]), (4, [4])]
-    assert [(s, c.tolist()) for s, c in decode_gpu.batch_shares(np.ones(2, np.int64), 1, 2)] == [(0, [0, 1])]
-    rng = np.random.default_rng(5)
-    for _ in range(20):
-        kinds = rng.choice([1, K, decode_gpu.KIND_TIFF], rng.integers(1, 300))
-        shares = decode_gpu.batch_shares(kinds, int(rng.integers(1, 4)), int(rng.integers(0, 4)))
-        assert sorted(k for _, chunk in shares for k in chunk.tolist()) == list(range(len(kinds)))
-        assert all((np.diff(chunk) > 0).all() for _, chunk in shares)
-
-
 def test_jpeg2k_settings_reach_the_decoder_options_and_are_checked():
     from ingest import defaults
     assert "nvjpeg2k" not in decode_gpu.decoder_options()
@@ -707,11 +656,11 @@ def test_jpeg2k_settings_reach_the_decoder_options_and_are_checked():
         options = decode_gpu.decoder_options().split()
         assert options[-1] == "nvjpeg2k_cuda_decoder:device_memory_padding=16777216"   # after the global ones
         assert ":host_memory_padding=8388608" in options
-    assert defaults.variable("jpeg2k_decoders") == "INGEST_JPEG2K_DECODERS"
-    with pytest.raises(ConfigError, match="jpeg2k_decoders"):
-        defaults.set(jpeg2k_decoders=-1)
+    assert defaults.variable("jpeg2k_device_padding") == "INGEST_JPEG2K_DEVICE_PADDING"
+    with pytest.raises(ConfigError, match="jpeg2k_device_padding"):
+        defaults.set(jpeg2k_device_padding=-1)
     with pytest.raises(ConfigError, match="Unknown setting"):
-        defaults.variable("jpeg2k_threads")
+        defaults.variable("jpeg2k_decoders")
 
 
 def test_bench_codecs_runs_each_setting_against_the_same_dali():
@@ -721,8 +670,8 @@ def test_bench_codecs_runs_each_setting_against_the_same_dali():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_codecs
     args = bench_codecs.parse_args(["--sets", "j2k_lossy,tiff", "--only", "i,d", "--setting", "default=",
-                                    "--setting", "wide=INGEST_JPEG2K_DECODERS=2,INGEST_GPU_DECODE_THREADS=15"])
-    assert args.settings == [("default", {}), ("wide", {"INGEST_JPEG2K_DECODERS": "2",
+                                    "--setting", "wide=INGEST_JPEG2K_DEVICE_PADDING=16777216,INGEST_GPU_DECODE_THREADS=15"])
+    assert args.settings == [("default", {}), ("wide", {"INGEST_JPEG2K_DEVICE_PADDING": "16777216",
                                                         "INGEST_GPU_DECODE_THREADS": "15"})]
     assert args.j2k_seconds == 8.0 and args.j2k_min_batches == 20 and args.child_budget >= 60 + 16
     assert bench_codecs.plan(args) == [("j2k_lossy", "i", "default"), ("j2k_lossy", "d", None),

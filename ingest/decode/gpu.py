@@ -297,9 +297,6 @@ class GpuDecoder:
     one does not pay there. ``cpu_threads``: each decoder's nvImageCodec CPU threads (0: one per core); a
     pipeline gives each of its decoders its share of the cores (`cpu_threads_each`) rather than every decoder
     one thread per core. The figures behind these rules: docs/measurements.md, The in-process CUDA loader.
-    The ``jpeg2k_decoders`` setting (native engine, "auto" backend) adds that many decoders, of ``cpu_threads``
-    each, which take the batch's JPEG 2000 images between them (`batch_shares`): nvImageCodec decodes one JPEG
-    2000 image per thread at a time and caps a decoder's threads, so they raise the images in flight.
 
     :attr:`engine` says which engine runs, :attr:`fallbacks` counts why GPU-eligible images went to the CPU
     decoder, :attr:`messages` holds what nvImageCodec printed while loading.
@@ -324,15 +321,11 @@ class GpuDecoder:
         self.arenas = arenas if arenas is not None else Arenas()   # native engine: batch arenas (see `recycle`)
         self._streams: list[torch.cuda.Stream] = []
         self._pool = None
-        self._j2k_decoders: list[native.BatchDecoder] = []   # native: the `jpeg2k_decoders` setting's
         if lib is not None:
             self.messages = list(lib.messages)
             self._decoders = [self._new_native_decoder(lib) for _ in range(threads)]
-            if backend == "auto":   # the other backends leave JPEG 2000 to the CPU decoder
-                self._j2k_decoders = [self._new_j2k_decoder(lib) for _ in range(defaults.get("jpeg2k_decoders"))]
-            shares = threads + len(self._j2k_decoders)
-            if shares > 1 and native.LOOP is not None:  # each share decoded on its own thread, GIL released
-                self._pool = ThreadPoolExecutor(shares - 1, thread_name_prefix="ingest-gpu",
+            if threads > 1 and native.LOOP is not None:  # each share decoded on its own thread, GIL released
+                self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="ingest-gpu",
                                                 initializer=bind_thread, initargs=(self.device,))
         else:
             nvimgcodec = _nvimgcodec()
@@ -443,10 +436,9 @@ class GpuDecoder:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         if self.engine == "native":
-            for decoder in self._decoders + self._j2k_decoders:
+            for decoder in self._decoders:
                 decoder.close()
         self._decoders.clear()
-        self._j2k_decoders.clear()
 
     def __enter__(self) -> "GpuDecoder":
         return self
@@ -476,18 +468,6 @@ class GpuDecoder:
         return self._first_decoder(lambda backends: native.BatchDecoder(
             lib, self.device.index, backends=backends, options=decoder_options(), cpu_threads=self.cpu_threads),
             native.Unavailable)
-
-    def _new_j2k_decoder(self, lib: native.Library) -> native.BatchDecoder:
-        """A decoder for JPEG 2000 images alone (the `jpeg2k_decoders` setting): nvJPEG2000's backend kind only,
-        the same options and CPU threads as the others. ConfigError naming the setting where it is refused."""
-        try:
-            decoder = native.BatchDecoder(lib, self.device.index, backends=[("GPU_ONLY", 1.0)],
-                                          options=decoder_options(), cpu_threads=self.cpu_threads)
-        except native.Unavailable as err:
-            raise ConfigError(f"nvImageCodec cannot create the JPEG 2000 decoders the jpeg2k_decoders setting "
-                              f"asks for on {self.device}: {err}. Set it to 0") from err
-        self.messages += decoder.messages
-        return decoder
 
     def _new_decoder(self, nvimgcodec: Any) -> Any:
         def make(backends):
@@ -549,25 +529,21 @@ class GpuDecoder:
         storage = self.arenas.take(self.arenas.size_for(int(padded.sum())), stream, self.device)
         addresses = (offsets + storage.data_ptr()).astype(np.uint64)
         regions = regions.astype(np.int32)
-        decoders = self._decoders + self._j2k_decoders
-        plan = batch_shares(rows[:, 0], len(self._decoders), len(self._j2k_decoders))
+        chunks = [c for c in np.array_split(np.arange(n), len(self._decoders)) if len(c)]
         chosen = datas if n == len(datas) else [datas[i] for i in index.tolist()]
 
-        def share(slot: int, chunk: np.ndarray) -> native.Pending:
-            if len(chunk) == n:   # the whole batch: no fancy indexing of [n, 4] (see ingest._numpy)
-                return decoders[slot].submit(chosen, regions, hw[:, 0], hw[:, 1], addresses, stream.cuda_stream)
-            return decoders[slot].submit([chosen[k] for k in chunk.tolist()], regions[chunk], hw[chunk, 0],
-                                         hw[chunk, 1], addresses[chunk], stream.cuda_stream)
+        def share(decoder: native.BatchDecoder, chunk: np.ndarray) -> native.Pending:
+            if len(chunks) == 1:   # no fancy indexing of [n, 4] (see ingest._numpy)
+                return decoder.submit(chosen, regions, hw[:, 0], hw[:, 1], addresses, stream.cuda_stream)
+            return decoder.submit([chosen[k] for k in chunk], regions[chunk], hw[chunk, 0], hw[chunk, 1],
+                                  addresses[chunk], stream.cuda_stream)
 
-        if self._pool is not None and len(plan) > 1:  # compiled loop: the shares run at once, one per thread
-            others = [self._pool.submit(share, *entry) for entry in plan[1:]]
-            pending = [share(*plan[0])] + [f.result() for f in others]
+        if self._pool is not None and len(chunks) > 1:  # compiled loop: the shares run at once, one per thread
+            others = [self._pool.submit(share, d, c) for d, c in zip(self._decoders[1:], chunks[1:])]
+            pending = [share(self._decoders[0], chunks[0])] + [f.result() for f in others]
         else:  # ctypes loop: each submit returns once its host work is done; the decodes then overlap
-            pending = [share(*entry) for entry in plan]
-        reasons: list[str | None] = [None] * n
-        for (_, chunk), batch in zip(plan, pending):
-            for k, why in zip(chunk.tolist(), batch.wait()):
-                reasons[k] = why
+            pending = [share(decoder, chunk) for decoder, chunk in zip(self._decoders, chunks)]
+        reasons = [why for batch in pending for why in batch.wait()]
         self.fallbacks.update(why for why in reasons if why is not None)
         return ImageArena(storage, offsets, hw), reasons
 
@@ -664,22 +640,6 @@ def gpu_decodable(table: np.ndarray, max_pixels: int) -> np.ndarray:
     jpeg = ((kind == 1) & (eoi == 1) & np.isin(process, _GPU_PROCESSES) & (precision == 8)
             & ((comps == 1) | (comps == 3)) & (rgb == 0))
     return (jpeg | (kind == KIND_JPEG2K) | (kind == KIND_TIFF)) & (pixels > 0) & (pixels <= max_pixels)
-
-
-def batch_shares(kinds: np.ndarray, decoders: int, j2k_decoders: int) -> list[tuple[int, np.ndarray]]:
-    """How the native engine splits a batch's GPU images (``kinds``: their header rows' kind column) between its
-    decoders: (decoder slot, the images' positions in order) per non-empty share. Slots ``0 .. decoders - 1`` are
-    the decoders for every format, the next ``j2k_decoders`` those for JPEG 2000 alone (the `jpeg2k_decoders`
-    setting). Without the latter the batch is cut into ``decoders`` runs in order; with them the JPEG 2000
-    images are cut between those and the others between the rest. Runs differ in length by one at most."""
-    everything = np.arange(len(kinds))
-    if j2k_decoders == 0:
-        groups = [(everything, range(decoders))]
-    else:
-        j2k = np.asarray(kinds) == KIND_JPEG2K
-        groups = [(everything[~j2k], range(decoders)), (everything[j2k], range(decoders, decoders + j2k_decoders))]
-    return [(slot, chunk) for images, slots in groups
-            for slot, chunk in zip(slots, np.array_split(images, len(slots))) if len(chunk)]
 
 
 def codec_rows(table: np.ndarray, datas: Sequence[Buffer]) -> np.ndarray:
