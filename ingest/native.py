@@ -17,7 +17,8 @@ Rules:
   optional int label, LMDB of ours, encoded Caffe Datums or images, indexed WebDataset tars of an image and an
   optional label, raw shards of uint8 RGB pixels; where a source's settings or data rule a table out,
   ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
-  (``output="tuple"``, or a source with only an image, a label and, in a TFRecord table, one ``mask`` field), images that are not mostly JPEG 2000 or TIFF
+  (``output="tuple"``, or a source with only an image, a label and, in a TFRecord or WebDataset table, one ``mask``
+  field), images that are not mostly JPEG 2000 or TIFF
   (`mostly_other_codecs`: the engine's GPU path takes JPEGs, and the Python stages decode those two on the GPU
   too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
   shape, fixed by that shape: `one_shape`), nvImageCodec's native binding (not for raw pixels) and
@@ -83,6 +84,7 @@ import torch
 from . import defaults, io
 from .errors import ConfigError, CorruptRecordError
 from .formats import checks, tfrecord
+from .formats.webdataset import WebDatasetSource
 from .formats._native_table import NotNative
 from .formats.base import Location, fields_of
 from .ops import planner
@@ -215,9 +217,10 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
         table = table_of()
     except NotNative as err:
         masks = [n for n, f in fields_of(source).items() if f.kind == "mask"]
-        also = (f" (a mask field, {', '.join(masks)}, rides the native engine from TFRecord records only, where one "
-                "byte range holds the image and its mask)") if masks and not isinstance(source, tfrecord.TFRecordSource) \
-            else ""
+        also = (f" (a mask field, {', '.join(masks)}, rides the native engine from TFRecord records and indexed "
+                "WebDataset tars only, whose tables give each mask's encoded bytes in the image's file: a record's "
+                f"feature, a member's byte range; {type(source).__name__}'s native table carries no mask)") \
+            if masks and not isinstance(source, (tfrecord.TFRecordSource, WebDatasetSource)) else ""
         return None, f"{type(source).__name__} gives no native table here: {err}{also}"
     if probe.out_sizes[0] != probe.out_sizes[1]:   # fixed all the same where every image has one size
         shape = one_shape(table)
@@ -228,6 +231,18 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
     if not 0 <= fill <= 255:
         return None, f"its mask field's fill {fill} is not a uint8 value (the engine's masks are uint8)"
     return Chain(table, desc, tuple(probe.out_sizes[0]), probe.output.dtype, probe.output.layout, fill), None
+
+
+def _mask_ranges(table) -> dict[str, np.ndarray]:
+    """The engine's mask-range arguments of a table whose mask has its own byte ranges (a WebDataset mask member;
+    None or no ranges: none)."""
+    if table is None or table.mask_offsets is None:
+        return {}
+    out = {"mask_offsets": np.ascontiguousarray(table.mask_offsets, np.int64),
+           "mask_sizes": np.ascontiguousarray(table.mask_sizes, np.int64)}
+    if table.mask_crcs is not None:
+        out["mask_crcs"] = np.ascontiguousarray(table.mask_crcs, np.uint32)
+    return out
 
 
 def one_shape(table) -> tuple[int, int] | None:
@@ -437,7 +452,8 @@ class NativeExecutor:
             list(table.keys) or None, table.record_crc,
             None if table.python is None else np.ascontiguousarray(table.python, np.uint8),
             None if self._mask is None else self._mask[1], chain.mask_fill,
-            None if table.hw is None else np.ascontiguousarray(table.hw, np.int64))
+            None if table.hw is None else np.ascontiguousarray(table.hw, np.int64),
+            **_mask_ranges(table if self._mask is not None else None))
         self._det = chain.detection
         if self._det is not None:
             from .engine import native_boxes

@@ -7,8 +7,8 @@ origins, arena offsets, kernel arguments and rows, the labels' upload, the decod
 decoder refuses (its row left to Python), a RecordIO record whose CRC32C differs (its row dropped) and batches
 and epoch ends reaching next() in order through host functions that run late on a thread of their own, without a
 GPU; and, through the NativeExecutor, each record format's table (TFRecord, LMDB ours and Caffe, WebDataset) against
-the Python stages, a TFRecord record whose CRC fails dropped, and a DeepLab TFRecord set's masks (decoded natively,
-warped by the mask kernel launch) equal to the Python stages' exactly; and raw tensor shards (kind "pixels": read,
+the Python stages, a TFRecord record whose CRC fails dropped, and a DeepLab set's masks (from TFRecord records and
+from WebDataset mask members: decoded natively, warped by the mask kernel launch) equal to the Python stages' exactly; and raw tensor shards (kind "pixels": read,
 uploaded in one copy per batch and warped with no decode) equal to the kernel over the Python planner's warp of the
 same pixels exactly, with the Python stages' rows and labels, a sample whose CRC32C differs dropped and shards the
 engine cannot take refused. Runs in a child process (the stand-in driver is loaded once per process)."""
@@ -257,6 +257,12 @@ def test_masks_on_a_stand_in_driver_equal_the_python_stages(tmp_path, stand_in):
     assert "mask batches compared: 6" in done.stdout, done.stdout
 
 
+@pytest.mark.parametrize("chain", ["rrc-flip-normalize", "crop-pad-resize"])
+def test_webdataset_masks_on_a_stand_in_driver_equal_the_python_stages(tmp_path, stand_in, chain):
+    done = _child(stand_in, str(tmp_path), chain, "masks-wds")
+    assert "mask batches compared: 6" in done.stdout, done.stdout
+
+
 def test_raw_shards_on_a_stand_in_driver_equal_the_kernel_on_the_python_plan(tmp_path, stand_in):
     done = _child(stand_in, str(tmp_path), "rrc-flip-normalize", "raw")
     for case in RAW_CASES:
@@ -401,18 +407,16 @@ def test_a_detection_loader_on_a_stand_in_driver_hands_out_the_python_engines_di
     assert "loader batches compared: 6" in done.stdout, done.stdout
 
 
-def deeplab_source(root: Path):
-    """A DeepLab-layout TFRecord file of 12 records (``image/encoded``, ``image/class/label``,
-    ``image/segmentation/class/encoded``): 8-bit gray masks of class ids with 255 edges, record 2's a palette PNG,
-    record 3's image a PNG (Python decodes it), record 7's mask a size off its image's and record 10's an RGB
-    PNG (the Python stages fail both samples), record 5 the image the stand-in decoder refuses."""
-    from test_native_records import example, jpeg_bytes
+def deeplab_samples(count: int = 12) -> list[tuple[bytes, int, bytes]]:
+    """(image, label, mask PNG) of ``count`` segmentation samples: 8-bit gray masks of class ids with 255 edges,
+    sample 2's a palette PNG, sample 3's image a PNG (Python decodes it), sample 7's mask a size off its image's and
+    sample 10's an RGB PNG (the Python stages fail both samples), sample 5 the image the stand-in decoder refuses."""
+    from test_native_records import jpeg_bytes
     from PIL import Image
     from conftest import encode, textured
-    from ingest.formats.tfrecord import TFRecordSource
 
-    frames = []
-    for i in range(12):
+    out = []
+    for i in range(count):
         h, w = 20 + 3 * i, 30 + 2 * (i % 5)
         values = ((np.arange(h)[:, None] // 3 + np.arange(w)[None] // 4 + i) % 21).astype(np.uint8)
         values[::7] = 255
@@ -422,51 +426,89 @@ def deeplab_source(root: Path):
         elif i == 10:
             mask = mask.convert("RGB")
         image = encode(Image.fromarray(textured(h, w, i)), "PNG") if i == 3 else jpeg_bytes(h, w, seed=i)
-        frames.append(example(image__encoded=image, image__class__label=i % 5,
-                              image__segmentation__class__encoded=encode(mask, "PNG")))
+        out.append((image, i % 5, encode(mask, "PNG")))
+    return out
+
+
+def deeplab_source(root: Path):
+    """A DeepLab-layout TFRecord file of the 12 `deeplab_samples` (``image/encoded``, ``image/class/label``,
+    ``image/segmentation/class/encoded``)."""
+    from test_native_records import example
+    from ingest.formats.tfrecord import TFRecordSource
+
     path = root / "seg.tfrecord"
-    path.write_bytes(b"".join(frames))
+    path.write_bytes(b"".join(example(image__encoded=image, image__class__label=label,
+                                      image__segmentation__class__encoded=mask)
+                              for image, label, mask in deeplab_samples()))
     return TFRecordSource(str(path))
 
 
-def child_masks(lib_path: str, root: str, chain_name: str) -> None:
-    """The NativeExecutor over the stand-ins on a DeepLab TFRecord set with its batches' fields, two epochs, against
-    the Python stages: the same rows (the samples whose mask fails dropped, with the Python engine's failures),
-    labels and masks exactly; images as the kernel over the stand-in's patterns, the fallback rows' as Python's."""
+#: The WebDataset set's samples the Python stages fail: masks of another size than the image's (7), RGB (10) and
+#: missing (11).
+WDS_FAILED = (7, 10, 11)
+
+
+def deeplab_tar(root: Path, *, crcs: bool = False):
+    """The 12 `deeplab_samples` as a WebDataset tar (``<key>.jpg`` or ``.png``, ``.cls``, the mask field ``seg`` as
+    ``<key>.seg.mask.png``): an even sample's mask member follows its label (read with its image in one read), an
+    odd one's comes first (read on its own), sample 11 has none. ``crcs``: with the members' CRC32C file."""
+    from test_native_records import hand_tar
+    from ingest.formats import checks
+    from ingest.formats.webdataset import WebDatasetSource
+
+    members = []
+    for i, (image, label, mask) in enumerate(deeplab_samples()):
+        own = [(f"{i:06d}.{'png' if i == 3 else 'jpg'}", image), (f"{i:06d}.cls", str(label).encode())]
+        seg = [(f"{i:06d}.seg.mask.png", mask)] if i != 11 else []
+        members += seg + own if i % 2 else own + seg
+    tar = hand_tar(root / "seg.tar", members)
+    if crcs:
+        checks.write_file(str(tar) + checks.SUFFIX, [checks.crc(data) for _, data in members])
+    return WebDatasetSource(str(tar), fields={"image": ("jpg", "png"), "label": "cls", "seg": "seg.mask.png"})
+
+
+def child_masks(lib_path: str, root: str, chain_name: str, fmt: str = "tfrecord") -> None:
+    """The NativeExecutor over the stand-ins on a DeepLab set (``fmt``: the TFRecord file, or the WebDataset tar with
+    its members' CRC32Cs) with its batches' fields, two epochs, against the Python stages: the same rows (the samples
+    whose mask fails dropped, with the Python engine's failures), labels and masks exactly; images as the kernel
+    over the stand-in's patterns, the fallback rows' as Python's."""
     from ingest.engine import Failures, Pipeline
     from ingest.sampler import Sampler
 
     ops = chains()[chain_name]
-    src = deeplab_source(Path(root))
+    src = deeplab_source(Path(root)) if fmt == "tfrecord" else deeplab_tar(Path(root), crcs=True)
     refused = len(src.parse(5, read_location(src.locate(5))).image)
     fake, gpu, _ = stand_in_gpu(lib_path, src, True, refused=refused)
     chain, why = native.chain_for(src, ops)
-    assert chain is not None and chain.table.mask == ("mask", b"image/segmentation/class/encoded"), why
+    name, failed = ("mask", (7, 10)) if fmt == "tfrecord" else ("seg", WDS_FAILED)
+    assert chain is not None and chain.table.mask == (
+        (name, b"image/segmentation/class/encoded") if fmt == "tfrecord" else (name, None)), why
+    assert fmt == "tfrecord" or chain.table.mask_crcs is not None   # (the members' CRC32Cs, checked as read)
     sampler = Sampler(len(src), 4, shuffle=True, seed=5)
-    failures = Failures(2, sampler.samples())
+    failures = Failures(len(failed), sampler.samples())
     ex = native.NativeExecutor(Pipeline(src, ops=ops, device="cpu"), chain, sampler, epoch=0, start=0, offset=0,
-                               failures=failures, budget=lambda: Failures(2, sampler.samples()), prefetch=1,
-                               gpu=gpu, with_fields=True)
+                               failures=failures, budget=lambda: Failures(len(failed), sampler.samples()),
+                               prefetch=1, gpu=gpu, with_fields=True)
     seen = []
     for epoch in range(2):
-        seen += [(b.indices.clone(), b.images.clone(), b.labels.clone(), b.fields["mask"].clone()) for b in ex]
+        seen += [(b.indices.clone(), b.images.clone(), b.labels.clone(), b.fields[name].clone()) for b in ex]
     stats = ex.stats()
     ex.close()
-    assert stats["fallbacks"].get("mask") == 2 * 2, stats   # records 7 and 10, each epoch
-    assert sorted(name for name, _, _ in failures.items) == sorted([src.name(7), src.name(10)]), failures.items
+    assert stats["fallbacks"].get("mask") == 2 * 2, stats   # samples 7 and 10, each epoch (11: the table's)
+    assert sorted(name for name, _, _ in failures.items) == sorted(src.name(i) for i in failed), failures.items
     reference = Pipeline(src, ops=ops, device="cpu")
     compared = 0
     for epoch in range(2):
         for plan in sampler.batches(epoch):
             idx, x, y, m = seen[compared]
-            reference.start_epoch(Failures(2, sampler.samples()))
+            reference.start_epoch(Failures(len(failed), sampler.samples()))
             work = reference.read(plan)
             want = kernel_reference(fake, work, ops)
-            reference.start_epoch(Failures(2, sampler.samples()))
+            reference.start_epoch(Failures(len(failed), sampler.samples()))
             python = reference.run(plan)
             assert torch.equal(idx, python.indices) and torch.equal(y, python.labels), (epoch, plan.number, idx,
                                                                                        python.indices, y, python.labels)
-            assert m.dtype == torch.uint8 and torch.equal(m, python.fields["mask"]), (epoch, plan.number)
+            assert m.dtype == torch.uint8 and torch.equal(m, python.fields[name]), (epoch, plan.number)
             for row, i in enumerate(idx.tolist()):
                 k = work.indices.tolist().index(i)
                 if i in (3, 5):
@@ -905,6 +947,8 @@ if __name__ == "__main__":
         child_executor(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "masks":
         child_masks(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4] == "masks-wds":
+        child_masks(sys.argv[1], sys.argv[2], sys.argv[3], "webdataset")
     elif sys.argv[4] == "raw":
         cases = RAW_CASES if sys.argv[3] == "rrc-flip-normalize" else ["fixed"]
         for name in cases:

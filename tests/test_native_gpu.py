@@ -1,9 +1,9 @@
 """The native engine on CUDA (run on the device machine): the same samples as the Python engine for the same seed
 (order, labels, crops and flips; pixels within the decoders' tolerance) on a file tree with fallbacks (PNG,
 EXIF-rotated, progressive JPEGs), on a RecordIO file and on each record format the engine reads (TFRecord, LMDB
-ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both, a DeepLab TFRecord set's
-masks (output="dict": the same keys, shapes, dtypes and mask values; the samples whose mask fails dropped by
-both); raw tensor shards (one pixel shape and shapes that differ: the same batches exactly, the kernel's over the
+ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both, a DeepLab set's masks from
+TFRecord records and from WebDataset mask members (output="dict": the same keys, shapes, dtypes and mask values;
+the samples whose mask fails dropped by both); raw tensor shards (one pixel shape and shapes that differ: the same batches exactly, the kernel's over the
 same pixels and plans; a sample whose CRC32C differs dropped by both with the same error); a COCO set's detection
 batches (boxes, their fields and counts exactly; ragged and batch-padded images); the output ring (a loop's
 batches never rewritten behind its stream, batches and views the user keeps never written again); read failures
@@ -128,32 +128,36 @@ def test_record_formats_give_the_python_engines_samples(tmp_path, fmt):
     assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]
 
 
+@pytest.mark.parametrize("fmt", ["tfrecord", "webdataset"])
 @pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8"])
-def test_deeplab_masks_give_the_python_engines_batches(tmp_path, chain):
-    """12 DeepLab records (a palette mask, a PNG image, a mask of another size and an RGB mask among them): the
-    dicts of both engines have the same keys, shapes and dtypes, the same indices and labels, masks equal to the
-    value, images within the decoders' tolerance; the two bad masks fail their samples in both (budget 2)."""
-    from test_native_emulated import deeplab_source
-    src = deeplab_source(tmp_path)
+def test_deeplab_masks_give_the_python_engines_batches(tmp_path, chain, fmt):
+    """12 DeepLab samples (a palette mask, a PNG image, a mask of another size and an RGB mask among them) as
+    TFRecord records or as a WebDataset tar (mask members ``seg.mask.png`` with their CRC32Cs, before or after the
+    image, one sample without its mask): the dicts of both engines have the same keys, shapes and dtypes, the same
+    indices and labels, masks equal to the value, images within the decoders' tolerance; the bad masks (and the
+    missing one) fail their samples in both."""
+    from test_native_emulated import WDS_FAILED, deeplab_source, deeplab_tar
+    src = deeplab_source(tmp_path) if fmt == "tfrecord" else deeplab_tar(tmp_path, crcs=True)
+    name, failed = ("mask", (7, 10)) if fmt == "tfrecord" else ("seg", WDS_FAILED)
     ops = CHAINS[chain]
     with defaults.set(hw_decoder_load=0):
-        a, b = pair(src, ops, batch_size=4, shuffle=True, seed=3, output="dict", max_failures=2)
+        a, b = pair(src, ops, batch_size=4, shuffle=True, seed=3, output="dict", max_failures=len(failed))
         with a, b:
             n = 0
             for _ in range(2):
                 for da, db in zip(a, b):
-                    assert set(da) == set(db) and "mask" in da
-                    for key in ("images", "labels", "mask"):
+                    assert set(da) == set(db) and name in da
+                    for key in ("images", "labels", name):
                         assert da[key].is_cuda and da[key].shape == db[key].shape and da[key].dtype == db[key].dtype
                     assert torch.equal(da["indices"], db["indices"]) and torch.equal(da["labels"].cpu(),
                                                                                         db["labels"].cpu())
-                    assert torch.equal(da["mask"].cpu(), db["mask"].cpu())
+                    assert torch.equal(da[name].cpu(), db[name].cpu())
                     assert (levels(da["images"], ops) - levels(db["images"], ops)).abs().mean() < 1.5
                     n += 1
             stats, failures = a.stats(), [sorted({f[0] for f in x.stats()["failures"]}) for x in (a, b)]
     assert n == 6 and stats["engine"] == "native", stats["engine"]
     assert stats["native"]["fallbacks"]["mask"] == 4, stats["native"]
-    assert failures[0] == failures[1] == sorted([src.name(7), src.name(10)]), failures
+    assert failures[0] == failures[1] == sorted(src.name(i) for i in failed), failures
 
 
 RAW_CHAINS = [(chain, case) for chain in CHAINS for case in ("fixed", "ragged")] + [("flip-normalize", "fixed")]

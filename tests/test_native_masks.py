@@ -1,28 +1,34 @@
 """A mask field on the native engine, without a GPU: which tables carry one (`native.chain_for`: a TFRecord record's
-mask key and the field's fill; other formats refused with a reason naming the mask), and the engine's own mask parse
-and decode in dry mode: the masks it leaves to Python (another size than the image's, colour, 16-bit) keep their rows
-as fallbacks, and nothing of the mask is read where the batches carry no fields. The GPU path (the warp of the masks
+mask key and the field's fill, a WebDataset mask member's byte ranges; other formats refused with a reason naming the
+mask), and the engine's own mask parse, read and decode in dry mode: the masks it leaves to Python (another size than
+the image's, colour, 16-bit, a WebDataset mask member whose CRC32C differs) keep their rows as fallbacks, a sample
+without its mask member is the table's to Python, and nothing of the mask is read where the batches carry no fields. The GPU path (the warp of the masks
 into the slot's output) is compared with the Python stages in test_native_emulated.py (a stand-in driver) and
 test_native_gpu.py (CUDA)."""
 
 from __future__ import annotations
 
+import gzip
 import io
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from ingest import native
 from ingest.engine import Failures, Pipeline
-from ingest.formats.base import Field
+from ingest.formats import checks
+from ingest.errors import CorruptRecordError
+from ingest.formats.base import Field, Record, read_location
+from ingest.formats.lmdb import LMDBSource, LMDBWriter
 from ingest.formats.tfrecord import TFRecordSource
 from ingest.formats.webdataset import WebDatasetSource
 from ingest.ops import Flip, RandomResizedCrop
 from ingest.sampler import Sampler
 from conftest import jpeg_bytes
-from test_native_emulated import deeplab_source
+from test_native_emulated import deeplab_source, deeplab_tar
 from test_native_records import example, hand_tar
 
 pytestmark = pytest.mark.skipif(native.ENGINE is None, reason="ingest._engine was not built")
@@ -41,12 +47,45 @@ def test_a_deeplab_tfrecord_table_carries_its_mask_and_the_fields_fill(tmp_path)
     assert chain is not None and chain.table.mask == ("seg", MASK_KEY.encode()) and chain.mask_fill == 0, why
 
 
-def test_a_webdataset_mask_is_refused_with_a_reason_naming_it(tmp_path):
+def _png(h: int, w: int) -> bytes:
     png = io.BytesIO()
-    Image.fromarray(np.zeros((8, 8), np.uint8)).save(png, "PNG")
-    tar = hand_tar(tmp_path / "s.tar", [("a.jpg", jpeg_bytes(8, 8)), ("a.cls", b"1"), ("a.seg.mask.png", png.getvalue())])
-    chain, why = native.chain_for(WebDatasetSource(str(tar)), OPS)
-    assert chain is None and "mask field, seg," in why and "TFRecord records only" in why, why
+    Image.fromarray(np.zeros((h, w), np.uint8)).save(png, "PNG")
+    return png.getvalue()
+
+
+def test_a_webdataset_table_carries_its_mask_members_ranges(tmp_path):
+    src = deeplab_tar(tmp_path, crcs=True)
+    chain, why = native.chain_for(src, OPS)
+    assert chain is not None and chain.table.mask == ("seg", None) and chain.mask_fill == 255, why
+    table, mem = chain.table, src._members
+    assert table.python.tolist() == [int(i == 11) for i in range(12)]   # (no mask member: Python names it)
+    for i in range(11):
+        m = mem.columns["seg"][i]
+        assert (table.mask_offsets[i], table.mask_sizes[i], table.mask_crcs[i]) == (mem.offsets[m], mem.sizes[m],
+                                                                                    src._crcs[m])
+        assert table.offsets[i] == mem.offsets[mem.columns["image"][i]]
+    assert native.why_not(src, OPS, device=torch.device("cpu"), decode="mixed", workers=0,
+                          streamed=False, tuple_output=False, pipeline=None)[1].startswith("it decodes on the GPU")
+
+
+def test_a_webdataset_image_member_declared_a_mask_rides_too_and_a_gzipped_one_is_refused(tmp_path):
+    tar = hand_tar(tmp_path / "s.tar", [("a.jpg", jpeg_bytes(8, 8)), ("a.cls", b"1"), ("a.seg.png", _png(8, 8))])
+    chain, why = native.chain_for(WebDatasetSource(str(tar), masks=("seg",)), OPS)
+    assert chain is not None and chain.table.mask == ("seg", None), why
+    chain, why = native.chain_for(WebDatasetSource(str(tar)), OPS)   # (an image field beside the image: refused)
+    assert chain is None and "seg.png (image)" in why, why
+    gz = hand_tar(tmp_path / "g.tar", [("a.jpg", jpeg_bytes(8, 8)), ("a.seg.mask.png.gz", gzip.compress(_png(8, 8)))])
+    chain, why = native.chain_for(WebDatasetSource(str(gz), stream=False), OPS)
+    assert chain is None and "not gzipped) mask member" in why and "seg.mask.png.gz (mask)" in why, why
+
+
+def test_an_lmdb_mask_stays_refused_with_a_reason_naming_it(tmp_path):
+    writer = LMDBWriter(tmp_path, "db", {"image": Field("image"), "label": Field("int"), "seg": Field("mask")})
+    writer.add(Record(jpeg_bytes(8, 8), 1, {"seg": _png(8, 8)}))
+    writer.close()
+    chain, why = native.chain_for(LMDBSource(str(tmp_path / "db.lmdb")), OPS)
+    assert chain is None and "mask field, seg," in why and "TFRecord records and indexed WebDataset tars only" in why
+    assert "LMDBSource's native table carries no mask" in why, why
 
 
 def _dry(src, with_fields: bool):
@@ -78,6 +117,26 @@ def test_masks_the_engine_leaves_to_python_keep_their_rows_as_fallbacks(tmp_path
     assert why == {3: 1}, why
 
 
+def test_webdataset_masks_the_engine_leaves_to_python_keep_their_rows(tmp_path):
+    """deeplab_tar: sample 3's image is a PNG, 7's mask off its image's size, 10's an RGB PNG ("mask" fallbacks:
+    the Python stages fail them), 11 has no mask member (the table's, "record"); a mask member whose CRC32C differs
+    from the file's (sample 4's) is left to Python too, which names the mismatch."""
+    src = deeplab_tar(tmp_path, crcs=True)
+    rows, why = _dry(src, with_fields=True)
+    assert rows[:, 0].tolist() == list(range(12))
+    assert why == {3: 1, 7: 6, 10: 6, 11: 3}, why
+    rows, why = _dry(src, with_fields=False)
+    assert why == {3: 1, 11: 3}, why
+    crcs = np.array(src._crcs, np.uint32)   # (each member's, in the shard's order)
+    crcs[src._members.columns["seg"][4]] ^= 1
+    checks.write_file(src.shards[0] + checks.SUFFIX, crcs.tolist())
+    src = WebDatasetSource(src.shards[0], fields={"image": ("jpg", "png"), "label": "cls", "seg": "seg.mask.png"})
+    rows, why = _dry(src, with_fields=True)
+    assert why == {3: 1, 4: 6, 7: 6, 10: 6, 11: 3}, why
+    with pytest.raises(CorruptRecordError, match="CRC32C"):
+        src.parse(4, read_location(src.locate(4)))
+
+
 def test_a_16_bit_or_empty_mask_is_left_to_python(tmp_path):
     frames = []
     for i in range(4):
@@ -104,3 +163,15 @@ def test_a_table_of_image_and_mask_without_a_label(tmp_path):
     rows, why = _dry(src, with_fields=True)
     assert why == {3: 1, 7: 6, 10: 6}, why
     assert (rows[:, 1] == -1).all()
+
+
+def test_a_table_mask_is_a_records_key_or_a_whole_tables_ranges():
+    from ingest.formats._native_table import NativeTable
+    cols = (np.zeros(2, np.int64),) * 3
+    ranges = {"mask_offsets": np.zeros(2, np.int64), "mask_sizes": np.ones(2, np.int64)}
+    assert NativeTable(["a"], *cols, None, "whole", mask=("seg", None), **ranges).mask == ("seg", None)
+    for kind, mask, extra in [("whole", ("seg", None), {}), ("whole", ("seg", b"k"), ranges),
+                              ("framed", ("seg", None), ranges), ("whole", None, ranges),
+                              ("whole", ("seg", None), {"mask_offsets": ranges["mask_offsets"]})]:
+        with pytest.raises(ValueError, match="mask"):
+            NativeTable(["a"], *cols, None, kind, mask=mask, **extra)

@@ -8,8 +8,10 @@
  *                      data and label fields; FRAMED: our LMDB layout's record of an image and a label; PIXELS: a
  *                      raw shard's decoded uint8 [H, W, 3] pixels, of the table's `hw`: nothing to parse or
  *                      scan), scans the JPEG header (jpeg_scan.h), plans the op chain (plan.h: draws, regions to
- *                      decode, output sizes) and, for a TFRecord table with a mask key, decodes the batch's PNG
- *                      masks on the read team into a pinned mask arena (png_decode.h)
+ *                      decode, output sizes) and, with masks, decodes the batch's PNG masks on the read team into a
+ *                      pinned mask arena (png_decode.h): a TFRecord table's mask key names them inside each record;
+ *                      a WHOLE table's mask ranges (a WebDataset mask member) are read into the arena beside their
+ *                      images (one read where the mask follows its image closely), their CRC32Cs checked
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
  *                      (one thread per nvImageCodec decoder, nvloop.h; PIXELS: copies the read arena to a device
  *                      arena in one copy instead, each sample's pixels then read where they landed), then takes a
@@ -36,7 +38,7 @@
  * max_pixels, EXIF- or XMP-oriented, a record its format's parse leaves to the Python reader (a split or damaged
  * RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that is not a plain
  * encoded one), a mask the engine does not decode (WHY_MASK: not a PNG png_decode.h decodes, 16-bit, refused, or
- * not its image's size), or one nvImageCodec refuses) keeps its row and is reported as a note (index, row, NOTE_FALLBACK,
+ * not its image's size; a mask range read short or whose CRC32C differs), or one nvImageCodec refuses) keeps its row and is reported as a note (index, row, NOTE_FALLBACK,
  * why, nvImageCodec status): Python fills that row.
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
@@ -229,6 +231,7 @@ typedef struct {
     int64_t *index, *label, *off, *want, *got, *crc, *img, *hdr, *hw, *ok_pos, *ok_index, *ok_hw;
     int64_t *mask;         /* per sample: its mask's encoded bytes (offset in `host`, length; -1 none), then its
                               decoded values' offset in `mhost` */
+    int64_t *mcrc;         /* per sample: the CRC32C of its mask range's bytes (mask_crcs) */
     uint8_t *pad;
     int32_t *state, *why;
     uint32_t *status;      /* nvImageCodec's per-image status of a refused image */
@@ -313,6 +316,10 @@ struct Engine {
     char *key_block;
     int record_crc;       /* TFRECORD: check the records' own masked CRC32Cs */
     int mask_cell;        /* TFRECORD: the keys' index of the mask's key (one bytes value, a PNG); -1: no mask */
+    int64_t *mask_off, *mask_size; /* WHOLE: each sample's mask, a byte range of its own in the image's file (a
+                                      WebDataset member), read with the image (NULL: none) */
+    uint32_t *mask_crcs;  /* WHOLE with mask ranges: each mask range's CRC32C, checked as read (NULL: none) */
+    int masks;            /* a mask rides with each image (mask_cell >= 0 or mask_off) */
     ing_chain mchain;     /* the chain for the masks: one uint8 channel, no Normalize, the mask's fill */
     ing_png_worker *png_workers; /* one per read team member */
     int *fds;
@@ -575,6 +582,38 @@ static void stat_fn(Engine *e, int id) {
     }
 }
 
+/* Where sample k's mask range lands in the read arena, after its image's (read_batch): right behind the image's bytes
+ * with the bytes between them where it follows the image closely in the file (then one read takes both), else at the
+ * next 64-byte boundary. Returns the bytes the sample takes from j->off[k]. */
+#define MASK_GAP ((int64_t)1 << 16)
+static int64_t place_mask(Engine *e, Job *j, int64_t k) {
+    int64_t i = j->index[k], len = j->want[k], gap = e->mask_off[i] - e->offsets[i] - len;
+    int64_t at = gap >= 0 && gap <= MASK_GAP ? len + gap : (len + 63) & ~(int64_t)63;
+    j->mask[2 * k] = j->off[k] + at;
+    j->mask[2 * k + 1] = -1;
+    return at + e->mask_size[i];
+}
+
+/* Sample k's image and mask ranges into the arena where place_mask put them: one read where the mask follows the
+ * image closely (the bytes between land in the arena too), else two. The mask's length read is j->mask[2k + 1] (-1
+ * where the read failed or came short: Python reads the sample and names that); its CRC32C is j->mcrc[k]. */
+static void read_with_mask(Engine *e, Job *j, int64_t k, int fd) {
+    int64_t i = j->index[k], len = j->want[k], mlen = e->mask_size[i], at = j->mask[2 * k] - j->off[k];
+    uint64_t addr = (uint64_t)(uintptr_t)(j->host + j->off[k]), maddr = addr + (uint64_t)at;
+    int64_t mgot;
+    if (e->mask_off[i] == e->offsets[i] + at) {
+        int64_t span = at + mlen, got = ing_preadv_full(fd, e->offsets[i], &addr, &span, 1, NULL);
+        j->got[k] = got < len ? got : len;
+        mgot = got < 0 ? -1 : got - at;
+    } else {
+        j->got[k] = ing_preadv_full(fd, e->offsets[i], &addr, &len, 1, NULL);
+        mgot = ing_preadv_full(fd, e->mask_off[i], &maddr, &mlen, 1, NULL);
+    }
+    j->mask[2 * k + 1] = mgot == mlen ? mlen : -1;
+    if (e->mask_crcs != NULL && mgot == mlen)
+        j->mcrc[k] = ing_crc32c(0, j->host + j->mask[2 * k], (size_t)mlen);
+}
+
 /* Team member: each sample's bytes into the host arena. */
 static void read_fn(Engine *e, int id) {
     Job *j = e->reading;
@@ -595,7 +634,10 @@ static void read_fn(Engine *e, int id) {
             continue;
         }
         uint64_t addr = (uint64_t)(uintptr_t)(j->host + j->off[k]);
-        j->got[k] = ing_preadv_full(fd, e->offsets[i], &addr, &len, 1, NULL);
+        if (e->mask_off != NULL)
+            read_with_mask(e, j, k, fd);
+        else
+            j->got[k] = ing_preadv_full(fd, e->offsets[i], &addr, &len, 1, NULL);
         done_with(e, fd);
         if (e->crcs != NULL && j->got[k] == j->want[k])
             j->crc[k] = ing_crc32c(0, j->host + j->off[k], (size_t)j->got[k]);
@@ -663,7 +705,7 @@ static int read_batch(Engine *e, Job *j) {
     for (int64_t k = 0; k < j->n; ++k) {
         j->off[k] = (int64_t)total;
         if (j->state[k] == ST_OK)
-            total += ((size_t)j->want[k] + 63) & ~(size_t)63;
+            total += ((size_t)(e->mask_off != NULL ? place_mask(e, j, k) : j->want[k]) + 63) & ~(size_t)63;
     }
     if (!ensure_host(e, &j->host, &j->cap, total, "read arena"))
         return 0;
@@ -906,8 +948,16 @@ static int prepare_batch(Engine *e, Job *j) {
             continue;
         }
         const unsigned char *p = j->host + j->off[k];
-        j->mask[2 * k] = 0;
-        j->mask[2 * k + 1] = -1;
+        if (e->mask_off != NULL) { /* read beside the image: a short read or a CRC32C that differs is Python's */
+            if (j->mask[2 * k + 1] < 0 || (e->mask_crcs != NULL && (uint32_t)j->mcrc[k] != e->mask_crcs[i])) {
+                j->state[k] = ST_FALLBACK;
+                j->why[k] = WHY_MASK;
+                continue;
+            }
+        } else {
+            j->mask[2 * k] = 0;
+            j->mask[2 * k + 1] = -1;
+        }
         if (e->format == FMT_PIXELS) { /* decoded pixels: the table's size, no header to scan */
             int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
             memset(row, 0, ING_JPEG_COLUMNS * sizeof(int64_t));
@@ -978,7 +1028,7 @@ static int prepare_batch(Engine *e, Job *j) {
             }
         }
     }
-    return e->mask_cell < 0 || decode_masks(e, j);
+    return !e->masks || decode_masks(e, j);
 }
 
 /* -- queues ------------------------------------------------------------------------------------------------ */
@@ -1401,7 +1451,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
                 !cuok(e, cu.LaunchKernel(e->kernels[which], (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2],
                                          32, 8, 1, 0, e->stream, params, NULL), "cuLaunchKernel (warp)"))
                 return 0;
-            if (e->mask_cell >= 0 && !warp_masks(e, j, slot, m2))
+            if (e->masks && !warp_masks(e, j, slot, m2))
                 return 0;
         }
         if (m > 0) { /* the arena is free once the kernel ran (or at once when nothing of it was kept) */
@@ -1608,6 +1658,11 @@ static void engine_free(Engine *e) {
     free(e->python);
     free(e->pixel_hw);
     e->pixel_hw = NULL;
+    free(e->mask_off);
+    free(e->mask_size);
+    free(e->mask_crcs);
+    e->mask_off = e->mask_size = NULL;
+    e->mask_crcs = NULL;
     free(e->key_block);
     e->python = NULL;
     e->key_block = NULL;
@@ -1737,6 +1792,23 @@ static int64_t *copy_int64s(PyObject *obj, int64_t count, int64_t *got, const ch
     return out;
 }
 
+/* A copy of `n` uint32 CRC32Cs (a buffer of exactly that many); NULL with an exception set. */
+static uint32_t *copy_crcs(PyObject *obj, int64_t n, const char *name) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    uint32_t *out = NULL;
+    if (v.len != n * 4)
+        PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, %lld uint32 CRCs need %lld", name, v.len, (long long)n,
+                     (long long)n * 4);
+    else if ((out = malloc((size_t)(n ? n : 1) * 4)) == NULL)
+        PyErr_NoMemory();
+    else
+        memcpy(out, v.buf, (size_t)n * 4);
+    PyBuffer_Release(&v);
+    return out;
+}
+
 static int alloc_job(Engine *e, Job *j) {
     int64_t B = e->batch;
     /* one block: 11 int64 arrays of B, hdr (9 B), hw, ok_hw, img (2 B each), then state, why, status, pad */
@@ -1764,7 +1836,7 @@ static int alloc_job(Engine *e, Job *j) {
     j->ok_index = p, p += B;
     j->crc = p, p += B;
     j->mask = p, p += 2 * B;
-    p += B; /* spare */
+    j->mcrc = p, p += B;
     j->hdr = p, p += 9 * B;
     j->hw = p, p += 2 * B;
     j->ok_hw = p, p += 2 * B;
@@ -1999,9 +2071,11 @@ static int set_keys(Engine *e, PyObject *keys, PyObject *mask_key) {
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"paths", "files", "offsets", "sizes", "labels", "format", "desc", "seed", "batch_size",
                              "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", "crcs", "keys",
-                             "record_crc", "python", "mask_key", "mask_fill", "hw", NULL};
+                             "record_crc", "python", "mask_key", "mask_fill", "hw", "mask_offsets",
+                             "mask_sizes", "mask_crcs", NULL};
     PyObject *paths, *files, *offsets, *sizes, *labels, *desc_obj, *gpu = Py_None, *crcs = Py_None, *keys = Py_None,
-             *python = Py_None, *mask_key = Py_None, *hw = Py_None;
+             *python = Py_None, *mask_key = Py_None, *hw = Py_None, *mask_offsets = Py_None, *mask_sizes = Py_None,
+             *mask_crcs = Py_None;
     int format, regions, nice = 0, record_crc = 0, mask_fill = 255;
     unsigned long long seed;
     Py_ssize_t batch, slots, threads;
@@ -2010,10 +2084,10 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "an Engine is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiOOpOOiO:Engine", kwlist, &paths, &files,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiOOpOOiOOOO:Engine", kwlist, &paths, &files,
                                      &offsets, &sizes, &labels, &format, &desc_obj, &seed, &batch, &slots, &threads,
                                      &max_pixels, &regions, &gpu, &nice, &crcs, &keys, &record_crc, &python,
-                                     &mask_key, &mask_fill, &hw))
+                                     &mask_key, &mask_fill, &hw, &mask_offsets, &mask_sizes, &mask_crcs))
         return -1;
     if ((mask_key != Py_None && format != FMT_TFRECORD) || mask_fill < 0 || mask_fill > 255) {
         PyErr_SetString(PyExc_ValueError, "Engine: a mask key is for a TFRecord table, its fill 0..255");
@@ -2023,7 +2097,14 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "Engine: a pixels table, and only one, gives each sample's height and width");
         return -1;
     }
-    if (mask_key != Py_None) {
+    if ((mask_offsets != Py_None) != (mask_sizes != Py_None) ||
+        (mask_offsets != Py_None && (format != FMT_WHOLE || mask_key != Py_None)) ||
+        (mask_crcs != Py_None && mask_offsets == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "Engine: mask ranges (offsets and sizes, and optionally their CRC32Cs) are "
+                                          "for a 'whole' table, without a mask key");
+        return -1;
+    }
+    if (mask_key != Py_None || mask_offsets != Py_None) {
         const char *why = ing_png_load();
         if (why != NULL) {
             PyErr_SetString(PyExc_ImportError, why);
@@ -2092,22 +2173,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     free(off);
     free(siz);
     free(lab);
-    if (crcs != Py_None) {
-        Py_buffer v;
-        if (PyObject_GetBuffer(crcs, &v, PyBUF_C_CONTIGUOUS) < 0)
-            goto fail;
-        if (v.len != n * 4 || (e->crcs = malloc((size_t)(n ? n : 1) * 4)) == NULL) {
-            if (v.len != n * 4)
-                PyErr_Format(PyExc_ValueError, "crcs holds %zd bytes, %lld uint32 CRCs need %lld", v.len,
-                             (long long)n, (long long)n * 4);
-            else
-                PyErr_NoMemory();
-            PyBuffer_Release(&v);
-            goto fail;
-        }
-        memcpy(e->crcs, v.buf, (size_t)n * 4);
-        PyBuffer_Release(&v);
-    }
+    if (crcs != Py_None && (e->crcs = copy_crcs(crcs, n, "crcs")) == NULL)
+        goto fail;
     if (python != Py_None) {
         Py_buffer v;
         if (PyObject_GetBuffer(python, &v, PyBUF_C_CONTIGUOUS) < 0)
@@ -2124,6 +2191,21 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         memcpy(e->python, v.buf, (size_t)n);
         PyBuffer_Release(&v);
     }
+    if (mask_offsets != Py_None) {
+        if ((e->mask_off = copy_int64s(mask_offsets, n, NULL, "mask_offsets")) == NULL ||
+            (e->mask_size = copy_int64s(mask_sizes, n, NULL, "mask_sizes")) == NULL)
+            goto fail;
+        for (int64_t i = 0; i < n; ++i) /* (a sample the table leaves to Python may be anything) */
+            if ((e->python == NULL || !e->python[i]) && (e->mask_off[i] < 0 || e->mask_size[i] < 0 || e->sizes[i] < 0)) {
+                PyErr_Format(PyExc_ValueError, "sample %lld: its image and mask ranges must have offsets and sizes "
+                             "(got mask %lld + %lld, image size %lld)", (long long)i, (long long)e->mask_off[i],
+                             (long long)e->mask_size[i], (long long)e->sizes[i]);
+                goto fail;
+            }
+    }
+    if (mask_crcs != Py_None && (e->mask_crcs = copy_crcs(mask_crcs, n, "mask_crcs")) == NULL)
+        goto fail;
+    e->masks = e->mask_cell >= 0 || e->mask_off != NULL;
     if (hw != Py_None) {
         if ((e->pixel_hw = copy_int64s(hw, 2 * n, NULL, "hw")) == NULL)
             goto fail;

@@ -11,7 +11,8 @@ import numpy as np
 
 #: How the engine finds the encoded image in a sample's bytes:
 #:
-#: - "whole": the range is the image;
+#: - "whole": the range is the image (where the table has a ``mask``, its own range of the same file is the mask's
+#:   encoded bytes: a WebDataset mask member);
 #: - "recordio": an MXNet record: the IRHeader, its float labels, then the image; the label from the header;
 #: - "tfrecord": one whole framed TFRecord record holding a tf.train.Example: the image is the one bytes value of
 #:   feature ``keys[0]``, the label the one int64 of ``keys[1]`` (-1 without a second key), the mask (where the
@@ -40,9 +41,11 @@ class NativeTable:
     ``record_crc`` whether the engine checks a "tfrecord" record's own CRCs; ``python[i]`` 1 where the source
     knows at start that sample i needs its Python reader (a missing member, a header or label that disagrees with
     the index): the engine does not read it and leaves its row to the Python pipeline (None: none);
-    ``index_names(i)`` how the reader's errors name sample i (their ``index``; None: i itself); ``mask`` a "tfrecord"
-    table's mask field, (field name, feature key), which the engine decodes and warps beside the image where the
-    consumer takes the fields (None: no mask); ``hw`` a "pixels" table's ``[n, 2]`` heights and widths, and only
+    ``index_names(i)`` how the reader's errors name sample i (their ``index``; None: i itself); ``mask`` the mask
+    field, which the engine decodes and warps beside the image where the consumer takes the fields (None: no mask):
+    a "tfrecord" table's (field name, feature key), a "whole" table's (field name, None) with the mask's own byte
+    range per sample in the image's file, ``mask_offsets[i]`` and ``mask_sizes[i]``, read with the image, and
+    ``mask_crcs[i]`` the CRC32C of those bytes, checked as read (None: no check); ``hw`` a "pixels" table's ``[n, 2]`` heights and widths, and only
     its (each range then holds exactly ``h * w * 3`` bytes)."""
 
     paths: Sequence[str]
@@ -56,15 +59,20 @@ class NativeTable:
     record_crc: bool = False
     python: np.ndarray | None = None   # uint8
     index_names: Callable[[int], Any] | None = None
-    mask: tuple[str, bytes] | None = None
+    mask: tuple[str, bytes | None] | None = None
     hw: np.ndarray | None = None   # int64 [n, 2]
+    mask_offsets: np.ndarray | None = None   # int64
+    mask_sizes: np.ndarray | None = None     # int64
+    mask_crcs: np.ndarray | None = None      # uint32
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"Unknown table kind {self.kind!r}. Available: {', '.join(KINDS)}")
         n = len(self.files)
         if len(self.offsets) != n or len(self.sizes) != n or any(
-                column is not None and len(column) != n for column in (self.labels, self.crcs, self.python)):
+                column is not None and len(column) != n for column in (self.labels, self.crcs, self.python,
+                                                                       self.mask_offsets, self.mask_sizes,
+                                                                       self.mask_crcs)):
             raise ValueError(f"a native table's columns differ in length ({n} files)")
         if (self.kind == "tfrecord") != bool(self.keys) or len(self.keys) > 2:
             raise ValueError("a 'tfrecord' table, and only one, names its image key and, where read, its label key "
@@ -72,8 +80,14 @@ class NativeTable:
         if (self.kind == "pixels") != (self.hw is not None) or (self.hw is not None and self.hw.shape != (n, 2)):
             raise ValueError(f"a 'pixels' table, and only one, gives each sample's height and width as [n, 2] "
                              f"(got {None if self.hw is None else self.hw.shape} for kind {self.kind!r})")
-        if self.mask is not None and self.kind != "tfrecord":
-            raise ValueError(f"only a 'tfrecord' table carries a mask (got one for kind {self.kind!r})")
+        ranges = self.mask_offsets is not None
+        if self.mask is not None and not (self.kind == "tfrecord" and isinstance(self.mask[1], bytes) or
+                                          self.kind == "whole" and self.mask[1] is None and ranges):
+            raise ValueError(f"a mask is a 'tfrecord' table's feature key or a 'whole' table's byte ranges (got "
+                             f"{self.mask!r} for kind {self.kind!r}{' with ranges' if ranges else ''})")
+        if ranges != (self.mask_sizes is not None) or (ranges or self.mask_crcs is not None) and \
+                (self.mask is None or self.mask[1] is not None):
+            raise ValueError("mask ranges (offsets and sizes, their CRC32Cs optional) go with a 'whole' table's mask")
 
 
 @dataclass(frozen=True)

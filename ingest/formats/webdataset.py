@@ -418,25 +418,28 @@ class WebDatasetSource:
 
     def native_table(self) -> NativeTable:
         """Every sample's image member data for the native engine (kind "whole"; their CRC32Cs checked as
-        ``check`` says), its label read here, once, from its label member. Every member's header is checked
-        against the index as `parse` checks it; a sample whose image or label member is missing, whose header
-        disagrees with the index, whose label member's CRC32C fails or whose label is not the index's is left to
-        `parse` (``NativeTable.python``), which names its problem. `NotNative` for streamed shards and for fields
-        other than a plain (not gzipped) image and an optional int label. Made once (two small reads per sample),
-        then kept."""
+        ``check`` says), its label read here, once, from its label member, and, with a mask field, its mask
+        member's data as the sample's mask range (``NativeTable.mask``: the engine reads it with the image, and its
+        CRC32C where ``check`` says). Every member's header is checked against the index as `parse` checks it; a
+        sample whose image, label or mask member is missing, whose header disagrees with the index, whose label
+        member's CRC32C fails or whose label is not the index's is left to `parse` (``NativeTable.python``), which
+        names its problem. `NotNative` for streamed shards and for fields other than a plain (not gzipped) image,
+        an optional int label and an optional plain mask. Made once (a small read per member), then kept."""
         if self.streamed:
             raise NotNative("streamed (gzipped) tars are read front to back, not at offsets")
-        kinds = {name: kind_of(exts[0]) for name, exts in self._exts.items()}
+        kinds = {name: field.kind for name, field in self.fields.items()}
         plain = {name: is_plain for name, _, is_plain in self._plan}
+        masks = [name for name, kind in kinds.items() if kind == "mask"]
         if kinds.get("image") != "image" or not plain["image"] or kinds.get("label", "int") != "int" or \
-                set(kinds) - {"image", "label"}:
-            raise NotNative(f"it reads a plain image member and an optional int label member, not the fields "
-                            f"{ {name: self._exts[name] for name in kinds} }")
+                set(kinds) - {"image", "label", *masks[:1]} or not all(plain[name] for name in masks):
+            raise NotNative(f"it reads a plain image member, an optional int label member and an optional plain "
+                            f"(not gzipped) mask member, not the fields {self._described(kinds)}")
         if self._native is not None:
             return self._native
         mem, n = self._members, len(self)
         image = np.frombuffer(mem.columns["image"], np.int64)
         label = np.frombuffer(mem.columns["label"], np.int64) if "label" in kinds else None
+        mask = np.frombuffer(mem.columns[masks[0]], np.int64) if masks else None
         labels = np.full(n, -1, np.int64)
         python = np.zeros(n, np.uint8)
         for k, shard in enumerate(self.shards):
@@ -444,16 +447,33 @@ class WebDatasetSource:
                 for i in range(mem.starts[k], mem.starts[k + 1]):
                     value = self._native_label(f.fileno(), i, int(image[i]),
                                                None if label is None else int(label[i]))
-                    if value is None:
+                    if value is None or (mask is not None and not self._member_ok(f.fileno(), i, int(mask[i]))):
                         python[i] = 1
                     else:
                         labels[i] = value
-        offsets = np.frombuffer(mem.offsets, np.int64)[np.maximum(image, 0)]
-        sizes = np.where(python == 1, 0, np.frombuffer(mem.sizes, np.int64)[np.maximum(image, 0)])
-        crcs = None if self._crcs is None else np.frombuffer(self._crcs, np.uint32)[np.maximum(image, 0)]
+        offsets, sizes, crcs = self._ranges(image, python)
+        ranges = {} if mask is None else dict(zip(("mask_offsets", "mask_sizes", "mask_crcs"),
+                                                  self._ranges(mask, python)), mask=(masks[0], None))
         self._native = NativeTable(self.shards, np.frombuffer(mem.shard_of, np.intc).astype(np.int64), offsets,
-                                   sizes, labels, "whole", crcs, python=python if python.any() else None)
+                                   sizes, labels, "whole", crcs, python=python if python.any() else None, **ranges)
         return self._native
+
+    def _described(self, kinds: Mapping[str, str]) -> dict[str, str]:
+        return {name: f"{', '.join(self._exts[name])} ({kind})" for name, kind in kinds.items()}
+
+    def _ranges(self, column: np.ndarray, python: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The data offsets, sizes (0 where the sample is left to Python) and CRC32Cs (None: unchecked) of the
+        members of ``column``, one per sample."""
+        mem, at = self._members, np.maximum(column, 0)
+        offsets = np.frombuffer(mem.offsets, np.int64)[at]
+        sizes = np.where(python == 1, 0, np.frombuffer(mem.sizes, np.int64)[at])
+        return offsets, sizes, None if self._crcs is None else np.frombuffer(self._crcs, np.uint32)[at]
+
+    def _member_ok(self, fd: int, i: int, m: int) -> bool:
+        """Whether member ``m`` of sample ``i`` (-1: missing) is there with the header the index gives it."""
+        mem = self._members
+        return m >= 0 and tarindex.header_problem(os.pread(fd, _BLOCK, mem.offsets[m] - _BLOCK), self._key(i)[1],
+                                                  mem.exts[m], mem.sizes[m]) is None
 
     def _native_label(self, fd: int, i: int, image: int, label: int | None) -> int | None:
         """`native_table`'s checks of sample ``i`` (its image and label members, -1: missing; None: no label
@@ -461,8 +481,7 @@ class WebDatasetSource:
         it."""
         mem = self._members
         key = self._key(i)[1]
-        if image < 0 or tarindex.header_problem(os.pread(fd, _BLOCK, mem.offsets[image] - _BLOCK), key,
-                                                 mem.exts[image], mem.sizes[image]) is not None:
+        if not self._member_ok(fd, i, image):
             return None
         if label is None:
             return -1
