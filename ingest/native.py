@@ -76,7 +76,7 @@ import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -310,17 +310,12 @@ def choose(setting: str, chain: Chain | None, why: str | None) -> Chain | None:
     return chain if setting != "python" else None
 
 
-def epoch_arrays(plans: Iterator[BatchPlan]) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
-    """One epoch's plans as the engine takes them: the first batch number, the indices, batch bounds and padding
-    flags; None for an epoch without batches."""
-    plans = list(plans)
-    if not plans:
-        return None
-    indices = np.concatenate([p.indices for p in plans]).astype(np.int64)
-    pad = np.concatenate([p.is_pad for p in plans]).astype(np.uint8)
-    bounds = np.zeros(len(plans) + 1, np.int64)
-    bounds[1:] = np.cumsum([len(p.indices) for p in plans])
-    return plans[0].number, indices, bounds, pad
+def epoch_arrays(sampler: Sampler, epoch: int, start: int = 0, offset: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The epoch's batches from number ``start`` on as the engine takes them (`Sampler.flat`: no plan made per
+    batch): the indices, batch bounds and padding flags."""
+    indices, pad, bounds = sampler.flat(epoch, start, offset)
+    return indices.astype(np.int64), bounds, pad.astype(np.uint8)
 
 
 def _kernels(device: torch.device) -> tuple[int, int, int]:
@@ -361,19 +356,15 @@ def _gpu_arguments(pipeline: Pipeline, table) -> tuple:
             (bytes(nv.new(nv.CodeStreamInfo)), nv.CodeStreamInfo.codec_name.offset), kernels)
 
 
-def _references(tensor: torch.Tensor) -> int:
-    """The references to ``tensor``'s memory (its storage's use count), or 0 where torch does not say."""
-    return _USE_COUNT(tensor.untyped_storage()._cdata) if _USE_COUNT is not None else 0
-
-
 class _Slot:
     """One output slot's tensors on the Python side: the output, label and (a table with a mask, the fields asked
     for) mask tensors the engine writes (``out``, ``labels``, ``masks``), the view handed out of the output
     (``shown``), host arrays of the rows' dataset indices and padding flags, and the storage use counts of the
-    tensors with nothing of the user's alive."""
+    tensors with nothing of the user's alive (``alone``, counted by `count_alone` once the slot's tensors are
+    set)."""
 
-    __slots__ = ("out", "labels", "masks", "shown", "address", "indices", "pad", "alone", "generation", "pending",
-                 "stream", "lost", "watching", "targets", "views", "staging")
+    __slots__ = ("out", "labels", "masks", "shown", "address", "indices", "pad", "alone", "storages", "generation",
+                 "pending", "stream", "lost", "watching", "targets", "views", "staging")
 
     def __init__(self, out: torch.Tensor, labels: torch.Tensor, layout: str | None, batch: int,
                  masks: torch.Tensor | None = None, targets: torch.Tensor | None = None):
@@ -386,8 +377,14 @@ class _Slot:
         self.watching: tuple = ()
         self.indices = np.zeros(batch, np.int64)
         self.pad = np.zeros(batch, np.uint8)
-        self.alone = tuple(map(_references, self.tensors))
+        self.count_alone()
         self.generation, self.pending, self.stream, self.lost = 0, 0, 0, False
+
+    def count_alone(self) -> None:
+        """Note each tensor's storage (its handle, alive as long as the slot holds the tensor) and its use count
+        now, with nothing of the user's alive."""
+        self.storages = tuple(t.untyped_storage()._cdata for t in self.tensors)
+        self.alone = tuple(map(_USE_COUNT, self.storages)) if _USE_COUNT is not None else ()
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
@@ -401,14 +398,41 @@ class _Slot:
         torch does not say."""
         if _USE_COUNT is None:
             return True
-        return any(_references(t) > alone + (dying == k) for k, (t, alone) in enumerate(zip(self.tensors,
-                                                                                            self.alone)))
+        for k, storage in enumerate(self.storages):
+            if _USE_COUNT(storage) > self.alone[k] + (dying == k):
+                return True
+        return False
+
+
+class _Handed:
+    """What one batch handed out of slot ``k``: a weak reference to each tensor, all calling this object when
+    dropped; the last drop gives the slot back (`NativeExecutor._give_back`), unless the slot was given back or
+    replaced meanwhile (its generation moved on) or the executor is gone. ``storage``: which of the slot's tensors
+    each one views (None: the slot's order)."""
+
+    __slots__ = ("executor", "k", "slot", "generation", "storage", "refs", "__weakref__")
+
+    def __init__(self, executor: "NativeExecutor", k: int, slot: _Slot, handed: tuple, storage: list[int] | None):
+        self.executor, self.k, self.slot, self.generation, self.storage = weakref.ref(executor), k, slot, \
+            slot.generation, storage
+        slot.pending = len(handed)
+        self.refs = [weakref.ref(t, self) for t in handed]
+
+    def __call__(self, ref: weakref.ref) -> None:
+        ex, slot = self.executor(), self.slot
+        if ex is None or ex._closed or ex._slots[self.k] is not slot or slot.generation != self.generation:
+            return
+        slot.pending -= 1
+        if slot.pending == 0:
+            which = next(i for i, r in enumerate(self.refs) if r is ref)
+            slot.lost = slot.held(which if self.storage is None else self.storage[which])
+            ex._give_back(self.k)
 
 
 class NativeExecutor:
     """Runs a Loader's epochs on the native engine: iterate it for `Batch`es, as `ingest.engine.executor.Executor`.
     Iteration stops at an epoch's end (``ended`` holds the `EpochEnd`) while the engine reads on into the next epoch;
-    iterating again continues with it. ``plans_of(epoch, start, offset)`` gives an epoch's plans, ``budget()`` a new
+    iterating again continues with it. ``sampler`` gives each epoch's batches (`Sampler.flat`), ``budget()`` a new
     epoch's failure budget. `close()` (also on collection) stops and joins every native thread.
 
     ``dry``: no CUDA; each batch is a `DryBatch` of the engine's plan for its rows (tests). ``gpu``: the engine's
@@ -427,7 +451,6 @@ class NativeExecutor:
         self.device = pipeline.device
         self._budget = budget
         self._failures: dict[int, Failures] = {epoch: failures}
-        self._plans_of = sampler.batches
         self._closed = False
         self._pid = os.getpid()   # a forked child's copy leaves the engine (its parent's) alone
         self.ended: EpochEnd | None = None
@@ -436,6 +459,10 @@ class NativeExecutor:
         self._batch = sampler.batch_size
         self.outputs_made = 0   # output tensors allocated: the ring at start, then one per slot replaced
         self._python = [0.0, 0]   # seconds of __next__ outside the engine's wait, and the batches they made
+        # the stats' decode paths, counted per batch without a lock: the engine's rows, the fallback rows
+        stage = pipeline.decode_stage
+        self._paths = (stage.tally("none (raw, native)" if chain.table.kind == "pixels" else "gpu"),
+                       stage.tally("cpu-fallback"))
         table = chain.table
         slots = prefetch + 1
         gpu = None if dry else gpu or _gpu_arguments(pipeline, table)
@@ -516,7 +543,7 @@ class NativeExecutor:
         slot = _Slot(out, labels, "NHWC", batch, targets=targets)
         slot.views = SlotViews(out, targets, host, info)
         slot.staging = host
-        slot.alone = tuple(map(_references, slot.tensors))   # (the views' own references to the targets)
+        slot.count_alone()   # (the views' own references to the targets)
         if old is not None:
             slot.generation = old.generation + 1
             slot.indices, slot.pad = old.indices, old.pad
@@ -537,19 +564,7 @@ class NativeExecutor:
         dropped (wherever that happens). ``storage``: which of the slot's tensors each one views (None: the
         slot's order)."""
         slot = self._slots[k]
-        slot.pending, generation = len(handed), slot.generation
-        me = weakref.ref(self)
-
-        def dropped(which: int):
-            ex = me()
-            if ex is None or ex._closed or ex._slots[k] is not slot or slot.generation != generation:
-                return
-            slot.pending -= 1
-            if slot.pending == 0:
-                slot.lost = slot.held(which if storage is None else storage[which])
-                ex._give_back(k)
-
-        slot.watching = tuple(weakref.ref(t, lambda _, which=which: dropped(which)) for which, t in enumerate(handed))
+        slot.watching = _Handed(self, k, slot, handed, storage)
 
     def _unstarve(self) -> None:
         """Every slot is out and nothing is ready: the oldest slot out gets new tensors (the user keeps the old ones)
@@ -563,12 +578,7 @@ class NativeExecutor:
 
     # -- epochs -----------------------------------------------------------------------------------------
     def _add_epoch(self, epoch: int, start: int, offset: int) -> None:
-        arrays = epoch_arrays(self._plans_of(epoch, start, offset))
-        if arrays is None:
-            number, indices, bounds, pad = start, np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.uint8)
-        else:
-            number, indices, bounds, pad = arrays
-        self._engine.add_epoch(epoch, number, indices, bounds, pad)
+        self._engine.add_epoch(epoch, start, *epoch_arrays(self.sampler, epoch, start, offset))
 
     # -- iteration ----------------------------------------------------------------------------------------
     def __iter__(self) -> "NativeExecutor":
@@ -616,18 +626,21 @@ class NativeExecutor:
                 if batch is None:
                     continue
                 return batch
-            images, labels = slot.shown[:rows], slot.labels[:rows]
-            masks = None if slot.masks is None else slot.masks[:rows]
-            # the stats' decode paths: GPU rows and those filled here
-            path = "none (raw, native)" if self.chain.table.kind == "pixels" else "gpu"
-            self.pipeline.decode_stage.count_paths({path: rows - len(fallback or ()),
-                                                    **({"cpu-fallback": len(fallback)} if fallback else {})})
-            kept = np.arange(rows)
+            if rows == self._batch:   # new views of the whole slot (cheaper than slices)
+                images, labels = slot.shown[...], slot.labels[...]
+                masks = None if slot.masks is None else slot.masks[...]
+            else:
+                images, labels = slot.shown[:rows], slot.labels[:rows]
+                masks = None if slot.masks is None else slot.masks[:rows]
+            # the stats' decode paths: the engine's rows and those filled here
+            self._paths[0][0] += rows - len(fallback) if fallback else rows
+            kept = slice(0, rows)
             if fallback:
+                self._paths[1][0] += len(fallback)
                 images, labels, masks, kept = self._complete(k, epoch, number, rows, fallback, images, labels, masks,
                                                              failures)
-            if self.with_fields:   # (the rows kept: a fallback row that failed is dropped)
-                indices = torch.from_numpy(slot.indices[kept])
+            if self.with_fields:   # (the rows kept: a fallback row that failed is dropped; copies of the slot's)
+                indices = torch.from_numpy(slot.indices[kept].copy())
                 is_pad = torch.from_numpy(slot.pad[kept].astype(bool))
             else:
                 indices = is_pad = _NONE
@@ -651,8 +664,9 @@ class NativeExecutor:
         images = views.images(rows, shapes, det, chain.layout, chain.layout == "NCHW", 3)
         fields = views.fields(rows, det) if self.with_fields else {}
         labels = slot.labels[:rows]
-        self.pipeline.decode_stage.count_paths({"gpu": rows - len(fallback or ()),
-                                                **({"cpu-fallback": len(fallback)} if fallback else {})})
+        self._paths[0][0] += rows - len(fallback) if fallback else rows
+        if fallback:
+            self._paths[1][0] += len(fallback)
         kept = None
         if fallback:
             images, labels, fields, kept = self._complete_detection(k, epoch, number, rows, fallback, images, labels,
@@ -660,8 +674,8 @@ class NativeExecutor:
             if kept is None:
                 return None
         if self.with_fields:
-            at = np.arange(rows) if kept is None else kept
-            indices = torch.from_numpy(slot.indices[at])
+            at = slice(0, rows) if kept is None else kept   # (copies of the slot's)
+            indices = torch.from_numpy(slot.indices[at].copy())
             is_pad = torch.from_numpy(slot.pad[at].astype(bool))
         else:
             indices = is_pad = _NONE

@@ -114,21 +114,38 @@ class Sampler:
         the whole job has consumed, whatever the number of ranks."""
         return min(self.n, offset + batch * self.batch_size * self.num_shards)
 
-    def batches(self, epoch: int, start: int = 0, offset: int = 0):
-        """Yield the epoch's `BatchPlan`s from batch number ``start`` on; ``offset``: samples of the global
-        order already delivered (by a run with another number of shards) that this epoch skips."""
+    def _epoch(self, epoch: int, offset: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """The epoch's batches end to end: this shard's indices (padded where ``last_batch="pad"``), their padding
+        flags and the number of batches."""
         order = self.order(epoch, offset)
         count = self.num_batches(offset)
-        bs = self.batch_size
         if self.last_batch == "pad" and len(order):
-            need = count * bs
+            need = count * self.batch_size
             reps = -(-need // len(order))
             padded = np.tile(order, reps)[:need]
             is_pad = np.arange(need) >= len(order)
             order = padded
         else:
             is_pad = np.zeros(len(order), dtype=bool)
+        return order, is_pad, count
+
+    def batches(self, epoch: int, start: int = 0, offset: int = 0):
+        """Yield the epoch's `BatchPlan`s from batch number ``start`` on; ``offset``: samples of the global
+        order already delivered (by a run with another number of shards) that this epoch skips."""
+        order, is_pad, count = self._epoch(epoch, offset)
+        bs = self.batch_size
         for b in range(start, count):
             sl = slice(b * bs, min((b + 1) * bs, len(order)))
             yield BatchPlan(epoch, b, order[sl], is_pad[sl],
                             np.random.SeedSequence([self.seed, epoch, self.shard_id, b]), self.seed)
+
+    def flat(self, epoch: int, start: int = 0, offset: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The batches `batches` yields, at once and without their plans: the indices and padding flags of batches
+        ``start`` .. end end to end, and their bounds (batch ``start + j`` holds items ``bounds[j]`` ..
+        ``bounds[j + 1]``; one bound, 0, where no batch is left)."""
+        order, is_pad, count = self._epoch(epoch, offset)
+        bs, first = self.batch_size, start * self.batch_size
+        if start >= count:
+            return order[:0], is_pad[:0], np.zeros(1, np.int64)
+        ends = np.minimum(np.arange(start, count + 1, dtype=np.int64) * bs, len(order)) - first
+        return order[first:first + int(ends[-1])], is_pad[first:first + int(ends[-1])], ends

@@ -334,11 +334,15 @@ class Loader:
                 if stream != marked:   # else this process's ops stage marked them (`OpsStage.consumer_stream`)
                     for t in cuda_tensors((batch.images, batch.labels, batch.fields)):
                         t.record_stream(stream)
-        images = one_batch_type(batch.images, "images", self.ragged)
+        images = batch.images
+        if self.ragged or not isinstance(images, torch.Tensor):   # (a tensor, not ragged: the batch type as it is)
+            images = one_batch_type(images, "images", self.ragged)
         if self.output == "tuple":
             return images, batch.labels
-        fields = {name: one_batch_type(value, name, self.ragged) if name in self._image_fields else value
-                  for name, value in batch.fields.items()}
+        fields = batch.fields
+        if fields:
+            fields = {name: one_batch_type(value, name, self.ragged) if name in self._image_fields else value
+                      for name, value in fields.items()}
         return {"images": images, "labels": batch.labels, **fields, "indices": batch.indices, "is_pad": batch.is_pad}
 
     def _close_executor(self) -> None:

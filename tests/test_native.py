@@ -459,3 +459,67 @@ def test_the_engine_threads_run_at_the_engine_nice_setting(image_folder, nice):
     finally:
         ex.close()
     assert _engine_nice_values() == []
+
+
+# -- the hand-over ------------------------------------------------------------------------------------------
+
+
+class _Owner:
+    """The part of a NativeExecutor a batch's drops reach: its slots and `_give_back` (noting the slot and
+    whether it was lost)."""
+
+    _closed = False
+
+    def __init__(self, slot):
+        self._slots, self.back = [slot], []
+
+    def _give_back(self, k):
+        self.back.append((k, self._slots[k].lost))
+
+
+def test_a_slot_goes_back_when_the_last_tensor_handed_from_it_is_dropped():
+    slot = native._Slot(torch.zeros(4, 2, 2, 3), torch.zeros(4, dtype=torch.int64), None, 4,
+                        torch.zeros(4, 2, 2, dtype=torch.uint8))
+    owner = _Owner(slot)
+
+    def hand():
+        handed = slot.shown[...], slot.labels[...], slot.masks[...]   # (as a full batch hands them out)
+        slot.watching = native._Handed(owner, 0, slot, handed, None)
+        return handed
+
+    x, y, m = hand()
+    assert x.shape == (4, 3, 2, 2) and x.data_ptr() == slot.address
+    del x, y
+    assert owner.back == []
+    del m
+    assert owner.back == [(0, False)]
+    # a view of a handed tensor kept: given back as lost (the executor makes new tensors before reusing it)
+    x, y, m = hand()
+    v = x[1:, 0]
+    del x, y, m
+    assert owner.back == [(0, False), (0, True)]
+    del v
+    # so is the memory kept another way (another tensor on its storage)
+    slot.lost = False
+    x, y, m = hand()
+    kept = torch.empty(0, dtype=torch.int64).set_(y.untyped_storage())
+    del x, y, m
+    assert owner.back[-1] == (0, True) and len(owner.back) == 3
+    del kept
+    # drops of a batch from an earlier generation (the slot given back meanwhile) do nothing
+    slot.lost = False
+    x, y, m = hand()
+    slot.generation += 1
+    del x, y, m
+    assert len(owner.back) == 3
+
+
+def test_decode_paths_add_the_running_tallies(image_folder):
+    stage = Pipeline(FileTree(image_folder), ops=OPS, device="cpu").decode_stage
+    stage.count_paths({"cpu": 3})
+    gpu = stage.tally("gpu")
+    assert stage.tally("gpu") is gpu and stage.decode_paths == {"cpu": 3}   # (a tally of 0 is not shown)
+    gpu[0] += 5
+    stage.tally("cpu")[0] += 2
+    stage.count_paths({"gpu": 1})
+    assert stage.decode_paths == {"cpu": 5, "gpu": 6}

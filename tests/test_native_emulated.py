@@ -645,7 +645,7 @@ def child(lib_path: str, root: str, chain_name: str, regions: bool) -> None:
     for k in range(slots):
         engine.set_slot(k, outs[k].data_ptr(), labels[k].data_ptr(), indices[k], pads[k])
     for epoch in (0, 1):
-        _, idx, bounds, pad = native.epoch_arrays(sampler.batches(epoch))
+        idx, bounds, pad = native.epoch_arrays(sampler, epoch)
         engine.add_epoch(epoch, 0, idx, bounds, pad)
     got = []
     while True:
@@ -764,6 +764,8 @@ def child_executor(lib_path: str, root: str, chain_name: str) -> None:
     ex.close()
     assert stats["slot_waits"] > 0 and sum(stats["fallbacks"].values()) == 3 * 4, stats
     assert stats["outputs_made"] > 2, stats   # slots held by the loop were replaced
+    # the decode paths: every sample's row the engine's but the fallback rows, over three epochs
+    assert pipe.decode_stage.decode_paths == {"gpu": 3 * len(src) - 12, "cpu-fallback": 12}, pipe.decode_paths
     for at, x, y in kept:
         assert torch.equal(x, seen[at][2]) and torch.equal(y, seen[at][3])
     for at, v in views:

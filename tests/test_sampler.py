@@ -66,6 +66,20 @@ def test_resume_from_batch_gives_same_batches_and_seeds():
         assert a.rng().integers(0, 1 << 30) == b.rng().integers(0, 1 << 30)
 
 
+@pytest.mark.parametrize("last_batch", ["drop", "partial", "pad"])
+def test_flat_holds_the_batches_end_to_end(last_batch):
+    for n, shards, shard, offset in [(50, 1, 0, 0), (53, 3, 2, 0), (53, 2, 1, 7), (5, 2, 0, 0), (3, 4, 3, 0)]:
+        s = Sampler(n, 8, shuffle=True, seed=3, num_shards=shards, shard_id=shard, last_batch=last_batch)
+        for start in (0, 1, 3, 9):
+            plans = list(s.batches(2, start, offset))
+            indices, pad, bounds = s.flat(2, start, offset)
+            assert len(bounds) == len(plans) + 1 and bounds[0] == 0, (n, shards, start, bounds)
+            for j, plan in enumerate(plans):
+                assert np.array_equal(indices[bounds[j]:bounds[j + 1]], plan.indices)
+                assert np.array_equal(pad[bounds[j]:bounds[j + 1]], plan.is_pad)
+            assert len(indices) == len(pad) == bounds[-1]
+
+
 @pytest.mark.parametrize("kw,msg", [
     (dict(batch_size=0), "`batch_size` must be >= 1, got 0"),
     (dict(num_shards=0), "`num_shards` must be >= 1"),

@@ -69,7 +69,8 @@ class DecodeStage(Stage):
                 else:
                     self.lanes = [(None, torch.cuda.Stream(self.device)) for _ in range(lanes)]
         self._counts = threading.Lock()
-        self.decode_paths: dict[str, int] = {}
+        self._paths: dict[str, int] = {}
+        self._tallies: dict[str, list[int]] = {}   # (`tally`)
 
     def run(self, work: _Work, lane: int = 0) -> _Work:
         """Decode the batch: nvImageCodec on the decode stream (regions only, where the plan crops), or the
@@ -168,7 +169,23 @@ class DecodeStage(Stage):
         """Add images per decode path to `decode_paths` (lanes count at once)."""
         with self._counts:
             for path, n in counts.items():
-                self.decode_paths[path] = self.decode_paths.get(path, 0) + n
+                self._paths[path] = self._paths.get(path, 0) + n
+
+    def tally(self, path: str) -> list[int]:
+        """A running count of the images decoded by ``path``, ``[n]``, that one thread adds to in place, with no
+        lock or dict per batch (the native engine's batches); `decode_paths` adds it in where it is above 0."""
+        with self._counts:
+            return self._tallies.setdefault(path, [0])
+
+    @property
+    def decode_paths(self) -> dict[str, int]:
+        """Images per decode path: those counted (`count_paths`) and the tallies (`tally`)."""
+        with self._counts:
+            paths = dict(self._paths)
+            for path, (n,) in self._tallies.items():
+                if n:
+                    paths[path] = paths.get(path, 0) + n
+        return paths
 
     def _replace_failures(self, work: _Work, images: list, rois, origins, *, gpu: bool) -> list:
         """Failed images become blank stand-ins (the ops plan was drawn for them); their rows are dropped after
