@@ -30,7 +30,11 @@ the consuming thread's own CPU time per batch (the GIL it holds, plus native wor
 and where the busy thread's time went, from the kernel's ``schedstat``: ``busy_beside_sleep_frac`` (asleep: it
 waits on nothing but the GIL) against ``busy_beside_runqueue_frac`` (runnable, waiting for a core). On a host with
 cores to spare the GIL's waits show as sleep; where the cores are all busy the thread's wake-ups queue too, and
-part of the GIL's cost shows as run-queue time: compare with ``busy_alone_runqueue_frac``.
+part of the GIL's cost shows as run-queue time: compare with ``busy_alone_runqueue_frac``. The share splits
+into ``gil_time_share_left`` (the wall time the busy thread kept on a CPU: what the GIL and the run queue took)
+times ``busy_cpu_speed_beside`` (its rate per CPU second beside the loader over alone: what the cores gave it, a
+hyperthread sibling or clock step slowing it with no GIL involved); on a host whose cores the loader keeps busy the
+second part moves the share by tens of percent between pairs, the first does not.
 Cases alternate within a round (ingest, DALI, ingest, ... per input); with ``--rounds`` > 1 every other round
 runs in reverse order, and ``summary`` holds each figure's mean over the rounds.
 
@@ -294,8 +298,9 @@ def child_argv(args) -> list[str]:
     return out + (["--smoke"] if args.smoke else [])
 
 
-FIGURES = ("gil_share_left", "busy_lost_ms_per_batch", "img_s_alone", "img_s_beside", "img_s_beside_over_alone",
-           "busy_beside_sleep_frac", "busy_beside_runqueue_frac", "consumer_cpu_ms_per_batch")
+FIGURES = ("gil_share_left", "gil_time_share_left", "busy_cpu_speed_beside", "busy_lost_ms_per_batch", "img_s_alone",
+           "img_s_beside", "img_s_beside_over_alone", "busy_beside_sleep_frac", "busy_beside_runqueue_frac",
+           "consumer_cpu_ms_per_batch")
 
 
 def summarize(rounds: list[dict], figures: tuple[str, ...] = FIGURES, done: str = "gil_share_left",
@@ -415,7 +420,23 @@ def pair(gen, args, dev) -> dict:
                gil_share_left=round(beside / alone, 4), img_s_beside=round(batches * args.batch / seconds, 1),
                batches_beside=batches, seconds_beside=round(seconds, 3),
                consumer_cpu_ms_per_batch=round(1000 * cpu / batches, 4))
+    out.update(split_share(out))
     return out
+
+
+def split_share(p: dict) -> dict:
+    """A pair's ``gil_share_left`` as the product of two parts, from the busy thread's ``schedstat``:
+    ``gil_time_share_left``, the share of its wall time it kept on a CPU (1 less the growth of its time asleep,
+    waiting for the GIL, and runnable in the run queue) and ``busy_cpu_speed_beside``, its rate per second on a
+    CPU beside the loader over alone (what the cores gave it: a hyperthread sibling or a clock step slows it
+    without the GIL). Empty where the kernel gave no ``schedstat``."""
+    try:
+        off = lambda side: p[f"busy_{side}_sleep_frac"] + p[f"busy_{side}_runqueue_frac"]   # noqa: E731
+        speed = (p["busy_rate_beside"] / p["busy_beside_cpu_frac"]) / (p["busy_rate_alone"] / p["busy_alone_cpu_frac"])
+    except (KeyError, ZeroDivisionError):
+        return {}
+    return {"gil_time_share_left": round(1 - max(0.0, off("beside") - off("alone")), 4),
+            "busy_cpu_speed_beside": round(speed, 4)}
 
 
 def schedstat(busy) -> tuple[float, float] | None:
