@@ -22,11 +22,8 @@ Usage: python dev/handover_emulated.py [--images 5120] [--batch 256] [--batches 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import os
-import pstats
 import shutil
 import statistics
 import subprocess
@@ -34,6 +31,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from handover_profile import endless, profiled   # (dev/, beside this file)
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 
@@ -138,13 +137,7 @@ def measure(lib: str, root: str, a) -> dict:
                            last_batch="drop", output=a.output, num_workers=0)
     loader._native, native._gpu_arguments = chain, lambda pipeline, table: gpu   # (the stand-ins as the GPU)
 
-    def batches():
-        while True:
-            yield from loader
-
-    it = batches()
-    for _ in range(a.warmup):
-        next(it)
+    it = endless(loader, a.warmup)
     if a.isolated:   # the engine's part taken out: a stand-in that hands each slot back at once
         ex = loader._executor
         ex._engine.close()
@@ -160,16 +153,7 @@ def measure(lib: str, root: str, a) -> dict:
             next(it)
         cpu.append(1e6 * (time.thread_time() - c0) / a.batches)
         engine.append(1e6 * (ex._engine.cpu - e0) / a.batches if a.split else 0.0)
-    profile = None
-    if a.profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(a.batches):
-            next(it)
-        prof.disable()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
-        profile = text.getvalue()
+    profile = profiled(it, a.batches, 20) if a.profile else None
     stats = loader.stats()
     assert stats["engine"] == "native" and not stats["native"]["fallbacks"], stats
     loader.close()

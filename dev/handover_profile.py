@@ -21,6 +21,30 @@ import pstats
 import time
 
 
+def endless(loader, warmup: int):
+    """The loader's batches epoch after epoch, ``warmup`` of them already taken."""
+    def batches():
+        while True:
+            yield from loader
+
+    it = batches()
+    for _ in range(warmup):
+        next(it)
+    return it
+
+
+def profiled(it, batches: int, top: int) -> str:
+    """``batches`` batches taken from ``it`` under cProfile: its ``top`` functions by own time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(batches):
+        next(it)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data")
@@ -47,25 +71,13 @@ def main() -> int:
         loader = ingest.Loader(a.data, batch_size=a.batch, device=a.device, decode=decode, ops=ops, shuffle=True,
                                seed=0, last_batch="drop", output=a.output)
 
-    def batches():
-        while True:
-            yield from loader
-
-    it = batches()
-    for _ in range(a.warmup):
-        next(it)
+    it = endless(loader, a.warmup)
     c0, t0 = time.thread_time(), time.perf_counter()
     for _ in range(a.batches):
         next(it)
     cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
 
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(a.batches):
-        next(it)
-    prof.disable()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(a.top)
+    profile = profiled(it, a.batches, a.top)
     stats = loader.stats()
     report = {"engine": stats.get("engine"), "output": a.output, "batch": a.batch, "batches": a.batches,
               "thread_cpu_ms_per_batch": round(1e3 * cpu / a.batches, 4),
@@ -73,10 +85,10 @@ def main() -> int:
     if hasattr(loader, "close"):
         loader.close()
     print(json.dumps(report, indent=1))
-    print(text.getvalue())
+    print(profile)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({**report, "profile": text.getvalue()}, f, indent=1)
+            json.dump({**report, "profile": profile}, f, indent=1)
     return 0
 
 
