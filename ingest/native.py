@@ -260,9 +260,10 @@ def one_shape(table) -> tuple[int, int] | None:
 def _detection_chain(source, ops, desc: np.ndarray, probe) -> tuple[Chain | None, str | None]:
     """`chain_for` of a source with boxes: its table and `engine.native_boxes.Detection`, or why not."""
     from .engine.native_boxes import detection_of
+    from .native_plan import RECORD
     if getattr(source, "native_table", None) is None:
         return None, f"{type(source).__name__} gives no native table ({_TABLES})"
-    fill = desc[ING_RECORD:ING_RECORD + 3]
+    fill = desc[RECORD:RECORD + 3]
     if desc[3]:   # Normalize: the padding's values are the filled levels through its epilogue
         fill = fill * desc[6:9] + desc[10:13]
     det, why = detection_of(source, ops, fill.tolist())
@@ -273,9 +274,6 @@ def _detection_chain(source, ops, desc: np.ndarray, probe) -> tuple[Chain | None
     except NotNative as err:
         return None, f"{type(source).__name__} gives no native table here: {err}"
     return Chain(table, desc, det.bound, probe.output.dtype, probe.output.layout, detection=det), None
-
-
-ING_RECORD = 16   # doubles per record of a chain's description (plan.h)
 
 
 def _fill_clash(ops) -> str | None:
