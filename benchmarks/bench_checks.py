@@ -108,9 +108,14 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(*args.child, args)))
         return 0
+    with tempfile.TemporaryDirectory(prefix="bench_checks_") as tmp:
+        return run(args, Path(tmp))
+
+
+def run(args, tmp: Path) -> int:
+    """The converted copies under ``tmp`` (removed by the caller), each format's check cost and its rounds."""
     from ingest.tools.cli import main as cli
     import bench_gpu as bg
-    tmp = Path(tempfile.mkdtemp(prefix="bench_checks_"))
     data = args.data
     if data is None:
         import make_data
