@@ -16,7 +16,9 @@ textured objects, shading): never blank or constant images. The sources used are
 
 Progressive JPEGs: ImageNet holds a few percent of them, and they take a slower (CPU/hybrid) decode path in
 nvJPEG/nvImageCodec. This set is baseline-only on purpose so the main comparison is not skewed by how each
-system routes them; ``--progressive-frac`` adds them for a separate robustness run.
+system routes them; ``--progressive-frac`` adds them for a separate robustness run. ``--png-frac`` saves that
+fraction of the images as RGB PNGs (``.png``, Pillow's default compression) instead: a file tree mixing codecs, for
+the decode paths that take what the GPU's JPEG decoder cannot.
 
 The set is written to a temporary sibling directory and renamed into place at the end, so a present DIR is a
 complete set. Output is deterministic given ``--seed`` (whatever the worker count).
@@ -200,7 +202,8 @@ def _target_shape(rng: np.random.Generator) -> tuple[int, int]:
     return (short, long) if rng.random() < 0.7 else (long, short)
 
 
-def make_one(index: int, seed: int, progressive_frac: float) -> bytes:
+def make_one(index: int, seed: int, progressive_frac: float, png_frac: float = 0.0) -> tuple[bytes, str]:
+    """Image ``index`` of the set, encoded, and its file extension ("jpg" or "png")."""
     rng = np.random.default_rng([seed, index])
     src = _SOURCES[int(rng.integers(len(_SOURCES)))]
     sh, sw = src.shape[:2]
@@ -222,6 +225,11 @@ def make_one(index: int, seed: int, progressive_frac: float) -> bytes:
     ny, nx = int(rng.integers(0, NOISE_TILE - th)), int(rng.integers(0, NOISE_TILE - tw))
     noise = _NOISE[ny:ny + th, nx:nx + tw]
     progressive = bool(rng.random() < progressive_frac)
+    if png_frac and np.random.default_rng([seed, index, 1]).random() < png_frac:   # (its own stream: the JPEGs
+        # stay the images a set without PNGs has)
+        buf = io.BytesIO()
+        Image.fromarray(np.clip(arr + ((noise * 48) >> 8), 0, 255).astype(np.uint8)).save(buf, "PNG")
+        return buf.getvalue(), "png"
     # Aim at a size drawn from ImageNet's typical range: start from a random quality and sigma 3, then move
     # the noise (linear model of bytes per pixel per grey level of noise, fitted on photos) and, when noise
     # alone cannot get there within MAX_SIGMA, the quality. At most 4 encodes; the last one is kept.
@@ -240,7 +248,7 @@ def make_one(index: int, seed: int, progressive_frac: float) -> bytes:
             q, sigma = max(75, q - 6), 1.0
         else:
             sigma = float(np.clip(want, 0.0, MAX_SIGMA))
-    return data
+    return data, "jpg"
 
 
 def _encode(arr: np.ndarray, noise: np.ndarray, sigma: float, quality: int, progressive: bool) -> bytes:
@@ -251,12 +259,12 @@ def _encode(arr: np.ndarray, noise: np.ndarray, sigma: float, quality: int, prog
     return buf.getvalue()
 
 
-def _work(args: tuple[int, int, str, int, int, float]) -> int:
-    lo, hi, tmp, classes, seed, prog = args
+def _work(args: tuple[int, int, str, int, int, float, float]) -> int:
+    lo, hi, tmp, classes, seed, prog, png = args
     total = 0
     for i in range(lo, hi):
-        data = make_one(i, seed, prog)
-        with open(os.path.join(tmp, f"class_{i % classes:03d}", f"{i:07d}.jpg"), "wb") as f:
+        data, ext = make_one(i, seed, prog, png)
+        with open(os.path.join(tmp, f"class_{i % classes:03d}", f"{i:07d}.{ext}"), "wb") as f:
             f.write(data)
         total += len(data)
     return total
@@ -267,7 +275,7 @@ def _work(args: tuple[int, int, str, int, int, float]) -> int:
 
 def make_dataset(out: str, n: int, classes: int = 100, seed: int = 0, workers: int | None = None,
                  photo_dirs: list[str] | None = None, procedural: bool = False,
-                 progressive_frac: float = 0.0, force: bool = False) -> dict:
+                 progressive_frac: float = 0.0, png_frac: float = 0.0, force: bool = False) -> dict:
     """Write the set (see module doc) and return its metadata, including ``mean_bytes``."""
     global _SOURCES, _NOISE
     if n < 1 or classes < 1:
@@ -288,7 +296,7 @@ def make_dataset(out: str, n: int, classes: int = 100, seed: int = 0, workers: i
     for c in range(classes):
         os.makedirs(os.path.join(tmp, f"class_{c:03d}"))
     chunk = max(16, min(256, n // (workers * 8) or 16))
-    tasks = [(lo, min(n, lo + chunk), tmp, classes, seed, progressive_frac) for lo in range(0, n, chunk)]
+    tasks = [(lo, min(n, lo + chunk), tmp, classes, seed, progressive_frac, png_frac) for lo in range(0, n, chunk)]
     if workers == 1:
         total = sum(map(_work, tasks))
     else:
@@ -297,6 +305,7 @@ def make_dataset(out: str, n: int, classes: int = 100, seed: int = 0, workers: i
     os.rename(tmp, out)
     meta = {"path": out, "n": n, "classes": classes, "seed": seed, "mean_bytes": total / n,
             "total_bytes": total, "progressive_frac": progressive_frac,
+            "png_frac": png_frac,
             "sources": [name for name, _ in sources], "seconds": round(time.perf_counter() - t0, 2),
             "workers": workers}
     with open(out.rstrip("/") + ".meta.json", "w") as f:
@@ -314,10 +323,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--photos", action="append", default=[], help="extra directory of photos to crop from")
     p.add_argument("--procedural", action="store_true", help="ignore photos; use generated scenes")
     p.add_argument("--progressive-frac", type=float, default=0.0, help="fraction saved as progressive JPEG")
+    p.add_argument("--png-frac", type=float, default=0.0, help="fraction saved as RGB PNG (.png)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     a = p.parse_args(argv)
     meta = make_dataset(a.out, a.n, a.classes, a.seed, a.workers, a.photos, a.procedural,
-                        a.progressive_frac, a.force)
+                        a.progressive_frac, a.png_frac, a.force)
     print(f"wrote {meta['n']} files in {meta['seconds']} s to {meta['path']}: mean {meta['mean_bytes'] / 1e3:.1f} KB; "
           f"sources ({len(meta['sources'])}): {', '.join(s.rsplit('/', 1)[-1] for s in meta['sources'][:8])}"
           f"{' ...' if len(meta['sources']) > 8 else ''}")

@@ -193,3 +193,19 @@ def test_bench_gil_tells_gil_waits_from_cpu_time():
 
     assert sleep_share(hold_gil=False) < 0.1
     assert sleep_share(hold_gil=True) > 0.25
+
+
+def test_make_data_png_fraction_keeps_the_jpegs_of_the_plain_set(tmp_path):
+    import make_data
+    from PIL import Image
+    make_data.make_dataset(str(tmp_path / "plain"), n=24, classes=2, seed=3, workers=1)
+    meta = make_data.make_dataset(str(tmp_path / "mixed"), n=24, classes=2, seed=3, workers=1, png_frac=0.5)
+    pngs = sorted(p.relative_to(tmp_path / "mixed") for p in (tmp_path / "mixed").rglob("*.png"))
+    jpgs = sorted(p.relative_to(tmp_path / "mixed") for p in (tmp_path / "mixed").rglob("*.jpg"))
+    assert 0 < len(pngs) < 24 and len(pngs) + len(jpgs) == 24 and meta["png_frac"] == 0.5
+    for rel in jpgs:
+        assert (tmp_path / "mixed" / rel).read_bytes() == (tmp_path / "plain" / rel).read_bytes()
+    for rel in pngs:
+        with Image.open(tmp_path / "mixed" / rel) as im:
+            assert im.format == "PNG" and im.mode == "RGB"
+        assert not (tmp_path / "mixed" / rel.with_suffix(".jpg")).exists()
