@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from . import _policy_kernel
 from . import functional as F
 from .affine import Steps, eye
 from .base import Images, Op, Rngs, Size, as_list, per_sample, probability, size_array, sizes_of
@@ -269,6 +270,56 @@ class _Policy(Op):
             raise ValueError(f"{type(self).__name__} needs images of 1 or 3 channels, got {x.shape[1]}")
         if x.shape[1] != 3 or x.dtype != torch.uint8:
             return self._run_each(x, ops, mags)
+        if x.is_cuda and _policy_kernel.available():
+            return self._run_fused(x, ops, mags)
+        return self._run_groups(x, ops, mags)
+
+    def _run_fused(self, x: torch.Tensor, ops: np.ndarray, mags: np.ndarray) -> torch.Tensor:
+        """A uint8 RGB batch through the policy kernels (:mod:`ingest.ops._policy_kernel`): per round that runs an
+        op, a statistics launch where some sample needs one, then one launch of every sample's op."""
+        rows = self._kernel_rows(ops, mags, x.shape[-2:])
+        active = (rows[..., 0] != _policy_kernel.KINDS["copy"]).any(axis=1)
+        needs = (rows[..., 3] != 0).any(axis=1)
+        prm = F.upload([rows], x.device)[0]   # every round's parameters: one copy to the device
+        stats = torch.empty((len(x), _policy_kernel.STATS), dtype=torch.int32, device=x.device) \
+            if needs.any() else None
+        fill = None if self.fill is None else F._fill_values(list(self.fill), 3)
+        for r in np.flatnonzero(active).tolist():
+            x = _policy_kernel.run_round(x, prm[r], stats if needs[r] else None, self.interpolation, fill)
+        return x
+
+    def _kernel_rows(self, ops: np.ndarray, mags: np.ndarray, size: Sequence[int]) -> np.ndarray:
+        """The policy kernels' parameters, ``[R, N, ROW]`` int32 (layout in :mod:`ingest.ops._policy_kernel`):
+        the numbers :meth:`_steps` plans for the torch path, per sample."""
+        kinds = _policy_kernel.KINDS
+        rows = np.zeros((ops.shape[1], len(ops), _policy_kernel.ROW), dtype=np.int32)
+        floats = rows[..., 4:].view(np.float32)
+        for r in range(ops.shape[1]):
+            col, m, row, fl = ops[:, r], mags[:, r], rows[r], floats[r]
+            sel = np.isin(col, _GEOMETRY)
+            if sel.any():
+                theta = _policy_theta(col[sel], m[sel], *size)
+                row[sel, 0] = kinds["warp"]
+                fl[sel, :6] = F.warp_arguments(theta, size, None, torch.float32)[0].reshape(-1, 6)
+            sel = np.isin(col, _POINTWISE)
+            if sel.any():
+                (params, contrast, mask), _ = _pointwise_arguments(col[sel], m[sel])
+                row[sel, 0] = kinds["pointwise"]
+                row[sel, 1] = np.where(contrast, 2, np.where(col[sel] == OP["Color"], 1, 0))
+                row[sel, 2], row[sel, 3] = mask, contrast
+                fl[sel, :3] = params
+            sel = col == OP["Sharpness"]
+            if sel.any():   # the factor and one minus it, in float64 before the cast (torchvision's _blend)
+                f = 1.0 + m[sel]
+                row[sel, 0] = kinds["Sharpness"]
+                fl[sel, 0], fl[sel, 1] = f.astype(np.float32), (1.0 - f).astype(np.float32)
+            for name, need in (("AutoContrast", 2), ("Equalize", 4)):
+                sel = col == OP[name]
+                row[sel, 0], row[sel, 3] = kinds[name], need
+        return rows
+
+    def _run_groups(self, x: torch.Tensor, ops: np.ndarray, mags: np.ndarray) -> torch.Tensor:
+        """A uint8 RGB batch by torch calls: per round, each group of :meth:`_steps` on its samples."""
         steps, arrays = self._steps(ops, mags, x.shape[-2:])
         sent = iter(F.upload(arrays, x.device))   # every parameter of every round: one copy to the device
         batch = _Rows(x)
