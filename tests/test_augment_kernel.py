@@ -212,3 +212,43 @@ def test_rounds_of_identity_launch_nothing(on_cpu):
     ops = np.array([[OP["Identity"], OP["Brightness"], OP["Identity"]]] * 4)
     check(op, x, ops, np.full((4, 3), 0.5))
     assert on_cpu == ["apply"]
+
+
+def _nvrtc():
+    """libnvrtc where a CUDA wheel of torch brought it (no GPU needed to compile), else None."""
+    import glob
+    import site
+    for root in site.getsitepackages():
+        for path in sorted(glob.glob(f"{root}/nvidia/*/lib/libnvrtc.so*")):
+            if "alt" not in path and "builtins" not in path:
+                return ctypes.CDLL(path)
+    return None
+
+
+def _ptx(lib, options: list[str]) -> str:
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), _policy_kernel.SOURCE.encode(), b"policy.cu", 0, None,
+                                  None) == 0
+    given = [o.encode() for o in options] + [b"--gpu-architecture=compute_90"]
+    done = lib.nvrtcCompileProgram(prog, len(given), (ctypes.c_char_p * len(given))(*given))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    assert done == 0, log.value.decode()
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return ptx.value.decode()
+
+
+def test_kernel_source_compiles_for_the_gpu():
+    """NVRTC (as CuPy's RawModule calls it, with the module's options) compiles the source for sm_90, and the
+    options keep the compiler from fusing a multiply and an add where the source did not ask for ``fmaf``."""
+    lib = _nvrtc()
+    if lib is None:
+        pytest.skip("no libnvrtc (a CUDA wheel of torch brings one)")
+    text = _ptx(lib, list(_policy_kernel.OPTIONS))
+    assert ".entry policy_stats(" in text and ".entry policy_apply(" in text
+    assert 0 < text.count("fma.rn.f32") < _ptx(lib, ["--fmad=true"]).count("fma.rn.f32")

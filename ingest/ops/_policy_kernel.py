@@ -71,9 +71,9 @@ extern "C" __global__ void policy_stats(const unsigned char* __restrict__ in, lo
     const unsigned char* src = in + n * sn;
     unsigned long long sum = 0ull;
     int mn[3] = {255, 255, 255}, mx[3] = {0, 0, 0};
-    const long long count = (long long)H * W;
-    for (long long i = t; i < count; i += T) {
-        const int y = (int)(i / W), x = (int)(i % W);
+    const unsigned int count = (unsigned int)H * (unsigned int)W;  // 32-bit: a division per pixel
+    for (unsigned int i = t; i < count; i += T) {
+        const int y = (int)(i / (unsigned int)W), x = (int)(i % (unsigned int)W);
         const unsigned char* p = src + y * sh + x * sw;
         const int v[3] = {p[0], p[sc], p[2 * sc]};
         if (need & 1) sum += (unsigned long long)luma((float)v[0], (float)v[1], (float)v[2]);
@@ -92,7 +92,7 @@ extern "C" __global__ void policy_stats(const unsigned char* __restrict__ in, lo
         unsigned char* lut = reinterpret_cast<unsigned char*>(S) + 256 * t;
         int last = 255;  // the last level present (the first maximum of the cumulative histogram)
         while (last > 0 && h[last] == 0u) --last;
-        const long long step = (count - (long long)h[last]) / 255;
+        const long long step = ((long long)count - (long long)h[last]) / 255;
         if (step == 0) {  // one level: kept
             for (int i = 0; i < 256; ++i) lut[i] = (unsigned char)i;
         } else {
@@ -207,6 +207,8 @@ KINDS = {"copy": 0, "warp": 1, "pointwise": 2, "Sharpness": 3, "AutoContrast": 4
 #: int32 values per sample of a round's parameters, and of the statistics.
 ROW, STATS = 12, 200
 _BLOCK = (32, 8, 1)
+#: NVRTC's options: no multiply-add contraction (the source's ``fmaf`` are its fused operations).
+OPTIONS = ("--fmad=false",)
 #: Threads of a statistics block (one block per sample).
 STATS_THREADS = 512
 
@@ -215,7 +217,7 @@ def _function(name: str):
     key = "policy_" + name
     if key not in _state:
         if "policy_module" not in _state:
-            _state["policy_module"] = _state["cupy"].RawModule(code=SOURCE, options=("--fmad=false",))
+            _state["policy_module"] = _state["cupy"].RawModule(code=SOURCE, options=OPTIONS)
         _state[key] = _state["policy_module"].get_function(key)
     return _state[key]
 

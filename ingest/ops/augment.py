@@ -8,13 +8,23 @@ whole batch with the primitives of :mod:`ingest.ops.functional`, which equal tor
 **Policies** draw what torchvision's ``transforms.v2`` draws, with its distributions: RandAugment ``num_ops``
 times an op uniformly from its 14 and a sign coin (magnitude fixed by ``magnitude``); TrivialAugmentWide an op,
 a magnitude bin uniformly from ``num_magnitude_bins`` and a sign; AutoAugment one of the 25 sub-policies, then
-each of its two ops with its probability, and a sign. The ops then run in that order per sample, batched: on a
-uint8 RGB batch, round r runs at most five groups, each over the samples that drew one of its ops: the geometry
+each of its two ops with its probability, and a sign. The ops then run in that order per sample, batched,
+one round after the other. The host plans every round from the draws (each sample's op and its numbers: a
+matrix, factors, a mask) and sends the plan to the device in one copy; nothing waits for the device.
+
+A uint8 RGB batch on CUDA, where CuPy is there, runs each round as the policy's own kernels
+(:mod:`ingest.ops._policy_kernel`): one launch for the per-sample statistics the round's ops read (the luma mean
+of Contrast, the channel extremes of AutoContrast, the channel histograms and tables of Equalize), only when a
+sample drew one of those, and one launch that writes every sample's op (geometry as one affine resample,
+nearest or bilinear with the policy's fill; the colour ops; sharpness; autocontrast; equalize; or a copy) into a
+new batch. So a round costs at most two launches, whatever was drawn, and the batch is read and written about
+once per round. Their arithmetic is the torch path's float32 steps in the same order (exact for the colour ops,
+the geometry within a level but for a rare nearest-neighbour tie). Elsewhere (CPU, or CUDA without CuPy) a
+round runs at most five groups of torch calls, each over the samples that drew one of its ops: the geometry
 ops (shear, translate, rotate: one per-sample affine resample), the pointwise ones (brightness, colour,
 contrast, posterize, solarize, invert: one pass), sharpness, autocontrast and equalize (per-sample histograms
-by one ``scatter_add``, the tables applied by one ``gather``). The host plans every round from the draws
-(which samples, their matrices and factors) and sends it to the device in one copy; nothing waits for the
-device. So a batch costs a fixed number of torch calls (about 70 per round at most), whatever its size. Gray
+by one ``scatter_add``, the tables applied by one ``gather``): a fixed number of torch calls (about 70 per round
+at most), whatever the batch size. That path is the readable reference the kernels are tested against. Gray
 and float batches run op by op on the same groups. Unlike torchvision, each *sample* draws its own ops
 (torchvision draws once per call, i.e. per image when it runs per sample in a DataLoader worker: the same
 distribution).
@@ -270,7 +280,7 @@ class _Policy(Op):
             raise ValueError(f"{type(self).__name__} needs images of 1 or 3 channels, got {x.shape[1]}")
         if x.shape[1] != 3 or x.dtype != torch.uint8:
             return self._run_each(x, ops, mags)
-        if x.is_cuda and _policy_kernel.available():
+        if x.is_cuda and x.numel() and _policy_kernel.available():
             return self._run_fused(x, ops, mags)
         return self._run_groups(x, ops, mags)
 
