@@ -179,7 +179,7 @@ POLICIES = [RandAugment(2, 9), RandAugment(1, 30, interpolation="bilinear", fill
 def test_every_op_through_the_kernels_equals_the_torch_path(on_cpu, op):
     names = [name for name in op._space if name != "Identity"]
     for k, name in enumerate(names):
-        n, h, w = ((5, 29, 37), (4, 17, 9), (3, 3, 40))[k % 3]
+        n, h, w = ((5, 29, 37), (3, 3, 40), (4, 17, 9))[k % 3]   # AutoContrast, Equalize: n > 3
         x = nchw_batch(n, h, w, seed=k)
         check(op, x, *forced(op, name, n, (h, w)))
     assert on_cpu.count("stats") == 3 * 2 and on_cpu.count("apply") == 2 * len(names)
@@ -204,6 +204,19 @@ def test_a_mixed_round_reads_a_strided_batch(on_cpu):
     mags[5::2] *= -1
     check(op, x, ops, mags)
     assert on_cpu == ["stats", "apply"]
+
+
+@pytest.mark.parametrize("hw", [(3, 3), (2, 9), (9, 2), (1, 1), (4, 3)])
+def test_sharpness_and_statistics_on_the_smallest_images(on_cpu, hw):
+    """Sharpness keeps the border (all of an image of 2 rows or columns); the statistics of an image of one
+    pixel (equalize and autocontrast keep it)."""
+    op = RandAugment(3, 25)
+    g = torch.Generator().manual_seed(sum(hw))
+    x = torch.randint(0, 256, (4, *hw, 3), dtype=torch.uint8, generator=g).permute(0, 3, 1, 2)
+    ops = np.array([[OP["Sharpness"], OP["Equalize"], OP["Contrast"]], [OP["Sharpness"], OP["AutoContrast"],
+                    OP["Color"]], [OP["Equalize"], OP["Sharpness"], OP["Sharpness"]], [OP["Posterize"]] * 3])
+    mags = np.array([[0.9, 0.0, -0.9], [-0.9, 0.0, 0.9], [0.0, 0.5, -0.5], [4.0, 2.0, 0.0]])
+    check(op, x, ops, mags)
 
 
 def test_rounds_of_identity_launch_nothing(on_cpu):
