@@ -71,6 +71,8 @@ extern "C" __global__ void policy_stats(const unsigned char* __restrict__ in, lo
     const unsigned char* src = in + n * sn;
     unsigned long long sum = 0ull;
     int mn[3] = {255, 255, 255}, mx[3] = {0, 0, 0};
+    int level[3] = {0, 0, 0};  // histograms: a run of one level counted locally, one atomic per run (flat
+    unsigned int run[3] = {0u, 0u, 0u};  // regions would otherwise make every thread add to one bin)
     const unsigned int count = (unsigned int)H * (unsigned int)W;  // 32-bit: a division per pixel
     for (unsigned int i = t; i < count; i += T) {
         const int y = (int)(i / (unsigned int)W), x = (int)(i % (unsigned int)W);
@@ -80,8 +82,18 @@ extern "C" __global__ void policy_stats(const unsigned char* __restrict__ in, lo
         if (need & 2)
             for (int c = 0; c < 3; ++c) { mn[c] = v[c] < mn[c] ? v[c] : mn[c]; mx[c] = v[c] > mx[c] ? v[c] : mx[c]; }
         if (need & 4)
-            for (int c = 0; c < 3; ++c) atomicAdd(&hist[256 * c + v[c]], 1u);
+            for (int c = 0; c < 3; ++c) {
+                if (v[c] != level[c] && run[c] != 0u) {
+                    atomicAdd(&hist[256 * c + level[c]], run[c]);
+                    run[c] = 0u;
+                }
+                level[c] = v[c];
+                ++run[c];
+            }
     }
+    if (need & 4)
+        for (int c = 0; c < 3; ++c)
+            if (run[c] != 0u) atomicAdd(&hist[256 * c + level[c]], run[c]);
     if (need & 1) atomicAdd(&total, sum);
     if (need & 2)
         for (int c = 0; c < 3; ++c) { atomicMin(&lo[c], mn[c]); atomicMax(&hi[c], mx[c]); }
