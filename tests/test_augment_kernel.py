@@ -31,6 +31,7 @@ _PRELUDE = r"""
 #define __global__
 #define __forceinline__ inline
 #define __restrict__
+#define __launch_bounds__(n)
 #define __shared__ static
 #define INGEST_MEAN(sum, count) ((float)(sum) / (float)(count))   // torch's CPU mean: the sum, divided
 struct Dim3 { unsigned x, y, z; };

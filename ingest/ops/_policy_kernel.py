@@ -52,9 +52,9 @@ __device__ __forceinline__ unsigned char to_u8(float v) {  // clamp, then trunca
     return (unsigned char)(int)fminf(fmaxf(v, 0.0f), 255.0f);
 }
 
-extern "C" __global__ void policy_stats(const unsigned char* __restrict__ in, long long sn, long long sc,
-                                        long long sh, long long sw, int H, int W, const int* __restrict__ prm,
-                                        int* __restrict__ stats) {
+extern "C" __global__ void __launch_bounds__(512)
+policy_stats(const unsigned char* __restrict__ in, long long sn, long long sc, long long sh, long long sw, int H,
+             int W, const int* __restrict__ prm, int* __restrict__ stats) {
     __shared__ unsigned int hist[768];
     __shared__ unsigned long long total;
     __shared__ int lo[3], hi[3];
@@ -124,10 +124,10 @@ extern "C" __global__ void policy_stats(const unsigned char* __restrict__ in, lo
 }
 
 // One output pixel (all three channels) per thread; blockIdx.z the sample.
-extern "C" __global__ void policy_apply(const unsigned char* __restrict__ in, long long sn, long long sc,
-                                        long long sh, long long sw, int H, int W, const int* __restrict__ prm,
-                                        const int* __restrict__ stats, unsigned char* __restrict__ out,
-                                        int bilinear, int has_fill, float fill0, float fill1, float fill2) {
+extern "C" __global__ void __launch_bounds__(256)
+policy_apply(const unsigned char* __restrict__ in, long long sn, long long sc, long long sh, long long sw, int H,
+             int W, const int* __restrict__ prm, const int* __restrict__ stats, unsigned char* __restrict__ out,
+             int bilinear, int has_fill, float fill0, float fill1, float fill2) {
     const int n = blockIdx.z;
     const int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
     if (x >= W || y >= H) return;
@@ -221,7 +221,7 @@ ROW, STATS = 12, 200
 _BLOCK = (32, 8, 1)
 #: NVRTC's options: no multiply-add contraction (the source's ``fmaf`` are its fused operations).
 OPTIONS = ("--fmad=false",)
-#: Threads of a statistics block (one block per sample).
+#: Threads of a statistics block (one block per sample; the source's launch bounds).
 STATS_THREADS = 512
 
 
