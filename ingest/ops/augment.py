@@ -249,6 +249,13 @@ def _pointwise(x: torch.Tensor, sent: Sequence[torch.Tensor], steps: tuple[bool,
     return out
 
 
+def _sharpness_factors(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sharpness's factor ``1 + m`` and one minus it, float32, the latter taken in float64 before the cast
+    (torchvision's ``_blend``)."""
+    f = 1.0 + m
+    return f.astype(np.float32), (1.0 - f).astype(np.float32)
+
+
 def _interpolation(value: Any) -> str:
     if value not in ("nearest", "bilinear"):
         raise ConfigError(f"Unknown interpolation {value!r}. Available: bilinear, nearest")
@@ -319,10 +326,9 @@ class _Policy(Op):
                 row[sel, 2], row[sel, 3] = mask, contrast
                 fl[sel, :3] = params
             sel = col == OP["Sharpness"]
-            if sel.any():   # the factor and one minus it, in float64 before the cast (torchvision's _blend)
-                f = 1.0 + m[sel]
+            if sel.any():
                 row[sel, 0] = kinds["Sharpness"]
-                fl[sel, 0], fl[sel, 1] = f.astype(np.float32), (1.0 - f).astype(np.float32)
+                fl[sel, 0], fl[sel, 1] = _sharpness_factors(m[sel])
             for name, need in (("AutoContrast", 2), ("Equalize", 4)):
                 sel = col == OP[name]
                 row[sel, 0], row[sel, 3] = kinds[name], need
@@ -372,10 +378,8 @@ class _Policy(Op):
             if len(rows):
                 add("pointwise", rows, *_pointwise_arguments(col[rows], m[rows]))
             rows = np.flatnonzero(col == OP["Sharpness"])
-            if len(rows):   # the factor and one minus it, in float64 before the cast (torchvision's _blend)
-                f = 1.0 + m[rows]
-                add("Sharpness", rows, [f.astype(np.float32).reshape(-1, 1, 1, 1),
-                                        (1.0 - f).astype(np.float32).reshape(-1, 1, 1, 1)])
+            if len(rows):
+                add("Sharpness", rows, [f.reshape(-1, 1, 1, 1) for f in _sharpness_factors(m[rows])])
             for name in ("AutoContrast", "Equalize"):
                 rows = np.flatnonzero(col == OP[name])
                 if len(rows):
