@@ -342,10 +342,12 @@ def augment_cost(args, dev, rounds: int = 20, source: tuple[int, int] = (375, 50
     plain recipe, Normalize fused into the crop's warp) vs the same with RandAugment(2, 9) + RandomErasing(0.25)
     + MixUpCutMix (timm's: the policy and the erasing are stages of their own between the warp and Normalize).
     The difference is what the augmentation adds. ``parts``: each augmentation op alone on the cropped batch
-    (224 x 224 uint8, MixUpCutMix on its float32 NCHW normalized form)."""
+    (224 x 224 uint8, MixUpCutMix on its float32 NCHW normalized form); ``rand_augment_torch_calls``: RandAugment's
+    same draws by torch calls, the path CUDA takes without CuPy (RandAugment's own kernels otherwise)."""
     import numpy as np
     import torch
     from ingest.ops import plan
+    from ingest.ops.augment import on_batches
     ops = ingest_ops(True)
     plain, full, mixer = ops[:2] + ops[4:5], ops[:5], ops[5]
     sizes = [source] * args.batch
@@ -391,12 +393,18 @@ def augment_cost(args, dev, rounds: int = 20, source: tuple[int, int] = (375, 50
     out_sizes = [tuple(cropped.shape[1:3])] * args.batch
     normalized = plan(ops[4:5], out_sizes, 0).execute(cropped)
     policy, erasing = ops[2], ops[3]
+
+    def torch_calls(params):
+        ops, mags = params
+        return on_batches(cropped, lambda x, rows: policy._run_groups(x, ops[rows], mags[rows]))
     drawn = {name: [op.draw(out_sizes, 1000 + k) for k in range(rounds + 3)]
              for name, op in (("policy", policy), ("erasing", erasing), ("mix", mixer))}
     res["parts"] = {
         "rand_augment": timed(lambda k: policy.apply(cropped, drawn["policy"][k % len(drawn["policy"])])),
         "random_erasing": timed(lambda k: erasing.apply(cropped, drawn["erasing"][k % len(drawn["erasing"])])),
-        "mix_images": timed(lambda k: mixer.mix_images(normalized, drawn["mix"][k % len(drawn["mix"])]))}
+        "mix_images": timed(lambda k: mixer.mix_images(normalized, drawn["mix"][k % len(drawn["mix"])])),
+        # the same draws as torch calls (what CUDA runs without CuPy): the policy kernels' gain
+        "rand_augment_torch_calls": timed(lambda k: torch_calls(drawn["policy"][k % len(drawn["policy"])]))}
     return res
 
 

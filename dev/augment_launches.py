@@ -4,10 +4,13 @@ device-to-host synchronization, counted without a GPU: the ops run on "cuda" ten
 ``FakeTensorMode`` (shapes only, no data), under a dispatch mode that counts each call and flags a sync (a
 copy between host and device without ``non_blocking``, ``.item()``, ``nonzero``, a boolean-mask index,
 ``unique``; a value the host needs from the device raises inside the fake mode, and is reported as a sync).
-Then the same ops on CPU tensors with real data, timed (CPU milliseconds per batch).
+The policies (RandAugment, ...) run their own CUDA kernels where CuPy is there: those launches are counted by
+kernel name (``policy_stats``, ``policy_apply``); ``--torch-path`` counts their torch calls instead. Then the
+same ops on CPU tensors with real data, timed (CPU milliseconds per batch: the torch path).
 
     python dev/augment_launches.py                  # batch 256 counts, CPU time on batch 32, a table
     python dev/augment_launches.py --json out.json  # the same as JSON
+    python dev/augment_launches.py --torch-path     # the policies as torch calls
 
 ``tests/test_augment_cost.py`` holds the counts to their bounds with :func:`count`.
 """
@@ -108,22 +111,40 @@ def _fake_uploads():
             setattr(functional, name, value)
 
 
+@contextlib.contextmanager
+def _policy_kernel(fused: bool, launched: Counter):
+    """The policies' own kernels (``ingest.ops._policy_kernel``) taken as available (``fused``) or not, their
+    launches counted by kernel name into ``launched`` instead of run."""
+    from ingest.ops import _policy_kernel as kernel
+    saved = kernel.available, kernel._launch
+    kernel.available = lambda: fused
+    kernel._launch = lambda name, grid, block, args: launched.update(["policy_" + name])
+    try:
+        yield
+    finally:
+        kernel.available, kernel._launch = saved
+
+
 def count(fn: Callable[[torch.Tensor], Any], shape: tuple[int, ...], dtype: torch.dtype = torch.uint8,
-          device: str = "cuda") -> dict[str, Any]:
+          device: str = "cuda", fused: bool = True) -> dict[str, Any]:
     """Run ``fn`` on a batch of ``shape`` on a fake ``device`` and count what it launches (see the module
     docstring): the second call, so constants the ops make once (a base grid, a kernel) are not counted. A
-    value the host reads from the device ends the run: it is reported as a sync."""
+    value the host reads from the device ends the run: it is reported as a sync. ``fused``: the policies run
+    their own kernels (as on CUDA with CuPy; each launch counted by name), else their torch calls."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ingest.ops import functional
     counted = Counted(device)
-    with _fake_uploads(), FakeTensorMode(allow_non_fake_inputs=True):
+    launched: Counter = Counter()
+    with _fake_uploads(), _policy_kernel(fused, launched), FakeTensorMode(allow_non_fake_inputs=True):
         x = torch.empty(shape, dtype=dtype, device=device)
         try:
             with Counted(device):
                 fn(x)
+            launched.clear()
             with counted:
                 fn(x)
+            counted.launches.update(launched)
         except Exception as err:  # noqa: BLE001 - a data-dependent call on a fake tensor: the host waits there
             if "DataDependent" not in type(err).__name__ and "DynamicOutputShape" not in type(err).__name__:
                 raise
@@ -191,6 +212,8 @@ def cases(n: int, size: int = 224) -> dict[str, Callable[[torch.Tensor], Any]]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--torch-path", action="store_true",
+                   help="count the policies' torch calls (CUDA without CuPy) instead of their own kernels")
     p.add_argument("--batch", type=int, default=256, help="batch size of the counts (default 256)")
     p.add_argument("--cpu-batch", type=int, default=32, help="batch size of the CPU timing (default 32)")
     p.add_argument("--json", default=None, help="write the results here too")
@@ -198,7 +221,7 @@ def main(argv=None) -> int:
     report = {}
     timed = cases(a.cpu_batch)
     for name, fn in cases(a.batch).items():
-        counts = count(fn, (a.batch, 224, 224, 3))
+        counts = count(fn, (a.batch, 224, 224, 3), fused=not a.torch_path)
         counts["cpu_ms_batch_%d" % a.cpu_batch] = cpu_ms(timed[name], (a.cpu_batch, 224, 224, 3))
         report[name] = counts
         print(f"{name:52s} launches {counts['launches']:4d}  uploads {counts['uploads']:3d}  "

@@ -24,16 +24,39 @@ probe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(probe)
 
 
-def counts(fn, n: int, h: int = 48, w: int = 40, channels_last: bool = True) -> dict:
-    return probe.count(fn, (n, h, w, 3) if channels_last else (n, 3, h, w))
+def counts(fn, n: int, h: int = 48, w: int = 40, channels_last: bool = True, fused: bool = True) -> dict:
+    return probe.count(fn, (n, h, w, 3) if channels_last else (n, 3, h, w), fused=fused)
 
 
-@pytest.mark.parametrize("op", [RandAugment(2, 9), RandAugment(3, 17, interpolation="bilinear", fill=(1, 2, 3)),
-                                TrivialAugmentWide(), AutoAugment()], ids=lambda op: type(op).__name__)
-def test_policies_do_not_sync_and_upload_once(op):
+POLICIES = [RandAugment(2, 9), RandAugment(3, 17, interpolation="bilinear", fill=(1, 2, 3)), TrivialAugmentWide(),
+            AutoAugment()]
+
+
+@pytest.mark.parametrize("op", POLICIES, ids=lambda op: type(op).__name__)
+def test_policy_rounds_are_their_own_kernels_whatever_was_drawn(op):
+    """On CUDA with CuPy: per round that runs an op, one statistics launch where a sample drew Contrast,
+    AutoContrast or Equalize, and one launch of every sample's op; nothing else reaches the device but the
+    parameters' one upload."""
+    stats = [OP[name] for name in ("Contrast", "AutoContrast", "Equalize")]
+    for name in [name for name in op._space if name != "Identity"]:
+        params = PolicyParams(np.full((16, 2), OP[name]), np.full((16, 2), 0.5))
+        got = counts(lambda x: op.apply(x, params), 16)
+        assert (got["syncs"], got["uploads"]) == (0, 1), got
+        assert got["by_call"] == {"policy_apply": 2, **({"policy_stats": 2} if OP[name] in stats else {})}, name
     for n in (16, 64):
         params = op.draw([(48, 40)] * n, 3)
         got = counts(lambda x: op.apply(x, params), n)
+        rounds = params.ops.shape[1]
+        assert (got["syncs"], got["uploads"]) == (0, 1) and got["launches"] <= 2 * rounds, got["by_call"]
+        assert set(got["by_call"]) <= {"policy_apply", "policy_stats"}, got["by_call"]
+
+
+@pytest.mark.parametrize("op", POLICIES, ids=lambda op: type(op).__name__)
+def test_policies_do_not_sync_and_upload_once(op):
+    """The torch path (CUDA without CuPy)."""
+    for n in (16, 64):
+        params = op.draw([(48, 40)] * n, 3)
+        got = counts(lambda x: op.apply(x, params), n, fused=False)
         assert got["syncs"] == 0, got["sync_sites"]
         assert got["uploads"] == 1
         rounds = params.ops.shape[1]
@@ -45,7 +68,7 @@ def test_policies_do_not_sync_and_upload_once(op):
 
 def test_launches_do_not_grow_with_the_batch():
     op = RandAugment(2, 9)
-    small, large = (counts(lambda x: op.apply(x, params), len(params.ops))["launches"]
+    small, large = (counts(lambda x: op.apply(x, params), len(params.ops), fused=False)["launches"]
                     for params in (op.draw([(48, 40)] * n, 7) for n in (32, 256)))
     assert large <= small + 4   # the same groups, whatever their sizes
 

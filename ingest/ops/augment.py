@@ -8,13 +8,23 @@ whole batch with the primitives of :mod:`ingest.ops.functional`, which equal tor
 **Policies** draw what torchvision's ``transforms.v2`` draws, with its distributions: RandAugment ``num_ops``
 times an op uniformly from its 14 and a sign coin (magnitude fixed by ``magnitude``); TrivialAugmentWide an op,
 a magnitude bin uniformly from ``num_magnitude_bins`` and a sign; AutoAugment one of the 25 sub-policies, then
-each of its two ops with its probability, and a sign. The ops then run in that order per sample, batched: on a
-uint8 RGB batch, round r runs at most five groups, each over the samples that drew one of its ops: the geometry
+each of its two ops with its probability, and a sign. The ops then run in that order per sample, batched,
+one round after the other. The host plans every round from the draws (each sample's op and its numbers: a
+matrix, factors, a mask) and sends the plan to the device in one copy; nothing waits for the device.
+
+A uint8 RGB batch on CUDA, where CuPy is there, runs each round as the policy's own kernels
+(:mod:`ingest.ops._policy_kernel`): one launch for the per-sample statistics the round's ops read (the luma mean
+of Contrast, the channel extremes of AutoContrast, the channel histograms and tables of Equalize), only when a
+sample drew one of those, and one launch that writes every sample's op (geometry as one affine resample,
+nearest or bilinear with the policy's fill; the colour ops; sharpness; autocontrast; equalize; or a copy) into a
+new batch. So a round costs at most two launches, whatever was drawn, and the batch is read and written about
+once per round. Their arithmetic is the torch path's float32 steps in the same order (exact for the colour ops,
+the geometry within a level but for a rare nearest-neighbour tie). Elsewhere (CPU, or CUDA without CuPy) a
+round runs at most five groups of torch calls, each over the samples that drew one of its ops: the geometry
 ops (shear, translate, rotate: one per-sample affine resample), the pointwise ones (brightness, colour,
 contrast, posterize, solarize, invert: one pass), sharpness, autocontrast and equalize (per-sample histograms
-by one ``scatter_add``, the tables applied by one ``gather``). The host plans every round from the draws
-(which samples, their matrices and factors) and sends it to the device in one copy; nothing waits for the
-device. So a batch costs a fixed number of torch calls (about 70 per round at most), whatever its size. Gray
+by one ``scatter_add``, the tables applied by one ``gather``): a fixed number of torch calls (about 70 per round
+at most), whatever the batch size. That path is the readable reference the kernels are tested against. Gray
 and float batches run op by op on the same groups. Unlike torchvision, each *sample* draws its own ops
 (torchvision draws once per call, i.e. per image when it runs per sample in a DataLoader worker: the same
 distribution).
@@ -33,6 +43,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from . import _policy_kernel
 from . import functional as F
 from .affine import Steps, eye
 from .base import Images, Op, Rngs, Size, as_list, per_sample, probability, size_array, sizes_of
@@ -238,6 +249,13 @@ def _pointwise(x: torch.Tensor, sent: Sequence[torch.Tensor], steps: tuple[bool,
     return out
 
 
+def _sharpness_factors(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sharpness's factor ``1 + m`` and one minus it, float32, the latter taken in float64 before the cast
+    (torchvision's ``_blend``)."""
+    f = 1.0 + m
+    return f.astype(np.float32), (1.0 - f).astype(np.float32)
+
+
 def _interpolation(value: Any) -> str:
     if value not in ("nearest", "bilinear"):
         raise ConfigError(f"Unknown interpolation {value!r}. Available: bilinear, nearest")
@@ -269,6 +287,55 @@ class _Policy(Op):
             raise ValueError(f"{type(self).__name__} needs images of 1 or 3 channels, got {x.shape[1]}")
         if x.shape[1] != 3 or x.dtype != torch.uint8:
             return self._run_each(x, ops, mags)
+        if x.is_cuda and x.numel() and _policy_kernel.available():
+            return self._run_fused(x, ops, mags)
+        return self._run_groups(x, ops, mags)
+
+    def _run_fused(self, x: torch.Tensor, ops: np.ndarray, mags: np.ndarray) -> torch.Tensor:
+        """A uint8 RGB batch through the policy kernels (:mod:`ingest.ops._policy_kernel`): per round that runs an
+        op, a statistics launch where some sample needs one, then one launch of every sample's op."""
+        rows = self._kernel_rows(ops, mags, x.shape[-2:])
+        active = (rows[..., 0] != _policy_kernel.KINDS["copy"]).any(axis=1)
+        needs = (rows[..., 3] != 0).any(axis=1)
+        prm = F.upload([rows], x.device)[0]   # every round's parameters: one copy to the device
+        stats = torch.empty((len(x), _policy_kernel.STATS), dtype=torch.int32, device=x.device) \
+            if needs.any() else None
+        fill = None if self.fill is None else F._fill_values(list(self.fill), 3)
+        for r in np.flatnonzero(active).tolist():
+            x = _policy_kernel.run_round(x, prm[r], stats if needs[r] else None, self.interpolation, fill)
+        return x
+
+    def _kernel_rows(self, ops: np.ndarray, mags: np.ndarray, size: Sequence[int]) -> np.ndarray:
+        """The policy kernels' parameters, ``[R, N, ROW]`` int32 (layout in :mod:`ingest.ops._policy_kernel`):
+        the numbers :meth:`_steps` plans for the torch path, per sample."""
+        kinds = _policy_kernel.KINDS
+        rows = np.zeros((ops.shape[1], len(ops), _policy_kernel.ROW), dtype=np.int32)
+        floats = rows[..., 4:].view(np.float32)
+        for r in range(ops.shape[1]):
+            col, m, row, fl = ops[:, r], mags[:, r], rows[r], floats[r]
+            sel = np.isin(col, _GEOMETRY)
+            if sel.any():
+                theta = _policy_theta(col[sel], m[sel], *size)
+                row[sel, 0] = kinds["warp"]
+                fl[sel, :6] = F.warp_arguments(theta, size, None, torch.float32)[0].reshape(-1, 6)
+            sel = np.isin(col, _POINTWISE)
+            if sel.any():
+                (params, contrast, mask), _ = _pointwise_arguments(col[sel], m[sel])
+                row[sel, 0] = kinds["pointwise"]
+                row[sel, 1] = np.where(contrast, 2, np.where(col[sel] == OP["Color"], 1, 0))
+                row[sel, 2], row[sel, 3] = mask, contrast
+                fl[sel, :3] = params
+            sel = col == OP["Sharpness"]
+            if sel.any():
+                row[sel, 0] = kinds["Sharpness"]
+                fl[sel, 0], fl[sel, 1] = _sharpness_factors(m[sel])
+            for name, need in (("AutoContrast", 2), ("Equalize", 4)):
+                sel = col == OP[name]
+                row[sel, 0], row[sel, 3] = kinds[name], need
+        return rows
+
+    def _run_groups(self, x: torch.Tensor, ops: np.ndarray, mags: np.ndarray) -> torch.Tensor:
+        """A uint8 RGB batch by torch calls: per round, each group of :meth:`_steps` on its samples."""
         steps, arrays = self._steps(ops, mags, x.shape[-2:])
         sent = iter(F.upload(arrays, x.device))   # every parameter of every round: one copy to the device
         batch = _Rows(x)
@@ -311,10 +378,8 @@ class _Policy(Op):
             if len(rows):
                 add("pointwise", rows, *_pointwise_arguments(col[rows], m[rows]))
             rows = np.flatnonzero(col == OP["Sharpness"])
-            if len(rows):   # the factor and one minus it, in float64 before the cast (torchvision's _blend)
-                f = 1.0 + m[rows]
-                add("Sharpness", rows, [f.astype(np.float32).reshape(-1, 1, 1, 1),
-                                        (1.0 - f).astype(np.float32).reshape(-1, 1, 1, 1)])
+            if len(rows):
+                add("Sharpness", rows, [f.reshape(-1, 1, 1, 1) for f in _sharpness_factors(m[rows])])
             for name in ("AutoContrast", "Equalize"):
                 rows = np.flatnonzero(col == OP[name])
                 if len(rows):
