@@ -61,23 +61,27 @@ static int det_table(Engine *e, Job *j, int64_t k) {
     return 0;
 }
 
+/* x rounded to float32 (through memory: the compiler may not keep the double in a register past the rounding). */
+static double det_f32(double x) {
+    volatile float f = (float)x;
+    return f;
+}
+
 /* One box of a record, its normalized coordinates c (float32 values) in pixels of the record's size (w, h), as
  * TFRecordSource gives it (`tfrecord._od_boxes`: float64 products rounded to float32, then `boxes.convert` to the
  * asked format in float64, rounded to float32) and the pipeline takes it back to ltrb (`ops.boxes.to_ltrb`). */
 static void det_record_box(int format, const double *c, double w, double h, double *to) {
-    float q[4] = {(float)(c[0] * w), (float)(c[1] * h), (float)(c[2] * w), (float)(c[3] * h)};
-    double b[4] = {q[0], q[1], q[2], q[3]};
+    double b[4] = {det_f32(c[0] * w), det_f32(c[1] * h), det_f32(c[2] * w), det_f32(c[3] * h)};
     if (format == DET_XYWH) {
-        float bw = (float)(b[2] - b[0]), bh = (float)(b[3] - b[1]);
-        b[2] = (double)bw + b[0];
-        b[3] = (double)bh + b[1];
+        b[2] = det_f32(b[2] - b[0]) + b[0];
+        b[3] = det_f32(b[3] - b[1]) + b[1];
     } else if (format == DET_CXCYWH) {
         double bw = b[2] - b[0], bh = b[3] - b[1];
-        float cx = (float)(b[0] + bw / 2), cy = (float)(b[1] + bh / 2), fw = (float)bw, fh = (float)bh;
-        b[0] = (double)cx - (double)fw / 2;
-        b[1] = (double)cy - (double)fh / 2;
-        b[2] = (double)fw + b[0];
-        b[3] = (double)fh + b[1];
+        double cx = det_f32(b[0] + bw / 2), cy = det_f32(b[1] + bh / 2), fw = det_f32(bw), fh = det_f32(bh);
+        b[0] = cx - fw / 2;
+        b[1] = cy - fh / 2;
+        b[2] = fw + b[0];
+        b[3] = fh + b[1];
     }
     memcpy(to, b, sizeof b);
 }
