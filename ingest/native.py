@@ -14,9 +14,9 @@ Rules:
 
 - **Eligible** (`why_not` returns None): a CUDA device with decode "mixed" (any decode for raw pixels), no worker
   processes, a source with ``native_table()`` (file trees, RecordIO, uncompressed TFRecord of an image and an
-  optional int label, or of the Object Detection API layout, LMDB of ours, encoded Caffe Datums or images, indexed WebDataset tars of an image and an
-  optional label, raw shards of uint8 RGB pixels; where a source's settings or data rule a table out,
-  ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
+  optional int label, or of the Object Detection API layout, LMDB of ours, encoded Caffe Datums or images, indexed
+  WebDataset tars of an image and an optional label, raw shards of uint8 RGB pixels; where a source's settings or
+  data rule a table out, ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
   (``output="tuple"``, or a source with only an image, a label and, in a TFRecord or WebDataset table, one ``mask``
   field, or the detection fields below), images that are not mostly JPEG 2000 or TIFF
   (`mostly_other_codecs`: the engine's GPU path takes JPEGs, and the Python stages decode those two on the GPU

@@ -93,7 +93,8 @@ enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, F
 enum { ST_OK = 0, ST_FAILED = 1, ST_FALLBACK = 2 };
 enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3 };
 /* why a sample falls back */
-enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5, WHY_MASK = 6 };
+enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5, WHY_MASK = 6,
+       WHY_BOXES = 7 /* a record with more boxes than the slots hold (engine_det.h) */ };
 /* a TFRecord record's CRC check (read team): j->crc[k] */
 enum { TF_OK = 0, TF_LENGTH_CRC = 1, TF_DATA_CRC = 2, TF_FRAMING = 3 };
 enum { R_BATCH = 0, R_EPOCH = 1 };

@@ -38,7 +38,6 @@
  * for a row Python fills: a fallback). */
 
 enum { DET_XYXY = 0, DET_XYWH = 1, DET_CXCYWH = 2 };
-enum { WHY_BOXES = 7 };   /* (after engine.c's WHY_ codes) more boxes than the slots hold per sample */
 #define DET_RKEYS 6       /* a record's box keys: xmin, ymin, xmax, ymax (float lists), height, width (int64s) */
 
 static int alive(Engine *e);
