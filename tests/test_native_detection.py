@@ -1,8 +1,10 @@
 """Detection on the native engine, the parts that need no GPU: which COCO loaders `native.chain_for` takes (the
 bench's chain, per image and padded per batch) and what it refuses, naming why; the output ring's bound; the COCO
 table (samples the engine must leave to the Python reader marked) and its boxes as absolute ltrb, equal to what
-the Python read stage converts; the engine's `set_detection` checks. The batches themselves are compared with the
-Python stages in tests/test_native_emulated.py (stand-in driver) and tests/test_native_gpu.py (CUDA)."""
+the Python read stage converts; the engine's `set_detection` checks; the keys an Object Detection API TFRecord
+source gives the engine (which scans each record's boxes) and what such a source it refuses. The batches themselves
+are compared with the Python stages in tests/test_native_emulated.py (stand-in driver) and tests/test_native_gpu.py
+(CUDA)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ the Python stages, a TFRecord record whose CRC fails dropped, and a DeepLab set'
 from WebDataset mask members: decoded natively, warped by the mask kernel launch) equal to the Python stages' exactly; and raw tensor shards (kind "pixels": read,
 uploaded in one copy per batch and warped with no decode) equal to the kernel over the Python planner's warp of the
 same pixels exactly, with the Python stages' rows and labels, a sample whose CRC32C differs dropped and shards the
-engine cannot take refused. Runs in a child process (the stand-in driver is loaded once per process)."""
+engine cannot take refused; and detection batches (a COCO set, the same samples as Object Detection API TFRecord
+records whose boxes the engine scans from each record, those records it leaves to Python) equal to the Python
+stages' fields exactly. Runs in a child process (the stand-in driver is loaded once per process)."""
 
 from __future__ import annotations
 
