@@ -835,11 +835,11 @@ def coco_source(root: Path):
 TF_BOX_FORMATS = {"iou-flip-resize-pad": "cxcywh", "iou-flip-resize-padbatch": "xyxy", "resize-crop-pad": "xywh"}
 
 
-def od_tfrecord(root: Path, box_format: str, damaged: tuple[int, ...] = ()):
+def od_tfrecord(root: Path, box_format: str, damaged: tuple[int, ...] = (), key: str = "image/object/bbox/xmin"):
     """`coco_source`'s samples as TFRecord records of the Object Detection API layout (normalized boxes, the image's
     height and width, categories, iscrowd, area, a decimal source id; image 9 the PNG), read back with boxes as
-    ``box_format``; the records ``damaged`` hold one xmin fewer than their other coordinate lists. Returns the
-    source and the byte size of image 5, which the stand-in decoder refuses."""
+    ``box_format``; the records ``damaged`` hold one value fewer in list ``key`` (default: one xmin fewer than their
+    other coordinate lists). Returns the source and the byte size of image 5, which the stand-in decoder refuses."""
     from ingest.formats import _protos
     from ingest.formats.tfrecord import TFRecordSource, TFRecordWriter, frame, iter_stream, write_index
     coco, refused = coco_source(root)
@@ -853,7 +853,8 @@ def od_tfrecord(root: Path, box_format: str, damaged: tuple[int, ...] = ()):
         for k, (_, data) in enumerate(iter_stream(str(path))):
             if k in damaged:
                 example = _protos.Example.FromString(data)
-                example.features.feature["image/object/bbox/xmin"].float_list.value.pop()
+                feature = example.features.feature[key]
+                getattr(feature, feature.WhichOneof("kind")).value.pop()
                 data = example.SerializeToString(deterministic=True)
             records.append(frame(data))
         path.write_bytes(b"".join(records))
@@ -956,7 +957,8 @@ def child_detection_fallback(lib_path: str, root: str, chain_name: str) -> None:
     epoch with the fields, against the Python stages: record 3, whose xmin list is one shorter than its other
     coordinate lists, falls back and is dropped by the reader's error naming it and the key (a budget of one
     failure); with the slots holding 3 boxes per sample, the records of 4 boxes (2, 6 and 10) fall back ("boxes")
-    and come out as the Python stages give them."""
+    and come out as the Python stages give them. A record whose categories are fewer than its boxes falls back too,
+    and the Python stages' error names the field."""
     from ingest.engine import Failures, Pipeline, native_boxes
     from ingest.sampler import Sampler
 
@@ -989,6 +991,22 @@ def child_detection_fallback(lib_path: str, root: str, chain_name: str) -> None:
         for name, value in python.fields.items():
             assert fields[name].dtype == value.dtype and torch.equal(fields[name], value), (plan.number, name)
     assert [len(idx) for idx, *_ in got] == [3, 4, 4] and 3 not in got[0][0].tolist()
+    # record 2's categories one shorter than its boxes: it falls back, and the Python stages' error is raised
+    (Path(root) / "short").mkdir()
+    native_boxes.RECORD_BOXES = 256
+    src, _ = od_tfrecord(Path(root) / "short", "xyxy", damaged=(2,), key="image/object/class/label")
+    chain, why = native.chain_for(src, ops)
+    ex = native.NativeExecutor(Pipeline(src, ops=ops, device="cpu"), chain, sampler, epoch=0, start=0, offset=0,
+                               failures=Failures(0, sampler.samples()), budget=lambda: Failures(0, sampler.samples()),
+                               prefetch=1, gpu=gpu, with_fields=True)
+    try:
+        next(ex)
+        raise AssertionError("record 2's short categories were not refused")
+    except ValueError as err:
+        assert "`categories` has 3 entries for 4 boxes" in str(err) and ex.fallbacks == {"record": 1}, \
+            (err, ex.fallbacks)
+    finally:
+        ex.close()
     print(f"fallback batches compared: {len(got)}")
 
 
