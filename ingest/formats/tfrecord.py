@@ -41,7 +41,8 @@ which, with ``relative = False``, so the pipeline's box-aware ops move them; `in
 ``image/object/class/label``, ``iscrowd`` from ``image/object/is_crowd``, ``area`` from ``image/object/area``
 where present, and ``image_id`` from ``image/source_id`` when that holds a decimal id (the OD API's COCO
 converter writes it so; other writers put a file name there, which is then not read). Name the raw keys in
-a spec to read them as they are. `TFRecordWriter` writes this layout for a sample with a ``boxes`` field.
+a spec to read them as they are. `TFRecordWriter` writes this layout for a sample with a ``boxes`` field. The
+native engine reads it too: `native_boxes` gives it the keys, and it scans each record's boxes as read here.
 
 ``tf.train.SequenceExample`` files: their context features are read with ``sequence=True`` (the feature
 lists are not read); without it, such a file raises `SourceError` saying so.
