@@ -14,11 +14,11 @@ Rules:
 
 - **Eligible** (`why_not` returns None): a CUDA device with decode "mixed" (any decode for raw pixels), no worker
   processes, a source with ``native_table()`` (file trees, RecordIO, uncompressed TFRecord of an image and an
-  optional int label, LMDB of ours, encoded Caffe Datums or images, indexed WebDataset tars of an image and an
-  optional label, raw shards of uint8 RGB pixels; where a source's settings or data rule a table out,
-  ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
+  optional int label, or of the Object Detection API layout, LMDB of ours, encoded Caffe Datums or images, indexed
+  WebDataset tars of an image and an optional label, raw shards of uint8 RGB pixels; where a source's settings or
+  data rule a table out, ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
   (``output="tuple"``, or a source with only an image, a label and, in a TFRecord or WebDataset table, one ``mask``
-  field), images that are not mostly JPEG 2000 or TIFF
+  field, or the detection fields below), images that are not mostly JPEG 2000 or TIFF
   (`mostly_other_codecs`: the engine's GPU path takes JPEGs, and the Python stages decode those two on the GPU
   too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
   shape, fixed by that shape: `one_shape`), nvImageCodec's native binding (not for raw pixels) and
@@ -57,12 +57,19 @@ Rules:
   tensor, handed out as the batch's field under its name; a mask the engine leaves to Python (fallback "mask")
   has its row filled, or its sample failed, by the Python pipeline as above; a 16-bit one there is a
   `DecodeError` (the slot's masks are uint8).
-- **Detection**: a source with ``native_boxes()`` (COCO) and a bounded detection chain (`ingest.engine.native_boxes`)
-  hands the engine its boxes and fields once; each batch comes with every sample at its own output size (a list
-  of views of the slot's rows, or one tensor with a batch-wide PadTo) and its targets padded as the Python engine
-  collates them (boxes in the asked format, per-box fields, ``<field>_lengths`` and ``image_sizes`` on the host,
-  the rest on the device), views of the slot's buffers, the slot given back once all are dropped. A batch with
-  fallback rows gets them, boxes and fields included, from the Python pipeline, merged into new tensors.
+- **Detection**: a source with ``native_boxes()`` and a bounded detection chain (`ingest.engine.native_boxes`)
+  tells the engine once where its boxes are: COCO hands over its boxes and fields as arrays; a TFRecord source of
+  the Object Detection API layout hands over the keys, and the engine scans each record's coordinate lists, size,
+  per-box lists and per-sample ints out of the record it has just read (example_scan.h), in pixels as the reader
+  makes them (the record's ``image/height`` and ``image/width``, the same float arithmetic). A record the scan does
+  not take (a missing key, lists whose lengths differ from its boxes', a size that is not positive, an id that is
+  not a decimal int64, anything but the canonical encoding) falls back ("record": the Python reader reads it or
+  names its problem), as does one with more boxes than the slots hold per sample ("boxes",
+  `engine.native_boxes.RECORD_BOXES`). Each batch comes with every sample at its own output size (a list of views
+  of the slot's rows, or one tensor with a batch-wide PadTo) and its targets padded as the Python engine collates
+  them (boxes in the asked format, per-box fields, ``<field>_lengths`` and ``image_sizes`` on the host, the rest on
+  the device), views of the slot's buffers, the slot given back once all are dropped. A batch with fallback rows
+  gets them, boxes and fields included, from the Python pipeline, merged into new tensors.
 - **Epochs**: the engine runs on into the next epoch, as the Python executor does; each epoch's indices and batch
   bounds are made once from the sampler's plans and handed over as arrays, one epoch ahead.
 """
@@ -101,7 +108,7 @@ except ImportError:   # built where a C compiler was found (setup.py)
 
 ENGINES = ("auto", "python", "native")
 #: Why a sample fell back to the Python path, by the engine's code (`stats()["native"]["fallbacks"]`).
-FALLBACK_REASONS = {1: "not a GPU JPEG", 2: "oriented", 3: "record", 4: "decoder", 5: "plan", 6: "mask"}
+FALLBACK_REASONS = {1: "not a GPU JPEG", 2: "oriented", 3: "record", 4: "decoder", 5: "plan", 6: "mask", 7: "boxes"}
 _KINDS = {"whole": 0, "recordio": 1, "tfrecord": 2, "caffe_datum": 3, "framed": 4, "pixels": 5}
 _TABLES = "file trees, RecordIO, TFRecord, LMDB, WebDataset and raw shards do"
 _DTYPES = {torch.uint8: 0, torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}

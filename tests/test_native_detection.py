@@ -1,8 +1,10 @@
 """Detection on the native engine, the parts that need no GPU: which COCO loaders `native.chain_for` takes (the
 bench's chain, per image and padded per batch) and what it refuses, naming why; the output ring's bound; the COCO
 table (samples the engine must leave to the Python reader marked) and its boxes as absolute ltrb, equal to what
-the Python read stage converts; the engine's `set_detection` checks. The batches themselves are compared with the
-Python stages in tests/test_native_emulated.py (stand-in driver) and tests/test_native_gpu.py (CUDA)."""
+the Python read stage converts; the engine's `set_detection` checks; the keys an Object Detection API TFRecord
+source gives the engine (which scans each record's boxes) and what such a source it refuses. The batches themselves
+are compared with the Python stages in tests/test_native_emulated.py (stand-in driver) and tests/test_native_gpu.py
+(CUDA)."""
 
 from __future__ import annotations
 
@@ -155,3 +157,85 @@ def test_a_batch_whose_fallback_rows_all_failed_keeps_the_engines_rows(coco, bat
     assert got["boxes"].tolist() == [[[1, 2, 3, 4]], [[0, 0, 0, 0]]]
     shown = got_images if batchwide else torch.stack(got_images)
     assert torch.equal(shown, images[[0, 2]])
+
+
+# -- TFRecord records of the Object Detection API layout: the engine scans each record's boxes ------------------------
+
+OD_SPEC = {"image": "image/encoded", "boxes": ("image/object/bbox", "array"), "categories": "image/object/class/label"}
+
+
+@pytest.fixture
+def od_path(tmp_path):
+    from test_native_emulated import od_tfrecord
+    src, _ = od_tfrecord(tmp_path, "xyxy")
+    return src.shards[0]
+
+
+def test_object_detection_records_give_the_engine_their_keys(od_path):
+    from ingest.engine.native_boxes import RECORD_BOXES
+    from ingest.formats.tfrecord import TFRecordSource
+    src = TFRecordSource(od_path, box_format="xywh")
+    chain, why = native.chain_for(src, BENCH)
+    assert why is None and chain.table.kind == "tfrecord"
+    assert chain.table.keys == (b"image/encoded", b"image/class/label")
+    det = chain.detection
+    assert det.boxes is None and det.starts is None and det.most == RECORD_BOXES and det.box_format == "xywh"
+    keys, codes = det.record
+    assert keys == [f"image/object/bbox/{k}".encode() for k in ("xmin", "ymin", "xmax", "ymax")] + [
+        b"image/height", b"image/width", b"image/object/class/label", b"image/object/is_crowd", b"image/object/area",
+        b"image/source_id"]
+    assert codes == b"FFFFiiIIFb"   # image/source_id: a decimal id in one bytes value
+    assert det.order == ("boxes", "boxes_lengths", "categories", "categories_lengths", "iscrowd", "iscrowd_lengths",
+                         "area", "area_lengths", "image_id", "image_sizes")
+    assert [(name, pad) for name, _, _, pad in det.per_box] == [("categories", -1), ("iscrowd", -1), ("area", 0.0)]
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"format": ("image/format", "bytes")}, "'format' (bytes)"),
+    ({"difficult": ("image/object/is_crowd", "ints")}, "'difficult' is a list the Python stages do not prune"),
+])
+def test_object_detection_records_it_refuses_are_named(od_path, extra, says):
+    from ingest.formats.tfrecord import TFRecordSource
+    src = TFRecordSource(od_path, features={**OD_SPEC, **extra})
+    chain, why = native.chain_for(src, BENCH)
+    assert chain is None and says in why, why
+
+
+def test_compressed_object_detection_records_are_refused(od_path, tmp_path):
+    import gzip
+    from ingest.formats.tfrecord import TFRecordSource
+    with open(od_path, "rb") as f:
+        (tmp_path / "od.tfrecord.gz").write_bytes(gzip.compress(f.read()))
+    chain, why = native.chain_for(TFRecordSource(str(tmp_path / "od.tfrecord.gz")), BENCH)
+    assert chain is None and "streamed" in why, why
+
+
+@pytest.mark.skipif(native.ENGINE is None, reason="ingest._engine was not built")
+def test_set_detection_checks_a_records_keys(od_path, coco):
+    from ingest.engine.native_boxes import engine_arguments
+    from ingest.formats.tfrecord import TFRecordSource
+    chain, _ = native.chain_for(TFRecordSource(od_path), BENCH)
+    t = chain.table
+    engine = native.ENGINE.Engine(list(t.paths), t.files, t.offsets, t.sizes, t.labels, 2, chain.desc, 0, 4, 2, 1,
+                                  1 << 26, True, None, 0, None, list(t.keys), True)
+    try:
+        args = list(engine_arguments(chain.detection, 3))
+        keys, codes = args[9]
+        with pytest.raises(ValueError, match="'FFFFii'"):
+            engine.set_detection(*args[:9], (keys, codes.replace(b"IIF", b"IFF")), args[10])
+        with pytest.raises(ValueError, match="'FFFFii'"):
+            engine.set_detection(*args[:9], (keys[:-1], codes), args[10])
+        with pytest.raises(ValueError, match="most >= 1"):
+            engine.set_detection(*args[:9], args[9], 0)
+        engine.set_detection(*args)
+    finally:
+        engine.close()
+    coco_chain, _ = native.chain_for(CocoSource(coco, images=coco.parent.parent / "img", cache=False), BENCH)
+    c = coco_chain.table
+    engine = native.ENGINE.Engine(list(c.paths), c.files, c.offsets, c.sizes, c.labels, 0, coco_chain.desc, 0, 4, 2,
+                                  1, 1 << 26, True, None)
+    try:   # (records are a TFRecord table's)
+        with pytest.raises(ValueError, match="records from a TFRecord table"):
+            engine.set_detection(*args)
+    finally:
+        engine.close()

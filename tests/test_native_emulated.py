@@ -11,7 +11,9 @@ the Python stages, a TFRecord record whose CRC fails dropped, and a DeepLab set'
 from WebDataset mask members: decoded natively, warped by the mask kernel launch) equal to the Python stages' exactly; and raw tensor shards (kind "pixels": read,
 uploaded in one copy per batch and warped with no decode) equal to the kernel over the Python planner's warp of the
 same pixels exactly, with the Python stages' rows and labels, a sample whose CRC32C differs dropped and shards the
-engine cannot take refused. Runs in a child process (the stand-in driver is loaded once per process)."""
+engine cannot take refused; and detection batches (a COCO set, the same samples as Object Detection API TFRecord
+records whose boxes the engine scans from each record, those records it leaves to Python) equal to the Python
+stages' fields exactly. Runs in a child process (the stand-in driver is loaded once per process)."""
 
 from __future__ import annotations
 
@@ -395,16 +397,23 @@ def pixel_kernel_reference(fake, work, ops) -> torch.Tensor:
     return kernel_reference(fake, work, ops, ims)
 
 
+@pytest.mark.parametrize("fmt", ["coco", "tfrecord"])
 @pytest.mark.parametrize("chain", ["iou-flip-resize-pad", "iou-flip-resize-padbatch", "resize-crop-pad"])
-def test_detection_on_a_stand_in_driver_equals_the_python_stages(tmp_path, stand_in, chain):
-    done = _child(stand_in, str(tmp_path), chain, "detection")
+def test_detection_on_a_stand_in_driver_equals_the_python_stages(tmp_path, stand_in, chain, fmt):
+    done = _child(stand_in, str(tmp_path), chain, f"detection-{fmt}")
     assert "detection batches compared: 6" in done.stdout, done.stdout
 
 
+@pytest.mark.parametrize("fmt", ["coco", "tfrecord"])
 @pytest.mark.parametrize("chain", ["iou-flip-resize-pad", "iou-flip-resize-padbatch"])
-def test_a_detection_loader_on_a_stand_in_driver_hands_out_the_python_engines_dicts(tmp_path, stand_in, chain):
-    done = _child(stand_in, str(tmp_path), chain, "detection-loader")
+def test_a_detection_loader_on_a_stand_in_driver_hands_out_the_python_engines_dicts(tmp_path, stand_in, chain, fmt):
+    done = _child(stand_in, str(tmp_path), chain, f"detection-loader-{fmt}")
     assert "loader batches compared: 6" in done.stdout, done.stdout
+
+
+def test_tfrecord_detection_records_the_engine_does_not_take_fall_back(tmp_path, stand_in):
+    done = _child(stand_in, str(tmp_path), "iou-flip-resize-pad", "detection-tfrecord-fallback")
+    assert "fallback batches compared: 3" in done.stdout, done.stdout
 
 
 def deeplab_samples(count: int = 12) -> list[tuple[bytes, int, bytes]]:
@@ -822,6 +831,42 @@ def coco_source(root: Path):
     return src, os.path.getsize(root / "img" / "000006.jpg")
 
 
+#: The box format each chain's TFRecord source is read in (the engine converts a record's boxes as the reader does).
+TF_BOX_FORMATS = {"iou-flip-resize-pad": "cxcywh", "iou-flip-resize-padbatch": "xyxy", "resize-crop-pad": "xywh"}
+
+
+def od_tfrecord(root: Path, box_format: str, damaged: tuple[int, ...] = (), key: str = "image/object/bbox/xmin"):
+    """`coco_source`'s samples as TFRecord records of the Object Detection API layout (normalized boxes, the image's
+    height and width, categories, iscrowd, area, a decimal source id; image 9 the PNG), read back with boxes as
+    ``box_format``; the records ``damaged`` hold one value fewer in list ``key`` (default: one xmin fewer than their
+    other coordinate lists). Returns the source and the byte size of image 5, which the stand-in decoder refuses."""
+    from ingest.formats import _protos
+    from ingest.formats.tfrecord import TFRecordSource, TFRecordWriter, frame, iter_stream, write_index
+    coco, refused = coco_source(root)
+    writer = TFRecordWriter(root, "od", coco.fields, box_format="cxcywh")
+    for i in range(len(coco)):
+        writer.add(coco.parse(i, read_location(coco.locate(i))))
+    writer.close()
+    path = root / "od.tfrecord"
+    if damaged:
+        records = []
+        for k, (_, data) in enumerate(iter_stream(str(path))):
+            if k in damaged:
+                example = _protos.Example.FromString(data)
+                feature = example.features.feature[key]
+                getattr(feature, feature.WhichOneof("kind")).value.pop()
+                data = example.SerializeToString(deterministic=True)
+            records.append(frame(data))
+        path.write_bytes(b"".join(records))
+        write_index(str(path))
+    return TFRecordSource(str(path), box_format=box_format), refused
+
+
+def detection_source(root: Path, fmt: str, chain_name: str):
+    """The detection set of ``fmt`` ("coco" or "tfrecord", the same samples) and the refused image's byte size."""
+    return coco_source(root) if fmt == "coco" else od_tfrecord(root, TF_BOX_FORMATS[chain_name])
+
+
 def kernel_parts(fake, work, ops) -> list[torch.Tensor]:
     """`kernel_reference` per sample, HWC at each sample's own size."""
     from ingest.ops import _warp_kernel
@@ -837,16 +882,18 @@ def kernel_parts(fake, work, ops) -> list[torch.Tensor]:
     return list(parts.unbind(0)) if isinstance(parts, torch.Tensor) else parts
 
 
-def child_detection(lib_path: str, root: str, chain_name: str) -> None:
-    """The NativeExecutor over the stand-ins on a COCO set with its batches' fields, two epochs, against the Python
-    stages: the same rows, boxes, categories, iscrowd, area, image ids, counts and image sizes exactly (the PNG's
-    and the refused image's rows filled by Python), images as the kernel over the stand-in's patterns; what the loop
-    keeps of a batch (all of it, or one image's view and one count) is never written again."""
+def child_detection(lib_path: str, root: str, chain_name: str, fmt: str = "coco") -> None:
+    """The NativeExecutor over the stand-ins on a COCO set (or the same samples as Object Detection API TFRecord
+    records, whose boxes the engine scans out of each record) with its batches' fields, two epochs, against the
+    Python stages: the same rows, boxes, categories, iscrowd, area, image ids, counts and image sizes exactly (the
+    PNG's and the refused image's rows filled by Python), images as the kernel over the stand-in's patterns; what
+    the loop keeps of a batch (all of it, or one image's view and one count) is never written again."""
     from ingest.engine import Failures, Pipeline
     from ingest.sampler import Sampler
 
     ops = detection_chains()[chain_name]
-    src, refused = coco_source(Path(root))
+    src, refused = detection_source(Path(root), fmt, chain_name)
+    given = np.array([len(src.parse(i, read_location(src.locate(i))).fields["boxes"]) for i in range(len(src))])
     fake, gpu, _ = stand_in_gpu(lib_path, src, True, refused=refused)
     chain, why = native.chain_for(src, ops)
     assert chain is not None and chain.detection is not None, why
@@ -891,8 +938,7 @@ def child_detection(lib_path: str, root: str, chain_name: str) -> None:
             for name, value in python.fields.items():
                 assert fields[name].dtype == value.dtype and torch.equal(fields[name], value), \
                     (epoch, plan.number, name, fields[name], value)
-            pruned += int(((fields["boxes_lengths"] == 0) & torch.from_numpy(
-                np.diff(src._start)[idx.numpy()] > 0)).sum())
+            pruned += int(((fields["boxes_lengths"] == 0) & torch.from_numpy(given[idx.numpy()] > 0)).sum())
             python_images = list(python.images.unbind(0)) if batchwide else python.images
             ours = list(x.unbind(0)) if batchwide else x
             assert [tuple(t.shape) for t in ours] == [tuple(t.shape) for t in python_images]
@@ -906,14 +952,72 @@ def child_detection(lib_path: str, root: str, chain_name: str) -> None:
     print(f"detection batches compared: {compared}")
 
 
-def child_detection_loader(lib_path: str, root: str, chain_name: str) -> None:
+def child_detection_fallback(lib_path: str, root: str, chain_name: str) -> None:
+    """The NativeExecutor over the stand-ins on Object Detection API records that the engine leaves to Python, one
+    epoch with the fields, against the Python stages: record 3, whose xmin list is one shorter than its other
+    coordinate lists, falls back and is dropped by the reader's error naming it and the key (a budget of one
+    failure); with the slots holding 3 boxes per sample, the records of 4 boxes (2, 6 and 10) fall back ("boxes")
+    and come out as the Python stages give them. A record whose categories are fewer than its boxes falls back too,
+    and the Python stages' error names the field."""
+    from ingest.engine import Failures, Pipeline, native_boxes
+    from ingest.sampler import Sampler
+
+    native_boxes.RECORD_BOXES = 3
+    ops = detection_chains()[chain_name]
+    src, refused = od_tfrecord(Path(root), "xyxy", damaged=(3,))
+    _, gpu, _ = stand_in_gpu(lib_path, src, True, refused=refused)
+    chain, why = native.chain_for(src, ops)
+    assert chain is not None and chain.detection.most == 3, why
+    sampler = Sampler(len(src), 4, shuffle=False, seed=5)
+    failures = Failures(1, sampler.samples())
+    ex = native.NativeExecutor(Pipeline(src, ops=ops, device="cpu"), chain, sampler, epoch=0, start=0, offset=0,
+                               failures=failures, budget=lambda: Failures(1, sampler.samples()), prefetch=1, gpu=gpu,
+                               with_fields=True)
+    got = [(b.indices.clone(), b.labels.clone(), [tuple(im.shape) for im in b.images],
+            {k: v.clone() for k, v in b.fields.items()}) for b in ex]
+    stats = ex.stats()
+    ex.close()
+    assert stats["fallbacks"] == {"boxes": 3, "record": 1, "not a GPU JPEG": 1, "decoder": 1}, stats
+    [(name, stage, reason)] = failures.items
+    assert name == src.name(3) and "image/object/bbox" in reason and "different lengths" in reason, failures.items
+    reference = Pipeline(src, ops=ops, device="cpu")
+    reference.deliver(None, with_fields=True)
+    reference.start_epoch(Failures(1, sampler.samples()))
+    for (idx, y, shapes, fields), plan in zip(got, sampler.batches(0)):
+        python = reference.run(plan)
+        assert torch.equal(idx, python.indices) and torch.equal(y, python.labels)
+        assert shapes == [tuple(im.shape) for im in python.images]
+        assert list(fields) == list(python.fields)
+        for name, value in python.fields.items():
+            assert fields[name].dtype == value.dtype and torch.equal(fields[name], value), (plan.number, name)
+    assert [len(idx) for idx, *_ in got] == [3, 4, 4] and 3 not in got[0][0].tolist()
+    # record 2's categories one shorter than its boxes: it falls back, and the Python stages' error is raised
+    (Path(root) / "short").mkdir()
+    native_boxes.RECORD_BOXES = 256
+    src, _ = od_tfrecord(Path(root) / "short", "xyxy", damaged=(2,), key="image/object/class/label")
+    chain, why = native.chain_for(src, ops)
+    ex = native.NativeExecutor(Pipeline(src, ops=ops, device="cpu"), chain, sampler, epoch=0, start=0, offset=0,
+                               failures=Failures(0, sampler.samples()), budget=lambda: Failures(0, sampler.samples()),
+                               prefetch=1, gpu=gpu, with_fields=True)
+    try:
+        next(ex)
+        raise AssertionError("record 2's short categories were not refused")
+    except ValueError as err:
+        assert "`categories` has 3 entries for 4 boxes" in str(err) and ex.fallbacks == {"record": 1}, \
+            (err, ex.fallbacks)
+    finally:
+        ex.close()
+    print(f"fallback batches compared: {len(got)}")
+
+
+def child_detection_loader(lib_path: str, root: str, chain_name: str, fmt: str = "coco") -> None:
     """A Loader (output="dict", ragged as the chain needs) whose native engine runs on the stand-ins, against the
     same Loader on the Python engine: the same keys in the same order, fields equal, images of the same shapes."""
     import ingest
     from ingest import defaults
 
     ops = detection_chains()[chain_name]
-    src, refused = coco_source(Path(root))
+    src, refused = detection_source(Path(root), fmt, chain_name)
     _, gpu, _ = stand_in_gpu(lib_path, src, True, refused=refused)
     chain, why = native.chain_for(src, ops)
     assert chain is not None, why
@@ -955,10 +1059,12 @@ if __name__ == "__main__":
         cases = RAW_CASES if sys.argv[3] == "rrc-flip-normalize" else ["fixed"]
         for name in cases:
             child_raw(sys.argv[1], os.path.join(sys.argv[2], name), sys.argv[3], name)
-    elif sys.argv[4] == "detection":
-        child_detection(sys.argv[1], sys.argv[2], sys.argv[3])
-    elif sys.argv[4] == "detection-loader":
-        child_detection_loader(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4] == "detection-tfrecord-fallback":
+        child_detection_fallback(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4].startswith("detection-loader-"):
+        child_detection_loader(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].rsplit("-", 1)[1])
+    elif sys.argv[4].startswith("detection-"):
+        child_detection(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].rsplit("-", 1)[1])
     elif sys.argv[4] == "crc":
         child_crc(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "records":

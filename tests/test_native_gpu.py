@@ -5,7 +5,8 @@ ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both
 TFRecord records and from WebDataset mask members (output="dict": the same keys, shapes, dtypes and mask values;
 the samples whose mask fails dropped by both); raw tensor shards (one pixel shape and shapes that differ: the same batches exactly, the kernel's over the
 same pixels and plans; a sample whose CRC32C differs dropped by both with the same error); a COCO set's detection
-batches (boxes, their fields and counts exactly; ragged and batch-padded images); the output ring (a loop's
+batches and the same samples as Object Detection API TFRecord records (boxes, their fields and counts exactly;
+ragged and batch-padded images; records the engine leaves to Python); the output ring (a loop's
 batches never rewritten behind its stream, batches and views the user keeps never written again); read failures
 naming the file; shutdown."""
 
@@ -200,14 +201,16 @@ def test_a_raw_sample_whose_crc_fails_is_dropped_by_both_engines(tmp_path):
     assert "field 'image': CRC32C" in failed[0][0][1], failed
 
 
+@pytest.mark.parametrize("fmt", ["coco", "tfrecord"])
 @pytest.mark.parametrize("chain", ["iou-flip-resize-pad", "iou-flip-resize-padbatch", "resize-crop-pad"])
-def test_coco_detection_gives_the_python_engines_batches(tmp_path, chain):
-    """12 COCO images (a PNG among them, an image without boxes, one whose boxes the crop drops): the dicts of both
-    engines have the same keys in the same order, the same indices, boxes, categories, iscrowd, area, counts,
-    image ids and image sizes exactly (on the device), images of the same shapes within the decoders'
-    tolerance; per-image lists (ragged) or one padded tensor (a batch-wide PadTo)."""
-    from test_native_emulated import coco_source, detection_chains
-    src, _ = coco_source(tmp_path)
+def test_detection_gives_the_python_engines_batches(tmp_path, chain, fmt):
+    """12 COCO images (a PNG among them, an image without boxes, one whose boxes the crop drops), or the same as
+    Object Detection API TFRecord records (the engine scans each record's boxes): the dicts of both engines have the
+    same keys in the same order, the same indices, boxes, categories, iscrowd, area, counts, image ids and image
+    sizes exactly (on the device), images of the same shapes within the decoders' tolerance; per-image lists
+    (ragged) or one padded tensor (a batch-wide PadTo)."""
+    from test_native_emulated import detection_chains, detection_source
+    src, _ = detection_source(tmp_path, fmt, chain)
     ops = detection_chains()[chain]
     batchwide = chain.endswith("padbatch")
     with defaults.set(hw_decoder_load=0):
@@ -231,6 +234,30 @@ def test_coco_detection_gives_the_python_engines_batches(tmp_path, chain):
             stats = a.stats()
     assert n == 6 and stats["engine"] == "native", stats["engine"]
     assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]
+
+
+def test_tfrecord_detection_records_left_to_python_give_the_python_engines_batches(tmp_path, monkeypatch):
+    """Object Detection API records the engine leaves to Python: record 3's coordinate lists differ in length (both
+    engines drop it, a budget of one failure per epoch), and with the slots holding 3 boxes per sample the records
+    of 4 boxes fall back ("boxes"); the batches' fields are the Python engine's exactly."""
+    from ingest.engine import native_boxes
+    from test_native_emulated import detection_chains, od_tfrecord
+    monkeypatch.setattr(native_boxes, "RECORD_BOXES", 3)
+    src, _ = od_tfrecord(tmp_path, "xywh", damaged=(3,))
+    ops = detection_chains()["iou-flip-resize-pad"]
+    with defaults.set(hw_decoder_load=0):
+        a, b = pair(src, ops, batch_size=4, shuffle=False, output="dict", ragged=True, max_failures=1)
+        with a, b:
+            n = 0
+            for da, db in zip(a, b):
+                assert list(da) == list(db)
+                for key in da:
+                    if key != "images":
+                        assert torch.equal(da[key].cpu(), db[key].cpu()), (key, da[key], db[key])
+                assert [x.shape for x in da["images"]] == [x.shape for x in db["images"]]
+                n += 1
+            stats = a.stats()
+    assert n == 3 and stats["native"]["fallbacks"] == {"boxes": 3, "record": 1, "not a GPU JPEG": 1}, stats["native"]
 
 
 def test_a_tfrecord_record_whose_crc_fails_is_dropped_by_both_engines(tmp_path):

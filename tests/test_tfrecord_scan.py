@@ -97,8 +97,8 @@ def test_written_records_are_scanned_and_read_as_protobuf_reads_them(tmp_path):
 
 def test_hand_encoded_forms(source):
     """Unpacked lists, unknown fields, fields in any order, an empty Feature for a list: taken and read as
-    protobuf reads them. A key given twice, a list given twice, SequenceExample feature lists: left to
-    protobuf, with the same result."""
+    protobuf reads them. A key given twice, a list given twice, SequenceExample feature lists, a map entry with
+    an unknown field: left to protobuf, with the same result."""
     def field(number, wire_type, payload=b"", value=None):
         tag = bytes(_varint(number << 3 | wire_type))
         if wire_type == 0:
@@ -128,6 +128,9 @@ def test_hand_encoded_forms(source):
         field(1, 2, b"".join(base) + entry("ints", b"") + entry("floats", b"")) + field(2, 2, b""),
         field(1, 2, b"".join(base)),   # "ints" is missing
         field(1, 2, b"".join(base[1:]) + entry("img", field(1, 2, b"")) + entry("ints", b"") + entry("floats", b"")),
+        # a map entry with an unknown field: protobuf sets the entry aside ("floats" is missing)
+        field(1, 2, b"".join(base) + entry("ints", b"")
+              + field(1, 2, field(1, 2, b"floats") + field(2, 2, field(2, 2, b"")) + field(3, 2, b"x"))),
     ]
     records = [frame(m) for m in taken + left]
     assert _status(source, records) == [0] * len(taken) + [1] * len(left)

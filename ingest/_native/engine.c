@@ -93,7 +93,8 @@ enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, F
 enum { ST_OK = 0, ST_FAILED = 1, ST_FALLBACK = 2 };
 enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3 };
 /* why a sample falls back */
-enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5, WHY_MASK = 6 };
+enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5, WHY_MASK = 6,
+       WHY_BOXES = 7 /* a record with more boxes than the slots hold (engine_det.h) */ };
 /* a TFRecord record's CRC check (read team): j->crc[k] */
 enum { TF_OK = 0, TF_LENGTH_CRC = 1, TF_DATA_CRC = 2, TF_FRAMING = 3 };
 enum { R_BATCH = 0, R_EPOCH = 1 };
@@ -187,10 +188,16 @@ static const char *load_cuda(void) {
 #define DET_FIELDS 8      /* per-box fields and per-sample int fields, each */
 #define DET_HEAD 32       /* int64s before the rows in a slot's detection info array */
 
-/* A batch's boxes through ing_plan: the planned samples' boxes (ltrb of the probed images), the kept ones. */
+/* A batch's boxes, gathered after its read (det_gather: from the table or from each record), and through ing_plan:
+ * the planned samples' boxes (ltrb of the probed images), the kept ones. */
 typedef struct {
+    double *sbox;             /* n x most x 4: sample k's boxes from row k * most (ltrb in pixels of its image) */
+    int64_t *scount;          /* n: sample k's boxes */
+    unsigned char *sfv[DET_FIELDS]; /* n x most values of each per-box field, as sbox */
+    int64_t *ssv[DET_FIELDS]; /* n: each per-sample field's value */
+    int64_t *side;            /* the record scan's list values */
     double *in, *out;         /* M x 4 each */
-    int64_t *grow;            /* M: each row of `in`'s row in the dataset's boxes (gathers the per-box fields) */
+    int64_t *grow;            /* M: each row of `in`'s row in sbox (gathers the per-box fields) */
     int64_t *kept;            /* M */
     int64_t *counts, *kept_counts, *first; /* per planned sample q: boxes given, kept, first kept row of `out` */
     int64_t *q_of;            /* per sample k of the batch: q, or -1 where not planned */
@@ -198,10 +205,14 @@ typedef struct {
     ing_boxes boxes;
 } DetJob;
 
-/* The dataset's boxes and fields (set_detection) and the slots' target buffers (set_targets). */
+/* Where the boxes come from (set_detection): the dataset's table, or each record's scan; and the slots' target
+ * buffers (set_targets). */
 typedef struct {
     int on, format, relative, batchwide, nfields, nsample;
-    int64_t nbox, maxcount, stride;
+    int record;               /* 1: each record's Object Detection API features (rq), else the table below */
+    ex_request rq;            /* record: the boxes' keys (xmin, ymin, xmax, ymax, height, width), the fields' */
+    char rkinds[EX_MAX_KEYS + 1], *rkey_block;
+    int64_t nbox, most, stride; /* most: the boxes a sample may have (the table's most, the record bound) */
     double *boxes;            /* nbox x 4: absolute ltrb of each image's declared (= probed) size */
     int64_t *starts;          /* n + 1 */
     int64_t *declared;        /* n x 2 (height, width): a probed size that differs falls back; NULL: none */
@@ -992,7 +1003,7 @@ static int prepare_batch(Engine *e, Job *j) {
         j->hw[2 * k] = row[1];
         j->hw[2 * k + 1] = row[2];
     }
-    det_check(e, j);
+    det_gather(e, j);
     /* plan the samples the GPU path takes */
     int64_t m = 0;
     for (int64_t k = 0; k < j->n; ++k)

@@ -1,12 +1,26 @@
 /* Detection on the native engine (included by engine.c, after its types and helpers): each batch's boxes through
  * the plan and its ragged outputs.
  *
- * Python hands the dataset's boxes over once (set_detection, before the first epoch): every sample's boxes as one
- * array of absolute ltrb in pixels of its image (the reader's format converted, `engine/boxes.py` `_to_ltrb`), the
- * samples' offsets into it, the per-box fields (values of 4 or 8 bytes each and their pad value), int64 per-sample
- * fields, the asked box format and whether boxes are relative, each image's declared size (a probed size that
- * differs leaves the sample to Python, whose reader names the mismatch) and the output rows' stride. Per batch:
+ * Python says once where the boxes come from (set_detection, before the first epoch), with the per-box fields
+ * (values of 4 or 8 bytes each and their pad value), the int64 per-sample fields, the asked box format, whether
+ * boxes are relative, the boxes a sample may have (`most`) and the output rows' stride:
  *
+ *   a table  every sample's boxes as one array of absolute ltrb in pixels of its image (the reader's format
+ *            converted, `engine/boxes.py` `_to_ltrb`), the samples' offsets into it, the fields' values and each
+ *            image's declared size (a probed size that differs leaves the sample to Python, whose reader names the
+ *            mismatch): COCO's annotations, known before any image is read;
+ *   records  the keys of each record's Object Detection API features (a "tfrecord" table): the four normalized
+ *            coordinate lists, image/height and image/width, each per-box field's list and each per-sample field
+ *            (an int64, or a decimal id as one bytes value), which det_gather scans out of the record just read
+ *            (example_scan.h) and converts as the TFRecord reader does (det_record_box). A record the scan does not
+ *            take, whose lists differ in length from its boxes, whose size is not positive or whose id is not a
+ *            decimal int64 falls back (WHY_RECORD: the Python reader reads it or names its problem); one with more
+ *            boxes than `most` too (WHY_BOXES: the slots' target buffers hold `most` per sample).
+ *
+ * Per batch:
+ *
+ *   gather   after the read and parse (det_gather), each sample's boxes and fields into the job's store, from the
+ *            table or from its record: one path for both from here on.
  *   prepare  the planned samples' boxes into an ing_boxes (det_boxes) given to ing_plan, which draws RandomIoUCrop
  *            on them and returns the kept boxes in output pixels with their rows (det_planned indexes them). Every
  *            sample has its own output size; a sample whose output would not fit a row (stride) falls back.
@@ -24,32 +38,156 @@
  * for a row Python fills: a fallback). */
 
 enum { DET_XYXY = 0, DET_XYWH = 1, DET_CXCYWH = 2 };
+#define DET_RKEYS 6       /* a record's box keys: xmin, ymin, xmax, ymax (float lists), height, width (int64s) */
 
 static int alive(Engine *e);
 static int64_t *copy_int64s(PyObject *obj, int64_t count, int64_t *got, const char *name);
 
-/* A sample whose probed size is not its declared one falls back (Python's reader names it). */
-static void det_check(Engine *e, Job *j) {
-    if (!e->det.on || e->det.declared == NULL)
+/* Sample k's boxes and fields from the table; WHY_PLAN where its probed size is not its declared one. */
+static int det_table(Engine *e, Job *j, int64_t k) {
+    Det *d = &e->det;
+    DetJob *dj = &j->det;
+    int64_t i = j->index[k], lo = d->starts[i], count = d->starts[i + 1] - lo;
+    if (d->declared != NULL && (j->hw[2 * k] != d->declared[2 * i] || j->hw[2 * k + 1] != d->declared[2 * i + 1]))
+        return WHY_PLAN;
+    memcpy(dj->sbox + 4 * k * d->most, d->boxes + 4 * lo, (size_t)count * 4 * sizeof(double));
+    for (int f = 0; f < d->nfields; ++f)
+        memcpy(dj->sfv[f] + (size_t)(k * d->most * d->fsize[f]), d->fvals[f] + (size_t)(lo * d->fsize[f]),
+               (size_t)(count * d->fsize[f]));
+    for (int v = 0; v < d->nsample; ++v)
+        dj->ssv[v][k] = d->svals[v][i];
+    dj->scount[k] = count;
+    return 0;
+}
+
+/* x rounded to float32 (through memory: the compiler may not keep the double in a register past the rounding). */
+static double det_f32(double x) {
+    volatile float f = (float)x;
+    return f;
+}
+
+/* One box of a record, its normalized coordinates c (float32 values) in pixels of the record's size (w, h), as
+ * TFRecordSource gives it (`tfrecord._od_boxes`: float64 products rounded to float32, then `boxes.convert` to the
+ * asked format in float64, rounded to float32) and the pipeline takes it back to ltrb (`ops.boxes.to_ltrb`). */
+static void det_record_box(int format, const double *c, double w, double h, double *to) {
+    double b[4] = {det_f32(c[0] * w), det_f32(c[1] * h), det_f32(c[2] * w), det_f32(c[3] * h)};
+    if (format == DET_XYWH) {
+        b[2] = det_f32(b[2] - b[0]) + b[0];
+        b[3] = det_f32(b[3] - b[1]) + b[1];
+    } else if (format == DET_CXCYWH) {
+        double bw = b[2] - b[0], bh = b[3] - b[1];
+        double cx = det_f32(b[0] + bw / 2), cy = det_f32(b[1] + bh / 2), fw = det_f32(bw), fh = det_f32(bh);
+        b[0] = cx - fw / 2;
+        b[1] = cy - fh / 2;
+        b[2] = fw + b[0];
+        b[3] = fh + b[1];
+    }
+    memcpy(to, b, sizeof b);
+}
+
+/* A decimal image id (`tfrecord`'s "od_id": ASCII digits, at least one) that fits an int64; 0 otherwise. */
+static int det_decimal(const unsigned char *p, int64_t len, int64_t *value) {
+    if (len < 1 || len > 18)
+        return 0;
+    int64_t v = 0;
+    for (int64_t c = 0; c < len; ++c) {
+        if (p[c] < '0' || p[c] > '9')
+            return 0;
+        v = 10 * v + (p[c] - '0');
+    }
+    *value = v;
+    return 1;
+}
+
+static double det_side(const int64_t *side, int64_t at) {
+    double v;
+    memcpy(&v, side + at, sizeof v);
+    return v;
+}
+
+/* Sample k's boxes and fields scanned out of its record (the job's read arena); 0, or why it falls back. */
+static int det_record(Engine *e, Job *j, int64_t k) {
+    Det *d = &e->det;
+    DetJob *dj = &j->det;
+    const unsigned char *p = j->host + j->off[k];
+    int64_t len = j->got[k], cells[2 * EX_MAX_KEYS];
+    if (len < EX_FRAMING)
+        return WHY_RECORD;
+    int64_t cap = d->most * (4 + d->nfields) + 1; /* one more than `most` boxes need: a full side says too many */
+    ex_side side = {dj->side, cap, 0};
+    ex_span data = {p + 12, p + len - 4};
+    if (ex_scan_example(data, &d->rq, p, cells, &side) != EX_OK)
+        return side.used == cap ? WHY_BOXES : WHY_RECORD;
+    int64_t count = cells[1], h = cells[8], w = cells[10];
+    if (cells[3] != count || cells[5] != count || cells[7] != count || h <= 0 || w <= 0)
+        return WHY_RECORD;
+    if (count > d->most)
+        return WHY_BOXES;
+    for (int f = 0; f < d->nfields; ++f)
+        if (cells[2 * (DET_RKEYS + f) + 1] != count)
+            return WHY_RECORD; /* (the pipeline prunes a field with its boxes: Python names the mismatch) */
+    for (int v = 0; v < d->nsample; ++v) {
+        const int64_t *cell = cells + 2 * (DET_RKEYS + d->nfields + v);
+        if (d->rkinds[DET_RKEYS + d->nfields + v] == 'b') {
+            if (!det_decimal(p + cell[0], cell[1], &dj->ssv[v][k]))
+                return WHY_RECORD;
+        } else {
+            dj->ssv[v][k] = cell[0];
+        }
+    }
+    double *to = dj->sbox + 4 * k * d->most;
+    for (int64_t c = 0; c < count; ++c) {
+        double in[4];
+        for (int q = 0; q < 4; ++q)
+            in[q] = det_side(dj->side, cells[2 * q] + c);
+        det_record_box(d->format, in, (double)w, (double)h, to + 4 * c);
+    }
+    for (int f = 0; f < d->nfields; ++f) {
+        int64_t at = cells[2 * (DET_RKEYS + f)];
+        unsigned char *out = dj->sfv[f] + (size_t)(k * d->most * d->fsize[f]);
+        for (int64_t c = 0; c < count; ++c) {
+            if (d->fsize[f] == 8) {
+                memcpy(out + 8 * c, dj->side + at + c, 8);
+            } else {
+                float v = (float)det_side(dj->side, at + c);
+                memcpy(out + 4 * c, &v, 4);
+            }
+        }
+    }
+    dj->scount[k] = count;
+    return 0;
+}
+
+/* After the batch's read and parse: every sample the GPU path takes gets its boxes and fields in the job's store
+ * (from the table or its record); one that cannot falls back with the reason (see the top). */
+static void det_gather(Engine *e, Job *j) {
+    if (!e->det.on)
         return;
+    DetJob *dj = &j->det;
     for (int64_t k = 0; k < j->n; ++k) {
-        const int64_t *want = e->det.declared + 2 * j->index[k];
-        if (j->state[k] == ST_OK && (j->hw[2 * k] != want[0] || j->hw[2 * k + 1] != want[1])) {
+        dj->scount[k] = 0;
+        for (int v = 0; v < e->det.nsample; ++v)
+            dj->ssv[v][k] = 0;
+        if (j->state[k] != ST_OK)
+            continue;
+        int why = e->det.record ? det_record(e, j, k) : det_table(e, j, k);
+        if (why) {
+            dj->scount[k] = 0;
             j->state[k] = ST_FALLBACK;
-            j->why[k] = WHY_PLAN;
+            j->why[k] = why;
         }
     }
 }
 
-/* The m planned samples' boxes (ok_index) as ing_plan takes them; NULL without detection. */
+/* The m planned samples' boxes (ok_pos) as ing_plan takes them; NULL without detection. */
 static ing_boxes *det_boxes(Engine *e, Job *j, int64_t m) {
     if (!e->det.on)
         return NULL;
     DetJob *dj = &j->det;
     int64_t at = 0;
     for (int64_t q = 0; q < m; ++q) {
-        int64_t i = j->ok_index[q], lo = e->det.starts[i], count = e->det.starts[i + 1] - lo;
-        memcpy(dj->in + 4 * at, e->det.boxes + 4 * lo, (size_t)count * 4 * sizeof(double));
+        int64_t k = j->ok_pos[q], lo = k * e->det.most, count = dj->scount[k];
+        memcpy(dj->in + 4 * at, dj->sbox + 4 * lo, (size_t)count * 4 * sizeof(double));
         for (int64_t c = 0; c < count; ++c)
             dj->grow[at + c] = lo + c;
         dj->counts[q] = count;
@@ -170,7 +308,7 @@ static int det_rows(Engine *e, Job *j, int slot, int64_t rows) {
             for (int f = 0; f < d->nfields; ++f) {
                 size_t z = (size_t)d->fsize[f];
                 unsigned char *to = host + off[1 + f] + (size_t)(r * K + c) * z;
-                memcpy(to, c < count ? d->fvals[f] + (size_t)dj->grow[dj->kept[first + c]] * z : d->fpad[f], z);
+                memcpy(to, c < count ? dj->sfv[f] + (size_t)dj->grow[dj->kept[first + c]] * z : d->fpad[f], z);
             }
         }
         for (int f = 0; f <= d->nfields; ++f)
@@ -178,7 +316,7 @@ static int det_rows(Engine *e, Job *j, int slot, int64_t rows) {
         sizes[2 * r] = row[2];
         sizes[2 * r + 1] = row[3];
         for (int v = 0; v < d->nsample; ++v)
-            ((int64_t *)(host + off[1 + 2 * d->nfields + 2 + v]))[r] = d->svals[v][j->index[k]];
+            ((int64_t *)(host + off[1 + 2 * d->nfields + 2 + v]))[r] = dj->ssv[v][k];
     }
     d->tbytes[slot] = at;
     return 1;
@@ -196,12 +334,13 @@ static int det_upload(Engine *e, int slot) {
 static void det_free(Engine *e) {
     Det *d = &e->det;
     for (int k = 0; k < JOBS; ++k) {
-        free(e->jobs[k].det.in);
+        free(e->jobs[k].det.in); /* (the job's one block: see set_detection) */
         memset(&e->jobs[k].det, 0, sizeof(DetJob));
     }
     free(d->boxes);
     free(d->starts);
     free(d->declared);
+    free(d->rkey_block);
     for (int f = 0; f < DET_FIELDS; ++f) {
         free(d->fvals[f]);
         free(d->svals[f]);
@@ -210,6 +349,8 @@ static void det_free(Engine *e) {
     }
     d->boxes = NULL;
     d->starts = d->declared = NULL;
+    d->rkey_block = NULL;
+    d->record = 0;
     d->on = 0;
 }
 
@@ -250,12 +391,61 @@ static unsigned char *det_copy(PyObject *obj, int64_t count, int64_t size, const
     return out;
 }
 
+/* A record source's keys and scan codes (set_detection's `record`): DET_RKEYS box keys ("FFFFii"), then one 'I' or
+ * 'F' per per-box field (its values 8 or 4 bytes), then one 'i' or 'b' (a decimal id) per per-sample field. 0 with
+ * an exception set. */
+static int det_set_record(Det *d, PyObject *record) {
+    PyObject *keys, *kinds;
+    if (!PyArg_ParseTuple(record, "OS:a record's keys", &keys, &kinds))
+        return 0;
+    Py_ssize_t m = PyList_Check(keys) ? PyList_GET_SIZE(keys) : -1, total = 0;
+    const char *code = PyBytes_AS_STRING(kinds);
+    int ok = m == DET_RKEYS + d->nfields + d->nsample && PyBytes_GET_SIZE(kinds) == m && m <= EX_MAX_KEYS &&
+             memcmp(code, "FFFFii", DET_RKEYS) == 0;
+    for (Py_ssize_t k = 0; ok && k < m; ++k) {
+        ok = PyBytes_Check(PyList_GET_ITEM(keys, k));
+        if (ok && k >= DET_RKEYS && k < DET_RKEYS + d->nfields)
+            ok = (code[k] == 'I' && d->fsize[k - DET_RKEYS] == 8) || (code[k] == 'F' && d->fsize[k - DET_RKEYS] == 4);
+        else if (ok && k >= DET_RKEYS)
+            ok = code[k] == 'i' || code[k] == 'b';
+        if (ok)
+            total += PyBytes_GET_SIZE(PyList_GET_ITEM(keys, k));
+    }
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "set_detection: a record's keys are a list of bytes, the box keys' codes "
+                                          "'FFFFii', then 'I' (8 bytes) or 'F' (4) per box field, 'i' or 'b' per "
+                                          "sample field");
+        return 0;
+    }
+    if ((d->rkey_block = malloc((size_t)total + 1)) == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    char *at = d->rkey_block;
+    for (Py_ssize_t k = 0; k < m; ++k) {
+        PyObject *key = PyList_GET_ITEM(keys, k);
+        memcpy(at, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key));
+        d->rq.keys[k] = at;
+        d->rq.lens[k] = PyBytes_GET_SIZE(key);
+        at += PyBytes_GET_SIZE(key);
+    }
+    memcpy(d->rkinds, code, (size_t)m);
+    d->rkinds[m] = 0;
+    d->rq.m = m;
+    d->rq.kinds = d->rkinds;
+    d->record = 1;
+    return 1;
+}
+
+/* set_detection(boxes, starts, fields, samples, format, relative, declared, stride, batchwide, record, most): where
+ * the boxes come from (see the top). A table: boxes, starts, declared (or None) and each field's values; records
+ * (`record`: (keys, codes), "tfrecord" tables only): those None, and `most` the boxes a sample may have. */
 static PyObject *Engine_set_detection(Engine *e, PyObject *args) {
-    PyObject *boxes, *starts, *fields, *samples, *declared;
+    PyObject *boxes, *starts, *fields, *samples, *declared, *record = Py_None;
     int format, relative, batchwide;
-    long long stride;
-    if (!PyArg_ParseTuple(args, "OOOOipOLp:set_detection", &boxes, &starts, &fields, &samples, &format, &relative,
-                          &declared, &stride, &batchwide) ||
+    long long stride, most = 0;
+    if (!PyArg_ParseTuple(args, "OOOOipOLp|OL:set_detection", &boxes, &starts, &fields, &samples, &format,
+                          &relative, &declared, &stride, &batchwide, &record, &most) ||
         !alive(e))
         return NULL;
     Det *d = &e->det;
@@ -266,26 +456,36 @@ static PyObject *Engine_set_detection(Engine *e, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "set_detection: once, before the first epoch is added");
         return NULL;
     }
+    int records = record != Py_None;
     if (!PyList_Check(fields) || !PyList_Check(samples) || PyList_GET_SIZE(fields) > DET_FIELDS ||
-        PyList_GET_SIZE(samples) > DET_FIELDS || format < DET_XYXY || format > DET_CXCYWH || stride < 1) {
-        PyErr_Format(PyExc_ValueError, "set_detection: at most %d fields of each kind (lists), a box format 0..2 and "
-                                       "a stride >= 1", DET_FIELDS);
+        PyList_GET_SIZE(samples) > DET_FIELDS || format < DET_XYXY || format > DET_CXCYWH || stride < 1 ||
+        (records && (e->format != FMT_TFRECORD || most < 1 || relative))) {
+        PyErr_Format(PyExc_ValueError, "set_detection: at most %d fields of each kind (lists), a box format 0..2, "
+                                       "a stride >= 1; records from a TFRecord table, absolute, most >= 1",
+                     DET_FIELDS);
         return NULL;
     }
-    int64_t n = e->n, ns = 0;
-    if ((d->starts = copy_int64s(starts, n + 1, NULL, "starts")) == NULL)
-        goto bad;
-    for (int64_t i = 0; i < n; ++i)
-        if (d->starts[i + 1] < d->starts[i] || d->starts[0] != 0) {
-            PyErr_SetString(PyExc_ValueError, "set_detection: starts must rise from 0");
-            goto bad;
-        }
-    d->nbox = d->starts[n];
-    if ((d->boxes = (double *)det_copy(boxes, d->nbox * 4, 8, "boxes")) == NULL)
-        goto bad;
-    if (declared != Py_None && (d->declared = copy_int64s(declared, 2 * n, NULL, "declared")) == NULL)
-        goto bad;
+    int64_t n = e->n;
     d->nfields = (int)PyList_GET_SIZE(fields);
+    d->nsample = (int)PyList_GET_SIZE(samples);
+    if (!records) {
+        if ((d->starts = copy_int64s(starts, n + 1, NULL, "starts")) == NULL)
+            goto bad;
+        for (int64_t i = 0; i < n; ++i)
+            if (d->starts[i + 1] < d->starts[i] || d->starts[0] != 0) {
+                PyErr_SetString(PyExc_ValueError, "set_detection: starts must rise from 0");
+                goto bad;
+            }
+        d->nbox = d->starts[n];
+        if ((d->boxes = (double *)det_copy(boxes, d->nbox * 4, 8, "boxes")) == NULL)
+            goto bad;
+        if (declared != Py_None && (d->declared = copy_int64s(declared, 2 * n, NULL, "declared")) == NULL)
+            goto bad;
+        most = 0;
+        for (int64_t i = 0; i < n; ++i)
+            if (d->starts[i + 1] - d->starts[i] > most)
+                most = d->starts[i + 1] - d->starts[i];
+    }
     for (int f = 0; f < d->nfields; ++f) {
         PyObject *values, *pad;
         Py_ssize_t size;
@@ -297,7 +497,7 @@ static PyObject *Engine_set_detection(Engine *e, PyObject *args) {
             goto bad;
         }
         d->fsize[f] = size;
-        if ((d->fvals[f] = det_copy(values, d->nbox, size, "a box field")) == NULL)
+        if (!records && (d->fvals[f] = det_copy(values, d->nbox, size, "a box field")) == NULL)
             goto bad;
         if (PyObject_GetBuffer(pad, &p, PyBUF_C_CONTIGUOUS) < 0)
             goto bad;
@@ -310,31 +510,42 @@ static PyObject *Engine_set_detection(Engine *e, PyObject *args) {
             goto bad;
         }
     }
-    d->nsample = (int)PyList_GET_SIZE(samples);
-    for (int v = 0; v < d->nsample; ++v)
+    for (int v = 0; v < d->nsample && !records; ++v)
         if ((d->svals[v] = copy_int64s(PyList_GET_ITEM(samples, v), n, NULL, "a sample field")) == NULL)
             goto bad;
-    d->maxcount = 0;
-    for (int64_t i = 0; i < n; ++i)
-        if (d->starts[i + 1] - d->starts[i] > d->maxcount)
-            d->maxcount = d->starts[i + 1] - d->starts[i];
-    int64_t M = e->batch * d->maxcount + 1, B = e->batch;
-    for (int k = 0; k < JOBS; ++k) { /* one block per job: in, out (4 M doubles each), then int64s */
+    if (records && !det_set_record(d, record))
+        goto bad;
+    d->most = most;
+    /* one block per job: in, out (4 M doubles each), the store's boxes, then int64s, then the store's fields */
+    int64_t M = e->batch * most + 1, B = e->batch, S = most * (4 + d->nfields) + 1, words = 8 * M + 4 * B * most;
+    words += 2 * M + 6 * B + 1 + d->nsample * B + S;
+    for (int f = 0; f < d->nfields; ++f)
+        words += (B * most * d->fsize[f] + 7) / 8;
+    for (int k = 0; k < JOBS; ++k) {
         DetJob *dj = &e->jobs[k].det;
-        double *block = calloc((size_t)(8 * M + 2 * M + 4 * B + 1), 8);
+        double *block = calloc((size_t)words, 8);
         if (block == NULL) {
             PyErr_NoMemory();
             goto bad;
         }
         dj->in = block;
         dj->out = block + 4 * M;
-        int64_t *p = (int64_t *)(block + 8 * M);
+        dj->sbox = block + 8 * M;
+        int64_t *p = (int64_t *)(dj->sbox + 4 * B * most);
         dj->grow = p, p += M;
         dj->kept = p, p += M;
         dj->counts = p, p += B;
         dj->kept_counts = p, p += B;
         dj->first = p, p += B + 1;
-        dj->q_of = p;
+        dj->q_of = p, p += B;
+        dj->scount = p, p += B;
+        for (int v = 0; v < d->nsample; ++v)
+            dj->ssv[v] = p, p += B;
+        dj->side = p, p += S;
+        for (int f = 0; f < d->nfields; ++f) {
+            dj->sfv[f] = (unsigned char *)p;
+            p += (B * most * d->fsize[f] + 7) / 8;
+        }
     }
     d->theld = calloc((size_t)e->nslots * 2, 1);
     d->thost = calloc((size_t)e->nslots, sizeof(Py_buffer));
@@ -349,7 +560,6 @@ static PyObject *Engine_set_detection(Engine *e, PyObject *args) {
     d->relative = relative;
     d->batchwide = batchwide;
     d->stride = stride;
-    (void)ns;
     pthread_mutex_lock(&e->lock); /* (the engine's threads read it after the first add_epoch, under this lock) */
     d->on = 1;
     pthread_mutex_unlock(&e->lock);

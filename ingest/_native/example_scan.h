@@ -13,8 +13,9 @@
  * An Example is taken (EX_OK) when every message parses, nothing is given twice where protobuf would merge or
  * override (Example.features, a map entry's key or value, a Feature's list, a requested key), every map key is
  * UTF-8 (proto3 strings) and every requested feature holds what its kind asks for. Unknown fields of wire types
- * 0, 1, 2 and 5 are skipped, as protobuf does; groups, a known field of another wire type or anything malformed
- * give EX_BAIL: the caller's protobuf path reads the record or names what is wrong with it.
+ * 0, 1, 2 and 5 are skipped, as protobuf does, but in a map entry (protobuf sets such an entry aside: its key is
+ * then missing); those, groups, a known field of another wire type or anything malformed give EX_BAIL: the
+ * caller's protobuf path reads the record or names what is wrong with it.
  *
  * Requested keys and their kind codes: 'b' one bytes value, 'i' one int64, 'f' one float, 'I' an int64 list,
  * 'F' a float list. Per key two int64 cells: b: offset from `base`, length; i: the value, 0; f: the value as
@@ -265,14 +266,14 @@ static int ex_scan_example(ex_span data, const ex_request *rq, const unsigned ch
         while (e.p < e.end) {
             if (ex_next_field(&e, &number, &wire, &f, &x) != EX_OK)
                 return EX_BAIL;
-            if (number == 1 || number == 2) {
-                if (wire != 2 || (number == 1 ? has_key : has_value))
-                    return EX_BAIL;
-                if (number == 1)
-                    has_key = 1, key = f;
-                else
-                    has_value = 1, value = f;
-            }
+            if (number != 1 && number != 2)
+                return EX_BAIL; /* an unknown field in a map entry: protobuf sets the whole entry aside */
+            if (wire != 2 || (number == 1 ? has_key : has_value))
+                return EX_BAIL;
+            if (number == 1)
+                has_key = 1, key = f;
+            else
+                has_value = 1, value = f;
         }
         if (ex_utf8(key.p, key.end) != EX_OK)
             return EX_BAIL;

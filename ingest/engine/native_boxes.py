@@ -1,21 +1,28 @@
 """Detection on the native engine, its Python side (`ingest.native` calls it): which detection loaders it runs,
-what it hands the engine once (`Detection`: the boxes as absolute ltrb, the per-box and per-sample fields), the
+what it tells the engine once (`Detection`: where the boxes come from, the per-box and per-sample fields), the
 output ring's sizes, and each batch's outputs as views of the slot's buffers (`SlotViews`), the engine having
 written them (``ingest/_native/engine_det.h``).
 
 Rules:
 
-- **Eligible**: a source with ``native_boxes()`` (COCO), whose fields besides image and label are its boxes, int
-  or float per-box fields and int per-sample fields (no masks or polygons); a chain the native planner describes
-  (batch-wide PadTo included) whose output sides are bounded (a Resize to a size, with ``max_size`` or by its
-  longer side, a crop: `bound`), without a centred batch-wide PadTo or relative boxes with a batch-wide PadTo
-  (their rows would move, or their boxes rescale, when Python fills a larger row).
+- **Eligible**: a source with ``native_boxes()``, whose fields besides image and label are its boxes, int or float
+  per-box fields that the Python stages prune with the boxes (`engine.boxes.PER_BOX`, or the source's
+  ``per_box``) and int per-sample fields (no masks or polygons); a chain the native planner describes (batch-wide
+  PadTo included) whose output sides are bounded (a Resize to a size, with ``max_size`` or by its longer side, a
+  crop: `bound`), without a centred batch-wide PadTo or relative boxes with a batch-wide PadTo (their rows would
+  move, or their boxes rescale, when Python fills a larger row).
+- **Where the boxes come from**: a table (`formats._native_table.NativeBoxes`: COCO's annotations) is handed over
+  once, converted to absolute ltrb here; record keys (`formats._native_table.RecordBoxes`: TFRecord records of the
+  Object Detection API layout) are handed over once, and the engine scans each record's boxes and fields out of
+  the record it has just read, converting them as the reader does. Either way each batch's boxes are gathered
+  into its job after the read and take one path from there.
 - **The same batch as the Python engine**: images a list of per-sample CHW views (or, with a batch-wide PadTo, one
   tensor), boxes float32 ``[B, K, 4]`` in the asked format padded with 0, per-box ints int64 padded with -1 and
   floats float32 padded with 0, ``<name>_lengths`` int64 per box field, ``image_sizes`` int64 ``[B, 2]`` where an
   op pads, per-sample ints int64 ``[B]``; all on the device, in the source's field order.
-- **Ring**: each slot's image buffer holds ``batch`` rows of the largest output (`bound`), its target buffer the
-  largest batch of boxes (the dataset's most boxes per sample), both made at start.
+- **Ring**: each slot's image buffer holds ``batch`` rows of the largest output (`bound`), its target buffer
+  ``batch`` samples of ``most`` boxes, both made at start: a table's most boxes per sample, or for records
+  `RECORD_BOXES`; a record with more falls back (its row filled by the Python pipeline, reason "boxes").
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ import torch
 from ..formats.base import fields_of
 from ..formats.boxes import box_format as check_box_format
 from ..ops.boxes import BoxBatch, to_ltrb
+from ..formats._native_table import RecordBoxes
 from ..ops.detection import PadTo, RandomIoUCrop, ZoomOut
 from ..ops.geometry import CenterCrop, Flip, RandomResizedCrop, Resize
+from .boxes import PER_BOX
 from .collate import PAD, stays_on_host
 
 #: The engine's info array: int64s before the rows (engine_det.h DET_HEAD), columns per row.
@@ -38,16 +47,21 @@ HEAD, COLUMNS = 32, 5
 #: Box formats by the engine's code.
 FORMATS = {"xyxy": 0, "xywh": 1, "cxcywh": 2}
 _VALUE_KINDS = {"ints": (np.int64, torch.int64), "floats": (np.float32, torch.float32)}
+#: Boxes per sample the slots hold where the boxes come from each record (a record with more falls back).
+RECORD_BOXES = 256
+#: A record's scan codes (engine_det.h): the box keys', then per field kind.
+_CODES = {"boxes": b"FFFFii", "ints": b"I", "floats": b"F", "int": b"i", "decimal": b"b"}
 
 
 @dataclass(frozen=True)
 class Detection:
-    """What the engine is given once, and how the batches' fields come out."""
+    """What the engine is given once, and how the batches' fields come out: a table's boxes and fields (``boxes``,
+    ``starts``, the fields' values, ``declared``), or ``record``, the keys and scan codes of each record's."""
 
-    boxes: np.ndarray          # float64 [M, 4]: absolute ltrb of each image's declared size
-    starts: np.ndarray         # int64 [n + 1]
-    per_box: tuple             # (name, values int64 or float32 [M], torch dtype, pad)
-    per_sample: tuple          # (name, values int64 [n])
+    boxes: np.ndarray | None   # float64 [M, 4]: absolute ltrb of each image's declared size (None: records)
+    starts: np.ndarray | None  # int64 [n + 1]
+    per_box: tuple             # (name, values int64 or float32 [M] (None: records), torch dtype, pad)
+    per_sample: tuple          # (name, values int64 [n] (None: records))
     declared: np.ndarray | None
     box_format: str
     relative: bool
@@ -56,6 +70,8 @@ class Detection:
     sizes: bool                # image_sizes delivered (the chain pads)
     order: tuple[str, ...]     # the fields as the Python engine orders them
     fill: tuple[float, ...]    # the padding's levels per channel
+    most: int = 0              # boxes per sample the slots hold
+    record: tuple | None = None   # (keys, codes) of each record's boxes and fields (engine_det.h)
 
     @property
     def fields(self) -> frozenset[str]:
@@ -72,9 +88,8 @@ class Detection:
 
     def target_bytes(self, batch: int) -> int:
         """The largest batch's staged targets (engine_det.h's sections, each 8-byte aligned)."""
-        most = int(np.diff(self.starts).max()) if len(self.starts) > 1 else 0
-        cells = batch * most
-        total = cells * 16 + sum((cells * np.dtype(v.dtype).itemsize + 7) // 8 * 8 for _, v, _, _ in self.per_box)
+        cells = batch * self.most
+        total = cells * 16 + sum((cells * dtype.itemsize + 7) // 8 * 8 for _, _, dtype, _ in self.per_box)
         return total + batch * 8 * (1 + len(self.per_box)) + batch * 16 + batch * 8 * len(self.per_sample) + 64
 
 
@@ -110,7 +125,8 @@ def detection_of(source, ops: Sequence, fill: Sequence[float]) -> tuple[Detectio
     """(the `Detection` for a source with boxes, None), or (None, why the engine does not run it)."""
     give = getattr(source, "native_boxes", None)
     if give is None:
-        return None, f"{type(source).__name__} gives no boxes as arrays (COCO does)"
+        return None, (f"{type(source).__name__} gives the engine no boxes (COCO's annotations and TFRecord records "
+                      "of the Object Detection API layout do)")
     fields = fields_of(source)
     box_ops = [op for op in ops if type(op).__name__ != "Normalize"]
     pads = [op for op in box_ops if isinstance(op, PadTo)]
@@ -120,12 +136,16 @@ def detection_of(source, ops: Sequence, fill: Sequence[float]) -> tuple[Detectio
     sides = bound(box_ops)
     if sides is None:
         return None, "its chain's output size is not bounded (a Resize with max_size, to a size, or a crop bounds it)"
+    pruned = list(getattr(source, "per_box", None) or PER_BOX)   # (the per-box fields the Python stages prune)
     order, per_box_kinds, per_sample_kinds = [], {}, {}
     for name, field in fields.items():
         if name in ("image", "label"):
             continue
         if name == "boxes" and field.kind == "array":
             order += ["boxes", "boxes_lengths"]
+        elif field.kind in _VALUE_KINDS and name not in pruned:
+            return None, (f"its field {name!r} is a list the Python stages do not prune with the boxes (they prune "
+                          f"{', '.join(pruned)})")
         elif field.kind in _VALUE_KINDS:
             per_box_kinds[name] = field.kind
             order += [name, f"{name}_lengths"]
@@ -142,32 +162,48 @@ def detection_of(source, ops: Sequence, fill: Sequence[float]) -> tuple[Detectio
     if relative and batchwide:
         return None, "relative boxes with a PadTo(batch=True) (they scale by the batch's size)"
     if set(per_box_kinds) != set(given.per_box) or set(per_sample_kinds) != set(given.per_sample):
-        return None, "its per-box and per-sample fields are not all given as arrays"
+        return None, "its per-box and per-sample fields are not all given to the engine"
     fmt = check_box_format(getattr(source, "box_format", "xyxy"))
+    per_box_of = {name: (_VALUE_KINDS[kind][1], PAD[kind]) for name, kind in per_box_kinds.items()}
+    sizes = bool(pads)
+    order += ["image_sizes"] if sizes else []
+    shape = dict(box_format=fmt, relative=relative, bound=sides, batchwide=batchwide, sizes=sizes, order=tuple(order),
+                 fill=tuple(float(v) for v in fill))
+    if isinstance(given, RecordBoxes):
+        if relative:
+            return None, "relative boxes from records (the engine scans absolute ones)"
+        keys = [*given.boxes, *(given.per_box[n][0] for n in per_box_kinds),
+                *(given.per_sample[n][0] for n in per_sample_kinds)]
+        codes = b"".join([_CODES["boxes"], *(_CODES[given.per_box[n][1]] for n in per_box_kinds),
+                          *(_CODES[given.per_sample[n][1]] for n in per_sample_kinds)])
+        return Detection(None, None, tuple((n, None, *per_box_of[n]) for n in per_box_kinds),
+                         tuple((n, None) for n in per_sample_kinds), None, most=RECORD_BOXES,
+                         record=([k.encode("utf-8") for k in keys], codes), **shape), None
     n = len(given.starts) - 1
     hw = given.declared if given.declared is not None else np.ones((n, 2), np.int64)
     if relative and given.declared is None:
         return None, "relative boxes without the images' declared sizes"
     ltrb = to_ltrb(BoxBatch(np.asarray(given.boxes, np.float64).reshape(-1, 4), given.starts), hw, fmt,
                    relative).flat
-    per_box = tuple((name, np.ascontiguousarray(given.per_box[name], _VALUE_KINDS[kind][0]), _VALUE_KINDS[kind][1],
-                     PAD[kind]) for name, kind in per_box_kinds.items())
+    per_box = tuple((name, np.ascontiguousarray(given.per_box[name], _VALUE_KINDS[kind][0]), *per_box_of[name])
+                    for name, kind in per_box_kinds.items())
     per_sample = tuple((name, np.ascontiguousarray(given.per_sample[name], np.int64)) for name in per_sample_kinds)
-    sizes = bool(pads)
-    if sizes:
-        order.append("image_sizes")
-    return Detection(np.ascontiguousarray(ltrb, np.float64), np.ascontiguousarray(given.starts, np.int64), per_box,
-                     per_sample, None if given.declared is None else np.ascontiguousarray(given.declared, np.int64),
-                     fmt, relative, sides, batchwide, sizes, tuple(order), tuple(float(v) for v in fill)), None
+    starts = np.ascontiguousarray(given.starts, np.int64)
+    return Detection(np.ascontiguousarray(ltrb, np.float64), starts, per_box, per_sample,
+                     None if given.declared is None else np.ascontiguousarray(given.declared, np.int64),
+                     most=int(np.diff(starts).max()) if n > 0 else 0, **shape), None
 
 
 def engine_arguments(det: Detection, channels: int) -> tuple:
     """``Engine.set_detection``'s arguments (its stride: a row's capacity, the rows' spacing in a ragged slot and the
     largest output a sample may have)."""
-    fields = [(values, values.dtype.itemsize, np.array([pad], values.dtype).tobytes()) for _, values, _, pad in
+    fields = [(values, dtype.itemsize, np.array([pad], _NUMPY[dtype]).tobytes()) for _, values, dtype, pad in
               det.per_box]
     return (det.boxes, det.starts, fields, [v for _, v in det.per_sample], FORMATS[det.box_format], det.relative,
-            det.declared, det.row_capacity(channels), det.batchwide)
+            det.declared, det.row_capacity(channels), det.batchwide, det.record, det.most)
+
+
+_NUMPY = {torch.int64: np.int64, torch.float32: np.float32}
 
 
 class SlotViews:

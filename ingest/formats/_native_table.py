@@ -108,3 +108,23 @@ class NativeBoxes:
         m = int(self.starts[-1]) if len(self.starts) else -1
         if len(self.starts) < 1 or len(self.boxes) != m or any(len(v) != m for v in self.per_box.values()):
             raise ValueError(f"native boxes: starts end at {m}, boxes and per-box fields must hold that many rows")
+
+
+@dataclass(frozen=True)
+class RecordBoxes:
+    """A detection source whose boxes are inside each record (a "tfrecord" table of the Object Detection API
+    layout): the engine scans them out of every record it reads, with no pass over the records at start. ``boxes``
+    the keys of the four normalized coordinate lists (xmin, ymin, xmax, ymax: float lists) and of the image's height
+    and width (one int64 each), which scale them to pixels as the reader does; ``per_box[name]`` (key, kind) of a
+    list with one value per box (kind "ints" or "floats"); ``per_sample[name]`` (key, kind) of one int64 per sample
+    (kind "int", or "decimal": one bytes value holding a decimal id, as ``image/source_id``)."""
+
+    boxes: tuple[str, ...]
+    per_box: dict[str, tuple[str, str]]
+    per_sample: dict[str, tuple[str, str]]
+
+    def __post_init__(self):
+        if len(self.boxes) != 6 or any(kind not in ("ints", "floats") for _, kind in self.per_box.values()) or \
+                any(kind not in ("int", "decimal") for _, kind in self.per_sample.values()):
+            raise ValueError(f"record boxes: six box keys, per-box ints or floats, per-sample int or decimal (got "
+                             f"{self})")

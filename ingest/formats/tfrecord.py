@@ -41,7 +41,8 @@ which, with ``relative = False``, so the pipeline's box-aware ops move them; `in
 ``image/object/class/label``, ``iscrowd`` from ``image/object/is_crowd``, ``area`` from ``image/object/area``
 where present, and ``image_id`` from ``image/source_id`` when that holds a decimal id (the OD API's COCO
 converter writes it so; other writers put a file name there, which is then not read). Name the raw keys in
-a spec to read them as they are. `TFRecordWriter` writes this layout for a sample with a ``boxes`` field.
+a spec to read them as they are. `TFRecordWriter` writes this layout for a sample with a ``boxes`` field. The
+native engine reads it too: `native_boxes` gives it the keys, and it scans each record's boxes as read here.
 
 ``tf.train.SequenceExample`` files: their context features are read with ``sequence=True`` (the feature
 lists are not read); without it, such a file raises `SourceError` saying so.
@@ -79,7 +80,7 @@ from . import _protos
 from ._example import (OD_BOX_KEYS, OD_BOXES, OD_CLASS_TEXT, OD_KEYS, OD_SIZE_KEYS, OD_SOURCE_ID, field_value, infer_spec, normalize_spec,
                        parse_features, put, put_boxes, to_record, unread_keys, writer_spec)
 from ._images import image_type
-from ._native_table import NativeTable, NotNative
+from ._native_table import NativeTable, NotNative, RecordBoxes
 from ._shards import (CHUNK, GZIP_MAGIC, RecordTable, read_exact, read_index_rows, resolve_indexes,
                       resolve_shards)
 from .base import Field, Location, Record, parse_or_error
@@ -519,22 +520,50 @@ class TFRecordSource:
         and, with ``check_crc``, both its CRCs, and finds the image, label and mask features in its Example with the
         scan `parse_batch` runs (``ingest/_native/example_scan.h``); records it does not take go to `parse`.
         `NotNative` for compressed shards and for a spec other than an encoded image, an optional int label and an
-        optional mask (DeepLab's ``image/segmentation/class/encoded``, for one)."""
+        optional mask (DeepLab's ``image/segmentation/class/encoded``, for one), or the Object Detection API's
+        boxes and the fields `native_boxes` gives."""
         if self.streamed:
             raise NotNative("compressed TFRecords are read streamed, not at offsets")
         spec = self._spec
         kinds = {name: field.kind for name, (_, field) in spec.items()}
+        boxes = self.native_boxes() if "boxes" in spec else None   # (NotNative where the engine cannot scan them)
         masks = [name for name in set(kinds) - {"image", "label"} if kinds[name] == "mask"]
-        if (kinds.get("image") != "image" or kinds.get("label", "int") != "int" or len(masks) > 1
-                or set(kinds) - {"image", "label", *masks}):
-            raise NotNative(f"it reads encoded images with an optional int label and an optional mask, not the "
-                            f"fields {kinds}")
+        rest = set(kinds) - {"image", "label", *masks}
+        if boxes is not None:
+            rest -= {"boxes", *boxes.per_box, *boxes.per_sample}
+        if kinds.get("image") != "image" or kinds.get("label", "int") != "int" or len(masks) > 1 or rest:
+            raise NotNative(f"it reads encoded images with an optional int label and an optional mask (or the Object "
+                            f"Detection API's boxes and fields), not the fields {kinds}")
         keys = tuple(spec[name][0].encode("utf-8") for name in ("image", "label") if name in spec)
         mask = (masks[0], spec[masks[0]][0].encode("utf-8")) if masks else None
         t = self._table
         return NativeTable(t.shards, np.frombuffer(t.shard_of, np.intc).astype(np.int64),
                            np.frombuffer(t.offsets, np.int64), np.frombuffer(t.sizes, np.int64), None, "tfrecord",
                            keys=keys, record_crc=self.check_crc, mask=mask)
+
+    def native_boxes(self) -> RecordBoxes:
+        """Where the native engine finds each record's boxes and fields (`RecordBoxes`): the Object Detection API's
+        keys of this spec, which it scans out of every record it reads and converts as `parse` does. `NotNative`
+        for boxes that are not the OD API's (``image/object/bbox``) and for a field besides the image, label and
+        boxes that is not an int or float list (one value per box) or one int (``image/source_id``'s decimal id
+        among them)."""
+        if self.streamed:
+            raise NotNative("compressed TFRecords are read streamed, not at offsets")
+        if self._spec.get("boxes", ("",))[0] != OD_BOXES:
+            raise NotNative(f"its boxes are not the Object Detection API's ({OD_BOXES}/xmin, ...)")
+        per_box, per_sample = {}, {}
+        for name, (key, field) in self._spec.items():
+            if name in ("image", "label", "boxes"):
+                continue
+            if field.kind in ("ints", "floats") and field.shape is None:
+                per_box[name] = (key, field.kind)
+            elif field.kind == "int":
+                per_sample[name] = (key, "decimal" if key == OD_SOURCE_ID else "int")
+            else:
+                raise NotNative(f"its field {name!r} ({field.kind}{' of a fixed shape' if field.shape else ''}) is "
+                                "not one the engine scans out of a record with its boxes (int or float lists, one "
+                                "int)")
+        return RecordBoxes(OD_BOX_KEYS + OD_SIZE_KEYS, per_box, per_sample)
 
     # -- streamed (compressed) ---------------------------------------------------------------------
     def iter_shard(self, k: int, skip: int = 0) -> Iterator[tuple[str, Record]]:
