@@ -17,8 +17,8 @@ Rules:
   optional int label, LMDB of ours, encoded Caffe Datums or images, indexed WebDataset tars of an image and an
   optional label, raw shards of uint8 RGB pixels; where a source's settings or data rule a table out,
   ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
-  (``output="tuple"``, or a source with only an image, a label and, in a TFRecord or WebDataset table, one ``mask``
-  field), images that are not mostly JPEG 2000 or TIFF
+  (``output="tuple"``, or a source with only an image, a label and, in a TFRecord, LMDB (ours) or WebDataset table,
+  one ``mask`` field), images that are not mostly JPEG 2000 or TIFF
   (`mostly_other_codecs`: the engine's GPU path takes JPEGs, and the Python stages decode those two on the GPU
   too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
   shape, fixed by that shape: `one_shape`), nvImageCodec's native binding (not for raw pixels) and
@@ -84,6 +84,7 @@ import torch
 from . import defaults, io
 from .errors import ConfigError, CorruptRecordError
 from .formats import checks, tfrecord
+from .formats.lmdb import LMDBSource
 from .formats.webdataset import WebDatasetSource
 from .formats._native_table import NotNative
 from .formats.base import Location, fields_of
@@ -217,10 +218,11 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
         table = table_of()
     except NotNative as err:
         masks = [n for n, f in fields_of(source).items() if f.kind == "mask"]
-        also = (f" (a mask field, {', '.join(masks)}, rides the native engine from TFRecord records and indexed "
-                "WebDataset tars only, whose tables give each mask's encoded bytes in the image's file: a record's "
-                f"feature, a member's byte range; {type(source).__name__}'s native table carries no mask)") \
-            if masks and not isinstance(source, (tfrecord.TFRecordSource, WebDatasetSource)) else ""
+        also = (f" (a mask field, {', '.join(masks)}, rides the native engine from TFRecord records, LMDBs of our "
+                "layout and indexed WebDataset tars only, whose tables give each mask's encoded bytes in the image's "
+                f"file: a record's feature or field, a member's byte range; {type(source).__name__}'s native table "
+                "carries no mask)") \
+            if masks and not isinstance(source, (tfrecord.TFRecordSource, LMDBSource, WebDatasetSource)) else ""
         return None, f"{type(source).__name__} gives no native table here: {err}{also}"
     if probe.out_sizes[0] != probe.out_sizes[1]:   # fixed all the same where every image has one size
         shape = one_shape(table)

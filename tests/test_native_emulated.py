@@ -7,8 +7,8 @@ origins, arena offsets, kernel arguments and rows, the labels' upload, the decod
 decoder refuses (its row left to Python), a RecordIO record whose CRC32C differs (its row dropped) and batches
 and epoch ends reaching next() in order through host functions that run late on a thread of their own, without a
 GPU; and, through the NativeExecutor, each record format's table (TFRecord, LMDB ours and Caffe, WebDataset) against
-the Python stages, a TFRecord record whose CRC fails dropped, and a DeepLab set's masks (from TFRecord records and
-from WebDataset mask members: decoded natively, warped by the mask kernel launch) equal to the Python stages' exactly; and raw tensor shards (kind "pixels": read,
+the Python stages, a TFRecord record whose CRC fails dropped, and a DeepLab set's masks (from TFRecord records, from
+an LMDB of our layout's mask fields and from WebDataset mask members: decoded natively, warped by the mask kernel launch) equal to the Python stages' exactly; and raw tensor shards (kind "pixels": read,
 uploaded in one copy per batch and warped with no decode) equal to the kernel over the Python planner's warp of the
 same pixels exactly, with the Python stages' rows and labels, a sample whose CRC32C differs dropped and shards the
 engine cannot take refused. Runs in a child process (the stand-in driver is loaded once per process)."""
@@ -263,6 +263,12 @@ def test_webdataset_masks_on_a_stand_in_driver_equal_the_python_stages(tmp_path,
     assert "mask batches compared: 6" in done.stdout, done.stdout
 
 
+@pytest.mark.parametrize("chain", ["rrc-flip-normalize", "crop-pad-resize"])
+def test_lmdb_masks_on_a_stand_in_driver_equal_the_python_stages(tmp_path, stand_in, chain):
+    done = _child(stand_in, str(tmp_path), chain, "masks-lmdb")
+    assert "mask batches compared: 6" in done.stdout, done.stdout
+
+
 def test_raw_shards_on_a_stand_in_driver_equal_the_kernel_on_the_python_plan(tmp_path, stand_in):
     done = _child(stand_in, str(tmp_path), "rrc-flip-normalize", "raw")
     for case in RAW_CASES:
@@ -443,6 +449,19 @@ def deeplab_source(root: Path):
     return TFRecordSource(str(path))
 
 
+def deeplab_lmdb(root: Path):
+    """The 12 `deeplab_samples` as an LMDB of our layout written by `LMDBWriter`, the mask field declared between
+    the image and the label (the engine finds each field by the record's kind codes)."""
+    from ingest.formats.base import Field, Record
+    from ingest.formats.lmdb import LMDBSource, LMDBWriter
+
+    writer = LMDBWriter(root, "seg", {"image": Field("image"), "mask": Field("mask"), "label": Field("int")})
+    for image, label, mask in deeplab_samples():
+        writer.add(Record(image, label, {"mask": mask}))
+    writer.close()
+    return LMDBSource(str(root / "seg.lmdb"))
+
+
 #: The WebDataset set's samples the Python stages fail: masks of another size than the image's (7), RGB (10) and
 #: missing (11).
 WDS_FAILED = (7, 10, 11)
@@ -468,22 +487,23 @@ def deeplab_tar(root: Path, *, crcs: bool = False):
 
 
 def child_masks(lib_path: str, root: str, chain_name: str, fmt: str = "tfrecord") -> None:
-    """The NativeExecutor over the stand-ins on a DeepLab set (``fmt``: the TFRecord file, or the WebDataset tar with
-    its members' CRC32Cs) with its batches' fields, two epochs, against the Python stages: the same rows (the samples
+    """The NativeExecutor over the stand-ins on a DeepLab set (``fmt``: the TFRecord file, the LMDB of our layout
+    with its records' CRC32Cs, or the WebDataset tar with its members' CRC32Cs) with its batches' fields, two epochs, against the Python stages: the same rows (the samples
     whose mask fails dropped, with the Python engine's failures), labels and masks exactly; images as the kernel
     over the stand-in's patterns, the fallback rows' as Python's."""
     from ingest.engine import Failures, Pipeline
     from ingest.sampler import Sampler
 
     ops = chains()[chain_name]
-    src = deeplab_source(Path(root)) if fmt == "tfrecord" else deeplab_tar(Path(root), crcs=True)
+    src = {"tfrecord": deeplab_source, "lmdb": deeplab_lmdb}.get(fmt, lambda r: deeplab_tar(r, crcs=True))(Path(root))
     refused = len(src.parse(5, read_location(src.locate(5))).image)
     fake, gpu, _ = stand_in_gpu(lib_path, src, True, refused=refused)
     chain, why = native.chain_for(src, ops)
-    name, failed = ("mask", (7, 10)) if fmt == "tfrecord" else ("seg", WDS_FAILED)
-    assert chain is not None and chain.table.mask == (
-        (name, b"image/segmentation/class/encoded") if fmt == "tfrecord" else (name, None)), why
-    assert fmt == "tfrecord" or chain.table.mask_crcs is not None   # (the members' CRC32Cs, checked as read)
+    name, failed = ("seg", WDS_FAILED) if fmt == "webdataset" else ("mask", (7, 10))
+    assert chain is not None and chain.table.mask == {"tfrecord": (name, b"image/segmentation/class/encoded"),
+                                                      "lmdb": (name, b"\x0a")}.get(fmt, (name, None)), why
+    assert fmt != "webdataset" or chain.table.mask_crcs is not None   # (the members' CRC32Cs, checked as read)
+    assert fmt != "lmdb" or chain.table.crcs is not None and chain.table.keys == (b"\x01\x0a\x03",)
     sampler = Sampler(len(src), 4, shuffle=True, seed=5)
     failures = Failures(len(failed), sampler.samples())
     ex = native.NativeExecutor(Pipeline(src, ops=ops, device="cpu"), chain, sampler, epoch=0, start=0, offset=0,
@@ -951,6 +971,8 @@ if __name__ == "__main__":
         child_masks(sys.argv[1], sys.argv[2], sys.argv[3])
     elif sys.argv[4] == "masks-wds":
         child_masks(sys.argv[1], sys.argv[2], sys.argv[3], "webdataset")
+    elif sys.argv[4] == "masks-lmdb":
+        child_masks(sys.argv[1], sys.argv[2], sys.argv[3], "lmdb")
     elif sys.argv[4] == "raw":
         cases = RAW_CASES if sys.argv[3] == "rrc-flip-normalize" else ["fixed"]
         for name in cases:

@@ -2,7 +2,7 @@
 (order, labels, crops and flips; pixels within the decoders' tolerance) on a file tree with fallbacks (PNG,
 EXIF-rotated, progressive JPEGs), on a RecordIO file and on each record format the engine reads (TFRecord, LMDB
 ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both, a DeepLab set's masks from
-TFRecord records and from WebDataset mask members (output="dict": the same keys, shapes, dtypes and mask values;
+TFRecord records, from an LMDB of ours and from WebDataset mask members (output="dict": the same keys, shapes, dtypes and mask values;
 the samples whose mask fails dropped by both); raw tensor shards (one pixel shape and shapes that differ: the same batches exactly, the kernel's over the
 same pixels and plans; a sample whose CRC32C differs dropped by both with the same error); a COCO set's detection
 batches (boxes, their fields and counts exactly; ragged and batch-padded images); the output ring (a loop's
@@ -128,17 +128,18 @@ def test_record_formats_give_the_python_engines_samples(tmp_path, fmt):
     assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]
 
 
-@pytest.mark.parametrize("fmt", ["tfrecord", "webdataset"])
+@pytest.mark.parametrize("fmt", ["tfrecord", "lmdb", "webdataset"])
 @pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8"])
 def test_deeplab_masks_give_the_python_engines_batches(tmp_path, chain, fmt):
     """12 DeepLab samples (a palette mask, a PNG image, a mask of another size and an RGB mask among them) as
-    TFRecord records or as a WebDataset tar (mask members ``seg.mask.png`` with their CRC32Cs, before or after the
-    image, one sample without its mask): the dicts of both engines have the same keys, shapes and dtypes, the same
+    TFRecord records, as an LMDB of our layout (a mask field between the image and the label) or as a WebDataset
+    tar (mask members ``seg.mask.png`` with their CRC32Cs, before or after the image, one sample without its mask):
+    the dicts of both engines have the same keys, shapes and dtypes, the same
     indices and labels, masks equal to the value, images within the decoders' tolerance; the bad masks (and the
     missing one) fail their samples in both."""
-    from test_native_emulated import WDS_FAILED, deeplab_source, deeplab_tar
-    src = deeplab_source(tmp_path) if fmt == "tfrecord" else deeplab_tar(tmp_path, crcs=True)
-    name, failed = ("mask", (7, 10)) if fmt == "tfrecord" else ("seg", WDS_FAILED)
+    from test_native_emulated import WDS_FAILED, deeplab_lmdb, deeplab_source, deeplab_tar
+    src = {"tfrecord": deeplab_source, "lmdb": deeplab_lmdb}.get(fmt, lambda r: deeplab_tar(r, crcs=True))(tmp_path)
+    name, failed = ("seg", WDS_FAILED) if fmt == "webdataset" else ("mask", (7, 10))
     ops = CHAINS[chain]
     with defaults.set(hw_decoder_load=0):
         a, b = pair(src, ops, batch_size=4, shuffle=True, seed=3, output="dict", max_failures=len(failed))

@@ -5,11 +5,13 @@
  *                      a pinned host arena, reads them with preadv on the read team (preadv.h), parses each record
  *                      (WHOLE: the range is the image; RECORDIO: the IRHeader; TFRECORD: the framing and the
  *                      tf.train.Example's image and label features, example_scan.h; CAFFE_DATUM: an encoded Datum's
- *                      data and label fields; FRAMED: our LMDB layout's record of an image and a label; PIXELS: a
+ *                      data and label fields; FRAMED: our LMDB layout's record of an image, a label and (where
+ *                      the table gives its fields' kind codes) a mask, walked field by field; PIXELS: a
  *                      raw shard's decoded uint8 [H, W, 3] pixels, of the table's `hw`: nothing to parse or
  *                      scan), scans the JPEG header (jpeg_scan.h), plans the op chain (plan.h: draws, regions to
  *                      decode, output sizes) and, with masks, decodes the batch's PNG masks on the read team into a
- *                      pinned mask arena (png_decode.h): a TFRecord table's mask key names them inside each record;
+ *                      pinned mask arena (png_decode.h): a TFRecord table's mask key names them inside each record,
+ *                      a FRAMED table's mask kind code (10) the field holding them;
  *                      a WHOLE table's mask ranges (a WebDataset mask member) are read into the arena beside their
  *                      images (one read where the mask follows its image closely), their CRC32Cs checked
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
@@ -108,6 +110,10 @@ enum { D_INDEX, D_LABEL, D_STATUS, D_H, D_W, D_RX0, D_RY0, D_RX1, D_RY1, D_DX0, 
 #define ALIGN 768         /* each image's start in an arena: 256-byte aligned and a whole number of RGB pixels */
 #define ARENA_STEP ((size_t)2 << 20)
 #define RECORDIO_MAGIC 0xCED7230Au
+#define FRAMED_IMAGE 1 /* formats/_framed.py's KIND_CODES the engine reads: image, int, mask */
+#define FRAMED_INT 3
+#define FRAMED_MASK 10
+#define FRAMED_MAX 3   /* fields of a framed record the engine parses */
 #define LEN_MASK ((1u << 29) - 1)
 #define KEEP_OPEN_FILES 4096 /* sources of at most this many files keep them open */
 
@@ -315,7 +321,10 @@ struct Engine {
     ex_request keys;      /* TFRECORD: the image key ('b') and, where given, the label key ('i') */
     char *key_block;
     int record_crc;       /* TFRECORD: check the records' own masked CRC32Cs */
-    int mask_cell;        /* TFRECORD: the keys' index of the mask's key (one bytes value, a PNG); -1: no mask */
+    unsigned char framed[FRAMED_MAX]; /* FRAMED: its records' field kind codes in order (default: image, int) */
+    int nframed;
+    int mask_cell;        /* TFRECORD: the keys' index of the mask's key (one bytes value, a PNG); FRAMED: the
+                             mask's field's (kind 10, a PNG); -1: no mask */
     int64_t *mask_off, *mask_size; /* WHOLE: each sample's mask, a byte range of its own in the image's file (a
                                       WebDataset member), read with the image (NULL: none) */
     uint32_t *mask_crcs;  /* WHOLE with mask ranges: each mask range's CRC32C, checked as read (NULL: none) */
@@ -825,23 +834,44 @@ static int datum_image(const unsigned char *p, int64_t len, int64_t *start, int6
     return 1;
 }
 
-/* The image and label of our LMDB layout's framed record of an image and an int label (formats/_framed.py: b"IGR1",
- * kind 1, u64 length, the image, kind 3, u64 8, the int64 label), as LMDBSource.parse_batch takes it; 0 for any
- * other (Python's decode reads it or names its problem). */
-static int framed_image(const unsigned char *p, int64_t len, int64_t *start, int64_t *end, int64_t *label) {
-    if (len < 13 + 17 || memcmp(p, "IGR1", 4) != 0 || p[4] != 1 || ex_le64(p + 5) != (uint64_t)(len - 30))
+/* The image, label and (`mask_cell` >= 0: the field there, of kind 10) mask of our LMDB layout's framed record
+ * (formats/_framed.py: b"IGR1", then per declared field its kind code, u64 length and payload) whose fields have
+ * the kind codes `codes` in order (1 the image, 3 the int label of 8 bytes, 10 a mask; -1 as the label without
+ * one), as _framed.decode takes it: each field's code as declared, its length inside the record, nothing after
+ * the last; 0 for any other record and an empty mask (Python's decode reads it or names its problem). */
+static int framed_image(const unsigned char *p, int64_t len, const unsigned char *codes, int n, int mask_cell,
+                        int64_t *start, int64_t *end, int64_t *label, int64_t *mask) {
+    if (len < 4 || memcmp(p, "IGR1", 4) != 0)
         return 0;
-    const unsigned char *tail = p + len - 17;
-    if (tail[0] != 3 || ex_le64(tail + 1) != 8)
-        return 0;
-    *start = 13;
-    *end = len - 17;
-    *label = (int64_t)ex_le64(tail + 9);
-    return 1;
+    int64_t at = 4;
+    *label = -1;
+    for (int f = 0; f < n; ++f) {
+        if (len - at < 9 || p[at] != codes[f])
+            return 0;
+        uint64_t size = ex_le64(p + at + 1);
+        at += 9;
+        if (size > (uint64_t)(len - at))
+            return 0;
+        if (codes[f] == FRAMED_IMAGE) {
+            *start = at;
+            *end = at + (int64_t)size;
+        } else if (codes[f] == FRAMED_INT) {
+            if (size != 8)
+                return 0;
+            *label = (int64_t)ex_le64(p + at);
+        } else if (f == mask_cell) {
+            if (size == 0)
+                return 0;
+            mask[0] = at;
+            mask[1] = (int64_t)size;
+        }
+        at += (int64_t)size;
+    }
+    return at == len;
 }
 
-/* The image of a record of `format` (not FMT_WHOLE), the label it holds and (a TFRecord table with a mask key) its
- * mask's start and length in mask[0..1] (else untouched); 0 where Python's reader decides. */
+/* The image of a record of `format` (not FMT_WHOLE), the label it holds and (a TFRecord or framed table with a mask)
+ * its mask's start and length in mask[0..1] (else untouched); 0 where Python's reader decides. */
 static int record_image(const Engine *e, const unsigned char *p, int64_t len, int64_t *start, int64_t *end,
                         int64_t *label, int64_t *mask) {
     switch (e->format) {
@@ -852,7 +882,7 @@ static int record_image(const Engine *e, const unsigned char *p, int64_t len, in
     case FMT_CAFFE_DATUM:
         return datum_image(p, len, start, end, label);
     default:
-        return framed_image(p, len, start, end, label);
+        return framed_image(p, len, e->framed, e->nframed, e->mask_cell, start, end, label, mask);
     }
 }
 
@@ -2068,6 +2098,54 @@ static int set_keys(Engine *e, PyObject *keys, PyObject *mask_key) {
     return 0;
 }
 
+/* A framed table's record layout, [codes] (one bytes value: its records' field kind codes in order, each of image
+ * 1, int 3 and mask 10 at most once, the image's given; None: image, int), and the mask's key (None, or b"\x0a":
+ * the mask field's code), into e->framed, e->nframed and e->mask_cell. */
+static int set_framed(Engine *e, PyObject *keys, PyObject *mask_key) {
+    static const unsigned char plain[] = {FRAMED_IMAGE, FRAMED_INT};
+    const unsigned char *codes = plain;
+    Py_ssize_t n = 2;
+    PyObject *seq = NULL;
+    e->mask_cell = -1;
+    if (keys != Py_None) {
+        seq = PySequence_Fast(keys, "keys must be a sequence of bytes");
+        if (seq == NULL)
+            return -1;
+        PyObject *one = PySequence_Fast_GET_SIZE(seq) == 1 ? PySequence_Fast_GET_ITEM(seq, 0) : NULL;
+        if (one == NULL || !PyBytes_Check(one)) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "a framed table's keys are one bytes value: its fields' kind codes");
+            return -1;
+        }
+        codes = (const unsigned char *)PyBytes_AS_STRING(one);
+        n = PyBytes_GET_SIZE(one);
+    }
+    int images = 0, ints = 0, masks = 0, ok = n <= FRAMED_MAX;
+    for (Py_ssize_t f = 0; ok && f < n; ++f) {
+        images += codes[f] == FRAMED_IMAGE;
+        ints += codes[f] == FRAMED_INT;
+        masks += codes[f] == FRAMED_MASK;
+        ok = codes[f] == FRAMED_IMAGE || codes[f] == FRAMED_INT || codes[f] == FRAMED_MASK;
+    }
+    ok = ok && images == 1 && ints <= 1 && masks <= 1;
+    if (ok && mask_key != Py_None) {
+        ok = PyBytes_Check(mask_key) && PyBytes_GET_SIZE(mask_key) == 1 &&
+             (unsigned char)PyBytes_AS_STRING(mask_key)[0] == FRAMED_MASK && masks == 1;
+        for (Py_ssize_t f = 0; ok && f < n; ++f)
+            if (codes[f] == FRAMED_MASK)
+                e->mask_cell = (int)f;
+    }
+    if (ok) {
+        memcpy(e->framed, codes, (size_t)n);
+        e->nframed = (int)n;
+    }
+    Py_XDECREF(seq);
+    if (!ok)
+        PyErr_SetString(PyExc_ValueError, "a framed table's fields are an image (kind code 1) and at most one int "
+                                          "(3) and one mask (10), its mask key b'\\x0a' where it has a mask");
+    return ok ? 0 : -1;
+}
+
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"paths", "files", "offsets", "sizes", "labels", "format", "desc", "seed", "batch_size",
                              "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", "crcs", "keys",
@@ -2089,8 +2167,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
                                      &max_pixels, &regions, &gpu, &nice, &crcs, &keys, &record_crc, &python,
                                      &mask_key, &mask_fill, &hw, &mask_offsets, &mask_sizes, &mask_crcs))
         return -1;
-    if ((mask_key != Py_None && format != FMT_TFRECORD) || mask_fill < 0 || mask_fill > 255) {
-        PyErr_SetString(PyExc_ValueError, "Engine: a mask key is for a TFRecord table, its fill 0..255");
+    if ((mask_key != Py_None && format != FMT_TFRECORD && format != FMT_FRAMED) || mask_fill < 0 || mask_fill > 255) {
+        PyErr_SetString(PyExc_ValueError, "Engine: a mask key is for a TFRecord or framed table, its fill 0..255");
         return -1;
     }
     if ((hw != Py_None) != (format == FMT_PIXELS)) {
@@ -2131,6 +2209,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->record_crc = format == FMT_TFRECORD && record_crc;
     e->mask_cell = -1;
     if (format == FMT_TFRECORD && set_keys(e, keys, mask_key) < 0)
+        goto fail;
+    if (format == FMT_FRAMED && set_framed(e, keys, mask_key) < 0)
         goto fail;
     /* the table */
     if (!PyList_Check(paths)) {
@@ -2725,13 +2805,14 @@ static PyObject *py_recordio_image(PyObject *self, PyObject *args) {
     return Py_BuildValue("(LLL)", (long long)start, (long long)end, (long long)label);
 }
 
-/* record(bytes, kind[, keys, check]) -> (start, end, label) of its image, None where the engine leaves it to Python,
- * or (TFRecord, check) the TF_* code of a CRC that fails: the engine's parse of one record of a table kind. */
+/* record(bytes, kind[, keys, check, mask_key]) -> (start, end, label) of its image (with a mask key, then the
+ * mask's start and length), None where the engine leaves it to Python, or (TFRecord, check) the TF_* code of a CRC
+ * that fails: the engine's parse of one record of a table kind. */
 static PyObject *py_record_image(PyObject *self, PyObject *args) {
     Py_buffer b;
     int format, check = 0;
-    PyObject *keys = Py_None;
-    if (!PyArg_ParseTuple(args, "y*i|Op:record_image", &b, &format, &keys, &check))
+    PyObject *keys = Py_None, *mask_key = Py_None;
+    if (!PyArg_ParseTuple(args, "y*i|OpO:record_image", &b, &format, &keys, &check, &mask_key))
         return NULL;
     Engine scratch; /* (only its format and keys are read) */
     memset(&scratch, 0, sizeof scratch);
@@ -2742,13 +2823,19 @@ static PyObject *py_record_image(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "record_image: format %d is not a record format", format);
         goto done;
     }
-    if (format == FMT_TFRECORD && set_keys(&scratch, keys, Py_None) < 0)
+    scratch.mask_cell = -1;
+    if (format == FMT_TFRECORD && set_keys(&scratch, keys, mask_key) < 0)
+        goto done;
+    if (format == FMT_FRAMED && set_framed(&scratch, keys, mask_key) < 0)
         goto done;
     int code = format == FMT_TFRECORD && check ? tfrecord_check(b.buf, b.len) : TF_OK;
     if (code == TF_LENGTH_CRC || code == TF_DATA_CRC)
         result = PyLong_FromLong(code);
     else if (!record_image(&scratch, b.buf, b.len, &start, &end, &label, mask))
         result = Py_NewRef(Py_None);
+    else if (scratch.mask_cell >= 0)
+        result = Py_BuildValue("(LLLLL)", (long long)start, (long long)end, (long long)label, (long long)mask[0],
+                               (long long)mask[1]);
     else
         result = Py_BuildValue("(LLL)", (long long)start, (long long)end, (long long)label);
 done:
