@@ -565,13 +565,24 @@ static int tfrecord_check(const unsigned char *p, int64_t len) {
     return TF_OK;
 }
 
+/* The read team's next sample of the job being read for a member to work on, or -1 once all are taken: each
+ * sample goes to one member, in order of asking. */
+static inline int64_t team_next(Job *j) {
+    int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
+    return k < j->n ? k : -1;
+}
+
+/* Runs fn on the read team over job j's samples (each member taking them with team_next until none is left). */
+static void team_over(Engine *e, Job *j, team_fn fn) {
+    e->reading = j;
+    j->next_task = 0;
+    team_run(&e->readers, fn);
+}
+
 /* Team member: the sizes of whole-file samples (size -1 in the table). */
 static void stat_fn(Engine *e, int id) {
     Job *j = e->reading;
-    for (;;) {
-        int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
-        if (k >= j->n)
-            return;
+    for (int64_t k; (k = team_next(j)) >= 0;) {
         if (j->want[k] >= 0)
             continue;
         int64_t i = j->index[k];
@@ -626,10 +637,7 @@ static void read_with_mask(Engine *e, Job *j, int64_t k, int fd) {
 /* Team member: each sample's bytes into the host arena. */
 static void read_fn(Engine *e, int id) {
     Job *j = e->reading;
-    for (;;) {
-        int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
-        if (k >= j->n)
-            return;
+    for (int64_t k; (k = team_next(j)) >= 0;) {
         if (j->state[k] != ST_OK)
             continue;
         int64_t i = j->index[k], len = j->want[k];
@@ -705,11 +713,8 @@ static int read_batch(Engine *e, Job *j) {
         }
         stat |= j->want[k] < 0;
     }
-    e->reading = j;
-    if (stat) {
-        j->next_task = 0;
-        team_run(&e->readers, stat_fn);
-    }
+    if (stat)
+        team_over(e, j, stat_fn);
     size_t total = 0;
     for (int64_t k = 0; k < j->n; ++k) {
         j->off[k] = (int64_t)total;
@@ -718,8 +723,7 @@ static int read_batch(Engine *e, Job *j) {
     }
     if (!ensure_host(e, &j->host, &j->cap, total, "read arena"))
         return 0;
-    j->next_task = 0;
-    team_run(&e->readers, read_fn);
+    team_over(e, j, read_fn);
     return 1;
 }
 
@@ -898,10 +902,7 @@ static int why_not_gpu(const int64_t *row, int64_t max_pixels) {
 /* Team member: the batch's masks whose headers were taken, decoded into the mask arena. */
 static void mask_fn(Engine *e, int id) {
     Job *j = e->reading;
-    for (;;) {
-        int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
-        if (k >= j->n)
-            return;
+    for (int64_t k; (k = team_next(j)) >= 0;) {
         if (j->state[k] == ST_OK)
             ing_png_decode(&j->png[k], &e->png_workers[id]);
     }
@@ -938,9 +939,7 @@ static int decode_masks(Engine *e, Job *j) {
     for (int64_t k = 0; k < j->n; ++k)
         if (j->state[k] == ST_OK)
             j->png[k].out = j->mhost + j->mask[2 * k];
-    e->reading = j;
-    j->next_task = 0;
-    team_run(&e->readers, mask_fn);
+    team_over(e, j, mask_fn);
     for (int64_t k = 0; k < j->n; ++k)
         if (j->state[k] == ST_OK && j->png[k].status != ING_PNG_DECODED) {
             j->state[k] = ST_FALLBACK;
