@@ -8,15 +8,19 @@
  *                      data and label fields; FRAMED: our LMDB layout's record of an image, a label and (where
  *                      the table gives its fields' kind codes) a mask, walked field by field; PIXELS: a
  *                      raw shard's decoded uint8 [H, W, 3] pixels, of the table's `hw`: nothing to parse or
- *                      scan), scans the JPEG header (jpeg_scan.h), plans the op chain (plan.h: draws, regions to
- *                      decode, output sizes) and, with masks, decodes the batch's PNG masks on the read team into a
+ *                      scan), scans the JPEG header (jpeg_scan.h; a PNG image's IHDR instead where png_decode.h
+ *                      takes it), plans the op chain (plan.h: draws, regions to decode, output sizes),
+ *                      decodes the PNG images whole on the read team into a pinned image arena (png_decode.h as
+ *                      an image: RGB, the CPU decoder's pixels exactly) and, with masks, decodes the batch's PNG
+ *                      masks on the read team into a
  *                      pinned mask arena (png_decode.h): a TFRecord table's mask key names them inside each record,
  *                      a FRAMED table's mask kind code (10) the field holding them;
  *                      a WHOLE table's mask ranges (a WebDataset mask member) are read into the arena beside their
  *                      images (one read where the mask follows its image closely), their CRC32Cs checked
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
- *                      (one thread per nvImageCodec decoder, nvloop.h; PIXELS: copies the read arena to a device
- *                      arena in one copy instead, each sample's pixels then read where they landed), then takes a
+ *                      (one thread per nvImageCodec decoder, nvloop.h; host pixels are copied to the device arena
+ *                      in one copy instead: a PIXELS batch's read arena, a batch's PNG image arena, each sample's
+ *                      pixels then read where they landed, whole), then takes a
  *                      free output slot, packs the warp kernel's arguments (plan.h), uploads them and the labels
  *                      from pinned memory, launches the fused warp + normalize kernel into the slot's output (and,
  *                      with masks, uploads them and launches the nearest warp on them with the same plans into the
@@ -36,12 +40,14 @@
  * each range lands, crc32c.h), as (index, row -1, NOTE_CORRUPT, CRC computed, CRC given), and a TFRecord record
  * whose own masked CRC32C of its length or data fails (`record_crc`), as (index, row -1, NOTE_CORRUPT, 1 for the
  * length's or 2 for the data's, 0). A sample the table leaves to Python (`python`: not read), and a sample the GPU
- * path does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, more than
+ * path does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI nor a PNG
+ * png_decode.h decodes as an image (a PNG it leaves to Pillow or refuses falls back too), more than
  * max_pixels, EXIF- or XMP-oriented, a record its format's parse leaves to the Python reader (a split or damaged
  * RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that is not a plain
  * encoded one), a mask the engine does not decode (WHY_MASK: not a PNG png_decode.h decodes, 16-bit, refused, or
  * not its image's size; a mask range read short or whose CRC32C differs), or one nvImageCodec refuses) keeps its row and is reported as a note (index, row, NOTE_FALLBACK,
- * why, nvImageCodec status): Python fills that row.
+ * why, nvImageCodec status): Python fills that row. A row whose PNG image the read team decoded is reported as
+ * (index, row, NOTE_HOST, 0, 0) (the decode paths' count).
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
  * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from
@@ -93,7 +99,7 @@
 enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, FMT_FRAMED = 4, FMT_PIXELS = 5,
        FMT_COUNT };
 enum { ST_OK = 0, ST_FAILED = 1, ST_FALLBACK = 2 };
-enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3 };
+enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3, NOTE_HOST = 4 };
 /* why a sample falls back */
 enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5, WHY_MASK = 6 };
 /* a TFRecord record's CRC check (read team): j->crc[k] */
@@ -254,6 +260,11 @@ typedef struct {
     int arena;             /* the device arena its images were decoded into */
     int64_t next_task;     /* the read team's next sample */
     ing_png *png;          /* per sample: its mask's decode */
+    ing_png *ipng;         /* per sample: its image's decode, where the read team decodes it (on_host) */
+    uint8_t *on_host;      /* per sample: 1 where its image is a PNG the read team decodes, not nvImageCodec */
+    int64_t *pix;          /* per sample (on_host): where its decoded pixels lie in `phost` */
+    unsigned char *phost;  /* the PNG images decoded on the read team (pinned with a GPU), uploaded in one copy */
+    size_t pcap, ptotal;
     unsigned char *mhost;  /* the decoded masks (pinned with a GPU), uploaded to `mdev` for their warp */
     size_t mcap, mtotal;
     CUdeviceptr mdev;
@@ -331,6 +342,7 @@ struct Engine {
     int masks;            /* a mask rides with each image (mask_cell >= 0 or mask_off) */
     ing_chain mchain;     /* the chain for the masks: one uint8 channel, no Normalize, the mask's fill */
     ing_png_worker *png_workers; /* one per read team member */
+    int host_png;         /* zlib loaded: PNG images are decoded on the read team (png_decode.h) */
     int *fds;
     int keep_open, format;
     ing_chain chain;
@@ -395,6 +407,7 @@ struct Engine {
     int64_t batches_decoded;
     /* the decode thread's per-batch scratch */
     int64_t *g_pos, *g_reg, *g_org, *g_dec, *g_aoff, *g_row, *p_org, *p_dec, *p_row, *p_pos, *p_hw;
+    int64_t *g_nv;        /* the GPU list's entries nvImageCodec decodes (not a host image's), in order */
     uint64_t *p_src;
     ing_sample *p_plan;
     /* counts */
@@ -706,6 +719,7 @@ static int read_batch(Engine *e, Job *j) {
         j->state[k] = ST_OK;
         j->why[k] = 0;
         j->status[k] = 0;
+        j->on_host[k] = 0;
         if (e->python != NULL && e->python[i]) { /* not read: Python reads it and names what is wrong */
             j->state[k] = ST_FALLBACK;
             j->why[k] = WHY_RECORD;
@@ -899,20 +913,30 @@ static int why_not_gpu(const int64_t *row, int64_t max_pixels) {
     return row[6] != 1 ? WHY_ORIENTED : 0;
 }
 
-/* Team member: the batch's masks whose headers were taken, decoded into the mask arena. */
-static void mask_fn(Engine *e, int id) {
-    Job *j = e->reading;
-    for (int64_t k; (k = team_next(j)) >= 0;) {
-        if (j->state[k] == ST_OK)
-            ing_png_decode(&j->png[k], &e->png_workers[id]);
-    }
+/* Whether sample k's image (p, len bytes) is a PNG whose header png_decode.h takes as an RGB image of at most
+ * max_pixels: then the read team decodes it (decode_pngs), its header row the PNG's size. */
+static int host_image(Engine *e, Job *j, int64_t k, const unsigned char *p, int64_t len) {
+    ing_png *png = &j->ipng[k];
+    memset(png, 0, sizeof *png);
+    png->data = p;
+    png->len = (size_t)len;
+    png->rgb = 1;
+    png->offset = -1;
+    if (!e->host_png || ing_png_header(png) != ING_PNG_DECODED ||
+        (int64_t)png->width * (int64_t)png->height > e->max_pixels)
+        return 0;
+    int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
+    memset(row, 0, ING_JPEG_COLUMNS * sizeof(int64_t));
+    row[1] = png->height;
+    row[2] = png->width;
+    j->on_host[k] = 1;
+    return 1;
 }
 
-/* The masks of the samples the GPU path takes, decoded on the read team into the host mask arena (png_decode.h),
- * each at its image's probed size: a mask the native decoder leaves to Pillow or refuses, of 16-bit values, or of
- * another size than its image's leaves its sample to Python (WHY_MASK), whose decode stage takes it or names
- * what is wrong with it (masks.py, decode.py). 0 (the engine stopped) where the arena cannot be had. */
-static int decode_masks(Engine *e, Job *j) {
+/* The bytes of the mask arena: each GPU row's mask header checked (a mask the native decoder leaves to Pillow or
+ * refuses, of 16-bit values, or of another size than its image's leaves its sample to Python, WHY_MASK, whose
+ * decode stage takes it or names what is wrong with it: masks.py, decode.py) and its place set in j->mask[2k]. */
+static size_t place_masks(Job *j) {
     size_t total = 0;
     for (int64_t k = 0; k < j->n; ++k) {
         if (j->state[k] != ST_OK)
@@ -931,20 +955,59 @@ static int decode_masks(Engine *e, Job *j) {
         j->mask[2 * k] = (int64_t)total; /* (its encoded bytes are png->data now) */
         total += ((size_t)png->width * png->height + 255) & ~(size_t)255;
     }
-    j->mtotal = total;
-    if (total == 0)
+    return total;
+}
+
+/* Team member: the batch's PNGs, each GPU row's image where it is one (on_host) and its mask (with masks). */
+static void png_fn(Engine *e, int id) {
+    Job *j = e->reading;
+    for (int64_t k; (k = team_next(j)) >= 0;) {
+        if (j->state[k] != ST_OK)
+            continue;
+        if (j->on_host[k])
+            ing_png_decode(&j->ipng[k], &e->png_workers[id]);
+        if (e->masks)
+            ing_png_decode(&j->png[k], &e->png_workers[id]);
+    }
+}
+
+/* The PNGs of the samples the GPU path takes, decoded on the read team in one round: their PNG images
+ * (host_image) whole, uint8 [H, W, 3] each at an ALIGN step of the host image arena, which decode_batch uploads in
+ * one copy beside nvImageCodec's decodes (the kernel warps each as a whole decode), and (with masks) their masks
+ * into the host mask arena at their images' probed size (place_masks). An image the decoder leaves to Pillow or
+ * refuses falls back as WHY_HEADER (Python's CPU decode takes it or names what is wrong), a mask as WHY_MASK.
+ * 0 (the engine stopped) where an arena cannot be had. */
+static int decode_pngs(Engine *e, Job *j) {
+    size_t mtotal = e->masks ? place_masks(j) : 0, ptotal = 0;
+    for (int64_t k = 0; k < j->n; ++k)
+        if (j->state[k] == ST_OK && j->on_host[k]) {
+            j->pix[k] = (int64_t)ptotal;
+            ptotal += ((size_t)j->ipng[k].width * j->ipng[k].height * 3 + ALIGN - 1) / ALIGN * ALIGN;
+        }
+    j->mtotal = mtotal;
+    j->ptotal = ptotal;
+    if (mtotal + ptotal == 0)
         return 1;
-    if (!ensure_host(e, &j->mhost, &j->mcap, total, "mask arena"))
+    if ((mtotal && !ensure_host(e, &j->mhost, &j->mcap, mtotal, "mask arena")) ||
+        (ptotal && !ensure_host(e, &j->phost, &j->pcap, ptotal, "image arena")))
         return 0;
     for (int64_t k = 0; k < j->n; ++k)
-        if (j->state[k] == ST_OK)
-            j->png[k].out = j->mhost + j->mask[2 * k];
-    team_over(e, j, mask_fn);
-    for (int64_t k = 0; k < j->n; ++k)
-        if (j->state[k] == ST_OK && j->png[k].status != ING_PNG_DECODED) {
-            j->state[k] = ST_FALLBACK;
-            j->why[k] = WHY_MASK;
+        if (j->state[k] == ST_OK) {
+            if (j->on_host[k])
+                j->ipng[k].out = j->phost + j->pix[k];
+            if (e->masks)
+                j->png[k].out = j->mhost + j->mask[2 * k];
         }
+    team_over(e, j, png_fn);
+    for (int64_t k = 0; k < j->n; ++k) {
+        if (j->state[k] != ST_OK)
+            continue;
+        int image = j->on_host[k] && j->ipng[k].status != ING_PNG_DECODED;
+        if (image || (e->masks && j->png[k].status != ING_PNG_DECODED)) {
+            j->state[k] = ST_FALLBACK;
+            j->why[k] = image ? WHY_HEADER : WHY_MASK;
+        }
+    }
     return 1;
 }
 
@@ -1013,6 +1076,8 @@ static int prepare_batch(Engine *e, Job *j) {
         int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
         ing_jpeg_scan(p + start, stop - start, row);
         int why = why_not_gpu(row, e->max_pixels);
+        if (why == WHY_HEADER && host_image(e, j, k, p + start, stop - start))
+            why = 0; /* a PNG the read team decodes (decode_pngs) */
         if (why) {
             j->state[k] = ST_FALLBACK;
             j->why[k] = why;
@@ -1057,7 +1122,7 @@ static int prepare_batch(Engine *e, Job *j) {
             }
         }
     }
-    return !e->masks || decode_masks(e, j);
+    return decode_pngs(e, j);
 }
 
 /* -- queues ------------------------------------------------------------------------------------------------ */
@@ -1234,22 +1299,25 @@ static int take_arena(Engine *e, Job *j, size_t need) {
 }
 
 /* Decodes the batch's GPU samples (their regions: decode_gpu.clip_regions) into a device arena; refused ones
- * fall back. A PIXELS batch decodes nothing: its read arena, where each sample's pixels lie dense at its offset, is
- * copied whole to the device arena in one copy (bytes of samples that failed or fell back ride along: one copy
- * costs less than a copy per sample), each sample's pixels then read by the kernel where they landed, whole. Fills
- * g_pos/g_reg/g_org/g_dec/g_aoff for the kernel. Returns the count of the GPU list, or -1. */
+ * fall back. Host pixels are uploaded instead, in one copy of the host buffer that holds them: a PIXELS batch's
+ * read arena, where each sample's pixels lie dense at its offset, or a batch's image arena of the PNGs the read team
+ * decoded (decode_pngs), at the device arena's start (bytes of samples that failed or fell back ride along: one
+ * copy costs less than a copy per sample); the kernel then reads each sample's pixels where they landed, whole.
+ * Fills g_pos/g_reg/g_org/g_dec/g_aoff for the kernel and g_nv for the decoders. Returns the count of the GPU list,
+ * or -1. */
 static int64_t decode_batch(Engine *e, Job *j) {
-    int64_t m = 0;
-    size_t need = 0;
+    int64_t m = 0, mg = 0;
     int pixels = e->format == FMT_PIXELS;
+    const unsigned char *up = pixels ? j->host : j->phost;
+    size_t upload = pixels ? 0 : j->ptotal, need = (upload + ALIGN - 1) / ALIGN * ALIGN;
     for (int64_t k = 0; k < j->n; ++k) {
         if (j->state[k] != ST_OK)
             continue;
         const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k, *r = j->plan[k].region;
         int64_t h = row[1], w = row[2];
         int64_t x0 = r[0] > 0 ? r[0] : 0, y0 = r[1] > 0 ? r[1] : 0, x1 = r[2] < w ? r[2] : w, y1 = r[3] < h ? r[3] : h;
-        int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h;
-        int keep = !pixels && e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0];
+        int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h, host = pixels || j->on_host[k];
+        int keep = !host && e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0];
         int64_t *g = e->g_reg + 4 * m;
         if (keep) {
             g[0] = x0, g[1] = y0, g[2] = x1, g[3] = y1;
@@ -1264,10 +1332,14 @@ static int64_t decode_batch(Engine *e, Job *j) {
         size_t bytes = (size_t)(e->g_dec[2 * m] * e->g_dec[2 * m + 1] * 3);
         if (pixels) { /* where the read arena holds it */
             e->g_aoff[m] = j->img[2 * k];
-            need = (size_t)j->img[2 * k] + bytes > need ? (size_t)j->img[2 * k] + bytes : need;
+            upload = (size_t)j->img[2 * k] + bytes > upload ? (size_t)j->img[2 * k] + bytes : upload;
+            need = upload;
+        } else if (host) { /* where the image arena holds it */
+            e->g_aoff[m] = j->pix[k];
         } else {
             e->g_aoff[m] = (int64_t)need;
             need += (bytes + ALIGN - 1) / ALIGN * ALIGN;
+            e->g_nv[mg++] = m;
         }
         ++m;
     }
@@ -1276,16 +1348,18 @@ static int64_t decode_batch(Engine *e, Job *j) {
     int a = take_arena(e, j, need);
     if (a < 0)
         return -1;
-    if (pixels && !cuok(e, cu.MemcpyHtoDAsync(e->arena[a], j->host, need, e->stream), "cuMemcpyHtoDAsync (pixels)"))
+    if (upload > 0 &&
+        !cuok(e, cu.MemcpyHtoDAsync(e->arena[a], up, upload, e->stream), "cuMemcpyHtoDAsync (host pixels)"))
         return -1;
-    /* np.array_split's shares: the first m % ndec decoders take one more (PIXELS: no decoders) */
+    /* np.array_split's shares of nvImageCodec's list: the first mg % ndec decoders take one more (PIXELS: no
+     * decoders) */
     int64_t first = 0;
     for (int d = 0; d < e->ndec; ++d) {
         Decoder *dc = &e->dec[d];
         dc->first = first;
-        dc->count = m / e->ndec + (d < m % e->ndec);
+        dc->count = mg / e->ndec + (d < mg % e->ndec);
         for (int64_t i = 0; i < dc->count; ++i) {
-            int64_t g = first + i, k = e->g_pos[g];
+            int64_t g = e->g_nv[first + i], k = e->g_pos[g];
             char *info = dc->slots.infos + i * e->info_stride;
             uint32_t h = (uint32_t)e->g_dec[2 * g], w = (uint32_t)e->g_dec[2 * g + 1];
             size_t row = (size_t)w * 3;
@@ -1301,12 +1375,12 @@ static int64_t decode_batch(Engine *e, Job *j) {
         }
         first += dc->count;
     }
-    if (!pixels)
+    if (mg > 0)
         team_run(&e->decoders, decode_fn);
     for (int d = 0; d < e->ndec; ++d) {
         Decoder *dc = &e->dec[d];
         for (int64_t i = 0; i < dc->count; ++i) {
-            int64_t k = e->g_pos[dc->first + i];
+            int64_t k = e->g_pos[e->g_nv[dc->first + i]];
             if (dc->out[i] != ING_NV_SUCCESS) {
                 j->state[k] = ST_FALLBACK;
                 j->why[k] = WHY_DECODER;
@@ -1407,6 +1481,8 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
             pad[rows] = j->pad[k];
         if (j->state[k] == ST_FALLBACK)
             kept[nkept++] = (Note){j->index[k], rows, NOTE_FALLBACK, j->why[k], j->status[k]};
+        else if (j->on_host[k]) /* (OK: its image decoded on the read team) */
+            kept[nkept++] = (Note){j->index[k], rows, NOTE_HOST, 0, 0};
         if (dry) {
             int64_t *d = dry + D_COLS * rows;
             memset(d, 0, D_COLS * sizeof(int64_t));
@@ -1423,7 +1499,8 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
                 int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h;
                 d[D_H] = h, d[D_W] = w;
                 memcpy(d + D_RX0, r, 4 * sizeof(int64_t));
-                if (e->format != FMT_PIXELS && e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0])
+                if (e->format != FMT_PIXELS && !j->on_host[k] && e->regions && x1 > x0 && y1 > y0 && !whole &&
+                    r[2] > r[0])
                     d[D_DX0] = x0, d[D_DY0] = y0, d[D_DX1] = x1, d[D_DY1] = y1;
                 d[D_OH] = s->out_hw[0], d[D_OW] = s->out_hw[1];
             }
@@ -1591,6 +1668,9 @@ static void engine_free(Engine *e) {
                 cu.MemFreeHost(e->jobs[k].host);
             if (e->jobs[k].mhost)
                 cu.MemFreeHost(e->jobs[k].mhost);
+            if (e->jobs[k].phost)
+                cu.MemFreeHost(e->jobs[k].phost);
+            e->jobs[k].phost = NULL;
             if (e->jobs[k].mdev)
                 cu.MemFree(e->jobs[k].mdev);
             e->jobs[k].mhost = NULL;
@@ -1625,9 +1705,10 @@ static void engine_free(Engine *e) {
         if (!e->gpu) {
             free(j->host);
             free(j->mhost);
+            free(j->phost);
         }
-        free(j->png);
-        j->png = NULL;
+        free(j->png); /* (and ipng) */
+        j->png = j->ipng = NULL;
         free(j->index); /* one block holds every per-sample array of the job */
         free(j->plan);  /* and one its plans */
         free(j->notes);
@@ -1840,12 +1921,13 @@ static uint32_t *copy_crcs(PyObject *obj, int64_t n, const char *name) {
 
 static int alloc_job(Engine *e, Job *j) {
     int64_t B = e->batch;
-    /* one block: 11 int64 arrays of B, hdr (9 B), hw, ok_hw, img (2 B each), then state, why, status, pad */
-    size_t ints = (size_t)B * (11 + 9 + 6), bytes = ints * 8 + (size_t)B * (4 + 4 + 4 + 1);
+    /* one block: 12 int64 arrays of B, hdr (9 B), hw, ok_hw, img (2 B each), then state, why, status, pad,
+     * on_host */
+    size_t ints = (size_t)B * (12 + 9 + 6), bytes = ints * 8 + (size_t)B * (4 + 4 + 4 + 1 + 1);
     char *block = calloc(1, bytes + 16);
     ing_sample *plans = calloc((size_t)(2 * B), sizeof(ing_sample));
     Note *notes = calloc((size_t)B, sizeof(Note));
-    ing_png *png = calloc((size_t)B, sizeof(ing_png));
+    ing_png *png = calloc((size_t)(2 * B), sizeof(ing_png)); /* masks, then images */
     if (block == NULL || plans == NULL || notes == NULL || png == NULL) {
         free(block);
         free(plans);
@@ -1854,6 +1936,7 @@ static int alloc_job(Engine *e, Job *j) {
         return -1;
     }
     j->png = png;
+    j->ipng = png + B;
     j->notes = notes;
     int64_t *p = (int64_t *)block;
     j->index = p, p += B;
@@ -1866,6 +1949,7 @@ static int alloc_job(Engine *e, Job *j) {
     j->crc = p, p += B;
     j->mask = p, p += 2 * B;
     j->mcrc = p, p += B;
+    j->pix = p, p += B;
     j->hdr = p, p += 9 * B;
     j->hw = p, p += 2 * B;
     j->ok_hw = p, p += 2 * B;
@@ -1874,6 +1958,7 @@ static int alloc_job(Engine *e, Job *j) {
     j->why = j->state + B;
     j->status = (uint32_t *)(j->why + B);
     j->pad = (uint8_t *)(j->status + B);
+    j->on_host = j->pad + B;
     j->plan = plans;
     j->ok_plan = plans + B;
     return 0;
@@ -2285,6 +2370,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     if (mask_crcs != Py_None && (e->mask_crcs = copy_crcs(mask_crcs, n, "mask_crcs")) == NULL)
         goto fail;
     e->masks = e->mask_cell >= 0 || e->mask_off != NULL;
+    e->host_png = format != FMT_PIXELS && ing_png_load() == NULL; /* (without zlib, PNG images are Python's) */
     if (hw != Py_None) {
         if ((e->pixel_hw = copy_int64s(hw, 2 * n, NULL, "hw")) == NULL)
             goto fail;
@@ -2403,7 +2489,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->slot_idx = calloc((size_t)slots, sizeof(Py_buffer));
     e->slot_pad = calloc((size_t)slots, sizeof(Py_buffer));
     e->slot_dry = calloc((size_t)slots, sizeof(Py_buffer));
-    e->g_pos = calloc((size_t)B * 19, sizeof(int64_t));
+    e->g_pos = calloc((size_t)B * 20, sizeof(int64_t));
     e->p_src = calloc((size_t)B, sizeof(uint64_t));
     e->p_plan = calloc((size_t)B, sizeof(ing_sample));
     if (!e->slot_out || !e->slot_lbl || !e->slot_args || !e->slot_mask || !e->slot_host || !e->slot_notes || !e->slot_nnotes ||
@@ -2421,7 +2507,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->p_dec = e->p_org + 2 * B;
     e->p_row = e->p_dec + 2 * B;
     e->p_pos = e->p_row + B;
-    e->p_hw = e->p_pos + B; /* 19 B in all */
+    e->p_hw = e->p_pos + B;
+    e->g_nv = e->p_hw + 2 * B; /* 20 B in all */
     for (int64_t s = 0; s < slots; ++s)
         if ((e->slot_notes[s] = calloc((size_t)B, sizeof(Note))) == NULL) {
             PyErr_NoMemory();
@@ -2843,14 +2930,55 @@ done:
     return result;
 }
 
+/* png_image(bytes) -> (height, width, RGB bytes) as the read team decodes an image (png_decode.h, rgb), None where
+ * it leaves the PNG to Pillow, or the message (str) of one it refuses. */
+static PyObject *py_png_image(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*:png_image", &b))
+        return NULL;
+    const char *why = ing_png_load();
+    if (why != NULL) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ImportError, why);
+        return NULL;
+    }
+    ing_png png = {.data = b.buf, .len = (size_t)b.len, .rgb = 1, .offset = -1};
+    ing_png_worker worker = {0};
+    PyObject *out = NULL, *result = NULL;
+    if (ing_png_header(&png) == ING_PNG_DECODED) {
+        out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)png.width * png.height * 3);
+        if (out == NULL)
+            goto done;
+        png.out = (uint8_t *)PyBytes_AS_STRING(out);
+        Py_BEGIN_ALLOW_THREADS
+        ing_png_decode(&png, &worker);
+        Py_END_ALLOW_THREADS
+    }
+    if (png.status == ING_PNG_DECODED)
+        result = Py_BuildValue("(IIO)", png.height, png.width, out);
+    else if (png.status == ING_PNG_REFUSED)
+        result = PyUnicode_FromString(png.message);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(out);
+    ing_png_worker_free(&worker);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_engine", .m_size = -1};
 
 static PyMethodDef functions[] = {
     {"recordio_image", py_recordio_image, METH_VARARGS,
      "recordio_image(record) -> (start, end, label) of its image, or None where the engine leaves it to Python."},
     {"record_image", py_record_image, METH_VARARGS,
-     "record_image(record, format[, keys, check]) -> (start, end, label) of its image, None where the engine leaves "
+     "record_image(record, format[, keys, check, mask_key]) -> (start, end, label) of its image (and, with a mask "
+     "key, the mask's start and length), None where the engine leaves "
      "it to Python, or (a TFRecord record, check) the code of its CRC that fails (1 length, 2 data)."},
+    {"png_image", py_png_image, METH_VARARGS,
+     "png_image(data) -> (height, width, RGB bytes) as the engine's read team decodes a PNG image, None where it "
+     "leaves it to Pillow, or the message of one it refuses."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2873,6 +3001,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
         PyModule_AddIntConstant(m, "NOTE_READ", NOTE_READ) < 0 ||
         PyModule_AddIntConstant(m, "NOTE_FALLBACK", NOTE_FALLBACK) < 0 ||
         PyModule_AddIntConstant(m, "NOTE_CORRUPT", NOTE_CORRUPT) < 0 ||
+        PyModule_AddIntConstant(m, "NOTE_HOST", NOTE_HOST) < 0 ||
         PyModule_AddIntConstant(m, "DRY_COLUMNS", D_COLS) < 0) {
         Py_DECREF(&EngineType);
         Py_DECREF(m);
