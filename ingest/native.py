@@ -617,7 +617,12 @@ class NativeExecutor:
             slot.stream = stream
             self._out.append(k)
             try:
-                fallback = None if notes is None and self.dry else self._notes(notes or (), failures, rows)
+                if notes is not None:
+                    fallback = self._notes(notes, failures, rows)
+                else:   # every row nvImageCodec's: the stats' decode paths counted here
+                    fallback = None
+                    if not self.dry:
+                        self._paths[0][0] += rows
             except BaseException:
                 self._give_back(k)
                 raise
