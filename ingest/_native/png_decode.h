@@ -20,10 +20,11 @@
  * [H, W, 3] RGB, exactly what ingest.decode.cpu gives (Pillow's `convert("RGB")` with the transparency dropped):
  * RGB as stored and RGBA without its alpha (colour types 2 and 6, 8-bit); palette indices (1, 2, 4, 8 bits) looked
  * up in PLTE; gray (1, 2, 4, 8 bits) scaled to 0..255 as Pillow unpacks it (v * 255 / (2^bits - 1)) and gray +
- * alpha's gray band, each in all three channels. Left to Pillow besides the mask's cases but those it takes here:
- * 16 bits, Adam7, an eXIf chunk (an orientation Pillow applies), a PLTE that is not 1..256 whole entries, an
- * index past the palette's entries (found while decoding: status ING_PNG_PILLOW then), a colour tRNS shorter than
- * 6 bytes. Ancillary chunks are otherwise skipped, as for masks.
+ * alpha's gray band, each in all three channels. Left to Pillow: 16 bits; Adam7; an eXIf chunk (an orientation
+ * the CPU decoder applies); a palette image's PLTE that is not 1..256 whole entries or comes after IDAT; an index
+ * past the palette's entries (found while decoding: status ING_PNG_PILLOW then); a colour tRNS shorter than 6 bytes;
+ * and the mask's cases that concern any PNG (no signature, animation, an unknown critical chunk, no PLTE, a short
+ * gray tRNS, no IEND). Other ancillary chunks are skipped, as for masks.
  *
  * What is checked (the PNG specification, W3C / RFC 2083): the signature; IHDR first, 13 bytes, its width and
  * height 1..2^31-1, its bit depth allowed for its colour type, compression and filter method 0, interlace 0 or
@@ -35,9 +36,9 @@
  *
  * zlib is loaded at run time (ing_png_load: dlopen libz.so.1), so this builds with no header but the C library's.
  *
- * Use: ing_png p = {.data, .len} (and .rgb = 1 for an image); ing_png_header(&p) (signature and IHDR: width, height, depth, colour type; no
- * allocation), then, where it gives ING_PNG_DECODED, point p.out at height * width * ing_png_itemsize(&p) bytes
- * and ing_png_decode(&p, &worker) (the chunks walked and checked, the rows inflated); p.status says how it went.
+ * Use: ing_png p = {.data, .len} (.rgb = 1 for an image); ing_png_header(&p) (signature and IHDR: width, height,
+ * depth, colour type; no allocation), then, where it gives ING_PNG_DECODED, point p.out at height * width *
+ * ing_png_itemsize(&p) bytes and ing_png_decode(&p, &worker) (the chunks walked and checked, the rows inflated); p.status says how it went.
  * An ing_png_worker (zeroed to start) keeps an inflater and row scratch from one image to the next on one thread;
  * ing_png_worker_free releases them.
  */
