@@ -6,7 +6,8 @@ finished device batch on native threads: byte-range reads into a pinned arena, t
 `ingest.formats._native_table.KINDS`), the JPEG header scan, the op chain's draws (the native planner,
 ``plan.h``), nvImageCodec's decode of each sample's region into a device arena, the fused warp + normalize kernel
 into a preallocated output, the labels and a host function per batch that puts it on the ready queue once the GPU
-has run it. The training thread's Python per batch is one native ``next()`` (the GIL released while it waits; a
+has run it (a PNG image is decoded on the engine's read team instead of by nvImageCodec, and uploaded with its
+batch). The training thread's Python per batch is one native ``next()`` (the GIL released while it waits; a
 batch comes finished, so the thread makes no CUDA call, which would hold the GIL while the driver's locks are busy
 with the engine's threads) and the wrapping of the batch's output slot.
 
@@ -17,10 +18,10 @@ Rules:
   optional int label, or of the Object Detection API layout, LMDB of ours, encoded Caffe Datums or images, indexed
   WebDataset tars of an image and an optional label, raw shards of uint8 RGB pixels; where a source's settings or
   data rule a table out, ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
-  (``output="tuple"``, or a source with only an image, a label and, in a TFRecord or WebDataset table, one ``mask``
-  field, or the detection fields below), images that are not mostly JPEG 2000 or TIFF
-  (`mostly_other_codecs`: the engine's GPU path takes JPEGs, and the Python stages decode those two on the GPU
-  too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
+  (``output="tuple"``, or a source with only an image, a label and, in a TFRecord, LMDB (ours) or WebDataset table,
+  one ``mask`` field, or the detection fields below), images that are not mostly JPEG 2000 or TIFF
+  (`mostly_other_codecs`: the engine's GPU path takes JPEGs and its read team PNGs, and the Python stages decode
+  those two on the GPU too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
   shape, fixed by that shape: `one_shape`), nvImageCodec's native binding (not for raw pixels) and
   CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs the native engine where eligible,
   "python" never, "native" raises a ConfigError naming why where not.
@@ -42,7 +43,8 @@ Rules:
   ``NativeTable.index_names``); so is a TFRecord record whose own masked CRC32C of its length or data fails
   (``check_crc``: `tfrecord.crc_error`). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a
   record the engine's parse leaves to the Python reader: a split RecordIO record, a TFRecord record that is not a
-  canonical Example holding the keys, a Datum that is not a plain encoded one; a sample the table leaves to Python,
+  canonical Example holding the keys, a Datum that is not a plain encoded one, a PNG the engine's decoder leaves
+  to Pillow or refuses; a sample the table leaves to Python,
   ``NativeTable.python``; one nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline
   with CPU decoding for those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is
   dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a CPU
@@ -52,6 +54,10 @@ Rules:
   kernel reads each sample where it landed, whole, at the table's height and width: no header scan, no
   nvImageCodec (its `gpu` argument is the device and the kernels alone). The Python stages run the same kernel on
   the same plan over the same pixels on a GPU, so the batches are equal exactly.
+- **PNG images**: a PNG of 8 bits or fewer, not interlaced, without an eXIf chunk, is decoded on the engine's read
+  team (``png_decode.h``) to exactly the CPU decoder's RGB (Pillow's ``convert("RGB")``, transparency dropped),
+  uploaded with its batch in one copy and warped by the same kernel on the plan the Python stages draw, so its row
+  is theirs exactly; counted as the decode path "cpu-native". Others (16 bits, Adam7, ...) fall back as above.
 - **Masks**: with the fields asked for, a table's mask field (``NativeTable.mask``) is decoded by the engine's read
   team and warped like its image (nearest, the field's ``mask_fill``) into each slot's ``[B, H, W]`` uint8 mask
   tensor, handed out as the batch's field under its name; a mask the engine leaves to Python (fallback "mask")
@@ -91,6 +97,7 @@ import torch
 from . import defaults, io
 from .errors import ConfigError, CorruptRecordError
 from .formats import checks, tfrecord
+from .formats.lmdb import LMDBSource
 from .formats.webdataset import WebDatasetSource
 from .formats._native_table import NotNative
 from .formats.base import Location, fields_of
@@ -179,7 +186,8 @@ def why_not(source, ops, *, device: torch.device, decode: str, workers: int, str
 
 def mostly_other_codecs(table, samples: int = 16) -> bool:
     """Whether most of up to ``samples`` samples of a file table (kind "whole"), spread evenly over it, start like
-    a JPEG 2000 or TIFF file. One read of a few bytes each; an unreadable file counts as neither."""
+    a JPEG 2000 or TIFF file (PNGs are not counted: the engine decodes them on its read team). One read of a few
+    bytes each; an unreadable file counts as neither."""
     from .decode import codecs
     n = len(table.files)
     if table.kind != "whole" or n == 0:
@@ -224,10 +232,11 @@ def chain_for(source, ops) -> tuple[Chain | None, str | None]:
         table = table_of()
     except NotNative as err:
         masks = [n for n, f in fields_of(source).items() if f.kind == "mask"]
-        also = (f" (a mask field, {', '.join(masks)}, rides the native engine from TFRecord records and indexed "
-                "WebDataset tars only, whose tables give each mask's encoded bytes in the image's file: a record's "
-                f"feature, a member's byte range; {type(source).__name__}'s native table carries no mask)") \
-            if masks and not isinstance(source, (tfrecord.TFRecordSource, WebDatasetSource)) else ""
+        also = (f" (a mask field, {', '.join(masks)}, rides the native engine from TFRecord records, LMDBs of our "
+                "layout and indexed WebDataset tars only, whose tables give each mask's encoded bytes in the image's "
+                f"file: a record's feature or field, a member's byte range; {type(source).__name__}'s native table "
+                "carries no mask)") \
+            if masks and not isinstance(source, (tfrecord.TFRecordSource, LMDBSource, WebDatasetSource)) else ""
         return None, f"{type(source).__name__} gives no native table here: {err}{also}"
     if probe.out_sizes[0] != probe.out_sizes[1]:   # fixed all the same where every image has one size
         shape = one_shape(table)
@@ -464,10 +473,11 @@ class NativeExecutor:
         self._batch = sampler.batch_size
         self.outputs_made = 0   # output tensors allocated: the ring at start, then one per slot replaced
         self._python = [0.0, 0]   # seconds of __next__ outside the engine's wait, and the batches they made
-        # the stats' decode paths, counted per batch without a lock: the engine's rows, the fallback rows
+        # the stats' decode paths, counted per batch without a lock: the engine's rows (nvImageCodec's, and PNGs
+        # decoded on its read team), the fallback rows
         stage = pipeline.decode_stage
         self._paths = (stage.tally("none (raw, native)" if chain.table.kind == "pixels" else "gpu"),
-                       stage.tally("cpu-fallback"))
+                       stage.tally("cpu-fallback"), stage.tally("cpu-native"))
         table = chain.table
         slots = prefetch + 1
         gpu = None if dry else gpu or _gpu_arguments(pipeline, table)
@@ -614,7 +624,12 @@ class NativeExecutor:
             slot.stream = stream
             self._out.append(k)
             try:
-                fallback = self._notes(notes, failures) if notes is not None else None
+                if notes is not None:
+                    fallback = self._notes(notes, failures, rows)
+                else:   # every row nvImageCodec's: the stats' decode paths counted here
+                    fallback = None
+                    if not self.dry:
+                        self._paths[0][0] += rows
             except BaseException:
                 self._give_back(k)
                 raise
@@ -637,11 +652,8 @@ class NativeExecutor:
             else:
                 images, labels = slot.shown[:rows], slot.labels[:rows]
                 masks = None if slot.masks is None else slot.masks[:rows]
-            # the stats' decode paths: the engine's rows and those filled here
-            self._paths[0][0] += rows - len(fallback) if fallback else rows
             kept = slice(0, rows)
             if fallback:
-                self._paths[1][0] += len(fallback)
                 images, labels, masks, kept = self._complete(k, epoch, number, rows, fallback, images, labels, masks,
                                                              failures)
             if self.with_fields:   # (the rows kept: a fallback row that failed is dropped; copies of the slot's)
@@ -669,9 +681,6 @@ class NativeExecutor:
         images = views.images(rows, shapes, det, chain.layout, chain.layout == "NCHW", 3)
         fields = views.fields(rows, det) if self.with_fields else {}
         labels = slot.labels[:rows]
-        self._paths[0][0] += rows - len(fallback) if fallback else rows
-        if fallback:
-            self._paths[1][0] += len(fallback)
         kept = None
         if fallback:
             images, labels, fields, kept = self._complete_detection(k, epoch, number, rows, fallback, images, labels,
@@ -716,16 +725,20 @@ class NativeExecutor:
             labels = labels[torch.from_numpy(kept).to(labels.device)] if dropped else labels.clone()
         return images, labels, fields, kept
 
-    def _notes(self, notes: list, failures: Failures) -> list[tuple[int, int]]:
+    def _notes(self, notes: list, failures: Failures, rows: int) -> list[tuple[int, int]]:
         """Count the batch's read failures and CRC mismatches against ``failures`` (raising its typed error where the
-        budget says) and return its fallbacks, (dataset index, row)."""
+        budget says) and its ``rows`` by decode path (the stats'), and return its fallbacks, (dataset index, row)."""
         fallback = []
         source = self.pipeline.source
         table = self.chain.table
+        host = 0
         for index, row, stage, code, status in notes:
             if stage == ENGINE.NOTE_FALLBACK:
                 self.fallbacks[FALLBACK_REASONS.get(code, str(code))] += 1
                 fallback.append((index, row))
+                continue
+            if stage == ENGINE.NOTE_HOST:   # a PNG its read team decoded
+                host += 1
                 continue
             path, offset = table.paths[int(table.files[index])], int(table.offsets[index])
             named = index if table.index_names is None else table.index_names(index)
@@ -742,6 +755,10 @@ class NativeExecutor:
             else:
                 err = io.short_read(code, status, path, offset)
             failures.add(source.name(index), "read", err)
+        if not self.dry:
+            self._paths[0][0] += rows - len(fallback) - host
+            self._paths[1][0] += len(fallback)
+            self._paths[2][0] += host
         return fallback
 
     def _complete(self, k: int, epoch: int, number: int, rows: int, fallback: list[tuple[int, int]],

@@ -2,7 +2,8 @@
 (order, labels, crops and flips; pixels within the decoders' tolerance) on a file tree with fallbacks (PNG,
 EXIF-rotated, progressive JPEGs), on a RecordIO file and on each record format the engine reads (TFRecord, LMDB
 ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both, a DeepLab set's masks from
-TFRecord records and from WebDataset mask members (output="dict": the same keys, shapes, dtypes and mask values;
+TFRecord records, from an LMDB of ours and from WebDataset mask members; PNG images of every colour mode decoded
+by the engine's read team equal to the Python stages' rows exactly (output="dict": the same keys, shapes, dtypes and mask values;
 the samples whose mask fails dropped by both); raw tensor shards (one pixel shape and shapes that differ: the same batches exactly, the kernel's over the
 same pixels and plans; a sample whose CRC32C differs dropped by both with the same error); a COCO set's detection
 batches and the same samples as Object Detection API TFRecord records (boxes, their fields and counts exactly;
@@ -78,8 +79,8 @@ def compare(a, b, ops, epochs=2, off_rows=None):
 
 @pytest.mark.parametrize("chain", list(CHAINS))
 def test_file_tree_gives_the_python_engines_samples(tmp_path, chain):
-    """One decoder backend (the CUDA decoder alone): the same samples, pixels and all; the PNG, the rotated and
-    the progressive JPEG are completed in Python inside their batches."""
+    """One decoder backend (the CUDA decoder alone): the same samples, pixels and all; the rotated and the
+    progressive JPEG are completed in Python inside their batches, the PNG decoded by the engine's read team."""
     ops = CHAINS[chain]
     with defaults.set(hw_decoder_load=0):
         a, b = pair(tree_with_oddities(tmp_path / "t", (120, 160)), ops, batch_size=8, shuffle=True, seed=4)
@@ -87,8 +88,9 @@ def test_file_tree_gives_the_python_engines_samples(tmp_path, chain):
             assert compare(a, b, ops, off_rows=6) == 8   # the 3 odd files of 2 epochs at most
             stats = a.stats()
     assert stats["engine"] == "native"
-    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 4, "oriented": 2}   # two epochs
-    assert stats["decode_paths"]["gpu"] == 2 * 24 and stats["decode_paths"]["cpu-fallback"] == 6
+    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2, "oriented": 2}   # two epochs
+    assert stats["decode_paths"]["gpu"] == 2 * 24 and stats["decode_paths"]["cpu-fallback"] == 4
+    assert stats["decode_paths"]["cpu-native"] == 2
 
 
 def test_file_tree_with_the_hardware_split(tmp_path):
@@ -116,8 +118,8 @@ def test_recordio_gives_the_python_engines_samples(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "lmdb", "caffe", "webdataset"])
 def test_record_formats_give_the_python_engines_samples(tmp_path, fmt):
-    """11 records of each format (record 3 a PNG, completed in Python inside its batch): the same labels, and the
-    same pixels for the rows both decode on the GPU."""
+    """11 records of each format (record 3 a PNG, decoded by the engine's read team): the same labels, and the same
+    pixels for the rows both decode on the GPU."""
     from test_native_emulated import record_source
     src, _ = record_source(tmp_path, fmt)
     ops = CHAINS["resize-crop-uint8"]
@@ -126,20 +128,54 @@ def test_record_formats_give_the_python_engines_samples(tmp_path, fmt):
         with a, b:
             assert compare(a, b, ops, off_rows=2) == 6
             stats = a.stats()
-    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]
+    assert stats["native"]["fallbacks"] == {} and stats["decode_paths"]["cpu-native"] == 2, stats
 
 
-@pytest.mark.parametrize("fmt", ["tfrecord", "webdataset"])
+@pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8", "rrc-nhwc-bf16"])
+def test_png_images_give_the_python_engines_batches_exactly(tmp_path, chain):
+    """A file tree of JPEGs and PNGs of every colour mode (`png_tree`): the PNGs the engine's read team decodes
+    (all but the 16-bit one, completed in Python) are the Python stages' rows exactly (both warp the CPU decoder's
+    pixels with the same kernel on the same plan), the JPEGs within the decoders' tolerance; the decode paths say
+    which decoded what."""
+    from test_native_emulated import PNG_MODES, png_tree
+    root = png_tree(tmp_path / "t")
+    ops = CHAINS[chain]
+    with defaults.set(hw_decoder_load=0):
+        a, b = pair(root, ops, batch_size=4, shuffle=True, seed=3, output="dict")
+        with a, b:
+            n = 0
+            for _ in range(2):
+                for da, db in zip(a, b):
+                    assert torch.equal(da["indices"], db["indices"]) and torch.equal(da["labels"].cpu(),
+                                                                                        db["labels"].cpu())
+                    for row, i in enumerate(da["indices"].tolist()):
+                        name = a.source.name(i)
+                        x, y = da["images"][row], db["images"][row]
+                        if name.endswith(".png") and not name.endswith(f"{2 + len(PNG_MODES):02d}.png"):
+                            assert torch.equal(x, y), name
+                        else:
+                            assert (levels(x[None], ops) - levels(y[None], ops)).abs().mean() < 1.5, name
+                    n += 1
+            stats = a.stats()
+    pngs = len(PNG_MODES) - 1
+    assert n == 6 and stats["engine"] == "native", stats["engine"]
+    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]   # the 16-bit PNG
+    paths = stats["decode_paths"]
+    assert (paths["gpu"], paths["cpu-native"], paths["cpu-fallback"]) == (2 * 3, 2 * pngs, 2), paths
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "lmdb", "webdataset"])
 @pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8"])
 def test_deeplab_masks_give_the_python_engines_batches(tmp_path, chain, fmt):
     """12 DeepLab samples (a palette mask, a PNG image, a mask of another size and an RGB mask among them) as
-    TFRecord records or as a WebDataset tar (mask members ``seg.mask.png`` with their CRC32Cs, before or after the
-    image, one sample without its mask): the dicts of both engines have the same keys, shapes and dtypes, the same
+    TFRecord records, as an LMDB of our layout (a mask field between the image and the label) or as a WebDataset
+    tar (mask members ``seg.mask.png`` with their CRC32Cs, before or after the image, one sample without its mask):
+    the dicts of both engines have the same keys, shapes and dtypes, the same
     indices and labels, masks equal to the value, images within the decoders' tolerance; the bad masks (and the
     missing one) fail their samples in both."""
-    from test_native_emulated import WDS_FAILED, deeplab_source, deeplab_tar
-    src = deeplab_source(tmp_path) if fmt == "tfrecord" else deeplab_tar(tmp_path, crcs=True)
-    name, failed = ("mask", (7, 10)) if fmt == "tfrecord" else ("seg", WDS_FAILED)
+    from test_native_emulated import WDS_FAILED, deeplab_lmdb, deeplab_source, deeplab_tar
+    src = {"tfrecord": deeplab_source, "lmdb": deeplab_lmdb}.get(fmt, lambda r: deeplab_tar(r, crcs=True))(tmp_path)
+    name, failed = ("seg", WDS_FAILED) if fmt == "webdataset" else ("mask", (7, 10))
     ops = CHAINS[chain]
     with defaults.set(hw_decoder_load=0):
         a, b = pair(src, ops, batch_size=4, shuffle=True, seed=3, output="dict", max_failures=len(failed))
@@ -233,7 +269,7 @@ def test_detection_gives_the_python_engines_batches(tmp_path, chain, fmt):
                     n += 1
             stats = a.stats()
     assert n == 6 and stats["engine"] == "native", stats["engine"]
-    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]
+    assert stats["native"]["fallbacks"] == {}, stats["native"]   # (the PNG: decoded by the engine's read team)
 
 
 def test_tfrecord_detection_records_left_to_python_give_the_python_engines_batches(tmp_path, monkeypatch):
@@ -257,7 +293,8 @@ def test_tfrecord_detection_records_left_to_python_give_the_python_engines_batch
                 assert [x.shape for x in da["images"]] == [x.shape for x in db["images"]]
                 n += 1
             stats = a.stats()
-    assert n == 3 and stats["native"]["fallbacks"] == {"boxes": 3, "record": 1, "not a GPU JPEG": 1}, stats["native"]
+    # (the PNG record's image: decoded by the read team, not a fallback)
+    assert n == 3 and stats["native"]["fallbacks"] == {"boxes": 3, "record": 1}, stats["native"]
 
 
 def test_a_tfrecord_record_whose_crc_fails_is_dropped_by_both_engines(tmp_path):

@@ -5,16 +5,22 @@
  *                      a pinned host arena, reads them with preadv on the read team (preadv.h), parses each record
  *                      (WHOLE: the range is the image; RECORDIO: the IRHeader; TFRECORD: the framing and the
  *                      tf.train.Example's image and label features, example_scan.h; CAFFE_DATUM: an encoded Datum's
- *                      data and label fields; FRAMED: our LMDB layout's record of an image and a label; PIXELS: a
+ *                      data and label fields; FRAMED: our LMDB layout's record of an image, a label and (where
+ *                      the table gives its fields' kind codes) a mask, walked field by field; PIXELS: a
  *                      raw shard's decoded uint8 [H, W, 3] pixels, of the table's `hw`: nothing to parse or
- *                      scan), scans the JPEG header (jpeg_scan.h), plans the op chain (plan.h: draws, regions to
- *                      decode, output sizes) and, with masks, decodes the batch's PNG masks on the read team into a
- *                      pinned mask arena (png_decode.h): a TFRecord table's mask key names them inside each record;
+ *                      scan), scans the JPEG header (jpeg_scan.h; a PNG image's IHDR instead where png_decode.h
+ *                      takes it), plans the op chain (plan.h: draws, regions to decode, output sizes),
+ *                      decodes the PNG images whole on the read team into a pinned image arena (png_decode.h as
+ *                      an image: RGB, the CPU decoder's pixels exactly) and, with masks, decodes the batch's PNG
+ *                      masks on the read team into a
+ *                      pinned mask arena (png_decode.h): a TFRecord table's mask key names them inside each record,
+ *                      a FRAMED table's mask kind code (10) the field holding them;
  *                      a WHOLE table's mask ranges (a WebDataset mask member) are read into the arena beside their
  *                      images (one read where the mask follows its image closely), their CRC32Cs checked
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
- *                      (one thread per nvImageCodec decoder, nvloop.h; PIXELS: copies the read arena to a device
- *                      arena in one copy instead, each sample's pixels then read where they landed), then takes a
+ *                      (one thread per nvImageCodec decoder, nvloop.h; host pixels are copied to the device arena
+ *                      in one copy instead: a PIXELS batch's read arena, a batch's PNG image arena, each sample's
+ *                      pixels then read where they landed, whole), then takes a
  *                      free output slot, packs the warp kernel's arguments (plan.h), uploads them and the labels
  *                      from pinned memory, launches the fused warp + normalize kernel into the slot's output (and,
  *                      with masks, uploads them and launches the nearest warp on them with the same plans into the
@@ -34,12 +40,14 @@
  * each range lands, crc32c.h), as (index, row -1, NOTE_CORRUPT, CRC computed, CRC given), and a TFRecord record
  * whose own masked CRC32C of its length or data fails (`record_crc`), as (index, row -1, NOTE_CORRUPT, 1 for the
  * length's or 2 for the data's, 0). A sample the table leaves to Python (`python`: not read), and a sample the GPU
- * path does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, more than
+ * path does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI nor a PNG
+ * png_decode.h decodes as an image (a PNG it leaves to Pillow or refuses falls back too), more than
  * max_pixels, EXIF- or XMP-oriented, a record its format's parse leaves to the Python reader (a split or damaged
  * RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that is not a plain
  * encoded one), a mask the engine does not decode (WHY_MASK: not a PNG png_decode.h decodes, 16-bit, refused, or
  * not its image's size; a mask range read short or whose CRC32C differs), or one nvImageCodec refuses) keeps its row and is reported as a note (index, row, NOTE_FALLBACK,
- * why, nvImageCodec status): Python fills that row.
+ * why, nvImageCodec status): Python fills that row. A row whose PNG image the read team decoded is reported as
+ * (index, row, NOTE_HOST, 0, 0) (the decode paths' count).
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
  * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from
@@ -91,7 +99,7 @@
 enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, FMT_FRAMED = 4, FMT_PIXELS = 5,
        FMT_COUNT };
 enum { ST_OK = 0, ST_FAILED = 1, ST_FALLBACK = 2 };
-enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3 };
+enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3, NOTE_HOST = 4 };
 /* why a sample falls back */
 enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5, WHY_MASK = 6,
        WHY_BOXES = 7 /* a record with more boxes than the slots hold (engine_det.h) */ };
@@ -109,6 +117,10 @@ enum { D_INDEX, D_LABEL, D_STATUS, D_H, D_W, D_RX0, D_RY0, D_RX1, D_RY1, D_DX0, 
 #define ALIGN 768         /* each image's start in an arena: 256-byte aligned and a whole number of RGB pixels */
 #define ARENA_STEP ((size_t)2 << 20)
 #define RECORDIO_MAGIC 0xCED7230Au
+#define FRAMED_IMAGE 1 /* formats/_framed.py's KIND_CODES the engine reads: image, int, mask */
+#define FRAMED_INT 3
+#define FRAMED_MASK 10
+#define FRAMED_MAX 3   /* fields of a framed record the engine parses */
 #define LEN_MASK ((1u << 29) - 1)
 #define KEEP_OPEN_FILES 4096 /* sources of at most this many files keep them open */
 
@@ -259,6 +271,11 @@ typedef struct {
     int arena;             /* the device arena its images were decoded into */
     int64_t next_task;     /* the read team's next sample */
     ing_png *png;          /* per sample: its mask's decode */
+    ing_png *ipng;         /* per sample: its image's decode, where the read team decodes it (on_host) */
+    uint8_t *on_host;      /* per sample: 1 where its image is a PNG the read team decodes, not nvImageCodec */
+    int64_t *pix;          /* per sample (on_host): where its decoded pixels lie in `phost` */
+    unsigned char *phost;  /* the PNG images decoded on the read team (pinned with a GPU), uploaded in one copy */
+    size_t pcap, ptotal;
     unsigned char *mhost;  /* the decoded masks (pinned with a GPU), uploaded to `mdev` for their warp */
     size_t mcap, mtotal;
     CUdeviceptr mdev;
@@ -326,13 +343,17 @@ struct Engine {
     ex_request keys;      /* TFRECORD: the image key ('b') and, where given, the label key ('i') */
     char *key_block;
     int record_crc;       /* TFRECORD: check the records' own masked CRC32Cs */
-    int mask_cell;        /* TFRECORD: the keys' index of the mask's key (one bytes value, a PNG); -1: no mask */
+    unsigned char framed[FRAMED_MAX]; /* FRAMED: its records' field kind codes in order (default: image, int) */
+    int nframed;
+    int mask_cell;        /* TFRECORD: the keys' index of the mask's key (one bytes value, a PNG); FRAMED: the
+                             mask's field's (kind 10, a PNG); -1: no mask */
     int64_t *mask_off, *mask_size; /* WHOLE: each sample's mask, a byte range of its own in the image's file (a
                                       WebDataset member), read with the image (NULL: none) */
     uint32_t *mask_crcs;  /* WHOLE with mask ranges: each mask range's CRC32C, checked as read (NULL: none) */
     int masks;            /* a mask rides with each image (mask_cell >= 0 or mask_off) */
     ing_chain mchain;     /* the chain for the masks: one uint8 channel, no Normalize, the mask's fill */
     ing_png_worker *png_workers; /* one per read team member */
+    int host_png;         /* zlib loaded: PNG images are decoded on the read team (png_decode.h) */
     int *fds;
     int keep_open, format;
     ing_chain chain;
@@ -397,6 +418,7 @@ struct Engine {
     int64_t batches_decoded;
     /* the decode thread's per-batch scratch */
     int64_t *g_pos, *g_reg, *g_org, *g_dec, *g_aoff, *g_row, *p_org, *p_dec, *p_row, *p_pos, *p_hw;
+    int64_t *g_nv;        /* the GPU list's entries nvImageCodec decodes (not a host image's), in order */
     uint64_t *p_src;
     ing_sample *p_plan;
     /* counts */
@@ -567,13 +589,24 @@ static int tfrecord_check(const unsigned char *p, int64_t len) {
     return TF_OK;
 }
 
+/* The read team's next sample of the job being read for a member to work on, or -1 once all are taken: each
+ * sample goes to one member, in order of asking. */
+static inline int64_t team_next(Job *j) {
+    int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
+    return k < j->n ? k : -1;
+}
+
+/* Runs fn on the read team over job j's samples (each member taking them with team_next until none is left). */
+static void team_over(Engine *e, Job *j, team_fn fn) {
+    e->reading = j;
+    j->next_task = 0;
+    team_run(&e->readers, fn);
+}
+
 /* Team member: the sizes of whole-file samples (size -1 in the table). */
 static void stat_fn(Engine *e, int id) {
     Job *j = e->reading;
-    for (;;) {
-        int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
-        if (k >= j->n)
-            return;
+    for (int64_t k; (k = team_next(j)) >= 0;) {
         if (j->want[k] >= 0)
             continue;
         int64_t i = j->index[k];
@@ -628,10 +661,7 @@ static void read_with_mask(Engine *e, Job *j, int64_t k, int fd) {
 /* Team member: each sample's bytes into the host arena. */
 static void read_fn(Engine *e, int id) {
     Job *j = e->reading;
-    for (;;) {
-        int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
-        if (k >= j->n)
-            return;
+    for (int64_t k; (k = team_next(j)) >= 0;) {
         if (j->state[k] != ST_OK)
             continue;
         int64_t i = j->index[k], len = j->want[k];
@@ -700,6 +730,7 @@ static int read_batch(Engine *e, Job *j) {
         j->state[k] = ST_OK;
         j->why[k] = 0;
         j->status[k] = 0;
+        j->on_host[k] = 0;
         if (e->python != NULL && e->python[i]) { /* not read: Python reads it and names what is wrong */
             j->state[k] = ST_FALLBACK;
             j->why[k] = WHY_RECORD;
@@ -707,11 +738,8 @@ static int read_batch(Engine *e, Job *j) {
         }
         stat |= j->want[k] < 0;
     }
-    e->reading = j;
-    if (stat) {
-        j->next_task = 0;
-        team_run(&e->readers, stat_fn);
-    }
+    if (stat)
+        team_over(e, j, stat_fn);
     size_t total = 0;
     for (int64_t k = 0; k < j->n; ++k) {
         j->off[k] = (int64_t)total;
@@ -720,8 +748,7 @@ static int read_batch(Engine *e, Job *j) {
     }
     if (!ensure_host(e, &j->host, &j->cap, total, "read arena"))
         return 0;
-    j->next_task = 0;
-    team_run(&e->readers, read_fn);
+    team_over(e, j, read_fn);
     return 1;
 }
 
@@ -836,23 +863,44 @@ static int datum_image(const unsigned char *p, int64_t len, int64_t *start, int6
     return 1;
 }
 
-/* The image and label of our LMDB layout's framed record of an image and an int label (formats/_framed.py: b"IGR1",
- * kind 1, u64 length, the image, kind 3, u64 8, the int64 label), as LMDBSource.parse_batch takes it; 0 for any
- * other (Python's decode reads it or names its problem). */
-static int framed_image(const unsigned char *p, int64_t len, int64_t *start, int64_t *end, int64_t *label) {
-    if (len < 13 + 17 || memcmp(p, "IGR1", 4) != 0 || p[4] != 1 || ex_le64(p + 5) != (uint64_t)(len - 30))
+/* The image, label and (`mask_cell` >= 0: the field there, of kind 10) mask of our LMDB layout's framed record
+ * (formats/_framed.py: b"IGR1", then per declared field its kind code, u64 length and payload) whose fields have
+ * the kind codes `codes` in order (1 the image, 3 the int label of 8 bytes, 10 a mask; -1 as the label without
+ * one), as _framed.decode takes it: each field's code as declared, its length inside the record, nothing after
+ * the last; 0 for any other record and an empty mask (Python's decode reads it or names its problem). */
+static int framed_image(const unsigned char *p, int64_t len, const unsigned char *codes, int n, int mask_cell,
+                        int64_t *start, int64_t *end, int64_t *label, int64_t *mask) {
+    if (len < 4 || memcmp(p, "IGR1", 4) != 0)
         return 0;
-    const unsigned char *tail = p + len - 17;
-    if (tail[0] != 3 || ex_le64(tail + 1) != 8)
-        return 0;
-    *start = 13;
-    *end = len - 17;
-    *label = (int64_t)ex_le64(tail + 9);
-    return 1;
+    int64_t at = 4;
+    *label = -1;
+    for (int f = 0; f < n; ++f) {
+        if (len - at < 9 || p[at] != codes[f])
+            return 0;
+        uint64_t size = ex_le64(p + at + 1);
+        at += 9;
+        if (size > (uint64_t)(len - at))
+            return 0;
+        if (codes[f] == FRAMED_IMAGE) {
+            *start = at;
+            *end = at + (int64_t)size;
+        } else if (codes[f] == FRAMED_INT) {
+            if (size != 8)
+                return 0;
+            *label = (int64_t)ex_le64(p + at);
+        } else if (f == mask_cell) {
+            if (size == 0)
+                return 0;
+            mask[0] = at;
+            mask[1] = (int64_t)size;
+        }
+        at += (int64_t)size;
+    }
+    return at == len;
 }
 
-/* The image of a record of `format` (not FMT_WHOLE), the label it holds and (a TFRecord table with a mask key) its
- * mask's start and length in mask[0..1] (else untouched); 0 where Python's reader decides. */
+/* The image of a record of `format` (not FMT_WHOLE), the label it holds and (a TFRecord or framed table with a mask)
+ * its mask's start and length in mask[0..1] (else untouched); 0 where Python's reader decides. */
 static int record_image(const Engine *e, const unsigned char *p, int64_t len, int64_t *start, int64_t *end,
                         int64_t *label, int64_t *mask) {
     switch (e->format) {
@@ -863,7 +911,7 @@ static int record_image(const Engine *e, const unsigned char *p, int64_t len, in
     case FMT_CAFFE_DATUM:
         return datum_image(p, len, start, end, label);
     default:
-        return framed_image(p, len, start, end, label);
+        return framed_image(p, len, e->framed, e->nframed, e->mask_cell, start, end, label, mask);
     }
 }
 
@@ -876,23 +924,30 @@ static int why_not_gpu(const int64_t *row, int64_t max_pixels) {
     return row[6] != 1 ? WHY_ORIENTED : 0;
 }
 
-/* Team member: the batch's masks whose headers were taken, decoded into the mask arena. */
-static void mask_fn(Engine *e, int id) {
-    Job *j = e->reading;
-    for (;;) {
-        int64_t k = __atomic_fetch_add(&j->next_task, 1, __ATOMIC_RELAXED);
-        if (k >= j->n)
-            return;
-        if (j->state[k] == ST_OK)
-            ing_png_decode(&j->png[k], &e->png_workers[id]);
-    }
+/* Whether sample k's image (p, len bytes) is a PNG whose header png_decode.h takes as an RGB image of at most
+ * max_pixels: then the read team decodes it (decode_pngs), its header row the PNG's size. */
+static int host_image(Engine *e, Job *j, int64_t k, const unsigned char *p, int64_t len) {
+    ing_png *png = &j->ipng[k];
+    memset(png, 0, sizeof *png);
+    png->data = p;
+    png->len = (size_t)len;
+    png->rgb = 1;
+    png->offset = -1;
+    if (!e->host_png || ing_png_header(png) != ING_PNG_DECODED ||
+        (int64_t)png->width * (int64_t)png->height > e->max_pixels)
+        return 0;
+    int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
+    memset(row, 0, ING_JPEG_COLUMNS * sizeof(int64_t));
+    row[1] = png->height;
+    row[2] = png->width;
+    j->on_host[k] = 1;
+    return 1;
 }
 
-/* The masks of the samples the GPU path takes, decoded on the read team into the host mask arena (png_decode.h),
- * each at its image's probed size: a mask the native decoder leaves to Pillow or refuses, of 16-bit values, or of
- * another size than its image's leaves its sample to Python (WHY_MASK), whose decode stage takes it or names
- * what is wrong with it (masks.py, decode.py). 0 (the engine stopped) where the arena cannot be had. */
-static int decode_masks(Engine *e, Job *j) {
+/* The bytes of the mask arena: each GPU row's mask header checked (a mask the native decoder leaves to Pillow or
+ * refuses, of 16-bit values, or of another size than its image's leaves its sample to Python, WHY_MASK, whose
+ * decode stage takes it or names what is wrong with it: masks.py, decode.py) and its place set in j->mask[2k]. */
+static size_t place_masks(Job *j) {
     size_t total = 0;
     for (int64_t k = 0; k < j->n; ++k) {
         if (j->state[k] != ST_OK)
@@ -911,22 +966,59 @@ static int decode_masks(Engine *e, Job *j) {
         j->mask[2 * k] = (int64_t)total; /* (its encoded bytes are png->data now) */
         total += ((size_t)png->width * png->height + 255) & ~(size_t)255;
     }
-    j->mtotal = total;
-    if (total == 0)
+    return total;
+}
+
+/* Team member: the batch's PNGs, each GPU row's image where it is one (on_host) and its mask (with masks). */
+static void png_fn(Engine *e, int id) {
+    Job *j = e->reading;
+    for (int64_t k; (k = team_next(j)) >= 0;) {
+        if (j->state[k] != ST_OK)
+            continue;
+        if (j->on_host[k])
+            ing_png_decode(&j->ipng[k], &e->png_workers[id]);
+        if (e->masks)
+            ing_png_decode(&j->png[k], &e->png_workers[id]);
+    }
+}
+
+/* The PNGs of the samples the GPU path takes, decoded on the read team in one round: their PNG images
+ * (host_image) whole, uint8 [H, W, 3] each at an ALIGN step of the host image arena, which decode_batch uploads in
+ * one copy beside nvImageCodec's decodes (the kernel warps each as a whole decode), and (with masks) their masks
+ * into the host mask arena at their images' probed size (place_masks). An image the decoder leaves to Pillow or
+ * refuses falls back as WHY_HEADER (Python's CPU decode takes it or names what is wrong), a mask as WHY_MASK.
+ * 0 (the engine stopped) where an arena cannot be had. */
+static int decode_pngs(Engine *e, Job *j) {
+    size_t mtotal = e->masks ? place_masks(j) : 0, ptotal = 0;
+    for (int64_t k = 0; k < j->n; ++k)
+        if (j->state[k] == ST_OK && j->on_host[k]) {
+            j->pix[k] = (int64_t)ptotal;
+            ptotal += ((size_t)j->ipng[k].width * j->ipng[k].height * 3 + ALIGN - 1) / ALIGN * ALIGN;
+        }
+    j->mtotal = mtotal;
+    j->ptotal = ptotal;
+    if (mtotal + ptotal == 0)
         return 1;
-    if (!ensure_host(e, &j->mhost, &j->mcap, total, "mask arena"))
+    if ((mtotal && !ensure_host(e, &j->mhost, &j->mcap, mtotal, "mask arena")) ||
+        (ptotal && !ensure_host(e, &j->phost, &j->pcap, ptotal, "image arena")))
         return 0;
     for (int64_t k = 0; k < j->n; ++k)
-        if (j->state[k] == ST_OK)
-            j->png[k].out = j->mhost + j->mask[2 * k];
-    e->reading = j;
-    j->next_task = 0;
-    team_run(&e->readers, mask_fn);
-    for (int64_t k = 0; k < j->n; ++k)
-        if (j->state[k] == ST_OK && j->png[k].status != ING_PNG_DECODED) {
-            j->state[k] = ST_FALLBACK;
-            j->why[k] = WHY_MASK;
+        if (j->state[k] == ST_OK) {
+            if (j->on_host[k])
+                j->ipng[k].out = j->phost + j->pix[k];
+            if (e->masks)
+                j->png[k].out = j->mhost + j->mask[2 * k];
         }
+    team_over(e, j, png_fn);
+    for (int64_t k = 0; k < j->n; ++k) {
+        if (j->state[k] != ST_OK)
+            continue;
+        int image = j->on_host[k] && j->ipng[k].status != ING_PNG_DECODED;
+        if (image || (e->masks && j->png[k].status != ING_PNG_DECODED)) {
+            j->state[k] = ST_FALLBACK;
+            j->why[k] = image ? WHY_HEADER : WHY_MASK;
+        }
+    }
     return 1;
 }
 
@@ -995,6 +1087,8 @@ static int prepare_batch(Engine *e, Job *j) {
         int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
         ing_jpeg_scan(p + start, stop - start, row);
         int why = why_not_gpu(row, e->max_pixels);
+        if (why == WHY_HEADER && host_image(e, j, k, p + start, stop - start))
+            why = 0; /* a PNG the read team decodes (decode_pngs) */
         if (why) {
             j->state[k] = ST_FALLBACK;
             j->why[k] = why;
@@ -1039,7 +1133,7 @@ static int prepare_batch(Engine *e, Job *j) {
             }
         }
     }
-    return !e->masks || decode_masks(e, j);
+    return decode_pngs(e, j);
 }
 
 /* -- queues ------------------------------------------------------------------------------------------------ */
@@ -1216,22 +1310,25 @@ static int take_arena(Engine *e, Job *j, size_t need) {
 }
 
 /* Decodes the batch's GPU samples (their regions: decode_gpu.clip_regions) into a device arena; refused ones
- * fall back. A PIXELS batch decodes nothing: its read arena, where each sample's pixels lie dense at its offset, is
- * copied whole to the device arena in one copy (bytes of samples that failed or fell back ride along: one copy
- * costs less than a copy per sample), each sample's pixels then read by the kernel where they landed, whole. Fills
- * g_pos/g_reg/g_org/g_dec/g_aoff for the kernel. Returns the count of the GPU list, or -1. */
+ * fall back. Host pixels are uploaded instead, in one copy of the host buffer that holds them: a PIXELS batch's
+ * read arena, where each sample's pixels lie dense at its offset, or a batch's image arena of the PNGs the read team
+ * decoded (decode_pngs), at the device arena's start (bytes of samples that failed or fell back ride along: one
+ * copy costs less than a copy per sample); the kernel then reads each sample's pixels where they landed, whole.
+ * Fills g_pos/g_reg/g_org/g_dec/g_aoff for the kernel and g_nv for the decoders. Returns the count of the GPU list,
+ * or -1. */
 static int64_t decode_batch(Engine *e, Job *j) {
-    int64_t m = 0;
-    size_t need = 0;
+    int64_t m = 0, mg = 0;
     int pixels = e->format == FMT_PIXELS;
+    const unsigned char *up = pixels ? j->host : j->phost;
+    size_t upload = pixels ? 0 : j->ptotal, need = (upload + ALIGN - 1) / ALIGN * ALIGN;
     for (int64_t k = 0; k < j->n; ++k) {
         if (j->state[k] != ST_OK)
             continue;
         const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k, *r = j->plan[k].region;
         int64_t h = row[1], w = row[2];
         int64_t x0 = r[0] > 0 ? r[0] : 0, y0 = r[1] > 0 ? r[1] : 0, x1 = r[2] < w ? r[2] : w, y1 = r[3] < h ? r[3] : h;
-        int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h;
-        int keep = !pixels && e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0];
+        int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h, host = pixels || j->on_host[k];
+        int keep = !host && e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0];
         int64_t *g = e->g_reg + 4 * m;
         if (keep) {
             g[0] = x0, g[1] = y0, g[2] = x1, g[3] = y1;
@@ -1246,10 +1343,14 @@ static int64_t decode_batch(Engine *e, Job *j) {
         size_t bytes = (size_t)(e->g_dec[2 * m] * e->g_dec[2 * m + 1] * 3);
         if (pixels) { /* where the read arena holds it */
             e->g_aoff[m] = j->img[2 * k];
-            need = (size_t)j->img[2 * k] + bytes > need ? (size_t)j->img[2 * k] + bytes : need;
+            upload = (size_t)j->img[2 * k] + bytes > upload ? (size_t)j->img[2 * k] + bytes : upload;
+            need = upload;
+        } else if (host) { /* where the image arena holds it */
+            e->g_aoff[m] = j->pix[k];
         } else {
             e->g_aoff[m] = (int64_t)need;
             need += (bytes + ALIGN - 1) / ALIGN * ALIGN;
+            e->g_nv[mg++] = m;
         }
         ++m;
     }
@@ -1258,16 +1359,18 @@ static int64_t decode_batch(Engine *e, Job *j) {
     int a = take_arena(e, j, need);
     if (a < 0)
         return -1;
-    if (pixels && !cuok(e, cu.MemcpyHtoDAsync(e->arena[a], j->host, need, e->stream), "cuMemcpyHtoDAsync (pixels)"))
+    if (upload > 0 &&
+        !cuok(e, cu.MemcpyHtoDAsync(e->arena[a], up, upload, e->stream), "cuMemcpyHtoDAsync (host pixels)"))
         return -1;
-    /* np.array_split's shares: the first m % ndec decoders take one more (PIXELS: no decoders) */
+    /* np.array_split's shares of nvImageCodec's list: the first mg % ndec decoders take one more (PIXELS: no
+     * decoders) */
     int64_t first = 0;
     for (int d = 0; d < e->ndec; ++d) {
         Decoder *dc = &e->dec[d];
         dc->first = first;
-        dc->count = m / e->ndec + (d < m % e->ndec);
+        dc->count = mg / e->ndec + (d < mg % e->ndec);
         for (int64_t i = 0; i < dc->count; ++i) {
-            int64_t g = first + i, k = e->g_pos[g];
+            int64_t g = e->g_nv[first + i], k = e->g_pos[g];
             char *info = dc->slots.infos + i * e->info_stride;
             uint32_t h = (uint32_t)e->g_dec[2 * g], w = (uint32_t)e->g_dec[2 * g + 1];
             size_t row = (size_t)w * 3;
@@ -1283,12 +1386,12 @@ static int64_t decode_batch(Engine *e, Job *j) {
         }
         first += dc->count;
     }
-    if (!pixels)
+    if (mg > 0)
         team_run(&e->decoders, decode_fn);
     for (int d = 0; d < e->ndec; ++d) {
         Decoder *dc = &e->dec[d];
         for (int64_t i = 0; i < dc->count; ++i) {
-            int64_t k = e->g_pos[dc->first + i];
+            int64_t k = e->g_pos[e->g_nv[dc->first + i]];
             if (dc->out[i] != ING_NV_SUCCESS) {
                 j->state[k] = ST_FALLBACK;
                 j->why[k] = WHY_DECODER;
@@ -1389,6 +1492,8 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
             pad[rows] = j->pad[k];
         if (j->state[k] == ST_FALLBACK)
             kept[nkept++] = (Note){j->index[k], rows, NOTE_FALLBACK, j->why[k], j->status[k]};
+        else if (j->on_host[k]) /* (OK: its image decoded on the read team) */
+            kept[nkept++] = (Note){j->index[k], rows, NOTE_HOST, 0, 0};
         if (dry) {
             int64_t *d = dry + D_COLS * rows;
             memset(d, 0, D_COLS * sizeof(int64_t));
@@ -1405,7 +1510,8 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
                 int whole = x0 == 0 && y0 == 0 && x1 == w && y1 == h;
                 d[D_H] = h, d[D_W] = w;
                 memcpy(d + D_RX0, r, 4 * sizeof(int64_t));
-                if (e->format != FMT_PIXELS && e->regions && x1 > x0 && y1 > y0 && !whole && r[2] > r[0])
+                if (e->format != FMT_PIXELS && !j->on_host[k] && e->regions && x1 > x0 && y1 > y0 && !whole &&
+                    r[2] > r[0])
                     d[D_DX0] = x0, d[D_DY0] = y0, d[D_DX1] = x1, d[D_DY1] = y1;
                 d[D_OH] = s->out_hw[0], d[D_OW] = s->out_hw[1];
             }
@@ -1573,6 +1679,9 @@ static void engine_free(Engine *e) {
                 cu.MemFreeHost(e->jobs[k].host);
             if (e->jobs[k].mhost)
                 cu.MemFreeHost(e->jobs[k].mhost);
+            if (e->jobs[k].phost)
+                cu.MemFreeHost(e->jobs[k].phost);
+            e->jobs[k].phost = NULL;
             if (e->jobs[k].mdev)
                 cu.MemFree(e->jobs[k].mdev);
             e->jobs[k].mhost = NULL;
@@ -1607,9 +1716,10 @@ static void engine_free(Engine *e) {
         if (!e->gpu) {
             free(j->host);
             free(j->mhost);
+            free(j->phost);
         }
-        free(j->png);
-        j->png = NULL;
+        free(j->png); /* (and ipng) */
+        j->png = j->ipng = NULL;
         free(j->index); /* one block holds every per-sample array of the job */
         free(j->plan);  /* and one its plans */
         free(j->notes);
@@ -1822,12 +1932,13 @@ static uint32_t *copy_crcs(PyObject *obj, int64_t n, const char *name) {
 
 static int alloc_job(Engine *e, Job *j) {
     int64_t B = e->batch;
-    /* one block: 11 int64 arrays of B, hdr (9 B), hw, ok_hw, img (2 B each), then state, why, status, pad */
-    size_t ints = (size_t)B * (11 + 9 + 6), bytes = ints * 8 + (size_t)B * (4 + 4 + 4 + 1);
+    /* one block: 12 int64 arrays of B, hdr (9 B), hw, ok_hw, img (2 B each), then state, why, status, pad,
+     * on_host */
+    size_t ints = (size_t)B * (12 + 9 + 6), bytes = ints * 8 + (size_t)B * (4 + 4 + 4 + 1 + 1);
     char *block = calloc(1, bytes + 16);
     ing_sample *plans = calloc((size_t)(2 * B), sizeof(ing_sample));
     Note *notes = calloc((size_t)B, sizeof(Note));
-    ing_png *png = calloc((size_t)B, sizeof(ing_png));
+    ing_png *png = calloc((size_t)(2 * B), sizeof(ing_png)); /* masks, then images */
     if (block == NULL || plans == NULL || notes == NULL || png == NULL) {
         free(block);
         free(plans);
@@ -1836,6 +1947,7 @@ static int alloc_job(Engine *e, Job *j) {
         return -1;
     }
     j->png = png;
+    j->ipng = png + B;
     j->notes = notes;
     int64_t *p = (int64_t *)block;
     j->index = p, p += B;
@@ -1848,6 +1960,7 @@ static int alloc_job(Engine *e, Job *j) {
     j->crc = p, p += B;
     j->mask = p, p += 2 * B;
     j->mcrc = p, p += B;
+    j->pix = p, p += B;
     j->hdr = p, p += 9 * B;
     j->hw = p, p += 2 * B;
     j->ok_hw = p, p += 2 * B;
@@ -1856,6 +1969,7 @@ static int alloc_job(Engine *e, Job *j) {
     j->why = j->state + B;
     j->status = (uint32_t *)(j->why + B);
     j->pad = (uint8_t *)(j->status + B);
+    j->on_host = j->pad + B;
     j->plan = plans;
     j->ok_plan = plans + B;
     return 0;
@@ -2079,6 +2193,54 @@ static int set_keys(Engine *e, PyObject *keys, PyObject *mask_key) {
     return 0;
 }
 
+/* A framed table's record layout, [codes] (one bytes value: its records' field kind codes in order, each of image
+ * 1, int 3 and mask 10 at most once, the image's given; None: image, int), and the mask's key (None, or b"\x0a":
+ * the mask field's code), into e->framed, e->nframed and e->mask_cell. */
+static int set_framed(Engine *e, PyObject *keys, PyObject *mask_key) {
+    static const unsigned char plain[] = {FRAMED_IMAGE, FRAMED_INT};
+    const unsigned char *codes = plain;
+    Py_ssize_t n = 2;
+    PyObject *seq = NULL;
+    e->mask_cell = -1;
+    if (keys != Py_None) {
+        seq = PySequence_Fast(keys, "keys must be a sequence of bytes");
+        if (seq == NULL)
+            return -1;
+        PyObject *one = PySequence_Fast_GET_SIZE(seq) == 1 ? PySequence_Fast_GET_ITEM(seq, 0) : NULL;
+        if (one == NULL || !PyBytes_Check(one)) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "a framed table's keys are one bytes value: its fields' kind codes");
+            return -1;
+        }
+        codes = (const unsigned char *)PyBytes_AS_STRING(one);
+        n = PyBytes_GET_SIZE(one);
+    }
+    int images = 0, ints = 0, masks = 0, ok = n <= FRAMED_MAX;
+    for (Py_ssize_t f = 0; ok && f < n; ++f) {
+        images += codes[f] == FRAMED_IMAGE;
+        ints += codes[f] == FRAMED_INT;
+        masks += codes[f] == FRAMED_MASK;
+        ok = codes[f] == FRAMED_IMAGE || codes[f] == FRAMED_INT || codes[f] == FRAMED_MASK;
+    }
+    ok = ok && images == 1 && ints <= 1 && masks <= 1;
+    if (ok && mask_key != Py_None) {
+        ok = PyBytes_Check(mask_key) && PyBytes_GET_SIZE(mask_key) == 1 &&
+             (unsigned char)PyBytes_AS_STRING(mask_key)[0] == FRAMED_MASK && masks == 1;
+        for (Py_ssize_t f = 0; ok && f < n; ++f)
+            if (codes[f] == FRAMED_MASK)
+                e->mask_cell = (int)f;
+    }
+    if (ok) {
+        memcpy(e->framed, codes, (size_t)n);
+        e->nframed = (int)n;
+    }
+    Py_XDECREF(seq);
+    if (!ok)
+        PyErr_SetString(PyExc_ValueError, "a framed table's fields are an image (kind code 1) and at most one int "
+                                          "(3) and one mask (10), its mask key b'\\x0a' where it has a mask");
+    return ok ? 0 : -1;
+}
+
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"paths", "files", "offsets", "sizes", "labels", "format", "desc", "seed", "batch_size",
                              "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", "crcs", "keys",
@@ -2100,8 +2262,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
                                      &max_pixels, &regions, &gpu, &nice, &crcs, &keys, &record_crc, &python,
                                      &mask_key, &mask_fill, &hw, &mask_offsets, &mask_sizes, &mask_crcs))
         return -1;
-    if ((mask_key != Py_None && format != FMT_TFRECORD) || mask_fill < 0 || mask_fill > 255) {
-        PyErr_SetString(PyExc_ValueError, "Engine: a mask key is for a TFRecord table, its fill 0..255");
+    if ((mask_key != Py_None && format != FMT_TFRECORD && format != FMT_FRAMED) || mask_fill < 0 || mask_fill > 255) {
+        PyErr_SetString(PyExc_ValueError, "Engine: a mask key is for a TFRecord or framed table, its fill 0..255");
         return -1;
     }
     if ((hw != Py_None) != (format == FMT_PIXELS)) {
@@ -2142,6 +2304,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->record_crc = format == FMT_TFRECORD && record_crc;
     e->mask_cell = -1;
     if (format == FMT_TFRECORD && set_keys(e, keys, mask_key) < 0)
+        goto fail;
+    if (format == FMT_FRAMED && set_framed(e, keys, mask_key) < 0)
         goto fail;
     /* the table */
     if (!PyList_Check(paths)) {
@@ -2217,6 +2381,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     if (mask_crcs != Py_None && (e->mask_crcs = copy_crcs(mask_crcs, n, "mask_crcs")) == NULL)
         goto fail;
     e->masks = e->mask_cell >= 0 || e->mask_off != NULL;
+    e->host_png = format != FMT_PIXELS && ing_png_load() == NULL; /* (without zlib, PNG images are Python's) */
     if (hw != Py_None) {
         if ((e->pixel_hw = copy_int64s(hw, 2 * n, NULL, "hw")) == NULL)
             goto fail;
@@ -2335,7 +2500,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->slot_idx = calloc((size_t)slots, sizeof(Py_buffer));
     e->slot_pad = calloc((size_t)slots, sizeof(Py_buffer));
     e->slot_dry = calloc((size_t)slots, sizeof(Py_buffer));
-    e->g_pos = calloc((size_t)B * 19, sizeof(int64_t));
+    e->g_pos = calloc((size_t)B * 20, sizeof(int64_t));
     e->p_src = calloc((size_t)B, sizeof(uint64_t));
     e->p_plan = calloc((size_t)B, sizeof(ing_sample));
     if (!e->slot_out || !e->slot_lbl || !e->slot_args || !e->slot_mask || !e->slot_host || !e->slot_notes || !e->slot_nnotes ||
@@ -2353,7 +2518,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->p_dec = e->p_org + 2 * B;
     e->p_row = e->p_dec + 2 * B;
     e->p_pos = e->p_row + B;
-    e->p_hw = e->p_pos + B; /* 19 B in all */
+    e->p_hw = e->p_pos + B;
+    e->g_nv = e->p_hw + 2 * B; /* 20 B in all */
     for (int64_t s = 0; s < slots; ++s)
         if ((e->slot_notes[s] = calloc((size_t)B, sizeof(Note))) == NULL) {
             PyErr_NoMemory();
@@ -2736,13 +2902,14 @@ static PyObject *py_recordio_image(PyObject *self, PyObject *args) {
     return Py_BuildValue("(LLL)", (long long)start, (long long)end, (long long)label);
 }
 
-/* record(bytes, kind[, keys, check]) -> (start, end, label) of its image, None where the engine leaves it to Python,
- * or (TFRecord, check) the TF_* code of a CRC that fails: the engine's parse of one record of a table kind. */
+/* record(bytes, kind[, keys, check, mask_key]) -> (start, end, label) of its image (with a mask key, then the
+ * mask's start and length), None where the engine leaves it to Python, or (TFRecord, check) the TF_* code of a CRC
+ * that fails: the engine's parse of one record of a table kind. */
 static PyObject *py_record_image(PyObject *self, PyObject *args) {
     Py_buffer b;
     int format, check = 0;
-    PyObject *keys = Py_None;
-    if (!PyArg_ParseTuple(args, "y*i|Op:record_image", &b, &format, &keys, &check))
+    PyObject *keys = Py_None, *mask_key = Py_None;
+    if (!PyArg_ParseTuple(args, "y*i|OpO:record_image", &b, &format, &keys, &check, &mask_key))
         return NULL;
     Engine scratch; /* (only its format and keys are read) */
     memset(&scratch, 0, sizeof scratch);
@@ -2753,17 +2920,60 @@ static PyObject *py_record_image(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "record_image: format %d is not a record format", format);
         goto done;
     }
-    if (format == FMT_TFRECORD && set_keys(&scratch, keys, Py_None) < 0)
+    scratch.mask_cell = -1;
+    if (format == FMT_TFRECORD && set_keys(&scratch, keys, mask_key) < 0)
+        goto done;
+    if (format == FMT_FRAMED && set_framed(&scratch, keys, mask_key) < 0)
         goto done;
     int code = format == FMT_TFRECORD && check ? tfrecord_check(b.buf, b.len) : TF_OK;
     if (code == TF_LENGTH_CRC || code == TF_DATA_CRC)
         result = PyLong_FromLong(code);
     else if (!record_image(&scratch, b.buf, b.len, &start, &end, &label, mask))
         result = Py_NewRef(Py_None);
+    else if (scratch.mask_cell >= 0)
+        result = Py_BuildValue("(LLLLL)", (long long)start, (long long)end, (long long)label, (long long)mask[0],
+                               (long long)mask[1]);
     else
         result = Py_BuildValue("(LLL)", (long long)start, (long long)end, (long long)label);
 done:
     free(scratch.key_block);
+    PyBuffer_Release(&b);
+    return result;
+}
+
+/* png_image(bytes) -> (height, width, RGB bytes) as the read team decodes an image (png_decode.h, rgb), None where
+ * it leaves the PNG to Pillow, or the message (str) of one it refuses. */
+static PyObject *py_png_image(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*:png_image", &b))
+        return NULL;
+    const char *why = ing_png_load();
+    if (why != NULL) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ImportError, why);
+        return NULL;
+    }
+    ing_png png = {.data = b.buf, .len = (size_t)b.len, .rgb = 1, .offset = -1};
+    ing_png_worker worker = {0};
+    PyObject *out = NULL, *result = NULL;
+    if (ing_png_header(&png) == ING_PNG_DECODED) {
+        out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)png.width * png.height * 3);
+        if (out == NULL)
+            goto done;
+        png.out = (uint8_t *)PyBytes_AS_STRING(out);
+        Py_BEGIN_ALLOW_THREADS
+        ing_png_decode(&png, &worker);
+        Py_END_ALLOW_THREADS
+    }
+    if (png.status == ING_PNG_DECODED)
+        result = Py_BuildValue("(IIO)", png.height, png.width, out);
+    else if (png.status == ING_PNG_REFUSED)
+        result = PyUnicode_FromString(png.message);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(out);
+    ing_png_worker_free(&worker);
     PyBuffer_Release(&b);
     return result;
 }
@@ -2774,8 +2984,12 @@ static PyMethodDef functions[] = {
     {"recordio_image", py_recordio_image, METH_VARARGS,
      "recordio_image(record) -> (start, end, label) of its image, or None where the engine leaves it to Python."},
     {"record_image", py_record_image, METH_VARARGS,
-     "record_image(record, format[, keys, check]) -> (start, end, label) of its image, None where the engine leaves "
+     "record_image(record, format[, keys, check, mask_key]) -> (start, end, label) of its image (and, with a mask "
+     "key, the mask's start and length), None where the engine leaves "
      "it to Python, or (a TFRecord record, check) the code of its CRC that fails (1 length, 2 data)."},
+    {"png_image", py_png_image, METH_VARARGS,
+     "png_image(data) -> (height, width, RGB bytes) as the engine's read team decodes a PNG image, None where it "
+     "leaves it to Pillow, or the message of one it refuses."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2798,6 +3012,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
         PyModule_AddIntConstant(m, "NOTE_READ", NOTE_READ) < 0 ||
         PyModule_AddIntConstant(m, "NOTE_FALLBACK", NOTE_FALLBACK) < 0 ||
         PyModule_AddIntConstant(m, "NOTE_CORRUPT", NOTE_CORRUPT) < 0 ||
+        PyModule_AddIntConstant(m, "NOTE_HOST", NOTE_HOST) < 0 ||
         PyModule_AddIntConstant(m, "DRY_COLUMNS", D_COLS) < 0) {
         Py_DECREF(&EngineType);
         Py_DECREF(m);

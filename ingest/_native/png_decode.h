@@ -1,7 +1,7 @@
-/* Palette and gray PNG masks decoded in pure C on any thread (no Python object, no GIL): the core that
- * ingest/decode/_png.c (a batch for ingest.decode.masks) and ingest/_native/engine.c (the native engine's mask
- * field) share. It decodes the PNGs a mask usually is (non-interlaced, one stored band) to exactly what Pillow's
- * `np.array(img)` gives for them, and says which ones it leaves to Pillow:
+/* PNGs decoded in pure C on any thread (no Python object, no GIL): the core that ingest/decode/_png.c (a batch for
+ * ingest.decode.masks) and ingest/_native/engine.c (the native engine's mask field and its PNG images) share. As a
+ * mask (the default) it decodes the PNGs a mask usually is (non-interlaced, one stored band) to exactly what
+ * Pillow's `np.array(img)` gives for them, and says which ones it leaves to Pillow:
  *
  *   colour type, bit depth        decoded to
  *   3 (palette) 1, 2, 4, 8        the indices, uint8
@@ -16,6 +16,16 @@
  * than 2 bytes; data that ends at a chunk boundary without IEND. Everything else is decoded or refused
  * (ING_PNG_REFUSED) with a message and the byte offset it concerns.
  *
+ * As an image (`rgb` set before the header is read) it decodes every 8-bit or lower, non-interlaced PNG to uint8
+ * [H, W, 3] RGB, exactly what ingest.decode.cpu gives (Pillow's `convert("RGB")` with the transparency dropped):
+ * RGB as stored and RGBA without its alpha (colour types 2 and 6, 8-bit); palette indices (1, 2, 4, 8 bits) looked
+ * up in PLTE; gray (1, 2, 4, 8 bits) scaled to 0..255 as Pillow unpacks it (v * 255 / (2^bits - 1)) and gray +
+ * alpha's gray band, each in all three channels. Left to Pillow: 16 bits; Adam7; an eXIf chunk (an orientation
+ * the CPU decoder applies); a palette image's PLTE that is not 1..256 whole entries or comes after IDAT; an index
+ * past the palette's entries (found while decoding: status ING_PNG_PILLOW then); a colour tRNS shorter than 6 bytes;
+ * and the mask's cases that concern any PNG (no signature, animation, an unknown critical chunk, no PLTE, a short
+ * gray tRNS, no IEND). Other ancillary chunks are skipped, as for masks.
+ *
  * What is checked (the PNG specification, W3C / RFC 2083): the signature; IHDR first, 13 bytes, its width and
  * height 1..2^31-1, its bit depth allowed for its colour type, compression and filter method 0, interlace 0 or
  * 1; every chunk's length (at most 2^31-1, inside the data), type (four ASCII letters) and CRC, IDAT's
@@ -26,9 +36,9 @@
  *
  * zlib is loaded at run time (ing_png_load: dlopen libz.so.1), so this builds with no header but the C library's.
  *
- * Use: ing_png p = {.data, .len}; ing_png_header(&p) (signature and IHDR: width, height, depth, colour type; no
- * allocation), then, where it gives ING_PNG_DECODED, point p.out at height * width * ing_png_itemsize(&p) bytes
- * and ing_png_decode(&p, &worker) (the chunks walked and checked, the rows inflated); p.status says how it went.
+ * Use: ing_png p = {.data, .len} (.rgb = 1 for an image); ing_png_header(&p) (signature and IHDR: width, height,
+ * depth, colour type; no allocation), then, where it gives ING_PNG_DECODED, point p.out at height * width *
+ * ing_png_itemsize(&p) bytes and ing_png_decode(&p, &worker) (the chunks walked and checked, the rows inflated); p.status says how it went.
  * An ing_png_worker (zeroed to start) keeps an inflater and row scratch from one image to the next on one thread;
  * ing_png_worker_free releases them.
  */
@@ -100,8 +110,11 @@ enum { ING_PNG_DECODED, ING_PNG_PILLOW, ING_PNG_REFUSED };
 typedef struct {
     const uint8_t *data;
     size_t len;
+    int rgb;            /* set by the caller: decode as an RGB image, not as a mask */
     uint32_t width, height;
     int depth, ctype;
+    const uint8_t *palette; /* rgb, palette images: PLTE's entries (found by the walk), `entries` of 3 bytes */
+    int entries;
     uint8_t *out;       /* height * width * itemsize bytes */
     int status;
     long long offset;   /* of what the message is about; -1: none */
@@ -190,8 +203,8 @@ static int ing_png_header(ing_png *j) {
         return png_refuse(j, 26, "PNG IHDR: compression method %d and filter method %d must be 0", d[26], d[27]);
     if (interlace > 1)
         return png_refuse(j, 28, "PNG IHDR: interlace method %d is not 0 or 1", interlace);
-    int native = interlace == 0 && (ctype == 3 || (ctype == 0 && depth != 2 && depth != 4) ||
-                                    (ctype == 4 && depth == 8));
+    int native = interlace == 0 && (j->rgb ? depth != 16 : ctype == 3 || (ctype == 0 && depth != 2 && depth != 4) ||
+                                                           (ctype == 4 && depth == 8));
     if (!native)
         return j->status = ING_PNG_PILLOW;
     j->width = w;
@@ -200,6 +213,9 @@ static int ing_png_header(ing_png *j) {
     j->ctype = ctype;
     return j->status = ING_PNG_DECODED;
 }
+
+/* The output's bytes per pixel: 3 for an image (rgb), else per value: 2 for 16-bit gray, 1 otherwise. */
+static inline size_t ing_png_itemsize(const ing_png *j) { return j->rgb ? 3 : j->depth == 16 ? 2 : 1; }
 
 static uint8_t png_paeth(int a, int b, int c) {
     int p = a + b - c, pa = abs(p - a), pb = abs(p - b), pc = abs(p - c);
@@ -260,6 +276,38 @@ static void png_store(const ing_png *j, const uint8_t *x, uint8_t *o) {
     }
 }
 
+/* One unfiltered row (no filter byte) to its RGB output row (rgb); -1 where a palette index is past PLTE's entries. */
+static int png_store_rgb(const ing_png *j, const uint8_t *x, uint8_t *o) {
+    uint32_t w = j->width;
+    int depth = j->depth, mask = (1 << depth) - 1, scale = 255 / mask;
+    switch (j->ctype) {
+    case 2:
+        memcpy(o, x, 3 * (size_t)w);
+        return 0;
+    case 6:
+        for (uint32_t i = 0; i < w; ++i, o += 3, x += 4)
+            o[0] = x[0], o[1] = x[1], o[2] = x[2];
+        return 0;
+    case 4:
+        for (uint32_t i = 0; i < w; ++i, o += 3, x += 2)
+            o[0] = o[1] = o[2] = x[0];
+        return 0;
+    default: /* gray or palette, 1, 2, 4 or 8 bits, most significant first */
+        for (uint32_t i = 0; i < w; ++i, o += 3) {
+            size_t bit = (size_t)i * depth;
+            int v = (x[bit >> 3] >> (8 - depth - (bit & 7))) & mask;
+            if (j->ctype == 0) {
+                o[0] = o[1] = o[2] = (uint8_t)(v * scale);
+            } else {
+                if (v >= j->entries)
+                    return -1;
+                memcpy(o, j->palette + 3 * v, 3);
+            }
+        }
+        return 0;
+    }
+}
+
 /* Feeds the next IDAT's data to the inflater; 0 where the chunk after `*at` is not an IDAT (the chunks were
  * checked by the walk, up to IEND). */
 static int png_next_idat(const ing_png *j, ing_z_stream *zs, size_t *at) {
@@ -303,11 +351,19 @@ static int png_walk(ing_png *j, size_t *first_idat) {
                 break;
             if (png_is_type(type, "IHDR"))
                 return png_refuse(j, (long long)pos, "PNG has a second IHDR chunk");
-            if (png_is_type(type, "PLTE"))
+            if (png_is_type(type, "PLTE")) {
                 plte = 1;
-            else if (png_is_type(type, "acTL") || png_is_type(type, "fcTL") || png_is_type(type, "fdAT") ||
-                     (png_is_type(type, "tRNS") && j->ctype == 0 && length < 2) || !(type[0] & 0x20))
-                return j->status = ING_PNG_PILLOW; /* animation, a short gray tRNS, an unknown critical chunk */
+                j->palette = j->data + pos + 8;
+                j->entries = (int)(length / 3);
+                if (j->rgb && j->ctype == 3 && (length % 3 != 0 || length == 0 || length > 768 || idats > 0))
+                    return j->status = ING_PNG_PILLOW; /* (part entries, none, too many, or after the pixels) */
+            } else if (png_is_type(type, "acTL") || png_is_type(type, "fcTL") || png_is_type(type, "fdAT") ||
+                       (png_is_type(type, "tRNS") && j->ctype == 0 && length < 2) || !(type[0] & 0x20) ||
+                       (j->rgb && ((png_is_type(type, "tRNS") && j->ctype == 2 && length < 6) ||
+                                   png_is_type(type, "eXIf")))) {
+                /* animation, a short gray or colour tRNS, an unknown critical chunk, an image's orientation */
+                return j->status = ING_PNG_PILLOW;
+            }
         }
         pos += 12 + (size_t)length;
     }
@@ -320,10 +376,11 @@ static int png_walk(ing_png *j, size_t *first_idat) {
 
 /* The IDATs' zlib stream inflated a block of rows at a time, each row unfiltered and stored (without the GIL). */
 static void png_inflate(ing_png *j, ing_png_worker *wk, size_t at) {
-    int channels = j->ctype == 4 ? 2 : 1;
+    static const int CHANNELS[7] = {1, 0, 3, 1, 2, 0, 4}; /* by colour type */
+    int channels = CHANNELS[j->ctype];
     size_t bpp = (size_t)(channels * j->depth + 7) / 8;
     size_t row = ((size_t)j->width * channels * j->depth + 7) / 8 + 1; /* with its filter byte */
-    size_t itemsize = j->depth == 16 ? 2 : 1, stride = (size_t)j->width * itemsize;
+    size_t stride = (size_t)j->width * ing_png_itemsize(j);
     size_t block = row < PNG_BLOCK ? PNG_BLOCK / row : 1; /* rows inflated per call */
     if (block > j->height)
         block = j->height;
@@ -379,7 +436,12 @@ static void png_inflate(ing_png *j, ing_png_worker *wk, size_t at) {
                 png_refuse(j, -1, "PNG row %zu has filter type %d (0-4 allowed)", y0 + r, cur[0]);
                 return;
             }
-            png_store(j, cur + 1, j->out + (y0 + r) * stride);
+            if (!j->rgb) {
+                png_store(j, cur + 1, j->out + (y0 + r) * stride);
+            } else if (png_store_rgb(j, cur + 1, j->out + (y0 + r) * stride) != 0) {
+                j->status = ING_PNG_PILLOW; /* an index past the palette: Pillow decides what it shows */
+                return;
+            }
         }
         memcpy(prev, rows + (n - 1) * row, row);
     }
@@ -406,8 +468,6 @@ static void png_inflate(ing_png *j, ing_png_worker *wk, size_t at) {
     j->status = ING_PNG_DECODED;
 }
 
-/* The output's bytes per value: 2 for 16-bit gray, else 1. */
-static inline size_t ing_png_itemsize(const ing_png *j) { return j->depth == 16 ? 2 : 1; }
 
 /* A header that gave ING_PNG_DECODED, decoded into j->out: the chunks walked, the rows inflated (any thread). */
 static void ing_png_decode(ing_png *j, ing_png_worker *wk) {

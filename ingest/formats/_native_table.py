@@ -19,7 +19,11 @@ import numpy as np
 #:   table has a ``mask``) the one bytes value of its key; with ``record_crc`` the record's own masked CRC32Cs
 #:   (length, data) are checked;
 #: - "caffe_datum": an encoded Caffe ``Datum``: the image is its ``data`` (field 4), the label its ``label`` (5);
-#: - "framed": our LMDB layout's record of an image and an int label (`ingest.formats._framed`);
+#: - "framed": our LMDB layout's record (`ingest.formats._framed`) of an image and an int label in that order, or,
+#:   where the table's ``keys`` is one bytes value, of the fields whose kind codes it holds in order (``KIND_CODES``:
+#:   an image, at most one int label, at most one mask, e.g. ``b"\x01\x03\x0a"``); the label is the int field's
+#:   (-1 without one), and the mask (where the table has a ``mask``, ``(field name, b"\x0a")``) the field of kind
+#:   code 10;
 #: - "pixels": the range is the image already decoded, uint8 ``[H, W, 3]`` dense (a raw shard's), of the table's
 #:   ``hw``: nothing is parsed or decoded, and the kernel reads the pixels where they land.
 #:
@@ -37,13 +41,15 @@ class NativeTable:
     """Sample i is bytes ``offsets[i]`` to ``offsets[i] + sizes[i]`` of ``paths[files[i]]`` (size -1: to the end
     of the file), parsed as ``kind``; ``labels[i]`` its label (None: read from each record); ``crcs[i]`` the
     CRC32C of exactly those bytes (`ingest.formats.checks`), which the engine checks as it reads them (None: no
-    check); ``keys`` a "tfrecord" table's feature keys (image, then label where the spec has one);
+    check); ``keys`` a "tfrecord" table's feature keys (image, then label where the spec has one), or a "framed"
+    table's one bytes value of its records' field kind codes in order (empty: an image, then an int label);
     ``record_crc`` whether the engine checks a "tfrecord" record's own CRCs; ``python[i]`` 1 where the source
     knows at start that sample i needs its Python reader (a missing member, a header or label that disagrees with
     the index): the engine does not read it and leaves its row to the Python pipeline (None: none);
     ``index_names(i)`` how the reader's errors name sample i (their ``index``; None: i itself); ``mask`` the mask
     field, which the engine decodes and warps beside the image where the consumer takes the fields (None: no mask):
-    a "tfrecord" table's (field name, feature key), a "whole" table's (field name, None) with the mask's own byte
+    a "tfrecord" table's (field name, feature key), a "framed" table's (field name, b"\x0a": the field of that kind
+    code in its ``keys``), a "whole" table's (field name, None) with the mask's own byte
     range per sample in the image's file, ``mask_offsets[i]`` and ``mask_sizes[i]``, read with the image, and
     ``mask_crcs[i]`` the CRC32C of those bytes, checked as read (None: no check); ``hw`` a "pixels" table's ``[n, 2]`` heights and widths, and only
     its (each range then holds exactly ``h * w * 3`` bytes)."""
@@ -74,17 +80,21 @@ class NativeTable:
                                                                        self.mask_offsets, self.mask_sizes,
                                                                        self.mask_crcs)):
             raise ValueError(f"a native table's columns differ in length ({n} files)")
-        if (self.kind == "tfrecord") != bool(self.keys) or len(self.keys) > 2:
-            raise ValueError("a 'tfrecord' table, and only one, names its image key and, where read, its label key "
+        framed = self.kind == "framed" and len(self.keys) == 1 and isinstance(self.keys[0], bytes)
+        if (self.kind == "tfrecord") != bool(self.keys) and not framed or len(self.keys) > 2:
+            raise ValueError("a 'tfrecord' table, and only one, names its image key and, where read, its label key; "
+                             "a 'framed' table may give its fields' kind codes "
                              f"(got keys {self.keys!r} for kind {self.kind!r})")
         if (self.kind == "pixels") != (self.hw is not None) or (self.hw is not None and self.hw.shape != (n, 2)):
             raise ValueError(f"a 'pixels' table, and only one, gives each sample's height and width as [n, 2] "
                              f"(got {None if self.hw is None else self.hw.shape} for kind {self.kind!r})")
         ranges = self.mask_offsets is not None
         if self.mask is not None and not (self.kind == "tfrecord" and isinstance(self.mask[1], bytes) or
-                                          self.kind == "whole" and self.mask[1] is None and ranges):
-            raise ValueError(f"a mask is a 'tfrecord' table's feature key or a 'whole' table's byte ranges (got "
-                             f"{self.mask!r} for kind {self.kind!r}{' with ranges' if ranges else ''})")
+                                          self.kind == "whole" and self.mask[1] is None and ranges or
+                                          framed and self.mask[1] == b"\x0a" and b"\x0a" in self.keys[0]):
+            raise ValueError(f"a mask is a 'tfrecord' table's feature key, a 'framed' table's field of kind code 10 "
+                             f"or a 'whole' table's byte ranges (got {self.mask!r} for kind {self.kind!r}"
+                             f"{' with ranges' if ranges else ''})")
         if ranges != (self.mask_sizes is not None) or (ranges or self.mask_crcs is not None) and \
                 (self.mask is None or self.mask[1] is not None):
             raise ValueError("mask ranges (offsets and sizes, their CRC32Cs optional) go with a 'whole' table's mask")

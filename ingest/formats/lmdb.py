@@ -791,25 +791,33 @@ class LMDBSource:
 
     def native_table(self) -> NativeTable:
         """Every sample's value range in its ``data.mdb`` for the native engine, from the ranges found at open
-        (`_Db.ranges`): kind "framed" for ours of an image and an int label (each label read from its record, the
-        CRC32Cs checked as ``check`` says), "caffe_datum" for encoded Caffe Datums, "whole" for the images layout.
-        `NotNative` for other layouts and fields, and where the ranges were not found."""
+        (`_Db.ranges`): kind "framed" for ours of an image and an int label, and of those with one ``mask`` field
+        besides, in any declared order (its ``keys`` then the fields' kind codes, its ``mask`` the mask field's:
+        `NativeTable`; each label read from its record, the CRC32Cs checked as ``check`` says), "caffe_datum" for
+        encoded Caffe Datums, "whole" for the images layout. `NotNative` for other layouts and fields, and where
+        the ranges were not found."""
         first = self._dbs[0]
         fields = [(name, f.kind) for name, f in self.fields.items()]
         kind = {"ingest": "framed", "caffe": "caffe_datum", "images": "whole"}.get(first.layout)
-        if kind is None or (first.layout != "images" and fields != [("image", "image"), ("label", "int")]):
-            raise NotNative(f"it reads LMDBs of our layout holding an image and an int label, of encoded Caffe "
-                            f"Datums or of images, not layout {first.layout!r} with fields {dict(fields)}")
+        plain = [("image", "image"), ("label", "int")]
+        masks = [name for name, k in fields if k == "mask"]
+        ours = fields == plain or len(masks) == 1 and sorted(fields) == sorted(plain + [(masks[0], "mask")])
+        if kind is None or (first.layout != "images" and not ours):
+            raise NotNative(f"it reads LMDBs of our layout holding an image, an int label and at most one mask, of "
+                            f"encoded Caffe Datums or of images, not layout {first.layout!r} with fields "
+                            f"{dict(fields)}")
         missing = next((db.path for db in self._dbs if db.ranges is None), None)
         if missing is not None:
             raise NotNative(f"where the values of {missing!r} lie in its data.mdb was not found (its map's base: "
                             "see ingest.formats.lmdb)")
         ranges = np.concatenate([db.ranges for db in self._dbs]).reshape(-1, 2)
+        mask = (masks[0], bytes([_framed.KIND_CODES["mask"]])) if masks else None
+        keys = (bytes(_framed.KIND_CODES[k] for _, k in fields),) if masks else ()
         return NativeTable([db.data for db in self._dbs],
                            np.repeat(np.arange(len(self._dbs), dtype=np.int64), [db.count for db in self._dbs]),
                            np.ascontiguousarray(ranges[:, 0]), np.ascontiguousarray(ranges[:, 1]), None, kind,
-                           None if self._crcs is None else np.frombuffer(self._crcs, np.uint32),
-                           index_names=self._index_name)
+                           None if self._crcs is None else np.frombuffer(self._crcs, np.uint32), keys=keys,
+                           index_names=self._index_name, mask=mask)
 
     def _index_name(self, i: int) -> str:
         """How errors name sample ``i``: its key."""
