@@ -476,8 +476,8 @@ def feed(iterable, adapt, per_image, *, relative_boxes=False, info=None, **kw) -
     loader's own batched form (what the timed loop touches); plus ``per_image`` (targets -> one
     ``{"boxes", "labels"}`` dict per image, for the first batch's check), whether boxes are relative, and
     what to record."""
-    f = bench_gpu.Feed(iterable, adapt, **kw)
-    f.per_image, f.relative_boxes, f.info = per_image, relative_boxes, info or {}
+    f = bench_gpu.Feed(iterable, adapt, info=info, **kw)
+    f.per_image, f.relative_boxes = per_image, relative_boxes
     return f
 
 
@@ -537,24 +537,12 @@ def build_ingest(args, dev, workers: int | None, stages: str = "auto", batch_pad
             "source": type(loader.source).__name__}
     if dev.type != "cuda":
         info["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
-        info["native_chain_why_not"] = native_chain(loader.source, ops)
+        info["native_chain_why_not"] = bench_gpu.native_chain(loader.source, ops)
 
     def adapt(batch):  # images, and boxes [B, K, 4] / categories [B, K] padded, with boxes_lengths [B]
         return batch["images"], {k: batch[k] for k in ("boxes", "categories", "boxes_lengths")}
 
     return feed(loader, adapt, detection_targets, stats=loader.stats, close=loader.close, info=info)
-
-
-def native_chain(source, ops) -> str:
-    """On a dry run (no GPU, so no native engine): whether the native engine would take this source and chain
-    apart from the device (`ingest.native.chain_for`, and the fields a dict output asks for), else why not."""
-    from ingest import native
-    from ingest.formats.base import fields_of
-    chain, why = native.chain_for(source, ops)
-    if chain is None:
-        return why
-    extra = set(fields_of(source)) - {"image", "label"} - chain.fields
-    return f"fields it does not collate: {sorted(extra)}" if extra else "eligible apart from the device"
 
 
 def build_dali(args, dev, roi: bool, batch_pad: bool = False, tfrecord: bool = False) -> bench_gpu.Feed:
