@@ -64,7 +64,8 @@ DIR/instances.json: real sizes from the JPEG headers, 3-7 random boxes per image
 category ids, polygon = the box), deterministic from --seed. Skipped when DIR exists (it is built under a
 temporary name and renamed, so a present DIR is complete). It then packs the set into DIR/tfrecord (`ingest
 convert` to TFRecord on every core, one shard per core, the polygons dropped), as does a run of a TFRecord
-variant over a DIR without it; a DIR/tfrecord with its manifest.json is complete and kept.
+variant over a DIR without it; a DIR/tfrecord with its manifest.json is complete and kept. An all-PNG tree
+(make_data.py --png-frac 1.0) as --from makes the same set of PNGs (their sizes from the PNG headers).
 
 On the device (DALI on PYTHONPATH, see ../shared/device; torchvision's CocoDetection needs pycocotools):
 
@@ -409,14 +410,16 @@ def print_table(report: dict) -> None:
     print(f"\n{report.get('device')}  |  {ds.get('n')} images, {ds.get('boxes_per_image')} boxes each, mean "
           f"{(ds.get('mean_bytes') or 0) / 1e3:.1f} KB  |  batch {cfg['batch']}, DALI threads {cfg['threads']}, "
           f"DataLoader workers {cfg['workers']}")
-    print(f"{'variant':<17}{'img/s':>9}{'batches':>9}{'peak MB':>9}{'boxes/img':>11}  check / note")
+    print(f"{'variant':<23}{'img/s':>9}{'batches':>9}{'peak MB':>9}{'boxes/img':>11}  check / note")
     for name, res in report["results"].items():
         c = res.get("check") or {}
         mem = (res.get("memory") or {}).get("device_peak_mb")
         note = ("ERROR " + res["error"][:70].replace("\n", " ")) if res.get("error") else \
             f"inside={c.get('boxes_inside')} aligned={c.get('aligned')} {c.get('layout')}"
+        stats = res.get("loader_stats")
+        note += f" engine={stats['engine']}" if isinstance(stats, dict) and stats.get("engine") else ""
         per = round(c["boxes"] / c["images"], 2) if c.get("images") else None
-        print(f"{name:<17}{bench_gpu._fmt(res.get('img_s')):>9}{bench_gpu._fmt(res.get('batches')):>9}"
+        print(f"{name:<23}{bench_gpu._fmt(res.get('img_s')):>9}{bench_gpu._fmt(res.get('batches')):>9}"
               f"{bench_gpu._fmt(mem):>9}{bench_gpu._fmt(per, 2):>11}  {note}")
     print("ratios: " + ", ".join(f"{k}={v}" for k, v in report["derived"].items() if v is not None))
 

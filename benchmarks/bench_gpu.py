@@ -347,6 +347,9 @@ def print_table(report: dict) -> None:
         m = res.get("memory") or {}
         note = ("ERROR " + res["error"][:60].replace("\n", " ")) if res.get("error") else \
             ("train ERROR " + str(t["error"])[:50] if t.get("error") else "")
+        stats = res.get("loader_stats")
+        if isinstance(stats, dict) and stats.get("engine"):
+            note = f"{note} engine={stats['engine']}".strip()
         print(f"{name:<26}{_fmt(res.get('img_s')):>10}{_fmt(t.get('img_s')):>13}{_fmt(t.get('data_wait_frac'), 3):>11}"
               f"{_fmt(m.get('device_peak_mb')):>10}{_fmt(m.get('pid_peak_mb')):>9}  {note}")
     for k, v in (R.get("decode_only", {}).get("decode") or {}).items():
