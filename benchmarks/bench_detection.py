@@ -37,6 +37,18 @@ of 32 (per image). Output uint8 images, boxes ltrb.
                RandomHorizontalFlip, Resize(800, max_size=1333), SanitizeBoundingBoxes), padding in the
                collate, DataLoader with --workers processes, pin_memory, images and targets moved to the GPU
 
+The same samples packed as Object Detection API TFRecords (DIR/tfrecord, written by ``ingest convert``: the
+image, ``image/object/bbox/{xmin,ymin,xmax,ymax}`` normalized, ``image/object/class/label``, ``is_crowd``,
+``area``, ``image/source_id``, ``image/height``/``width``), the same augmentation:
+
+  ingest_tfrecord         as ingest over DIR/tfrecord (the ``engine`` setting "auto": the native engine scans each
+                          record's boxes where eligible; ``engine``, ``native_why_not`` and ``loader_stats`` say
+                          which ran)
+  ingest_tfrecord_python  the same with the ``engine`` setting "python" (the Python stages read the records)
+  dali_tfrecord           DALI: readers.tfrecord(the OD keys) -> stack(xmin, ymin, xmax, ymax) as relative ltrb
+                          boxes -> the rest of ``dali``'s graph
+  dali_tfrecord_roi       the same with ``dali_roi``'s fused crop and decode
+
 ``derived`` holds each ingest variant over its DALI counterpart, and issue 32's figures: ``ingest`` (its
 default, detection in the training process) over the fastest DALI variant (``ingest_over_dali_best_any``, target
 >= 1.2) and its device memory over that variant's (``ingest_memory_over_dali_best``, target <= 1.5), both in
@@ -50,13 +62,18 @@ Data: ``--make-data DIR --from JPEG_TREE --n N`` links the first N JPEGs of an I
 (benchmarks/make_data.py; made there first when JPEG_TREE is absent) into DIR/images and writes
 DIR/instances.json: real sizes from the JPEG headers, 3-7 random boxes per image (COCO's 80 non-contiguous
 category ids, polygon = the box), deterministic from --seed. Skipped when DIR exists (it is built under a
-temporary name and renamed, so a present DIR is complete).
+temporary name and renamed, so a present DIR is complete). It then packs the set into DIR/tfrecord (`ingest
+convert` to TFRecord on every core, one shard per core, the polygons dropped), as does a run of a TFRecord
+variant over a DIR without it; a DIR/tfrecord with its manifest.json is complete and kept. An all-PNG tree
+(make_data.py --png-frac 1.0) as --from makes the same set of PNGs (their sizes from the PNG headers).
 
 On the device (DALI on PYTHONPATH, see ../shared/device; torchvision's CocoDetection needs pycocotools):
 
     python3 benchmarks/bench_detection.py --make-data /dev/shm/coco10k --from /dev/shm/ingest_bench_20k --n 10000
     python3 benchmarks/bench_detection.py --data /dev/shm/coco10k --out $OUT/bench_detection.json \
         --only ingest,ingest_batch,dali,dali_roi,dali_batch --seconds 6     # issue 32's figures
+    python3 benchmarks/bench_detection.py --data /dev/shm/coco10k --out $OUT/bench_detection_tfrecord.json \
+        --only ingest_tfrecord,ingest_tfrecord_python,dali_tfrecord,dali_tfrecord_roi,ingest,dali_roi --seconds 4
 
 Making the set takes a few seconds (headers read on every core). Each variant takes its window and warm-up plus
 its start (a new process, its CUDA context and the loader's build). Here, without a GPU:
@@ -110,8 +127,14 @@ PIPELINES = {
     "torchvision": "CocoDetection + wrap_dataset_for_transforms_v2 + v2 [ToImage, RandomIoUCrop, RandomHorizontalFlip, "
                    "Resize(800, max_size=1333), SanitizeBoundingBoxes], pad in collate, DataLoader(--workers, "
                    "pin_memory, fork), .to(cuda, non_blocking)",
+    "ingest_tfrecord": "as ingest over DIR/tfrecord (Object Detection API records), the engine setting 'auto'",
+    "ingest_tfrecord_python": "as ingest_tfrecord, the engine setting 'python'",
+    "dali_tfrecord": "as dali, readers.tfrecord(image/encoded, image/object/bbox/{xmin,ymin,xmax,ymax}, "
+                     "image/object/class/label; random_shuffle) -> stack(axis=1): relative ltrb boxes",
+    "dali_tfrecord_roi": "as dali_tfrecord, the crop fused into the decode: decoders.image_slice(mixed)",
 }
 VARIANTS = tuple(PIPELINES)
+TFRECORD_VARIANTS = tuple(k for k in VARIANTS if "tfrecord" in k)   # over DIR/tfrecord
 DRY_JPEGS = Path(tempfile.gettempdir()) / "ingest_bench_det_dry_jpegs"
 DRY_DATA = Path(tempfile.gettempdir()) / "ingest_bench_det_dry"
 
@@ -186,17 +209,40 @@ def coco_stats(root: str) -> dict:
             "mean_bytes": round(sum(sizes) / n, 1), "total_mb": round(sum(sizes) / 2 ** 20, 1)}
 
 
+def make_tfrecord(root: str, *, workers: int | None = None) -> dict:
+    """Pack the COCO set at ``root`` into ``root``/tfrecord with `ingest convert` (the Object Detection API's
+    layout, one shard per worker, the polygons dropped) unless its manifest is there. Returns its statistics."""
+    dst = os.path.join(root, "tfrecord")
+    if not os.path.isfile(os.path.join(dst, "manifest.json")):
+        from ingest.tools.convert import convert
+        workers = workers or os.cpu_count() or 1
+        n = len(json.loads(Path(root, "instances.json").read_text())["images"])
+        t0 = time.perf_counter()
+        convert(os.path.join(root, "instances.json"), dst, to="tfrecord", source_format="coco",
+                source_options={"images": os.path.join(root, "images")}, drop_fields=["segmentation"],
+                shard_size=max(1, -(-n // workers)), workers=workers, progress=False)
+        print(f"[bench_detection] packed {root} into {dst} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return tfrecord_stats(dst)
+
+
+def tfrecord_stats(dst: str) -> dict:
+    shards = sorted(Path(dst).glob("*.tfrecord"))
+    return {"path": dst, "shards": len(shards), "total_mb": round(sum(p.stat().st_size for p in shards) / 2 ** 20, 1)}
+
+
 def ensure_data(out: str, source: str, n: int, seed: int) -> None:
-    """--make-data: the COCO set at ``out`` over the JPEG tree ``source`` (made first when absent), all cores."""
+    """--make-data: the COCO set at ``out`` over the JPEG tree ``source`` (made first when absent), all cores,
+    and its TFRecord copy."""
     if os.path.exists(os.path.join(out, "instances.json")):
         print(f"[bench_detection] {out} exists: kept", flush=True)
-        return
-    if not os.path.isdir(source):
-        import make_data
-        print(f"[bench_detection] {source} is absent: making {n} JPEGs there (make_data.py)", flush=True)
-        make_data.make_dataset(source, n=n, classes=min(100, n), seed=seed)
-    stats = make_coco(out, source, n, seed=seed)
-    print(f"[bench_detection] made {out}: {json.dumps(stats)}", flush=True)
+    else:
+        if not os.path.isdir(source):
+            import make_data
+            print(f"[bench_detection] {source} is absent: making {n} JPEGs there (make_data.py)", flush=True)
+            make_data.make_dataset(source, n=n, classes=min(100, n), seed=seed)
+        stats = make_coco(out, source, n, seed=seed)
+        print(f"[bench_detection] made {out}: {json.dumps(stats)}", flush=True)
+    make_tfrecord(out)
 
 
 # ==================================================================================================
@@ -251,12 +297,15 @@ def main(argv=None) -> int:
     logdir = out.parent / (out.stem + "_logs")
     logdir.mkdir(exist_ok=True)
     chosen = bench_gpu.choose_variants(args.only, VARIANTS)
+    dataset = coco_stats(args.data)
+    if set(chosen) & set(TFRECORD_VARIANTS):
+        dataset["tfrecord"] = make_tfrecord(args.data, workers=2 if args.dry_run else None)
     config = {k: v for k, v in vars(args).items() if not k.startswith("child") and k not in ("make_data", "source")}
     config["augmentation"] = AUGMENTATION
     config["pipelines"] = {k: PIPELINES[k] for k in chosen}
     report = {"benchmark": "bench_detection", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "dry_run": args.dry_run, "argv": sys.argv[1:], "host": bench_gpu.host_info(), "versions": versions(),
-              "dataset": coco_stats(args.data), "config": config, "results": {}}
+              "dataset": dataset, "config": config, "results": {}}
     argfile = logdir / "args.json"
     argfile.write_text(json.dumps(vars(args)))
     t_all = time.perf_counter()
@@ -303,7 +352,16 @@ def derive(results: dict) -> dict:
            "ingest_batch_over_dali": r(g("ingest_batch"), g("dali")),
            "ingest_batch_over_dali_batch": r(g("ingest_batch"), g("dali_batch")),
            "ingest_w6_over_dali": r(g("ingest_w6"), g("dali")),
-           "ingest_batch_w6_over_dali_batch": r(g("ingest_batch_w6"), g("dali_batch"))}
+           "ingest_batch_w6_over_dali_batch": r(g("ingest_batch_w6"), g("dali_batch")),
+           # the TFRecord copy: the native engine's record scan against the Python stages and against DALI
+           "ingest_tfrecord_over_ingest_tfrecord_python": r(g("ingest_tfrecord"), g("ingest_tfrecord_python")),
+           "ingest_tfrecord_over_dali_tfrecord": r(g("ingest_tfrecord"), g("dali_tfrecord")),
+           "ingest_tfrecord_over_dali_tfrecord_best": r(g("ingest_tfrecord"),
+                                                        max(g("dali_tfrecord") or 0, g("dali_tfrecord_roi") or 0)
+                                                        or None),
+           "ingest_tfrecord_python_over_dali_tfrecord": r(g("ingest_tfrecord_python"), g("dali_tfrecord")),
+           "ingest_tfrecord_over_ingest": r(g("ingest_tfrecord"), g("ingest")),
+           "dali_tfrecord_over_dali": r(g("dali_tfrecord"), g("dali"))}
     # issue 8: >= 1.0x DALI in the same run, each output form against DALI's counterpart; with the default
     # number of workers, and with 6
     out["ingest_w6_over_dali_best"] = r(g("ingest_w6"), best_dali)
@@ -352,14 +410,16 @@ def print_table(report: dict) -> None:
     print(f"\n{report.get('device')}  |  {ds.get('n')} images, {ds.get('boxes_per_image')} boxes each, mean "
           f"{(ds.get('mean_bytes') or 0) / 1e3:.1f} KB  |  batch {cfg['batch']}, DALI threads {cfg['threads']}, "
           f"DataLoader workers {cfg['workers']}")
-    print(f"{'variant':<17}{'img/s':>9}{'batches':>9}{'peak MB':>9}{'boxes/img':>11}  check / note")
+    print(f"{'variant':<23}{'img/s':>9}{'batches':>9}{'peak MB':>9}{'boxes/img':>11}  check / note")
     for name, res in report["results"].items():
         c = res.get("check") or {}
         mem = (res.get("memory") or {}).get("device_peak_mb")
         note = ("ERROR " + res["error"][:70].replace("\n", " ")) if res.get("error") else \
             f"inside={c.get('boxes_inside')} aligned={c.get('aligned')} {c.get('layout')}"
+        stats = res.get("loader_stats")
+        note += f" engine={stats['engine']}" if isinstance(stats, dict) and stats.get("engine") else ""
         per = round(c["boxes"] / c["images"], 2) if c.get("images") else None
-        print(f"{name:<17}{bench_gpu._fmt(res.get('img_s')):>9}{bench_gpu._fmt(res.get('batches')):>9}"
+        print(f"{name:<23}{bench_gpu._fmt(res.get('img_s')):>9}{bench_gpu._fmt(res.get('batches')):>9}"
               f"{bench_gpu._fmt(mem):>9}{bench_gpu._fmt(per, 2):>11}  {note}")
     print("ratios: " + ", ".join(f"{k}={v}" for k, v in report["derived"].items() if v is not None))
 
@@ -384,7 +444,11 @@ def run_variant(name: str, args, dev, res: dict, flush) -> None:
              "ingest_batch_w6": lambda: build_ingest(args, dev, workers=6, batch_pad=True),
              "dali": lambda: build_dali(args, dev, roi=False), "dali_roi": lambda: build_dali(args, dev, roi=True),
              "dali_batch": lambda: build_dali(args, dev, roi=False, batch_pad=True),
-             "torchvision": lambda: build_torchvision(args, dev)}[name]
+             "torchvision": lambda: build_torchvision(args, dev),
+             "ingest_tfrecord": lambda: build_ingest(args, dev, workers=None, tfrecord=True),
+             "ingest_tfrecord_python": lambda: build_ingest(args, dev, workers=None, tfrecord=True, engine="python"),
+             "dali_tfrecord": lambda: build_dali(args, dev, roi=False, tfrecord=True),
+             "dali_tfrecord_roi": lambda: build_dali(args, dev, roi=True, tfrecord=True)}[name]
     t0 = time.perf_counter()
     if name != "torchvision":
         mem.start()
@@ -415,8 +479,8 @@ def feed(iterable, adapt, per_image, *, relative_boxes=False, info=None, **kw) -
     loader's own batched form (what the timed loop touches); plus ``per_image`` (targets -> one
     ``{"boxes", "labels"}`` dict per image, for the first batch's check), whether boxes are relative, and
     what to record."""
-    f = bench_gpu.Feed(iterable, adapt, **kw)
-    f.per_image, f.relative_boxes, f.info = per_image, relative_boxes, info or {}
+    f = bench_gpu.Feed(iterable, adapt, info=info, **kw)
+    f.per_image, f.relative_boxes = per_image, relative_boxes
     return f
 
 
@@ -450,22 +514,33 @@ def describe_batch(images, targets, *, relative: bool) -> dict:
 # -- the loaders -------------------------------------------------------------------------------------
 
 
-def build_ingest(args, dev, workers: int | None, stages: str = "auto", batch_pad: bool = False) -> bench_gpu.Feed:
+def build_ingest(args, dev, workers: int | None, stages: str = "auto", batch_pad: bool = False,
+                 tfrecord: bool = False, engine: str | None = None) -> bench_gpu.Feed:
+    """ingest's Loader over the COCO set, or with ``tfrecord`` over its TFRecord copy; ``engine`` sets the
+    ``engine`` setting for this process (None: the default, "auto")."""
     import ingest
+    from ingest import defaults
     from ingest.ops import Flip, PadTo, RandomIoUCrop, Resize
     from ingest.torch import detection_targets
+    if engine is not None:
+        defaults.set(engine=engine)   # the whole child: the Loader reads it at build and at every iter()
     ops = [RandomIoUCrop(min_ious=(None, *MIN_IOUS), scale=CROP_SCALE, aspect=CROP_ASPECT, attempts=CROP_ATTEMPTS),
            Flip(p=0.5), Resize(SHORTER, max_size=MAX_SIZE), PadTo(multiple=ALIGN, batch=batch_pad)]
-    loader = ingest.Loader(os.path.join(args.data, "instances.json"),
-                           reader_options={"images": os.path.join(args.data, "images"), "box_format": "ltrb"},
-                           batch_size=args.batch, device=str(dev), decode="mixed" if dev.type == "cuda" else "cpu",
+    if tfrecord:
+        where, options = os.path.join(args.data, "tfrecord"), {"box_format": "ltrb"}
+    else:
+        where = os.path.join(args.data, "instances.json")
+        options = {"images": os.path.join(args.data, "images"), "box_format": "ltrb"}
+    loader = ingest.Loader(where, reader_options=options, batch_size=args.batch, device=str(dev), decode="mixed" if dev.type == "cuda" else "cpu",
                            ops=ops, shuffle=True, seed=0, output="dict", last_batch="drop", num_workers=workers,
                            worker_stages=stages, ragged=not batch_pad)
     # the engine that runs it (ingest.native: detection in the training process runs natively where eligible)
     info = {"num_workers": loader.num_workers, "worker_stages": loader.worker_stages, "engine": loader.engine,
-            "native_why_not": loader.native_why_not}
+            "engine_setting": defaults.get("engine"), "native_why_not": loader.native_why_not,
+            "source": type(loader.source).__name__}
     if dev.type != "cuda":
         info["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
+        info["native_chain_why_not"] = bench_gpu.native_chain(loader.source, ops)
 
     def adapt(batch):  # images, and boxes [B, K, 4] / categories [B, K] padded, with boxes_lengths [B]
         return batch["images"], {k: batch[k] for k in ("boxes", "categories", "boxes_lengths")}
@@ -473,9 +548,11 @@ def build_ingest(args, dev, workers: int | None, stages: str = "auto", batch_pad
     return feed(loader, adapt, detection_targets, stats=loader.stats, close=loader.close, info=info)
 
 
-def build_dali(args, dev, roi: bool, batch_pad: bool = False) -> bench_gpu.Feed:
-    """DALI's pipeline; on a dry run (no GPU), where DALI is importable, the same graph on DALI's CPU backend
-    (cpu decode, ``device_id=None``), which checks every operator argument."""
+def build_dali(args, dev, roi: bool, batch_pad: bool = False, tfrecord: bool = False) -> bench_gpu.Feed:
+    """DALI's pipeline over the COCO set, or with ``tfrecord`` over its TFRecord copy (the OD API's keys; the
+    boxes stored normalized, so relative ltrb as readers.coco's with ``ratio``); on a dry run (no GPU), where
+    DALI is importable, the same graph on DALI's CPU backend (cpu decode, ``device_id=None``), which checks
+    every operator argument."""
     cuda = dev.type == "cuda"
     decode = "mixed" if cuda else "cpu"
     try:
@@ -484,10 +561,25 @@ def build_dali(args, dev, roi: bool, batch_pad: bool = False) -> bench_gpu.Feed:
     except Exception as err:  # noqa: BLE001 - ImportError, or a missing shared library (OSError/RuntimeError)
         raise RuntimeError(f"unavailable: {type(err).__name__}: {err}") from err
 
+    def tfrecords():
+        import nvidia.dali.tfrecord as tfrec
+        files = sorted(str(p) for p in Path(args.data, "tfrecord").glob("*.tfrecord"))
+        features = {"image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+                    "image/object/class/label": tfrec.VarLenFeature(tfrec.int64, -1),
+                    **{f"image/object/bbox/{k}": tfrec.VarLenFeature(tfrec.float32, 0.0)
+                       for k in ("xmin", "ymin", "xmax", "ymax")}}
+        out = fn.readers.tfrecord(path=files, index_path=[f + ".idx" for f in files], features=features,
+                                  random_shuffle=True, name="Reader")   # the converter writes DALI's indexes
+        bboxes = fn.stack(*(out[f"image/object/bbox/{k}"] for k in ("xmin", "ymin", "xmax", "ymax")), axis=1)
+        return out["image/encoded"], bboxes, fn.cast(out["image/object/class/label"], dtype=types.INT32)
+
     @pipeline_def
     def detection(root: str, annotations: str):
-        jpegs, bboxes, labels = fn.readers.coco(file_root=root, annotations_file=annotations, ltrb=True, ratio=True,
-                                                skip_empty=True, random_shuffle=True, name="Reader")
+        if tfrecord:
+            jpegs, bboxes, labels = tfrecords()
+        else:
+            jpegs, bboxes, labels = fn.readers.coco(file_root=root, annotations_file=annotations, ltrb=True,
+                                                    ratio=True, skip_empty=True, random_shuffle=True, name="Reader")
         anchor, shape, bboxes, labels = fn.random_bbox_crop(
             bboxes, labels, device="cpu", aspect_ratio=list(CROP_ASPECT), thresholds=list(MIN_IOUS),
             scaling=list(CROP_SCALE), bbox_layout="xyXY", allow_no_crop=True, num_attempts=CROP_ATTEMPTS)

@@ -3,7 +3,10 @@
 Variants (each runs in its own subprocess: a fresh CUDA context, and one crash cannot take the others down):
 
   a  ingest, decode="mixed" (nvImageCodec on the GPU), device cuda, the Loader's defaults (on CUDA: no worker
-     processes, the pipeline on threads of the training process)
+     processes, the pipeline on threads of the training process; the ``engine`` setting "auto": the native
+     engine where eligible)
+  p  the same with the ``engine`` setting "python" (the Python stages): with (a), the two engines on one tree
+     (each ingest variant records ``engine``, the one that ran, and ``native_why_not``)
   w  the same with num_workers=4: four full worker processes, each with its own CUDA context
   r  num_workers=4, worker_stages="read": worker processes only read (no CUDA), decode and ops in this process
   b  ingest, decode="cpu", device cuda (CPU decode, upload, GPU augmentation)
@@ -28,6 +31,9 @@ loader queued while it started), ending with a device synchronise. Epoch boundar
 
     python benchmarks/bench_gpu.py --data /dev/shm/ingest_bench_20k --out out/bench_gpu.json
     python benchmarks/bench_gpu.py --dry-run --out /tmp/dry.json     # CPU only, tiny, checks the code paths
+
+The tree may hold JPEGs and PNGs (``make_data.py --png-frac``: 1.0 makes it all PNG); ``dataset.extensions``
+counts its files by extension.
 """
 
 from __future__ import annotations
@@ -56,10 +62,10 @@ sys.path.insert(0, str(REPO))
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 NUM_CLASSES = 100
-LOADERS = {"a": "ingest_mixed", "w": "ingest_mixed_workers4", "r": "ingest_mixed_reader_procs", "b": "ingest_cpu_decode",
-           "c": "torch_dataloader", "d": "dali_mixed"}
+LOADERS = {"a": "ingest_mixed", "p": "ingest_mixed_python", "w": "ingest_mixed_workers4",
+           "r": "ingest_mixed_reader_procs", "b": "ingest_cpu_decode", "c": "torch_dataloader", "d": "dali_mixed"}
 CHILDREN = {**LOADERS, "f": "decode_only", "s": "synthetic"}
-ORDER = "awrbcdsf"
+ORDER = "apwrbcdsf"
 IMAGE_EXT = (".jpg", ".jpeg", ".png")
 
 
@@ -92,7 +98,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs-memory", type=int, default=0,
                    help="after training, this many epochs through each loader, memory after each (0: skip)")
     p.add_argument("--only", default=None,
-                   help="comma-separated subset of a,b,c,d,f,s (e adds s; g is measured inside a-d)")
+                   help="comma-separated subset of a,p,w,r,b,c,d,f,s (e adds s; g is measured inside a-d)")
     p.add_argument("--repeat", type=int, default=1, help="run the chosen variants this many rounds (a,d,...,a,d)")
     p.add_argument("--dry-run", action="store_true", help="CPU only, tiny sizes; makes a tiny set if --data is absent")
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
@@ -181,7 +187,7 @@ def _chosen(only: str | None) -> list[str]:
     keys = {k.strip() for k in only.split(",") if k.strip()}
     unknown = keys - set(CHILDREN) - {"e", "g"}
     if unknown:
-        raise SystemExit(f"Unknown variant(s) {sorted(unknown)} in --only. Available: a, b, c, d, e, f, g, r, s")
+        raise SystemExit(f"Unknown variant(s) {sorted(unknown)} in --only. Available: a, b, c, d, e, f, g, p, r, s, w")
     if "e" in keys:
         keys.add("s")
     return [k for k in ORDER if k in keys]
@@ -256,8 +262,10 @@ def derive(results: dict) -> dict:
                   or [0]) or None
     alone = lambda name: _get(dec, name, "img_s")  # noqa: E731
     synth = g("synthetic", "train", "img_s")
+    p = g(LOADERS["p"], "img_s")
     r = {
-        "a_over_d": _ratio(a, d), "a_over_c": _ratio(a, c), "b_over_d": _ratio(b, d), "b_over_c": _ratio(b, c),
+        "a_over_d": _ratio(a, d), "a_over_c": _ratio(a, c), "p_over_d": _ratio(p, d), "a_over_p": _ratio(a, p),
+        "b_over_d": _ratio(b, d), "b_over_c": _ratio(b, c),
         "d_over_c": _ratio(d, c),
         "a_over_f_raw": _ratio(a, raw), "f_ingest_decoder_over_f_raw": _ratio(ing_dec, raw),
         "f_ingest_engine_picks_over_f_raw": _ratio(_get(dec, "ingest_gpu_2thr_engine_picks", "img_s"), raw),
@@ -287,6 +295,9 @@ def derive(results: dict) -> dict:
         spread = g(LOADERS[k], "epochs_memory", "max_over_min")
         if spread is not None:
             r[f"epochs_memory_{k}_max_over_min"] = spread
+    tp = g(LOADERS["p"], "train", "img_s")
+    r.update({"train_p_over_d": _ratio(tp, td), "train_a_over_p": _ratio(ta, tp),
+              "mem_p_over_d": _ratio(g(LOADERS["p"], "memory", "device_peak_mb"), md)})
     r.update({"train_a_over_d": _ratio(ta, td), "train_a_over_c": _ratio(ta, tc),
               "train_a_over_synthetic": _ratio(ta, synth), "train_d_over_synthetic": _ratio(td, synth),
               "train_c_over_synthetic": _ratio(tc, synth)})
@@ -336,6 +347,9 @@ def print_table(report: dict) -> None:
         m = res.get("memory") or {}
         note = ("ERROR " + res["error"][:60].replace("\n", " ")) if res.get("error") else \
             ("train ERROR " + str(t["error"])[:50] if t.get("error") else "")
+        stats = res.get("loader_stats")
+        if isinstance(stats, dict) and stats.get("engine"):
+            note = f"{note} engine={stats['engine']}".strip()
         print(f"{name:<26}{_fmt(res.get('img_s')):>10}{_fmt(t.get('img_s')):>13}{_fmt(t.get('data_wait_frac'), 3):>11}"
               f"{_fmt(m.get('device_peak_mb')):>10}{_fmt(m.get('pid_peak_mb')):>9}  {note}")
     for k, v in (R.get("decode_only", {}).get("decode") or {}).items():
@@ -420,8 +434,13 @@ def list_files(root: str) -> list[str]:
 def dataset_stats(root: str) -> dict:
     files = list_files(root)
     sizes = [os.path.getsize(f) for f in files]
+    exts: dict[str, int] = {}
+    for f in files:
+        ext = os.path.splitext(f)[1].lower()
+        exts[ext] = exts.get(ext, 0) + 1
     st = {"path": root, "n": len(files), "classes": len({os.path.dirname(f) for f in files}),
-          "mean_bytes": round(sum(sizes) / max(len(sizes), 1), 1), "total_mb": round(sum(sizes) / 2 ** 20, 1)}
+          "mean_bytes": round(sum(sizes) / max(len(sizes), 1), 1), "total_mb": round(sum(sizes) / 2 ** 20, 1),
+          "extensions": exts}
     meta = Path(root.rstrip("/") + ".meta.json")
     if meta.exists():
         try:
@@ -602,9 +621,11 @@ def _kwargs_for(fn, **kw) -> dict:
 
 
 class Feed:
-    def __init__(self, iterable, adapt, stats=None, close=None, first_iter=None):
+    """A loader as the timed loops take it; ``info``: what its variant records about it (the engine that runs)."""
+
+    def __init__(self, iterable, adapt, stats=None, close=None, first_iter=None, info=None):
         self.iterable, self.adapt, self.stats, self.close = iterable, adapt, stats, close
-        self.first_iter = first_iter
+        self.first_iter, self.info = first_iter, info or {}
 
     def endless(self):
         """Batches across epochs, as (images, labels) on the device."""
@@ -619,10 +640,16 @@ class Feed:
             it = iter(self.iterable)
 
 
-def build_ingest(args, dev, decode: str, stages: str | None = None, workers: int | None = None) -> Feed:
+def build_ingest(args, dev, decode: str, stages: str | None = None, workers: int | None = None,
+                 engine: str | None = None) -> Feed:
+    """ingest's Loader with the training pipeline; ``engine`` sets the ``engine`` setting for this process (None:
+    as it is, by default "auto")."""
     import torch
     import ingest
+    from ingest import defaults
     from ingest.ops import Flip, Normalize, RandomResizedCrop
+    if engine is not None:
+        defaults.set(engine=engine)   # the whole child: the Loader reads it at build and at every iter()
     ops = [RandomResizedCrop(224), Flip(p=0.5),
            Normalize(mean=MEAN, std=STD, dtype=torch.float32, layout="NCHW")]
     # bench_cpu.py and bench_ddp.py build this loader from options of their own, without --prefetch
@@ -630,7 +657,23 @@ def build_ingest(args, dev, decode: str, stages: str | None = None, workers: int
                            shuffle=True, seed=0, prefetch=getattr(args, "prefetch", 2), last_batch="drop",
                            num_workers=args.ingest_workers if workers is None else workers,
                            **({} if stages is None else {"worker_stages": stages}))
-    return Feed(loader, lambda b: (b[0], b[1]), stats=loader.stats, close=getattr(loader, "close", None))
+    info = {"engine": getattr(loader, "engine", None), "engine_setting": defaults.get("engine"),
+            "native_why_not": getattr(loader, "native_why_not", None)}
+    if dev.type != "cuda":
+        info["native_chain_why_not"] = native_chain(loader.source, ops)
+    return Feed(loader, lambda b: (b[0], b[1]), stats=loader.stats, close=getattr(loader, "close", None), info=info)
+
+
+def native_chain(source, ops) -> str:
+    """On a dry run (no GPU, so no native engine): whether the native engine would take this source and chain
+    apart from the device (`ingest.native.chain_for`, and the fields a dict output asks for), else why not."""
+    from ingest import native
+    from ingest.formats.base import fields_of
+    chain, why = native.chain_for(source, ops)
+    if chain is None:
+        return why
+    extra = set(fields_of(source)) - {"image", "label"} - chain.fields
+    return f"fields it does not collate: {sorted(extra)}" if extra else "eligible apart from the device"
 
 
 def build_dataloader(args, dev) -> Feed:
@@ -689,13 +732,14 @@ def loader_variant(key, args, dev, res, flush) -> None:
     mem = MemSampler(dev)
     res["memory"] = {"method": mem.describe()}
     build = {"a": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu"),
+             "p": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu", engine="python"),
              "w": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu", workers=4),
              "r": lambda: build_ingest(args, dev, "mixed" if dev.type == "cuda" else "cpu", stages="read",
                                        workers=4),
              "b": lambda: build_ingest(args, dev, "cpu"),
              "c": lambda: build_dataloader(args, dev),
              "d": lambda: build_dali(args, dev)}[key]
-    if key in "awr" and dev.type != "cuda":
+    if key in "apwr" and dev.type != "cuda":
         res["note"] = "dry run: mixed decode needs CUDA, ran decode='cpu'"
     t0 = time.perf_counter()
     if key != "c":
@@ -704,6 +748,7 @@ def loader_variant(key, args, dev, res, flush) -> None:
     mem.start()
     gen = feed.endless()
     res["build_seconds"] = round(time.perf_counter() - t0, 3)
+    res.update(feed.info)
 
     # warm-up (also drains whatever the loader queued while starting)
     t0 = time.perf_counter()

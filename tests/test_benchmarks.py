@@ -209,3 +209,59 @@ def test_make_data_png_fraction_keeps_the_jpegs_of_the_plain_set(tmp_path):
         with Image.open(tmp_path / "mixed" / rel) as im:
             assert im.format == "PNG" and im.mode == "RGB"
         assert not (tmp_path / "mixed" / rel.with_suffix(".jpg")).exists()
+
+
+def test_bench_detection_runs_the_tfrecord_sides_on_the_same_samples(tmp_path):
+    """The TFRecord copy (`ingest convert` of the COCO set) gives the COCO side's first batch, on the engine each
+    side asks for; DALI's side runs where DALI is importable, else says it is unavailable."""
+    out = tmp_path / "det.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_detection.py"), "--dry-run",
+                           "--data", str(tmp_path / "coco"), "--out", str(out), "--seconds", "0.3",
+                           "--warmup-seconds", "0.1", "--only", "ingest,ingest_tfrecord,ingest_tfrecord_python,"
+                           "dali_tfrecord"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["dataset"]["tfrecord"]["shards"] == 2 and (tmp_path / "coco" / "tfrecord" / "manifest.json").is_file()
+    res = report["results"]
+    for name in ("ingest", "ingest_tfrecord", "ingest_tfrecord_python"):
+        assert res[name].get("error") is None, res[name]
+        assert res[name]["img_s"] > 0 and res[name]["check"]["boxes_inside"]
+        assert res[name]["native_chain_why_not"] == "eligible apart from the device"
+    assert res["ingest_tfrecord"]["source"] == "TFRecordSource" and res["ingest"]["source"] == "CocoSource"
+    assert res["ingest_tfrecord"]["check"] == res["ingest"]["check"]   # the same boxes, draws and pixels
+    assert res["ingest_tfrecord"]["engine_setting"] == "auto"
+    assert res["ingest_tfrecord_python"]["engine_setting"] == "python"
+    assert res["ingest_tfrecord_python"]["loader_stats"]["engine"] == "python"
+    dali = res["dali_tfrecord"]
+    if dali.get("error"):
+        assert "unavailable" in dali["error"], dali["error"]
+    else:
+        assert dali["img_s"] > 0 and dali["check"]["boxes_inside"] and dali["check"]["boxes_relative"]
+
+
+def test_bench_gpu_compares_the_engines_and_dali_on_a_png_tree(tmp_path):
+    """An all-PNG file tree (make_data --png-frac 1.0) runs through ingest on both engine settings and DALI's
+    side (where DALI is importable, else recorded unavailable); the tree's files are counted by extension."""
+    import make_data
+    make_data.make_dataset(str(tmp_path / "png"), n=24, classes=2, seed=0, workers=2, png_frac=1.0)
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--dry-run", "--data",
+                           str(tmp_path / "png"), "--out", str(out), "--only", "a,p,d", "--batch", "8", "--seconds",
+                           "0.3", "--warmup-seconds", "0.1", "--train-seconds", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["dataset"]["extensions"] == {".png": 24}
+    res = report["results"]
+    for name, setting in (("ingest_mixed", "auto"), ("ingest_mixed_python", "python")):
+        assert res[name].get("error") is None, res[name]
+        assert res[name]["img_s"] > 0 and res[name]["check"]["batch_ok"]
+        assert res[name]["engine_setting"] == setting and res[name]["loader_stats"]["engine"] == "python"
+        assert res[name]["native_chain_why_not"] == "eligible apart from the device"
+    assert res["ingest_mixed"]["check"] == res["ingest_mixed_python"]["check"]   # the same samples either way
+    dali = res["dali_mixed"]
+    if dali.get("error"):
+        assert "unavailable" in dali["error"], dali["error"]
+    else:
+        assert dali["img_s"] > 0 and dali["check"]["batch_ok"]
+    assert report["derived"]["a_over_p"] > 0
