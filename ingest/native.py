@@ -349,25 +349,57 @@ def _gpu_arguments(pipeline: Pipeline, table) -> tuple:
     from .decode import _nvimgcodec as nv
     lib = nv.load()
     decoders = [d for gpu, _ in pipeline.lanes if gpu is not None for d in gpu._decoders]
+    device = pipeline.device
+    kernels = _kernels(device)
+    return (device.index, lib.loop_functions, _destroyers(lib), lib.instance, tuple(d.handle for d in decoders),
+            ctypes.addressof(decoders[0].params), *_layouts(nv.BUFFER_STRIDED_DEVICE), kernels)
+
+
+def _destroyers(lib) -> tuple[int, int]:
+    """The addresses of ``lib``'s image and code stream destroy functions (the engine frees its handles)."""
+    return tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in (lib.ImageDestroy, lib.CodeStreamDestroy))
+
+
+def _layouts(buffer_kind: int) -> tuple[tuple, tuple, tuple]:
+    """The engine's templates of nvImageCodec's structs with their field offsets: an image info of 8-bit interleaved
+    RGB into a buffer of ``buffer_kind`` (buffer, stream, height, width, row stride), a code stream view of a 2-D
+    region (its start and end) and a code stream info (its codec name)."""
+    from .decode import _nvimgcodec as nv
     info = nv.new(nv.ImageInfo)
     info.color_spec, info.chroma_subsampling, info.sample_format = nv.COLORSPEC_SRGB, nv.SAMPLING_NONE, \
         nv.SAMPLEFORMAT_I_RGB
-    info.num_planes, info.buffer_kind = 1, nv.BUFFER_STRIDED_DEVICE
+    info.num_planes, info.buffer_kind = 1, buffer_kind
     info.plane_info[0].num_channels, info.plane_info[0].sample_type = 3, nv.SAMPLE_UINT8
     plane = nv.ImageInfo.plane_info.offset
     view = nv.new(nv.CodeStreamView)
     view.region.ndim = 2
     region = nv.CodeStreamView.region.offset
-    destroy = tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in (lib.ImageDestroy, lib.CodeStreamDestroy))
-    device = pipeline.device
-    kernels = _kernels(device)
-    return (device.index, lib.loop_functions, destroy, lib.instance, tuple(d.handle for d in decoders),
-            ctypes.addressof(decoders[0].params),
-            (bytes(info), nv.ImageInfo.buffer.offset, nv.ImageInfo.cuda_stream.offset,
+    return ((bytes(info), nv.ImageInfo.buffer.offset, nv.ImageInfo.cuda_stream.offset,
              plane + nv.ImagePlaneInfo.height.offset, plane + nv.ImagePlaneInfo.width.offset,
              plane + nv.ImagePlaneInfo.row_stride.offset),
             (bytes(view), region + nv.Region.start.offset, region + nv.Region.end.offset),
-            (bytes(nv.new(nv.CodeStreamInfo)), nv.CodeStreamInfo.codec_name.offset), kernels)
+            (bytes(nv.new(nv.CodeStreamInfo)), nv.CodeStreamInfo.codec_name.offset))
+
+
+def host_decoder(threads: int):
+    """nvImageCodec's CPU decoder (its libjpeg-turbo extension, host output, on ``threads`` threads of its own) that
+    the engine decodes the JPEGs its GPU path does not take with, or None where the library or that backend is not
+    there (those JPEGs then fall back to the Python stages)."""
+    from .decode import _nvimgcodec as nv
+    try:
+        return nv.BatchDecoder(nv.load(), nv.DEVICE_CPU_ONLY, backends=["CPU_ONLY"], cpu_threads=threads)
+    except nv.Unavailable:
+        return None
+
+
+def host_arguments(decoder) -> tuple:
+    """The `cpu` item of the engine's `gpu` argument for ``decoder`` (a `host_decoder`): its library's functions, its
+    instance, handle and decode parameters (EXIF orientation not applied: the engine turns the pixels) and the
+    structs' templates for host output."""
+    from .decode import _nvimgcodec as nv
+    lib = decoder.lib
+    return (lib.loop_functions, _destroyers(lib), lib.instance, decoder.handle, ctypes.addressof(decoder.params),
+            *_layouts(nv.BUFFER_STRIDED_HOST))
 
 
 class _Slot:
@@ -451,13 +483,16 @@ class NativeExecutor:
 
     ``dry``: no CUDA; each batch is a `DryBatch` of the engine's plan for its rows (tests). ``gpu``: the engine's
     `gpu` argument instead of the one made from the pipeline's decoders (tests run the GPU path on a stand-in
-    driver, with host memory as device memory on a CPU pipeline)."""
+    driver, with host memory as device memory on a CPU pipeline). ``host_jpegs``: whether the engine decodes the
+    JPEGs its GPU path does not take with nvImageCodec's CPU decoder (`host_decoder`, where there) instead of
+    leaving them to the Python stages; None: where ``gpu`` is not given."""
 
     native = True
 
     def __init__(self, pipeline: Pipeline, chain: Chain, sampler: Sampler, *, epoch: int, start: int, offset: int,
                  failures: Failures, budget: Callable[[], Failures], prefetch: int = 2, with_fields: bool = False,
-                 dry: bool = False, read_threads: int | None = None, gpu: tuple | None = None):
+                 dry: bool = False, read_threads: int | None = None, gpu: tuple | None = None,
+                 host_jpegs: bool | None = None):
         self.pipeline, self.chain, self.sampler, self.prefetch = pipeline, chain, sampler, prefetch
         self.with_fields, self.dry = with_fields, dry
         # the mask field the engine decodes and warps beside the images (only where the batches carry the fields)
@@ -466,6 +501,7 @@ class NativeExecutor:
         self._budget = budget
         self._failures: dict[int, Failures] = {epoch: failures}
         self._closed = False
+        self._host = None   # nvImageCodec's CPU decoder (host_decoder), where the engine has one
         self._pid = os.getpid()   # a forked child's copy leaves the engine (its parent's) alone
         self.ended: EpochEnd | None = None
         self.fallbacks: Counter[str] = Counter()
@@ -480,14 +516,21 @@ class NativeExecutor:
                        stage.tally("cpu-fallback"), stage.tally("cpu-native"))
         table = chain.table
         slots = prefetch + 1
+        threads = read_threads or defaults.get("io_threads")
+        if host_jpegs is None:
+            host_jpegs = gpu is None
         gpu = None if dry else gpu or _gpu_arguments(pipeline, table)
+        # nvImageCodec's CPU decoder for the JPEGs the GPU path does not take (closed after the engine)
+        self._host = host_decoder(threads) if gpu is not None and host_jpegs and table.kind != "pixels" else None
+        if self._host is not None:
+            gpu = (*gpu, host_arguments(self._host))
         self._cuda = self.device.type == "cuda"
         self._engine = ENGINE.Engine(
             list(table.paths), np.ascontiguousarray(table.files, np.int64),
             np.ascontiguousarray(table.offsets, np.int64), np.ascontiguousarray(table.sizes, np.int64),
             None if table.labels is None else np.ascontiguousarray(table.labels, np.int64), _KINDS[table.kind],
             np.ascontiguousarray(chain.desc, np.float64), sampler.seed, self._batch, slots,
-            read_threads or defaults.get("io_threads"), pipeline.decode_stage.cpu.max_pixels,
+            threads, pipeline.decode_stage.cpu.max_pixels,
             all(lane.regions for lane, _ in pipeline.lanes if lane is not None), gpu,
             min(19, defaults.get("engine_nice")),
             None if table.crcs is None else np.ascontiguousarray(table.crcs, np.uint32),
@@ -737,7 +780,7 @@ class NativeExecutor:
                 self.fallbacks[FALLBACK_REASONS.get(code, str(code))] += 1
                 fallback.append((index, row))
                 continue
-            if stage == ENGINE.NOTE_HOST:   # a PNG its read team decoded
+            if stage == ENGINE.NOTE_HOST:   # an image decoded on the host (a PNG, a JPEG the GPU path leaves)
                 host += 1
                 continue
             path, offset = table.paths[int(table.files[index])], int(table.offsets[index])
@@ -858,6 +901,9 @@ class NativeExecutor:
         if self._pid != os.getpid():
             return
         self._engine.close()
+        if self._host is not None:
+            self._host.close()
+            self._host = None
         if self._fallback is not None:
             self._fallback.close()
             self._fallback = None
