@@ -6,8 +6,8 @@ finished device batch on native threads: byte-range reads into a pinned arena, t
 `ingest.formats._native_table.KINDS`), the JPEG header scan, the op chain's draws (the native planner,
 ``plan.h``), nvImageCodec's decode of each sample's region into a device arena, the fused warp + normalize kernel
 into a preallocated output, the labels and a host function per batch that puts it on the ready queue once the GPU
-has run it (a PNG image is decoded on the engine's read team instead of by nvImageCodec, and uploaded with its
-batch). The training thread's Python per batch is one native ``next()`` (the GIL released while it waits; a
+has run it (a PNG image is decoded on the engine's read team instead of by nvImageCodec on the GPU, a JPEG the GPU
+path does not take by nvImageCodec's CPU decoder, and uploaded with its batch). The training thread's Python per batch is one native ``next()`` (the GIL released while it waits; a
 batch comes finished, so the thread makes no CUDA call, which would hold the GIL while the driver's locks are busy
 with the engine's threads) and the wrapping of the batch's output slot.
 
@@ -20,8 +20,8 @@ Rules:
   data rule a table out, ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
   (``output="tuple"``, or a source with only an image, a label and, in a TFRecord, LMDB (ours) or WebDataset table,
   one ``mask`` field, or the detection fields below), images that are not mostly JPEG 2000 or TIFF
-  (`mostly_other_codecs`: the engine's GPU path takes JPEGs and its read team PNGs, and the Python stages decode
-  those two on the GPU too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
+  (`mostly_other_codecs`: the engine takes JPEGs, on the GPU or its CPU decoder, and its read team PNGs, and the
+  Python stages decode those two on the GPU too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
   shape, fixed by that shape: `one_shape`), nvImageCodec's native binding (not for raw pixels) and
   CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs the native engine where eligible,
   "python" never, "native" raises a ConfigError naming why where not.
@@ -41,11 +41,11 @@ Rules:
   `ingest.formats.checks` covers, and the error is the `CorruptRecordError` the Python reader raises
   (`checks.mismatch_error`: it names the file, the record's offset and the sample as the reader does,
   ``NativeTable.index_names``); so is a TFRecord record whose own masked CRC32C of its length or data fails
-  (``check_crc``: `tfrecord.crc_error`). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a
-  record the engine's parse leaves to the Python reader: a split RecordIO record, a TFRecord record that is not a
-  canonical Example holding the keys, a Datum that is not a plain encoded one, a PNG the engine's decoder leaves
-  to Pillow or refuses; a sample the table leaves to Python,
-  ``NativeTable.python``; one nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline
+  (``check_crc``: `tfrecord.crc_error`). A sample the engine does not decode (neither a JPEG its GPU path or its
+  CPU decoder takes nor a PNG its read team decodes, below; a record the engine's parse leaves to the Python
+  reader: a split RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that
+  is not a plain encoded one; a PNG the engine's decoder leaves to Pillow or refuses; a sample the table leaves to
+  Python, ``NativeTable.python``; one nvImageCodec refuses, on the GPU or the CPU) keeps its row, which this class fills through a Python pipeline
   with CPU decoding for those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is
   dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a CPU
   decode, per batch that has one; `stats()["native"]["fallbacks"]` counts them.
@@ -58,6 +58,16 @@ Rules:
   team (``png_decode.h``) to exactly the CPU decoder's RGB (Pillow's ``convert("RGB")``, transparency dropped),
   uploaded with its batch in one copy and warped by the same kernel on the plan the Python stages draw, so its row
   is theirs exactly; counted as the decode path "cpu-native". Others (16 bits, Adam7, ...) fall back as above.
+- **JPEGs the GPU path leaves** (progressive, CMYK/YCCK, Adobe RGB, EXIF- or XMP-oriented: ``why_not_gpu``): one
+  of 8 bits, Huffman-coded, of 1, 3 or 4 components, ending in EOI, is decoded whole by nvImageCodec's CPU decoder
+  (`host_decoder`: device CPU_ONLY, its libjpeg-turbo backend; the engine's reader thread calls it once per batch
+  without the GIL) into the PNGs' host image arena, turned there by its orientation as the CPU decoder turns it
+  (its plan drawn at the turned size), and uploaded and warped like a PNG: its pixels are the CPU decoder's
+  (simplejpeg, Pillow's CMYK conversion) exactly, so its row is the Python stages'; counted as "cpu-native". One
+  that decoder refuses falls back ("decoder"); 12-bit, arithmetic-coded, lossless or cut-short ones fall back
+  ("not a GPU JPEG"). Without nvImageCodec's CPU backend they all fall back. A JPEG whose entropy data is damaged
+  but which ends in EOI is decoded with its lost blocks filled, where the Python stages' strict CPU decode drops it
+  (as nvImageCodec's GPU decoders do for the JPEGs the GPU path takes).
 - **Masks**: with the fields asked for, a table's mask field (``NativeTable.mask``) is decoded by the engine's read
   team and warped like its image (nearest, the field's ``mask_fill``) into each slot's ``[B, H, W]`` uint8 mask
   tensor, handed out as the batch's field under its name; a mask the engine leaves to Python (fallback "mask")
@@ -115,6 +125,8 @@ except ImportError:   # built where a C compiler was found (setup.py)
 
 ENGINES = ("auto", "python", "native")
 #: Why a sample fell back to the Python path, by the engine's code (`stats()["native"]["fallbacks"]`).
+#: ("oriented": an EXIF-oriented JPEG the GPU path would take, where the engine has no CPU decoder; "decoder":
+#: nvImageCodec refused it, on the GPU or its CPU decoder.)
 FALLBACK_REASONS = {1: "not a GPU JPEG", 2: "oriented", 3: "record", 4: "decoder", 5: "plan", 6: "mask", 7: "boxes"}
 _KINDS = {"whole": 0, "recordio": 1, "tfrecord": 2, "caffe_datum": 3, "framed": 4, "pixels": 5}
 _TABLES = "file trees, RecordIO, TFRecord, LMDB, WebDataset and raw shards do"

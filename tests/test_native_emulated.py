@@ -412,6 +412,18 @@ def test_jpegs_the_gpu_path_leaves_decoded_on_the_engine_equal_the_python_stages
     assert "host jpeg batches compared: 10" in done.stdout, done.stdout
 
 
+def test_without_nvimgcodecs_library_the_engine_has_no_cpu_decoder(monkeypatch):
+    """Where nvImageCodec's library (or its CPU backend) is not there, `host_decoder` gives None: the engine then
+    leaves the JPEGs its GPU path does not take to the Python stages."""
+    from ingest.decode import _nvimgcodec as nv
+
+    def missing(path=None):
+        raise nv.Unavailable("cannot load nvImageCodec's C library")
+
+    monkeypatch.setattr(nv, "load", missing)
+    assert native.host_decoder(2) is None
+
+
 def child_host_jpegs(lib_path: str, root: str, chain_name: str) -> None:
     """The NativeExecutor over the stand-ins (the GPU) and nvImageCodec's real CPU decoder on `host_jpeg_tree` for
     two epochs, against the Python stages: the same rows, indices and labels; each JPEG of `HOST_JPEGS` (turned by

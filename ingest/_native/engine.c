@@ -11,15 +11,17 @@
  *                      scan), scans the JPEG header (jpeg_scan.h; a PNG image's IHDR instead where png_decode.h
  *                      takes it), plans the op chain (plan.h: draws, regions to decode, output sizes),
  *                      decodes the PNG images whole on the read team into a pinned image arena (png_decode.h as
- *                      an image: RGB, the CPU decoder's pixels exactly) and, with masks, decodes the batch's PNG
- *                      masks on the read team into a
+ *                      an image: RGB, the CPU decoder's pixels exactly), the JPEGs the GPU path does not take
+ *                      whole into the same arena with nvImageCodec's CPU decoder (`cpu`: one call per batch,
+ *                      host_jpeg, decode_host_jpegs; an oriented one turned into place on the read team, turn)
+ *                      and, with masks, decodes the batch's PNG masks on the read team into a
  *                      pinned mask arena (png_decode.h): a TFRecord table's mask key names them inside each record,
  *                      a FRAMED table's mask kind code (10) the field holding them;
  *                      a WHOLE table's mask ranges (a WebDataset mask member) are read into the arena beside their
  *                      images (one read where the mask follows its image closely), their CRC32Cs checked
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
  *                      (one thread per nvImageCodec decoder, nvloop.h; host pixels are copied to the device arena
- *                      in one copy instead: a PIXELS batch's read arena, a batch's PNG image arena, each sample's
+ *                      in one copy instead: a PIXELS batch's read arena, a batch's host image arena, each sample's
  *                      pixels then read where they landed, whole), then takes a
  *                      free output slot, packs the warp kernel's arguments (plan.h), uploads them and the labels
  *                      from pinned memory, launches the fused warp + normalize kernel into the slot's output (and,
@@ -39,15 +41,18 @@
  * CRC32C given for it (`crcs`: over exactly the bytes read, the record's whole range; computed by the read team as
  * each range lands, crc32c.h), as (index, row -1, NOTE_CORRUPT, CRC computed, CRC given), and a TFRecord record
  * whose own masked CRC32C of its length or data fails (`record_crc`), as (index, row -1, NOTE_CORRUPT, 1 for the
- * length's or 2 for the data's, 0). A sample the table leaves to Python (`python`: not read), and a sample the GPU
- * path does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI nor a PNG
- * png_decode.h decodes as an image (a PNG it leaves to Pillow or refuses falls back too), more than
- * max_pixels, EXIF- or XMP-oriented, a record its format's parse leaves to the Python reader (a split or damaged
+ * length's or 2 for the data's, 0). A sample the table leaves to Python (`python`: not read), and a sample the engine
+ * does not decode (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, unoriented, nor
+ * a JPEG nvImageCodec's CPU decoder takes (host_jpeg: 8-bit Huffman-coded JPEGs of 1, 3 or 4 components ending in
+ * EOI, oriented or not; WHY_HEADER, or WHY_ORIENTED without a CPU decoder), nor a PNG png_decode.h decodes as an
+ * image (a PNG it leaves to Pillow or refuses falls back too), more than max_pixels, a record its format's parse
+ * leaves to the Python reader (a split or damaged
  * RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that is not a plain
  * encoded one), a mask the engine does not decode (WHY_MASK: not a PNG png_decode.h decodes, 16-bit, refused, or
- * not its image's size; a mask range read short or whose CRC32C differs), or one nvImageCodec refuses) keeps its row and is reported as a note (index, row, NOTE_FALLBACK,
- * why, nvImageCodec status): Python fills that row. A row whose PNG image the read team decoded is reported as
- * (index, row, NOTE_HOST, 0, 0) (the decode paths' count).
+ * not its image's size; a mask range read short or whose CRC32C differs), or one nvImageCodec refuses on the GPU or
+ * the CPU, WHY_DECODER) keeps its row and is reported as a note (index, row, NOTE_FALLBACK, why, nvImageCodec
+ * status): Python fills that row. A row whose image was decoded on the host (a PNG, a JPEG by the CPU decoder) is
+ * reported as (index, row, NOTE_HOST, 0, 0) (the decode paths' count).
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
  * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from
@@ -65,7 +70,7 @@
  *
  * libcuda is dlopen'ed at run time; nvImageCodec's function addresses, handles and struct layouts and the warp
  * kernel's CUfunction handles come from Python (ingest/native.py; a PIXELS table's `gpu` is the device and the
- * kernels alone), so this builds with a C compiler and Python's headers alone. A forked child cannot use an engine
+ * kernels alone; the CPU decoder's, `gpu`'s optional last item, in the same form: its library may be another's), so this builds with a C compiler and Python's headers alone. A forked child cannot use an engine
  * of its parent's (its threads did not fork): every method raises there, and the child's copy is dropped without
  * touching its locks.
  */
@@ -932,7 +937,8 @@ static int record_image(const Engine *e, const unsigned char *p, int64_t len, in
     }
 }
 
-/* decode_gpu.gpu_decodable, and orientation 1 (the engine decodes only images that need no turning). */
+/* decode_gpu.gpu_decodable, and orientation 1 (the GPU path decodes only images that need no turning; host_jpeg takes
+ * the others where the engine has a CPU decoder). */
 static int why_not_gpu(const int64_t *row, int64_t max_pixels) {
     int64_t pixels = row[1] * row[2];
     if (row[0] != 1 || row[8] != 1 || (row[5] != 0xC0 && row[5] != 0xC1) || row[4] != 8 ||
@@ -957,7 +963,7 @@ static int host_image(Engine *e, Job *j, int64_t k, const unsigned char *p, int6
     memset(row, 0, ING_JPEG_COLUMNS * sizeof(int64_t));
     row[1] = png->height;
     row[2] = png->width;
-    j->on_host[k] = 1;
+    j->on_host[k] = HOST_PNG;
     return 1;
 }
 
@@ -1637,7 +1643,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
             pad[rows] = j->pad[k];
         if (j->state[k] == ST_FALLBACK)
             kept[nkept++] = (Note){j->index[k], rows, NOTE_FALLBACK, j->why[k], j->status[k]};
-        else if (j->on_host[k]) /* (OK: its image decoded on the read team) */
+        else if (j->on_host[k]) /* (OK: its image decoded on the host) */
             kept[nkept++] = (Note){j->index[k], rows, NOTE_HOST, 0, 0};
         if (dry) {
             int64_t *d = dry + D_COLS * rows;
