@@ -521,8 +521,8 @@ class NativeExecutor:
         self._batch = sampler.batch_size
         self.outputs_made = 0   # output tensors allocated: the ring at start, then one per slot replaced
         self._python = [0.0, 0]   # seconds of __next__ outside the engine's wait, and the batches they made
-        # the stats' decode paths, counted per batch without a lock: the engine's rows (nvImageCodec's, and PNGs
-        # decoded on its read team), the fallback rows
+        # the stats' decode paths, counted per batch without a lock: the engine's rows (nvImageCodec's on the GPU,
+        # and those decoded on the host: PNGs on its read team, JPEGs by its CPU decoder), the fallback rows
         stage = pipeline.decode_stage
         self._paths = (stage.tally("none (raw, native)" if chain.table.kind == "pixels" else "gpu"),
                        stage.tally("cpu-fallback"), stage.tally("cpu-native"))
