@@ -13,7 +13,10 @@ uploaded in one copy per batch and warped with no decode) equal to the kernel ov
 same pixels exactly, with the Python stages' rows and labels, a sample whose CRC32C differs dropped and shards the
 engine cannot take refused; and detection batches (a COCO set, the same samples as Object Detection API TFRecord
 records whose boxes the engine scans from each record, those records it leaves to Python) equal to the Python
-stages' fields exactly. Runs in a child process (the stand-in driver is loaded once per process)."""
+stages' fields exactly; and, where nvImageCodec's library is importable, the JPEGs the GPU path leaves
+(progressive, CMYK, gray, Adobe RGB, EXIF orientations 2-8) decoded by its real CPU decoder on the engine, from a
+file tree, TFRecord records and an LMDB of ours, equal to the Python stages' rows exactly, and the damaged ones left
+to Python. Runs in a child process (the stand-in driver is loaded once per process)."""
 
 from __future__ import annotations
 
@@ -404,11 +407,31 @@ def host_jpeg_tree(root: Path) -> Path:
     return root
 
 
+def host_jpeg_source(root: Path, fmt: str):
+    """`host_jpeg_tree` as a file tree (``fmt`` "tree"), or its files in name order as the records of a TFRecord
+    file or an LMDB of ours; with each sample's file name."""
+    from test_native_records import write_lmdb_ours, write_tfrecord
+    from ingest.formats.base import Record
+    from ingest.formats.filetree import FileTree
+    from ingest.formats.tfrecord import TFRecordSource
+    tree = host_jpeg_tree(root / "tree")
+    if fmt == "tree":
+        src = FileTree(str(tree))
+        return src, [os.path.basename(src.name(i)) for i in range(len(src))]
+    files = sorted(tree.rglob("*.*"), key=lambda p: p.name)
+    records = [Record(p.read_bytes(), k % 3) for k, p in enumerate(files)]
+    (root / fmt).mkdir()
+    src = TFRecordSource(str(write_tfrecord(root / fmt, records))) if fmt == "tfrecord" else \
+        write_lmdb_ours(root / fmt, records)
+    return src, [p.name for p in files]
+
+
 @pytest.mark.skipif(not host_decoder_available(), reason="nvImageCodec's CPU decoder (nvidia-nvimgcodec-cu13) "
                                                           "is not importable")
-@pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8"])
-def test_jpegs_the_gpu_path_leaves_decoded_on_the_engine_equal_the_python_stages(tmp_path, stand_in, chain):
-    done = _child(stand_in, str(host_jpeg_tree(tmp_path / "t")), chain, "host-jpegs")
+@pytest.mark.parametrize("chain, fmt", [("rrc-flip-normalize", "tree"), ("resize-crop-uint8", "tree"),
+                                        ("rrc-flip-normalize", "tfrecord"), ("resize-crop-uint8", "lmdb")])
+def test_jpegs_the_gpu_path_leaves_decoded_on_the_engine_equal_the_python_stages(tmp_path, stand_in, chain, fmt):
+    done = _child(stand_in, str(tmp_path), chain, f"host-jpegs-{fmt}")
     assert "host jpeg batches compared: 10" in done.stdout, done.stdout
 
 
@@ -424,9 +447,9 @@ def test_without_nvimgcodecs_library_the_engine_has_no_cpu_decoder(monkeypatch):
     assert native.host_decoder(2) is None
 
 
-def child_host_jpegs(lib_path: str, root: str, chain_name: str) -> None:
-    """The NativeExecutor over the stand-ins (the GPU) and nvImageCodec's real CPU decoder on `host_jpeg_tree` for
-    two epochs, against the Python stages: the same rows, indices and labels; each JPEG of `HOST_JPEGS` (turned by
+def child_host_jpegs(lib_path: str, root: str, chain_name: str, fmt: str) -> None:
+    """The NativeExecutor over the stand-ins (the GPU) and nvImageCodec's real CPU decoder on `host_jpeg_tree` (as
+    a file tree or the records of ``fmt``: `host_jpeg_source`) for two epochs, against the Python stages: the same rows, indices and labels; each JPEG of `HOST_JPEGS` (turned by
     its orientation) and the PNG warped exactly as the kernel warps the Python stages' CPU decode of it on their
     plan; the two damaged JPEGs left to Python, which drops them with its own errors; the decode paths counted."""
     from ingest.decode.cpu import CpuDecoder
@@ -435,7 +458,7 @@ def child_host_jpegs(lib_path: str, root: str, chain_name: str) -> None:
     from ingest.sampler import Sampler
 
     ops = chains()[chain_name]
-    src = FileTree(root)
+    src, files = host_jpeg_source(Path(root), fmt)
     fake, gpu, _ = stand_in_gpu(lib_path, src, True, refused=-1)
     chain, why = native.chain_for(src, ops)
     assert chain is not None, why
@@ -453,7 +476,7 @@ def child_host_jpegs(lib_path: str, root: str, chain_name: str) -> None:
             idx, x, y = seen[compared]
             reference.start_epoch(Failures(2, sampler.samples()))
             work = reference.read(plan)
-            names = [os.path.basename(src.name(i)) for i in work.indices.tolist()]
+            names = [files[i] for i in work.indices.tolist()]
             ims = [torch.from_numpy(cpu.decode(bytes(memoryview(r.image).cast("B")), name)
                                     if name[0] in "hp" else np.zeros((hh, ww, 3), np.uint8) if name[0] == "x"
                                     else pattern(hh, ww, len(memoryview(r.image).cast("B"))))
@@ -465,7 +488,7 @@ def child_host_jpegs(lib_path: str, root: str, chain_name: str) -> None:
                                                                                        python.indices)
             where = work.indices.tolist()
             for row, i in enumerate(idx.tolist()):
-                name, w = os.path.basename(src.name(i)), want[where.index(i)]
+                name, w = files[i], want[where.index(i)]
                 got = x[row] if chain.layout is not None else x[row].permute(1, 2, 0)
                 assert name[0] != "x", name
                 if name[0] in "hp":   # decoded on the host: the Python stages' pixels, the same kernel
@@ -477,7 +500,8 @@ def child_host_jpegs(lib_path: str, root: str, chain_name: str) -> None:
             compared += 1
         want_reasons += [(name, reason) for name, _, reason in python_failures.items]
     assert sorted(reasons) == sorted(want_reasons) and len(reasons) == 4, (reasons, want_reasons)
-    assert {os.path.basename(name) for name, _ in reasons} == {"x_truncated.jpg", "x_scanless.jpg"}, reasons
+    damaged = {src.name(files.index(name)) for name in ("x_truncated.jpg", "x_scanless.jpg")}
+    assert {name for name, _ in reasons} == damaged, reasons
     print(f"host jpeg batches compared: {compared}")
 
 
@@ -1319,8 +1343,8 @@ if __name__ == "__main__":
         child_masks(sys.argv[1], sys.argv[2], sys.argv[3], "webdataset")
     elif sys.argv[4] == "png":
         child_png(sys.argv[1], sys.argv[2], sys.argv[3])
-    elif sys.argv[4] == "host-jpegs":
-        child_host_jpegs(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4].startswith("host-jpegs-"):
+        child_host_jpegs(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].rsplit("-", 1)[1])
     elif sys.argv[4] == "masks-lmdb":
         child_masks(sys.argv[1], sys.argv[2], sys.argv[3], "lmdb")
     elif sys.argv[4] == "raw":
