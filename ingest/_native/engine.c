@@ -1115,10 +1115,11 @@ static void decode_host_jpegs(Engine *e, Job *j) {
  * what is wrong), a JPEG as WHY_DECODER, a mask as WHY_MASK. 0 (the engine stopped) where an arena cannot be had. */
 static int decode_host(Engine *e, Job *j) {
     size_t mtotal = e->masks ? place_masks(j) : 0, ptotal = 0, total;
-    int jpegs = 0;
+    int jpegs = 0, pngs = mtotal > 0;
     for (int64_t k = 0; k < j->n; ++k)
         if (j->state[k] == ST_OK && j->on_host[k]) {
             const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
+            pngs |= j->on_host[k] == HOST_PNG;
             j->pix[k] = (int64_t)ptotal;
             ptotal += ((size_t)row[1] * (size_t)row[2] * 3 + ALIGN - 1) / ALIGN * ALIGN;
         }
@@ -1146,8 +1147,9 @@ static int decode_host(Engine *e, Job *j) {
             if (e->masks)
                 j->png[k].out = j->mhost + j->mask[2 * k];
         }
-    team_over(e, j, png_fn);
-    for (int64_t k = 0; k < j->n; ++k) {
+    if (pngs)
+        team_over(e, j, png_fn);
+    for (int64_t k = 0; pngs && k < j->n; ++k) {
         if (j->state[k] != ST_OK)
             continue;
         int image = j->on_host[k] == HOST_PNG && j->ipng[k].status != ING_PNG_DECODED;
