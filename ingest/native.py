@@ -6,8 +6,8 @@ finished device batch on native threads: byte-range reads into a pinned arena, t
 `ingest.formats._native_table.KINDS`), the JPEG header scan, the op chain's draws (the native planner,
 ``plan.h``), nvImageCodec's decode of each sample's region into a device arena, the fused warp + normalize kernel
 into a preallocated output, the labels and a host function per batch that puts it on the ready queue once the GPU
-has run it (a PNG image is decoded on the engine's read team instead of by nvImageCodec, and uploaded with its
-batch). The training thread's Python per batch is one native ``next()`` (the GIL released while it waits; a
+has run it (a PNG image is decoded on the engine's read team instead of by nvImageCodec on the GPU, a JPEG the GPU
+path does not take by nvImageCodec's CPU decoder, and uploaded with its batch). The training thread's Python per batch is one native ``next()`` (the GIL released while it waits; a
 batch comes finished, so the thread makes no CUDA call, which would hold the GIL while the driver's locks are busy
 with the engine's threads) and the wrapping of the batch's output slot.
 
@@ -20,8 +20,8 @@ Rules:
   data rule a table out, ``NotNative`` says why), encoded images (or a raw shard's pixels) and nothing else asked for
   (``output="tuple"``, or a source with only an image, a label and, in a TFRecord, LMDB (ours) or WebDataset table,
   one ``mask`` field, or the detection fields below), images that are not mostly JPEG 2000 or TIFF
-  (`mostly_other_codecs`: the engine's GPU path takes JPEGs and its read team PNGs, and the Python stages decode
-  those two on the GPU too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
+  (`mostly_other_codecs`: the engine takes JPEGs, on the GPU or its CPU decoder, and its read team PNGs, and the
+  Python stages decode those two on the GPU too), a chain `ingest.native_plan.describe` takes whose output size is fixed (or, over raw shards of one pixel
   shape, fixed by that shape: `one_shape`), nvImageCodec's native binding (not for raw pixels) and
   CuPy (the kernel) loaded. The ``engine`` setting decides: "auto" runs the native engine where eligible,
   "python" never, "native" raises a ConfigError naming why where not.
@@ -41,11 +41,11 @@ Rules:
   `ingest.formats.checks` covers, and the error is the `CorruptRecordError` the Python reader raises
   (`checks.mismatch_error`: it names the file, the record's offset and the sample as the reader does,
   ``NativeTable.index_names``); so is a TFRecord record whose own masked CRC32C of its length or data fails
-  (``check_crc``: `tfrecord.crc_error`). A sample the GPU path does not take (not a plain JPEG, EXIF-oriented, a
-  record the engine's parse leaves to the Python reader: a split RecordIO record, a TFRecord record that is not a
-  canonical Example holding the keys, a Datum that is not a plain encoded one, a PNG the engine's decoder leaves
-  to Pillow or refuses; a sample the table leaves to Python,
-  ``NativeTable.python``; one nvImageCodec refuses) keeps its row, which this class fills through a Python pipeline
+  (``check_crc``: `tfrecord.crc_error`). A sample the engine does not decode (neither a JPEG its GPU path or its
+  CPU decoder takes nor a PNG its read team decodes, below; a record the engine's parse leaves to the Python
+  reader: a split RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that
+  is not a plain encoded one; a PNG the engine's decoder leaves to Pillow or refuses; a sample the table leaves to
+  Python, ``NativeTable.python``; one nvImageCodec refuses, on the GPU or the CPU) keeps its row, which this class fills through a Python pipeline
   with CPU decoding for those samples only (read, probe, plan, decode, ops, the same draws); one that fails there is
   dropped from the batch, which then is a new tensor. The cost of a fallback: that pipeline's GIL hand-offs and a CPU
   decode, per batch that has one; `stats()["native"]["fallbacks"]` counts them.
@@ -58,6 +58,16 @@ Rules:
   team (``png_decode.h``) to exactly the CPU decoder's RGB (Pillow's ``convert("RGB")``, transparency dropped),
   uploaded with its batch in one copy and warped by the same kernel on the plan the Python stages draw, so its row
   is theirs exactly; counted as the decode path "cpu-native". Others (16 bits, Adam7, ...) fall back as above.
+- **JPEGs the GPU path leaves** (progressive, CMYK/YCCK, Adobe RGB, EXIF- or XMP-oriented: ``why_not_gpu``): one
+  of 8 bits, Huffman-coded, of 1, 3 or 4 components, ending in EOI, is decoded whole by nvImageCodec's CPU decoder
+  (`host_decoder`: device CPU_ONLY, its libjpeg-turbo backend; the engine's reader thread calls it once per batch
+  without the GIL) into the PNGs' host image arena, turned there by its orientation as the CPU decoder turns it
+  (its plan drawn at the turned size), and uploaded and warped like a PNG: its pixels are the CPU decoder's
+  (simplejpeg, Pillow's CMYK conversion) exactly, so its row is the Python stages'; counted as "cpu-native". One
+  that decoder refuses falls back ("decoder"); 12-bit, arithmetic-coded, lossless or cut-short ones fall back
+  ("not a GPU JPEG"). Without nvImageCodec's CPU backend they all fall back. A JPEG whose entropy data is damaged
+  but which ends in EOI is decoded with its lost blocks filled, where the Python stages' strict CPU decode drops it
+  (as nvImageCodec's GPU decoders do for the JPEGs the GPU path takes).
 - **Masks**: with the fields asked for, a table's mask field (``NativeTable.mask``) is decoded by the engine's read
   team and warped like its image (nearest, the field's ``mask_fill``) into each slot's ``[B, H, W]`` uint8 mask
   tensor, handed out as the batch's field under its name; a mask the engine leaves to Python (fallback "mask")
@@ -115,6 +125,8 @@ except ImportError:   # built where a C compiler was found (setup.py)
 
 ENGINES = ("auto", "python", "native")
 #: Why a sample fell back to the Python path, by the engine's code (`stats()["native"]["fallbacks"]`).
+#: ("oriented": an EXIF-oriented JPEG the GPU path would take, where the engine has no CPU decoder; "decoder":
+#: nvImageCodec refused it, on the GPU or its CPU decoder.)
 FALLBACK_REASONS = {1: "not a GPU JPEG", 2: "oriented", 3: "record", 4: "decoder", 5: "plan", 6: "mask", 7: "boxes"}
 _KINDS = {"whole": 0, "recordio": 1, "tfrecord": 2, "caffe_datum": 3, "framed": 4, "pixels": 5}
 _TABLES = "file trees, RecordIO, TFRecord, LMDB, WebDataset and raw shards do"
@@ -349,25 +361,57 @@ def _gpu_arguments(pipeline: Pipeline, table) -> tuple:
     from .decode import _nvimgcodec as nv
     lib = nv.load()
     decoders = [d for gpu, _ in pipeline.lanes if gpu is not None for d in gpu._decoders]
+    device = pipeline.device
+    kernels = _kernels(device)
+    return (device.index, lib.loop_functions, _destroyers(lib), lib.instance, tuple(d.handle for d in decoders),
+            ctypes.addressof(decoders[0].params), *_layouts(nv.BUFFER_STRIDED_DEVICE), kernels)
+
+
+def _destroyers(lib) -> tuple[int, int]:
+    """The addresses of ``lib``'s image and code stream destroy functions (the engine frees its handles)."""
+    return tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in (lib.ImageDestroy, lib.CodeStreamDestroy))
+
+
+def _layouts(buffer_kind: int) -> tuple[tuple, tuple, tuple]:
+    """The engine's templates of nvImageCodec's structs with their field offsets: an image info of 8-bit interleaved
+    RGB into a buffer of ``buffer_kind`` (buffer, stream, height, width, row stride), a code stream view of a 2-D
+    region (its start and end) and a code stream info (its codec name)."""
+    from .decode import _nvimgcodec as nv
     info = nv.new(nv.ImageInfo)
     info.color_spec, info.chroma_subsampling, info.sample_format = nv.COLORSPEC_SRGB, nv.SAMPLING_NONE, \
         nv.SAMPLEFORMAT_I_RGB
-    info.num_planes, info.buffer_kind = 1, nv.BUFFER_STRIDED_DEVICE
+    info.num_planes, info.buffer_kind = 1, buffer_kind
     info.plane_info[0].num_channels, info.plane_info[0].sample_type = 3, nv.SAMPLE_UINT8
     plane = nv.ImageInfo.plane_info.offset
     view = nv.new(nv.CodeStreamView)
     view.region.ndim = 2
     region = nv.CodeStreamView.region.offset
-    destroy = tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in (lib.ImageDestroy, lib.CodeStreamDestroy))
-    device = pipeline.device
-    kernels = _kernels(device)
-    return (device.index, lib.loop_functions, destroy, lib.instance, tuple(d.handle for d in decoders),
-            ctypes.addressof(decoders[0].params),
-            (bytes(info), nv.ImageInfo.buffer.offset, nv.ImageInfo.cuda_stream.offset,
+    return ((bytes(info), nv.ImageInfo.buffer.offset, nv.ImageInfo.cuda_stream.offset,
              plane + nv.ImagePlaneInfo.height.offset, plane + nv.ImagePlaneInfo.width.offset,
              plane + nv.ImagePlaneInfo.row_stride.offset),
             (bytes(view), region + nv.Region.start.offset, region + nv.Region.end.offset),
-            (bytes(nv.new(nv.CodeStreamInfo)), nv.CodeStreamInfo.codec_name.offset), kernels)
+            (bytes(nv.new(nv.CodeStreamInfo)), nv.CodeStreamInfo.codec_name.offset))
+
+
+def host_decoder(threads: int):
+    """nvImageCodec's CPU decoder (its libjpeg-turbo extension, host output, on ``threads`` threads of its own) that
+    the engine decodes the JPEGs its GPU path does not take with, or None where the library or that backend is not
+    there (those JPEGs then fall back to the Python stages)."""
+    from .decode import _nvimgcodec as nv
+    try:
+        return nv.BatchDecoder(nv.load(), nv.DEVICE_CPU_ONLY, backends=["CPU_ONLY"], cpu_threads=threads)
+    except nv.Unavailable:
+        return None
+
+
+def host_arguments(decoder) -> tuple:
+    """The `cpu` item of the engine's `gpu` argument for ``decoder`` (a `host_decoder`): its library's functions, its
+    instance, handle and decode parameters (EXIF orientation not applied: the engine turns the pixels) and the
+    structs' templates for host output."""
+    from .decode import _nvimgcodec as nv
+    lib = decoder.lib
+    return (lib.loop_functions, _destroyers(lib), lib.instance, decoder.handle, ctypes.addressof(decoder.params),
+            *_layouts(nv.BUFFER_STRIDED_HOST))
 
 
 class _Slot:
@@ -451,13 +495,16 @@ class NativeExecutor:
 
     ``dry``: no CUDA; each batch is a `DryBatch` of the engine's plan for its rows (tests). ``gpu``: the engine's
     `gpu` argument instead of the one made from the pipeline's decoders (tests run the GPU path on a stand-in
-    driver, with host memory as device memory on a CPU pipeline)."""
+    driver, with host memory as device memory on a CPU pipeline). ``host_jpegs``: whether the engine decodes the
+    JPEGs its GPU path does not take with nvImageCodec's CPU decoder (`host_decoder`, where there) instead of
+    leaving them to the Python stages; None: where ``gpu`` is not given."""
 
     native = True
 
     def __init__(self, pipeline: Pipeline, chain: Chain, sampler: Sampler, *, epoch: int, start: int, offset: int,
                  failures: Failures, budget: Callable[[], Failures], prefetch: int = 2, with_fields: bool = False,
-                 dry: bool = False, read_threads: int | None = None, gpu: tuple | None = None):
+                 dry: bool = False, read_threads: int | None = None, gpu: tuple | None = None,
+                 host_jpegs: bool | None = None):
         self.pipeline, self.chain, self.sampler, self.prefetch = pipeline, chain, sampler, prefetch
         self.with_fields, self.dry = with_fields, dry
         # the mask field the engine decodes and warps beside the images (only where the batches carry the fields)
@@ -466,6 +513,7 @@ class NativeExecutor:
         self._budget = budget
         self._failures: dict[int, Failures] = {epoch: failures}
         self._closed = False
+        self._host = None   # nvImageCodec's CPU decoder (host_decoder), where the engine has one
         self._pid = os.getpid()   # a forked child's copy leaves the engine (its parent's) alone
         self.ended: EpochEnd | None = None
         self.fallbacks: Counter[str] = Counter()
@@ -473,21 +521,28 @@ class NativeExecutor:
         self._batch = sampler.batch_size
         self.outputs_made = 0   # output tensors allocated: the ring at start, then one per slot replaced
         self._python = [0.0, 0]   # seconds of __next__ outside the engine's wait, and the batches they made
-        # the stats' decode paths, counted per batch without a lock: the engine's rows (nvImageCodec's, and PNGs
-        # decoded on its read team), the fallback rows
+        # the stats' decode paths, counted per batch without a lock: the engine's rows (nvImageCodec's on the GPU,
+        # and those decoded on the host: PNGs on its read team, JPEGs by its CPU decoder), the fallback rows
         stage = pipeline.decode_stage
         self._paths = (stage.tally("none (raw, native)" if chain.table.kind == "pixels" else "gpu"),
                        stage.tally("cpu-fallback"), stage.tally("cpu-native"))
         table = chain.table
         slots = prefetch + 1
+        threads = read_threads or defaults.get("io_threads")
+        if host_jpegs is None:
+            host_jpegs = gpu is None
         gpu = None if dry else gpu or _gpu_arguments(pipeline, table)
+        # nvImageCodec's CPU decoder for the JPEGs the GPU path does not take (closed after the engine)
+        self._host = host_decoder(threads) if gpu is not None and host_jpegs and table.kind != "pixels" else None
+        if self._host is not None:
+            gpu = (*gpu, host_arguments(self._host))
         self._cuda = self.device.type == "cuda"
         self._engine = ENGINE.Engine(
             list(table.paths), np.ascontiguousarray(table.files, np.int64),
             np.ascontiguousarray(table.offsets, np.int64), np.ascontiguousarray(table.sizes, np.int64),
             None if table.labels is None else np.ascontiguousarray(table.labels, np.int64), _KINDS[table.kind],
             np.ascontiguousarray(chain.desc, np.float64), sampler.seed, self._batch, slots,
-            read_threads or defaults.get("io_threads"), pipeline.decode_stage.cpu.max_pixels,
+            threads, pipeline.decode_stage.cpu.max_pixels,
             all(lane.regions for lane, _ in pipeline.lanes if lane is not None), gpu,
             min(19, defaults.get("engine_nice")),
             None if table.crcs is None else np.ascontiguousarray(table.crcs, np.uint32),
@@ -737,7 +792,7 @@ class NativeExecutor:
                 self.fallbacks[FALLBACK_REASONS.get(code, str(code))] += 1
                 fallback.append((index, row))
                 continue
-            if stage == ENGINE.NOTE_HOST:   # a PNG its read team decoded
+            if stage == ENGINE.NOTE_HOST:   # an image decoded on the host (a PNG, a JPEG the GPU path leaves)
                 host += 1
                 continue
             path, offset = table.paths[int(table.files[index])], int(table.offsets[index])
@@ -858,6 +913,9 @@ class NativeExecutor:
         if self._pid != os.getpid():
             return
         self._engine.close()
+        if self._host is not None:
+            self._host.close()
+            self._host = None
         if self._fallback is not None:
             self._fallback.close()
             self._fallback = None

@@ -13,7 +13,10 @@ uploaded in one copy per batch and warped with no decode) equal to the kernel ov
 same pixels exactly, with the Python stages' rows and labels, a sample whose CRC32C differs dropped and shards the
 engine cannot take refused; and detection batches (a COCO set, the same samples as Object Detection API TFRecord
 records whose boxes the engine scans from each record, those records it leaves to Python) equal to the Python
-stages' fields exactly. Runs in a child process (the stand-in driver is loaded once per process)."""
+stages' fields exactly; and, where nvImageCodec's library is importable, the JPEGs the GPU path leaves
+(progressive, CMYK, gray, Adobe RGB, EXIF orientations 2-8) decoded by its real CPU decoder on the engine, from a
+file tree, TFRecord records and an LMDB of ours, equal to the Python stages' rows exactly, and the damaged ones left
+to Python. Runs in a child process (the stand-in driver is loaded once per process)."""
 
 from __future__ import annotations
 
@@ -358,6 +361,150 @@ def child_png(lib_path: str, root: str, chain_name: str) -> None:
     print(f"png batches compared: {compared}")
 
 
+#: nvImageCodec's C library with its CPU (libjpeg-turbo) decoder, where importable (``nvidia-nvimgcodec-cu13``).
+def host_decoder_available() -> bool:
+    from ingest.decode import _nvimgcodec as nv
+    try:
+        nv.BatchDecoder(nv.load(), nv.DEVICE_CPU_ONLY, backends=["CPU_ONLY"]).close()
+    except nv.Unavailable:
+        return False
+    return True
+
+
+#: The JPEGs of `host_jpeg_tree` the GPU path does not take, decoded on the engine by nvImageCodec's CPU decoder:
+#: name -> (kind, save options); h_orient<o> carry EXIF orientation o.
+HOST_JPEGS = {"h_progressive": ("RGB", {"progressive": True}),
+              "h_progressive444": ("RGB", {"progressive": True, "subsampling": 0}),
+              "h_cmyk": ("CMYK", {}), "h_cmyk_progressive": ("CMYK", {"progressive": True}),
+              "h_gray_progressive": ("L", {"progressive": True}), "h_adobe_rgb": ("RGB", {"keep_rgb": True}),
+              "h_orient2": ("RGB", {"subsampling": 2}), "h_orient3": ("RGB", {"subsampling": 1}),
+              "h_orient4": ("RGB", {"subsampling": 0}), "h_orient5": ("L", {}),
+              "h_orient6": ("RGB", {"progressive": True}), "h_orient7": ("CMYK", {}),
+              "h_orient8": ("RGB", {"progressive": True, "subsampling": 0})}
+
+
+def host_jpeg_tree(root: Path) -> Path:
+    """A file tree of 3 baseline JPEGs (the GPU path's), the `HOST_JPEGS`, a PNG, a JPEG cut short (no EOI: not
+    the engine's) and one whose scans are cut out (header and EOI: nvImageCodec's CPU decoder refuses it), in two
+    classes, images of varied sizes."""
+    from PIL import Image
+    from conftest import encode, jpeg_bytes, textured
+    files = {f"gpu_{k}.jpg": jpeg_bytes(30 + 3 * k, 41 - 2 * k, seed=k) for k in range(3)}
+    for k, (name, (mode, kw)) in enumerate(HOST_JPEGS.items()):
+        im = Image.fromarray(textured(27 + 2 * k, 45 - k, 10 + k)).convert(mode)
+        if name.startswith("h_orient"):
+            exif = Image.Exif()
+            exif[0x0112] = int(name[-1])
+            kw = {**kw, "exif": exif.tobytes()}
+        files[f"{name}.jpg"] = encode(im, "JPEG", quality=90, **kw)
+    files["p_image.png"] = encode(Image.fromarray(textured(33, 29, 40)), "PNG")
+    whole = jpeg_bytes(36, 40, seed=41, progressive=True)
+    files["x_truncated.jpg"] = whole[:len(whole) // 2]
+    files["x_scanless.jpg"] = whole[:whole.index(b"\xff\xda")] + b"\xff\xd9"
+    for k, (name, data) in enumerate(files.items()):
+        (root / "ab"[k % 2]).mkdir(parents=True, exist_ok=True)
+        (root / "ab"[k % 2] / name).write_bytes(data)
+    return root
+
+
+def host_jpeg_source(root: Path, fmt: str):
+    """`host_jpeg_tree` as a file tree (``fmt`` "tree"), or its files in name order as the records of a TFRecord
+    file or an LMDB of ours; with each sample's file name."""
+    from test_native_records import write_lmdb_ours, write_tfrecord
+    from ingest.formats.base import Record
+    from ingest.formats.filetree import FileTree
+    from ingest.formats.tfrecord import TFRecordSource
+    tree = host_jpeg_tree(root / "tree")
+    if fmt == "tree":
+        src = FileTree(str(tree))
+        return src, [os.path.basename(src.name(i)) for i in range(len(src))]
+    files = sorted(tree.rglob("*.*"), key=lambda p: p.name)
+    records = [Record(p.read_bytes(), k % 3) for k, p in enumerate(files)]
+    (root / fmt).mkdir()
+    src = TFRecordSource(str(write_tfrecord(root / fmt, records))) if fmt == "tfrecord" else \
+        write_lmdb_ours(root / fmt, records)
+    return src, [p.name for p in files]
+
+
+@pytest.mark.skipif(not host_decoder_available(), reason="nvImageCodec's CPU decoder (nvidia-nvimgcodec-cu13) "
+                                                          "is not importable")
+@pytest.mark.parametrize("chain, fmt", [("rrc-flip-normalize", "tree"), ("resize-crop-uint8", "tree"),
+                                        ("rrc-flip-normalize", "tfrecord"), ("resize-crop-uint8", "lmdb")])
+def test_jpegs_the_gpu_path_leaves_decoded_on_the_engine_equal_the_python_stages(tmp_path, stand_in, chain, fmt):
+    done = _child(stand_in, str(tmp_path), chain, f"host-jpegs-{fmt}")
+    assert "host jpeg batches compared: 10" in done.stdout, done.stdout
+
+
+def test_without_nvimgcodecs_library_the_engine_has_no_cpu_decoder(monkeypatch):
+    """Where nvImageCodec's library (or its CPU backend) is not there, `host_decoder` gives None: the engine then
+    leaves the JPEGs its GPU path does not take to the Python stages."""
+    from ingest.decode import _nvimgcodec as nv
+
+    def missing(path=None):
+        raise nv.Unavailable("cannot load nvImageCodec's C library")
+
+    monkeypatch.setattr(nv, "load", missing)
+    assert native.host_decoder(2) is None
+
+
+def child_host_jpegs(lib_path: str, root: str, chain_name: str, fmt: str) -> None:
+    """The NativeExecutor over the stand-ins (the GPU) and nvImageCodec's real CPU decoder on `host_jpeg_tree` (as
+    a file tree or the records of ``fmt``: `host_jpeg_source`) for two epochs, against the Python stages: the same rows, indices and labels; each JPEG of `HOST_JPEGS` (turned by
+    its orientation) and the PNG warped exactly as the kernel warps the Python stages' CPU decode of it on their
+    plan; the two damaged JPEGs left to Python, which drops them with its own errors; the decode paths counted."""
+    from ingest.decode.cpu import CpuDecoder
+    from ingest.engine import Failures, Pipeline
+    from ingest.formats.filetree import FileTree
+    from ingest.sampler import Sampler
+
+    ops = chains()[chain_name]
+    src, files = host_jpeg_source(Path(root), fmt)
+    fake, gpu, _ = stand_in_gpu(lib_path, src, True, refused=-1)
+    chain, why = native.chain_for(src, ops)
+    assert chain is not None, why
+    sampler = Sampler(len(src), 4, shuffle=True, seed=5)
+    pipe = Pipeline(src, ops=ops, device="cpu")
+    seen, reasons, stats = two_epochs(pipe, chain, sampler, 2, gpu, host_jpegs=True)
+    assert stats["fallbacks"] == {"not a GPU JPEG": 2, "decoder": 2}, stats   # truncated, scanless: each epoch
+    assert pipe.decode_stage.decode_paths == {"gpu": 2 * 3, "cpu-native": 2 * (len(HOST_JPEGS) + 1),
+                                              "cpu-fallback": 2 * 2}, pipe.decode_stage.decode_paths
+    cpu, reference = CpuDecoder(), Pipeline(src, ops=ops, device="cpu")
+    compared, want_reasons = 0, []
+    for epoch in range(2):
+        python_failures = Failures(2, sampler.samples())
+        for plan in sampler.batches(epoch):
+            idx, x, y = seen[compared]
+            reference.start_epoch(Failures(2, sampler.samples()))
+            work = reference.read(plan)
+            names = [files[i] for i in work.indices.tolist()]
+            ims = [torch.from_numpy(cpu.decode(bytes(memoryview(r.image).cast("B")), name)
+                                    if name[0] in "hp" else np.zeros((hh, ww, 3), np.uint8) if name[0] == "x"
+                                    else pattern(hh, ww, len(memoryview(r.image).cast("B"))))
+                   for name, (hh, ww), r in zip(names, work.sizes, work.records)]
+            want = kernel_reference(fake, work, ops, ims)
+            reference.start_epoch(python_failures)
+            python = reference.run(plan)
+            assert torch.equal(idx, python.indices) and torch.equal(y, python.labels), (epoch, plan.number, idx,
+                                                                                       python.indices)
+            where = work.indices.tolist()
+            for row, i in enumerate(idx.tolist()):
+                name, w = files[i], want[where.index(i)]
+                got = x[row] if chain.layout is not None else x[row].permute(1, 2, 0)
+                assert name[0] != "x", name
+                if name[0] in "hp":   # decoded on the host: the Python stages' pixels, the same kernel
+                    assert torch.equal(got, w), (epoch, plan.number, row, name)
+                    assert_kernel_row(x[row], python.images[row].permute(1, 2, 0) if chain.layout is None
+                                      else python.images[row], chain, ops, f"epoch {epoch} row {row} {name}")
+                else:   # (the stand-in's pattern)
+                    assert_close(got, w, ops, f"epoch {epoch} row {row} {name}")
+            compared += 1
+        want_reasons += [(name, reason) for name, _, reason in python_failures.items]
+    assert sorted(reasons) == sorted(want_reasons) and len(reasons) == 4, (reasons, want_reasons)
+    damaged = {src.name(files.index(name)) for name in ("x_truncated.jpg", "x_scanless.jpg")}
+    assert {name for name, _ in reasons} == damaged, reasons
+    print(f"host jpeg batches compared: {compared}")
+
+
 def Image_mode(path: str) -> str:
     from PIL import Image
     with Image.open(path) as im:
@@ -444,18 +591,9 @@ def child_raw(lib_path: str, root: str, chain_name: str, case: str) -> None:
     assert (chain.table.crcs is not None) == (bad is not None)
     sampler = Sampler(len(src), 4, shuffle=True, seed=11)
     budget = 0 if bad is None else 2
-    failures = Failures(budget, sampler.samples())
     pipe = Pipeline(src, ops=ops, device="cpu")
     assert pipe.direct == (case == "fixed")
-    ex = native.NativeExecutor(pipe, chain, sampler, epoch=0, start=0, offset=0, failures=failures,
-                               budget=lambda: Failures(budget, sampler.samples()), prefetch=1, gpu=gpu,
-                               with_fields=True)
-    seen, reasons = [], []
-    for epoch in range(2):
-        seen += [(b.indices.clone(), b.images.clone(), b.labels.clone()) for b in ex]
-        reasons += [(name, reason) for name, _, reason in (failures if epoch == 0 else ex._failures[1]).items]
-    stats = ex.stats()
-    ex.close()
+    seen, reasons, stats = two_epochs(pipe, chain, sampler, budget, gpu)
     assert not stats["fallbacks"] and stats["failures"] == (0 if bad is None else 2), stats
     reference = Pipeline(src, ops=ops, device="cpu")
     compared, want_reasons = 0, []
@@ -484,6 +622,23 @@ def child_raw(lib_path: str, root: str, chain_name: str, case: str) -> None:
     assert reasons == want_reasons == ([] if bad is None else [(src.name(bad), want_reasons[0][1])] * 2), reasons
     assert bad is None or "field 'image': CRC32C" in reasons[0][1], reasons
     print(f"{case}: raw batches compared: {compared}")
+
+
+def two_epochs(pipe, chain, sampler, budget: int, gpu, **kw) -> tuple[list, list, dict]:
+    """Two epochs of a NativeExecutor (with each batch's indices, ``budget`` failures allowed per epoch): each
+    batch's (indices, images, labels), the failures' (name, reason) in order, its stats."""
+    from ingest.engine import Failures
+    failures = Failures(budget, sampler.samples())
+    ex = native.NativeExecutor(pipe, chain, sampler, epoch=0, start=0, offset=0, failures=failures,
+                               budget=lambda: Failures(budget, sampler.samples()), prefetch=1, gpu=gpu,
+                               with_fields=True, **kw)
+    seen, reasons = [], []
+    for epoch in range(2):
+        seen += [(b.indices.clone(), b.images.clone(), b.labels.clone()) for b in ex]
+        reasons += [(name, reason) for name, _, reason in (failures if epoch == 0 else ex._failures[1]).items]
+    stats = ex.stats()
+    ex.close()
+    return seen, reasons, stats
 
 
 def pixel_kernel_reference(fake, work, ops) -> torch.Tensor:
@@ -1188,6 +1343,8 @@ if __name__ == "__main__":
         child_masks(sys.argv[1], sys.argv[2], sys.argv[3], "webdataset")
     elif sys.argv[4] == "png":
         child_png(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4].startswith("host-jpegs-"):
+        child_host_jpegs(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].rsplit("-", 1)[1])
     elif sys.argv[4] == "masks-lmdb":
         child_masks(sys.argv[1], sys.argv[2], sys.argv[3], "lmdb")
     elif sys.argv[4] == "raw":

@@ -3,7 +3,8 @@
 EXIF-rotated, progressive JPEGs), on a RecordIO file and on each record format the engine reads (TFRecord, LMDB
 ours and Caffe's, WebDataset), a TFRecord record whose CRC fails dropped by both, a DeepLab set's masks from
 TFRecord records, from an LMDB of ours and from WebDataset mask members; PNG images of every colour mode decoded
-by the engine's read team equal to the Python stages' rows exactly (output="dict": the same keys, shapes, dtypes and mask values;
+by the engine's read team, and the JPEGs the GPU path leaves (progressive, CMYK, oriented) decoded by its CPU
+decoder, equal to the Python stages' rows exactly (output="dict": the same keys, shapes, dtypes and mask values;
 the samples whose mask fails dropped by both); raw tensor shards (one pixel shape and shapes that differ: the same batches exactly, the kernel's over the
 same pixels and plans; a sample whose CRC32C differs dropped by both with the same error); a COCO set's detection
 batches and the same samples as Object Detection API TFRecord records (boxes, their fields and counts exactly;
@@ -77,10 +78,31 @@ def compare(a, b, ops, epochs=2, off_rows=None):
     return n
 
 
+def compare_rows(a, b, ops, exact) -> tuple[int, int]:
+    """Two epochs of two ``output="dict"`` loaders: the same indices and labels; the rows of the files ``exact``
+    names (a path -> bool) equal, the others within the decoders' tolerance. Returns the batches and the rows
+    compared exactly."""
+    n = equal = 0
+    for _ in range(2):
+        for da, db in zip(a, b):
+            assert torch.equal(da["indices"], db["indices"]) and torch.equal(da["labels"].cpu(), db["labels"].cpu())
+            for row, i in enumerate(da["indices"].tolist()):
+                name = a.source.name(i)
+                x, y = da["images"][row], db["images"][row]
+                if exact(name):
+                    assert torch.equal(x, y), name
+                    equal += 1
+                else:
+                    assert (levels(x[None], ops) - levels(y[None], ops)).abs().mean() < 1.5, name
+            n += 1
+    return n, equal
+
+
 @pytest.mark.parametrize("chain", list(CHAINS))
 def test_file_tree_gives_the_python_engines_samples(tmp_path, chain):
     """One decoder backend (the CUDA decoder alone): the same samples, pixels and all; the rotated and the
-    progressive JPEG are completed in Python inside their batches, the PNG decoded by the engine's read team."""
+    progressive JPEG decoded by the engine's CPU decoder (nvImageCodec's libjpeg-turbo), the PNG by its read
+    team."""
     ops = CHAINS[chain]
     with defaults.set(hw_decoder_load=0):
         a, b = pair(tree_with_oddities(tmp_path / "t", (120, 160)), ops, batch_size=8, shuffle=True, seed=4)
@@ -88,9 +110,9 @@ def test_file_tree_gives_the_python_engines_samples(tmp_path, chain):
             assert compare(a, b, ops, off_rows=6) == 8   # the 3 odd files of 2 epochs at most
             stats = a.stats()
     assert stats["engine"] == "native"
-    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2, "oriented": 2}   # two epochs
-    assert stats["decode_paths"]["gpu"] == 2 * 24 and stats["decode_paths"]["cpu-fallback"] == 4
-    assert stats["decode_paths"]["cpu-native"] == 2
+    assert stats["native"]["fallbacks"] == {}, stats["native"]   # two epochs
+    assert stats["decode_paths"]["gpu"] == 2 * 24 and stats["decode_paths"].get("cpu-fallback", 0) == 0
+    assert stats["decode_paths"]["cpu-native"] == 2 * 3
 
 
 def test_file_tree_with_the_hardware_split(tmp_path):
@@ -143,25 +165,46 @@ def test_png_images_give_the_python_engines_batches_exactly(tmp_path, chain):
     with defaults.set(hw_decoder_load=0):
         a, b = pair(root, ops, batch_size=4, shuffle=True, seed=3, output="dict")
         with a, b:
-            n = 0
-            for _ in range(2):
-                for da, db in zip(a, b):
-                    assert torch.equal(da["indices"], db["indices"]) and torch.equal(da["labels"].cpu(),
-                                                                                        db["labels"].cpu())
-                    for row, i in enumerate(da["indices"].tolist()):
-                        name = a.source.name(i)
-                        x, y = da["images"][row], db["images"][row]
-                        if name.endswith(".png") and not name.endswith(f"{2 + len(PNG_MODES):02d}.png"):
-                            assert torch.equal(x, y), name
-                        else:
-                            assert (levels(x[None], ops) - levels(y[None], ops)).abs().mean() < 1.5, name
-                    n += 1
+            n, _ = compare_rows(a, b, ops, lambda name: name.endswith(".png") and not name.endswith(
+                f"{2 + len(PNG_MODES):02d}.png"))
             stats = a.stats()
     pngs = len(PNG_MODES) - 1
     assert n == 6 and stats["engine"] == "native", stats["engine"]
     assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2}, stats["native"]   # the 16-bit PNG
     paths = stats["decode_paths"]
     assert (paths["gpu"], paths["cpu-native"], paths["cpu-fallback"]) == (2 * 3, 2 * pngs, 2), paths
+
+
+@pytest.mark.parametrize("chain", ["rrc-flip-normalize", "resize-crop-uint8", "rrc-nhwc-bf16"])
+def test_jpegs_the_gpu_path_leaves_give_the_python_engines_rows(tmp_path, chain):
+    """A file tree of the JPEGs the GPU path does not take (`host_jpeg_tree`: progressive, CMYK, gray, Adobe RGB,
+    EXIF orientations 2-8) among baseline ones and a PNG, and two damaged JPEGs: the engine's CPU decoder decodes
+    them; those the Python stages decode on the CPU too (all but the oriented baseline ones, which they decode on
+    the GPU) are their rows exactly, the rest within the decoders' tolerance; the damaged ones are dropped by both
+    with the same errors."""
+    from ingest.decode.cpu import jpeg_headers
+    from ingest.decode.gpu import gpu_decodable
+    from test_native_emulated import HOST_JPEGS, host_jpeg_tree
+    root = host_jpeg_tree(tmp_path / "t")
+    ops = CHAINS[chain]
+
+    def on_cpu(name: str) -> bool:   # decoded on the CPU by both (the damaged ones: dropped by both)
+        assert not os.path.basename(name).startswith("x_"), name
+        with open(name, "rb") as f:
+            gpu = gpu_decodable(jpeg_headers([f.read()]), 1 << 30)[0]
+        return os.path.basename(name).startswith(("h_", "p_")) and not gpu
+
+    with defaults.set(hw_decoder_load=0):
+        a, b = pair(root, ops, batch_size=4, shuffle=True, seed=6, output="dict", max_failures=2)
+        with a, b:
+            n, equal = compare_rows(a, b, ops, on_cpu)
+            stats = a.stats()
+    # 9 of HOST_JPEGS (not the oriented baseline ones, the Python stages' GPU decodes) and the PNG, each epoch
+    assert n == 10 and stats["engine"] == "native" and equal == 2 * 10, (n, equal, stats["engine"])
+    assert stats["native"]["fallbacks"] == {"not a GPU JPEG": 2, "decoder": 2}, stats["native"]
+    paths = stats["decode_paths"]
+    assert (paths["gpu"], paths["cpu-native"], paths["cpu-fallback"]) == (2 * 3, 2 * (len(HOST_JPEGS) + 1), 4), \
+        paths
 
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "lmdb", "webdataset"])

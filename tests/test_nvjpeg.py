@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import sys
 
 from ingest.decode import _nvjpeg
 
@@ -25,6 +26,7 @@ def test_loaded_lists_each_nvjpeg_once_and_nothing_else():
 
 def _fake_wheels(root, with_nvjpeg: bool):
     (root / "nvidia" / "nvimgcodec").mkdir(parents=True)
+    (root / "nvidia" / "__init__.py").write_text("")   # (the nvImageCodec wheel ships one: a regular package)
     (root / "nvidia" / "nvimgcodec" / "__init__.py").write_text("")
     lib = root / "nvidia" / "cu13" / "lib" / _nvjpeg.SONAME
     if with_nvjpeg:
@@ -33,15 +35,22 @@ def _fake_wheels(root, with_nvjpeg: bool):
     return lib
 
 
+def _first_on_path(monkeypatch, root) -> None:
+    """``root``'s wheels found first, also where real ones are installed and imported (their modules set aside)."""
+    monkeypatch.syspath_prepend(str(root))
+    for name in [n for n in sys.modules if n == "nvidia" or n.startswith("nvidia.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
 def test_the_wheel_copy_is_the_one_beside_nvimgcodec(tmp_path, monkeypatch):
     lib = _fake_wheels(tmp_path, with_nvjpeg=True)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _first_on_path(monkeypatch, tmp_path)
     assert _nvjpeg.wheel_copy() == lib
 
 
 def test_no_wheel_copy_without_the_nvjpeg_wheel(tmp_path, monkeypatch):
     _fake_wheels(tmp_path, with_nvjpeg=False)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _first_on_path(monkeypatch, tmp_path)
     assert _nvjpeg.wheel_copy() is None
 
 
@@ -80,7 +89,7 @@ def test_children_started_inside_in_children_get_the_wheel_copy_in_ld_preload(tm
     import subprocess
     import sys
     lib = _fake_wheels(tmp_path, with_nvjpeg=True)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _first_on_path(monkeypatch, tmp_path)
     read = [sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD', '-'))"]
     for before in (None, "/opt/other.so"):
         if before is None:
@@ -95,6 +104,6 @@ def test_children_started_inside_in_children_get_the_wheel_copy_in_ld_preload(tm
         assert seen == (f"{lib}:{before}" if before else str(lib))
         assert os.environ.get("LD_PRELOAD") == before
     _fake_wheels(tmp_path / "none", with_nvjpeg=False)
-    monkeypatch.syspath_prepend(str(tmp_path / "none"))   # found first: no nvJPEG wheel beside it
+    _first_on_path(monkeypatch, tmp_path / "none")   # found first: no nvJPEG wheel beside it
     with _nvjpeg.in_children():
         assert os.environ.get("LD_PRELOAD") == "/opt/other.so"

@@ -11,15 +11,17 @@
  *                      scan), scans the JPEG header (jpeg_scan.h; a PNG image's IHDR instead where png_decode.h
  *                      takes it), plans the op chain (plan.h: draws, regions to decode, output sizes),
  *                      decodes the PNG images whole on the read team into a pinned image arena (png_decode.h as
- *                      an image: RGB, the CPU decoder's pixels exactly) and, with masks, decodes the batch's PNG
- *                      masks on the read team into a
+ *                      an image: RGB, the CPU decoder's pixels exactly), the JPEGs the GPU path does not take
+ *                      whole into the same arena with nvImageCodec's CPU decoder (`cpu`: one call per batch,
+ *                      host_jpeg, decode_host_jpegs; an oriented one turned into place on the read team, turn)
+ *                      and, with masks, decodes the batch's PNG masks on the read team into a
  *                      pinned mask arena (png_decode.h): a TFRecord table's mask key names them inside each record,
  *                      a FRAMED table's mask kind code (10) the field holding them;
  *                      a WHOLE table's mask ranges (a WebDataset mask member) are read into the arena beside their
  *                      images (one read where the mask follows its image closely), their CRC32Cs checked
  *   decode thread      decodes the batch's regions with nvImageCodec into a device arena, split over the decode team
  *                      (one thread per nvImageCodec decoder, nvloop.h; host pixels are copied to the device arena
- *                      in one copy instead: a PIXELS batch's read arena, a batch's PNG image arena, each sample's
+ *                      in one copy instead: a PIXELS batch's read arena, a batch's host image arena, each sample's
  *                      pixels then read where they landed, whole), then takes a
  *                      free output slot, packs the warp kernel's arguments (plan.h), uploads them and the labels
  *                      from pinned memory, launches the fused warp + normalize kernel into the slot's output (and,
@@ -39,15 +41,18 @@
  * CRC32C given for it (`crcs`: over exactly the bytes read, the record's whole range; computed by the read team as
  * each range lands, crc32c.h), as (index, row -1, NOTE_CORRUPT, CRC computed, CRC given), and a TFRecord record
  * whose own masked CRC32C of its length or data fails (`record_crc`), as (index, row -1, NOTE_CORRUPT, 1 for the
- * length's or 2 for the data's, 0). A sample the table leaves to Python (`python`: not read), and a sample the GPU
- * path does not take (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI nor a PNG
- * png_decode.h decodes as an image (a PNG it leaves to Pillow or refuses falls back too), more than
- * max_pixels, EXIF- or XMP-oriented, a record its format's parse leaves to the Python reader (a split or damaged
+ * length's or 2 for the data's, 0). A sample the table leaves to Python (`python`: not read), and a sample the engine
+ * does not decode (not a baseline/extended 8-bit JPEG of 1 or 3 YCbCr components ending in EOI, unoriented, nor
+ * a JPEG nvImageCodec's CPU decoder takes (host_jpeg: 8-bit Huffman-coded JPEGs of 1, 3 or 4 components ending in
+ * EOI, oriented or not; WHY_HEADER, or WHY_ORIENTED without a CPU decoder), nor a PNG png_decode.h decodes as an
+ * image (a PNG it leaves to Pillow or refuses falls back too), more than max_pixels, a record its format's parse
+ * leaves to the Python reader (a split or damaged
  * RecordIO record, a TFRecord record that is not a canonical Example holding the keys, a Datum that is not a plain
  * encoded one), a mask the engine does not decode (WHY_MASK: not a PNG png_decode.h decodes, 16-bit, refused, or
- * not its image's size; a mask range read short or whose CRC32C differs), or one nvImageCodec refuses) keeps its row and is reported as a note (index, row, NOTE_FALLBACK,
- * why, nvImageCodec status): Python fills that row. A row whose PNG image the read team decoded is reported as
- * (index, row, NOTE_HOST, 0, 0) (the decode paths' count).
+ * not its image's size; a mask range read short or whose CRC32C differs), or one nvImageCodec refuses on the GPU or
+ * the CPU, WHY_DECODER) keeps its row and is reported as a note (index, row, NOTE_FALLBACK, why, nvImageCodec
+ * status): Python fills that row. A row whose image was decoded on the host (a PNG, a JPEG by the CPU decoder) is
+ * reported as (index, row, NOTE_HOST, 0, 0) (the decode paths' count).
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
  * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from
@@ -65,7 +70,7 @@
  *
  * libcuda is dlopen'ed at run time; nvImageCodec's function addresses, handles and struct layouts and the warp
  * kernel's CUfunction handles come from Python (ingest/native.py; a PIXELS table's `gpu` is the device and the
- * kernels alone), so this builds with a C compiler and Python's headers alone. A forked child cannot use an engine
+ * kernels alone; the CPU decoder's, `gpu`'s optional last item, in the same form: its library may be another's), so this builds with a C compiler and Python's headers alone. A forked child cannot use an engine
  * of its parent's (its threads did not fork): every method raises there, and the child's copy is dropped without
  * touching its locks.
  */
@@ -100,6 +105,7 @@ enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, F
        FMT_COUNT };
 enum { ST_OK = 0, ST_FAILED = 1, ST_FALLBACK = 2 };
 enum { NOTE_READ = 1, NOTE_FALLBACK = 2, NOTE_CORRUPT = 3, NOTE_HOST = 4 };
+enum { HOST_PNG = 1, HOST_JPEG = 2 }; /* Job.on_host */
 /* why a sample falls back */
 enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5, WHY_MASK = 6,
        WHY_BOXES = 7 /* a record with more boxes than the slots hold (engine_det.h) */ };
@@ -272,9 +278,12 @@ typedef struct {
     int64_t next_task;     /* the read team's next sample */
     ing_png *png;          /* per sample: its mask's decode */
     ing_png *ipng;         /* per sample: its image's decode, where the read team decodes it (on_host) */
-    uint8_t *on_host;      /* per sample: 1 where its image is a PNG the read team decodes, not nvImageCodec */
+    uint8_t *on_host;      /* per sample: where its image is decoded on the host, not by nvImageCodec on the GPU:
+                              HOST_PNG (png_decode.h) or HOST_JPEG (nvImageCodec's CPU decoder) */
     int64_t *pix;          /* per sample (on_host): where its decoded pixels lie in `phost` */
-    unsigned char *phost;  /* the PNG images decoded on the read team (pinned with a GPU), uploaded in one copy */
+    int64_t *stored;       /* per sample (HOST_JPEG, oriented): where its stored (unturned) pixels lie in `phost` */
+    unsigned char *phost;  /* the images decoded on the host (pinned with a GPU), uploaded in one copy; past ptotal
+                              the stored pixels of oriented JPEGs, turned into place before the upload */
     size_t pcap, ptotal;
     unsigned char *mhost;  /* the decoded masks (pinned with a GPU), uploaded to `mdev` for their warp */
     size_t mcap, mtotal;
@@ -303,6 +312,12 @@ struct Team {
     pthread_t *threads;
     TeamArg *args;
 };
+
+/* nvImageCodec's structs as the engine writes them: sizes and field offsets (from the ctypes binding) */
+typedef struct {
+    ptrdiff_t info_stride, view_stride, probe_size, off_buffer, off_stream, off_h, off_w, off_row, off_start,
+        off_end, off_codec;
+} NvLayout;
 
 typedef struct {
     void *handle;
@@ -408,8 +423,15 @@ struct Engine {
     void *instance, *params;
     Decoder *dec;
     int ndec;
-    ptrdiff_t info_stride, view_stride, probe_size, off_buffer, off_stream, off_h, off_w, off_row, off_start,
-        off_end, off_codec;
+    /* nvImageCodec's CPU decoder (`cpu`; NULL handle: none): the JPEGs the GPU path does not take, decoded on the
+     * reader thread into the host image arena (decode_host_jpegs), with the functions of its own library */
+    Decoder hdec;
+    NvLayout hlay;
+    ing_nv_functions hnv;
+    int (*h_image_destroy)(void *), (*h_stream_destroy)(void *);
+    void *hinstance, *hparams;
+    int64_t *hpos;        /* the reader thread's scratch: the sample of each image in hdec's list */
+    NvLayout lay;         /* the GPU decoders' struct layouts */
     CUfunction kernels[3];
     CUdeviceptr arena[ARENAS];
     size_t arena_cap[ARENAS];
@@ -915,7 +937,8 @@ static int record_image(const Engine *e, const unsigned char *p, int64_t len, in
     }
 }
 
-/* decode_gpu.gpu_decodable, and orientation 1 (the engine decodes only images that need no turning). */
+/* decode_gpu.gpu_decodable, and orientation 1 (the GPU path decodes only images that need no turning; host_jpeg takes
+ * the others where the engine has a CPU decoder). */
 static int why_not_gpu(const int64_t *row, int64_t max_pixels) {
     int64_t pixels = row[1] * row[2];
     if (row[0] != 1 || row[8] != 1 || (row[5] != 0xC0 && row[5] != 0xC1) || row[4] != 8 ||
@@ -925,7 +948,7 @@ static int why_not_gpu(const int64_t *row, int64_t max_pixels) {
 }
 
 /* Whether sample k's image (p, len bytes) is a PNG whose header png_decode.h takes as an RGB image of at most
- * max_pixels: then the read team decodes it (decode_pngs), its header row the PNG's size. */
+ * max_pixels: then the read team decodes it (decode_host), its header row the PNG's size. */
 static int host_image(Engine *e, Job *j, int64_t k, const unsigned char *p, int64_t len) {
     ing_png *png = &j->ipng[k];
     memset(png, 0, sizeof *png);
@@ -940,7 +963,27 @@ static int host_image(Engine *e, Job *j, int64_t k, const unsigned char *p, int6
     memset(row, 0, ING_JPEG_COLUMNS * sizeof(int64_t));
     row[1] = png->height;
     row[2] = png->width;
-    j->on_host[k] = 1;
+    j->on_host[k] = HOST_PNG;
+    return 1;
+}
+
+/* Whether a JPEG the GPU path does not take (header row `row`) is one that nvImageCodec's CPU decoder (its
+ * libjpeg-turbo extension) decodes to the CPU decoder's pixels exactly: 8-bit, Huffman-coded (baseline, extended or
+ * progressive), of 1, 3 (YCbCr or RGB) or 4 (CMYK or YCCK) components, ending in EOI, of at most max_pixels. Then
+ * the reader thread decodes it (decode_host_jpegs) and turns it by its orientation, its header row's size the
+ * turned one (the size the Python stages plan with). */
+static int host_jpeg(Engine *e, Job *j, int64_t k, int64_t *row) {
+    int64_t pixels = row[1] * row[2];
+    if (e->hdec.handle == NULL || row[0] != 1 || row[8] != 1 || row[4] != 8 ||
+        (row[5] != 0xC0 && row[5] != 0xC1 && row[5] != 0xC2) || (row[3] != 1 && row[3] != 3 && row[3] != 4) ||
+        pixels <= 0 || pixels > e->max_pixels || row[6] < 1 || row[6] > 8)
+        return 0;
+    if (row[6] >= 5) {
+        int64_t h = row[1];
+        row[1] = row[2];
+        row[2] = h;
+    }
+    j->on_host[k] = HOST_JPEG;
     return 1;
 }
 
@@ -969,56 +1012,154 @@ static size_t place_masks(Job *j) {
     return total;
 }
 
-/* Team member: the batch's PNGs, each GPU row's image where it is one (on_host) and its mask (with masks). */
+/* Team member: the batch's PNGs, each GPU row's image where it is one (HOST_PNG) and its mask (with masks). */
 static void png_fn(Engine *e, int id) {
     Job *j = e->reading;
     for (int64_t k; (k = team_next(j)) >= 0;) {
         if (j->state[k] != ST_OK)
             continue;
-        if (j->on_host[k])
+        if (j->on_host[k] == HOST_PNG)
             ing_png_decode(&j->ipng[k], &e->png_workers[id]);
         if (e->masks)
             ing_png_decode(&j->png[k], &e->png_workers[id]);
     }
 }
 
-/* The PNGs of the samples the GPU path takes, decoded on the read team in one round: their PNG images
- * (host_image) whole, uint8 [H, W, 3] each at an ALIGN step of the host image arena, which decode_batch uploads in
- * one copy beside nvImageCodec's decodes (the kernel warps each as a whole decode), and (with masks) their masks
- * into the host mask arena at their images' probed size (place_masks). An image the decoder leaves to Pillow or
- * refuses falls back as WHY_HEADER (Python's CPU decode takes it or names what is wrong), a mask as WHY_MASK.
- * 0 (the engine stopped) where an arena cannot be had. */
-static int decode_pngs(Engine *e, Job *j) {
-    size_t mtotal = e->masks ? place_masks(j) : 0, ptotal = 0;
+static void put_ptr(char *base, ptrdiff_t off, const void *value) { memcpy(base + off, &value, sizeof value); }
+
+/* Turns the stored pixels `src` (sh x sw RGB) by EXIF orientation o (2-8) into `dst`, as cpu.py's _ORIENT does
+ * (Pillow's exif_transpose): transposed for 5-8, the stored rows reversed for 3, 4, 6, 7, its columns for 2, 3, 7, 8. */
+static void turn(const uint8_t *src, int64_t sh, int64_t sw, int o, uint8_t *dst) {
+    int t = o >= 5, rows = o == 3 || o == 4 || o == 6 || o == 7, cols = o == 2 || o == 3 || o == 7 || o == 8;
+    int64_t dh = t ? sw : sh, dw = t ? sh : sw;
+    int64_t step = t ? (rows ? -3 * sw : 3 * sw) : (cols ? -3 : 3); /* the stored pixel of the next x */
+    for (int64_t y = 0; y < dh; ++y) {
+        int64_t sy = t ? 0 : y, sx = t ? y : 0;
+        if (rows)
+            sy = sh - 1 - sy;
+        if (cols)
+            sx = sw - 1 - sx;
+        const uint8_t *s = src + 3 * (sy * sw + sx);
+        uint8_t *d = dst + 3 * dw * y;
+        for (int64_t x = 0; x < dw; ++x, s += step, d += 3) {
+            d[0] = s[0];
+            d[1] = s[1];
+            d[2] = s[2];
+        }
+    }
+}
+
+/* Team member: the batch's oriented JPEGs decoded on the host, turned from their stored pixels into place. */
+static void turn_fn(Engine *e, int id) {
+    (void)id;
+    Job *j = e->reading;
+    for (int64_t k; (k = team_next(j)) >= 0;) {
+        const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
+        if (j->state[k] != ST_OK || j->on_host[k] != HOST_JPEG || row[6] == 1)
+            continue;
+        int o = (int)row[6];
+        int64_t sh = o >= 5 ? row[2] : row[1], sw = o >= 5 ? row[1] : row[2];
+        turn(j->phost + j->stored[k], sh, sw, o, j->phost + j->pix[k]);
+    }
+}
+
+/* The batch's HOST_JPEG images decoded by nvImageCodec's CPU decoder in one call from the reader thread (its own
+ * threads share the work), each whole into its place in the host image arena, or (oriented) into its stored place
+ * past it, then turned into place on the read team. One it refuses falls back as WHY_DECODER with its status: the
+ * Python stages decode it on the CPU or name what is wrong with it. */
+static void decode_host_jpegs(Engine *e, Job *j) {
+    Decoder *dc = &e->hdec;
+    ptrdiff_t n = 0;
+    int turned = 0;
+    for (int64_t k = 0; k < j->n; ++k) {
+        if (j->state[k] != ST_OK || j->on_host[k] != HOST_JPEG)
+            continue;
+        const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
+        int stored = row[6] != 1;
+        uint32_t h = (uint32_t)(row[6] >= 5 ? row[2] : row[1]), w = (uint32_t)(row[6] >= 5 ? row[1] : row[2]);
+        size_t stride = (size_t)w * 3;
+        char *info = dc->slots.infos + n * e->hlay.info_stride;
+        put_ptr(info, e->hlay.off_buffer, j->phost + (stored ? j->stored[k] : j->pix[k]));
+        put_ptr(info, e->hlay.off_stream, NULL);
+        memcpy(info + e->hlay.off_h, &h, sizeof h);
+        memcpy(info + e->hlay.off_w, &w, sizeof w);
+        memcpy(info + e->hlay.off_row, &stride, sizeof stride);
+        dc->ptrs[n] = j->host + j->img[2 * k];
+        dc->lens[n] = (size_t)j->img[2 * k + 1];
+        memset(dc->regions + 4 * n, 0, 4 * sizeof(int32_t));
+        e->hpos[n++] = k;
+    }
+    if (n == 0)
+        return;
+    ing_nv_run(&e->hnv, e->hinstance, dc->handle, e->hparams, n, dc->ptrs, dc->lens, dc->regions, &dc->slots,
+               dc->out, dc->streams, dc->images, dc->picked, dc->statuses);
+    for (ptrdiff_t i = 0; i < n; ++i) {
+        int64_t k = e->hpos[i];
+        if (dc->out[i] != ING_NV_SUCCESS) {
+            j->state[k] = ST_FALLBACK;
+            j->why[k] = WHY_DECODER;
+            j->status[k] = dc->out[i];
+        } else {
+            turned |= j->hdr[ING_JPEG_COLUMNS * k + 6] != 1;
+        }
+    }
+    if (turned)
+        team_over(e, j, turn_fn);
+}
+
+/* The images the GPU path leaves to the host, decoded in one round of the read team (PNGs: host_image) and one
+ * call of nvImageCodec's CPU decoder (JPEGs: host_jpeg), each whole, uint8 [H, W, 3] at an ALIGN step of the host
+ * image arena, which decode_batch uploads in one copy beside nvImageCodec's GPU decodes (the kernel warps each as a
+ * whole decode), and (with masks) their masks into the host mask arena at their images' probed size (place_masks).
+ * A PNG the decoder leaves to Pillow or refuses falls back as WHY_HEADER (Python's CPU decode takes it or names
+ * what is wrong), a JPEG as WHY_DECODER, a mask as WHY_MASK. 0 (the engine stopped) where an arena cannot be had. */
+static int decode_host(Engine *e, Job *j) {
+    size_t mtotal = e->masks ? place_masks(j) : 0, ptotal = 0, total;
+    int jpegs = 0, pngs = mtotal > 0;
     for (int64_t k = 0; k < j->n; ++k)
         if (j->state[k] == ST_OK && j->on_host[k]) {
+            const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
+            pngs |= j->on_host[k] == HOST_PNG;
             j->pix[k] = (int64_t)ptotal;
-            ptotal += ((size_t)j->ipng[k].width * j->ipng[k].height * 3 + ALIGN - 1) / ALIGN * ALIGN;
+            ptotal += ((size_t)row[1] * (size_t)row[2] * 3 + ALIGN - 1) / ALIGN * ALIGN;
+        }
+    total = ptotal;
+    for (int64_t k = 0; k < j->n; ++k)
+        if (j->state[k] == ST_OK && j->on_host[k] == HOST_JPEG) {
+            const int64_t *row = j->hdr + ING_JPEG_COLUMNS * k;
+            jpegs = 1;
+            if (row[6] != 1) { /* its stored pixels, turned into place once decoded */
+                j->stored[k] = (int64_t)total;
+                total += ((size_t)row[1] * (size_t)row[2] * 3 + ALIGN - 1) / ALIGN * ALIGN;
+            }
         }
     j->mtotal = mtotal;
     j->ptotal = ptotal;
-    if (mtotal + ptotal == 0)
+    if (mtotal + total == 0)
         return 1;
     if ((mtotal && !ensure_host(e, &j->mhost, &j->mcap, mtotal, "mask arena")) ||
-        (ptotal && !ensure_host(e, &j->phost, &j->pcap, ptotal, "image arena")))
+        (total && !ensure_host(e, &j->phost, &j->pcap, total, "image arena")))
         return 0;
     for (int64_t k = 0; k < j->n; ++k)
         if (j->state[k] == ST_OK) {
-            if (j->on_host[k])
+            if (j->on_host[k] == HOST_PNG)
                 j->ipng[k].out = j->phost + j->pix[k];
             if (e->masks)
                 j->png[k].out = j->mhost + j->mask[2 * k];
         }
-    team_over(e, j, png_fn);
-    for (int64_t k = 0; k < j->n; ++k) {
+    if (pngs)
+        team_over(e, j, png_fn);
+    for (int64_t k = 0; pngs && k < j->n; ++k) {
         if (j->state[k] != ST_OK)
             continue;
-        int image = j->on_host[k] && j->ipng[k].status != ING_PNG_DECODED;
+        int image = j->on_host[k] == HOST_PNG && j->ipng[k].status != ING_PNG_DECODED;
         if (image || (e->masks && j->png[k].status != ING_PNG_DECODED)) {
             j->state[k] = ST_FALLBACK;
             j->why[k] = image ? WHY_HEADER : WHY_MASK;
         }
     }
+    if (jpegs)
+        decode_host_jpegs(e, j);
     return 1;
 }
 
@@ -1088,7 +1229,9 @@ static int prepare_batch(Engine *e, Job *j) {
         ing_jpeg_scan(p + start, stop - start, row);
         int why = why_not_gpu(row, e->max_pixels);
         if (why == WHY_HEADER && host_image(e, j, k, p + start, stop - start))
-            why = 0; /* a PNG the read team decodes (decode_pngs) */
+            why = 0; /* a PNG the read team decodes (decode_host) */
+        else if (why && host_jpeg(e, j, k, row))
+            why = 0; /* a JPEG nvImageCodec's CPU decoder decodes (decode_host_jpegs) */
         if (why) {
             j->state[k] = ST_FALLBACK;
             j->why[k] = why;
@@ -1133,7 +1276,7 @@ static int prepare_batch(Engine *e, Job *j) {
             }
         }
     }
-    return decode_pngs(e, j);
+    return decode_host(e, j);
 }
 
 /* -- queues ------------------------------------------------------------------------------------------------ */
@@ -1275,6 +1418,18 @@ static void *reader_main(void *arg) {
 
 /* -- decoding and the kernel ------------------------------------------------------------------------------- */
 
+/* Destroys the nvImageCodec handles a decoder's slots hold (its images, region and whole code streams). */
+static void decoder_destroy(Engine *e, Decoder *dc, int (*image_destroy)(void *), int (*stream_destroy)(void *)) {
+    for (int64_t i = 0; dc->slots.parents && i < e->batch; ++i) {
+        if (dc->slots.images[i])
+            image_destroy(dc->slots.images[i]);
+        if (dc->slots.subs[i])
+            stream_destroy(dc->slots.subs[i]);
+        if (dc->slots.parents[i])
+            stream_destroy(dc->slots.parents[i]);
+    }
+}
+
 /* Team member: decoder `id` decodes its share of the batch's GPU list. */
 static void decode_fn(Engine *e, int id) {
     Decoder *d = &e->dec[id];
@@ -1283,8 +1438,6 @@ static void decode_fn(Engine *e, int id) {
         d->call = ing_nv_run(&e->nv, e->instance, d->handle, e->params, (ptrdiff_t)d->count, d->ptrs, d->lens,
                              d->regions, &d->slots, d->out, d->streams, d->images, d->picked, d->statuses);
 }
-
-static void put_ptr(char *base, ptrdiff_t off, const void *value) { memcpy(base + off, &value, sizeof value); }
 
 /* The next device arena for job j, of at least `need` bytes, once the kernel that last read it has run; -1 (the
  * engine stopped) where it cannot be had. */
@@ -1312,7 +1465,7 @@ static int take_arena(Engine *e, Job *j, size_t need) {
 /* Decodes the batch's GPU samples (their regions: decode_gpu.clip_regions) into a device arena; refused ones
  * fall back. Host pixels are uploaded instead, in one copy of the host buffer that holds them: a PIXELS batch's
  * read arena, where each sample's pixels lie dense at its offset, or a batch's image arena of the PNGs the read team
- * decoded (decode_pngs), at the device arena's start (bytes of samples that failed or fell back ride along: one
+ * decoded (decode_host), at the device arena's start (bytes of samples that failed or fell back ride along: one
  * copy costs less than a copy per sample); the kernel then reads each sample's pixels where they landed, whole.
  * Fills g_pos/g_reg/g_org/g_dec/g_aoff for the kernel and g_nv for the decoders. Returns the count of the GPU list,
  * or -1. */
@@ -1371,14 +1524,14 @@ static int64_t decode_batch(Engine *e, Job *j) {
         dc->count = mg / e->ndec + (d < mg % e->ndec);
         for (int64_t i = 0; i < dc->count; ++i) {
             int64_t g = e->g_nv[first + i], k = e->g_pos[g];
-            char *info = dc->slots.infos + i * e->info_stride;
+            char *info = dc->slots.infos + i * e->lay.info_stride;
             uint32_t h = (uint32_t)e->g_dec[2 * g], w = (uint32_t)e->g_dec[2 * g + 1];
             size_t row = (size_t)w * 3;
-            put_ptr(info, e->off_buffer, (void *)(uintptr_t)(e->arena[a] + (CUdeviceptr)e->g_aoff[g]));
-            put_ptr(info, e->off_stream, e->stream);
-            memcpy(info + e->off_h, &h, sizeof h);
-            memcpy(info + e->off_w, &w, sizeof w);
-            memcpy(info + e->off_row, &row, sizeof row);
+            put_ptr(info, e->lay.off_buffer, (void *)(uintptr_t)(e->arena[a] + (CUdeviceptr)e->g_aoff[g]));
+            put_ptr(info, e->lay.off_stream, e->stream);
+            memcpy(info + e->lay.off_h, &h, sizeof h);
+            memcpy(info + e->lay.off_w, &w, sizeof w);
+            memcpy(info + e->lay.off_row, &row, sizeof row);
             dc->ptrs[i] = j->host + j->img[2 * k];
             dc->lens[i] = (size_t)j->img[2 * k + 1];
             for (int c = 0; c < 4; ++c)
@@ -1492,7 +1645,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
             pad[rows] = j->pad[k];
         if (j->state[k] == ST_FALLBACK)
             kept[nkept++] = (Note){j->index[k], rows, NOTE_FALLBACK, j->why[k], j->status[k]};
-        else if (j->on_host[k]) /* (OK: its image decoded on the read team) */
+        else if (j->on_host[k]) /* (OK: its image decoded on the host) */
             kept[nkept++] = (Note){j->index[k], rows, NOTE_HOST, 0, 0};
         if (dry) {
             int64_t *d = dry + D_COLS * rows;
@@ -1690,17 +1843,9 @@ static void engine_free(Engine *e) {
                 cu.EventDestroy(e->jobs[k].done);
             e->jobs[k].host = NULL;
         }
-        for (int d = 0; e->dec && d < e->ndec; ++d) {
-            Decoder *dc = &e->dec[d];
-            for (int64_t i = 0; i < e->batch; ++i) {
-                if (dc->slots.images && dc->slots.images[i])
-                    e->image_destroy(dc->slots.images[i]);
-                if (dc->slots.subs && dc->slots.subs[i])
-                    e->stream_destroy(dc->slots.subs[i]);
-                if (dc->slots.parents && dc->slots.parents[i])
-                    e->stream_destroy(dc->slots.parents[i]);
-            }
-        }
+        for (int d = 0; e->dec && d < e->ndec; ++d)
+            decoder_destroy(e, &e->dec[d], e->image_destroy, e->stream_destroy);
+        decoder_destroy(e, &e->hdec, e->h_image_destroy, e->h_stream_destroy);
         if (e->stream != NULL)
             cu.StreamDestroy(e->stream);
         CUcontext popped;
@@ -1734,6 +1879,11 @@ static void engine_free(Engine *e) {
     }
     free(e->dec);
     e->dec = NULL;
+    free(e->hdec.slots.parents);
+    free(e->hdec.slots.infos);
+    memset(&e->hdec, 0, sizeof e->hdec);
+    free(e->hpos);
+    e->hpos = NULL;
     for (int t = 0; e->png_workers && t < e->readers.size; ++t)
         ing_png_worker_free(&e->png_workers[t]);
     free(e->png_workers);
@@ -1932,9 +2082,9 @@ static uint32_t *copy_crcs(PyObject *obj, int64_t n, const char *name) {
 
 static int alloc_job(Engine *e, Job *j) {
     int64_t B = e->batch;
-    /* one block: 12 int64 arrays of B, hdr (9 B), hw, ok_hw, img (2 B each), then state, why, status, pad,
+    /* one block: 13 int64 arrays of B, hdr (9 B), hw, ok_hw, img (2 B each), then state, why, status, pad,
      * on_host */
-    size_t ints = (size_t)B * (12 + 9 + 6), bytes = ints * 8 + (size_t)B * (4 + 4 + 4 + 1 + 1);
+    size_t ints = (size_t)B * (13 + 9 + 6), bytes = ints * 8 + (size_t)B * (4 + 4 + 4 + 1 + 1);
     char *block = calloc(1, bytes + 16);
     ing_sample *plans = calloc((size_t)(2 * B), sizeof(ing_sample));
     Note *notes = calloc((size_t)B, sizeof(Note));
@@ -1961,6 +2111,7 @@ static int alloc_job(Engine *e, Job *j) {
     j->mask = p, p += 2 * B;
     j->mcrc = p, p += B;
     j->pix = p, p += B;
+    j->stored = p, p += B;
     j->hdr = p, p += 9 * B;
     j->hw = p, p += 2 * B;
     j->ok_hw = p, p += 2 * B;
@@ -2033,48 +2184,154 @@ static int setup_pixels_gpu(Engine *e, PyObject *gpu) {
     return setup_cuda(e, device);
 }
 
+/* A decoder's handle slots and scratch for batches of up to e->batch images, its structs copied from the templates
+ * (of layout L); -1 where memory runs out. */
+static int decoder_init(Engine *e, Decoder *dc, const NvLayout *L, const void *info, const void *view,
+                        const void *probe) {
+    int64_t B = e->batch;
+    /* handles and scratch in one block: parents, subs, images, streams, images picked (void *), ptrs,
+     * picked, lens, then statuses, out (uint32) and regions (int32 x 4) */
+    size_t words = (size_t)B * 8;
+    char *block = calloc(1, words * 8 + (size_t)B * (4 + 4 + 16));
+    char *structs = calloc(1, (size_t)B * (size_t)(L->info_stride + L->view_stride) + (size_t)L->probe_size);
+    if (block == NULL || structs == NULL) {
+        free(block);
+        free(structs);
+        return -1;
+    }
+    void **w = (void **)block;
+    dc->slots.parents = w, w += B;
+    dc->slots.subs = w, w += B;
+    dc->slots.images = w, w += B;
+    dc->streams = w, w += B;
+    dc->images = w, w += B;
+    dc->ptrs = (const unsigned char **)w, w += B;
+    dc->picked = (ptrdiff_t *)w, w += B;
+    dc->lens = (size_t *)w, w += B;
+    dc->statuses = (uint32_t *)w;
+    dc->out = dc->statuses + B;
+    dc->regions = (int32_t *)(dc->out + B);
+    dc->slots.infos = structs;
+    dc->slots.views = structs + B * L->info_stride;
+    dc->slots.probe = dc->slots.views + B * L->view_stride;
+    dc->slots.info_stride = L->info_stride;
+    dc->slots.view_stride = L->view_stride;
+    dc->slots.start_off = L->off_start;
+    dc->slots.end_off = L->off_end;
+    dc->slots.codec_off = L->off_codec;
+    for (int64_t i = 0; i < B; ++i) {
+        memcpy(dc->slots.infos + i * L->info_stride, info, (size_t)L->info_stride);
+        memcpy(dc->slots.views + i * L->view_stride, view, (size_t)L->view_stride);
+    }
+    memcpy(dc->slots.probe, probe, (size_t)L->probe_size);
+    return 0;
+}
+
+/* nvImageCodec's ING_NV_COUNT loop functions and its image and code stream destroy functions from their addresses
+ * (`fns`, `destroys`: tuples); -1 with an exception set. */
+static int nv_functions(PyObject *fns, PyObject *destroys, ing_nv_functions *f, int (**image_destroy)(void *),
+                        int (**stream_destroy)(void *)) {
+    void *fp[ING_NV_COUNT];
+    if (!PyTuple_Check(fns) || PyTuple_GET_SIZE(fns) != ING_NV_COUNT || !PyTuple_Check(destroys) ||
+        PyTuple_GET_SIZE(destroys) != 2) {
+        PyErr_SetString(PyExc_TypeError, "gpu: expected 8 nvImageCodec functions and 2 destroy functions");
+        return -1;
+    }
+    for (int k = 0; k < ING_NV_COUNT; ++k)
+        if ((fp[k] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(fns, k))) == NULL)
+            goto bad_address;
+    ing_nv_functions_from(f, fp);
+    if ((*(void **)image_destroy = PyLong_AsVoidPtr(PyTuple_GET_ITEM(destroys, 0))) == NULL ||
+        (*(void **)stream_destroy = PyLong_AsVoidPtr(PyTuple_GET_ITEM(destroys, 1))) == NULL)
+        goto bad_address;
+    return 0;
+bad_address:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "gpu: a null address");
+    return -1;
+}
+
+/* Whether layout L's field offsets lie inside its structs (ValueError naming `what` where not). */
+static int layout_ok(const NvLayout *L, const char *what) {
+    if (L->off_buffer + 8 > L->info_stride || L->off_stream + 8 > L->info_stride || L->off_h + 4 > L->info_stride ||
+        L->off_w + 4 > L->info_stride || L->off_row + 8 > L->info_stride || L->off_start + 8 > L->view_stride ||
+        L->off_end + 8 > L->view_stride || L->off_codec >= L->probe_size || L->off_buffer < 0 || L->off_stream < 0 ||
+        L->off_h < 0 || L->off_w < 0 || L->off_row < 0 || L->off_start < 0 || L->off_end < 0 || L->off_codec < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: a struct field offset lies outside its struct", what);
+        return 0;
+    }
+    return 1;
+}
+
+/* The `cpu` item of the `gpu` tuple: (functions, destroy functions, instance, decoder, decode params, (image info
+ * template, offsets), (code stream view template, offsets), (code stream info template, offset)) of an
+ * nvImageCodec decoder of host output, in the GPU part's form but its own (its library may be another's: the tests'
+ * GPU is a stand-in); 0 on success, -1 with an exception set. */
+static int setup_host_decoder(Engine *e, PyObject *cpu) {
+    PyObject *fns, *destroys;
+    unsigned long long instance, decoder, params;
+    Py_buffer info, view, probe;
+    NvLayout *L = &e->hlay;
+    if (!PyArg_ParseTuple(cpu, "OOKKK(y*nnnnn)(y*nn)(y*n):cpu", &fns, &destroys, &instance, &decoder, &params, &info,
+                          &L->off_buffer, &L->off_stream, &L->off_h, &L->off_w, &L->off_row, &view, &L->off_start,
+                          &L->off_end, &probe, &L->off_codec))
+        return -1;
+    int result = -1;
+    L->info_stride = info.len;
+    L->view_stride = view.len;
+    L->probe_size = probe.len;
+    if (!layout_ok(L, "cpu") || nv_functions(fns, destroys, &e->hnv, &e->h_image_destroy, &e->h_stream_destroy) < 0)
+        goto done;
+    if (instance == 0 || decoder == 0 || params == 0) {
+        PyErr_SetString(PyExc_ValueError, "cpu: a null handle");
+        goto done;
+    }
+    e->hinstance = (void *)(uintptr_t)instance;
+    e->hparams = (void *)(uintptr_t)params;
+    if ((e->hpos = calloc((size_t)e->batch, sizeof(int64_t))) == NULL ||
+        decoder_init(e, &e->hdec, L, info.buf, view.buf, probe.buf) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    e->hdec.handle = (void *)(uintptr_t)decoder;
+    result = 0;
+done:
+    PyBuffer_Release(&info);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&probe);
+    return result;
+}
+
 /* The GPU part of the constructor (the `gpu` tuple); 0 on success, -1 with an exception set. */
 static int setup_gpu(Engine *e, PyObject *gpu) {
     if (e->format == FMT_PIXELS)
         return setup_pixels_gpu(e, gpu);
     int device;
-    PyObject *fns, *destroys, *decoders, *kernels;
+    PyObject *fns, *destroys, *decoders, *kernels, *cpu = Py_None;
     unsigned long long instance, params;
     Py_buffer info_t, view_t, probe_t;
-    if (!PyArg_ParseTuple(gpu, "iOOKOK(y*nnnnn)(y*nn)(y*n)O:gpu", &device, &fns, &destroys, &instance, &decoders,
-                          &params, &info_t, &e->off_buffer, &e->off_stream, &e->off_h, &e->off_w, &e->off_row,
-                          &view_t, &e->off_start, &e->off_end, &probe_t, &e->off_codec, &kernels))
+    if (!PyArg_ParseTuple(gpu, "iOOKOK(y*nnnnn)(y*nn)(y*n)O|O:gpu", &device, &fns, &destroys, &instance, &decoders,
+                          &params, &info_t, &e->lay.off_buffer, &e->lay.off_stream, &e->lay.off_h, &e->lay.off_w, &e->lay.off_row,
+                          &view_t, &e->lay.off_start, &e->lay.off_end, &probe_t, &e->lay.off_codec, &kernels, &cpu))
         return -1;
     int result = -1;
-    void *fp[ING_NV_COUNT];
-    if (!PyTuple_Check(fns) || PyTuple_GET_SIZE(fns) != ING_NV_COUNT || !PyTuple_Check(destroys) ||
-        PyTuple_GET_SIZE(destroys) != 2 || !PyTuple_Check(kernels) || PyTuple_GET_SIZE(kernels) != 3 ||
-        !PyTuple_Check(decoders) || PyTuple_GET_SIZE(decoders) < 1) {
-        PyErr_SetString(PyExc_TypeError, "gpu: expected 8 nvImageCodec functions, 2 destroy functions, 3 kernels "
-                                         "and at least one decoder");
+    if (!PyTuple_Check(kernels) || PyTuple_GET_SIZE(kernels) != 3 || !PyTuple_Check(decoders) ||
+        PyTuple_GET_SIZE(decoders) < 1) {
+        PyErr_SetString(PyExc_TypeError, "gpu: expected 3 kernels and at least one decoder");
         goto done;
     }
-    for (int k = 0; k < ING_NV_COUNT; ++k)
-        if ((fp[k] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(fns, k))) == NULL)
-            goto bad_address;
-    ing_nv_functions_from(&e->nv, fp);
-    if ((*(void **)&e->image_destroy = PyLong_AsVoidPtr(PyTuple_GET_ITEM(destroys, 0))) == NULL ||
-        (*(void **)&e->stream_destroy = PyLong_AsVoidPtr(PyTuple_GET_ITEM(destroys, 1))) == NULL)
-        goto bad_address;
+    if (nv_functions(fns, destroys, &e->nv, &e->image_destroy, &e->stream_destroy) < 0)
+        goto done;
     for (int k = 0; k < 3; ++k)
         if ((e->kernels[k] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(kernels, k))) == NULL)
             goto bad_address;
     e->instance = (void *)(uintptr_t)instance;
     e->params = (void *)(uintptr_t)params;
-    e->info_stride = info_t.len;
-    e->view_stride = view_t.len;
-    e->probe_size = probe_t.len;
-    if (e->off_buffer + 8 > info_t.len || e->off_stream + 8 > info_t.len || e->off_h + 4 > info_t.len ||
-        e->off_w + 4 > info_t.len || e->off_row + 8 > info_t.len || e->off_start + 8 > view_t.len ||
-        e->off_end + 8 > view_t.len || e->off_codec >= probe_t.len) {
-        PyErr_SetString(PyExc_ValueError, "gpu: a struct field offset lies outside its struct");
+    e->lay.info_stride = info_t.len;
+    e->lay.view_stride = view_t.len;
+    e->lay.probe_size = probe_t.len;
+    if (!layout_ok(&e->lay, "gpu"))
         goto done;
-    }
     const char *why = load_cuda();
     if (why != NULL) {
         PyErr_SetString(PyExc_ImportError, why);
@@ -2083,47 +2340,15 @@ static int setup_gpu(Engine *e, PyObject *gpu) {
     e->ndec = (int)PyTuple_GET_SIZE(decoders);
     if ((e->dec = calloc((size_t)e->ndec, sizeof(Decoder))) == NULL)
         goto nomem;
-    int64_t B = e->batch;
     for (int d = 0; d < e->ndec; ++d) {
         Decoder *dc = &e->dec[d];
         if ((dc->handle = PyLong_AsVoidPtr(PyTuple_GET_ITEM(decoders, d))) == NULL)
             goto bad_address;
-        /* handles and scratch in one block: parents, subs, images, streams, images picked (void *), ptrs,
-         * picked, lens, then statuses, out (uint32) and regions (int32 x 4) */
-        size_t words = (size_t)B * 8;
-        char *block = calloc(1, words * 8 + (size_t)B * (4 + 4 + 16));
-        char *structs = calloc(1, (size_t)B * (size_t)(e->info_stride + e->view_stride) + (size_t)e->probe_size);
-        if (block == NULL || structs == NULL) {
-            free(block);
-            free(structs);
+        if (decoder_init(e, dc, &e->lay, info_t.buf, view_t.buf, probe_t.buf) < 0)
             goto nomem;
-        }
-        void **w = (void **)block;
-        dc->slots.parents = w, w += B;
-        dc->slots.subs = w, w += B;
-        dc->slots.images = w, w += B;
-        dc->streams = w, w += B;
-        dc->images = w, w += B;
-        dc->ptrs = (const unsigned char **)w, w += B;
-        dc->picked = (ptrdiff_t *)w, w += B;
-        dc->lens = (size_t *)w, w += B;
-        dc->statuses = (uint32_t *)w;
-        dc->out = dc->statuses + B;
-        dc->regions = (int32_t *)(dc->out + B);
-        dc->slots.infos = structs;
-        dc->slots.views = structs + B * e->info_stride;
-        dc->slots.probe = dc->slots.views + B * e->view_stride;
-        dc->slots.info_stride = e->info_stride;
-        dc->slots.view_stride = e->view_stride;
-        dc->slots.start_off = e->off_start;
-        dc->slots.end_off = e->off_end;
-        dc->slots.codec_off = e->off_codec;
-        for (int64_t i = 0; i < B; ++i) {
-            memcpy(dc->slots.infos + i * e->info_stride, info_t.buf, (size_t)e->info_stride);
-            memcpy(dc->slots.views + i * e->view_stride, view_t.buf, (size_t)e->view_stride);
-        }
-        memcpy(dc->slots.probe, probe_t.buf, (size_t)e->probe_size);
     }
+    if (cpu != Py_None && setup_host_decoder(e, cpu) < 0)
+        goto done;
     result = setup_cuda(e, device);
     goto done;
 bad_address:
