@@ -32,9 +32,9 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from ingest.formats import Field, Record
-from ingest.formats._framed import KIND_CODES, encode
+from ingest.formats._framed import KIND_CODES, decode, encode
 from ingest.formats._protos import Datum, Example
-from ingest.formats.recordio import IR_HEADER, MAGIC
+from ingest.formats.recordio import IR_HEADER, MAGIC, unpack
 from ingest.formats.tfrecord import frame
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -549,7 +549,17 @@ def check_examples(harness: Harness, examples: list[bytes]) -> None:
         rc, count = ints(det, 2)
         if rc == 0:
             assert ex is not None, f"the detection scan took what protobuf refuses: {data.hex()}"
-            assert count == len(ex.features.feature["image/object/bbox/xmin"].float_list.value) <= MOST
+            f = ex.features.feature
+            assert count == len(f["image/object/bbox/xmin"].float_list.value) <= MOST
+            at = 16 + 32 * count   # (the boxes: the conversion is test_native_detection's)
+            labels = np.frombuffer(det, np.int64, count, at)
+            areas = np.frombuffer(det, np.float32, count, at + 8 * count)
+            source_id, image_id = ints(det, 2, at + 12 * count)
+            assert labels.tolist() == list(f["image/object/class/label"].int64_list.value)
+            assert np.array_equal(areas, np.array(f["image/object/area"].float_list.value, np.float32),
+                                  equal_nan=True)
+            assert source_id == int(f["image/source_id"].bytes_list.value[0])
+            assert [image_id] == list(f["image/id"].int64_list.value)
         elif rc == 2:   # more boxes than a sample may have
             assert ex is None or len(ex.features.feature["image/object/bbox/xmin"].float_list.value) > MOST or \
                 len(ex.features.feature["image/object/area"].float_list.value) > MOST or \
@@ -733,17 +743,40 @@ def framed_case(layout: tuple[str, ...], record: bytes) -> bytes:
     return bytes([len(codes)]) + codes + struct.pack("<b", cell) + record
 
 
+def reader_of(mode: bytes, data: bytes) -> tuple[bytes, int, bytes | None]:
+    """(image, label, mask or None) as the Python reader takes the record; it raises where the reader refuses."""
+    if mode == b"D":   # protobuf keeps the last label; no label: -1 for the engine
+        d = Datum.FromString(data)
+        return d.data, d.label if d.HasField("label") else -1, None
+    if mode == b"R":
+        magic, lrec = struct.unpack_from("<II", data)
+        if magic != MAGIC or lrec >> 29 or 8 + lrec > len(data):
+            raise ValueError("not one whole unsplit record")
+        record = unpack(data[8:8 + lrec], "x", 0, 0)
+        return bytes(record.image), record.label, None
+    n = data[0]
+    layout = [{1: "image", 3: "int", 10: "mask"}[c] for c in data[1:1 + n]]
+    record = data[2 + n:]
+    fields = {{"int": "label"}.get(kind, kind): Field(kind) for kind in layout}
+    values = decode(record, fields, path="x", key="k")
+    mask = bytes(values["mask"]) if "mask" in values and data[1 + n] != 0xFF else None
+    return bytes(values["image"]), values.get("label", -1), mask
+
+
 def check_records(harness: Harness, cases: list[tuple[bytes, bytes]]) -> None:
+    """Each record through its parse; a record the parse takes is one its Python reader takes alike."""
     for (mode, data), out in zip(cases, harness.run(cases)):
-        ok = ints(out, 1)[0]
-        if ok != 1 or mode != b"D":
+        ok, start, end, label, mstart, mlen = ints(out, 6)
+        if ok != 1:
             continue
-        try:   # a Datum the parse takes is one protobuf reads to the same data and label
-            d = Datum.FromString(data)
-        except Exception:
-            raise AssertionError(f"the Datum parse took what protobuf refuses: {data.hex()}") from None
-        start, end, label = ints(out, 3, 8)
-        assert data[start:end] == d.data and (label == d.label if d.HasField("label") else label == -1)
+        try:
+            image, want_label, mask = reader_of(mode, data)
+        except Exception as err:
+            raise AssertionError(f"the {mode!r} parse took what its reader refuses ({err}): {data.hex()}") from None
+        record = data[2 + data[0]:] if mode == b"F" else data
+        assert (record[start:end], label) == (image, want_label), data.hex()
+        if mask is not None:
+            assert record[mstart:mstart + mlen] == mask, data.hex()
 
 
 def record_cases() -> list[tuple[bytes, bytes]]:
