@@ -222,6 +222,12 @@ def seed_pngs() -> list[bytes]:
 SEED_PNGS = seed_pngs()
 
 
+# chunk data Pillow's handlers parse (a compression method, a NUL, zlib data): whole and damaged
+ANCILLARY = [b"icc\0\0" + zlib.compress(bytes(300)), b"icc\0\1" + zlib.compress(b"x"), b"icc\0", b"\0",
+             b"key\0\0" + zlib.compress(bytes(2 << 20), 9), b"key\0\1\0en\0key\0" + zlib.compress(b"text"),
+             b"key\0\1\0en\0key\0" + zlib.compress(bytes(2 << 20), 9), b"key\0\0garbage", bytes(31), bytes(9)]
+
+
 def chunks_of(png: bytes) -> list[tuple[bytes, bytes]]:
     """The (type, data) chunks of a well-formed PNG."""
     out, at = [], 8
@@ -382,8 +388,10 @@ def png_mutant(draw) -> bytes:
             parts[idat[0]] = (b"IDAT", stream)
         elif op == "insert":
             kind = draw(st.sampled_from([b"tRNS", b"PLTE", b"eXIf", b"acTL", b"fcTL", b"abCD", b"ABCD", b"IDAT",
-                                         b"IEND", b"IHDR", b"tEXt", b"a1CD"]))
-            parts.insert(draw(st.integers(0, len(parts))), (kind, draw(st.binary(max_size=40))))
+                                         b"IEND", b"IHDR", b"tEXt", b"a1CD", b"gAMA", b"cHRM", b"sRGB", b"pHYs",
+                                         b"iCCP", b"zTXt", b"iTXt"]))
+            data = draw(st.one_of(st.binary(max_size=40), st.sampled_from(ANCILLARY)))
+            parts.insert(draw(st.integers(0, len(parts))), (kind, data))
         elif op == "split":
             kind, data = parts[k]
             if kind == b"IDAT" and len(data) > 1:
