@@ -222,10 +222,11 @@ def seed_pngs() -> list[bytes]:
 SEED_PNGS = seed_pngs()
 
 
-# chunk data Pillow's handlers parse (a compression method, a NUL, zlib data): whole and damaged
+# chunk data Pillow's handlers parse (a compression method, a NUL, zlib data, palettes): whole and damaged
 ANCILLARY = [b"icc\0\0" + zlib.compress(bytes(300)), b"icc\0\1" + zlib.compress(b"x"), b"icc\0", b"\0",
              b"key\0\0" + zlib.compress(bytes(2 << 20), 9), b"key\0\1\0en\0key\0" + zlib.compress(b"text"),
-             b"key\0\1\0en\0key\0" + zlib.compress(bytes(2 << 20), 9), b"key\0\0garbage", bytes(31), bytes(9)]
+             b"key\0\1\0en\0key\0" + zlib.compress(bytes(2 << 20), 9), b"key\0\0garbage", bytes(31), bytes(9),
+             bytes(770), bytes(771)]   # (a PLTE of 256 entries and a bit, of 257 entries)
 
 
 def chunks_of(png: bytes) -> list[tuple[bytes, bytes]]:

@@ -268,6 +268,19 @@ def test_ancillary_chunks_pillow_refuses_are_left_to_it():
 
 
 @needs_native
+def test_a_palette_of_more_than_256_entries_is_left_to_pillow():
+    """Pillow refuses a palette of 257 entries or more ("invalid palette size") and takes 256 and a part one."""
+    values = np.random.default_rng(6).integers(0, 4, (5, 6)).astype(np.uint8)
+    plain = build(values, 8, 3, plte=False)
+    big, full = (plain[:33] + chunk(b"PLTE", bytes(n)) + plain[33:] for n in (771, 770))
+    assert native(big) is None
+    with pytest.raises(DecodeError):
+        decode_mask(big, "big")
+    buf, h, w, _ = native(full)
+    assert same(np.frombuffer(buf, np.uint8).reshape(h, w), decode_mask(full, "full"))
+
+
+@needs_native
 def test_interlaced_is_pillows():
     png = SIGNATURE + ihdr(4, 4, 8, 3, interlace=1) + chunk(b"IEND", b"")
     assert native(png) is None

@@ -12,8 +12,9 @@
  *
  * Left to Pillow (status ING_PNG_PILLOW): no PNG signature; Adam7 interlacing; gray at 2 or 4 bits (Pillow scales
  * the levels); colour types 2 and 6 and 16-bit gray + alpha (Pillow makes them RGB/RGBA, which masks.py refuses);
- * animated PNGs (acTL/fcTL/fdAT); an unknown critical chunk; a palette image without PLTE; a gray tRNS shorter
- * than 2 bytes; data that ends at a chunk boundary without IEND; an ancillary chunk Pillow refuses the file for
+ * animated PNGs (acTL/fcTL/fdAT); an unknown critical chunk; a palette image without PLTE or with a PLTE of more
+ * than 256 entries (Pillow refuses that palette); a gray tRNS shorter than 2 bytes; data that ends at a chunk
+ * boundary without IEND; an ancillary chunk Pillow refuses the file for
  * (png_pillow_raises: a gAMA, cHRM, sRGB or pHYs too short for its fields, an iCCP or zTXt of an unknown
  * compression method, an iCCP, zTXt or iTXt inflating past 1 MiB, text chunks past 64 MiB), so that what Pillow
  * refuses is never decoded here. Everything else is decoded or refused (ING_PNG_REFUSED) with a message and the
@@ -380,8 +381,8 @@ static int png_pillow_raises(ing_png_worker *wk, const uint8_t *type, const uint
     const uint8_t *nul = memchr(d, 0, length), *end = d + length;
     if (png_is_type(type, "iCCP")) { /* name, NUL, method, data (no NUL: the method is the first byte) */
         const uint8_t *method = nul ? nul + 1 : d;
-        return method >= end || *method != 0 ||
-               png_inflated(wk, method + 1, (size_t)(end - method - 1), PNG_PILLOW_TEXT_CHUNK) >= PNG_PILLOW_TEXT_CHUNK;
+        return method >= end || *method != 0 || png_inflated(wk, method + 1, (size_t)(end - method - 1),
+                                                             PNG_PILLOW_TEXT_CHUNK) >= PNG_PILLOW_TEXT_CHUNK;
     }
     if (png_is_type(type, "zTXt")) { /* keyword, NUL, method, data */
         if (nul == NULL || nul + 1 >= end)
@@ -434,8 +435,9 @@ static int png_walk(ing_png *j, ing_png_worker *wk, size_t *first_idat) {
                 plte = 1;
                 j->palette = j->data + pos + 8;
                 j->entries = (int)(length / 3);
-                if (j->rgb && j->ctype == 3 && (length % 3 != 0 || length == 0 || length > 768 || idats > 0))
-                    return j->status = ING_PNG_PILLOW; /* (part entries, none, too many, or after the pixels) */
+                if (j->ctype == 3 && (length / 3 > 256 || (j->rgb && (length % 3 != 0 || length == 0 || idats > 0))))
+                    return j->status = ING_PNG_PILLOW; /* (more than 256 entries: Pillow refuses the palette; an
+                                                          image's: part entries, none, or after the pixels) */
             } else if (png_is_type(type, "acTL") || png_is_type(type, "fcTL") || png_is_type(type, "fdAT") ||
                        (png_is_type(type, "tRNS") && j->ctype == 0 && length < 2) || !(type[0] & 0x20) ||
                        (j->rgb && ((png_is_type(type, "tRNS") && j->ctype == 2 && length < 6) ||
