@@ -393,7 +393,7 @@ def png_mutant(draw) -> bytes:
                                          b"iCCP", b"zTXt", b"iTXt"]))
             data = draw(st.one_of(st.binary(max_size=40), st.sampled_from(ANCILLARY)))
             parts.insert(draw(st.integers(0, len(parts))), (kind, data))
-        elif op == "split":
+        elif op == "split" and parts:
             kind, data = parts[k]
             if kind == b"IDAT" and len(data) > 1:
                 cut = draw(st.integers(1, len(data) - 1))
