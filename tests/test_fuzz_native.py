@@ -527,7 +527,7 @@ def check_examples(harness: Harness, examples: list[bytes]) -> None:
     cases = []
     for data in examples:
         cases.append((b"E", request(OD_KEYS, OD_KINDS) + struct.pack("<H", 64) + data))
-        cases.append((b"O", det_case(frame(data), len(cases) % 3)))
+        cases.append((b"O", det_case(frame(data), len(cases) // 3 % 3)))   # box formats in turn
         cases.append((b"T", request([b"image/encoded", b"image/height", b"image/source_id"], b"bib") + b"\x02"
                       + frame(data)))
     results = harness.run(cases)
@@ -560,7 +560,13 @@ def check_examples(harness: Harness, examples: list[bytes]) -> None:
             assert ex is not None, f"the detection scan took what protobuf refuses: {data.hex()}"
             f = ex.features.feature
             assert count == len(f["image/object/bbox/xmin"].float_list.value) <= MOST
-            at = 16 + 32 * count   # (the boxes: the conversion is test_native_detection's)
+            if k % 3 == 0:   # ltrb asked: the reader's pixels (`tfrecord._od_boxes`), as test_native_detection
+                coords = np.array([f[key.decode()].float_list.value for key in OD_KEYS[:4]], np.float32).T
+                size = f["image/width"].int64_list.value[0], f["image/height"].int64_list.value[0]
+                want = (coords.astype(np.float64).reshape(-1, 4) * (size * 2)).astype(np.float32)
+                assert np.array_equal(np.frombuffer(det, np.float64, 4 * count, 16), want.reshape(-1),
+                                      equal_nan=True), data.hex()
+            at = 16 + 32 * count
             labels = np.frombuffer(det, np.int64, count, at)
             areas = np.frombuffer(det, np.float32, count, at + 8 * count)
             source_id, image_id = ints(det, 2, at + 12 * count)
