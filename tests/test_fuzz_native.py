@@ -830,3 +830,24 @@ def test_mutated_records(harness, cases):
             b[head + at % (len(b) - head)] = v
         out.append((mode, bytes(b)))
     check_records(harness, out)
+
+
+# -- mutated PNG images through the native engine (dry mode) --------------------------------------------------------
+
+@settings(FUZZ, max_examples=max(4, EXAMPLES // 12))
+@given(st.lists(png_mutant(), min_size=6, max_size=6), st.sampled_from(["tfrecord", "lmdb"]))
+def test_mutated_png_images_through_a_dry_epoch(tmp_path_factory, pngs, fmt):
+    """Records holding mutated PNG images through the engine's read team (parse, header, PNG decode, plan) in
+    dry mode: every row the engine keeps is the Python stages' (run_dry), every other one Python's to fill or to
+    drop with its typed error. Under `dev/sanitized_tests.py` the engine's threads run sanitized too."""
+    from ingest import native
+    if native.ENGINE is None:
+        pytest.skip("ingest._engine was not built")
+    from ingest.formats.tfrecord import TFRecordSource
+    from test_native_records import images, run_dry, statuses, write_lmdb_ours, write_tfrecord
+    directory = tmp_path_factory.mktemp("dry")
+    records = images(3, png=(1,)) + [Record(png, k % 5) for k, png in enumerate(pngs)]
+    source = TFRecordSource(str(write_tfrecord(directory, records))) if fmt == "tfrecord" else \
+        write_lmdb_ours(directory, records)
+    batches, _, _ = run_dry(source, max_failures=0.99, batch_size=len(records))   # (never a batch of none good)
+    assert [statuses(batches)[k] for k in range(3)] == [0, 0, 0]   # the good ones (a PNG among them) stay native
