@@ -61,6 +61,6 @@ setup(ext_modules=[
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,
               extra_compile_args=EXACT, include_dirs=NATIVE, libraries=["m", "dl", "pthread"],
               depends=["ingest/_native/" + h for h in ("boxes_core.h", "crc32c.h", "dlsyms.h", "engine_det.h", "example_scan.h",
-                                                       "jpeg_scan.h", "nvloop.h", "plan.h", "png_decode.h",
+                                                       "jpeg_scan.h", "nvloop.h", "plan.h", "png_decode.h", "record_parse.h",
                                                        "preadv.h", "random_core.h")]),
 ])

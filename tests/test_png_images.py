@@ -17,6 +17,7 @@ from PIL import Image
 
 from ingest import native
 from ingest.decode.cpu import CpuDecoder
+from ingest.errors import DecodeError
 
 pytestmark = pytest.mark.skipif(native.ENGINE is None, reason="ingest._engine was not built")
 CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
@@ -168,3 +169,54 @@ def test_what_it_leaves_to_pillow_and_what_it_refuses():
     for name, data in damaged.items():
         got = native.ENGINE.png_image(data)
         assert isinstance(got, str) and "PNG" in got, (name, got)
+
+
+def pillow_refused_chunks() -> dict[str, bytes]:
+    """Ancillary chunks (whole, with their CRCs) for which Pillow refuses the PNG that holds them, before or after
+    its pixel data: fields cut short, an unknown compression method, text that inflates past Pillow's limits."""
+    bomb = zlib.compress(bytes(2 << 20), 9)   # 2 MiB of text in about 2 KiB
+    text = zlib.compress(bytes((1 << 20) - 1), 9)   # as much as Pillow inflates
+    return {
+        "short gAMA": chunk(b"gAMA", b"\x00\x01"), "short cHRM": chunk(b"cHRM", bytes(31)),
+        "empty sRGB": chunk(b"sRGB", b""), "short pHYs": chunk(b"pHYs", bytes(8)),
+        "iCCP of method 1": chunk(b"iCCP", b"icc\x00\x01" + zlib.compress(b"x")),
+        "iCCP without a method": chunk(b"iCCP", b"icc\x00"), "empty iCCP": chunk(b"iCCP", b""),
+        "iCCP past 1 MiB": chunk(b"iCCP", b"icc\x00\x00" + bomb),
+        "zTXt of method 1": chunk(b"zTXt", b"key\x00\x01" + zlib.compress(b"x")),
+        "zTXt past 1 MiB": chunk(b"zTXt", b"key\x00\x00" + bomb),
+        "iTXt past 1 MiB": chunk(b"iTXt", b"key\x00\x01\x00en\x00key\x00" + bomb),
+        "text past 64 MiB": b"".join(chunk(b"zTXt", b"k%d\x00\x00" % k + text) for k in range(65)),
+    }
+
+
+def pillow_taken_chunks() -> dict[str, bytes]:
+    """The same chunks as Pillow takes them (whole, damaged text it ignores): the PNG decodes natively."""
+    return {
+        "gAMA": chunk(b"gAMA", struct.pack(">I", 45455)), "cHRM": chunk(b"cHRM", bytes(32)),
+        "sRGB": chunk(b"sRGB", b"\x00"), "pHYs": chunk(b"pHYs", bytes(9)),
+        "iCCP": chunk(b"iCCP", b"icc\x00\x00" + zlib.compress(bytes(3000))),
+        "iCCP of damaged data": chunk(b"iCCP", b"icc\x00\x00garbage"),
+        "zTXt": chunk(b"zTXt", b"key\x00\x00" + zlib.compress(b"text")), "zTXt without a NUL": chunk(b"zTXt", b"key"),
+        "iTXt": chunk(b"iTXt", b"key\x00\x01\x00en\x00key\x00" + zlib.compress(b"text")),
+        "tEXt": chunk(b"tEXt", b"key\x00\xff text"),
+    }
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_ancillary_chunks_pillow_refuses_are_left_to_it(where):
+    """A PNG Pillow refuses for an ancillary chunk is left to Pillow (the Python stages' decode then names the
+    problem), wherever the chunk is; the same chunks whole are skipped and the PNG decoded."""
+    values, refused = sample(5, 7, 2, 8, 4), pillow_refused_chunks()
+    for name, extra in {**refused, **pillow_taken_chunks()}.items():
+        data = write_png(values, 2, 8, before_idat=(extra,))
+        if where == "after":   # between the last IDAT and IEND
+            plain = write_png(values, 2, 8)
+            data = plain[:-12] + extra + plain[-12:]
+        got = native.ENGINE.png_image(data)
+        if name in refused:
+            assert got is None, name
+            with pytest.raises(DecodeError):
+                CpuDecoder().decode(data, name)
+        else:
+            h, w, pixels = got
+            assert np.array_equal(np.frombuffer(pixels, np.uint8).reshape(h, w, 3), CpuDecoder().decode(data, name))

@@ -250,6 +250,37 @@ def outcome(data, name: str) -> np.ndarray | DecodeError:
 
 
 @needs_native
+def test_ancillary_chunks_pillow_refuses_are_left_to_it():
+    """A mask Pillow refuses for an ancillary chunk (test_png_images.pillow_refused_chunks) is left to it, which
+    names the problem; the same chunks whole are skipped."""
+    from test_png_images import pillow_refused_chunks, pillow_taken_chunks
+    values = np.random.default_rng(5).integers(0, 4, (6, 7)).astype(np.uint8)
+    plain = build(values, 8, 3)
+    for name, extra in {**pillow_refused_chunks(), **pillow_taken_chunks()}.items():
+        for png in (plain[:33] + extra + plain[33:], plain[:-12] + extra + plain[-12:]):   # before IDAT, after
+            if name in pillow_taken_chunks():
+                buf, h, w, _ = native(png)
+                assert same(np.frombuffer(buf, np.uint8).reshape(h, w), decode_mask(png, name)), name
+                continue
+            assert native(png) is None, name
+            with pytest.raises(DecodeError):
+                decode_mask(png, name)
+
+
+@needs_native
+def test_a_palette_of_more_than_256_entries_is_left_to_pillow():
+    """Pillow refuses a palette of 257 entries or more ("invalid palette size") and takes 256 and a part one."""
+    values = np.random.default_rng(6).integers(0, 4, (5, 6)).astype(np.uint8)
+    plain = build(values, 8, 3, plte=False)
+    big, full = (plain[:33] + chunk(b"PLTE", bytes(n)) + plain[33:] for n in (771, 770))
+    assert native(big) is None
+    with pytest.raises(DecodeError):
+        decode_mask(big, "big")
+    buf, h, w, _ = native(full)
+    assert same(np.frombuffer(buf, np.uint8).reshape(h, w), decode_mask(full, "full"))
+
+
+@needs_native
 def test_interlaced_is_pillows():
     png = SIGNATURE + ihdr(4, 4, 8, 3, interlace=1) + chunk(b"IEND", b"")
     assert native(png) is None

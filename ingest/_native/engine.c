@@ -100,6 +100,7 @@
 #include "plan.h"
 #include "png_decode.h"
 #include "preadv.h"
+#include "record_parse.h"
 
 enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, FMT_FRAMED = 4, FMT_PIXELS = 5,
        FMT_COUNT };
@@ -109,8 +110,6 @@ enum { HOST_PNG = 1, HOST_JPEG = 2 }; /* Job.on_host */
 /* why a sample falls back */
 enum { WHY_HEADER = 1, WHY_ORIENTED = 2, WHY_RECORD = 3, WHY_DECODER = 4, WHY_PLAN = 5, WHY_MASK = 6,
        WHY_BOXES = 7 /* a record with more boxes than the slots hold (engine_det.h) */ };
-/* a TFRecord record's CRC check (read team): j->crc[k] */
-enum { TF_OK = 0, TF_LENGTH_CRC = 1, TF_DATA_CRC = 2, TF_FRAMING = 3 };
 enum { R_BATCH = 0, R_EPOCH = 1 };
 /* dry-mode columns per row */
 enum { D_INDEX, D_LABEL, D_STATUS, D_H, D_W, D_RX0, D_RY0, D_RX1, D_RY1, D_DX0, D_DY0, D_DX1, D_DY1, D_OH, D_OW,
@@ -122,12 +121,6 @@ enum { D_INDEX, D_LABEL, D_STATUS, D_H, D_W, D_RX0, D_RY0, D_RX1, D_RY1, D_DX0, 
 #define ARENAS 2          /* device decode arenas: one decoded into while the kernel reads the other */
 #define ALIGN 768         /* each image's start in an arena: 256-byte aligned and a whole number of RGB pixels */
 #define ARENA_STEP ((size_t)2 << 20)
-#define RECORDIO_MAGIC 0xCED7230Au
-#define FRAMED_IMAGE 1 /* formats/_framed.py's KIND_CODES the engine reads: image, int, mask */
-#define FRAMED_INT 3
-#define FRAMED_MASK 10
-#define FRAMED_MAX 3   /* fields of a framed record the engine parses */
-#define LEN_MASK ((1u << 29) - 1)
 #define KEEP_OPEN_FILES 4096 /* sources of at most this many files keep them open */
 
 /* -- the CUDA driver, loaded at run time ------------------------------------------------------------------ */
@@ -597,20 +590,6 @@ static void done_with(Engine *e, int fd) {
         close(fd);
 }
 
-/* A whole TFRecord record's framing and masked CRC32Cs, in the order tfrecord.unframe checks them: TF_FRAMING (too
- * short), TF_LENGTH_CRC, TF_FRAMING (a length that is not the record's), TF_DATA_CRC, else TF_OK. */
-static int tfrecord_check(const unsigned char *p, int64_t len) {
-    if (len < EX_FRAMING)
-        return TF_FRAMING;
-    if (ex_mask(ing_crc32c(0, p, 8)) != ex_le32(p + 8))
-        return TF_LENGTH_CRC;
-    if (ex_le64(p) != (uint64_t)(len - EX_FRAMING))
-        return TF_FRAMING;
-    if (ex_mask(ing_crc32c(0, p + 12, (size_t)(len - EX_FRAMING))) != ex_le32(p + len - 4))
-        return TF_DATA_CRC;
-    return TF_OK;
-}
-
 /* The read team's next sample of the job being read for a member to work on, or -1 once all are taken: each
  * sample goes to one member, in order of asking. */
 static inline int64_t team_next(Job *j) {
@@ -775,151 +754,6 @@ static int read_batch(Engine *e, Job *j) {
 }
 
 /* -- parsing and probing ----------------------------------------------------------------------------------- */
-
-static uint32_t le32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* recordio._class_label: the header's label when it is a whole number in [0, 2**31), else -1 (NaN fails). */
-static int64_t class_label(float label) {
-    double v = (double)label;
-    return v >= 0.0 && v < 2147483648.0 && v == floor(v) ? (int64_t)v : -1;
-}
-
-/* The image of an unsplit RecordIO record (magic, lrec with flag 0, IRHeader, `flag` float labels, image), as
- * recordio.unpack reads it; 0 for anything else (split records, damage: the Python reader joins or reports them). */
-static int recordio_image(const unsigned char *p, int64_t len, int64_t *start, int64_t *end, int64_t *label) {
-    if (len <= 32 || le32(p) != RECORDIO_MAGIC)
-        return 0;
-    uint32_t lrec = le32(p + 4), flag = le32(p + 8);
-    if (lrec > LEN_MASK || lrec < 24 || 8 + (int64_t)lrec > len)
-        return 0;
-    if (flag > (lrec - 24) / 4)
-        return 0;
-    int64_t s = 32 + 4 * (int64_t)flag, stop = 8 + (int64_t)lrec;
-    if (s >= stop)
-        return 0;
-    float value;
-    uint32_t bits = le32(p + 12);
-    memcpy(&value, &bits, sizeof value);
-    *start = s;
-    *end = stop;
-    *label = flag == 0 ? class_label(value) : -1;
-    return 1;
-}
-
-/* The image (the first `keys` entry, one bytes value), label (the second where the table reads one, one int64; -1
- * without one) and mask (the last where `mask_cell` >= 0, one bytes value: its start and length in mask[0..1]) of a
- * whole framed TFRecord record holding a canonical tf.train.Example (example_scan.h), as TFRecordSource reads them;
- * 0 for anything else (a framing that does not hold, an empty image or mask, a missing key, protobuf's other
- * encodings: the Python reader reads the record or names its problem). CRCs are checked before (tfrecord_check). */
-static int tfrecord_image(const unsigned char *p, int64_t len, const ex_request *keys, int mask_cell,
-                          int64_t *start, int64_t *end, int64_t *label, int64_t *mask) {
-    if (len < EX_FRAMING || ex_le64(p) != (uint64_t)(len - EX_FRAMING))
-        return 0;
-    int64_t cells[6] = {0, 0, -1, 0, 0, 0}, spare;
-    ex_side side = {&spare, 0, 0};
-    ex_span data = {p + 12, p + len - 4};
-    if (ex_scan_example(data, keys, p, cells, &side) != EX_OK || cells[1] == 0)
-        return 0;
-    *start = cells[0];
-    *end = cells[0] + cells[1];
-    *label = keys->m > 1 + (mask_cell >= 0) ? cells[2] : -1;
-    if (mask_cell >= 0) {
-        mask[0] = cells[2 * mask_cell];
-        mask[1] = cells[2 * mask_cell + 1];
-        if (mask[1] == 0)
-            return 0;
-    }
-    return 1;
-}
-
-/* The image (field 4, data) and label (field 5, int32; -1 where absent) of an encoded Caffe Datum, as LMDBSource
- * reads them (protobuf keeps the last of a repeated scalar); 0 where its protobuf parse decides instead: not a
- * plain sequence of fields, a known field of another wire type, data given twice or empty, encoded false. */
-static int datum_image(const unsigned char *p, int64_t len, int64_t *start, int64_t *end, int64_t *label) {
-    ex_span s = {p, p + len}, v = {NULL, NULL}, data = {NULL, NULL};
-    uint32_t number;
-    int wire, encoded = 0, has_data = 0;
-    uint64_t x = 0;
-    int64_t own = -1;
-    while (s.p < s.end) {
-        if (ex_next_field(&s, &number, &wire, &v, &x) != EX_OK)
-            return 0;
-        switch (number) {
-        case 1: /* channels, height, width */
-        case 2:
-        case 3:
-            if (wire != 0)
-                return 0;
-            break;
-        case 4:
-            if (wire != 2 || has_data)
-                return 0;
-            has_data = 1;
-            data = v;
-            break;
-        case 5:
-            if (wire != 0)
-                return 0;
-            own = (int64_t)(int32_t)(uint32_t)x;
-            break;
-        case 6: /* float_data: packed or one value */
-            if ((wire != 2 && wire != 5) || (wire == 2 && (v.end - v.p) % 4))
-                return 0;
-            break;
-        case 7:
-            if (wire != 0)
-                return 0;
-            encoded = x != 0;
-            break;
-        default: /* an unknown field: protobuf keeps it aside */
-            break;
-        }
-    }
-    if (!has_data || !encoded || data.end == data.p)
-        return 0;
-    *start = data.p - p;
-    *end = data.end - p;
-    *label = own;
-    return 1;
-}
-
-/* The image, label and (`mask_cell` >= 0: the field there, of kind 10) mask of our LMDB layout's framed record
- * (formats/_framed.py: b"IGR1", then per declared field its kind code, u64 length and payload) whose fields have
- * the kind codes `codes` in order (1 the image, 3 the int label of 8 bytes, 10 a mask; -1 as the label without
- * one), as _framed.decode takes it: each field's code as declared, its length inside the record, nothing after
- * the last; 0 for any other record and an empty mask (Python's decode reads it or names its problem). */
-static int framed_image(const unsigned char *p, int64_t len, const unsigned char *codes, int n, int mask_cell,
-                        int64_t *start, int64_t *end, int64_t *label, int64_t *mask) {
-    if (len < 4 || memcmp(p, "IGR1", 4) != 0)
-        return 0;
-    int64_t at = 4;
-    *label = -1;
-    for (int f = 0; f < n; ++f) {
-        if (len - at < 9 || p[at] != codes[f])
-            return 0;
-        uint64_t size = ex_le64(p + at + 1);
-        at += 9;
-        if (size > (uint64_t)(len - at))
-            return 0;
-        if (codes[f] == FRAMED_IMAGE) {
-            *start = at;
-            *end = at + (int64_t)size;
-        } else if (codes[f] == FRAMED_INT) {
-            if (size != 8)
-                return 0;
-            *label = (int64_t)ex_le64(p + at);
-        } else if (f == mask_cell) {
-            if (size == 0)
-                return 0;
-            mask[0] = at;
-            mask[1] = (int64_t)size;
-        }
-        at += (int64_t)size;
-    }
-    return at == len;
-}
 
 /* The image of a record of `format` (not FMT_WHOLE), the label it holds and (a TFRecord or framed table with a mask)
  * its mask's start and length in mask[0..1] (else untouched); 0 where Python's reader decides. */

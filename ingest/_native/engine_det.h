@@ -37,8 +37,6 @@
  * each section's byte offset; from DET_HEAD, per row: out height, width, content height, width, kept boxes (zeros
  * for a row Python fills: a fallback). */
 
-enum { DET_XYXY = 0, DET_XYWH = 1, DET_CXCYWH = 2 };
-#define DET_RKEYS 6       /* a record's box keys: xmin, ymin, xmax, ymax (float lists), height, width (int64s) */
 
 static int alive(Engine *e);
 static int64_t *copy_int64s(PyObject *obj, int64_t count, int64_t *got, const char *name);
@@ -60,100 +58,22 @@ static int det_table(Engine *e, Job *j, int64_t k) {
     return 0;
 }
 
-/* x rounded to float32 (through memory: the compiler may not keep the double in a register past the rounding). */
-static double det_f32(double x) {
-    volatile float f = (float)x;
-    return f;
-}
-
-/* One box of a record, its normalized coordinates c (float32 values) in pixels of the record's size (w, h), as
- * TFRecordSource gives it (`tfrecord._od_boxes`: float64 products rounded to float32, then `boxes.convert` to the
- * asked format in float64, rounded to float32) and the pipeline takes it back to ltrb (`ops.boxes.to_ltrb`). */
-static void det_record_box(int format, const double *c, double w, double h, double *to) {
-    double b[4] = {det_f32(c[0] * w), det_f32(c[1] * h), det_f32(c[2] * w), det_f32(c[3] * h)};
-    if (format == DET_XYWH) {
-        b[2] = det_f32(b[2] - b[0]) + b[0];
-        b[3] = det_f32(b[3] - b[1]) + b[1];
-    } else if (format == DET_CXCYWH) {
-        double bw = b[2] - b[0], bh = b[3] - b[1];
-        double cx = det_f32(b[0] + bw / 2), cy = det_f32(b[1] + bh / 2), fw = det_f32(bw), fh = det_f32(bh);
-        b[0] = cx - fw / 2;
-        b[1] = cy - fh / 2;
-        b[2] = fw + b[0];
-        b[3] = fh + b[1];
-    }
-    memcpy(to, b, sizeof b);
-}
-
-/* A decimal image id (`tfrecord`'s "od_id": ASCII digits, at least one) that fits an int64; 0 otherwise. */
-static int det_decimal(const unsigned char *p, int64_t len, int64_t *value) {
-    if (len < 1 || len > 18)
-        return 0;
-    int64_t v = 0;
-    for (int64_t c = 0; c < len; ++c) {
-        if (p[c] < '0' || p[c] > '9')
-            return 0;
-        v = 10 * v + (p[c] - '0');
-    }
-    *value = v;
-    return 1;
-}
-
-static double det_side(const int64_t *side, int64_t at) {
-    double v;
-    memcpy(&v, side + at, sizeof v);
-    return v;
-}
-
-/* Sample k's boxes and fields scanned out of its record (the job's read arena); 0, or why it falls back. */
+/* Sample k's boxes and fields scanned out of its record (the job's read arena; record_parse.h's det_scan_record);
+ * 0, or why it falls back. */
 static int det_record(Engine *e, Job *j, int64_t k) {
     Det *d = &e->det;
     DetJob *dj = &j->det;
-    const unsigned char *p = j->host + j->off[k];
-    int64_t len = j->got[k], cells[2 * EX_MAX_KEYS];
-    if (len < EX_FRAMING)
-        return WHY_RECORD;
-    int64_t cap = d->most * (4 + d->nfields) + 1; /* one more than `most` boxes need: a full side says too many */
-    ex_side side = {dj->side, cap, 0};
-    ex_span data = {p + 12, p + len - 4};
-    if (ex_scan_example(data, &d->rq, p, cells, &side) != EX_OK)
-        return side.used == cap ? WHY_BOXES : WHY_RECORD;
-    int64_t count = cells[1], h = cells[8], w = cells[10];
-    if (cells[3] != count || cells[5] != count || cells[7] != count || h <= 0 || w <= 0)
-        return WHY_RECORD;
-    if (count > d->most)
-        return WHY_BOXES;
+    const det_spec spec = {&d->rq, d->rkinds, d->nfields, d->nsample, d->format, d->fsize, d->most};
+    unsigned char *fields[DET_FIELDS];
+    int64_t values[DET_FIELDS], count;
     for (int f = 0; f < d->nfields; ++f)
-        if (cells[2 * (DET_RKEYS + f) + 1] != count)
-            return WHY_RECORD; /* (the pipeline prunes a field with its boxes: Python names the mismatch) */
-    for (int v = 0; v < d->nsample; ++v) {
-        const int64_t *cell = cells + 2 * (DET_RKEYS + d->nfields + v);
-        if (d->rkinds[DET_RKEYS + d->nfields + v] == 'b') {
-            if (!det_decimal(p + cell[0], cell[1], &dj->ssv[v][k]))
-                return WHY_RECORD;
-        } else {
-            dj->ssv[v][k] = cell[0];
-        }
-    }
-    double *to = dj->sbox + 4 * k * d->most;
-    for (int64_t c = 0; c < count; ++c) {
-        double in[4];
-        for (int q = 0; q < 4; ++q)
-            in[q] = det_side(dj->side, cells[2 * q] + c);
-        det_record_box(d->format, in, (double)w, (double)h, to + 4 * c);
-    }
-    for (int f = 0; f < d->nfields; ++f) {
-        int64_t at = cells[2 * (DET_RKEYS + f)];
-        unsigned char *out = dj->sfv[f] + (size_t)(k * d->most * d->fsize[f]);
-        for (int64_t c = 0; c < count; ++c) {
-            if (d->fsize[f] == 8) {
-                memcpy(out + 8 * c, dj->side + at + c, 8);
-            } else {
-                float v = (float)det_side(dj->side, at + c);
-                memcpy(out + 4 * c, &v, 4);
-            }
-        }
-    }
+        fields[f] = dj->sfv[f] + (size_t)(k * d->most * d->fsize[f]);
+    int why = det_scan_record(&spec, j->host + j->off[k], j->got[k], dj->side, dj->sbox + 4 * k * d->most, fields,
+                              values, &count);
+    if (why != DET_SCAN_OK)
+        return why == DET_SCAN_BOXES ? WHY_BOXES : WHY_RECORD;
+    for (int v = 0; v < d->nsample; ++v)
+        dj->ssv[v][k] = values[v];
     dj->scount[k] = count;
     return 0;
 }

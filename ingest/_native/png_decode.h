@@ -12,9 +12,13 @@
  *
  * Left to Pillow (status ING_PNG_PILLOW): no PNG signature; Adam7 interlacing; gray at 2 or 4 bits (Pillow scales
  * the levels); colour types 2 and 6 and 16-bit gray + alpha (Pillow makes them RGB/RGBA, which masks.py refuses);
- * animated PNGs (acTL/fcTL/fdAT); an unknown critical chunk; a palette image without PLTE; a gray tRNS shorter
- * than 2 bytes; data that ends at a chunk boundary without IEND. Everything else is decoded or refused
- * (ING_PNG_REFUSED) with a message and the byte offset it concerns.
+ * animated PNGs (acTL/fcTL/fdAT); an unknown critical chunk; a palette image without PLTE or with a PLTE of more
+ * than 256 entries (Pillow refuses that palette); a gray tRNS shorter than 2 bytes; data that ends at a chunk
+ * boundary without IEND; an ancillary chunk Pillow refuses the file for
+ * (png_pillow_raises: a gAMA, cHRM, sRGB or pHYs too short for its fields, an iCCP or zTXt of an unknown
+ * compression method, an iCCP, zTXt or iTXt inflating past 1 MiB, text chunks past 64 MiB), so that what Pillow
+ * refuses is never decoded here. Everything else is decoded or refused (ING_PNG_REFUSED) with a message and the
+ * byte offset it concerns.
  *
  * As an image (`rgb` set before the header is read) it decodes every 8-bit or lower, non-interlaced PNG to uint8
  * [H, W, 3] RGB, exactly what ingest.decode.cpu gives (Pillow's `convert("RGB")` with the transparency dropped):
@@ -328,10 +332,86 @@ static const char *png_zmessage(const ing_z_stream *zs, int rc) {
                                                          : "zlib error";
 }
 
+/* Pillow's PngImagePlugin inflates an iCCP, zTXt or compressed iTXt chunk's data to at most MAX_TEXT_CHUNK (1 MiB)
+ * bytes and raises where more would come, and raises once the text chunks hold more than MAX_TEXT_MEMORY (64 MiB). */
+#define PNG_PILLOW_TEXT_CHUNK ((size_t)1 << 20)
+#define PNG_PILLOW_TEXT_MEMORY ((size_t)64 << 20)
+
+/* The bytes [p, p + n) inflate to, counted up to `limit` (limit where as many or more would come; what inflates
+ * before a zlib error where the stream is damaged: Pillow then takes the chunk as empty). The worker's inflater,
+ * which png_inflate resets before the pixels. */
+static size_t png_inflated(ing_png_worker *wk, const uint8_t *p, size_t n, size_t limit) {
+    ing_z_stream *zs = &wk->zs;
+    int rc = wk->zs_ready ? ing_z.reset(zs) : ing_z.init(zs, ing_z.version(), (int)sizeof(ing_z_stream));
+    if (rc != ING_Z_OK)
+        return limit; /* (no inflater: Pillow decides) */
+    wk->zs_ready = 1;
+    uint8_t scratch[16384];
+    size_t total = 0;
+    zs->next_in = p;
+    zs->avail_in = n < 0x7FFFFFFFu ? (unsigned int)n : 0x7FFFFFFFu;
+    do {
+        zs->next_out = scratch;
+        zs->avail_out = sizeof scratch;
+        rc = ing_z.inflate(zs, ING_Z_NO_FLUSH);
+        total += sizeof scratch - zs->avail_out;
+    } while (rc == ING_Z_OK && total < limit && zs->avail_out == 0);
+    return total < limit ? total : limit;
+}
+
+/* Whether Pillow's handler of this ancillary chunk (`type`, `length` bytes at `d`) raises, so that Pillow refuses
+ * the whole PNG: a gAMA, cHRM, sRGB or pHYs shorter than its fields; an iCCP without a compression method byte,
+ * or of another method than 0, or that inflates past 1 MiB; a zTXt of a compression method other than 0, or
+ * that inflates past 1 MiB; a compressed iTXt that inflates past 1 MiB. The text chunks' size (tEXt and iTXt as
+ * stored, zTXt and a compressed iTXt inflated: at least what Pillow counts) is added to *text. */
+static int png_pillow_raises(ing_png_worker *wk, const uint8_t *type, const uint8_t *d, uint32_t length,
+                             size_t *text) {
+    if (png_is_type(type, "gAMA"))
+        return length < 4;
+    if (png_is_type(type, "cHRM"))
+        return length < 32;
+    if (png_is_type(type, "sRGB"))
+        return length < 1;
+    if (png_is_type(type, "pHYs"))
+        return length < 9;
+    if (png_is_type(type, "tEXt")) {
+        *text += length;
+        return 0;
+    }
+    const uint8_t *nul = memchr(d, 0, length), *end = d + length;
+    if (png_is_type(type, "iCCP")) { /* name, NUL, method, data (no NUL: the method is the first byte) */
+        const uint8_t *method = nul ? nul + 1 : d;
+        return method >= end || *method != 0 || png_inflated(wk, method + 1, (size_t)(end - method - 1),
+                                                             PNG_PILLOW_TEXT_CHUNK) >= PNG_PILLOW_TEXT_CHUNK;
+    }
+    if (png_is_type(type, "zTXt")) { /* keyword, NUL, method, data */
+        if (nul == NULL || nul + 1 >= end)
+            return 0;
+        if (nul[1] != 0)
+            return 1;
+        size_t got = png_inflated(wk, nul + 2, (size_t)(end - nul - 2), PNG_PILLOW_TEXT_CHUNK);
+        *text += got;
+        return got >= PNG_PILLOW_TEXT_CHUNK;
+    }
+    if (png_is_type(type, "iTXt")) { /* keyword, NUL, flag, method, language, NUL, keyword, NUL, text */
+        *text += length;
+        if (nul == NULL || end - nul < 3 || nul[1] == 0 || nul[2] != 0)
+            return 0;
+        const uint8_t *lang = memchr(nul + 3, 0, (size_t)(end - nul - 3));
+        const uint8_t *word = lang ? memchr(lang + 1, 0, (size_t)(end - lang - 1)) : NULL;
+        if (word == NULL)
+            return 0;
+        size_t got = png_inflated(wk, word + 1, (size_t)(end - word - 1), PNG_PILLOW_TEXT_CHUNK);
+        *text += got;
+        return got >= PNG_PILLOW_TEXT_CHUNK;
+    }
+    return 0;
+}
+
 /* The chunks after IHDR up to IEND, each checked; ING_PNG_DECODED (to go on) with the first IDAT's offset in *first_idat,
  * or ING_PNG_PILLOW or ING_PNG_REFUSED. */
-static int png_walk(ing_png *j, size_t *first_idat) {
-    size_t pos = 33;
+static int png_walk(ing_png *j, ing_png_worker *wk, size_t *first_idat) {
+    size_t pos = 33, text = 0;
     int idats = 0, plte = 0, after_idat = 0;
     for (;;) {
         uint32_t length;
@@ -355,14 +435,18 @@ static int png_walk(ing_png *j, size_t *first_idat) {
                 plte = 1;
                 j->palette = j->data + pos + 8;
                 j->entries = (int)(length / 3);
-                if (j->rgb && j->ctype == 3 && (length % 3 != 0 || length == 0 || length > 768 || idats > 0))
-                    return j->status = ING_PNG_PILLOW; /* (part entries, none, too many, or after the pixels) */
+                if (j->ctype == 3 && (length / 3 > 256 || (j->rgb && (length % 3 != 0 || length == 0 || idats > 0))))
+                    return j->status = ING_PNG_PILLOW; /* (more than 256 entries: Pillow refuses the palette; an
+                                                          image's: part entries, none, or after the pixels) */
             } else if (png_is_type(type, "acTL") || png_is_type(type, "fcTL") || png_is_type(type, "fdAT") ||
                        (png_is_type(type, "tRNS") && j->ctype == 0 && length < 2) || !(type[0] & 0x20) ||
                        (j->rgb && ((png_is_type(type, "tRNS") && j->ctype == 2 && length < 6) ||
                                    png_is_type(type, "eXIf")))) {
                 /* animation, a short gray or colour tRNS, an unknown critical chunk, an image's orientation */
                 return j->status = ING_PNG_PILLOW;
+            } else if (png_pillow_raises(wk, type, j->data + pos + 8, length, &text) ||
+                       text > PNG_PILLOW_TEXT_MEMORY) {
+                return j->status = ING_PNG_PILLOW; /* Pillow refuses the file: its error names the chunk */
             }
         }
         pos += 12 + (size_t)length;
@@ -472,7 +556,7 @@ static void png_inflate(ing_png *j, ing_png_worker *wk, size_t at) {
 /* A header that gave ING_PNG_DECODED, decoded into j->out: the chunks walked, the rows inflated (any thread). */
 static void ing_png_decode(ing_png *j, ing_png_worker *wk) {
     size_t first_idat = 0;
-    if (png_walk(j, &first_idat) == ING_PNG_DECODED)
+    if (png_walk(j, wk, &first_idat) == ING_PNG_DECODED)
         png_inflate(j, wk, first_idat);
 }
 
