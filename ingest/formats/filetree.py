@@ -1,5 +1,7 @@
 """File trees: one file per sample. `FileTree` reads the ImageFolder layout (``root/<class>/**/<file>``,
-labels = sorted class directory names); `FileList` takes an explicit list of paths with optional labels."""
+labels = sorted class directory names); `FileList` takes an explicit list of paths with optional labels, and
+optionally a segmentation mask file per image (`FileList.pairs` pairs a directory of images with one of masks by
+file stem: PASCAL VOC's ``JPEGImages`` and ``SegmentationClass``, ADE20K's ``images`` and ``annotations``)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import numpy as np
 
 from ..errors import ConfigError, SourceError
 from ._images import image_extension
-from ._native_table import NativeTable
-from .base import Location, Record, check_index, check_indices
+from ._native_table import NativeTable, NotNative
+from .base import DEFAULT_FIELDS, Field, Location, Record, check_index, check_indices
 
 #: Extensions recognised as images by default (lower case, with the dot).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif", ".jp2", ".j2k",
@@ -26,14 +28,28 @@ def _normalize_extensions(extensions: Iterable[str]) -> tuple[str, ...]:
 
 
 class FileList:
-    """Samples given as a list of file paths, with optional integer labels and class names."""
+    """Samples given as a list of file paths, with optional integer labels and class names.
+
+    ``masks`` (one path per image) adds the field ``mask``: each image's segmentation label map in a file of its
+    own (a palette or gray PNG: `ingest.decode.masks` decodes it to its stored values), read beside the image and
+    moved by every geometry op with it; ``mask_fill`` is what those ops pad it with (default
+    `ingest.formats.base.MASK_FILL`, VOC's "ignore"). Such a list runs on the Python stages (the native engine's
+    tables hold one file per sample)."""
 
     def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int] | None = None,
-                 classes: Sequence[str] = (), *, sizes: Sequence[int] | None = None):
+                 classes: Sequence[str] = (), *, sizes: Sequence[int] | None = None,
+                 masks: Sequence[str | os.PathLike] | None = None, mask_fill: int | None = None):
         self._paths = [os.fspath(p) for p in paths]
         # File sizes known up front let the reader place a whole batch in one buffer in one pass; a file
         # that changed size since the listing fails its read with a short-read error naming it.
         self._sizes = None if sizes is None else np.asarray(sizes, dtype=np.int64)
+        self._masks = None if masks is None else [os.fspath(p) for p in masks]
+        if self._masks is not None:
+            if len(self._masks) != len(self._paths):
+                raise SourceError(f"got {len(self._paths)} paths but {len(self._masks)} masks")
+            self.fields = {**DEFAULT_FIELDS, "mask": Field("mask", fill=mask_fill)}
+        elif mask_fill is not None:
+            raise ConfigError("`mask_fill` is the padding of `masks`: pass the masks too")
         if labels is None:
             self._labels = np.full(len(self._paths), -1, dtype=np.int64)
         else:
@@ -48,31 +64,88 @@ class FileList:
     def __len__(self) -> int:
         return len(self._paths)
 
-    def locate(self, i: int) -> Location:
+    def locate(self, i: int) -> Location | tuple[Location, Location]:
+        """The image file (with its mask file, where the list has masks)."""
         i = check_index(i, len(self._paths))
-        return Location(self._paths[i], 0, None if self._sizes is None else int(self._sizes[i]))
+        image = Location(self._paths[i], 0, None if self._sizes is None else int(self._sizes[i]))
+        return image if self._masks is None else (image, Location(self._masks[i], 0, None))
 
-    def locate_batch(self, indices: Sequence[int]) -> list[Location]:
+    def locate_batch(self, indices: Sequence[int]) -> list:
         """`locate` of each sample in one call (the read stage's per-sample Python is GIL time the training
         loop waits for); an index out of range raises as `locate` does."""
         ids, paths = check_indices(indices, len(self._paths)).tolist(), self._paths
+        if self._masks is not None:
+            return [self.locate(i) for i in ids]
         if self._sizes is None:
             return [Location(paths[i], 0, None) for i in ids]
         return [Location(paths[i], 0, size) for i, size in zip(ids, self._sizes[ids].tolist())]
 
     def parse(self, i: int, raw) -> Record:
+        if self._masks is not None:
+            image, mask = raw
+            return Record(image, int(self._labels[i]), {"mask": mask})
         return Record(raw, int(self._labels[i]))
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence) -> list[Record]:
         """`parse` of each sample: its bytes and its label, the labels taken in one call."""
+        if self._masks is not None:
+            return [self.parse(i, raw) for i, raw in zip(np.asarray(indices, np.int64).tolist(), raws)]
         labels = self._labels[np.asarray(indices, np.int64)].tolist()
         return [Record(raw, label, {}) for raw, label in zip(raws, labels)]
+
+    @classmethod
+    def pairs(cls, images: str | os.PathLike, masks: str | os.PathLike, *,
+              names: str | os.PathLike | Sequence[str] | None = None, mask_fill: int | None = None,
+              extensions: Iterable[str] = IMAGE_EXTENSIONS, mask_extensions: Iterable[str] = (".png",)) -> "FileList":
+        """Segmentation samples from a directory of images and one of masks, paired by file stem (``2007_000032.jpg``
+        with ``2007_000032.png``): the stems of ``names`` (a sequence, or a text file of one per line such as VOC's
+        ``ImageSets/Segmentation/train.txt``), in its order, else every mask's, sorted. A stem without its image or
+        its mask, or with two images of other extensions, is a `SourceError` naming it."""
+        found = {}
+        for kind, directory, exts in (("image", images, _normalize_extensions(extensions)),
+                                      ("mask", masks, _normalize_extensions(mask_extensions))):
+            directory = os.fspath(directory)
+            by_stem: dict[str, str] = {}
+            for path, _ in _walk_images(directory, exts, recursive=False):
+                stem = os.path.splitext(os.path.basename(path))[0]
+                if stem in by_stem:
+                    raise SourceError(f"two {kind} files of stem {stem!r} in {directory!r}: "
+                                      f"{os.path.basename(by_stem[stem])} and {os.path.basename(path)}", path=path)
+                by_stem[stem] = path
+            found[kind] = (directory, by_stem)
+        if names is None:
+            stems = sorted(found["mask"][1])
+        elif isinstance(names, (str, os.PathLike)):
+            try:
+                with open(names, encoding="utf-8") as f:
+                    stems = [line.split()[0] for line in f if line.strip()]
+            except OSError as err:
+                raise SourceError(f"cannot read the list of names {os.fspath(names)!r}: {err.strerror}",
+                                  path=os.fspath(names)) from err
+        else:
+            stems = [str(n) for n in names]
+        if not stems:
+            raise SourceError(f"no samples: no mask files with extensions {', '.join(mask_extensions)} in "
+                              f"{found['mask'][0]!r}" if names is None else "no samples: `names` lists none",
+                              path=found["mask"][0])
+        for kind in ("image", "mask"):
+            directory, by_stem = found[kind]
+            missing = [stem for stem in stems if stem not in by_stem]
+            if missing:
+                raise SourceError(f"{len(missing)} sample{'s have' if len(missing) > 1 else ' has'} no {kind} file "
+                                  f"in {directory!r}: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}",
+                                  path=directory)
+        return cls([found["image"][1][s] for s in stems], masks=[found["mask"][1][s] for s in stems],
+                   mask_fill=mask_fill)
 
     def labels(self) -> np.ndarray:
         return self._labels
 
     def native_table(self) -> NativeTable:
-        """Every sample for the native engine: its whole file (the listed size, else -1: to its end) and label."""
+        """Every sample for the native engine: its whole file (the listed size, else -1: to its end) and label.
+        `NotNative` for a list with masks (the table holds one file per sample)."""
+        if self._masks is not None:
+            raise NotNative("its masks are files of their own; the engine's tables hold one file per sample")
         n = len(self._paths)
         sizes = self._sizes if self._sizes is not None else np.full(n, -1, np.int64)
         return NativeTable(self._paths, np.arange(n, dtype=np.int64), np.zeros(n, np.int64), sizes, self._labels,
@@ -126,8 +199,9 @@ class FileTree(FileList):
         super().__init__(paths, labels, classes, sizes=sizes)
 
 
-def _walk_images(directory: str, exts: tuple[str, ...]) -> list[tuple[str, int]]:
-    """(path, size) of the image files below ``directory``, depth first in name order."""
+def _walk_images(directory: str, exts: tuple[str, ...], *, recursive: bool = True) -> list[tuple[str, int]]:
+    """(path, size) of the image files below ``directory`` (in it alone unless ``recursive``), depth first in
+    name order."""
     found: list[tuple[str, int]] = []
     try:
         entries = sorted(os.scandir(directory), key=lambda e: e.name)
@@ -135,7 +209,8 @@ def _walk_images(directory: str, exts: tuple[str, ...]) -> list[tuple[str, int]]
             if entry.name.startswith("."):
                 continue
             if entry.is_dir():
-                found += _walk_images(entry.path, exts)
+                if recursive:
+                    found += _walk_images(entry.path, exts)
             elif entry.name.lower().endswith(exts) and entry.is_file():
                 found.append((entry.path, entry.stat().st_size))
     except OSError as err:

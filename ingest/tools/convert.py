@@ -140,6 +140,9 @@ def convert(src: Any, dst: str, *, to: str, source_format: str | None = None, sh
     if workers > 1 and ray not in (False, None):
         raise ConfigError("give `workers` or `ray`, not both: on Ray the cluster's CPUs set the parallelism")
     Failures(max_failures, 0)   # validate now
+    if hasattr(src, "locate") and hasattr(src, "parse"):   # (its workers and a resume reopen the source by path)
+        raise ConfigError(f"convert reads a dataset from its path (or a list of shard paths), not a source object "
+                          f"({type(src).__name__}): give the path the source was opened from")
     _check_apart(src, dst)
     plan = plan_conversion(src, dst, to=to, source_format=source_format, shard_size=shard_size,
                            shard_bytes=shard_bytes, transform=Transform(max_side, quality,
