@@ -114,3 +114,17 @@ def isolated(fn, *args, timeout: float = 60.0) -> str:
             raise AssertionError(f"{fn.__name__}{args!r} died: {what}")
         with open(result.name, errors="backslashreplace") as f:
             return f.read()
+
+
+def cpp_library(directory: Path, source: str, *flags: str) -> Path:
+    """``source`` compiled as C++ into a shared library in ``directory`` with the system compiler and ``flags``
+    (after -O2 -shared -fPIC): the CUDA kernels' sources built for the CPU. Skips the test without a compiler."""
+    import shutil
+    import subprocess
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to build the kernel source for the CPU")
+    (directory / "k.cpp").write_text(source)
+    subprocess.run([compiler, "-O2", "-shared", "-fPIC", *flags, str(directory / "k.cpp"), "-o",
+                    str(directory / "k.so")], check=True, capture_output=True)
+    return directory / "k.so"

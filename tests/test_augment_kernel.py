@@ -10,8 +10,6 @@ so their pixels are within one level but for a rare nearest-neighbour tie.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -20,6 +18,8 @@ import torch
 from ingest.ops import AutoAugment, RandAugment, TrivialAugmentWide
 from ingest.ops import _policy_kernel
 from ingest.ops.augment import _GEOMETRY, NAMES, OP, _magnitudes
+
+from conftest import cpp_library
 
 _PRELUDE = r"""
 #include <math.h>
@@ -94,15 +94,10 @@ _STATS_THREADS = 7   # fewer than on the GPU (any count of 3 or more is correct)
 
 @pytest.fixture(scope="module")
 def kernel_library(tmp_path_factory):
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no C++ compiler to build the kernel source for the CPU")
-    d = tmp_path_factory.mktemp("policy_kernel")
-    (d / "k.cpp").write_text(_PRELUDE + _policy_kernel.SOURCE + _DRIVER)
     # no contraction of a * b + c: the source's explicit fmaf are its only fused operations, as with --fmad=false
-    subprocess.run([compiler, "-O2", "-std=c++20", "-pthread", "-ffp-contract=off", "-shared", "-fPIC",
-                    str(d / "k.cpp"), "-o", str(d / "k.so")], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(d / "k.so"))
+    lib = ctypes.CDLL(str(cpp_library(tmp_path_factory.mktemp("policy_kernel"),
+                                      _PRELUDE + _policy_kernel.SOURCE + _DRIVER,
+                                      "-std=c++20", "-pthread", "-ffp-contract=off")))
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
     lib.stats.argtypes = [i32, i32, p, i64, i64, i64, i64, i32, i32, p, p]
     lib.apply.argtypes = [i32] * 5 + [p, i64, i64, i64, i64, i32, i32, p, p, p, i32, i32, f32, f32, f32]

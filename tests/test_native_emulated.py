@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +32,8 @@ import torch
 
 from ingest import native
 from ingest.formats.base import read_location
+
+from conftest import cpp_library
 
 pytestmark = pytest.mark.skipif(native.ENGINE is None, reason="ingest._engine was not built")
 
@@ -197,16 +198,10 @@ def chains():
 
 @pytest.fixture(scope="module")
 def stand_in(tmp_path_factory) -> Path:
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no C++ compiler for the stand-in driver")
     from ingest.ops import _warp_kernel
     from test_ops import _DRIVER, _PRELUDE
-    d = tmp_path_factory.mktemp("stand_in")
-    (d / "fake.cpp").write_text(_PRELUDE + _warp_kernel.SOURCE + _DRIVER + _FAKE)
-    subprocess.run([compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-Wno-unknown-pragmas", str(d / "fake.cpp"),
-                    "-o", str(d / "fake.so")], check=True, capture_output=True)
-    return d / "fake.so"
+    return cpp_library(tmp_path_factory.mktemp("stand_in"), _PRELUDE + _warp_kernel.SOURCE + _DRIVER + _FAKE,
+                       "-std=c++17", "-Wno-unknown-pragmas")
 
 
 def _child(stand_in: Path, root: str, chain: str, mode: str) -> subprocess.CompletedProcess:

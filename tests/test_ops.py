@@ -27,6 +27,8 @@ from ingest.ops.base import as_list, per_sample, sizes_of
 from ingest.ops.color import _apply_flat
 from ingest.ops.resample import reference, warp
 
+from conftest import cpp_library
+
 TV_MODE = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC,
            "nearest": InterpolationMode.NEAREST_EXACT}
 IMAGENET = dict(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375))
@@ -673,20 +675,12 @@ extern "C" void run(int which, int gx, int gy, int gz, const long long* ip, cons
 @pytest.fixture(scope="module")
 def kernel_on_cpu(tmp_path_factory):
     import ctypes
-    import shutil
-    import subprocess
 
     from ingest.ops import _warp_kernel
     from ingest.ops.resample import _fill_values, _setup
 
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no C++ compiler to build the kernel source for the CPU")
-    d = tmp_path_factory.mktemp("kernel")
-    (d / "k.cpp").write_text(_PRELUDE + _warp_kernel.SOURCE + _DRIVER)
-    subprocess.run([compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-Wno-unknown-pragmas",
-                    str(d / "k.cpp"), "-o", str(d / "k.so")], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(d / "k.so"))
+    lib = ctypes.CDLL(str(cpp_library(tmp_path_factory.mktemp("kernel"), _PRELUDE + _warp_kernel.SOURCE + _DRIVER,
+                                      "-std=c++17", "-Wno-unknown-pragmas")))
     lib.run.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
 
     def run(ims, w, normalize=None):
