@@ -74,11 +74,13 @@ class FileList:
         """`locate` of each sample in one call (the read stage's per-sample Python is GIL time the training
         loop waits for); an index out of range raises as `locate` does."""
         ids, paths = check_indices(indices, len(self._paths)).tolist(), self._paths
-        if self._masks is not None:
-            return [self.locate(i) for i in ids]
         if self._sizes is None:
-            return [Location(paths[i], 0, None) for i in ids]
-        return [Location(paths[i], 0, size) for i, size in zip(ids, self._sizes[ids].tolist())]
+            images = [Location(paths[i], 0, None) for i in ids]
+        else:
+            images = [Location(paths[i], 0, size) for i, size in zip(ids, self._sizes[ids].tolist())]
+        if self._masks is None:
+            return images
+        return [(image, Location(self._masks[i], 0, None)) for image, i in zip(images, ids)]
 
     def parse(self, i: int, raw) -> Record:
         if self._masks is not None:
@@ -88,9 +90,9 @@ class FileList:
 
     def parse_batch(self, indices: Sequence[int], raws: Sequence) -> list[Record]:
         """`parse` of each sample: its bytes and its label, the labels taken in one call."""
-        if self._masks is not None:
-            return [self.parse(i, raw) for i, raw in zip(np.asarray(indices, np.int64).tolist(), raws)]
         labels = self._labels[np.asarray(indices, np.int64)].tolist()
+        if self._masks is not None:
+            return [Record(image, label, {"mask": mask}) for (image, mask), label in zip(raws, labels)]
         return [Record(raw, label, {}) for raw, label in zip(raws, labels)]
 
     @classmethod
