@@ -11,7 +11,10 @@ runs ``torchrun --nproc_per_node G`` for every G of --gpus (this script's ``--ra
    training loop waited for data, the GPU's side of it (bench_gpu's ``gpu_step_ms`` and
    ``gpu_data_stall_frac``) and each loader stage's cost per batch meanwhile;
 3. throughout, the device-wide GPU memory in use on its GPU (cudaMemGetInfo every 20 ms, as bench_gpu
-   samples it), peak and before the loader started (the rank's own context).
+   samples it), peak and before the loader started (the rank's own context);
+4. with ``--diagnose N``, where the step's GPU time goes: the fixed batch's steps timed with the loader running
+   beside them (its batches dropped), then N profiled steps of each case (fed, fixed batch, fixed batch beside
+   the loader) summed per CUDA stream by ``gpu_profile.py``.
 
 Rank 0 gathers every rank's figures; the JSON holds them per world size, totals (the sum over ranks) and
 the ratios of N GPUs to one. Targets (issue 7): loader and training >= 1.9x one GPU on two, each GPU's
@@ -46,6 +49,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--feed", choices=["ingest", "dali"], default="ingest",
                    help="what feeds the ranks: ingest's Loader (default) or DALI's mixed pipeline, for reference")
     p.add_argument("--threads", type=int, help="DALI's num_threads per rank (default: the cores over the ranks)")
+    p.add_argument("--blocking-sync", action="store_true",
+                   help="each rank's CUDA context waits by blocking (CU_CTX_SCHED_BLOCKING_SYNC) instead of spinning: "
+                        "the loader's and the training loop's waiting threads leave their cores to the others")
+    p.add_argument("--diagnose", type=int, default=0, metavar="N",
+                   help="also where the GPU step goes (gpu_profile.py): N profiled steps fed by the loader, on the "
+                        "fixed batch, and on the fixed batch with the loader running beside (its batches dropped)")
     p.add_argument("--rank-run", metavar="JSON", help=argparse.SUPPRESS)   # a rank's part, under torchrun
     return p.parse_args(argv)
 
@@ -72,6 +81,10 @@ def main(argv=None) -> int:
                "--warmup-seconds", str(args.warmup_seconds), "--model", args.model, "--feed", args.feed]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
+        if args.diagnose:
+            cmd += ["--diagnose", str(args.diagnose)]
+        if args.blocking_sync:
+            cmd += ["--blocking-sync"]
         print(f"[bench_ddp] {g} GPU(s) ...", flush=True)
         with open(logs / f"gpus{g}.log", "w") as f:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
@@ -117,6 +130,11 @@ def rank_main(args) -> int:
     dist.init_process_group("nccl", device_id=dev)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.ones(1, device=dev)   # this rank's context, before the memory baseline
+    if args.blocking_sync:   # CU_CTX_SCHED_BLOCKING_SYNC: threads waiting on the GPU sleep instead of spinning
+        import ctypes
+        status = ctypes.CDLL("libcuda.so.1").cuCtxSetFlags(0x04)
+        if status != 0:
+            raise SystemExit(f"cuCtxSetFlags(CU_CTX_SCHED_BLOCKING_SYNC) failed: CUresult {status}")
     mem = bench_gpu.MemSampler(dev)
     mem.start()
     if args.feed == "dali":
@@ -183,6 +201,8 @@ def rank_main(args) -> int:
         step(x, y)
     bench_gpu.sync(dev)
     res["synthetic_train_img_s"] = round(steps * args.batch / (time.perf_counter() - t0), 1)
+    if args.diagnose:
+        res["diagnose"] = diagnose(args, dev, step, gen, x, y, steps)
     mem.stop()
     res["memory"] = mem.result()
     if feed.close is not None:
@@ -200,6 +220,31 @@ def rank_main(args) -> int:
         Path(args.rank_run).write_text(json.dumps({"total": total, "ranks": everyone}, indent=1))
     dist.destroy_process_group()
     return 0
+
+
+def diagnose(args, dev, step, gen, x, y, steps: int) -> dict:
+    """The fixed batch's steps with the loader running beside them (its batches dropped: its CPU and GPU work
+    without the data dependency), timed as the fed window; then the profiler's view of the three cases."""
+    import torch
+    import torch.distributed as dist
+    import gpu_profile
+    dist.barrier()
+    marks, t0 = [], time.perf_counter()
+    for _ in range(steps):
+        next(gen)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        step(x, y)
+        end.record()
+        marks.append((begin, end))
+    bench_gpu.sync(dev)
+    out = {"beside": {"train_img_s": round(steps * args.batch / (time.perf_counter() - t0), 1),
+                      **bench_gpu.gpu_timeline(marks)}}
+    for name, run in (("fed", lambda: step(*next(gen))), ("synthetic", lambda: step(x, y)),
+                      ("beside", lambda: (next(gen), step(x, y)))):
+        dist.barrier()
+        out[f"profile_{name}"] = gpu_profile.profile(run, args.diagnose, dev)
+    return out
 
 
 if __name__ == "__main__":

@@ -265,3 +265,30 @@ def test_bench_gpu_compares_the_engines_and_dali_on_a_png_tree(tmp_path):
     else:
         assert dali["img_s"] > 0 and dali["check"]["batch_ok"]
     assert report["derived"]["a_over_p"] > 0
+
+
+def test_gpu_profile_tells_launch_gaps_from_kernels_sharing_the_gpu():
+    """The training stream is the busiest non-NCCL stream; its idle time inside the span is the launch gap, and the
+    loader's kernel time is counted apart, with the part of it that ran beside a training kernel."""
+    import gpu_profile
+
+    def kernel(stream, ts, dur, name="k"):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream, "device": 0}}
+
+    events = [kernel(7, 100 * i, 60, "conv") for i in range(10)]                           # 2 steps of 5 kernels
+    events += [kernel(9, 100 * i + 60, 20, "ncclDevKernel_AllReduce") for i in range(10)]
+    events += [kernel(30, 30, 50, "warp"), kernel(30, 562, 38, "warp")]                    # 30 us beside conv, 38 alone
+    events += [kernel(5, 0, 2, "other"), {"ph": "X", "cat": "kernel", "name": "gpu1", "ts": 0, "dur": 999,
+                                           "args": {"stream": 7, "device": 1}}]   # 2 us beside conv; GPU 1: left out
+    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 8, "tid": 11},
+               {"ph": "X", "cat": "cuda_runtime", "name": "cudaEventSynchronize", "ts": 0, "dur": 400, "tid": 12}]
+    got = gpu_profile.summarize(events, steps=2, main_tid=11, device=0)
+    roles = {s: row["role"] for s, row in got["streams"].items()}
+    assert roles == {"7": "train", "9": "nccl", "30": "loader", "5": "loader"}
+    assert got["train_span_ms"] == pytest.approx(0.96 / 2) and got["train_busy_ms"] == pytest.approx(0.6 / 2)
+    assert got["train_gap_ms"] == pytest.approx(0.36 / 2) and got["train_gaps_over_50us"] == 0
+    assert got["loader_kernel_ms"] == pytest.approx(0.09 / 2) and got["overlap_ms"] == pytest.approx(0.032 / 2)
+    assert got["api"][0] == {"name": "cudaEventSynchronize", "thread": "other", "calls_per_step": 0.5,
+                             "ms_per_step": 0.2, "max_ms": 0.4}
+    assert got["api"][1]["thread"] == "train"
+    assert gpu_profile.summarize([], 2, 11, 0) == {"error": "no kernel in the trace (CUPTI not available?)"}
