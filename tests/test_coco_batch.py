@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 import ingest
+from ingest import defaults
 from ingest.engine.ops import OpsStage
 from ingest.native_plan import Planner
 from ingest.formats import coco
@@ -112,18 +113,20 @@ def _batches(path, n: int, *, batched: bool, monkeypatch, device: str = "cpu", n
         monkeypatch.setattr(Planner, "of", classmethod(lambda cls, *a, **k: None))
     ops = [RandomIoUCrop(min_ious=(None, 0.1, 0.5, 0.9), attempts=20), Flip(p=0.5), Resize(40, max_size=64),
            PadTo(multiple=8)]
-    loader = ingest.Loader(str(path), reader_options={"images": str(path.parent.parent / "img"), "cache": False,
-                                                      **options},
-                           batch_size=4, ops=ops, device=device, shuffle=True, seed=3, output="dict", num_workers=0,
-                           max_failures=5, ragged=True)
-    try:
-        it = iter(loader)
-        out = [next(it) for _ in range(n)]
-        assert bool(planned) == native
-        return out
-    finally:
-        loader.close()
-        monkeypatch.undo()
+    # the Python stages' planners are under test: on CUDA the native engine would take these batches whole
+    with defaults.set(engine="python"):
+        loader = ingest.Loader(str(path), reader_options={"images": str(path.parent.parent / "img"), "cache": False,
+                                                          **options},
+                               batch_size=4, ops=ops, device=device, shuffle=True, seed=3, output="dict",
+                               num_workers=0, max_failures=5, ragged=True)
+        try:
+            it = iter(loader)
+            out = [next(it) for _ in range(n)]
+            assert bool(planned) == native
+            return out
+        finally:
+            loader.close()
+            monkeypatch.undo()
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native-planner", "python-planner"])
