@@ -29,7 +29,7 @@ DETECTION = "bench_detection/h200/native_engine.json"
 #: with the masks (the native engine; ingest and DALI only) / images only (ingest_images and dali_images), one session
 SEGMENTATION = ("bench_segmentation/h200/native_masks.json", "bench_segmentation/h200/python_png.json")
 CPU = "bench_cpu/cpu-2core/bench_cpu.json"
-DDP = ("bench_ddp/h200x2/hw1_feed_ingest.json", "bench_ddp/h200x2/hw1_feed_dali.json")
+DDP = ("bench_ddp/h200x4/feed_ingest.json", "bench_ddp/h200x4/feed_dali.json")
 GIL = "bench_gil/h200x2-16cores/native_vs_dali.json"
 
 
@@ -52,19 +52,19 @@ def rows() -> list[tuple[str, str, str, str]]:
     gil = _load(GIL)["summary"]
 
     def ddp(field: str) -> str:
-        return _joined([ours[g]["total"][field] / dali[g]["total"][field] for g in ("1", "2")])
+        return _joined([ours[g]["total"][field] / dali[g]["total"][field] for g in ("1", "2", "4")])
 
     # the ramp's ingest cases at hw_decoder_load 1.0 ("hw1"): the default since that run
     head = [ramp[f"{m}_ingest_auto_hw1"]["head_img_s"] / ramp[f"{m}_dali"]["head_img_s"] for m in ("resnet18", "resnet50")]
     return [
         ("ResNet-18 / ResNet-50 training img/s over the first 300 steps, vs DALI 2.4",
          _joined(head), "H200, 16 cores, one round", RAMP),
-        ("ResNet-18 training img/s under torchrun, vs DALI 2.4: 1 GPU / 2 GPUs", ddp("train_img_s"),
-         "2x H200, back to back in one session", f"{DDP[0]}, {DDP[1]}"),
-        ("the loader alone under torchrun, img/s, vs DALI 2.4: 1 GPU / 2 GPUs", ddp("loader_img_s"),
-         "2x H200, back to back in one session", f"{DDP[0]}, {DDP[1]}"),
-        ("peak GPU memory per GPU (model included) under torchrun, vs DALI 2.4: 1 GPU / 2 GPUs",
-         ddp("max_gpu_peak_mb"), "2x H200, back to back in one session", f"{DDP[0]}, {DDP[1]}"),
+        ("ResNet-18 training img/s under torchrun, vs DALI 2.4: 1 / 2 / 4 GPUs", ddp("train_img_s"),
+         "4x H200 host, 16 cores a rank, back to back in one session", f"{DDP[0]}, {DDP[1]}"),
+        ("the loader alone under torchrun, img/s, vs DALI 2.4: 1 / 2 / 4 GPUs", ddp("loader_img_s"),
+         "4x H200 host, 16 cores a rank, back to back in one session", f"{DDP[0]}, {DDP[1]}"),
+        ("peak GPU memory per GPU (model included) under torchrun, vs DALI 2.4: 1 / 2 / 4 GPUs",
+         ddp("max_gpu_peak_mb"), "4x H200 host, 16 cores a rank, back to back in one session", f"{DDP[0]}, {DDP[1]}"),
         ("the loader at full speed beside a busy Python thread, img/s vs DALI 2.4: file tree / TFRecord",
          _joined([gil[f"{x}:ingest_native"]["img_s_beside"] / gil[f"{x}:dali"]["img_s_beside"]
                   for x in ("filetree", "tfrecord")]), "H200, 16 cores, one run", GIL),
