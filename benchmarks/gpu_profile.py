@@ -12,7 +12,9 @@ summary tells apart the two ways a loader slows the step it feeds:
 
 Streams are told apart by their kernels: the one with the most kernels that are not NCCL's is the training
 stream, NCCL's stream is ``nccl``, the rest are the loader's. The CPU side lists the CUDA runtime and driver calls
-per step, split between the training thread and the other threads, with the time each took.
+per step, split by the thread that made them (the training loop's, or another: autograd's backward, NCCL's, the
+loader's) and by the stream whose kernel or copy they queued (``queues_on``, through CUPTI's correlation ids; "-"
+for calls that queue nothing, such as an event synchronize), with the time each took.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def summarize(events: list[dict], steps: int, main_tid: int, device: int) -> dic
     """The per-step summary of a chrome trace's events (times in ms per step)."""
     kernels: dict[int, list[dict]] = defaultdict(list)
     copies: dict[int, list[dict]] = defaultdict(list)
-    api: dict[tuple[str, bool], list[float]] = defaultdict(list)
+    calls: list[dict] = []
     for e in events:
         if e.get("ph") != "X":
             continue
@@ -89,7 +91,7 @@ def summarize(events: list[dict], steps: int, main_tid: int, device: int) -> dic
                 continue
             (kernels if cat == "kernel" else copies)[args.get("stream", -1)].append(e)
         elif cat in ("cuda_runtime", "cuda_driver"):
-            api[(e.get("name", "?"), e.get("tid") == main_tid)].append(float(e.get("dur", 0)))
+            calls.append(e)
     if not kernels:
         return {"error": "no kernel in the trace (CUPTI not available?)"}
 
@@ -133,8 +135,18 @@ def summarize(events: list[dict], steps: int, main_tid: int, device: int) -> dic
                    loader_kernel_ms=round(sum(streams[str(s)]["kernel_ms"] for s in kernels if roles[s] == "loader"), 3),
                    overlap_ms=round(_intersection(t, loader) / per, 3),
                    train_gaps_over_50us=sum(1 for (a0, b0), (a1, _) in zip(t, t[1:]) if a1 - b0 > 50) / steps)
-    calls = sorted(api.items(), key=lambda kv: -sum(kv[1]))[:16]
-    out["api"] = [{"name": n, "thread": "train" if main else "other", "calls_per_step": round(len(d) / steps, 1),
-                   "ms_per_step": round(sum(d) / per, 3), "max_ms": round(max(d) / 1000.0, 3)}
-                  for (n, main), d in calls]
+    # a call that queued a kernel or a copy is that stream's (by CUPTI's correlation id), whichever thread made it
+    queued = {e["args"]["correlation"]: roles.get(s, "copies only")
+              for s, es in list(kernels.items()) + list(copies.items()) for e in es
+              if (e.get("args") or {}).get("correlation") is not None}
+    api: dict[tuple[str, bool, str], list[float]] = defaultdict(list)
+    for e in calls:
+        correlation = (e.get("args") or {}).get("correlation")
+        target = queued.get(correlation, "-") if correlation is not None else "-"
+        api[(e.get("name", "?"), e.get("tid") == main_tid, target)].append(float(e.get("dur", 0)))
+    top = sorted(api.items(), key=lambda kv: -sum(kv[1]))[:20]
+    out["api"] = [{"name": n, "thread": "train" if main else "other", "queues_on": target,
+                   "calls_per_step": round(len(d) / steps, 1), "ms_per_step": round(sum(d) / per, 3),
+                   "us_per_call": round(sum(d) / len(d), 2), "max_ms": round(max(d) / 1000.0, 3)}
+                  for (n, main, target), d in top]
     return out

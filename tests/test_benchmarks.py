@@ -280,7 +280,11 @@ def test_gpu_profile_tells_launch_gaps_from_kernels_sharing_the_gpu():
     events += [kernel(30, 30, 50, "warp"), kernel(30, 562, 38, "warp")]                    # 30 us beside conv, 38 alone
     events += [kernel(5, 0, 2, "other"), {"ph": "X", "cat": "kernel", "name": "gpu1", "ts": 0, "dur": 999,
                                            "args": {"stream": 7, "device": 1}}]   # 2 us beside conv; GPU 1: left out
-    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 8, "tid": 11},
+    events[0]["args"]["correlation"], events[20]["args"]["correlation"] = 1, 2       # a conv's launch, a warp's
+    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 8, "tid": 11,
+                "args": {"correlation": 1}},
+               {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 12, "tid": 12,
+                "args": {"correlation": 2}},
                {"ph": "X", "cat": "cuda_runtime", "name": "cudaEventSynchronize", "ts": 0, "dur": 400, "tid": 12}]
     got = gpu_profile.summarize(events, steps=2, main_tid=11, device=0)
     roles = {s: row["role"] for s, row in got["streams"].items()}
@@ -288,7 +292,8 @@ def test_gpu_profile_tells_launch_gaps_from_kernels_sharing_the_gpu():
     assert got["train_span_ms"] == pytest.approx(0.96 / 2) and got["train_busy_ms"] == pytest.approx(0.6 / 2)
     assert got["train_gap_ms"] == pytest.approx(0.36 / 2) and got["train_gaps_over_50us"] == 0
     assert got["loader_kernel_ms"] == pytest.approx(0.09 / 2) and got["overlap_ms"] == pytest.approx(0.032 / 2)
-    assert got["api"][0] == {"name": "cudaEventSynchronize", "thread": "other", "calls_per_step": 0.5,
-                             "ms_per_step": 0.2, "max_ms": 0.4}
-    assert got["api"][1]["thread"] == "train"
+    assert got["api"][0] == {"name": "cudaEventSynchronize", "thread": "other", "queues_on": "-",
+                             "calls_per_step": 0.5, "ms_per_step": 0.2, "us_per_call": 400.0, "max_ms": 0.4}
+    assert [(a["thread"], a["queues_on"], a["us_per_call"]) for a in got["api"][1:]] == [("other", "loader", 12.0),
+                                                                                          ("train", "train", 8.0)]
     assert gpu_profile.summarize([], 2, 11, 0) == {"error": "no kernel in the trace (CUPTI not available?)"}
