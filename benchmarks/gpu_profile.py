@@ -11,7 +11,8 @@ summary tells apart the two ways a loader slows the step it feeds:
   them (``train_gap_ms``: the training stream's span per step minus its busy time).
 
 Streams are told apart by their kernels: the one with the most kernels that are not NCCL's is the training
-stream, NCCL's stream is ``nccl``, the rest are the loader's. The CPU side lists the CUDA runtime and driver calls
+stream, NCCL's stream is ``nccl``, the rest are the loader's (beyond its four busiest, summed into one row). The
+CPU side lists the CUDA runtime and driver calls
 per step, split by the thread that made them (the training loop's, or another: autograd's backward, NCCL's, the
 loader's) and by the stream whose kernel or copy they queued (``queues_on``, through CUPTI's correlation ids; "-"
 for calls that queue nothing, such as an event synchronize), with the time each took.
@@ -77,6 +78,28 @@ def _intersection(xs, ys) -> float:
     return total
 
 
+def _folded(streams: dict[str, dict], keep: int = 4) -> dict[str, dict]:
+    """``streams`` with the loader's beyond its ``keep`` busiest (kernel and copy time) summed into one row: a
+    decoder keeps a stream per thread, dozens of near-identical rows."""
+    loader = sorted((s for s, row in streams.items() if row["role"] != "train" and row["role"] != "nccl"),
+                    key=lambda s: -(streams[s].get("kernel_ms", 0) + streams[s].get("copy_ms", 0)))
+    rest = loader[keep:]
+    if len(rest) < 2:
+        return streams
+    out = {s: row for s, row in streams.items() if s not in rest}
+    merged: dict = {"role": "loader", "streams": len(rest)}
+    names: dict[str, float] = defaultdict(float)
+    for s in rest:
+        for key in ("kernels_per_step", "kernel_ms", "busy_ms", "copies_per_step", "copy_ms", "copy_mb"):
+            if key in streams[s]:
+                merged[key] = round(merged.get(key, 0) + streams[s][key], 3)
+        for name, ms in streams[s].get("top", []):
+            names[name] += ms
+    merged["top"] = [[n, round(ms, 3)] for n, ms in sorted(names.items(), key=lambda kv: -kv[1])[:6]]
+    out[f"{len(rest)} more loader streams"] = merged
+    return out
+
+
 def summarize(events: list[dict], steps: int, main_tid: int, device: int) -> dict:
     """The per-step summary of a chrome trace's events (times in ms per step)."""
     kernels: dict[int, list[dict]] = defaultdict(list)
@@ -124,7 +147,7 @@ def summarize(events: list[dict], steps: int, main_tid: int, device: int) -> dic
         row["copies_per_step"] = round(len(cs) / steps, 1)
         row["copy_ms"] = round(sum(float(c.get("dur", 0)) for c in cs) / per, 3)
         row["copy_mb"] = round(sum(float((c.get("args") or {}).get("bytes", 0)) for c in cs) / steps / 2**20, 2)
-    out: dict = {"steps": steps, "streams": streams}
+    out: dict = {"steps": steps, "streams": _folded(streams)}
     if train is not None:
         t = busy[train]
         span = t[-1][1] - t[0][0]

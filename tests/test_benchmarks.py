@@ -297,3 +297,11 @@ def test_gpu_profile_tells_launch_gaps_from_kernels_sharing_the_gpu():
     assert [(a["thread"], a["queues_on"], a["us_per_call"]) for a in got["api"][1:]] == [("other", "loader", 12.0),
                                                                                           ("train", "train", 8.0)]
     assert gpu_profile.summarize([], 2, 11, 0) == {"error": "no kernel in the trace (CUPTI not available?)"}
+    # a decoder's stream per thread: beyond the loader's four busiest, one row
+    many = events + [kernel(100 + k, 700, 10 * (k + 1), "ycbcr") for k in range(8)]
+    got = gpu_profile.summarize(many, steps=2, main_tid=11, device=0)
+    assert set(got["streams"]) == {"7", "9", "30", "107", "106", "105", "6 more loader streams"}
+    folded = got["streams"]["6 more loader streams"]
+    assert folded["streams"] == 6 and folded["kernels_per_step"] == 3.0
+    assert folded["top"] == [["ycbcr", 0.075], ["other", 0.001]]
+    assert got["loader_kernel_ms"] == pytest.approx((0.09 + 0.36) / 2)   # every stream still counted
