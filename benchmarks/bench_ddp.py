@@ -177,18 +177,8 @@ def rank_main(args) -> int:
         count = torch.tensor([max(3, round(seconds * n / (time.perf_counter() - t0)))], device=dev)
     dist.broadcast(count, 0)
     before = bench_gpu.loader_stats(feed.stats) if feed.stats is not None else None
-    steps, wait, marks, t0 = int(count.item()), 0.0, [], time.perf_counter()
-    for _ in range(steps):
-        a = time.perf_counter()
-        x, y = next(gen)
-        wait += time.perf_counter() - a
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        step(x, y)
-        end.record()
-        marks.append((begin, end))
-    bench_gpu.sync(dev)
-    el = time.perf_counter() - t0
+    steps = int(count.item())
+    el, wait, marks, (x, y) = timed_steps(steps, lambda: next(gen), step, dev)
     res.update(train_img_s=round(steps * args.batch / el, 1), steps=steps, data_wait_frac=round(wait / el, 4),
                amp_dtype=dtype, **bench_gpu.gpu_timeline(marks))
     if before is not None:   # each loader stage's cost per batch beside DDP training: which one holds it back
@@ -222,26 +212,40 @@ def rank_main(args) -> int:
     return 0
 
 
-def diagnose(args, dev, step, gen, x, y, steps: int) -> dict:
-    """The fixed batch's steps with the loader running beside them (its batches dropped: its CPU and GPU work
-    without the data dependency), timed as the fed window; then the profiler's view of the three cases."""
+def timed_steps(steps: int, batch, step, dev) -> tuple[float, float, list, tuple]:
+    """``steps`` training steps on ``batch()``'s batches, a CUDA event recorded before and after each step: the
+    seconds they took (the device synchronized at the end), the seconds spent in ``batch()``, the events (for
+    `bench_gpu.gpu_timeline`) and the last batch."""
     import torch
-    import torch.distributed as dist
-    import gpu_profile
-    dist.barrier()
-    marks, t0 = [], time.perf_counter()
+    wait, marks, t0 = 0.0, [], time.perf_counter()
     for _ in range(steps):
-        next(gen)
+        a = time.perf_counter()
+        x, y = batch()
+        wait += time.perf_counter() - a
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         step(x, y)
         end.record()
         marks.append((begin, end))
     bench_gpu.sync(dev)
-    out = {"beside": {"train_img_s": round(steps * args.batch / (time.perf_counter() - t0), 1),
-                      **bench_gpu.gpu_timeline(marks)}}
+    return time.perf_counter() - t0, wait, marks, (x, y)
+
+
+def diagnose(args, dev, step, gen, x, y, steps: int) -> dict:
+    """The fixed batch's steps with the loader running beside them (its batches dropped: its CPU and GPU work
+    without the data dependency), timed as the fed window; then the profiler's view of the three cases."""
+    import torch.distributed as dist
+    import gpu_profile
+
+    def fixed():   # the loader's batch taken and dropped, the fixed one trained on
+        next(gen)
+        return x, y
+
+    dist.barrier()
+    el, _, marks, _ = timed_steps(steps, fixed, step, dev)
+    out = {"beside": {"train_img_s": round(steps * args.batch / el, 1), **bench_gpu.gpu_timeline(marks)}}
     for name, run in (("fed", lambda: step(*next(gen))), ("synthetic", lambda: step(x, y)),
-                      ("beside", lambda: (next(gen), step(x, y)))):
+                      ("beside", lambda: step(*fixed()))):
         dist.barrier()
         out[f"profile_{name}"] = gpu_profile.profile(run, args.diagnose, dev)
     return out

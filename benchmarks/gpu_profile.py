@@ -81,7 +81,7 @@ def _intersection(xs, ys) -> float:
 def _folded(streams: dict[str, dict], keep: int = 4) -> dict[str, dict]:
     """``streams`` with the loader's beyond its ``keep`` busiest (kernel and copy time) summed into one row: a
     decoder keeps a stream per thread, dozens of near-identical rows."""
-    loader = sorted((s for s, row in streams.items() if row["role"] != "train" and row["role"] != "nccl"),
+    loader = sorted((s for s, row in streams.items() if row["role"] not in ("train", "nccl")),
                     key=lambda s: -(streams[s].get("kernel_ms", 0) + streams[s].get("copy_ms", 0)))
     rest = loader[keep:]
     if len(rest) < 2:
