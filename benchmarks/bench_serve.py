@@ -27,6 +27,10 @@ Every server side starts its own server (`SERVER_SIDES` says what each changes):
 - ``serve_shm``: each client receives IMAGES in a Triton system shared memory region of its own (tritonclient's
   shared-memory utilities) instead of in the gRPC payload;
 - ``serve_instances_fp16_shm``: the three together;
+- ``serve_cuda_shm`` / ``serve_null_cuda_shm`` / ``serve_instances_fp16_cuda_shm``: each client receives IMAGES in
+  a CUDA shared memory region of its own on the server's GPU (``cudaMalloc`` + ``cudaIpcGetMemHandle`` through
+  CuPy, registered with the server): the answer never leaves the device, as for a consumer on the same GPU;
+  each client first checks that the region holds what the gRPC payload holds for the same image;
 - ``inprocess``: the served model's preprocessing (`ingest.serve.Preprocessor`) called in-process on batches
   of ``--max-batch-size``: img/s, what the server wraps; ``inprocess_batch16`` the same on batches of 16 (about
   the dynamic batch 64 clients make of one instance: what ``serve``'s ``backend_timings`` preprocessing step
@@ -134,11 +138,44 @@ def percentiles(latencies: list[float]) -> dict:
 
 
 # -- the server side ------------------------------------------------------------------------------------
+class _CudaRegion:
+    """A client's CUDA shared memory region: ``nbytes`` of ``cudaMalloc`` on GPU ``device`` (CuPy), registered
+    with the server under ``key`` by its IPC handle; ``read(dtype, shape)`` copies it to the host (checks only)."""
+
+    def __init__(self, client, key: str, nbytes: int, device: int):
+        import base64
+        import cupy
+        self.cupy, self.client, self.key, self.device = cupy, client, key, device
+        with cupy.cuda.Device(device):
+            self.ptr = cupy.cuda.runtime.malloc(nbytes)
+            handle = cupy.cuda.runtime.ipcGetMemHandle(self.ptr)
+        client.register_cuda_shared_memory(key, base64.b64encode(bytes(handle)), device, nbytes)
+
+    def read(self, dtype, shape):
+        import numpy as np
+        out = np.empty(shape, dtype)
+        with self.cupy.cuda.Device(self.device):
+            self.cupy.cuda.runtime.memcpy(out.ctypes.data, self.ptr, out.nbytes, 2)   # device to host
+        return out
+
+    def close(self) -> None:
+        for _ in range(50):   # the server lets go of a region a moment after the last answer
+            try:
+                self.client.unregister_cuda_shared_memory(self.key)
+                break
+            except Exception:   # noqa: BLE001 - tritonclient's "currently in use"
+                time.sleep(0.02)
+        with self.cupy.cuda.Device(self.device):
+            self.cupy.cuda.runtime.free(self.ptr)
+
+
 def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, seconds: float, offset: int,
-                 queue: mp.Queue, shm: bool = False, fp16: bool = False) -> None:
+                 queue: mp.Queue, shm: bool = False, fp16: bool = False, cuda_shm: int | None = None) -> None:
     """``threads`` gRPC clients in this process: warm up, then time ``seconds`` of requests. With ``shm`` each
     client receives IMAGES in a system shared memory region of its own, registered with the server (the
-    answer travels without the gRPC payload) and read there as an array."""
+    answer travels without the gRPC payload) and read there as an array; with ``cuda_shm`` (a GPU index) in a
+    CUDA shared memory region of its own on that GPU (`_CudaRegion`): each answer's shape and dtype are checked
+    from the response, and the first answer's pixels against the gRPC payload's for the same image."""
     import os
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -146,33 +183,50 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
     results: list = []
     dtype = np.float16 if fp16 else np.float32
     out_bytes = 3 * 224 * 224 * np.dtype(dtype).itemsize
+    wire = {np.float16: "FP16", np.float32: "FP32"}[dtype]
+
+    def request(k: int) -> list:
+        x = np.frombuffer(jpegs[k % len(jpegs)], np.uint8)[None]
+        tensor = grpcclient.InferInput("ENCODED", list(x.shape), "UINT8")
+        tensor.set_data_from_numpy(x)
+        return [tensor]
 
     def loop(t: int) -> None:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
-        outputs, region, image = None, None, None
-        if shm:
-            key = f"bench_serve_{os.getpid()}_{t}"
-            region = shmutils.create_shared_memory_region(key, "/" + key, out_bytes)
-            client.register_system_shared_memory(key, "/" + key, out_bytes)
+        outputs, region, image, cuda = None, None, None, None
+        key = f"bench_serve_{os.getpid()}_{t}"
+        if shm or cuda_shm is not None:
             outputs = [grpcclient.InferRequestedOutput("IMAGES")]
             outputs[0].set_shared_memory(key, out_bytes)
+        if shm:
+            region = shmutils.create_shared_memory_region(key, "/" + key, out_bytes)
+            client.register_system_shared_memory(key, "/" + key, out_bytes)
         lat, errors, k = [], 0, offset + t
+        if cuda_shm is not None:
+            cuda = _CudaRegion(client, key, out_bytes, cuda_shm)
+            try:   # the region holds what the payload holds
+                expected = client.infer("preprocess", request(k)).as_numpy("IMAGES")
+                client.infer("preprocess", request(k), outputs=outputs)
+                errors += not np.array_equal(cuda.read(dtype, expected.shape), expected)
+            except Exception:   # noqa: BLE001 - counted
+                errors += 1
         start = time.perf_counter()
         timed_from, end = start + warmup, start + warmup + seconds
         while True:
             now = time.perf_counter()
             if now >= end:
                 break
-            x = np.frombuffer(jpegs[k % len(jpegs)], np.uint8)[None]
-            tensor = grpcclient.InferInput("ENCODED", list(x.shape), "UINT8")
-            tensor.set_data_from_numpy(x)
             try:
-                result = client.infer("preprocess", [tensor], outputs=outputs)
-                if shm:
-                    image = shmutils.get_contents_as_numpy(region, dtype, result.get_output("IMAGES").shape)
+                result = client.infer("preprocess", request(k), outputs=outputs)
+                if cuda is not None:   # the answer stays on the device: its description is checked
+                    answer = result.get_output("IMAGES")
+                    ok = tuple(answer.shape) == (1, 3, 224, 224) and answer.datatype == wire
                 else:
-                    image = result.as_numpy("IMAGES")
-                ok = image.shape == (1, 3, 224, 224) and image.dtype == dtype
+                    if shm:
+                        image = shmutils.get_contents_as_numpy(region, dtype, result.get_output("IMAGES").shape)
+                    else:
+                        image = result.as_numpy("IMAGES")
+                    ok = image.shape == (1, 3, 224, 224) and image.dtype == dtype
                 errors += not ok
             except Exception:   # noqa: BLE001 - counted; the run goes on
                 errors, ok = errors + 1, False
@@ -190,6 +244,8 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
                 except Exception:   # noqa: BLE001 - tritonclient's "currently in use"
                     time.sleep(0.02)
             shmutils.destroy_shared_memory_region(region)
+        if cuda is not None:
+            cuda.close()
         client.close()
 
     workers = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
@@ -201,13 +257,13 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
 
 
 def load_run(port: int, clients: int, procs: int, jpegs: list[bytes], args, shm: bool = False,
-             fp16: bool = False) -> dict:
+             fp16: bool = False, cuda_shm: int | None = None) -> dict:
     procs = max(1, min(procs, clients))
     queue: mp.Queue = mp.get_context("spawn").Queue()
     ctx = mp.get_context("spawn")
     children = [ctx.Process(target=_client_proc, args=(port, clients // procs + (p < clients % procs), jpegs,
                                                        args.warmup_seconds, args.seconds, p * 1009, queue, shm,
-                                                       fp16))
+                                                       fp16, cuda_shm))
                 for p in range(procs)]
     for c in children:
         c.start()
@@ -266,6 +322,7 @@ def stats_between(before: dict, after: dict) -> dict:
 #: request at a time), ``queue_delay_us`` (the batcher's, instead of ``--queue-delay-us``), ``output_memory``,
 #: ``instances`` (True: ``--variant-instances``), ``fp16`` (the spec's
 #: Normalize outputs float16), ``shm`` (clients receive IMAGES in Triton system shared memory regions),
+#: ``cuda_shm`` (in CUDA shared memory regions on the server's GPU; the side needs a GPU instance),
 #: ``null`` (`NULL_MODEL`: no preprocessing at all, the transport's ceiling).
 SERVER_SIDES = {
     "serve": {},
@@ -278,6 +335,9 @@ SERVER_SIDES = {
     "serve_fp16": {"fp16": True},
     "serve_shm": {"shm": True},
     "serve_instances_fp16_shm": {"instances": True, "fp16": True, "shm": True},
+    "serve_cuda_shm": {"cuda_shm": True},
+    "serve_null_cuda_shm": {"null": True, "cuda_shm": True},
+    "serve_instances_fp16_cuda_shm": {"instances": True, "fp16": True, "cuda_shm": True},
 }
 
 #: The ``null`` sides' model: every request answered with one preallocated [1, 3, 224, 224] image of the
@@ -318,6 +378,8 @@ def server_side(args, jpegs: list[bytes], name: str) -> dict:
     side = SERVER_SIDES[name]
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     kind, gpus = ("KIND_CPU", []) if device == "cpu" else ("KIND_GPU", [torch.device(device).index or 0])
+    if side.get("cuda_shm") and not gpus:
+        return {"skipped": "CUDA shared memory answers need a GPU instance"}
     instances = args.variant_instances if side.get("instances") else args.instances
     output_memory = side.get("output_memory", "device")
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
@@ -340,11 +402,12 @@ def server_side(args, jpegs: list[bytes], name: str) -> dict:
         with TritonServer(repo, http_port=ports[0], grpc_port=ports[1], options=gpu_options(gpus)) as server:
             before = model_stats(ports[1])
             out = load_run(ports[1], clients, procs, jpegs, args, shm=side.get("shm", False),
-                           fp16=side.get("fp16", False))
+                           fp16=side.get("fp16", False), cuda_shm=gpus[0] if side.get("cuda_shm") else None)
             out.update(server_stats=stats_between(before, model_stats(ports[1])), device=device,
                        output_memory=output_memory, instances=instances,
                        queue_delay_us=queue_delay_us, output_dtype="float16" if side.get("fp16") else "float32",
-                       server_rss_mb=server.rss_bytes() >> 20)
+                       server_rss_mb=server.rss_bytes() >> 20,
+                       answers="cuda_shm" if side.get("cuda_shm") else "shm" if side.get("shm") else "grpc")
         if not side.get("null"):
             out["backend_timings"] = read_timings(timings)
     finally:
@@ -485,7 +548,8 @@ def derive(results: dict) -> dict:
             out["best"], out["best_over_dali"] = best, round(rate(best) / rate("dali"), 3)
     if rate("serve") and rate("inprocess"):
         out["serve_over_inprocess"] = round(rate("serve") / rate("inprocess"), 3)
-    for key, ceiling in (("serve", "serve_null"), ("serve_instances", "serve_null_instances")):
+    for key, ceiling in (("serve", "serve_null"), ("serve_instances", "serve_null_instances"),
+                         ("serve_cuda_shm", "serve_null_cuda_shm")):
         if rate(key) and rate(ceiling):
             out[f"{key}_over_{ceiling.removeprefix('serve_')}"] = round(rate(key) / rate(ceiling), 3)
     if rate("serve_host_outputs") and rate("serve"):
@@ -543,7 +607,7 @@ def main(argv=None) -> int:
         raise
     write()
     for key, res in results.items():
-        line = res.get("error") or " ".join(f"{k}={res[k]}" for k in ("img_s", "p50_ms", "p99_ms", "errors")
+        line = res.get("error") or res.get("skipped") or " ".join(f"{k}={res[k]}" for k in ("img_s", "p50_ms", "p99_ms", "errors")
                                             if k in res)
         print(f"{key:14s} {line}")
     print("derived:", report["derived"])

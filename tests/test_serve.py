@@ -600,8 +600,12 @@ def test_bench_serve_derives_each_side_against_dali_and_its_ceiling():
     from bench_serve import derive
     results = {"serve": {"img_s": 100.0, "p50_ms": 9.0}, "serve_null": {"img_s": 400.0},
                "serve_instances": {"img_s": 300.0}, "serve_null_instances": {"img_s": 600.0},
-               "serve_fp16": {"error": "x"}, "dali": {"img_s": 1000.0}, "inprocess": {"img_s": 500.0}}
+               "serve_fp16": {"error": "x"}, "dali": {"img_s": 1000.0}, "inprocess": {"img_s": 500.0},
+               "serve_cuda_shm": {"img_s": 200.0}, "serve_null_cuda_shm": {"img_s": 800.0},
+               "serve_instances_fp16_cuda_shm": {"skipped": "no GPU"}}
     out = derive(results)
+    assert out["serve_cuda_shm_over_null_cuda_shm"] == 0.25 and out["serve_cuda_shm_over_dali"] == 0.2
+    assert "serve_instances_fp16_cuda_shm_over_dali" not in out
     assert out["serve_over_dali"] == 0.1 and out["serve_meets_0_8"] is False
     assert out["serve_instances_over_dali"] == 0.3 and "serve_fp16_over_dali" not in out
     assert out["best"] == "serve_instances" and out["best_over_dali"] == 0.3   # a null side is no candidate
@@ -612,3 +616,5 @@ def test_bench_serve_derives_each_side_against_dali_and_its_ceiling():
         parse_args(["--only", "serve,serve_nope", "--out", "x.json"])
     args = parse_args(["--dry-run", "--only", "serve_instances", "--out", "x.json"])
     assert args.variant_instances == 2 and args.device == "cpu"
+    from bench_serve import server_side   # answers in CUDA shared memory need a GPU instance
+    assert "skipped" in server_side(args, [], "serve_cuda_shm")
