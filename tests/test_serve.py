@@ -28,10 +28,13 @@ from ingest import Loader
 from ingest.errors import ConfigError
 from ingest.ops import CenterCrop, Normalize, Resize, dumps
 from ingest.serve import TritonServer, config_text, export
-from ingest.serve.server import alive, process_tree
+from ingest.serve.server import alive, process_tree, pytriton_dist
 from ingest.tools.cli import main
 
-pytest.importorskip("pytriton", reason="the serve extra (pip install 'ingest[serve]') is not installed")
+try:   # what the server takes from the wheel (its binary); importing pytriton needs its own binding's packages
+    pytriton_dist()
+except ConfigError:
+    pytest.skip("the serve extra (pip install 'ingest[serve]') is not installed", allow_module_level=True)
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
 
