@@ -27,10 +27,11 @@ Every server side starts its own server (`SERVER_SIDES` says what each changes):
 - ``serve_shm``: each client receives IMAGES in a Triton system shared memory region of its own (tritonclient's
   shared-memory utilities) instead of in the gRPC payload;
 - ``serve_instances_fp16_shm``: the three together;
-- ``serve_cuda_shm`` / ``serve_null_cuda_shm`` / ``serve_instances_fp16_cuda_shm``: each client receives IMAGES in
-  a CUDA shared memory region of its own on the server's GPU (``cudaMalloc`` + ``cudaIpcGetMemHandle`` through
-  CuPy, registered with the server): the answer never leaves the device, as for a consumer on the same GPU;
-  each client first checks that the region holds what the gRPC payload holds for the same image;
+- ``serve_cuda_shm`` / ``serve_null_cuda_shm`` / ``serve_instances_cuda_shm`` / ``serve_null_instances_cuda_shm`` /
+  ``serve_instances_fp16_cuda_shm``: each client receives IMAGES in a CUDA shared memory region of its own on
+  the server's GPU (``cudaMalloc`` + ``cudaIpcGetMemHandle`` through CuPy, registered with the server): the
+  answer never leaves the device, as for a consumer on the same GPU; each client first checks that the region
+  holds what the gRPC payload holds for the same image;
 - ``inprocess``: the served model's preprocessing (`ingest.serve.Preprocessor`) called in-process on batches
   of ``--max-batch-size``: img/s, what the server wraps; ``inprocess_batch16`` the same on batches of 16 (about
   the dynamic batch 64 clients make of one instance: what ``serve``'s ``backend_timings`` preprocessing step
@@ -365,6 +366,8 @@ SERVER_SIDES = {
     "serve_cuda_shm": {"cuda_shm": True},
     "serve_null_cuda_shm": {"null": True, "cuda_shm": True},
     "serve_instances_fp16_cuda_shm": {"instances": True, "fp16": True, "cuda_shm": True},
+    "serve_instances_cuda_shm": {"instances": True, "cuda_shm": True},
+    "serve_null_instances_cuda_shm": {"null": True, "instances": True, "cuda_shm": True},
 }
 
 #: The ``null`` sides' model: every request answered with one preallocated [1, 3, 224, 224] image of the
@@ -576,7 +579,8 @@ def derive(results: dict) -> dict:
     if rate("serve") and rate("inprocess"):
         out["serve_over_inprocess"] = round(rate("serve") / rate("inprocess"), 3)
     for key, ceiling in (("serve", "serve_null"), ("serve_instances", "serve_null_instances"),
-                         ("serve_cuda_shm", "serve_null_cuda_shm")):
+                         ("serve_cuda_shm", "serve_null_cuda_shm"),
+                         ("serve_instances_cuda_shm", "serve_null_instances_cuda_shm")):
         if rate(key) and rate(ceiling):
             out[f"{key}_over_{ceiling.removeprefix('serve_')}"] = round(rate(key) / rate(ceiling), 3)
     if rate("serve_host_outputs") and rate("serve"):
