@@ -6,6 +6,10 @@ in /dev/shm unless --root says otherwise):
   j2k_lossy      JPEG 2000 files (.jp2), irreversible 9/7 wavelet at 20:1, 6 resolution levels
   j2k_lossless   JPEG 2000 files (.jp2), reversible 5/3 wavelet
   tiff           8-bit RGB TIFF, LZW-compressed in strips (a kind nvTIFF decodes)
+  j2k_large      each photo upscaled 4x (short side 1,200-2,000 px, as medical and satellite images are large),
+                 irreversible 9/7 at 20:1, 6 resolution levels, 1024 x 1024 tiles: RandomResizedCrop 224 downscales
+                 every crop of these at least 2x, so a decoder may skip resolution levels and tiles (not in the
+                 default --sets)
 
 Variants, per set (each in its own subprocess, as bench_gpu.py runs them; by default the JPEG 2000 sets run
 i, d and f, the TIFF set all four):
@@ -68,15 +72,17 @@ import bench_gpu  # noqa: E402 - after the path: this tree's ingest and the benc
 from bench_gpu import MEAN, STD, Feed, describe_batch, sync  # noqa: E402
 from bench_settings import parse_setting  # noqa: E402
 
-SETS = {"j2k_lossy": ".jp2", "j2k_lossless": ".jp2", "tiff": ".tif"}
+SETS = {"j2k_lossy": ".jp2", "j2k_lossless": ".jp2", "tiff": ".tif", "j2k_large": ".jp2"}
+#: The sets run when --sets is not given (issue 36's).
+DEFAULT_SETS = ("j2k_lossy", "j2k_lossless", "tiff")
 VARIANTS = {"i": "ingest_mixed", "d": "dali_mixed", "c": "dali_cpu_decode", "f": "decode_only"}
 ORDER = "idcf"
 #: Variants each set runs unless --only says: DALI's CPU decode is the issue's comparison for TIFF only.
-SET_VARIANTS = {"j2k_lossy": "idf", "j2k_lossless": "idf", "tiff": "idcf"}
+SET_VARIANTS = {"j2k_lossy": "idf", "j2k_lossless": "idf", "tiff": "idcf", "j2k_large": "idf"}
 #: The least a variant is started with under --budget.
 MIN_CHILD_SECONDS = 15
 #: Sets timed over --j2k-seconds and --j2k-min-batches instead of --seconds and --min-batches.
-J2K_SETS = ("j2k_lossy", "j2k_lossless")
+J2K_SETS = ("j2k_lossy", "j2k_lossless", "j2k_large")
 #: ingest's settings read in each loader child and recorded with its result (what the decode's concurrency is).
 RECORDED_SETTINGS = ("gpu_decoders", "gpu_decode_threads", "decode_batches", "jpeg2k_device_padding",
                      "nvjpeg_host_padding", "nvjpeg_device_padding")
@@ -107,7 +113,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-batches", type=int, default=2)
     p.add_argument("--min-batches", type=int, default=3)
     p.add_argument("--max-batches", type=int, default=100000)
-    p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated subset of {', '.join(SETS)}")
+    p.add_argument("--sets", default=",".join(DEFAULT_SETS),
+                   help=f"comma-separated subset of {', '.join(SETS)} (default {','.join(DEFAULT_SETS)})")
     p.add_argument("--only", default=None, help="comma-separated subset of i,d,c,f for every set (default: "
                    + "; ".join(f"{k} {v}" for k, v in SET_VARIANTS.items()) + ")")
     p.add_argument("--cpu-decode", default="tiff", help="sets whose decode-only run also times ingest's CPU decoder")
@@ -347,6 +354,10 @@ def _encode(job: tuple[str, str, str]) -> None:
         img.save(dst, "JPEG2000", irreversible=True, quality_mode="rates", quality_layers=[20], num_resolutions=6)
     elif name == "j2k_lossless":
         img.save(dst, "JPEG2000", num_resolutions=6)
+    elif name == "j2k_large":
+        img = img.resize((4 * img.width, 4 * img.height), Image.BICUBIC)
+        img.save(dst, "JPEG2000", irreversible=True, quality_mode="rates", quality_layers=[20], num_resolutions=6,
+                 tile_size=(1024, 1024))
     else:
         img.save(dst, "TIFF", compression="tiff_lzw")
 
