@@ -21,6 +21,7 @@
 | keep_freed_memory | INGEST_KEEP_FREED_MEMORY | auto  | auto: glibc keeps freed memory for reuse in the training process once a Loader runs its pipeline there (`ingest._malloc.keep_freed_memory`); off: leave its malloc alone |
 | engine          | INGEST_ENGINE           | auto    | what runs a Loader's batches in the training process: auto (the native engine, `ingest.native`, where the loader is eligible, else the Python stages), python, or native (a ConfigError naming why where it is not eligible) |
 | engine_nice     | INGEST_ENGINE_NICE      | 10      | the nice value (0-19) of the native engine's threads, so that the training thread, which launches the model's kernels, takes a core first when they are short; 0: as the process |
+| host_jpeg_share | INGEST_HOST_JPEG_SHARE  | 0       | the share of the JPEGs the native engine's GPU path would decode that it decodes on the host instead (nvImageCodec's CPU decoder on its threads, uploaded with the batch's other host-decoded images in one copy); 0: none |
 
 "cores" is this process's share of the host (`cores`): the CPUs it may run on (its affinity, which a container's
 or a batch job's cpuset narrows where `os.cpu_count` still counts the whole machine) over the torchrun ranks
@@ -56,6 +57,15 @@ model trains faster (DALI's default is 0.65). A smaller share helps only where t
 the loader: the loader alone, or a model far faster than the engine's rate. Under a split the two decoders'
 pixels differ slightly (within a level or two) and nvImageCodec gives the engine the first share of each batch,
 so an image's pixels depend on its place in the batch, as with DALI. "auto" lets nvImageCodec pick per image.
+
+``host_jpeg_share``: the native engine decodes this share of the JPEGs its GPU path takes on the host, with
+nvImageCodec's CPU decoder on the engine's threads, as it decodes the JPEGs the GPU path leaves (progressive, CMYK,
+rotated); the pixels are libjpeg-turbo's, within a level or two of the hardware decoder's. Which JPEGs go is fixed by
+their dataset index, the same every epoch. Each JPEG the hardware decoder takes costs about four CUDA calls
+(a kernel, a copy, an event record and a wait, inside nvJPEG), each host-decoded one none (the batch's are uploaded
+in one copy), so a share trades CPU cores for fewer CUDA calls beside the training loop's own. Where the engine
+has no CPU decoder, or the Python stages run, it does nothing. The default, 0, has not been measured against
+others.
 
 ``hybrid_huffman_threshold``: the CUDA decoder's share of the JPEGs (``hw_decoder_load``) decodes its Huffman stage
 on nvImageCodec's CPU threads unless an image has more pixels than this; past it nvJPEG's GPU_HYBRID backend runs
@@ -119,16 +129,19 @@ def _integer(name: str, minimum: int, *, words: tuple[str, ...] = ()) -> Callabl
     return parse
 
 
-def _fraction(name: str) -> Callable[[Any], float | str]:
+def _fraction(name: str, *, words: tuple[str, ...] = ("auto",)) -> Callable[[Any], float | str]:
+    """A parser of numbers from 0 to 1 (from env strings too), also accepting the given ``words``."""
+    expected = "".join(f"{w!r} or " for w in words) + "a number from 0 to 1"
+
     def parse(value: Any) -> float | str:
-        if value == "auto":
+        if value in words:
             return value
         try:
             v = float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"`{name}` must be 'auto' or a number from 0 to 1, got {value!r}") from None
+            raise ConfigError(f"`{name}` must be {expected}, got {value!r}") from None
         if not 0.0 <= v <= 1.0:
-            raise ConfigError(f"`{name}` must be 'auto' or a number from 0 to 1, got {v}")
+            raise ConfigError(f"`{name}` must be {expected}, got {v}")
         return v
     return parse
 
@@ -160,6 +173,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "keep_freed_memory": ("INGEST_KEEP_FREED_MEMORY", "auto", _choice("keep_freed_memory", ("auto", "off"))),
     "engine": ("INGEST_ENGINE", "auto", _choice("engine", ("auto", "python", "native"))),
     "engine_nice": ("INGEST_ENGINE_NICE", 10, _integer("engine_nice", 0)),
+    "host_jpeg_share": ("INGEST_HOST_JPEG_SHARE", 0.0, _fraction("host_jpeg_share", words=())),
     "check": ("INGEST_CHECK", "auto", _choice("check", ("auto", "crc", "none"))),
 }
 _values: dict[str, Any] = {}

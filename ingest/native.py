@@ -550,7 +550,8 @@ class NativeExecutor:
             None if table.python is None else np.ascontiguousarray(table.python, np.uint8),
             None if self._mask is None else self._mask[1], chain.mask_fill,
             None if table.hw is None else np.ascontiguousarray(table.hw, np.int64),
-            **_mask_ranges(table if self._mask is not None else None))
+            **_mask_ranges(table if self._mask is not None else None),
+            host_share=float(defaults.get("host_jpeg_share")) if self._host is not None else 0.0)
         self._det = chain.detection
         if self._det is not None:
             from .engine import native_boxes

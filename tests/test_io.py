@@ -332,6 +332,16 @@ def test_hw_decoder_load_setting(monkeypatch):
         defaults.set(hw_decoder_load=1.5)
 
 
+def test_host_jpeg_share_setting(monkeypatch):
+    monkeypatch.delenv("INGEST_HOST_JPEG_SHARE", raising=False)
+    assert defaults.get("host_jpeg_share") == 0.0   # every JPEG the GPU takes stays on the GPU
+    monkeypatch.setenv("INGEST_HOST_JPEG_SHARE", "0.25")
+    assert defaults.get("host_jpeg_share") == 0.25
+    for bad in ("auto", -0.1, 2):
+        with pytest.raises(ConfigError, match="`host_jpeg_share` must be a number from 0 to 1"):
+            defaults.set(host_jpeg_share=bad)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_readers_and_decoders_work_in_a_forked_child(tmp_path, monkeypatch):
     """A forked child (a torch DataLoader worker, by default on Linux) reads and decodes with the objects its

@@ -430,6 +430,24 @@ def test_jpegs_the_gpu_path_leaves_decoded_on_the_engine_equal_the_python_stages
     assert "host jpeg batches compared: 10" in done.stdout, done.stdout
 
 
+@pytest.mark.skipif(not host_decoder_available(), reason="nvImageCodec's CPU decoder (nvidia-nvimgcodec-cu13) "
+                                                          "is not importable")
+@pytest.mark.parametrize("share", ["1.0", "0.5"])
+def test_a_share_of_the_gpus_jpegs_decoded_on_the_host_equals_the_python_stages(tmp_path, stand_in, share):
+    """``host_jpeg_share``: that share of the JPEGs the GPU path takes (picked by their dataset index's hash) goes
+    to nvImageCodec's CPU decoder instead, its pixels the Python stages' CPU decode through the same kernel."""
+    done = _child(stand_in, str(tmp_path), "rrc-flip-normalize", f"host-share-{share}")
+    assert "host jpeg batches compared: 10" in done.stdout, done.stdout
+
+
+def host_share_picks(indices, share: float) -> set[int]:
+    """The dataset indices the engine's host_share_pick takes at ``share``: the hash of each index under the
+    "hostJPEG" salt (ingest.random's combine), as a double in [0, 1), below the share."""
+    from ingest.random import _combine
+    bits = _combine(np.asarray([0x686F73744A504547], np.uint64), np.asarray(list(indices), np.uint64))
+    return {i for i, b in zip(indices, bits.tolist()) if (b >> 11) * 2.0 ** -53 < share}
+
+
 def test_without_nvimgcodecs_library_the_engine_has_no_cpu_decoder(monkeypatch):
     """Where nvImageCodec's library (or its CPU backend) is not there, `host_decoder` gives None: the engine then
     leaves the JPEGs its GPU path does not take to the Python stages."""
@@ -442,11 +460,13 @@ def test_without_nvimgcodecs_library_the_engine_has_no_cpu_decoder(monkeypatch):
     assert native.host_decoder(2) is None
 
 
-def child_host_jpegs(lib_path: str, root: str, chain_name: str, fmt: str) -> None:
+def child_host_jpegs(lib_path: str, root: str, chain_name: str, fmt: str, share: float = 0.0) -> None:
     """The NativeExecutor over the stand-ins (the GPU) and nvImageCodec's real CPU decoder on `host_jpeg_tree` (as
     a file tree or the records of ``fmt``: `host_jpeg_source`) for two epochs, against the Python stages: the same rows, indices and labels; each JPEG of `HOST_JPEGS` (turned by
     its orientation) and the PNG warped exactly as the kernel warps the Python stages' CPU decode of it on their
-    plan; the two damaged JPEGs left to Python, which drops them with its own errors; the decode paths counted."""
+    plan; the two damaged JPEGs left to Python, which drops them with its own errors; the decode paths counted.
+    ``share``: the ``host_jpeg_share`` setting; the GPU's JPEGs it picks (`host_share_picks`) are host-decoded too."""
+    from ingest import defaults
     from ingest.decode.cpu import CpuDecoder
     from ingest.engine import Failures, Pipeline
     from ingest.formats.filetree import FileTree
@@ -459,10 +479,15 @@ def child_host_jpegs(lib_path: str, root: str, chain_name: str, fmt: str) -> Non
     assert chain is not None, why
     sampler = Sampler(len(src), 4, shuffle=True, seed=5)
     pipe = Pipeline(src, ops=ops, device="cpu")
-    seen, reasons, stats = two_epochs(pipe, chain, sampler, 2, gpu, host_jpegs=True)
+    picked = host_share_picks([i for i, f in enumerate(files) if f.startswith("gpu_")], share)
+    assert 0 < len(picked) < 3 if share == 0.5 else len(picked) == round(3 * share), picked   # (the test's premise)
+    with defaults.set(host_jpeg_share=share):
+        seen, reasons, stats = two_epochs(pipe, chain, sampler, 2, gpu, host_jpegs=True)
     assert stats["fallbacks"] == {"not a GPU JPEG": 2, "decoder": 2}, stats   # truncated, scanless: each epoch
-    assert pipe.decode_stage.decode_paths == {"gpu": 2 * 3, "cpu-native": 2 * (len(HOST_JPEGS) + 1),
-                                              "cpu-fallback": 2 * 2}, pipe.decode_stage.decode_paths
+    paths = {k: v for k, v in pipe.decode_stage.decode_paths.items() if v}
+    want_paths = {"gpu": 2 * (3 - len(picked)), "cpu-native": 2 * (len(HOST_JPEGS) + 1 + len(picked)),
+                  "cpu-fallback": 2 * 2}
+    assert paths == {k: v for k, v in want_paths.items() if v}, paths
     cpu, reference = CpuDecoder(), Pipeline(src, ops=ops, device="cpu")
     compared, want_reasons = 0, []
     for epoch in range(2):
@@ -472,10 +497,11 @@ def child_host_jpegs(lib_path: str, root: str, chain_name: str, fmt: str) -> Non
             reference.start_epoch(Failures(2, sampler.samples()))
             work = reference.read(plan)
             names = [files[i] for i in work.indices.tolist()]
+            on_host = [name[0] in "hp" or i in picked for name, i in zip(names, work.indices.tolist())]
             ims = [torch.from_numpy(cpu.decode(bytes(memoryview(r.image).cast("B")), name)
-                                    if name[0] in "hp" else np.zeros((hh, ww, 3), np.uint8) if name[0] == "x"
+                                    if host else np.zeros((hh, ww, 3), np.uint8) if name[0] == "x"
                                     else pattern(hh, ww, len(memoryview(r.image).cast("B"))))
-                   for name, (hh, ww), r in zip(names, work.sizes, work.records)]
+                   for name, host, (hh, ww), r in zip(names, on_host, work.sizes, work.records)]
             want = kernel_reference(fake, work, ops, ims)
             reference.start_epoch(python_failures)
             python = reference.run(plan)
@@ -486,7 +512,7 @@ def child_host_jpegs(lib_path: str, root: str, chain_name: str, fmt: str) -> Non
                 name, w = files[i], want[where.index(i)]
                 got = x[row] if chain.layout is not None else x[row].permute(1, 2, 0)
                 assert name[0] != "x", name
-                if name[0] in "hp":   # decoded on the host: the Python stages' pixels, the same kernel
+                if name[0] in "hp" or i in picked:   # decoded on the host: the Python stages' pixels, the same kernel
                     assert torch.equal(got, w), (epoch, plan.number, row, name)
                     assert_kernel_row(x[row], python.images[row].permute(1, 2, 0) if chain.layout is None
                                       else python.images[row], chain, ops, f"epoch {epoch} row {row} {name}")
@@ -1338,6 +1364,8 @@ if __name__ == "__main__":
         child_masks(sys.argv[1], sys.argv[2], sys.argv[3], "webdataset")
     elif sys.argv[4] == "png":
         child_png(sys.argv[1], sys.argv[2], sys.argv[3])
+    elif sys.argv[4].startswith("host-share-"):
+        child_host_jpegs(sys.argv[1], sys.argv[2], sys.argv[3], "tree", float(sys.argv[4].rsplit("-", 1)[1]))
     elif sys.argv[4].startswith("host-jpegs-"):
         child_host_jpegs(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].rsplit("-", 1)[1])
     elif sys.argv[4] == "masks-lmdb":

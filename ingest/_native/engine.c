@@ -52,7 +52,8 @@
  * not its image's size; a mask range read short or whose CRC32C differs), or one nvImageCodec refuses on the GPU or
  * the CPU, WHY_DECODER) keeps its row and is reported as a note (index, row, NOTE_FALLBACK, why, nvImageCodec
  * status): Python fills that row. A row whose image was decoded on the host (a PNG, a JPEG by the CPU decoder) is
- * reported as (index, row, NOTE_HOST, 0, 0) (the decode paths' count).
+ * reported as (index, row, NOTE_HOST, 0, 0) (the decode paths' count). With `host_share` > 0 the CPU decoder also
+ * takes that share of the JPEGs the GPU would decode, picked by a hash of their dataset index (host_share_pick).
  *
  * Output slots. Python hands over `slots` output buffers (set_slot: device addresses of an output tensor and a
  * label tensor, host arrays for the rows' indices, padding flags and, dry, plans) and gets slot k back from
@@ -100,6 +101,7 @@
 #include "plan.h"
 #include "png_decode.h"
 #include "preadv.h"
+#include "random_core.h"
 #include "record_parse.h"
 
 enum { FMT_WHOLE = 0, FMT_RECORDIO = 1, FMT_TFRECORD = 2, FMT_CAFFE_DATUM = 3, FMT_FRAMED = 4, FMT_PIXELS = 5,
@@ -368,6 +370,7 @@ struct Engine {
     int64_t batch, nslots, max_pixels, out_h, out_w, row_elems;
     int regions;
     int nice;             /* added to each engine thread's nice value (0: unchanged) */
+    double host_share;    /* the share of the GPU path's JPEGs decoded on the host instead (host_share_pick) */
     /* queues and their one lock */
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -821,6 +824,12 @@ static int host_jpeg(Engine *e, Job *j, int64_t k, int64_t *row) {
     return 1;
 }
 
+/* Whether dataset index i is among the `share` of the GPU path's JPEGs the host decoder takes instead: a hash of
+ * the index alone, so the same images go every epoch and whatever the batch. */
+static int host_share_pick(int64_t i, double share) {
+    return share > 0 && ing_unit(ing_combine(0x686F73744A504547ULL /* "hostJPEG" */, (uint64_t)i)) < share;
+}
+
 /* The bytes of the mask arena: each GPU row's mask header checked (a mask the native decoder leaves to Pillow or
  * refuses, of 16-bit values, or of another size than its image's leaves its sample to Python, WHY_MASK, whose
  * decode stage takes it or names what is wrong with it: masks.py, decode.py) and its place set in j->mask[2k]. */
@@ -1066,6 +1075,8 @@ static int prepare_batch(Engine *e, Job *j) {
             why = 0; /* a PNG the read team decodes (decode_host) */
         else if (why && host_jpeg(e, j, k, row))
             why = 0; /* a JPEG nvImageCodec's CPU decoder decodes (decode_host_jpegs) */
+        else if (!why && host_share_pick(i, e->host_share))
+            host_jpeg(e, j, k, row); /* one the GPU takes, decoded on the host instead (where it can be) */
         if (why) {
             j->state[k] = ST_FALLBACK;
             j->why[k] = why;
@@ -2304,11 +2315,12 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"paths", "files", "offsets", "sizes", "labels", "format", "desc", "seed", "batch_size",
                              "slots", "read_threads", "max_pixels", "regions", "gpu", "nice", "crcs", "keys",
                              "record_crc", "python", "mask_key", "mask_fill", "hw", "mask_offsets",
-                             "mask_sizes", "mask_crcs", NULL};
+                             "mask_sizes", "mask_crcs", "host_share", NULL};
     PyObject *paths, *files, *offsets, *sizes, *labels, *desc_obj, *gpu = Py_None, *crcs = Py_None, *keys = Py_None,
              *python = Py_None, *mask_key = Py_None, *hw = Py_None, *mask_offsets = Py_None, *mask_sizes = Py_None,
              *mask_crcs = Py_None;
     int format, regions, nice = 0, record_crc = 0, mask_fill = 255;
+    double host_share = 0.0;
     unsigned long long seed;
     Py_ssize_t batch, slots, threads;
     long long max_pixels;
@@ -2316,11 +2328,15 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "an Engine is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiOOpOOiOOOO:Engine", kwlist, &paths, &files,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOiOKnnnLp|OiOOpOOiOOOOd:Engine", kwlist, &paths, &files,
                                      &offsets, &sizes, &labels, &format, &desc_obj, &seed, &batch, &slots, &threads,
                                      &max_pixels, &regions, &gpu, &nice, &crcs, &keys, &record_crc, &python,
-                                     &mask_key, &mask_fill, &hw, &mask_offsets, &mask_sizes, &mask_crcs))
+                                     &mask_key, &mask_fill, &hw, &mask_offsets, &mask_sizes, &mask_crcs, &host_share))
         return -1;
+    if (!(host_share >= 0.0 && host_share <= 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "Engine: host_share is a share, from 0 to 1");
+        return -1;
+    }
     if ((mask_key != Py_None && format != FMT_TFRECORD && format != FMT_FRAMED) || mask_fill < 0 || mask_fill > 255) {
         PyErr_SetString(PyExc_ValueError, "Engine: a mask key is for a TFRecord or framed table, its fill 0..255");
         return -1;
@@ -2360,6 +2376,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->max_pixels = max_pixels;
     e->regions = regions;
     e->nice = nice;
+    e->host_share = host_share;
     e->record_crc = format == FMT_TFRECORD && record_crc;
     e->mask_cell = -1;
     if (format == FMT_TFRECORD && set_keys(e, keys, mask_key) < 0)
