@@ -140,9 +140,12 @@ def percentiles(latencies: list[float]) -> dict:
 
 
 # -- the server side ------------------------------------------------------------------------------------
-#: The largest difference (normalized units; about 1/58 per pixel level) a CUDA region's first answer may have
-#: from the payload's for the same image: the hardware and CUDA JPEG decoders differ by a few levels.
+#: The largest difference (normalized units; about 1/58 per pixel level) a CUDA region's answer may have from the
+#: payload's for the same image: the hardware and CUDA JPEG decoders differ by a few levels.
 CHECK_TOLERANCE = 0.25
+#: A CUDA-region client sends its first image again every this many requests and reads the answer back against
+#: the payload's (answers under load, from reused buffers with ``output_memory="pooled"``).
+CHECK_EVERY = 16
 
 
 class _CudaRegion:
@@ -183,9 +186,10 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
     client receives IMAGES in a system shared memory region of its own, registered with the server (the
     answer travels without the gRPC payload) and read there as an array; with ``cuda_shm`` (a GPU index) in a
     CUDA shared memory region of its own on that GPU (`_CudaRegion`): each answer's shape and dtype are checked
-    from the response, and the first answer's pixels against the gRPC payload's for the same image (the two
-    may come from different decoders, the hardware's and the CUDA one, as the dynamic batch falls: their
-    largest difference is reported, and one beyond `CHECK_TOLERANCE` is an error)."""
+    from the response, and the first answer's pixels against the gRPC payload's for the same image, which is sent
+    again every `CHECK_EVERY` requests and read back (the two may come from different decoders, the hardware's
+    and the CUDA one, as the dynamic batch falls: their largest difference is reported, and one beyond
+    `CHECK_TOLERANCE` is an error)."""
 
     def note(err: Exception) -> None:
         text = f"{type(err).__name__}: {err}"[:300]
@@ -218,11 +222,12 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
         if shm:
             region = shmutils.create_shared_memory_region(key, "/" + key, out_bytes)
             client.register_system_shared_memory(key, "/" + key, out_bytes)
-        lat, errors, k = [], 0, offset + t
+        lat, errors, k, sent, expected = [], 0, offset + t, 0, None
+        first = k
         if cuda_shm is not None:
             cuda = _CudaRegion(client, key, out_bytes, cuda_shm)
             try:   # the region holds what the payload holds
-                expected = client.infer("preprocess", request(k)).as_numpy("IMAGES")
+                expected = client.infer("preprocess", request(first)).as_numpy("IMAGES")
                 client.infer("preprocess", request(k), outputs=outputs)
                 got = cuda.read(dtype, expected.shape)
                 diffs.append(float(np.abs(got.astype(np.float32) - expected.astype(np.float32)).max()))
@@ -237,8 +242,10 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
             now = time.perf_counter()
             if now >= end:
                 break
+            sent += 1
+            check = expected is not None and sent % CHECK_EVERY == 0   # the first image again, read back
             try:
-                result = client.infer("preprocess", request(k), outputs=outputs)
+                result = client.infer("preprocess", request(first if check else k), outputs=outputs)
                 if cuda is not None:   # the answer stays on the device: its description is checked
                     answer = result.get_output("IMAGES")
                     ok = tuple(answer.shape) == (1, 3, 224, 224) and answer.datatype == wire
@@ -248,11 +255,17 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
                     else:
                         image = result.as_numpy("IMAGES")
                     ok = image.shape == (1, 3, 224, 224) and image.dtype == dtype
+                done = time.perf_counter()
+                if ok and check:   # (read back outside the request's latency)
+                    got = cuda.read(dtype, expected.shape)
+                    diffs.append(float(np.abs(got.astype(np.float32) - expected.astype(np.float32)).max()))
+                    ok = diffs[-1] <= CHECK_TOLERANCE
+                    if not ok:
+                        note(ValueError(f"an answer under load differs from the payload's by {diffs[-1]:.3f}"))
                 errors += not ok
             except Exception as err:   # noqa: BLE001 - counted; the run goes on
-                errors, ok = errors + 1, False
+                errors, ok, done = errors + 1, False, time.perf_counter()
                 note(err)
-            done = time.perf_counter()
             if now >= timed_from and ok:   # img/s and latency count answered requests only
                 lat.append(done - now)
             k += 97
