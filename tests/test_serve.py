@@ -644,9 +644,10 @@ def test_bench_serve_derives_each_side_against_dali_and_its_ceiling():
                "serve_instances": {"img_s": 300.0}, "serve_null_instances": {"img_s": 600.0},
                "serve_fp16": {"error": "x"}, "dali": {"img_s": 1000.0}, "inprocess": {"img_s": 500.0},
                "serve_cuda_shm": {"img_s": 200.0}, "serve_null_cuda_shm": {"img_s": 800.0},
-               "serve_instances_fp16_cuda_shm": {"skipped": "no GPU"}}
+               "serve_instances_fp16_cuda_shm": {"skipped": "no GPU"}, "serve_cuda_shm_pooled": {"img_s": 250.0}}
     out = derive(results)
     assert out["serve_cuda_shm_over_null_cuda_shm"] == 0.25 and out["serve_cuda_shm_over_dali"] == 0.2
+    assert out["serve_cuda_shm_pooled_over_serve_cuda_shm"] == 1.25 and out["serve_cuda_shm_pooled_over_dali"] == 0.25
     assert "serve_instances_fp16_cuda_shm_over_dali" not in out
     assert out["serve_over_dali"] == 0.1 and out["serve_meets_0_8"] is False
     assert out["serve_instances_over_dali"] == 0.3 and "serve_fp16_over_dali" not in out
