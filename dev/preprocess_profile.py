@@ -44,13 +44,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def fit(points: dict[int, float]) -> dict[str, float]:
     """Least squares ``ms = fixed + per_image * n`` over (n, ms) points (two or more sizes)."""
-    ns, ms = list(points), list(points.values())
-    if len(ns) < 2:
+    import numpy as np
+    if len(points) < 2:
         return {}
-    mean_n, mean_ms = sum(ns) / len(ns), sum(ms) / len(ms)
-    var = sum((n - mean_n) ** 2 for n in ns)
-    per_image = sum((n - mean_n) * (m - mean_ms) for n, m in zip(ns, ms)) / var
-    return {"fixed_ms": round(mean_ms - per_image * mean_n, 4), "per_image_ms": round(per_image, 5)}
+    per_image, fixed = np.polyfit(list(points), list(points.values()), 1)
+    return {"fixed_ms": round(float(fixed), 4), "per_image_ms": round(float(per_image), 5)}
 
 
 def batches(items: list, size: int):

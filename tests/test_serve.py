@@ -369,17 +369,17 @@ def test_the_output_pool_hands_out_rows_of_a_buffer_nothing_else_holds():
     rows = [first[k].image for k in (0, 2, 3)]
     for row, image in zip(rows, images):
         assert torch.equal(row, image)
-    base = pool.buffers[0][0].data_ptr()
+    base = pool.buffers[0].data_ptr()
     assert rows[0].data_ptr() == base and rows[1].data_ptr() == base + rows[0].nbytes
     held = rows[2]   # a row still alive: its buffer is not free
     del first, rows
     second = pool.place(batch())
-    assert len(pool.buffers) == 2 and second[0].image.data_ptr() == pool.buffers[1][0].data_ptr()
+    assert len(pool.buffers) == 2 and second[0].image.data_ptr() == pool.buffers[1].data_ptr()
     third = pool.place(batch())   # both held: the batch is left as it was
     assert third[0].image is images[0]
     del second
     again = pool.place(batch())   # the second buffer was released
-    assert again[0].image.data_ptr() == pool.buffers[1][0].data_ptr()
+    assert again[0].image.data_ptr() == pool.buffers[1].data_ptr()
     assert held.data_ptr() == base + 2 * held.nbytes and torch.equal(held, images[2])   # never written over
     odd = [Outcome(image=torch.zeros(3, 2, 2)), Outcome(image=torch.zeros(3, 4, 4))]
     assert pool.place(odd) == odd

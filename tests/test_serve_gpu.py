@@ -66,7 +66,7 @@ def test_a_gpu_instance_with_pooled_outputs_answers_from_the_same_addresses(tmp_
         assert images.is_cuda
         np.testing.assert_allclose(images.cpu().numpy()[0], reference[k], atol=GPU_TOL)
     addresses = [t.data_ptr() for t in first]
-    (buffer, _, _), = model.pool.buffers
+    buffer, = model.pool.buffers
     assert addresses == [buffer.data_ptr(), buffer.data_ptr() + first[0].nbytes]
     del first
     second = answer()

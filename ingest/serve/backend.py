@@ -42,6 +42,7 @@ import torch
 import torch.utils.dlpack
 
 from .. import defaults
+from ..engine.outputs import _USE_COUNT, _held_elsewhere
 from .preprocess import ItemError, Outcome, Preprocessor, as_items
 
 log = logging.getLogger(__name__)
@@ -207,21 +208,18 @@ class _Clock:
         self.last = now
 
 
-_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
-
-
 class OutputPool:
     """Device buffers of ``rows`` images each, kept across batches (at most ``keep``): `place` copies a batch's
     images into one that nothing else holds and hands out its rows.
 
-    A buffer is free when its storage's use count is back to what the pool alone holds: every row handed out of
-    it (and every DLPack capsule made of one) has been dropped. With none free and ``keep`` buffers kept, or a
+    A buffer is free when nothing but the pool holds its memory (`ingest.engine.outputs._held_elsewhere`): every
+    row handed out of it (and every DLPack capsule made of one) has been dropped. With none free and ``keep`` buffers kept, or a
     batch of images of different shapes, dtypes or devices, or more than ``rows`` images, the batch is left as it
     is; so is every batch where torch does not report use counts."""
 
     def __init__(self, rows: int, keep: int = 4):
         self.rows, self.keep = max(1, rows), keep
-        self.buffers: list[tuple[torch.Tensor, int, int]] = []   # (buffer, its storage, the use count alone)
+        self.buffers: list[torch.Tensor] = []
 
     def place(self, outcomes: list[Outcome]) -> list[Outcome]:
         """``outcomes`` with their images (the refused ones' none) rows of one pooled buffer, in order."""
@@ -243,16 +241,14 @@ class OutputPool:
         return placed
 
     def _free(self, like: torch.Tensor) -> torch.Tensor | None:
-        for buffer, storage, alone in self.buffers:
+        for buffer in self.buffers:
             if (buffer.shape[1:] == like.shape and buffer.dtype == like.dtype and buffer.device == like.device
-                    and _USE_COUNT(storage) == alone):
+                    and not _held_elsewhere(buffer)):
                 return buffer
         if len(self.buffers) >= self.keep:
             return None
-        buffer = torch.empty((self.rows, *like.shape), dtype=like.dtype, device=like.device)
-        storage = buffer.untyped_storage()._cdata
-        self.buffers.append((buffer, storage, _USE_COUNT(storage)))
-        return buffer
+        self.buffers.append(torch.empty((self.rows, *like.shape), dtype=like.dtype, device=like.device))
+        return self.buffers[-1]
 
 
 def _to_host(outcomes: list[Outcome]) -> list[Outcome]:
