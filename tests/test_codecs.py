@@ -131,6 +131,20 @@ def test_jp2_colour_boxes_decide_gpu_eligibility():
     assert header(srgb).gpu and header(j2k(RGB, level=0, codecformat="j2k")).gpu and not header(sycc).gpu
 
 
+def test_jpeg2k_with_an_image_or_tile_offset_goes_to_the_cpu(cpu):
+    """nvJPEG2000 takes image and tile start coordinates of 0 only: a codestream placed elsewhere on its reference
+    grid is decoded on the CPU (the pixels are the same picture either way)."""
+    header = lambda data: codecs.read_header(memoryview(data), "jpeg2k", "x")  # noqa: E731
+    image = Image.fromarray(RGB)
+    plain = encode(image, "JPEG2000", tile_size=(16, 16), no_jp2=True)
+    assert header(plain).gpu
+    for options in ({"offset": (5, 3)}, {"offset": (20, 20), "tile_offset": (10, 10)}):
+        data = encode(image, "JPEG2000", tile_size=(16, 16), no_jp2=True, **options)
+        found = header(data)
+        assert not found.gpu and (found.height, found.width) == RGB.shape[:2], options
+        np.testing.assert_array_equal(cpu.decode(data, "placed.j2k"), RGB)
+
+
 def test_image_types_name_jpeg2k_bigtiff_and_pam():
     from ingest.formats._images import image_extension, image_type
     assert image_type(j2k(RGB, level=0, codecformat="jp2")) == "jp2"

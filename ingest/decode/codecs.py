@@ -204,7 +204,10 @@ def _jpeg2k_header(buf: memoryview) -> Header:
     if tiles > MAX_TILES:
         raise ValueError(f"{tiles} tiles, more than a codestream can index ({MAX_TILES})")
     complete = end <= len(buf) and bytes(buf[end - 2:end]) == b"\xff\xd9"   # ends with EOC: not truncated
-    gpu = csiz in (1, 3) and precision == 8 and full and complete and plain
+    # nvJPEG2000 asks for image and tile start coordinates of 0 (its user guide); with others it may crash the
+    # process (the conformance codestream e1_colr.j2c does, through nvImageCodec)
+    at_origin = not (xo or yo or xto or yto)
+    gpu = csiz in (1, 3) and precision == 8 and full and complete and plain and at_origin
     return Header("jpeg2k", height, width, csiz, precision, 1, 1 if csiz < 3 else 2, gpu)
 
 
