@@ -31,8 +31,7 @@ Every server side starts its own server (`SERVER_SIDES` says what each changes):
   ``serve_instances_fp16_cuda_shm``: each client receives IMAGES in a CUDA shared memory region of its own on
   the server's GPU (``cudaMalloc`` + ``cudaIpcGetMemHandle`` through CuPy, registered with the server): the
   answer never leaves the device, as for a consumer on the same GPU; each client first checks that the region
-  holds what the gRPC payload holds for the same image; ``serve_cuda_shm_pooled`` with the model exported
-  ``output_memory="pooled"`` (answers handed over from buffers the instance keeps: the same addresses every batch);
+  holds what the gRPC payload holds for the same image, and again every `CHECK_EVERY` requests under load;
 - ``inprocess``: the served model's preprocessing (`ingest.serve.Preprocessor`) called in-process on batches
   of ``--max-batch-size``: img/s, what the server wraps; ``inprocess_batch16`` the same on batches of 16 (about
   the dynamic batch 64 clients make of one instance: what ``serve``'s ``backend_timings`` preprocessing step
@@ -144,7 +143,7 @@ def percentiles(latencies: list[float]) -> dict:
 #: payload's for the same image: the hardware and CUDA JPEG decoders differ by a few levels.
 CHECK_TOLERANCE = 0.25
 #: A CUDA-region client sends its first image again every this many requests and reads the answer back against
-#: the payload's (answers under load, from reused buffers with ``output_memory="pooled"``).
+#: the payload's (answers under load, not only the first).
 CHECK_EVERY = 16
 
 
@@ -382,7 +381,6 @@ SERVER_SIDES = {
     "serve_instances_fp16_cuda_shm": {"instances": True, "fp16": True, "cuda_shm": True},
     "serve_instances_cuda_shm": {"instances": True, "cuda_shm": True},
     "serve_null_instances_cuda_shm": {"null": True, "instances": True, "cuda_shm": True},
-    "serve_cuda_shm_pooled": {"cuda_shm": True, "output_memory": "pooled"},
 }
 
 #: The ``null`` sides' model: every request answered with one preallocated [1, 3, 224, 224] image of the
@@ -600,9 +598,6 @@ def derive(results: dict) -> dict:
             out[f"{key}_over_{ceiling.removeprefix('serve_')}"] = round(rate(key) / rate(ceiling), 3)
     if rate("serve_host_outputs") and rate("serve"):
         out["serve_host_outputs_over_serve"] = round(rate("serve_host_outputs") / rate("serve"), 3)
-    if rate("serve_cuda_shm_pooled") and rate("serve_cuda_shm"):
-        out["serve_cuda_shm_pooled_over_serve_cuda_shm"] = round(rate("serve_cuda_shm_pooled")
-                                                                 / rate("serve_cuda_shm"), 3)
     for key in ("serve_batch1", "serve_batch1_delay0", "inprocess_batch1", "dali_batch1", "serve"):
         for stat in ("p50_ms", "p99_ms"):
             if stat in results.get(key, {}):

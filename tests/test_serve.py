@@ -345,45 +345,6 @@ def test_the_output_memory_reaches_the_model_as_a_parameter(tmp_path, monkeypatc
     assert model.host_outputs is False   # a CPU instance: nothing to copy
     (response,) = model.execute([FakeRequest(IMAGES[4])])
     np.testing.assert_array_equal(response.tensors["IMAGES"].numpy()[0], reference[4])
-    pooled = exported_model(tmp_path / "pooled", monkeypatch, output_memory="pooled")
-    assert pooled.pool is None   # the same: the pool is a GPU instance's
-
-
-def test_the_output_pool_hands_out_rows_of_a_buffer_nothing_else_holds():
-    """OutputPool: a batch's images become rows of one kept buffer (equal values, refused items left alone); a
-    buffer still held through any row is not written again, a released one is; past ``keep`` buffers, or for
-    images of different shapes or more than ``rows`` of them, the batch is left as it was."""
-    from ingest.serve.backend import OutputPool
-    from ingest.serve.preprocess import ItemError, Outcome
-    if getattr(torch._C, "_storage_Use_Count", None) is None:
-        pytest.skip("this torch does not report storage use counts")
-    pool = OutputPool(rows=4, keep=2)
-    images = [torch.full((3, 2, 2), float(k)) for k in range(3)]
-
-    def batch():
-        return [Outcome(image=images[0]), Outcome(error=ItemError("bad")), Outcome(image=images[1]),
-                Outcome(image=images[2])]
-
-    first = pool.place(batch())
-    assert first[1].error is not None and first[1].image is None
-    rows = [first[k].image for k in (0, 2, 3)]
-    for row, image in zip(rows, images):
-        assert torch.equal(row, image)
-    base = pool.buffers[0].data_ptr()
-    assert rows[0].data_ptr() == base and rows[1].data_ptr() == base + rows[0].nbytes
-    held = rows[2]   # a row still alive: its buffer is not free
-    del first, rows
-    second = pool.place(batch())
-    assert len(pool.buffers) == 2 and second[0].image.data_ptr() == pool.buffers[1].data_ptr()
-    third = pool.place(batch())   # both held: the batch is left as it was
-    assert third[0].image is images[0]
-    del second
-    again = pool.place(batch())   # the second buffer was released
-    assert again[0].image.data_ptr() == pool.buffers[1].data_ptr()
-    assert held.data_ptr() == base + 2 * held.nbytes and torch.equal(held, images[2])   # never written over
-    odd = [Outcome(image=torch.zeros(3, 2, 2)), Outcome(image=torch.zeros(3, 4, 4))]
-    assert pool.place(odd) == odd
-    assert pool.place([Outcome(image=images[0])] * 5)[0].image is images[0]   # more than `rows`
 
 
 # -- the real server ------------------------------------------------------------------------------------
@@ -644,10 +605,9 @@ def test_bench_serve_derives_each_side_against_dali_and_its_ceiling():
                "serve_instances": {"img_s": 300.0}, "serve_null_instances": {"img_s": 600.0},
                "serve_fp16": {"error": "x"}, "dali": {"img_s": 1000.0}, "inprocess": {"img_s": 500.0},
                "serve_cuda_shm": {"img_s": 200.0}, "serve_null_cuda_shm": {"img_s": 800.0},
-               "serve_instances_fp16_cuda_shm": {"skipped": "no GPU"}, "serve_cuda_shm_pooled": {"img_s": 250.0}}
+               "serve_instances_fp16_cuda_shm": {"skipped": "no GPU"}}
     out = derive(results)
     assert out["serve_cuda_shm_over_null_cuda_shm"] == 0.25 and out["serve_cuda_shm_over_dali"] == 0.2
-    assert out["serve_cuda_shm_pooled_over_serve_cuda_shm"] == 1.25 and out["serve_cuda_shm_pooled_over_dali"] == 0.25
     assert "serve_instances_fp16_cuda_shm_over_dali" not in out
     assert out["serve_over_dali"] == 0.1 and out["serve_meets_0_8"] is False
     assert out["serve_instances_over_dali"] == 0.3 and "serve_fp16_over_dali" not in out

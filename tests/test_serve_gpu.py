@@ -49,33 +49,6 @@ def test_a_gpu_instance_with_host_outputs_answers_with_pinned_host_tensors(tmp_p
         np.testing.assert_allclose(output.numpy()[0], images.numpy()[0].mean(axis=(1, 2)), atol=1e-5)
 
 
-def test_a_gpu_instance_with_pooled_outputs_answers_from_the_same_addresses(tmp_path, monkeypatch, reference):
-    """output_memory="pooled": device answers equal to the loader's, rows of a buffer the instance keeps; once the
-    answers of a batch are dropped, the next batch's come from the same addresses."""
-    model = exported_model(tmp_path, monkeypatch, kind="GPU", output_memory="pooled")
-    assert model.pool is not None
-
-    def answer():
-        responses = model.execute([FakeRequest(IMAGES[0]), FakeRequest(BAD["not an image"][0]),
-                                   FakeRequest(IMAGES[1])])
-        assert "refused" in responses[1].error
-        return [responses[0].tensors["IMAGES"], responses[2].tensors["IMAGES"]]
-
-    first = answer()
-    for k in range(2):
-        assert first[k].is_cuda
-        np.testing.assert_allclose(first[k].cpu().numpy()[0], reference[k], atol=GPU_TOL)
-    addresses = [t.data_ptr() for t in first]
-    buffer, = model.pool.buffers
-    assert addresses == [buffer.data_ptr(), buffer.data_ptr() + first[0].nbytes]
-    held = answer()   # while the first answers are held: another buffer
-    assert len(model.pool.buffers) == 2 and held[0].data_ptr() == model.pool.buffers[1].data_ptr()
-    del first, held
-    again = answer()
-    assert [t.data_ptr() for t in again] == addresses and len(model.pool.buffers) == 2
-    np.testing.assert_allclose(again[1].cpu().numpy()[0], reference[1], atol=GPU_TOL)
-
-
 def test_a_float16_spec_on_a_gpu_instance_answers_float16_device_tensors(tmp_path, monkeypatch):
     """Normalize(dtype=float16) (bench_serve's serve_fp16): FP16 device tensors, the GPU loader's images."""
     import sys

@@ -16,11 +16,6 @@ With the model parameter ``ingest_output_memory`` set to ``host`` (`ingest.serve
 over host tensors: for clients that receive the images over HTTP or gRPC, which the Python backend otherwise
 serves by copying each request's device tensor out on its own.
 
-With ``ingest_output_memory`` set to ``pooled`` a GPU instance copies the batch's images into one of a few
-device buffers it keeps (`OutputPool`) and hands over rows of it: the answers come from the same addresses batch
-after batch, where each new batch would otherwise bring tensors at new addresses for the Python backend to share
-with the server.
-
 With the environment variable ``INGEST_SERVE_TIMINGS`` set to a directory, each instance adds up the wall
 time of ``execute``'s steps (reading the requests, the preprocessing, the wait for the device, building the
 responses) past its first few batches, and writes them to ``DIR/<model>-<pid>.json`` every second and
@@ -42,7 +37,6 @@ import torch
 import torch.utils.dlpack
 
 from .. import defaults
-from ..engine.outputs import _USE_COUNT, _held_elsewhere
 from .preprocess import ItemError, Outcome, Preprocessor, as_items
 
 log = logging.getLogger(__name__)
@@ -81,7 +75,6 @@ class TritonPythonModel:
         # device tensor per request for the stub to copy out one at a time
         memory = parameter(config, "ingest_output_memory", "device") if device.type == "cuda" else "device"
         self.host_outputs = memory == "host"
-        self.pool = OutputPool(int(config.get("max_batch_size") or 1)) if memory == "pooled" else None
         self.timings = Timings(config.get("name", "model"), os.environ.get("INGEST_SERVE_TIMINGS"))
         log.info("ingest: %s serving on %s", config.get("name"), device)
 
@@ -105,8 +98,6 @@ class TritonPythonModel:
         clock.lap("preprocess")
         if self.host_outputs:
             outcomes = _to_host(outcomes)
-        elif self.pool is not None:
-            outcomes = self.pool.place(outcomes)
         by_request: dict[int, list[Outcome]] = {}
         for r, outcome in zip(owners, outcomes):
             by_request.setdefault(r, []).append(outcome)
@@ -206,49 +197,6 @@ class _Clock:
         now = time.perf_counter()
         self.laps[step] = now - self.last
         self.last = now
-
-
-class OutputPool:
-    """Device buffers of ``rows`` images each, kept across batches (at most ``keep``): `place` copies a batch's
-    images into one that nothing else holds and hands out its rows.
-
-    A buffer is free when nothing but the pool holds its memory (`ingest.engine.outputs._held_elsewhere`): every
-    row handed out of it (and every DLPack capsule made of one) has been dropped. With none free and ``keep`` buffers kept, or a
-    batch of images of different shapes, dtypes or devices, or more than ``rows`` images, the batch is left as it
-    is; so is every batch where torch does not report use counts."""
-
-    def __init__(self, rows: int, keep: int = 4):
-        self.rows, self.keep = max(1, rows), keep
-        self.buffers: list[torch.Tensor] = []
-
-    def place(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """``outcomes`` with their images (the refused ones' none) rows of one pooled buffer, in order."""
-        good = [k for k, o in enumerate(outcomes) if o.error is None and o.image is not None]
-        if not good or len(good) > self.rows or _USE_COUNT is None:
-            return outcomes
-        first = outcomes[good[0]].image
-        if any(outcomes[k].image.shape != first.shape or outcomes[k].image.dtype != first.dtype
-               or outcomes[k].image.device != first.device for k in good):
-            return outcomes
-        buffer = self._free(first)
-        if buffer is None:
-            return outcomes
-        rows = buffer[:len(good)]
-        torch.stack([outcomes[k].image for k in good], out=rows)
-        placed = list(outcomes)
-        for row, k in zip(rows, good):
-            placed[k] = Outcome(image=row, output=outcomes[k].output)
-        return placed
-
-    def _free(self, like: torch.Tensor) -> torch.Tensor | None:
-        for buffer in self.buffers:
-            if (buffer.shape[1:] == like.shape and buffer.dtype == like.dtype and buffer.device == like.device
-                    and not _held_elsewhere(buffer)):
-                return buffer
-        if len(self.buffers) >= self.keep:
-            return None
-        self.buffers.append(torch.empty((self.rows, *like.shape), dtype=like.dtype, device=like.device))
-        return self.buffers[-1]
 
 
 def _to_host(outcomes: list[Outcome]) -> list[Outcome]:

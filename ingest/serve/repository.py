@@ -38,7 +38,7 @@ from ingest.serve.backend import TritonPythonModel  # noqa: E402,F401  (the clas
 '''
 
 #: Where a GPU instance's outputs are handed over (`config_text`'s ``output_memory``).
-OUTPUT_MEMORY = ("device", "host", "pooled")
+OUTPUT_MEMORY = ("device", "host")
 
 #: A model name Triton takes as a directory name.
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -58,9 +58,7 @@ def config_text(ops: Sequence[Any], *, name: str, max_batch_size: int = 64, queu
                 model: str | None = None, output_memory: str = "device") -> str:
     """The ``config.pbtxt`` of the model (see the module docstring). ``output_memory``: where a GPU instance
     hands its outputs over, ``"device"`` (for a GPU consumer: an ensemble's next model), ``"host"`` (one copy
-    of the batch to pinned host memory, for clients that receive the images over HTTP or gRPC) or ``"pooled"``
-    (device memory: the batch copied into one of a few buffers the instance keeps, so that each request's answer
-    comes from an address seen before; `ingest.serve.backend.OutputPool`). ``instances``:
+    of the batch to pinned host memory, for clients that receive the images over HTTP or gRPC). ``instances``:
     the instance group's count; each instance is a backend process of its own running whole batches, so one
     batch's preprocessing overlaps another's hand-over."""
     dtype = output_dtype(ops)

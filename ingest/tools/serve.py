@@ -24,10 +24,9 @@ def _common(p: Any) -> None:
                    help="a model run on the preprocessed batch in the same server (output OUTPUT)")
     p.add_argument("--instances", type=int, default=1,
                    help="model instances, each its own backend process running whole batches (default 1)")
-    p.add_argument("--output-memory", default="device", choices=("device", "host", "pooled"),
+    p.add_argument("--output-memory", default="device", choices=("device", "host"),
                    help="where a GPU instance hands its outputs over: device (default; for a GPU consumer such as "
-                        "an ensemble's next model), host (the batch copied to pinned host memory at once) or "
-                        "pooled (device memory, the batch copied into one of a few buffers the instance reuses)")
+                        "an ensemble's next model) or host (the batch copied to pinned host memory at once)")
 
 
 def add_parser(sub: Any) -> None:
