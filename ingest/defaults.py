@@ -64,8 +64,8 @@ rotated); the pixels are libjpeg-turbo's, within a level or two of the hardware 
 their dataset index, the same every epoch. Each JPEG the hardware decoder takes costs about four CUDA calls
 (a kernel, a copy, an event record and a wait, inside nvJPEG), each host-decoded one none (the batch's are uploaded
 in one copy), so a share trades CPU cores for fewer CUDA calls beside the training loop's own. Where the engine
-has no CPU decoder, or the Python stages run, it does nothing. The default, 0, has not been measured against
-others.
+has no CPU decoder, or the Python stages run, it does nothing. It pays only where each GPU has cores to spare
+(about 32 a rank): with 16 a rank the CPU decode falls behind the training, so the default is 0.
 
 ``hybrid_huffman_threshold``: the CUDA decoder's share of the JPEGs (``hw_decoder_load``) decodes its Huffman stage
 on nvImageCodec's CPU threads unless an image has more pixels than this; past it nvJPEG's GPU_HYBRID backend runs
