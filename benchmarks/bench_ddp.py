@@ -10,8 +10,8 @@ runs ``torchrun --nproc_per_node G`` for every G of --gpus (this script's ``--ra
 2. DDP training for --train-seconds, the loader feeding it: images per second, the share of the time the
    training loop waited for data, the GPU's side of it (bench_gpu's ``gpu_step_ms`` and
    ``gpu_data_stall_frac``) and each loader stage's cost per batch meanwhile;
-3. throughout, the device-wide GPU memory in use on its GPU (cudaMemGetInfo every 20 ms, as bench_gpu
-   samples it), peak and before the loader started (the rank's own context);
+3. throughout, the device-wide GPU memory in use on its GPU (every 20 ms through NVML, else cudaMemGetInfo, as
+   bench_gpu samples it), peak and before the loader started (the rank's own context);
 4. with ``--diagnose N``, where the step's GPU time goes: the fixed batch's steps timed with the loader running
    beside them (its batches dropped), then N profiled steps of each case (fed, fixed batch, fixed batch beside
    the loader) summed per CUDA stream by ``gpu_profile.py``.

@@ -16,8 +16,8 @@ Variants (each runs in its own subprocess: a fresh CUDA context, and one crash c
      ingest's GpuDecoder, ingest's CpuDecoder
   s  synthetic: the training loop of (e) on one constant batch already on the GPU (upper bound)
 
-Inside a-d: (g) peak GPU memory during the loader-only phase (device-wide cudaMemGetInfo, and per process
-through NVML / nvidia-smi where the process is visible; the same method for every variant), then (e) a
+Inside a-d: (g) peak GPU memory during the loader-only phase (device-wide through NVML, else cudaMemGetInfo,
+and per process through NVML / nvidia-smi where the process is visible; the same method for every variant), then (e) a
 ResNet-18 (100 classes, bf16 autocast, channels_last, SGD) fed by that loader: training img/s and the
 fraction of wall time spent blocked in ``next(it)`` (data wait); then, with ``--epochs-memory N``, N more
 epochs' worth of batches (files // batch each) through the loader alone, with the device-wide memory in use
@@ -1218,8 +1218,10 @@ class MemSampler:
     """Peak GPU memory of this process while a loader runs, net of the CUDA context that existed before the
     loader was built. Two readings, the same for every variant:
 
-    * ``device_peak_mb``: device-wide used memory (cudaMemGetInfo, every 20 ms) minus the level after context
-      creation. Valid because variants run one at a time and the parent never touches the GPU.
+    * ``device_peak_mb``: device-wide used memory (every 20 ms) minus the level after context creation. Valid
+      because variants run one at a time and the parent never touches the GPU. Read through NVML where pynvml
+      finds the device (no CUDA call from the sampling thread beside the training thread's launches), else
+      cudaMemGetInfo.
     * ``pid_peak_mb``: this process's used memory from NVML (pynvml) or ``nvidia-smi --query-compute-apps``,
       where the process is visible (not always inside containers), minus its value at context creation.
 
@@ -1238,6 +1240,7 @@ class MemSampler:
         import torch
         self._torch = torch
         torch.cuda.reset_peak_memory_stats(dev)
+        self._handle = self._nvml_handle()
         self.ctx_used = self._device_used()
         self.peak = self.ctx_used
         self.pid_ctx = self._pid_used_probe()
@@ -1246,9 +1249,26 @@ class MemSampler:
     def describe(self) -> str:
         if not self.cuda:
             return "n/a (no CUDA)"
-        return "cudaMemGetInfo device-wide" + (f" + per-process via {self.pid_method}" if self.pid_method else "")
+        device = "NVML device-wide" if self._handle is not None else "cudaMemGetInfo device-wide"
+        return device + (f" + per-process via {self.pid_method}" if self.pid_method else "")
+
+    def _nvml_handle(self):
+        """pynvml's handle of this device, found by its UUID (NVML and CUDA may number devices differently), or
+        None where pynvml is absent or does not know it."""
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            uuid = str(self._torch.cuda.get_device_properties(self.dev).uuid)
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            pynvml.nvmlDeviceGetMemoryInfo(handle)
+            return handle
+        except Exception:  # noqa: BLE001 - not installed, not permitted, or an older torch: cudaMemGetInfo
+            return None
 
     def _device_used(self) -> int:
+        if self._handle is not None:
+            import pynvml
+            return int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
         free, total = self._torch.cuda.mem_get_info(self.dev)
         return total - free
 
@@ -1256,12 +1276,14 @@ class MemSampler:
         pid = os.getpid()
         try:
             import pynvml
-            pynvml.nvmlInit()
-            idx = self.dev.index or 0
-            vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-            if vis and vis[0].strip().isdigit():
-                idx = int(vis[idx].strip())
-            h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            h = self._handle
+            if h is None:
+                pynvml.nvmlInit()
+                idx = self.dev.index or 0
+                vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                if vis and vis[0].strip().isdigit():
+                    idx = int(vis[idx].strip())
+                h = pynvml.nvmlDeviceGetHandleByIndex(idx)
 
             def q():
                 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):

@@ -305,3 +305,36 @@ def test_gpu_profile_tells_launch_gaps_from_kernels_sharing_the_gpu():
     assert folded["streams"] == 6 and folded["kernels_per_step"] == 3.0
     assert folded["top"] == [["ycbcr", 0.075], ["other", 0.001]]
     assert got["loader_kernel_ms"] == pytest.approx((0.09 + 0.36) / 2)   # every stream still counted
+
+
+def test_the_memory_sampler_reads_the_device_through_nvml_not_cuda(monkeypatch):
+    """With pynvml finding the device by its UUID, the sampler's device-wide readings (context level, peaks, the
+    last one) come from NVML and never call cudaMemGetInfo; without pynvml they come from cudaMemGetInfo."""
+    import types
+    import torch
+    import bench_gpu
+    used = iter([900, 1000, 5000, 3000] + [4000] * 100)   # the handle probe's, the context's, then samples
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByUUID=lambda uuid: ("handle", uuid),
+        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(used=next(used)),
+        nvmlDeviceGetComputeRunningProcesses=lambda handle: [])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda dev: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: types.SimpleNamespace(uuid="abc-1"))
+
+    def no_cuda_call(dev):
+        raise AssertionError("cudaMemGetInfo called")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", no_cuda_call)
+    sampler = bench_gpu.MemSampler(torch.device("cuda", 0))
+    assert sampler._handle == ("handle", "GPU-abc-1") and sampler.ctx_used == 1000
+    assert sampler.describe().startswith("NVML device-wide")
+    sampler.peak = max(sampler.peak, sampler._device_used())
+    sampler.stop()   # one last reading
+    assert sampler.peak == 5000
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)   # not installed: cudaMemGetInfo
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (7, 10))
+    plain = bench_gpu.MemSampler(torch.device("cuda", 0))
+    assert plain._handle is None and plain.ctx_used == 3 and plain.describe().startswith("cudaMemGetInfo")
