@@ -17,8 +17,8 @@ Variants (each runs in its own subprocess: a fresh CUDA context, and one crash c
   s  synthetic: the training loop of (e) on one constant batch already on the GPU (upper bound)
 
 Inside a-d: (g) peak GPU memory during the loader-only phase (device-wide through NVML, else cudaMemGetInfo,
-and per process through NVML / nvidia-smi where the process is visible; the same method for every variant), then (e) a
-ResNet-18 (100 classes, bf16 autocast, channels_last, SGD) fed by that loader: training img/s and the
+and per process through NVML / nvidia-smi where the process is visible; the same method for every variant),
+then (e) a ResNet-18 (100 classes, bf16 autocast, channels_last, SGD) fed by that loader: training img/s and the
 fraction of wall time spent blocked in ``next(it)`` (data wait); then, with ``--epochs-memory N``, N more
 epochs' worth of batches (files // batch each) through the loader alone, with the device-wide memory in use
 after each: its spread (max / min) says whether memory stays flat over epochs.

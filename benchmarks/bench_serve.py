@@ -147,6 +147,17 @@ CHECK_TOLERANCE = 0.25
 CHECK_EVERY = 16
 
 
+def _unregister(unregister, key: str) -> None:
+    """``unregister(key)`` (tritonclient's unregister of a shared memory region), retried: the server lets go of a
+    region a moment after the last answer."""
+    for _ in range(50):
+        try:
+            unregister(key)
+            return
+        except Exception:   # noqa: BLE001 - tritonclient's "currently in use"
+            time.sleep(0.02)
+
+
 class _CudaRegion:
     """A client's CUDA shared memory region: ``nbytes`` of ``cudaMalloc`` on GPU ``device`` (CuPy), registered
     with the server under ``key`` by its IPC handle; `difference` checks the answer it holds."""
@@ -170,12 +181,7 @@ class _CudaRegion:
         return float(np.abs(got.astype(np.float32) - expected.astype(np.float32)).max())
 
     def close(self) -> None:
-        for _ in range(50):   # the server lets go of a region a moment after the last answer
-            try:
-                self.client.unregister_cuda_shared_memory(self.key)
-                break
-            except Exception:   # noqa: BLE001 - tritonclient's "currently in use"
-                time.sleep(0.02)
+        _unregister(self.client.unregister_cuda_shared_memory, self.key)
         with self.cupy.cuda.Device(self.device):
             self.cupy.cuda.runtime.free(self.ptr)
 
@@ -271,12 +277,7 @@ def _client_proc(port: int, threads: int, jpegs: list[bytes], warmup: float, sec
         results.append((lat, errors))
         if shm:
             del image   # a view of the region: it cannot be closed while one is alive
-            for attempt in range(50):   # the server lets go of a region a moment after the last answer
-                try:
-                    client.unregister_system_shared_memory(key)
-                    break
-                except Exception:   # noqa: BLE001 - tritonclient's "currently in use"
-                    time.sleep(0.02)
+            _unregister(client.unregister_system_shared_memory, key)
             shmutils.destroy_shared_memory_region(region)
         if cuda is not None:
             cuda.close()

@@ -73,8 +73,7 @@ class TritonPythonModel:
         self.dtypes = {o["name"]: self.pb.triton_string_to_numpy(o["data_type"]) for o in config["output"]}
         # "host": a GPU batch's outputs leave in one copy to pinned memory (clients over HTTP/gRPC), not one
         # device tensor per request for the stub to copy out one at a time
-        memory = parameter(config, "ingest_output_memory", "device") if device.type == "cuda" else "device"
-        self.host_outputs = memory == "host"
+        self.host_outputs = parameter(config, "ingest_output_memory", "device") == "host" and device.type == "cuda"
         self.timings = Timings(config.get("name", "model"), os.environ.get("INGEST_SERVE_TIMINGS"))
         log.info("ingest: %s serving on %s", config.get("name"), device)
 

@@ -57,7 +57,7 @@ def config_text(ops: Sequence[Any], *, name: str, max_batch_size: int = 64, queu
                 kind: str = "KIND_AUTO", gpus: Sequence[int] = (), instances: int = 1,
                 model: str | None = None, output_memory: str = "device") -> str:
     """The ``config.pbtxt`` of the model (see the module docstring). ``output_memory``: where a GPU instance
-    hands its outputs over, ``"device"`` (for a GPU consumer: an ensemble's next model), ``"host"`` (one copy
+    hands its outputs over, ``"device"`` (for a GPU consumer: an ensemble's next model) or ``"host"`` (one copy
     of the batch to pinned host memory, for clients that receive the images over HTTP or gRPC). ``instances``:
     the instance group's count; each instance is a backend process of its own running whole batches, so one
     batch's preprocessing overlaps another's hand-over."""
