@@ -22,6 +22,7 @@
 | engine          | INGEST_ENGINE           | auto    | what runs a Loader's batches in the training process: auto (the native engine, `ingest.native`, where the loader is eligible, else the Python stages), python, or native (a ConfigError naming why where it is not eligible) |
 | engine_nice     | INGEST_ENGINE_NICE      | 10      | the nice value (0-19) of the native engine's threads, so that the training thread, which launches the model's kernels, takes a core first when they are short; 0: as the process |
 | host_jpeg_share | INGEST_HOST_JPEG_SHARE  | 0       | the share of the JPEGs the native engine's GPU path would decode that it decodes on the host instead (nvImageCodec's CPU decoder on its threads, uploaded with the batch's other host-decoded images in one copy); 0: none |
+| host_jpeg2k_share | INGEST_HOST_JPEG2K_SHARE | auto  | the share of a batch's GPU-eligible JPEG 2000 images the CPU decoder (OpenJPEG) takes beside nvJPEG2000: auto (found so that both sides finish together, `ingest.decode.share`) or a fraction; 0: none |
 
 "cores" is this process's share of the host (`cores`): the CPUs it may run on (its affinity, which a container's
 or a batch job's cpuset narrows where `os.cpu_count` still counts the whole machine) over the torchrun ranks
@@ -66,6 +67,14 @@ their dataset index, the same every epoch. Each JPEG the hardware decoder takes 
 in one copy), so a share trades CPU cores for fewer CUDA calls beside the training loop's own. Where the engine
 has no CPU decoder, or the Python stages run, it does nothing. It pays only where each GPU has cores to spare
 (about 32 a rank): with 16 a rank the CPU decode falls behind the training, so the default is 0.
+
+``host_jpeg2k_share``: the share of a batch's GPU-eligible JPEG 2000 images that the CPU decoder (OpenJPEG) decodes
+on its threads while nvJPEG2000 decodes the rest: a batch of JPEG 2000 keeps the GPU decoder busy far longer than
+a training step, and the cores would otherwise wait. "auto" finds the share from each batch's two wall times
+(`ingest.decode.share`); a fraction fixes it; 0 leaves them all to the GPU. The CPU decodes whole images, the GPU
+only the region a crop needs; lossless JPEG 2000 is exact either way, and a lossy one differs by a level or two.
+TIFFs are not shared: nvTIFF decodes a batch in a fraction of a training step, and sending some to the CPU made
+the loader slower (docs/measurements.md). Without imagecodecs (the CPU decoder of JPEG 2000) it does nothing.
 
 ``hybrid_huffman_threshold``: the CUDA decoder's share of the JPEGs (``hw_decoder_load``) decodes its Huffman stage
 on nvImageCodec's CPU threads unless an image has more pixels than this; past it nvJPEG's GPU_HYBRID backend runs
@@ -174,6 +183,7 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "engine": ("INGEST_ENGINE", "auto", _choice("engine", ("auto", "python", "native"))),
     "engine_nice": ("INGEST_ENGINE_NICE", 10, _integer("engine_nice", 0)),
     "host_jpeg_share": ("INGEST_HOST_JPEG_SHARE", 0.0, _fraction("host_jpeg_share", words=())),
+    "host_jpeg2k_share": ("INGEST_HOST_JPEG2K_SHARE", "auto", _fraction("host_jpeg2k_share")),
     "check": ("INGEST_CHECK", "auto", _choice("check", ("auto", "crc", "none"))),
 }
 _values: dict[str, Any] = {}

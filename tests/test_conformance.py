@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ingest import defaults
 from ingest.decode import codecs
 from ingest.decode import gpu as decode_gpu
 from ingest.decode.cpu import CpuDecoder
@@ -443,7 +444,7 @@ def test_gpu_decodes_the_conformance_files_within_the_same_bounds():
     if not present:
         pytest.skip("INGEST_CONFORMANCE_DIR has no JPEG 2000 conformance files")
     datas = [j2k_input(n).read_bytes() for n in present]
-    with CpuDecoder(threads=2) as cpu:
+    with CpuDecoder(threads=2) as cpu, defaults.set(host_jpeg2k_share=0):   # every eligible file on the GPU
         try:
             gpu = decode_gpu.GpuDecoder("cuda", cpu)
         except ImportError as err:
@@ -499,12 +500,13 @@ with CpuDecoder(threads=2) as cpu:
 
 @pytest.mark.gpu
 @requires_gpu
-def test_gpu_decodes_libtiffs_test_images_as_the_cpu_does():
+def test_gpu_decodes_libtiffs_test_images_as_the_cpu_does(monkeypatch):
     """Every libtiff test TIFF (directory loops and sub-directory chains among them, which nvTIFF is given where
     the first directory is plain 8-bit gray or RGB) in one GpuDecoder batch, in a child process so that a hang or a
     crash fails here: each equals the CPU decode exactly (TIFF is lossless), or both refuse it."""
     folder = libtiff_images()
     paths = sorted(str(p) for p in folder.iterdir() if p.suffix in (".tif", ".tiff"))
+    monkeypatch.setenv("INGEST_HOST_JPEG2K_SHARE", "0")   # every eligible file on the GPU
     done = subprocess.run([sys.executable, "-c", GPU_TIFFS, *paths], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import zlib
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -217,7 +218,8 @@ _CHROMA_STEPS = ((2, 1), (2, 2))
 
 # TIFF tags read here, and the compressions and photometrics nvTIFF takes.
 _TAGS = {256: "width", 257: "height", 258: "bits", 259: "compression", 262: "photometric", 274: "orientation",
-         277: "spp", 284: "planar", 317: "predictor", 322: "tile_width", 323: "tile_length", 339: "format"}
+         277: "spp", 278: "rows_per_strip", 284: "planar", 317: "predictor", 322: "tile_width", 323: "tile_length",
+         339: "format"}
 _CHUNK_TAGS = {273: "offsets", 279: "counts", 324: "offsets", 325: "counts"}   # strips' or tiles' data
 #: Most strips or tiles whose extent `_tiff_header` checks; a file with more is left to the CPU decoder.
 _MAX_CHUNKS = 1 << 16
@@ -271,9 +273,28 @@ def _tiff_header(buf: memoryview) -> Header:
         bool(((offsets <= size) & (counts <= size) & (offsets + counts <= size)).all())   # within the file
     gpu = (spp == {1: 1, 2: 3}.get(photometric) and bits == 8 and tags.get("format", 1) == 1
            and tags.get("compression", 1) in _GPU_COMPRESSIONS and tags.get("planar", 1) == 1
-           and tags.get("predictor", 1) in (1, 2) and complete)
+           and tags.get("predictor", 1) in (1, 2) and complete and not _long_last_strip(buf, tags, offsets, counts))
     return Header("tiff", tags["height"], tags["width"], spp, bits, orientation if 1 <= orientation <= 8 else 1,
                   photometric, bool(gpu))
+
+
+def _long_last_strip(buf: memoryview, tags: dict[str, int], offsets: np.ndarray, counts: np.ndarray) -> bool:
+    """Whether a Deflate-compressed 8-bit image's last strip, due fewer rows than the others, inflates to more
+    than it is due. libtiff ignores the rest; nvTIFF decoded such a file (libtiff's
+    deflate-last-strip-extra-data.tiff) wrong inside a batch, so it goes to the CPU. Inflates at most the last
+    strip's due bytes plus one; LZW strips and single-strip images are not checked."""
+    if tags.get("compression", 1) not in (8, 32946) or "tile_width" in tags or len(offsets) < 2:
+        return False
+    height, rows = tags["height"], tags.get("rows_per_strip", tags["height"])
+    due_rows = height - (len(offsets) - 1) * rows
+    if not 0 < due_rows < rows:
+        return False
+    due = due_rows * tags["width"] * tags.get("spp", 1)
+    start, size = int(offsets[-1]), int(counts[-1])
+    try:
+        return len(zlib.decompressobj().decompress(buf[start:start + size], due + 1)) > due
+    except zlib.error:   # damaged: the decoders say so
+        return False
 
 
 def table_row(header: Header) -> tuple[int, ...]:

@@ -32,6 +32,8 @@ from __future__ import annotations
 import io
 import re
 import struct
+import time
+from concurrent.futures import Future
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -207,6 +209,11 @@ class CpuDecoder:
             raise ValueError(f"got {len(datas)} images but {len(min_sizes)} min_sizes")
         return list(self._pool.map(self._decode_or_error, datas, names, min_sizes))
 
+    def submit(self, data: Buffer, name: str) -> Future:
+        """:meth:`decode` started on the thread pool: a future of the image (or its :class:`DecodeError`) and when
+        its decode ended (`time.perf_counter`)."""
+        return self._pool.pool.submit(self._decode_timed, data, name)
+
     def close(self) -> None:
         """Shut the thread pool down (waits for running decodes)."""
         self._pool.shutdown()
@@ -307,6 +314,10 @@ class CpuDecoder:
             return self.decode(data, name, min_size=min_size)
         except DecodeError as err:
             return err
+
+    def _decode_timed(self, data: Buffer, name: str) -> tuple[np.ndarray | DecodeError, float]:
+        image = self._decode_or_error(data, name, None)
+        return image, time.perf_counter()
 
 
 # -- helpers ------------------------------------------------------------------------------------------

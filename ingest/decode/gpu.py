@@ -37,6 +37,10 @@ Decisions, and why:
   bytes, no decode), which also says how the CPU decoder reads the others: 16-bit, float, YCbCr, palette,
   WebP/ZSTD/JPEG-compressed TIFFs and every other JPEG 2000. Both are nvImageCodec GPU_ONLY decoders, so the
   "auto" backend adds that kind after the JPEG ones.
+- **JPEG 2000 beside the GPU**: a share of each batch's GPU-eligible JPEG 2000 images (the ``host_jpeg2k_share``
+  setting; "auto" by default, `ingest.decode.share`) is decoded by the CPU decoder on its threads while nvJPEG2000
+  decodes the others, since nvJPEG2000 alone leaves most cores idle for a long batch. They are counted as
+  "cpu-share". TIFFs are not shared: nvTIFF is fast enough that the CPU's images only slowed its batches.
 - A decoder whose CPU decoder returns something other than uint8 RGB (``dtype`` uint16, ``channels`` 1 or 4)
   sends every image to it: the GPU path writes 8-bit RGB only.
 - **Orientation** is applied by us (nvImageCodec's ``apply_exif_orientation`` is off), from the same header
@@ -72,6 +76,7 @@ import functools
 import io
 import os
 import threading
+import time
 import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -90,6 +95,7 @@ from ingest.decode import _nvimgcodec as native
 from ingest.decode.arena import ImageArena, arena_under
 from ingest.decode import codecs
 from ingest.decode.cpu import Buffer, CpuDecoder, JpegHeader, Size, as_buffer, jpeg_headers
+from ingest.decode.share import HostShare, pick
 
 #: Backend choices: "auto" (the ``hw_decoder_load`` setting: the hardware JPEG engine takes that share of a batch and
 #: the CUDA decoder the rest, nvJPEG2000 and nvTIFF their formats; or, set to "auto", every backend nvImageCodec
@@ -338,6 +344,10 @@ class GpuDecoder:
                 self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ingest-gpu", initializer=bind_thread,
                                                 initargs=(self.device,))
         self._warned = False
+        share = defaults.get("host_jpeg2k_share")
+        #: The CPU decoder's share of each batch's GPU-eligible JPEG 2000 images, decoded beside the GPU
+        #: (`ingest.decode.share`); None without imagecodecs, which the CPU decoder needs for them.
+        self.host_share = HostShare(share) if share != 0 and codecs.imagecodecs is not None else None
         #: Whether regions are decoded (else whole images, cropped by the ops): see `regions_decode`.
         self.regions = regions_decode(self.device, self.engine) if _check_regions else True
 
@@ -357,7 +367,8 @@ class GpuDecoder:
         for none). Returns, per sample: the image (or its :class:`DecodeError`; when the native engine decoded
         every image and none needs turning, the images come as one :class:`~ingest.decode.arena.ImageArena`, a
         sequence of the same views), the (x0, y0) of what was decoded in source pixels (a region decode
-        returns just the region) and the path that decoded it: "gpu", "gpu-roi" or "cpu-fallback".
+        returns just the region) and the path that decoded it: "gpu", "gpu-roi", "cpu-share" (a JPEG 2000 the
+        GPU could take, decoded on the CPU beside it: `host_share`) or "cpu-fallback".
         ``headers``: the batch's header table from `CpuDecoder.probe_batch`, to skip reading them again.
         A decoder that cannot decode regions here (:attr:`regions`) decodes whole images instead.
         The buffers in ``datas`` must stay unchanged until the call returns.
@@ -371,6 +382,9 @@ class GpuDecoder:
         rois = rois if self.regions else None
         wanted = _region_array(rois, n)
         index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels)) if self.cpu.rgb8 else np.arange(0)
+        beside = self._start_beside(index, table, wanted, datas, names) if self.host_share is not None else None
+        if beside is not None:
+            index = np.setdiff1d(index, beside.index, assume_unique=True)
         every = len(index) == n
         rows = table if every else table[index]               # the header rows of those images
         regions = clip_regions(wanted if every else wanted[index], rows)   # all zeros: the whole image, from (0, 0)
@@ -397,8 +411,14 @@ class GpuDecoder:
                     images[i] = image
                     origins[i] = (r[0], r[1])
                     paths[i] = "gpu-roi" if crop else "gpu"
-            left = [i for i, image in enumerate(images) if image is None]
             asked = [tuple(r) if r[2] > r[0] else None for r in wanted.tolist()]
+            if beside is not None:
+                done = self._finish_beside(beside)
+                for i, image, origin in zip(beside.index.tolist(),
+                                            *self._decode_on_cpu(beside.index.tolist(), datas, names, asked, stream,
+                                                                 decoded=done)):
+                    images[i], origins[i], paths[i] = image, origin, "cpu-share"
+            left = [i for i, image in enumerate(images) if image is None]
             for i, image, origin in zip(left, *self._decode_on_cpu(left, datas, names, asked, stream)):
                 images[i], origins[i] = image, origin
             if len(index) > 1 and not self._warned and all(image is None for image in decoded):
@@ -576,10 +596,37 @@ class GpuDecoder:
 
     # -- CPU fallback --------------------------------------------------------------------------------
 
-    def _decode_on_cpu(self, indices: list[int], datas, names, rois, stream: torch.cuda.Stream
+    def _start_beside(self, index: np.ndarray, table: np.ndarray, wanted: np.ndarray, datas, names
+                      ) -> _Beside | None:
+        """The JPEG 2000 images among ``index`` (GPU-eligible) that the CPU decoder takes beside the GPU
+        (`host_share`, `ingest.decode.share.pick`), their decodes started on its threads; None for none."""
+        jpeg2k = index[table[index, 0] == KIND_JPEG2K]
+        count = self.host_share.count(len(jpeg2k))
+        if not count:
+            return None
+        rows = table[jpeg2k]
+        regions = clip_regions(wanted[jpeg2k], rows)
+        area = np.maximum(rows[:, 1] * rows[:, 2], 1)
+        cover = np.where(regions[:, 2] > regions[:, 0],
+                         (regions[:, 2] - regions[:, 0]) * (regions[:, 3] - regions[:, 1]) / area, 1.0)
+        host = jpeg2k[pick(count, cover)]
+        return _Beside(host, time.perf_counter(), [self.cpu.submit(datas[i], names[i]) for i in host.tolist()])
+
+    def _finish_beside(self, beside: _Beside) -> list[np.ndarray | DecodeError]:
+        """The CPU decoder's images of `_start_beside` (awaited); its wall time and the GPU side's (until now)
+        go to `host_share`."""
+        gpu_seconds = time.perf_counter() - beside.started
+        results = [future.result() for future in beside.futures]
+        self.host_share.record(max(end for _, end in results) - beside.started, gpu_seconds)
+        return [image for image, _ in results]
+
+    def _decode_on_cpu(self, indices: list[int], datas, names, rois, stream: torch.cuda.Stream, *,
+                       decoded: list[np.ndarray | DecodeError] | None = None
                        ) -> tuple[list[torch.Tensor | DecodeError], list[tuple[int, int]]]:
-        """Decode ``indices`` with the CPU decoder and upload them (only their region, if any) on ``stream``."""
-        decoded = self.cpu.decode_batch([datas[i] for i in indices], [names[i] for i in indices])
+        """Decode ``indices`` with the CPU decoder (or take them ``decoded`` already) and upload them (only their
+        region, if any) on ``stream``."""
+        if decoded is None:
+            decoded = self.cpu.decode_batch([datas[i] for i in indices], [names[i] for i in indices])
         images, origins = [], []
         with torch.cuda.stream(stream):
             for i, pixels in zip(indices, decoded):
@@ -717,6 +764,15 @@ def orient(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
     if orientation == 1:
         return pixels.clone()
     return _ORIENT[orientation](pixels).contiguous()
+
+
+@dataclass
+class _Beside:
+    """A batch's images on the CPU decoder beside the GPU: their batch positions, when they started
+    (`time.perf_counter`) and their futures (`CpuDecoder.submit`: the image or its error, and when it ended)."""
+    index: np.ndarray
+    started: float
+    futures: list
 
 
 def _code_stream(nvimgcodec: Any, job: _Job) -> Any:

@@ -1,0 +1,72 @@
+"""How many of a batch's JPEG 2000 images the CPU decoder takes while the GPU decodes the rest.
+
+nvJPEG2000 decodes one batch at a time, and a batch of JPEG 2000 images keeps it busy far longer than a training
+step takes while most of the host's cores wait. So `GpuDecoder.decode_batch` hands a share of those images to the
+CPU decoder's threads before its nvImageCodec call and collects them after it. The batch is done when the slower
+side is, so the right share is the one at which both sides finish together. (TIFFs are not shared: nvTIFF is fast
+enough that the CPU's images only slowed the batch.)
+
+The ``host_jpeg2k_share`` setting fixes the share (0: every eligible image on the GPU), or "auto" finds it:
+:class:`HostShare` starts at `FIRST` and after each batch multiplies the share by the square root of
+(the GPU side's wall time / the CPU side's), each timed from the batch's start to its side's last image. While
+the CPU side has fewer images than threads its time stays one image's, so the share grows until the two times
+meet; the square root damps the swings. Both sides are timed beside each other, so what one takes from the
+other's cores or copies is in the figures. The CPU keeps at least one image and the GPU at least a tenth of
+each batch (`MOST`), so that both times stay measured.
+
+Which images go: those whose decode region covers most of the image, since the CPU decoder decodes whole
+images and the GPU decoder only the region (`pick`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+#: The CPU's share of the first batch in "auto".
+FIRST = 1 / 8
+#: The largest share the CPU takes in "auto".
+MOST = 0.9
+#: The smallest share "auto" keeps (above it, at least one image a batch).
+LEAST = 1 / 256
+
+
+class HostShare:
+    """The CPU decoder's share of a batch's images (see the module doc). ``share``: a fraction in
+    [0, 1] or "auto". Safe to use from several threads."""
+
+    def __init__(self, share: float | str):
+        self.setting = share
+        self._lock = threading.Lock()
+        self._share = FIRST if share == "auto" else float(share)
+
+    @property
+    def share(self) -> float:
+        """The share the next batch gets."""
+        with self._lock:
+            return self._share
+
+    def count(self, n: int) -> int:
+        """How many of ``n`` eligible images the CPU takes in the next batch."""
+        k = int(round(self.share * n))
+        if self.setting == "auto":
+            return min(n - 1, max(1, k)) if n > 1 else 0
+        return k
+
+    def record(self, cpu_seconds: float, gpu_seconds: float) -> None:
+        """A batch's wall times, from its start to the last image of each side (in "auto": the next share)."""
+        if self.setting != "auto" or cpu_seconds <= 0 or gpu_seconds <= 0:
+            return
+        with self._lock:
+            self._share = min(MOST, max(LEAST, self._share * math.sqrt(gpu_seconds / cpu_seconds)))
+
+
+def pick(count: int, cover: np.ndarray) -> np.ndarray:
+    """Positions, in order, of the ``count`` images the CPU takes among those whose decode regions cover
+    ``cover`` of their images (1 for a whole image): the largest covers first, ties in batch order."""
+    if count <= 0:
+        return np.zeros(0, np.int64)
+    order = np.argsort(-np.asarray(cover, np.float64), kind="stable")
+    return np.sort(order[:count])
