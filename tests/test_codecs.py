@@ -638,7 +638,7 @@ def cut_image_length(data: bytes, height: int) -> bytes:
 
 
 def test_host_share_fixed_and_auto_counts():
-    from ingest.decode.share import FIRST, MOST, HostShare
+    from ingest.decode.share import AIM, FIRST, MOST, HostShare
     fixed = HostShare(0.25)
     assert [fixed.count(n) for n in (0, 1, 8, 256)] == [0, 0, 2, 64]
     fixed.record(1.0, 5.0)   # a fixed share never moves
@@ -646,9 +646,11 @@ def test_host_share_fixed_and_auto_counts():
     assert HostShare(0.0).count(256) == 0
     auto = HostShare("auto")
     assert auto.count(256) == round(FIRST * 256) and auto.count(1) == 0 and auto.count(2) == 1
-    auto.record(0.1, 0.4)   # the CPU side finished in a quarter of the GPU side's time: its share doubles
+    auto.record(AIM * 0.1, 0.4)   # the CPU side took a quarter of the time aimed at: its share doubles
     assert auto.share == pytest.approx(2 * FIRST)
-    auto.record(0.4, 0.1)   # then took four times as long: halved
+    auto.record(AIM * 0.4, 0.1)   # then four times as long: halved
+    assert auto.share == pytest.approx(FIRST)
+    auto.record(AIM * 0.3, 0.3)   # on the aim: unchanged
     assert auto.share == pytest.approx(FIRST)
     for _ in range(40):
         auto.record(0.01, 1.0)
@@ -657,17 +659,18 @@ def test_host_share_fixed_and_auto_counts():
     assert auto.share == MOST
 
 
-def test_host_share_converges_where_both_sides_finish_together():
-    """A CPU side of 16 threads at 10 ms an image beside a GPU side at 1,000 images/s: "auto" settles where both
-    take the same time, the CPU taking 16 / (16 + 10) of the batch (within the rounding of its image count)."""
-    from ingest.decode.share import HostShare
+def test_host_share_settles_where_the_cpu_side_ends_at_its_aim():
+    """A CPU side of 16 threads at 10 ms an image beside a GPU side at 1,000 images/s: "auto" settles where the
+    CPU side takes `AIM` of the GPU side's time (within the rounding of its image count to whole rounds)."""
+    from ingest.decode.share import AIM, HostShare
     auto, n = HostShare("auto"), 256
     for _ in range(30):
         k = auto.count(n)
         cpu = -(-k // 16) * 0.010   # whole rounds of 16 images at once
         auto.record(cpu, (n - k) / 1000)
     k = auto.count(n)
-    assert abs(k - n * 16 / 26) <= 16, k
+    # k / 16 * 0.010 = AIM * (n - k) / 1000  ->  k = AIM * n / (0.625 + AIM)
+    assert abs(k - AIM * n / (0.625 + AIM)) <= 16, k
 
 
 def test_host_share_picks_the_largest_regions_first():

@@ -2,17 +2,18 @@
 
 nvJPEG2000 decodes one batch at a time, and a batch of JPEG 2000 images keeps it busy far longer than a training
 step takes while most of the host's cores wait. So `GpuDecoder.decode_batch` hands a share of those images to the
-CPU decoder's threads before its nvImageCodec call and collects them after it. The batch is done when the slower
-side is, so the right share is the one at which both sides finish together. (TIFFs are not shared: nvTIFF is fast
-enough that the CPU's images only slowed the batch.)
+CPU decoder's threads before its nvImageCodec call and collects them after it.
 
 The ``host_jpeg2k_share`` setting fixes the share (0: every eligible image on the GPU), or "auto" finds it:
 :class:`HostShare` starts at `FIRST` and after each batch multiplies the share by the square root of
-(the GPU side's wall time / the CPU side's), each timed from the batch's start to its side's last image. While
-the CPU side has fewer images than threads its time stays one image's, so the share grows until the two times
-meet; the square root damps the swings. Both sides are timed beside each other, so what one takes from the
-other's cores or copies is in the figures. The CPU keeps at least one image and the GPU at least a tenth of
-each batch (`MOST`), so that both times stay measured.
+(`AIM` x the GPU side's wall time / the CPU side's), each timed from the batch's start to its side's last image.
+So the CPU side settles at finishing when the GPU side has `AIM` of its time behind it. Not at the same moment:
+what the CPU's images cost after both sides (their uploads, one per image) and what its threads take from
+nvJPEG2000's own host threads show in neither time, so ending both together gives the CPU too many. While
+the CPU side has fewer images than threads its time stays one image's, so the share grows until the times reach
+the aim; the square root damps the swings. The CPU keeps at least one image and the GPU at least a tenth of each
+batch (`MOST`), so that both times stay measured. (TIFFs are not shared: nvTIFF is fast enough that the CPU's
+images only slowed the batch.)
 
 Which images go: those whose decode region covers most of the image, since the CPU decoder decodes whole
 images and the GPU decoder only the region (`pick`).
@@ -27,6 +28,8 @@ import numpy as np
 
 #: The CPU's share of the first batch in "auto".
 FIRST = 1 / 8
+#: Where "auto" puts the CPU side's wall time: this fraction of the GPU side's.
+AIM = 0.7
 #: The largest share the CPU takes in "auto".
 MOST = 0.9
 #: The smallest share "auto" keeps (above it, at least one image a batch).
@@ -60,7 +63,7 @@ class HostShare:
         if self.setting != "auto" or cpu_seconds <= 0 or gpu_seconds <= 0:
             return
         with self._lock:
-            self._share = min(MOST, max(LEAST, self._share * math.sqrt(gpu_seconds / cpu_seconds)))
+            self._share = min(MOST, max(LEAST, self._share * math.sqrt(AIM * gpu_seconds / cpu_seconds)))
 
 
 def pick(count: int, cover: np.ndarray) -> np.ndarray:
