@@ -673,6 +673,19 @@ def test_host_share_settles_where_the_cpu_side_ends_at_its_aim():
     assert abs(k - AIM * n / (0.625 + AIM)) <= 16, k
 
 
+def test_cpu_decoder_submit_gives_the_image_or_its_error_and_when_it_ended(cpu):
+    """`CpuDecoder.submit` (what the GPU decoder's CPU share runs): the decode on the pool, a DecodeError as a
+    value, and the `time.perf_counter` at which it ended."""
+    import time
+    data = j2k(textured(40, 56), level=0, codecformat="jp2")
+    before = time.perf_counter()
+    image, ended = cpu.submit(data, "a.jp2").result()
+    np.testing.assert_array_equal(image, cpu.decode(data, "a.jp2"))
+    assert before < ended < time.perf_counter()
+    error, _ = cpu.submit(data[:len(data) // 3], "cut.jp2").result()
+    assert isinstance(error, DecodeError) and "cut.jp2" in str(error)
+
+
 def test_host_share_picks_the_largest_regions_first():
     from ingest.decode.share import pick
     assert pick(2, np.array([0.3, 1.0, 0.5, 1.0])).tolist() == [1, 3]
