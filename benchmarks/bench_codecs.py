@@ -84,8 +84,8 @@ MIN_CHILD_SECONDS = 15
 #: Sets timed over --j2k-seconds and --j2k-min-batches instead of --seconds and --min-batches.
 J2K_SETS = ("j2k_lossy", "j2k_lossless", "j2k_large")
 #: ingest's settings read in each loader child and recorded with its result (what the decode's concurrency is).
-RECORDED_SETTINGS = ("gpu_decoders", "gpu_decode_threads", "decode_batches", "jpeg2k_device_padding", "host_jpeg2k_share",
-                     "nvjpeg_host_padding", "nvjpeg_device_padding")
+RECORDED_SETTINGS = ("gpu_decoders", "gpu_decode_threads", "decode_batches", "jpeg2k_device_padding",
+                     "host_jpeg2k_share", "nvjpeg_host_padding", "nvjpeg_device_padding")
 #: Issue 36's bars: derived figure -> the least it asks.
 TARGETS = {"j2k_lossy_ingest_over_dali": 1.2, "j2k_lossless_ingest_over_dali": 1.2, "tiff_ingest_over_dali_cpu": 3.0}
 

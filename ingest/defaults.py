@@ -22,7 +22,7 @@
 | engine          | INGEST_ENGINE           | auto    | what runs a Loader's batches in the training process: auto (the native engine, `ingest.native`, where the loader is eligible, else the Python stages), python, or native (a ConfigError naming why where it is not eligible) |
 | engine_nice     | INGEST_ENGINE_NICE      | 10      | the nice value (0-19) of the native engine's threads, so that the training thread, which launches the model's kernels, takes a core first when they are short; 0: as the process |
 | host_jpeg_share | INGEST_HOST_JPEG_SHARE  | 0       | the share of the JPEGs the native engine's GPU path would decode that it decodes on the host instead (nvImageCodec's CPU decoder on its threads, uploaded with the batch's other host-decoded images in one copy); 0: none |
-| host_jpeg2k_share | INGEST_HOST_JPEG2K_SHARE | auto  | the share of a batch's GPU-eligible JPEG 2000 images the CPU decoder (OpenJPEG) takes beside nvJPEG2000: auto (found so that both sides finish together, `ingest.decode.share`) or a fraction; 0: none |
+| host_jpeg2k_share | INGEST_HOST_JPEG2K_SHARE | auto  | the share of a batch's GPU-eligible JPEG 2000 images the CPU decoder (OpenJPEG) takes beside nvJPEG2000: auto (moved after each batch so that the CPU side ends at 0.7 of the GPU side's time, `ingest.decode.share`) or a fraction; 0: none |
 
 "cores" is this process's share of the host (`cores`): the CPUs it may run on (its affinity, which a container's
 or a batch job's cpuset narrows where `os.cpu_count` still counts the whole machine) over the torchrun ranks

@@ -606,9 +606,8 @@ class GpuDecoder:
             return None
         rows = table[jpeg2k]
         regions = clip_regions(wanted[jpeg2k], rows)
-        area = np.maximum(rows[:, 1] * rows[:, 2], 1)
-        cover = np.where(regions[:, 2] > regions[:, 0],
-                         (regions[:, 2] - regions[:, 0]) * (regions[:, 3] - regions[:, 1]) / area, 1.0)
+        hw = decoded_sizes(regions, rows)
+        cover = hw[:, 0] * hw[:, 1] / np.maximum(rows[:, 1] * rows[:, 2], 1)
         host = jpeg2k[pick(count, cover)]
         return _Beside(host, time.perf_counter(), [self.cpu.submit(datas[i], names[i]) for i in host.tolist()])
 
