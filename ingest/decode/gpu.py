@@ -88,7 +88,7 @@ from ingest._numpy import zeros
 from ingest.errors import ConfigError, DecodeError
 from ingest.decode import _nvimgcodec as native
 from ingest.decode.arena import ImageArena, arena_under
-from ingest.decode import codecs
+from ingest.decode import codecs, nvjpeg2k
 from ingest.decode.cpu import Buffer, CpuDecoder, JpegHeader, Size, as_buffer, jpeg_headers
 
 #: Backend choices: "auto" (the ``hw_decoder_load`` setting: the hardware JPEG engine takes that share of a batch and
@@ -340,6 +340,8 @@ class GpuDecoder:
         self._warned = False
         #: Whether regions are decoded (else whole images, cropped by the ops): see `regions_decode`.
         self.regions = regions_decode(self.device, self.engine) if _check_regions else True
+        #: nvJPEG2000 called directly for JPEG 2000 (the ``jpeg2k_decoder`` setting; `decode_batch_reduced`), or None
+        self.jpeg2k = _jpeg2k_decoder(self.device, self.cpu.max_pixels)
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -362,12 +364,33 @@ class GpuDecoder:
         A decoder that cannot decode regions here (:attr:`regions`) decodes whole images instead.
         The buffers in ``datas`` must stay unchanged until the call returns.
         """
+        images, origins, _, paths = self.decode_batch_reduced(datas, names, rois=rois, stream=stream, headers=headers)
+        return images, origins, paths
+
+    def decode_batch_reduced(self, datas: Sequence[Buffer], names: Sequence[str], *,
+                             rois: Sequence[Roi | None] | np.ndarray | None = None, steps: np.ndarray | None = None,
+                             stream: torch.cuda.Stream | None = None, headers: np.ndarray | None = None
+                             ) -> tuple[list[torch.Tensor | DecodeError] | ImageArena, list[tuple[float, float]],
+                                        list[float] | None, list[str]]:
+        """`decode_batch`, also returning each sample's scale (its pixels per source pixel), or None where every
+        image is at full resolution. With :attr:`jpeg2k` (the ``jpeg2k_decoder`` setting "nvjpeg2k"), JPEG 2000
+        images go to `ingest.decode.nvjpeg2k` first: only the tiles their region touches, at the reduced
+        resolution ``steps[i]`` allows (the fewest source pixels per output pixel sample i's warp takes,
+        `nvjpeg2k.warp_steps`; None: full resolution), path "gpu-nvjpeg2k", a fractional origin where reduced;
+        the images it declines or fails on (counted in :attr:`fallbacks` as "nvjpeg2k: <why>") go on as below.
+        """
         if len(datas) != len(names) or (rois is not None and len(rois) != len(datas)):
             raise ValueError(f"got {len(datas)} images, {len(names)} names and "
                              f"{'no' if rois is None else len(rois)} rois")
         n = len(datas)
         stream = stream if stream is not None else torch.cuda.current_stream(self.device)
         table = codec_rows(headers if headers is not None else jpeg_headers(datas), datas)
+        taken = {}
+        if self.jpeg2k is not None and self.cpu.rgb8:
+            taken = self._decode_jpeg2k(datas, names, _region_array(rois, n), steps, table, stream)
+            if taken:   # not nvImageCodec's
+                table = table.copy()
+                table[list(taken), 0] = 0
         rois = rois if self.regions else None
         wanted = _region_array(rois, n)
         index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels)) if self.cpu.rgb8 else np.arange(0)
@@ -397,13 +420,40 @@ class GpuDecoder:
                     images[i] = image
                     origins[i] = (r[0], r[1])
                     paths[i] = "gpu-roi" if crop else "gpu"
+            scales = [1.0] * n
+            for i, done in taken.items():
+                images[i], origins[i], scales[i], paths[i] = done.image, done.origin, done.scale, "gpu-nvjpeg2k"
             left = [i for i, image in enumerate(images) if image is None]
             asked = [tuple(r) if r[2] > r[0] else None for r in wanted.tolist()]
             for i, image, origin in zip(left, *self._decode_on_cpu(left, datas, names, asked, stream)):
                 images[i], origins[i] = image, origin
             if len(index) > 1 and not self._warned and all(image is None for image in decoded):
                 self._refused_all(index, images)
-        return images, origins, paths
+        return images, origins, (scales if any(s != 1.0 for s in scales) else None), paths
+
+    def _decode_jpeg2k(self, datas: Sequence[Buffer], names: Sequence[str], wanted: np.ndarray,
+                       steps: np.ndarray | None, table: np.ndarray, stream: torch.cuda.Stream
+                       ) -> dict[int, nvjpeg2k.Decoded]:
+        """The batch's JPEG 2000 images that :attr:`jpeg2k` decodes, by position; the others are left (and why,
+        counted in :attr:`fallbacks`)."""
+        taken = {}
+        for i in np.flatnonzero(table[:, 0] != 1).tolist():   # not a JPEG: maybe a JPEG 2000
+            buf = as_buffer(datas[i], names[i])
+            if codecs.sniff(buf) != "jpeg2k":
+                continue
+            x0, y0, x1, y1 = wanted[i].tolist()
+            step = None if steps is None else float(steps[i])
+            try:
+                done = self.jpeg2k.decode(buf, names[i], (x0, y0, x1, y1) if x1 > x0 else None, step, stream)
+            except DecodeError as err:   # the other decoders decide (the CPU one names the file if it fails too)
+                self.fallbacks[f"nvjpeg2k: {str(err).rsplit(': ', 1)[-1]}"] += 1
+                continue
+            if done is not None:
+                taken[i] = done
+        for why, count in self.jpeg2k.declined.items():
+            self.fallbacks[f"nvjpeg2k: {why}"] += count
+        self.jpeg2k.declined.clear()
+        return taken
 
     def _refused_all(self, index: np.ndarray, images: list) -> None:
         """Every GPU-eligible image of a batch went to the CPU decoder: warn once if it decoded them all (nvImageCodec
@@ -439,6 +489,9 @@ class GpuDecoder:
             for decoder in self._decoders:
                 decoder.close()
         self._decoders.clear()
+        if self.jpeg2k is not None:
+            self.jpeg2k.close()
+            self.jpeg2k = None
 
     def __enter__(self) -> "GpuDecoder":
         return self
@@ -729,6 +782,19 @@ def _code_stream(nvimgcodec: Any, job: _Job) -> Any:
         x0, y0, x1, y1 = job.roi
         return source.get_sub_code_stream(region=nvimgcodec.Region(start=(y0, x0), end=(y1, x1)))
     except Exception:  # nvImageCodec raises RuntimeError for a stream it cannot parse
+        return None
+
+
+def _jpeg2k_decoder(device: torch.device, max_pixels: int) -> nvjpeg2k.Decoder | None:
+    """nvJPEG2000's decoder where the ``jpeg2k_decoder`` setting asks for it; None otherwise, and, with a warning
+    saying why, where it cannot load (JPEG 2000 then goes the nvImageCodec way)."""
+    if defaults.get("jpeg2k_decoder") != "nvjpeg2k":
+        return None
+    try:
+        return nvjpeg2k.Decoder(device, max_pixels=max_pixels)
+    except nvjpeg2k.Unavailable as err:
+        warnings.warn(f"ingest: jpeg2k_decoder is 'nvjpeg2k' but nvJPEG2000 is unavailable ({err}); JPEG 2000 "
+                      "images are decoded by nvImageCodec", RuntimeWarning, stacklevel=4)
         return None
 
 

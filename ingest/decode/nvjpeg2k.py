@@ -26,7 +26,8 @@ Rules:
   (``>> (precision - 8)``), as `ingest.decode.codecs.finish` does on the CPU.
 - **Declined** (None, the reason counted in :attr:`Decoder.declined`): 2 or 4+ components, subsampled or
   signed components, more than 16 bits, an image or tile offset (nvJPEG2000's documentation requires both to be
-  0), a JP2 palette, channel definition or ICC profile, and a tile whose size nvJPEG2000 reports differently
+  0), a JP2 palette, channel definition or ICC profile, a codestream that does not end with EOC (cut short: the
+  CPU decoder refuses it, naming the file), and a tile whose size nvJPEG2000 reports differently
   from the reduced-grid formula (its buffer would not be the one allocated).
 
 Errors: a status other than success from any call is a :class:`~ingest.errors.DecodeError` naming the file and
@@ -309,10 +310,11 @@ class Decoder:
 
     :attr:`declined` counts why images were left to other decoders (see the module doc)."""
 
-    def __init__(self, device: Any, lib: Library | None = None):
+    def __init__(self, device: Any, *, max_pixels: int | None = None, lib: Library | None = None):
         import torch
         self.lib = lib or load()
         self.device = device
+        self.max_pixels = max_pixels
         self.declined: Counter[str] = Counter()
         self._local = threading.local()
         self._slots: list[_Slot] = []
@@ -363,7 +365,7 @@ class Decoder:
         and the call when nvJPEG2000 refuses the data."""
         import torch
         slot = self._slot()
-        found = inspect(self.lib, self.handle, slot.bitstream, data, name, roi, step)
+        found = inspect(self.lib, self.handle, slot.bitstream, data, name, roi, step, self.max_pixels)
         if isinstance(found, str):
             self.declined[found] += 1
             return None
@@ -393,7 +395,8 @@ class Decoder:
             finally:   # the state is reused once this has run, whether or not every tile was queued
                 slot.event = recorded(stream)
             pixels = to_rgb8(planes, precision)
-        return Decoded(pixels, region.origin, region.scale, level)
+        origin = region.origin if level else (int(region.origin[0]), int(region.origin[1]))
+        return Decoded(pixels, origin, region.scale, level)
 
     def close(self) -> None:
         """Destroy every thread's nvJPEG2000 objects, then the handle, once their last images have run."""
@@ -410,20 +413,24 @@ class Decoder:
 
 
 def inspect(lib: Library, handle: int, bitstream: int, data: Any, name: str, roi: tuple[int, int, int, int] | None,
-            step: float | None) -> tuple[Region, Siz, int] | str:
+            step: float | None, max_pixels: int | None = None) -> tuple[Region, Siz, dict[int, int]] | str:
     """Host work before a decode: ``data`` parsed into ``bitstream``, checked (module doc, Declined), its level
     chosen and its region planned. Returns (region, SIZ, the resolutions of each of the region's tiles by tile
     id), or why it is declined; DecodeError naming the file where the header is unreadable or nvJPEG2000 refuses
     it."""
     buf = memoryview(data).cast("B")
     try:
-        start, _, plain = codecs.codestream(buf, colours=(JP2_SYCC,))
+        start, end, plain = codecs.codestream(buf, colours=(JP2_SYCC,))
         siz = read_siz(buf, start)
     except (ValueError, IndexError, OverflowError, struct.error) as err:
         raise DecodeError(f"unreadable JPEG 2000 header: {err}", path=name) from err
     why = _decline(siz, plain)
     if why:
         return why
+    if end > len(buf) or bytes(buf[end - 2:end]) != b"\xff\xd9":
+        return "INCOMPLETE"   # no EOC: cut short, which the CPU decoder refuses (nvJPEG2000 may decode a part)
+    if max_pixels is not None and (siz.width - siz.x0) * (siz.height - siz.y0) > max_pixels:
+        return "MAX_PIXELS"   # the CPU decoder refuses it, naming the file
     array = np.frombuffer(buf, dtype=np.uint8)
     _check(lib.nvjpeg2kStreamParse(handle, array.ctypes.data, len(array), 0, 0, bitstream), "StreamParse", name)
     info = ImageInfo()
