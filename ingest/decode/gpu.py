@@ -30,7 +30,9 @@ Decisions, and why:
   subsampled component), complete (the codestream ends with EOC), no palette and, in a JP2 file, an sRGB or
   greyscale colour space with no ICC profile and no channel definition that reorders or marks an opacity
   (sYCC, ICC and the others are OpenJPEG's to apply), and decodes regions like JPEG (nvJPEG2000 decodes only the tiles and code blocks a
-  region touches). **TIFF** (nvTIFF) is GPU-eligible when gray or RGB, 8-bit unsigned, chunky, uncompressed or
+  region touches). With the ``jpeg2k_decoder`` setting "nvjpeg2k", JPEG 2000 goes first to nvJPEG2000 called
+  directly (`ingest.decode.nvjpeg2k`: the tiles a region touches, at a reduced resolution where the ops
+  downscale; `decode_batch_reduced`), and what it declines goes this way. **TIFF** (nvTIFF) is GPU-eligible when gray or RGB, 8-bit unsigned, chunky, uncompressed or
   LZW/Deflate-compressed with no predictor or the horizontal one, every strip or tile within the file; it is
   decoded whole (strips hold whole rows,
   and a region would save little), the ops crop it. Their headers are read by `ingest.decode.codecs` (a few
