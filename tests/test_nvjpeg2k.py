@@ -234,6 +234,19 @@ def test_library_refusal_is_a_decode_error_naming_the_file_and_call(parser):
         nj.inspect(*parser, b"\xff\x4f\xff\x51\x00", "bad.j2k", None, None)
 
 
+def test_library_on_hostile_files_declines_or_raises_naming_the_file(parser):
+    from test_codecs import hostile
+    for name, data in hostile().items():
+        if not name.endswith((".j2k", ".jp2")):
+            continue
+        try:
+            found = nj.inspect(*parser, data, name, None, 4.0, 1 << 26)
+        except DecodeError as err:
+            assert name in str(err)
+            continue
+        assert isinstance(found, str), name   # declined: the CPU decoder then names the problem
+
+
 # -- decoding (GPU) ---------------------------------------------------------------------------------------------
 
 

@@ -209,8 +209,11 @@ def read_siz(buf: memoryview, start: int = 0) -> Siz:
     comps = [struct.unpack_from(">3B", buf, start + 42 + 3 * c) for c in range(count)]
     if xs <= xo or ys <= yo or xt == 0 or yt == 0 or xto > xo or yto > yo or xto + xt <= xo or yto + yt <= yo:
         raise ValueError(f"SIZ grid {xs}x{ys} from ({xo}, {yo}), tiles {xt}x{yt} from ({xto}, {yto})")
-    return Siz(xs, ys, xo, yo, xt, yt, xto, yto, tuple((dx, dy) for _, dx, dy in comps),
-               tuple((s & 0x7F) + 1 for s, _, _ in comps), any(s & 0x80 for s, _, _ in comps))
+    out = Siz(xs, ys, xo, yo, xt, yt, xto, yto, tuple((dx, dy) for _, dx, dy in comps),
+              tuple((s & 0x7F) + 1 for s, _, _ in comps), any(s & 0x80 for s, _, _ in comps))
+    if out.tiles_x * out.tiles_y > codecs.MAX_TILES:
+        raise ValueError(f"{out.tiles_x * out.tiles_y} tiles, more than a codestream can index ({codecs.MAX_TILES})")
+    return out
 
 
 def ceil_shift(value: int, level: int) -> int:
@@ -364,7 +367,8 @@ class Decoder:
         queued on ``stream`` (a torch CUDA stream). None when declined (module doc); DecodeError naming the file
         and the call when nvJPEG2000 refuses the data."""
         import torch
-        slot = self._slot()
+        with torch.cuda.device(self.device):   # a new slot's decode state is made on this device
+            slot = self._slot()
         found = inspect(self.lib, self.handle, slot.bitstream, data, name, roi, step, self.max_pixels)
         if isinstance(found, str):
             self.declined[found] += 1
