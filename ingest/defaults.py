@@ -91,8 +91,10 @@ stays 0 (none): it has not been measured alone (`benchmarks/bench_codecs.py --se
 
 ``jpeg2k_decoder``: "nvjpeg2k" sends JPEG 2000 images to `ingest.decode.nvjpeg2k`, which asks nvJPEG2000 for a
 reduced resolution level (each side halved per level) where the crop is downscaled at least that much, and decodes
-only the tiles the crop touches; nvImageCodec 0.9 cannot ask for a level. It stays off by default until it is
-measured against the nvimgcodec path (docs/codecs.md). ``jpeg2k_device_padding`` applies to it too.
+only the tiles the crop touches; nvImageCodec 0.9 cannot ask for a level. Images no level applies to (the
+crop is not downscaled 2x) stay with nvImageCodec, which decodes the crop's code blocks alone. It stays off by
+default until it is measured against the nvimgcodec path (docs/codecs.md). ``jpeg2k_device_padding`` applies to
+it too.
 
 ``keep_freed_memory``: by default glibc hands freed memory back to the kernel (past 128 KB free at the top of
 the heap) and gives every block of 128 KB or more its own mapping, so each record copied out of its file (a

@@ -213,6 +213,15 @@ def test_library_caps_the_level_at_the_codestreams_levels(parser):
     assert region.level == 1
 
 
+def test_library_declines_below_the_asked_level(parser):
+    """``min_level`` (the GPU decoder asks 1): a crop no level applies to is left to nvImageCodec."""
+    data = pillow_j2k(np.zeros((64, 64), np.uint8), num_resolutions=3)
+    assert nj.inspect(*parser, data, "t.j2k", None, 1.5, None, 1) == "FULL_RESOLUTION"
+    assert nj.inspect(*parser, data, "t.j2k", None, None, None, 1) == "FULL_RESOLUTION"
+    region, _, _ = nj.inspect(*parser, data, "t.j2k", None, 2.0, None, 1)
+    assert region.level == 1
+
+
 @pytest.mark.parametrize("make,why", [
     (lambda: pillow_j2k(np.zeros((45, 61), np.uint8), offset=(5, 3), tile_size=(16, 16)), "OFFSET"),
     (lambda: imagecodecs.jpeg2k_encode(np.zeros((16, 16, 4), np.uint8), level=0, codecformat="J2K"), "COMPONENTS"),

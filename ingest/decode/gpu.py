@@ -446,7 +446,10 @@ class GpuDecoder:
             x0, y0, x1, y1 = wanted[i].tolist()
             step = None if steps is None else float(steps[i])
             try:
-                done = self.jpeg2k.decode(buf, names[i], (x0, y0, x1, y1) if x1 > x0 else None, step, stream)
+                # only where a resolution level is skipped: at full resolution nvImageCodec decodes the region's
+                # code blocks alone (nvJPEG2000's decode area), where this path decodes whole tiles
+                done = self.jpeg2k.decode(buf, names[i], (x0, y0, x1, y1) if x1 > x0 else None, step, stream,
+                                          min_level=1)
             except DecodeError as err:   # the other decoders decide (the CPU one names the file if it fails too)
                 self.fallbacks[f"nvjpeg2k: {str(err).rsplit(': ', 1)[-1]}"] += 1
                 continue

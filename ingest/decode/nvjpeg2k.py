@@ -361,7 +361,7 @@ class Decoder:
     # -- one image -----------------------------------------------------------------------------------------
 
     def decode(self, data: Any, name: str, roi: tuple[int, int, int, int] | None, step: float | None,
-               stream: Any) -> Decoded | None:
+               stream: Any, min_level: int = 0) -> Decoded | None:
         """The image in ``data`` (a JP2 file or J2K codestream), only the tiles ``roi`` (x0, y0, x1, y1 in image
         pixels; None: all) intersects, at the level `choose_level` picks for ``step`` (None: full resolution),
         queued on ``stream`` (a torch CUDA stream). None when declined (module doc); DecodeError naming the file
@@ -369,7 +369,7 @@ class Decoder:
         import torch
         with torch.cuda.device(self.device):   # a new slot's decode state is made on this device
             slot = self._slot()
-        found = inspect(self.lib, self.handle, slot.bitstream, data, name, roi, step, self.max_pixels)
+        found = inspect(self.lib, self.handle, slot.bitstream, data, name, roi, step, self.max_pixels, min_level)
         if isinstance(found, str):
             self.declined[found] += 1
             return None
@@ -417,11 +417,12 @@ class Decoder:
 
 
 def inspect(lib: Library, handle: int, bitstream: int, data: Any, name: str, roi: tuple[int, int, int, int] | None,
-            step: float | None, max_pixels: int | None = None) -> tuple[Region, Siz, dict[int, int]] | str:
+            step: float | None, max_pixels: int | None = None, min_level: int = 0
+            ) -> tuple[Region, Siz, dict[int, int]] | str:
     """Host work before a decode: ``data`` parsed into ``bitstream``, checked (module doc, Declined), its level
     chosen and its region planned. Returns (region, SIZ, the resolutions of each of the region's tiles by tile
-    id), or why it is declined; DecodeError naming the file where the header is unreadable or nvJPEG2000 refuses
-    it."""
+    id), or why it is declined (also "FULL_RESOLUTION" where the level chosen is below ``min_level``);
+    DecodeError naming the file where the header is unreadable or nvJPEG2000 refuses it."""
     buf = memoryview(data).cast("B")
     try:
         start, end, plain = codecs.codestream(buf, colours=(JP2_SYCC,))
@@ -462,6 +463,8 @@ def inspect(lib: Library, handle: int, bitstream: int, data: Any, name: str, roi
             raise DecodeError(f"nvJPEG2000 reports tile {tile} has no resolutions", path=name)
         resolutions[tile] = count.value
     level = choose_level(step, min(resolutions.values()) - 1)
+    if level < min_level:
+        return "FULL_RESOLUTION"   # left to a decoder that decodes the region's code blocks alone
     if level:
         region = plan_region(siz, roi, level)
     w, h = c_uint32(), c_uint32()
