@@ -337,16 +337,19 @@ def test_gpu_decoder_routes_jpeg2k_and_truncated_fails_naming_the_file():
     from ingest.decode.gpu import GpuDecoder
     if nj.unavailable():
         pytest.skip(nj.unavailable())
-    data = fixtures()["rgb-tiled-lossless"][0]
+    data = fixtures()["rgb-tiled-lossless"][0]   # 150 x 200
     cut = data[:len(data) // 2]
     with defaults.set(jpeg2k_decoder="nvjpeg2k"), CpuDecoder(threads=1) as cpu, GpuDecoder("cuda", cpu) as g:
         assert g.jpeg2k is not None
         images, origins, scales, paths = g.decode_batch_reduced(
-            [data, data, cut], ["a.j2k", "b.j2k", "cut.j2k"], rois=[(70, 30, 150, 120), None, None],
-            steps=np.array([2.0, 1.0, 1.0]))
-        assert paths[:2] == ["gpu-nvjpeg2k", "gpu-nvjpeg2k"] and scales[:2] == [0.5, 1.0]
-        assert origins[1] == (0, 0) and tuple(images[1].shape) == (150, 200, 3)
-        assert isinstance(images[2], DecodeError) and "cut.j2k" in str(images[2])
+            [data, data, data, cut], ["a.j2k", "b.j2k", "c.j2k", "cut.j2k"],
+            rois=[(70, 30, 150, 120), None, None, None], steps=np.array([2.0, 4.0, 1.5, 2.0]))
+        assert paths[:2] == ["gpu-nvjpeg2k", "gpu-nvjpeg2k"] and scales[:3] == [0.5, 0.25, 1.0]
+        assert tuple(images[1].shape) == (38, 50, 3)   # ceil(150 / 4) x ceil(200 / 4)
+        # no level applies: nvImageCodec's
+        assert paths[2] in ("gpu", "gpu-roi") and g.fallbacks["nvjpeg2k: FULL_RESOLUTION"] >= 1
+        assert origins[2] == (0, 0) and tuple(images[2].shape) == (150, 200, 3)
+        assert isinstance(images[3], DecodeError) and "cut.j2k" in str(images[3])
 
 
 @pytest.mark.gpu
@@ -358,7 +361,7 @@ def test_loader_with_nvjpeg2k_matches_nvimgcodec(tmp_path):
     if nj.unavailable():
         pytest.skip(nj.unavailable())
     rng = np.random.default_rng(3)
-    y, x = np.mgrid[0:300, 0:400]
+    y, x = np.mgrid[0:600, 0:800]   # every RandomResizedCrop(64) of these is downscaled 2x or more: a level applies
     for k in range(12):
         folder = tmp_path / "train" / ("a" if k % 2 else "b")
         folder.mkdir(parents=True, exist_ok=True)

@@ -30,12 +30,12 @@ Decisions, and why:
   subsampled component), complete (the codestream ends with EOC), no palette and, in a JP2 file, an sRGB or
   greyscale colour space with no ICC profile and no channel definition that reorders or marks an opacity
   (sYCC, ICC and the others are OpenJPEG's to apply), and decodes regions like JPEG (nvJPEG2000 decodes only the tiles and code blocks a
-  region touches). With the ``jpeg2k_decoder`` setting "nvjpeg2k", JPEG 2000 goes first to nvJPEG2000 called
-  directly (`ingest.decode.nvjpeg2k`: the tiles a region touches, at a reduced resolution where the ops
-  downscale; `decode_batch_reduced`), and what it declines goes this way. **TIFF** (nvTIFF) is GPU-eligible when gray or RGB, 8-bit unsigned, chunky, uncompressed or
-  LZW/Deflate-compressed with no predictor or the horizontal one, every strip or tile within the file; it is
-  decoded whole (strips hold whole rows,
-  and a region would save little), the ops crop it. Their headers are read by `ingest.decode.codecs` (a few
+  region touches). With the ``jpeg2k_decoder`` setting "nvjpeg2k", a JPEG 2000 image whose crop allows a
+  reduced resolution goes first to nvJPEG2000 called directly (`ingest.decode.nvjpeg2k`: the tiles the region
+  touches, at that resolution; `decode_batch_reduced`), and what it declines goes this way. **TIFF** (nvTIFF) is
+  GPU-eligible when gray or RGB, 8-bit unsigned, chunky, uncompressed or LZW/Deflate-compressed with no
+  predictor or the horizontal one, every strip or tile within the file; it is decoded whole (strips hold whole
+  rows, and a region would save little), the ops crop it. Their headers are read by `ingest.decode.codecs` (a few
   bytes, no decode), which also says how the CPU decoder reads the others: 16-bit, float, YCbCr, palette,
   WebP/ZSTD/JPEG-compressed TIFFs and every other JPEG 2000. Both are nvImageCodec GPU_ONLY decoders, so the
   "auto" backend adds that kind after the JPEG ones.
@@ -87,6 +87,7 @@ from ingest import defaults
 from ingest.decode import _nvjpeg as nvjpeg
 from ingest._driver import bind_thread, wait_for
 from ingest._numpy import zeros
+from ingest._threads import Threads
 from ingest.errors import ConfigError, DecodeError
 from ingest.decode import _nvimgcodec as native
 from ingest.decode.arena import ImageArena, arena_under
@@ -344,6 +345,10 @@ class GpuDecoder:
         self.regions = regions_decode(self.device, self.engine) if _check_regions else True
         #: nvJPEG2000 called directly for JPEG 2000 (the ``jpeg2k_decoder`` setting; `decode_batch_reduced`), or None
         self.jpeg2k = _jpeg2k_decoder(self.device, self.cpu.max_pixels)
+        #: the threads that run nvJPEG2000's host stages (parse, tier-2 inside the tile decode) for a batch's JPEG
+        #: 2000 images at once, each with its own decode states; their GPU work queues on the batch's stream
+        self._jpeg2k_threads = (Threads(max(1, min(8, self.cpu_threads or os.cpu_count() or 1)), "ingest-nvjpeg2k")
+                                if self.jpeg2k is not None else None)
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -438,22 +443,29 @@ class GpuDecoder:
                        ) -> dict[int, nvjpeg2k.Decoded]:
         """The batch's JPEG 2000 images that :attr:`jpeg2k` decodes, by position; the others are left (and why,
         counted in :attr:`fallbacks`)."""
-        taken = {}
+        candidates = []
         for i in np.flatnonzero(table[:, 0] != 1).tolist():   # not a JPEG: maybe a JPEG 2000
             buf = as_buffer(datas[i], names[i])
-            if codecs.sniff(buf) != "jpeg2k":
-                continue
+            if codecs.sniff(buf) == "jpeg2k":
+                candidates.append((i, buf))
+
+        def one(job: tuple[int, memoryview]) -> nvjpeg2k.Decoded | DecodeError | None:
+            i, buf = job
             x0, y0, x1, y1 = wanted[i].tolist()
             step = None if steps is None else float(steps[i])
             try:
                 # only where a resolution level is skipped: at full resolution nvImageCodec decodes the region's
                 # code blocks alone (nvJPEG2000's decode area), where this path decodes whole tiles
-                done = self.jpeg2k.decode(buf, names[i], (x0, y0, x1, y1) if x1 > x0 else None, step, stream,
+                return self.jpeg2k.decode(buf, names[i], (x0, y0, x1, y1) if x1 > x0 else None, step, stream,
                                           min_level=1)
             except DecodeError as err:   # the other decoders decide (the CPU one names the file if it fails too)
-                self.fallbacks[f"nvjpeg2k: {str(err).rsplit(': ', 1)[-1]}"] += 1
-                continue
-            if done is not None:
+                return err
+
+        taken = {}
+        for (i, _), done in zip(candidates, self._jpeg2k_threads.map(one, candidates) if candidates else ()):
+            if isinstance(done, DecodeError):
+                self.fallbacks[f"nvjpeg2k: {str(done).rsplit(': ', 1)[-1]}"] += 1
+            elif done is not None:
                 taken[i] = done
         for why, count in self.jpeg2k.declined.items():
             self.fallbacks[f"nvjpeg2k: {why}"] += count
@@ -495,6 +507,7 @@ class GpuDecoder:
                 decoder.close()
         self._decoders.clear()
         if self.jpeg2k is not None:
+            self._jpeg2k_threads.shutdown()
             self.jpeg2k.close()
             self.jpeg2k = None
 

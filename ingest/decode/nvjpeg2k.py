@@ -34,8 +34,9 @@ Errors: a status other than success from any call is a :class:`~ingest.errors.De
 the call. Without the library (or a GPU) :func:`load` raises :class:`Unavailable` with the reason; importing
 this module never fails for that.
 
-Threads: the library handle is shared; nvJPEG2000's decode states and bitstream handles may not be, so each
-thread that decodes gets its own (:data:`SLOTS` of them, used in turn). A decode state is reused only after the
+Threads: the library handle is shared (the GPU decoder decodes a batch's JPEG 2000 images on a few threads at
+once, so that their host stages run side by side); nvJPEG2000's decode states and bitstream handles may not be,
+so each thread that decodes gets its own (:data:`SLOTS` of them, used in turn). A decode state is reused only after the
 host has seen the event recorded after its last image (nvJPEG2000 asks for a synchronization between two
 images decoded with one state).
 """
@@ -371,7 +372,8 @@ class Decoder:
             slot = self._slot()
         found = inspect(self.lib, self.handle, slot.bitstream, data, name, roi, step, self.max_pixels, min_level)
         if isinstance(found, str):
-            self.declined[found] += 1
+            with self._lock:   # (threads decode at once)
+                self.declined[found] += 1
             return None
         region, siz, resolutions = found
         level, lib, bitstream = region.level, self.lib, slot.bitstream
