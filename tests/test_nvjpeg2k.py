@@ -222,6 +222,14 @@ def test_library_declines_below_the_asked_level(parser):
     assert region.level == 1
 
 
+def test_a_step_no_level_could_take_is_declined_before_the_library_parses():
+    """Crops no level applies to are most of a training batch: their headers are read, the library not called."""
+    data = pillow_j2k(np.zeros((64, 64), np.uint8), num_resolutions=3)
+    assert nj.inspect(None, None, None, data, "t.j2k", None, 1.9, None, 1) == "FULL_RESOLUTION"
+    with pytest.raises(AttributeError):   # a level could apply: the library is asked
+        nj.inspect(None, None, None, data, "t.j2k", None, 2.0, None, 1)
+
+
 @pytest.mark.parametrize("make,why", [
     (lambda: pillow_j2k(np.zeros((45, 61), np.uint8), offset=(5, 3), tile_size=(16, 16)), "OFFSET"),
     (lambda: imagecodecs.jpeg2k_encode(np.zeros((16, 16, 4), np.uint8), level=0, codecformat="J2K"), "COMPONENTS"),

@@ -411,7 +411,7 @@ class GpuDecoder:
                 arena, reasons = self._decode_native(index, datas, rows, regions, stream)
                 if len(index) == n and not any(reasons) and (orientation == 1).all():
                     # The common case: one buffer, no tensor per image (see ImageArena).
-                    return arena, list(map(tuple, regions[:, :2].tolist())), \
+                    return arena, list(map(tuple, regions[:, :2].tolist())), None, \
                         np.where(cropped, "gpu-roi", "gpu").tolist()
                 decoded = [None if why else arena[k] if turn == 1 else orient(arena[k], turn)
                            for k, (why, turn) in enumerate(zip(reasons, orientation.tolist()))]

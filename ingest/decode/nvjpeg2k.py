@@ -37,8 +37,9 @@ this module never fails for that.
 Threads: the library handle is shared (the GPU decoder decodes a batch's JPEG 2000 images on a few threads at
 once, so that their host stages run side by side); nvJPEG2000's decode states and bitstream handles may not be,
 so each thread that decodes gets its own (:data:`SLOTS` of them, used in turn). A decode state is reused only after the
-host has seen the event recorded after its last image (nvJPEG2000 asks for a synchronization between two
-images decoded with one state).
+host has seen the event recorded after its last tile: nvJPEG2000 stages a tile's data in the state's own
+buffers, so a state queued again before its last tile ran would overwrite that tile's input. The tiles of one
+image therefore take turns over :data:`TILE_STATES` states of their slot, each waited for before its next tile.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ SONAME = "libnvjpeg2k.so.0"
 #: nvJPEG2000 objects (decode state, bitstream, parameters) each decoding thread keeps, used in turn: a second
 #: image parses and queues while the first one's GPU work runs.
 SLOTS = 2
+#: Decode states a slot's tiles take turns over: the host queues one tile while the GPU decodes the last.
+TILE_STATES = 2
 
 # -- nvjpeg2k.h (0.11) ------------------------------------------------------------------------------------------
 
@@ -301,12 +304,14 @@ class Decoded(NamedTuple):
 
 
 class _Slot:
-    """One decode state with its bitstream and parameter handles, and the event after its last image."""
+    """A bitstream and parameter handle with :data:`TILE_STATES` decode states (each with the event after its last
+    tile), and the event after the slot's last image."""
 
-    __slots__ = ("state", "bitstream", "params", "event")
+    __slots__ = ("states", "bitstream", "params", "events", "event")
 
-    def __init__(self, state: int, bitstream: int, params: int):
-        self.state, self.bitstream, self.params, self.event = state, bitstream, params, None
+    def __init__(self, states: list[int], bitstream: int, params: int):
+        self.states, self.bitstream, self.params, self.event = states, bitstream, params, None
+        self.events: list[Any] = [None] * len(states)
 
 
 class Decoder:
@@ -347,14 +352,15 @@ class Decoder:
         return slot
 
     def _new_slot(self) -> _Slot:
-        state, bitstream, params = c_void_p(), c_void_p(), c_void_p()
-        for status, call in ((self.lib.nvjpeg2kDecodeStateCreate(self.handle, byref(state)), "DecodeStateCreate"),
-                             (self.lib.nvjpeg2kStreamCreate(byref(bitstream)), "StreamCreate"),
-                             (self.lib.nvjpeg2kDecodeParamsCreate(byref(params)), "DecodeParamsCreate")):
+        states, bitstream, params = [c_void_p() for _ in range(TILE_STATES)], c_void_p(), c_void_p()
+        for status, call in ([(self.lib.nvjpeg2kDecodeStateCreate(self.handle, byref(state)), "DecodeStateCreate")
+                              for state in states] +
+                             [(self.lib.nvjpeg2kStreamCreate(byref(bitstream)), "StreamCreate"),
+                              (self.lib.nvjpeg2kDecodeParamsCreate(byref(params)), "DecodeParamsCreate")]):
             _check(status, call, "<nvJPEG2000 setup>")
         # sYCC to RGB where a JP2 file declares sYCC; ignored for every other colour space
         _check(self.lib.nvjpeg2kDecodeParamsSetRGBOutput(params, 1), "DecodeParamsSetRGBOutput", "<nvJPEG2000 setup>")
-        slot = _Slot(state.value, bitstream.value, params.value)
+        slot = _Slot([state.value for state in states], bitstream.value, params.value)
         with self._lock:
             self._slots.append(slot)
         return slot
@@ -391,14 +397,18 @@ class Decoder:
                 pitches[c] = region.width * size
             base = planes.data_ptr()
             try:
-                for tile, x, y, _, _ in region.tiles:
+                for k, (tile, x, y, _, _) in enumerate(region.tiles):
                     for c in range(channels):
                         pointers[c] = base + c * plane_bytes + (y * region.width + x) * size
+                    turn = k % TILE_STATES
+                    wait_for(slot.events[turn])   # its last tile's staged input has been read
                     # num_res_levels: the resolutions to decode (the tile's own less the reduction); 0 is all
-                    _check(lib.nvjpeg2kDecodeTile(self.handle, slot.state, bitstream, slot.params, tile,
-                                                  resolutions[tile] - level if level else 0, byref(image),
-                                                  stream.cuda_stream), "DecodeTile", name)
-            finally:   # the state is reused once this has run, whether or not every tile was queued
+                    status = lib.nvjpeg2kDecodeTile(self.handle, slot.states[turn], bitstream, slot.params, tile,
+                                                    resolutions[tile] - level if level else 0, byref(image),
+                                                    stream.cuda_stream)
+                    slot.events[turn] = recorded(stream)
+                    _check(status, "DecodeTile", name)
+            finally:   # the slot is reused once this has run, whether or not every tile was queued
                 slot.event = recorded(stream)
             pixels = to_rgb8(planes, precision)
         origin = region.origin if level else (int(region.origin[0]), int(region.origin[1]))
@@ -412,7 +422,8 @@ class Decoder:
             wait_for(slot.event)
             self.lib.nvjpeg2kDecodeParamsDestroy(slot.params)
             self.lib.nvjpeg2kStreamDestroy(slot.bitstream)
-            self.lib.nvjpeg2kDecodeStateDestroy(slot.state)
+            for state in slot.states:
+                self.lib.nvjpeg2kDecodeStateDestroy(state)
         if self.handle:
             self.lib.nvjpeg2kDestroy(self.handle)
             self.handle = None
@@ -434,6 +445,8 @@ def inspect(lib: Library, handle: int, bitstream: int, data: Any, name: str, roi
     why = _decline(siz, plain)
     if why:
         return why
+    if choose_level(step, 32) < min_level:   # no tile's resolutions could allow more: skip the parse
+        return "FULL_RESOLUTION"
     if end > len(buf) or bytes(buf[end - 2:end]) != b"\xff\xd9":
         return "INCOMPLETE"   # no EOC: cut short, which the CPU decoder refuses (nvJPEG2000 may decode a part)
     if max_pixels is not None and (siz.width - siz.x0) * (siz.height - siz.y0) > max_pixels:
