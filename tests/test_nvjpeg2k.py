@@ -373,8 +373,11 @@ def test_loader_with_nvjpeg2k_matches_nvimgcodec(tmp_path):
     for k in range(12):
         folder = tmp_path / "train" / ("a" if k % 2 else "b")
         folder.mkdir(parents=True, exist_ok=True)
-        pixels = np.stack([(x + 7 * k) % 256, (y * 2) % 256, (x + y) // 3 % 256], -1).astype(np.uint8)
-        pixels = (pixels // 2 + rng.integers(0, 16, pixels.shape, dtype=np.uint8)).astype(np.uint8)
+        # smooth content (no wrapping gradients, whose hard edges a box-filtered level and the warp's
+        # antialiasing place differently) with a little noise
+        waves = [np.sin((x + 9 * k) / 37.0), np.cos(y / 23.0), np.sin((x + y) / 51.0)]
+        pixels = np.stack([100 + 60 * w for w in waves], -1) + rng.integers(0, 16, (600, 800, 3))
+        pixels = pixels.astype(np.uint8)
         (folder / f"{k}.j2k").write_bytes(pillow_j2k(pixels, tile_size=(128, 128), num_resolutions=5))
     kw = dict(batch_size=6, device="cuda", ops=[RandomResizedCrop(64)], shuffle=True, seed=11, num_workers=0)
     off = [x.cpu().float() for x, _ in ingest.Loader(tmp_path / "train", **kw)]

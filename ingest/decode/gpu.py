@@ -76,7 +76,7 @@ import os
 import threading
 import warnings
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -346,9 +346,10 @@ class GpuDecoder:
         #: nvJPEG2000 called directly for JPEG 2000 (the ``jpeg2k_decoder`` setting; `decode_batch_reduced`), or None
         self.jpeg2k = _jpeg2k_decoder(self.device, self.cpu.max_pixels)
         #: the threads that run nvJPEG2000's host stages (parse, tier-2 inside the tile decode) for a batch's JPEG
-        #: 2000 images at once, each with its own decode states; their GPU work queues on the batch's stream
+        #: 2000 images at once, beside nvImageCodec's call, each with its own decode states and CUDA stream
         self._jpeg2k_threads = (Threads(max(1, min(8, self.cpu_threads or os.cpu_count() or 1)), "ingest-nvjpeg2k")
                                 if self.jpeg2k is not None else None)
+        self._jpeg2k_local = threading.local()
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -392,12 +393,12 @@ class GpuDecoder:
         n = len(datas)
         stream = stream if stream is not None else torch.cuda.current_stream(self.device)
         table = codec_rows(headers if headers is not None else jpeg_headers(datas), datas)
-        taken = {}
-        if self.jpeg2k is not None and self.cpu.rgb8:
-            taken = self._decode_jpeg2k(datas, names, _region_array(rois, n), steps, table, stream)
-            if taken:   # not nvImageCodec's
+        pending = {}
+        if self.jpeg2k is not None and self.cpu.rgb8 and steps is not None:
+            pending = self._start_jpeg2k(datas, names, _region_array(rois, n), steps, table, stream)
+            if pending:   # decoding on nvJPEG2000's threads while nvImageCodec takes the rest
                 table = table.copy()
-                table[list(taken), 0] = 0
+                table[list(pending), 0] = 0
         rois = rois if self.regions else None
         wanted = _region_array(rois, n)
         index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels)) if self.cpu.rgb8 else np.arange(0)
@@ -428,7 +429,7 @@ class GpuDecoder:
                     origins[i] = (r[0], r[1])
                     paths[i] = "gpu-roi" if crop else "gpu"
             scales = [1.0] * n
-            for i, done in taken.items():
+            for i, done in self._finish_jpeg2k(pending).items():
                 images[i], origins[i], scales[i], paths[i] = done.image, done.origin, done.scale, "gpu-nvjpeg2k"
             left = [i for i, image in enumerate(images) if image is None]
             asked = [tuple(r) if r[2] > r[0] else None for r in wanted.tolist()]
@@ -438,38 +439,60 @@ class GpuDecoder:
                 self._refused_all(index, images)
         return images, origins, (scales if any(s != 1.0 for s in scales) else None), paths
 
-    def _decode_jpeg2k(self, datas: Sequence[Buffer], names: Sequence[str], wanted: np.ndarray,
-                       steps: np.ndarray | None, table: np.ndarray, stream: torch.cuda.Stream
-                       ) -> dict[int, nvjpeg2k.Decoded]:
-        """The batch's JPEG 2000 images that :attr:`jpeg2k` decodes, by position; the others are left (and why,
-        counted in :attr:`fallbacks`)."""
-        candidates = []
+    def _start_jpeg2k(self, datas: Sequence[Buffer], names: Sequence[str], wanted: np.ndarray, steps: np.ndarray,
+                      table: np.ndarray, stream: torch.cuda.Stream) -> dict[int, Future]:
+        """Queue the batch's JPEG 2000 images that :attr:`jpeg2k` takes on its threads, by position: those whose
+        header it accepts and whose crop a resolution level applies to (at full resolution nvImageCodec decodes
+        the region's code blocks alone, where this path decodes whole tiles). The others are left to nvImageCodec,
+        and why counted in :attr:`fallbacks`. Each thread decodes on a CUDA stream of its own, which ``stream``
+        then waits for."""
+        pending = {}
         for i in np.flatnonzero(table[:, 0] != 1).tolist():   # not a JPEG: maybe a JPEG 2000
             buf = as_buffer(datas[i], names[i])
-            if codecs.sniff(buf) == "jpeg2k":
-                candidates.append((i, buf))
-
-        def one(job: tuple[int, memoryview]) -> nvjpeg2k.Decoded | DecodeError | None:
-            i, buf = job
-            x0, y0, x1, y1 = wanted[i].tolist()
-            step = None if steps is None else float(steps[i])
+            if codecs.sniff(buf) != "jpeg2k":
+                continue
+            step = float(steps[i])
             try:
-                # only where a resolution level is skipped: at full resolution nvImageCodec decodes the region's
-                # code blocks alone (nvJPEG2000's decode area), where this path decodes whole tiles
-                return self.jpeg2k.decode(buf, names[i], (x0, y0, x1, y1) if x1 > x0 else None, step, stream,
-                                          min_level=1)
-            except DecodeError as err:   # the other decoders decide (the CPU one names the file if it fails too)
-                return err
+                why = nvjpeg2k.screen(buf, names[i], step, self.cpu.max_pixels, min_level=1)
+            except DecodeError:   # the other decoders decide (the CPU one names the file if it fails too)
+                why = "UNREADABLE_HEADER"
+            if isinstance(why, str):
+                self.fallbacks[f"nvjpeg2k: {why}"] += 1
+                continue
+            x0, y0, x1, y1 = wanted[i].tolist()
+            pending[i] = self._jpeg2k_threads.submit(self._one_jpeg2k, buf, names[i],
+                                                     (x0, y0, x1, y1) if x1 > x0 else None, step, stream)
+        return pending
 
+    def _one_jpeg2k(self, buf: memoryview, name: str, roi: Roi | None, step: float, stream: torch.cuda.Stream
+                    ) -> nvjpeg2k.Decoded | DecodeError | None:
+        """One image on this thread's own stream, joined to ``stream``; a DecodeError is returned, not raised."""
+        local = self._jpeg2k_local
+        if not hasattr(local, "stream"):
+            local.stream = torch.cuda.Stream(self.device)
+        try:
+            done = self.jpeg2k.decode(buf, name, roi, step, local.stream, min_level=1)
+        except DecodeError as err:
+            return err
+        if done is not None:
+            done.image.record_stream(stream)   # its memory is not reused before ``stream`` has read it
+            stream.wait_stream(local.stream)
+        return done
+
+    def _finish_jpeg2k(self, pending: dict[int, Future]) -> dict[int, nvjpeg2k.Decoded]:
+        """The decoded images of `_start_jpeg2k`'s by position; those it declined or failed on are left to the
+        CPU decoder (counted in :attr:`fallbacks` as "nvjpeg2k: <why>")."""
         taken = {}
-        for (i, _), done in zip(candidates, self._jpeg2k_threads.map(one, candidates) if candidates else ()):
+        for i, future in pending.items():
+            done = future.result()
             if isinstance(done, DecodeError):
                 self.fallbacks[f"nvjpeg2k: {str(done).rsplit(': ', 1)[-1]}"] += 1
             elif done is not None:
                 taken[i] = done
-        for why, count in self.jpeg2k.declined.items():
-            self.fallbacks[f"nvjpeg2k: {why}"] += count
-        self.jpeg2k.declined.clear()
+        if self.jpeg2k is not None:
+            for why, count in self.jpeg2k.declined.items():
+                self.fallbacks[f"nvjpeg2k: {why}"] += count
+            self.jpeg2k.declined.clear()
         return taken
 
     def _refused_all(self, index: np.ndarray, images: list) -> None:

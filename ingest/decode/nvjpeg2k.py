@@ -437,20 +437,9 @@ def inspect(lib: Library, handle: int, bitstream: int, data: Any, name: str, roi
     id), or why it is declined (also "FULL_RESOLUTION" where the level chosen is below ``min_level``);
     DecodeError naming the file where the header is unreadable or nvJPEG2000 refuses it."""
     buf = memoryview(data).cast("B")
-    try:
-        start, end, plain = codecs.codestream(buf, colours=(JP2_SYCC,))
-        siz = read_siz(buf, start)
-    except (ValueError, IndexError, OverflowError, struct.error) as err:
-        raise DecodeError(f"unreadable JPEG 2000 header: {err}", path=name) from err
-    why = _decline(siz, plain)
-    if why:
-        return why
-    if choose_level(step, 32) < min_level:   # no tile's resolutions could allow more: skip the parse
-        return "FULL_RESOLUTION"
-    if end > len(buf) or bytes(buf[end - 2:end]) != b"\xff\xd9":
-        return "INCOMPLETE"   # no EOC: cut short, which the CPU decoder refuses (nvJPEG2000 may decode a part)
-    if max_pixels is not None and (siz.width - siz.x0) * (siz.height - siz.y0) > max_pixels:
-        return "MAX_PIXELS"   # the CPU decoder refuses it, naming the file
+    siz = screen(buf, name, step, max_pixels, min_level)
+    if isinstance(siz, str):
+        return siz
     array = np.frombuffer(buf, dtype=np.uint8)
     _check(lib.nvjpeg2kStreamParse(handle, array.ctypes.data, len(array), 0, 0, bitstream), "StreamParse", name)
     info = ImageInfo()
@@ -491,6 +480,28 @@ def inspect(lib: Library, handle: int, bitstream: int, data: Any, name: str, roi
             if (w.value, h.value) != (tw, th):
                 return "TILE_SIZE_MISMATCH"
     return region, siz, resolutions
+
+
+def screen(buf: memoryview, name: str, step: float | None, max_pixels: int | None = None, min_level: int = 0
+           ) -> Siz | str:
+    """What the header alone says, before the library is called: the codestream's SIZ, or why the image is
+    declined (module doc, Declined; "FULL_RESOLUTION" where no level of at least ``min_level`` could apply to
+    ``step``). DecodeError naming the file where the header is unreadable."""
+    try:
+        start, end, plain = codecs.codestream(buf, colours=(JP2_SYCC,))
+        siz = read_siz(buf, start)
+    except (ValueError, IndexError, OverflowError, struct.error) as err:
+        raise DecodeError(f"unreadable JPEG 2000 header: {err}", path=name) from err
+    why = _decline(siz, plain)
+    if why:
+        return why
+    if choose_level(step, 32) < min_level:   # no tile's resolutions could allow more: skip the parse
+        return "FULL_RESOLUTION"
+    if end > len(buf) or bytes(buf[end - 2:end]) != b"\xff\xd9":
+        return "INCOMPLETE"   # no EOC: cut short, which the CPU decoder refuses (nvJPEG2000 may decode a part)
+    if max_pixels is not None and (siz.width - siz.x0) * (siz.height - siz.y0) > max_pixels:
+        return "MAX_PIXELS"   # the CPU decoder refuses it, naming the file
+    return siz
 
 
 def _decline(siz: Siz, plain: bool) -> str | None:
