@@ -391,6 +391,40 @@ def test_loader_with_nvjpeg2k_matches_nvimgcodec(tmp_path):
         assert (a - b).abs().mean() < 3.0 and (a - b).abs().max() < 48
 
 
+def test_the_images_it_takes_are_picked_from_their_headers_before_any_decode():
+    """`GpuDecoder._start_jpeg2k` (no GPU needed: the decoder's threads stand in): of a batch, only the JPEG 2000
+    images whose header it accepts and whose crop a level applies to are queued, each with its region and step;
+    JPEGs are not looked at, and the others are counted by why and left to nvImageCodec."""
+    from collections import Counter
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+    from ingest.decode.gpu import GpuDecoder
+    pixels = np.zeros((64, 64), np.uint8)
+    taken = pillow_j2k(pixels, num_resolutions=3)
+    placed = pillow_j2k(pixels, num_resolutions=3, offset=(4, 4), tile_size=(32, 32))
+    datas = [b"\xff\xd8 a JPEG", taken, taken, placed, b"not an image"]
+    table = np.zeros((len(datas), 8), np.int64)
+    table[0, 0] = 1                               # the JPEG's row
+    wanted = np.array([[0, 0, 0, 0], [8, 4, 40, 36], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
+    steps = np.array([4.0, 2.5, 1.5, 4.0, 4.0])   # image 2: no level applies
+    queued = []
+
+    def submit(fn, *args):
+        queued.append(args)
+        done = Future()
+        done.set_result(None)
+        return done
+
+    g = GpuDecoder.__new__(GpuDecoder)
+    g.fallbacks, g.cpu = Counter(), SimpleNamespace(max_pixels=None)
+    g._jpeg2k_threads = SimpleNamespace(submit=submit)
+    pending = g._start_jpeg2k(datas, [f"{k}.j2k" for k in range(5)], wanted, steps, table, "stream")
+    assert list(pending) == [1]
+    (buf, name, roi, step, stream), = queued
+    assert bytes(buf) == taken and name == "1.j2k" and roi == (8, 4, 40, 36) and step == 2.5 and stream == "stream"
+    assert g.fallbacks == Counter({"nvjpeg2k: FULL_RESOLUTION": 1, "nvjpeg2k: OFFSET": 1})
+
+
 # -- helpers ----------------------------------------------------------------------------------------------------
 
 def pillow_j2k(pixels: np.ndarray, **options) -> bytes:
