@@ -34,6 +34,9 @@ class Threads:
     def map(self, fn, *iterables):
         return self.pool.map(fn, *iterables)
 
+    def submit(self, fn, *args):
+        return self.pool.submit(fn, *args)
+
     def shutdown(self) -> None:
         """Wait for this process's threads (a parent's pool is left to the parent)."""
         if self._pool is not None and self._pid == os.getpid():

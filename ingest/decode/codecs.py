@@ -132,12 +132,12 @@ def read_header(buf: memoryview, codec: str, name: str) -> Header:
 _NAMES = {"jpeg2k": "JPEG 2000", "tiff": "TIFF", "pnm": "PNM"}
 
 
-def _plain_colour(buf: memoryview, pos: int, end: int) -> bool:
+def _plain_colour(buf: memoryview, pos: int, end: int, colours: tuple[int, ...] = ()) -> bool:
     """Whether a JP2 header box (``jp2h``, its contents from ``pos`` to ``end``) names colours the GPU decodes as
     the CPU decoder does: no palette (``pclr``), no channel definition (``cdef``) other than colour channels in
     codestream order (the CPU decoder reorders channels by it), no ICC profile (a ``colr`` box of method 2 or 3,
     which the CPU decoder applies, as OpenJPEG's own tools do, and nvJPEG2000 ignores) and, where a ``colr`` box
-    enumerates the colour space, sRGB or greyscale (not sYCC, CMYK, CIELab...)."""
+    enumerates the colour space, sRGB or greyscale (not sYCC, CMYK, CIELab...) or one of ``colours``."""
     while pos + 8 <= end:
         length, kind = struct.unpack_from(">I4s", buf, pos)
         if kind == b"pclr":
@@ -151,7 +151,7 @@ def _plain_colour(buf: memoryview, pos: int, end: int) -> bool:
         if kind == b"colr" and length >= 12 and buf[pos + 8] in (2, 3):   # an ICC profile (restricted or any)
             return False
         if kind == b"colr" and length >= 15 and buf[pos + 8] == 1:   # method 1: an enumerated colour space
-            if struct.unpack_from(">I", buf, pos + 11)[0] not in _PLAIN_COLOURS:
+            if struct.unpack_from(">I", buf, pos + 11)[0] not in _PLAIN_COLOURS + colours:
                 return False
         if length < 8:
             break
@@ -163,7 +163,10 @@ def _plain_colour(buf: memoryview, pos: int, end: int) -> bool:
 _PLAIN_COLOURS = (16, 17)
 
 
-def _jpeg2k_header(buf: memoryview) -> Header:
+def codestream(buf: memoryview, colours: tuple[int, ...] = ()) -> tuple[int, int, bool]:
+    """Where the JPEG 2000 codestream of a JP2 file or bare codestream lies (start, end) and whether its JP2
+    colours are plain (`_plain_colour`, also allowing the enumerated ``colours``); ValueError where the boxes are
+    malformed or the codestream does not start with SOC, SIZ."""
     start, end, plain = 0, len(buf), True
     if bytes(buf[:12]) == JP2_SIGNATURE:   # JP2 boxes: find the contiguous codestream box ('jp2c')
         pos, size = 0, len(buf)
@@ -178,12 +181,17 @@ def _jpeg2k_header(buf: memoryview) -> Header:
                 start, end = pos + head, (pos + length if length else size)
                 break
             if kind == b"jp2h":
-                plain = _plain_colour(buf, pos + head, pos + length if length else size)
+                plain = _plain_colour(buf, pos + head, pos + length if length else size, colours)
             if length < head:   # 0: the box runs to the end (only the last may), anything else is malformed
                 raise ValueError(f"box {kind!r} at byte {pos} has length {length}")
             pos += length
     if bytes(buf[start:start + 4]) != J2K_SIGNATURE:
         raise ValueError("the codestream does not start with SOC, SIZ")
+    return start, end, plain
+
+
+def _jpeg2k_header(buf: memoryview) -> Header:
+    start, end, plain = codestream(buf)
     (xsiz, ysiz, xo, yo), (csiz,) = struct.unpack_from(">4I", buf, start + 8), \
         struct.unpack_from(">H", buf, start + 40)
     comps = [struct.unpack_from(">3B", buf, start + 42 + 3 * c) for c in range(min(csiz, MAX_COMPONENTS + 1))]

@@ -30,10 +30,12 @@ Decisions, and why:
   subsampled component), complete (the codestream ends with EOC), no palette and, in a JP2 file, an sRGB or
   greyscale colour space with no ICC profile and no channel definition that reorders or marks an opacity
   (sYCC, ICC and the others are OpenJPEG's to apply), and decodes regions like JPEG (nvJPEG2000 decodes only the tiles and code blocks a
-  region touches). **TIFF** (nvTIFF) is GPU-eligible when gray or RGB, 8-bit unsigned, chunky, uncompressed or
-  LZW/Deflate-compressed with no predictor or the horizontal one, every strip or tile within the file; it is
-  decoded whole (strips hold whole rows,
-  and a region would save little), the ops crop it. Their headers are read by `ingest.decode.codecs` (a few
+  region touches). With the ``jpeg2k_decoder`` setting "nvjpeg2k", a JPEG 2000 image whose crop allows a
+  reduced resolution goes first to nvJPEG2000 called directly (`ingest.decode.nvjpeg2k`: the tiles the region
+  touches, at that resolution; `decode_batch_reduced`), and what it declines goes this way. **TIFF** (nvTIFF) is
+  GPU-eligible when gray or RGB, 8-bit unsigned, chunky, uncompressed or LZW/Deflate-compressed with no
+  predictor or the horizontal one, every strip or tile within the file; it is decoded whole (strips hold whole
+  rows, and a region would save little), the ops crop it. Their headers are read by `ingest.decode.codecs` (a few
   bytes, no decode), which also says how the CPU decoder reads the others: 16-bit, float, YCbCr, palette,
   WebP/ZSTD/JPEG-compressed TIFFs and every other JPEG 2000. Both are nvImageCodec GPU_ONLY decoders, so the
   "auto" backend adds that kind after the JPEG ones.
@@ -79,7 +81,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -90,10 +92,11 @@ from ingest import defaults
 from ingest.decode import _nvjpeg as nvjpeg
 from ingest._driver import bind_thread, wait_for
 from ingest._numpy import zeros
+from ingest._threads import Threads
 from ingest.errors import ConfigError, DecodeError
 from ingest.decode import _nvimgcodec as native
 from ingest.decode.arena import ImageArena, arena_under
-from ingest.decode import codecs
+from ingest.decode import codecs, nvjpeg2k
 from ingest.decode.cpu import Buffer, CpuDecoder, JpegHeader, Size, as_buffer, jpeg_headers
 from ingest.decode.share import HostShare, pick
 
@@ -350,6 +353,13 @@ class GpuDecoder:
         self.host_share = HostShare(share) if share != 0 and codecs.imagecodecs is not None else None
         #: Whether regions are decoded (else whole images, cropped by the ops): see `regions_decode`.
         self.regions = regions_decode(self.device, self.engine) if _check_regions else True
+        #: nvJPEG2000 called directly for JPEG 2000 (the ``jpeg2k_decoder`` setting; `decode_batch_reduced`), or None
+        self.jpeg2k = _jpeg2k_decoder(self.device, self.cpu.max_pixels)
+        #: the threads that run nvJPEG2000's host stages (parse, tier-2 inside the tile decode) for a batch's JPEG
+        #: 2000 images at once, beside nvImageCodec's call, each with its own decode states and CUDA stream
+        self._jpeg2k_threads = (Threads(max(1, min(8, self.cpu_threads or os.cpu_count() or 1)), "ingest-nvjpeg2k")
+                                if self.jpeg2k is not None else None)
+        self._jpeg2k_local = threading.local()
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -373,12 +383,33 @@ class GpuDecoder:
         A decoder that cannot decode regions here (:attr:`regions`) decodes whole images instead.
         The buffers in ``datas`` must stay unchanged until the call returns.
         """
+        images, origins, _, paths = self.decode_batch_reduced(datas, names, rois=rois, stream=stream, headers=headers)
+        return images, origins, paths
+
+    def decode_batch_reduced(self, datas: Sequence[Buffer], names: Sequence[str], *,
+                             rois: Sequence[Roi | None] | np.ndarray | None = None, steps: np.ndarray | None = None,
+                             stream: torch.cuda.Stream | None = None, headers: np.ndarray | None = None
+                             ) -> tuple[list[torch.Tensor | DecodeError] | ImageArena, list[tuple[float, float]],
+                                        list[float] | None, list[str]]:
+        """`decode_batch`, also returning each sample's scale (its pixels per source pixel), or None where every
+        image is at full resolution. With :attr:`jpeg2k` (the ``jpeg2k_decoder`` setting "nvjpeg2k"), JPEG 2000
+        images go to `ingest.decode.nvjpeg2k` first: only the tiles their region touches, at the reduced
+        resolution ``steps[i]`` allows (the fewest source pixels per output pixel sample i's warp takes,
+        `nvjpeg2k.warp_steps`; None: full resolution), path "gpu-nvjpeg2k", a fractional origin where reduced;
+        the images it declines or fails on (counted in :attr:`fallbacks` as "nvjpeg2k: <why>") go on as below.
+        """
         if len(datas) != len(names) or (rois is not None and len(rois) != len(datas)):
             raise ValueError(f"got {len(datas)} images, {len(names)} names and "
                              f"{'no' if rois is None else len(rois)} rois")
         n = len(datas)
         stream = stream if stream is not None else torch.cuda.current_stream(self.device)
         table = codec_rows(headers if headers is not None else jpeg_headers(datas), datas)
+        pending = {}
+        if self.jpeg2k is not None and self.cpu.rgb8 and steps is not None:
+            pending = self._start_jpeg2k(datas, names, _region_array(rois, n), steps, table, stream)
+            if pending:   # decoding on nvJPEG2000's threads while nvImageCodec takes the rest
+                table = table.copy()
+                table[list(pending), 0] = 0
         rois = rois if self.regions else None
         wanted = _region_array(rois, n)
         index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels)) if self.cpu.rgb8 else np.arange(0)
@@ -395,7 +426,7 @@ class GpuDecoder:
                 arena, reasons = self._decode_native(index, datas, rows, regions, stream)
                 if len(index) == n and not any(reasons) and (orientation == 1).all():
                     # The common case: one buffer, no tensor per image (see ImageArena).
-                    return arena, list(map(tuple, regions[:, :2].tolist())), \
+                    return arena, list(map(tuple, regions[:, :2].tolist())), None, \
                         np.where(cropped, "gpu-roi", "gpu").tolist()
                 decoded = [None if why else arena[k] if turn == 1 else orient(arena[k], turn)
                            for k, (why, turn) in enumerate(zip(reasons, orientation.tolist()))]
@@ -411,6 +442,9 @@ class GpuDecoder:
                     images[i] = image
                     origins[i] = (r[0], r[1])
                     paths[i] = "gpu-roi" if crop else "gpu"
+            scales = [1.0] * n
+            for i, done in self._finish_jpeg2k(pending).items():
+                images[i], origins[i], scales[i], paths[i] = done.image, done.origin, done.scale, "gpu-nvjpeg2k"
             asked = [tuple(r) if r[2] > r[0] else None for r in wanted.tolist()]
             if beside is not None:
                 done = self._finish_beside(beside)
@@ -423,7 +457,63 @@ class GpuDecoder:
                 images[i], origins[i] = image, origin
             if len(index) > 1 and not self._warned and all(image is None for image in decoded):
                 self._refused_all(index, images)
-        return images, origins, paths
+        return images, origins, (scales if any(s != 1.0 for s in scales) else None), paths
+
+    def _start_jpeg2k(self, datas: Sequence[Buffer], names: Sequence[str], wanted: np.ndarray, steps: np.ndarray,
+                      table: np.ndarray, stream: torch.cuda.Stream) -> dict[int, Future]:
+        """Queue the batch's JPEG 2000 images that :attr:`jpeg2k` takes on its threads, by position: those whose
+        header it accepts and whose crop a resolution level applies to (at full resolution nvImageCodec decodes
+        the region's code blocks alone, where this path decodes whole tiles). The others are left to nvImageCodec,
+        and why counted in :attr:`fallbacks`. Each thread decodes on a CUDA stream of its own, which ``stream``
+        then waits for."""
+        pending = {}
+        for i in np.flatnonzero(table[:, 0] != 1).tolist():   # not a JPEG: maybe a JPEG 2000
+            buf = as_buffer(datas[i], names[i])
+            if codecs.sniff(buf) != "jpeg2k":
+                continue
+            step = float(steps[i])
+            try:
+                why = nvjpeg2k.screen(buf, names[i], step, self.cpu.max_pixels, min_level=1)
+            except DecodeError:   # the other decoders decide (the CPU one names the file if it fails too)
+                why = "UNREADABLE_HEADER"
+            if isinstance(why, str):
+                self.fallbacks[f"nvjpeg2k: {why}"] += 1
+                continue
+            x0, y0, x1, y1 = wanted[i].tolist()
+            pending[i] = self._jpeg2k_threads.submit(self._one_jpeg2k, buf, names[i],
+                                                     (x0, y0, x1, y1) if x1 > x0 else None, step, stream)
+        return pending
+
+    def _one_jpeg2k(self, buf: memoryview, name: str, roi: Roi | None, step: float, stream: torch.cuda.Stream
+                    ) -> nvjpeg2k.Decoded | DecodeError | None:
+        """One image on this thread's own stream, joined to ``stream``; a DecodeError is returned, not raised."""
+        local = self._jpeg2k_local
+        if not hasattr(local, "stream"):
+            local.stream = torch.cuda.Stream(self.device)
+        try:
+            done = self.jpeg2k.decode(buf, name, roi, step, local.stream, min_level=1)
+        except DecodeError as err:
+            return err
+        if done is not None:
+            done.image.record_stream(stream)   # its memory is not reused before ``stream`` has read it
+            stream.wait_stream(local.stream)
+        return done
+
+    def _finish_jpeg2k(self, pending: dict[int, Future]) -> dict[int, nvjpeg2k.Decoded]:
+        """The decoded images of `_start_jpeg2k`'s by position; those it declined or failed on are left to the
+        CPU decoder (counted in :attr:`fallbacks` as "nvjpeg2k: <why>")."""
+        taken = {}
+        for i, future in pending.items():
+            done = future.result()
+            if isinstance(done, DecodeError):
+                self.fallbacks[f"nvjpeg2k: {str(done).rsplit(': ', 1)[-1]}"] += 1
+            elif done is not None:
+                taken[i] = done
+        if self.jpeg2k is not None:
+            for why, count in self.jpeg2k.declined.items():
+                self.fallbacks[f"nvjpeg2k: {why}"] += count
+            self.jpeg2k.declined.clear()
+        return taken
 
     def _refused_all(self, index: np.ndarray, images: list) -> None:
         """Every GPU-eligible image of a batch went to the CPU decoder: warn once if it decoded them all (nvImageCodec
@@ -459,6 +549,10 @@ class GpuDecoder:
             for decoder in self._decoders:
                 decoder.close()
         self._decoders.clear()
+        if self.jpeg2k is not None:
+            self._jpeg2k_threads.shutdown()
+            self.jpeg2k.close()
+            self.jpeg2k = None
 
     def __enter__(self) -> "GpuDecoder":
         return self
@@ -784,6 +878,19 @@ def _code_stream(nvimgcodec: Any, job: _Job) -> Any:
         x0, y0, x1, y1 = job.roi
         return source.get_sub_code_stream(region=nvimgcodec.Region(start=(y0, x0), end=(y1, x1)))
     except Exception:  # nvImageCodec raises RuntimeError for a stream it cannot parse
+        return None
+
+
+def _jpeg2k_decoder(device: torch.device, max_pixels: int) -> nvjpeg2k.Decoder | None:
+    """nvJPEG2000's decoder where the ``jpeg2k_decoder`` setting asks for it; None otherwise, and, with a warning
+    saying why, where it cannot load (JPEG 2000 then goes the nvImageCodec way)."""
+    if defaults.get("jpeg2k_decoder") != "nvjpeg2k":
+        return None
+    try:
+        return nvjpeg2k.Decoder(device, max_pixels=max_pixels)
+    except nvjpeg2k.Unavailable as err:
+        warnings.warn(f"ingest: jpeg2k_decoder is 'nvjpeg2k' but nvJPEG2000 is unavailable ({err}); JPEG 2000 "
+                      "images are decoded by nvImageCodec", RuntimeWarning, stacklevel=4)
         return None
 
 

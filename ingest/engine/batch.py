@@ -51,7 +51,8 @@ class _Work:
     headers: np.ndarray | None = None  # the batch's JPEG header table (`decode.cpu.jpeg_headers`), if probed
     ops_plan: Any = None
     images: Any = None
-    origins: list[tuple[int, int]] | None = None
+    origins: list[tuple[float, float]] | None = None   # (x0, y0) in source pixels of each decoded region
+    scales: list[float] | None = None   # decoded pixels per source pixel, where a decoder reduced the resolution
     failed: list[int] = field(default_factory=list)   # positions whose decode failed (dummy image in place)
     ready: Any = None   # an event (`ingest._driver`) on the decode stream after the decode (or upload)
     lane: int = 0                                     # the decode lane (decoder and stream) that decoded it

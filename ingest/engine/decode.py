@@ -14,6 +14,7 @@ from .._driver import recorded
 from ..decode.arena import ImageArena
 from ..decode.cpu import CpuDecoder
 from ..decode.masks import MaskDecoder
+from ..decode.nvjpeg2k import warp_steps
 from ..errors import DecodeError
 from ..ops import planner
 from .base import Stage
@@ -110,12 +111,14 @@ class DecodeStage(Stage):
         if gpu is not None:
             warp = work.ops_plan.warp
             rois = warp.regions() if warp is not None else None
+            # how far each sample's warp downscales: nvJPEG2000 (the jpeg2k_decoder setting) decodes that much less
+            steps = warp_steps(warp.matrix) if warp is not None and gpu.jpeg2k is not None else None
             with torch.cuda.stream(stream):
-                images, origins, paths = gpu.decode_batch(datas, work.names, rois=rois, stream=stream,
-                                                          headers=work.headers)
+                images, origins, scales, paths = gpu.decode_batch_reduced(datas, work.names, rois=rois, steps=steps,
+                                                                          stream=stream, headers=work.headers)
                 images = self._replace_failures(work, images, rois, origins, gpu=True)
                 work.ready = recorded(stream)
-            work.origins = origins
+            work.origins, work.scales = origins, scales
         else:
             decoded = self.cpu.decode_batch(datas, work.names)
             paths = ["cpu"] * len(decoded)

@@ -233,7 +233,7 @@ class OpsStage(Stage, BoxFields):
     def _execute(self, work: _Work, out: torch.Tensor | None = None):
         if self.image_kind is None:
             return None
-        images = work.ops_plan.execute(work.images, origins=work.origins, out=out)
+        images = work.ops_plan.execute(work.images, origins=work.origins, scales=work.scales, out=out)
         if isinstance(images, list):
             images = stack_if_uniform(images)
         if work.ops_plan.output.layout is None:  # no op chose a layout: CHW shapes over HWC memory, as torch has it
