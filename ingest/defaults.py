@@ -14,7 +14,7 @@
 | nvjpeg_host_padding | INGEST_NVJPEG_HOST_PADDING | 8388608 | bytes nvJPEG adds to each pinned host buffer it allocates, so a thread's buffers rarely grow again (DALI's ``host_memory_padding`` and default); 0: none |
 | nvjpeg_device_padding | INGEST_NVJPEG_DEVICE_PADDING | 0 | bytes nvJPEG adds to each device buffer it allocates (DALI's ``device_memory_padding``, whose default is 16 MiB); 0: none |
 | jpeg2k_device_padding | INGEST_JPEG2K_DEVICE_PADDING | 0 | bytes nvJPEG2000 adds to each device buffer it allocates (nvImageCodec's ``nvjpeg2k_cuda_decoder:device_memory_padding``); 0: none |
-| jpeg2k_decoder  | INGEST_JPEG2K_DECODER   | nvimgcodec | what decodes JPEG 2000 on the GPU: nvimgcodec (at full resolution, a region where the ops crop) or nvjpeg2k (nvJPEG2000 called directly, `ingest.decode.nvjpeg2k`: only the tiles a crop touches, at the lowest resolution level that still has the output's size); images nvjpeg2k declines go the nvimgcodec way |
+| jpeg2k_decoder  | INGEST_JPEG2K_DECODER   | auto    | what decodes JPEG 2000 on the GPU: nvimgcodec (at full resolution, a region where the ops crop), nvjpeg2k (nvJPEG2000 called directly, `ingest.decode.nvjpeg2k`: only the tiles a crop touches, at the lowest resolution level that still has the output's size, for every crop downscaled 2x or more) or auto (nvjpeg2k for crops downscaled 8x or more, `nvjpeg2k.AUTO_LEVEL`; nvimgcodec for the others); images nvjpeg2k declines go the nvimgcodec way |
 | num_workers     | INGEST_NUM_WORKERS      | auto    | Loader worker processes when `num_workers=None`: auto (`ingest.torch.auto_workers`: 4 for CPU decode feeding CUDA, else 0) or a count |
 | ops_threads     | INGEST_OPS_THREADS      | auto    | torch intra-op threads of the CPU ops stage: auto (half the cores) or a count |
 | max_pixels      | INGEST_MAX_PIXELS       | 89478485 | images with more pixels are refused before decoding (decompression bombs) |
@@ -98,12 +98,12 @@ decode state per nvImageCodec thread) grow the same way and free with ``cudaFree
 JPEG 2000 decoder applies its padding without a device allocator of the caller's. DALI gives it 16 MiB; here it
 stays 0 (none): it has not been measured alone (`benchmarks/bench_codecs.py --setting` does that, docs/codecs.md).
 
-``jpeg2k_decoder``: "nvjpeg2k" sends JPEG 2000 images to `ingest.decode.nvjpeg2k`, which asks nvJPEG2000 for a
-reduced resolution level (each side halved per level) where the crop is downscaled at least that much, and decodes
-only the tiles the crop touches; nvImageCodec 0.9 cannot ask for a level. Images no level applies to (the
-crop is not downscaled 2x) stay with nvImageCodec, which decodes the crop's code blocks alone. It stays off by
-default until it is measured against the nvimgcodec path (docs/codecs.md). ``jpeg2k_device_padding`` applies to
-it too.
+``jpeg2k_decoder``: which JPEG 2000 crops go to `ingest.decode.nvjpeg2k`, which asks nvJPEG2000 for a reduced
+resolution level (each side halved per level; nvImageCodec 0.9 cannot ask for one) and decodes only the tiles
+the crop touches. "auto": crops that allow `nvjpeg2k.AUTO_LEVEL` levels (downscaled 8x or more); "nvjpeg2k":
+every crop a level applies to (2x or more); "nvimgcodec": none. nvJPEG2000 spends about its full-resolution time
+on a tile 1 or 2 levels down, where nvImageCodec decodes only the crop's code blocks, so the shallow levels do not
+pay (docs/codecs.md). ``jpeg2k_device_padding`` applies to it too.
 
 ``keep_freed_memory``: by default glibc hands freed memory back to the kernel (past 128 KB free at the top of
 the heap) and gives every block of 128 KB or more its own mapping, so each record copied out of its file (a
@@ -184,7 +184,8 @@ _SPEC: dict[str, tuple[str, Any, Callable[[Any], Any]]] = {
     "nvjpeg_host_padding": ("INGEST_NVJPEG_HOST_PADDING", 8 << 20, _integer("nvjpeg_host_padding", 0)),
     "nvjpeg_device_padding": ("INGEST_NVJPEG_DEVICE_PADDING", 0, _integer("nvjpeg_device_padding", 0)),
     "jpeg2k_device_padding": ("INGEST_JPEG2K_DEVICE_PADDING", 0, _integer("jpeg2k_device_padding", 0)),
-    "jpeg2k_decoder": ("INGEST_JPEG2K_DECODER", "nvimgcodec", _choice("jpeg2k_decoder", ("nvimgcodec", "nvjpeg2k"))),
+    "jpeg2k_decoder": ("INGEST_JPEG2K_DECODER", "auto",
+                       _choice("jpeg2k_decoder", ("auto", "nvimgcodec", "nvjpeg2k"))),
     "num_workers": ("INGEST_NUM_WORKERS", "auto", _integer("num_workers", 0, words=("auto",))),
     "ops_threads": ("INGEST_OPS_THREADS", "auto", _integer("ops_threads", 1, words=("auto",))),
     "max_pixels": ("INGEST_MAX_PIXELS", 89_478_485, _integer("max_pixels", 1)),

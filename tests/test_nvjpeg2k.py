@@ -135,10 +135,14 @@ def test_warp_scaling_matches_openjpegs_reduced_samples():
 
 # -- settings and loading (CPU) -----------------------------------------------------------------------------
 
-def test_setting_defaults_to_nvimgcodec_and_checks_its_value():
-    assert defaults.get("jpeg2k_decoder") == "nvimgcodec"
-    with defaults.set(jpeg2k_decoder="nvjpeg2k"):
-        assert defaults.get("jpeg2k_decoder") == "nvjpeg2k"
+def test_setting_defaults_to_auto_and_checks_its_value(monkeypatch):
+    from ingest.decode import gpu
+    assert defaults.get("jpeg2k_decoder") == "auto"
+    monkeypatch.setattr(nj, "unavailable", lambda path=None: None)   # as where the library loads
+    assert gpu._jpeg2k_level() == nj.AUTO_LEVEL
+    for choice, level in (("nvjpeg2k", 1), ("nvimgcodec", 0), ("auto", nj.AUTO_LEVEL)):
+        with defaults.set(jpeg2k_decoder=choice):
+            assert defaults.get("jpeg2k_decoder") == choice and gpu._jpeg2k_level() == level
     with pytest.raises(ConfigError, match="jpeg2k_decoder"):
         defaults.set(jpeg2k_decoder="openjpeg")
 
@@ -158,10 +162,10 @@ def test_gpu_decoder_without_the_library_warns_and_leaves_jpeg2k_to_nvimgcodec(m
 
     monkeypatch.setattr(nj, "load", missing)
     with defaults.set(jpeg2k_decoder="nvjpeg2k"), pytest.warns(RuntimeWarning, match="not here"):
-        assert gpu._jpeg2k_decoder(torch.device("cuda", 0), 1 << 20) is None
+        assert gpu._jpeg2k_level() == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert gpu._jpeg2k_decoder(torch.device("cuda", 0), 1 << 20) is None   # the default: not asked for
+        assert gpu._jpeg2k_level() == 0   # the default ("auto"): not asked for by name, so no warning
 
 
 def test_read_siz():
@@ -348,14 +352,15 @@ def test_gpu_decoder_routes_jpeg2k_and_truncated_fails_naming_the_file():
     data = fixtures()["rgb-tiled-lossless"][0]   # 150 x 200
     cut = data[:len(data) // 2]
     with defaults.set(jpeg2k_decoder="nvjpeg2k"), CpuDecoder(threads=1) as cpu, GpuDecoder("cuda", cpu) as g:
-        assert g.jpeg2k is not None
+        assert g.jpeg2k_level == 1 and g.jpeg2k is None   # made at the first image it takes
         images, origins, scales, paths = g.decode_batch_reduced(
             [data, data, data, cut], ["a.j2k", "b.j2k", "c.j2k", "cut.j2k"],
-            rois=[(70, 30, 150, 120), None, None, None], steps=np.array([2.0, 4.0, 1.5, 2.0]))
+            rois=[(70, 30, 150, 120), None, None, None], warps=scalings([2.0, 4.0, 1.5, 2.0]))
+        assert g.jpeg2k is not None
         assert paths[:2] == ["gpu-nvjpeg2k", "gpu-nvjpeg2k"] and scales[:3] == [0.5, 0.25, 1.0]
         assert tuple(images[1].shape) == (38, 50, 3)   # ceil(150 / 4) x ceil(200 / 4)
-        # no level applies: nvImageCodec's
-        assert paths[2] in ("gpu", "gpu-roi") and g.fallbacks["nvjpeg2k: FULL_RESOLUTION"] >= 1
+        # no level applies: nvImageCodec's, passed over without a fallback counted
+        assert paths[2] in ("gpu", "gpu-roi") and "nvjpeg2k: FULL_RESOLUTION" not in g.fallbacks
         assert origins[2] == (0, 0) and tuple(images[2].shape) == (150, 200, 3)
         assert isinstance(images[3], DecodeError) and "cut.j2k" in str(images[3])
 
@@ -380,7 +385,8 @@ def test_loader_with_nvjpeg2k_matches_nvimgcodec(tmp_path):
         pixels = pixels.astype(np.uint8)
         (folder / f"{k}.j2k").write_bytes(pillow_j2k(pixels, tile_size=(128, 128), num_resolutions=5))
     kw = dict(batch_size=6, device="cuda", ops=[RandomResizedCrop(64)], shuffle=True, seed=11, num_workers=0)
-    off = [x.cpu().float() for x, _ in ingest.Loader(tmp_path / "train", **kw)]
+    with defaults.set(jpeg2k_decoder="nvimgcodec"):
+        off = [x.cpu().float() for x, _ in ingest.Loader(tmp_path / "train", **kw)]
     with defaults.set(jpeg2k_decoder="nvjpeg2k"):
         loader = ingest.Loader(tmp_path / "train", **kw)
         on = [x.cpu().float() for x, _ in loader]
@@ -391,10 +397,11 @@ def test_loader_with_nvjpeg2k_matches_nvimgcodec(tmp_path):
         assert (a - b).abs().mean() < 3.0 and (a - b).abs().max() < 48
 
 
-def test_the_images_it_takes_are_picked_from_their_headers_before_any_decode():
+@pytest.mark.parametrize("level", [1, 2])
+def test_the_images_it_takes_are_picked_from_their_headers_before_any_decode(level):
     """`GpuDecoder._start_jpeg2k` (no GPU needed: the decoder's threads stand in): of a batch, only the JPEG 2000
-    images whose header it accepts and whose crop a level applies to are queued, each with its region and step;
-    JPEGs are not looked at, and the others are counted by why and left to nvImageCodec."""
+    images whose header it accepts and whose crop allows the decoder's `jpeg2k_level` are queued, each with its
+    region and step; JPEGs are not looked at, and the others are counted by why and left to nvImageCodec."""
     from collections import Counter
     from concurrent.futures import Future
     from types import SimpleNamespace
@@ -417,15 +424,53 @@ def test_the_images_it_takes_are_picked_from_their_headers_before_any_decode():
 
     g = GpuDecoder.__new__(GpuDecoder)
     g.fallbacks, g.cpu = Counter(), SimpleNamespace(max_pixels=None)
-    g._jpeg2k_threads = SimpleNamespace(submit=submit)
+    g._jpeg2k_threads, g.jpeg2k, g.jpeg2k_level = SimpleNamespace(submit=submit), object(), level
     pending = g._start_jpeg2k(datas, [f"{k}.j2k" for k in range(5)], wanted, steps, table, "stream")
+    # image 2 (and at level 2 image 1: 2.5 source pixels per output pixel allow one level, not two) is passed
+    # over without reading its header, so it counts as no fallback; image 3's header sends it elsewhere
+    assert g.fallbacks == Counter({"nvjpeg2k: OFFSET": 1})
+    if level == 2:
+        assert pending == {} and queued == []
+        return
     assert list(pending) == [1]
     (buf, name, roi, step, stream), = queued
     assert bytes(buf) == taken and name == "1.j2k" and roi == (8, 4, 40, 36) and step == 2.5 and stream == "stream"
-    assert g.fallbacks == Counter({"nvjpeg2k: FULL_RESOLUTION": 1, "nvjpeg2k: OFFSET": 1})
+
+
+def test_a_decoder_that_cannot_start_turns_the_route_off(monkeypatch):
+    """nvJPEG2000 is made at the first image it would take; where it cannot start, that batch's images and every
+    later one go the nvImageCodec way, with a warning only where the setting named nvjpeg2k."""
+    from collections import Counter
+    from types import SimpleNamespace
+    from ingest.decode.gpu import GpuDecoder
+
+    def refuse(*args, **kwargs):
+        raise nj.Unavailable("nvjpeg2kCreateSimple failed: NOT_INITIALIZED")
+
+    monkeypatch.setattr(nj, "Decoder", refuse)
+    data = pillow_j2k(np.zeros((64, 64), np.uint8), num_resolutions=3)
+    table = np.zeros((2, 8), np.int64)
+    for choice in ("auto", "nvjpeg2k"):
+        g = GpuDecoder.__new__(GpuDecoder)
+        g.fallbacks, g.cpu, g.device = Counter(), SimpleNamespace(max_pixels=None), "cuda:0"
+        g.jpeg2k, g._jpeg2k_threads, g.jpeg2k_level = None, None, 1
+        with defaults.set(jpeg2k_decoder=choice), warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            pending = g._start_jpeg2k([data, data], ["a.j2k", "b.j2k"], np.zeros((2, 4), np.int64),
+                                      np.array([4.0, 4.0]), table, "stream")
+        assert pending == {} and g.jpeg2k is None and g.jpeg2k_level == 0
+        assert [str(w.message) for w in seen if "NOT_INITIALIZED" in str(w.message)] != [] or choice == "auto"
+        assert choice == "nvjpeg2k" or not seen
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
+
+def scalings(steps: list[float]) -> np.ndarray:
+    """Output-to-source warps ((N, 3, 3)) that take ``steps[i]`` source pixels per output pixel on both axes."""
+    out = np.tile(np.eye(3), (len(steps), 1, 1))
+    out[:, 0, 0] = out[:, 1, 1] = steps
+    return out
+
 
 def pillow_j2k(pixels: np.ndarray, **options) -> bytes:
     """A lossless J2K codestream written by Pillow (OpenJPEG): tiles, offsets and levels as ``options`` say."""

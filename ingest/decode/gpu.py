@@ -30,9 +30,10 @@ Decisions, and why:
   subsampled component), complete (the codestream ends with EOC), no palette and, in a JP2 file, an sRGB or
   greyscale colour space with no ICC profile and no channel definition that reorders or marks an opacity
   (sYCC, ICC and the others are OpenJPEG's to apply), and decodes regions like JPEG (nvJPEG2000 decodes only the tiles and code blocks a
-  region touches). With the ``jpeg2k_decoder`` setting "nvjpeg2k", a JPEG 2000 image whose crop allows a
-  reduced resolution goes first to nvJPEG2000 called directly (`ingest.decode.nvjpeg2k`: the tiles the region
-  touches, at that resolution; `decode_batch_reduced`), and what it declines goes this way. **TIFF** (nvTIFF) is
+  region touches). A JPEG 2000 image whose crop the ops downscale enough for a reduced resolution (by default
+  3 levels, the ``jpeg2k_decoder`` setting) goes first to nvJPEG2000 called directly (`ingest.decode.nvjpeg2k`:
+  the tiles the region touches, at that resolution; `decode_batch_reduced`), and what it declines goes this
+  way. **TIFF** (nvTIFF) is
   GPU-eligible when gray or RGB, 8-bit unsigned, chunky, uncompressed or LZW/Deflate-compressed with no
   predictor or the horizontal one, every strip or tile within the file; it is decoded whole (strips hold whole
   rows, and a region would save little), the ops crop it. Their headers are read by `ingest.decode.codecs` (a few
@@ -353,12 +354,14 @@ class GpuDecoder:
         self.host_share = HostShare(share) if share != 0 and codecs.imagecodecs is not None else None
         #: Whether regions are decoded (else whole images, cropped by the ops): see `regions_decode`.
         self.regions = regions_decode(self.device, self.engine) if _check_regions else True
-        #: nvJPEG2000 called directly for JPEG 2000 (the ``jpeg2k_decoder`` setting; `decode_batch_reduced`), or None
-        self.jpeg2k = _jpeg2k_decoder(self.device, self.cpu.max_pixels)
+        #: The fewest resolution levels a JPEG 2000 crop must allow to go to nvJPEG2000 called directly (the
+        #: ``jpeg2k_decoder`` setting; `decode_batch_reduced`), or 0 where none go.
+        self.jpeg2k_level = _jpeg2k_level()
+        #: nvJPEG2000 called directly, made at the first image it takes (None before)
+        self.jpeg2k: nvjpeg2k.Decoder | None = None
         #: the threads that run nvJPEG2000's host stages (parse, tier-2 inside the tile decode) for a batch's JPEG
         #: 2000 images at once, beside nvImageCodec's call, each with its own decode states and CUDA stream
-        self._jpeg2k_threads = (Threads(max(1, min(8, self.cpu_threads or os.cpu_count() or 1)), "ingest-nvjpeg2k")
-                                if self.jpeg2k is not None else None)
+        self._jpeg2k_threads: Threads | None = None
         self._jpeg2k_local = threading.local()
 
     # -- public API ----------------------------------------------------------------------------------
@@ -387,16 +390,17 @@ class GpuDecoder:
         return images, origins, paths
 
     def decode_batch_reduced(self, datas: Sequence[Buffer], names: Sequence[str], *,
-                             rois: Sequence[Roi | None] | np.ndarray | None = None, steps: np.ndarray | None = None,
+                             rois: Sequence[Roi | None] | np.ndarray | None = None, warps: np.ndarray | None = None,
                              stream: torch.cuda.Stream | None = None, headers: np.ndarray | None = None
                              ) -> tuple[list[torch.Tensor | DecodeError] | ImageArena, list[tuple[float, float]],
                                         list[float] | None, list[str]]:
         """`decode_batch`, also returning each sample's scale (its pixels per source pixel), or None where every
-        image is at full resolution. With :attr:`jpeg2k` (the ``jpeg2k_decoder`` setting "nvjpeg2k"), JPEG 2000
-        images go to `ingest.decode.nvjpeg2k` first: only the tiles their region touches, at the reduced
-        resolution ``steps[i]`` allows (the fewest source pixels per output pixel sample i's warp takes,
-        `nvjpeg2k.warp_steps`; None: full resolution), path "gpu-nvjpeg2k", a fractional origin where reduced;
-        the images it declines or fails on (counted in :attr:`fallbacks` as "nvjpeg2k: <why>") go on as below.
+        image is at full resolution. ``warps``: each sample's output-to-source matrix ((N, 3, 3), the ops' warp),
+        or None. A JPEG 2000 image whose warp downscales its crop by 2^:attr:`jpeg2k_level` or more (the fewest
+        source pixels per output pixel, `nvjpeg2k.warp_steps`) goes to `ingest.decode.nvjpeg2k` first: only the
+        tiles its region touches, at the lowest resolution that keeps the output's size, path "gpu-nvjpeg2k", a
+        fractional origin where reduced; the images it declines or fails on (counted in :attr:`fallbacks` as
+        "nvjpeg2k: <why>") go on as below.
         """
         if len(datas) != len(names) or (rois is not None and len(rois) != len(datas)):
             raise ValueError(f"got {len(datas)} images, {len(names)} names and "
@@ -405,8 +409,9 @@ class GpuDecoder:
         stream = stream if stream is not None else torch.cuda.current_stream(self.device)
         table = codec_rows(headers if headers is not None else jpeg_headers(datas), datas)
         pending = {}
-        if self.jpeg2k is not None and self.cpu.rgb8 and steps is not None:
-            pending = self._start_jpeg2k(datas, names, _region_array(rois, n), steps, table, stream)
+        if self.jpeg2k_level and self.cpu.rgb8 and warps is not None and (table[:, 0] != 1).any():
+            pending = self._start_jpeg2k(datas, names, _region_array(rois, n), nvjpeg2k.warp_steps(warps), table,
+                                         stream)
             if pending:   # decoding on nvJPEG2000's threads while nvImageCodec takes the rest
                 table = table.copy()
                 table[list(pending), 0] = 0
@@ -462,23 +467,26 @@ class GpuDecoder:
     def _start_jpeg2k(self, datas: Sequence[Buffer], names: Sequence[str], wanted: np.ndarray, steps: np.ndarray,
                       table: np.ndarray, stream: torch.cuda.Stream) -> dict[int, Future]:
         """Queue the batch's JPEG 2000 images that :attr:`jpeg2k` takes on its threads, by position: those whose
-        header it accepts and whose crop a resolution level applies to (at full resolution nvImageCodec decodes
-        the region's code blocks alone, where this path decodes whole tiles). The others are left to nvImageCodec,
-        and why counted in :attr:`fallbacks`. Each thread decodes on a CUDA stream of its own, which ``stream``
-        then waits for."""
+        header it accepts and whose crop allows :attr:`jpeg2k_level` resolution levels or more (nvImageCodec
+        decodes the region's code blocks alone at full resolution, where this path decodes whole tiles). The
+        others are left to nvImageCodec, and why counted in :attr:`fallbacks`. Each thread decodes on a CUDA
+        stream of its own, which ``stream`` then waits for."""
         pending = {}
-        for i in np.flatnonzero(table[:, 0] != 1).tolist():   # not a JPEG: maybe a JPEG 2000
+        # not a JPEG (maybe a JPEG 2000), and downscaled enough for the level: no Python per image otherwise
+        for i in np.flatnonzero((table[:, 0] != 1) & (steps >= 1 << self.jpeg2k_level)).tolist():
             buf = as_buffer(datas[i], names[i])
             if codecs.sniff(buf) != "jpeg2k":
                 continue
             step = float(steps[i])
             try:
-                why = nvjpeg2k.screen(buf, names[i], step, self.cpu.max_pixels, min_level=1)
+                why = nvjpeg2k.screen(buf, names[i], step, self.cpu.max_pixels, min_level=self.jpeg2k_level)
             except DecodeError:   # the other decoders decide (the CPU one names the file if it fails too)
                 why = "UNREADABLE_HEADER"
             if isinstance(why, str):
                 self.fallbacks[f"nvjpeg2k: {why}"] += 1
                 continue
+            if self.jpeg2k is None and not self._make_jpeg2k():
+                break
             x0, y0, x1, y1 = wanted[i].tolist()
             pending[i] = self._jpeg2k_threads.submit(self._one_jpeg2k, buf, names[i],
                                                      (x0, y0, x1, y1) if x1 > x0 else None, step, stream)
@@ -491,13 +499,25 @@ class GpuDecoder:
         if not hasattr(local, "stream"):
             local.stream = torch.cuda.Stream(self.device)
         try:
-            done = self.jpeg2k.decode(buf, name, roi, step, local.stream, min_level=1)
+            done = self.jpeg2k.decode(buf, name, roi, step, local.stream, min_level=self.jpeg2k_level)
         except DecodeError as err:
             return err
         if done is not None:
             done.image.record_stream(stream)   # its memory is not reused before ``stream`` has read it
             stream.wait_stream(local.stream)
         return done
+
+    def _make_jpeg2k(self) -> bool:
+        """Make :attr:`jpeg2k` and its threads; where nvJPEG2000 cannot start here, turn the route off (with a
+        warning if the setting asked for it by name) and return False."""
+        try:
+            self.jpeg2k = nvjpeg2k.Decoder(self.device, max_pixels=self.cpu.max_pixels)
+        except nvjpeg2k.Unavailable as err:
+            _jpeg2k_unavailable(str(err))
+            self.jpeg2k_level = 0
+            return False
+        self._jpeg2k_threads = Threads(max(1, min(8, self.cpu_threads or os.cpu_count() or 1)), "ingest-nvjpeg2k")
+        return True
 
     def _finish_jpeg2k(self, pending: dict[int, Future]) -> dict[int, nvjpeg2k.Decoded]:
         """The decoded images of `_start_jpeg2k`'s by position; those it declined or failed on are left to the
@@ -552,7 +572,7 @@ class GpuDecoder:
         if self.jpeg2k is not None:
             self._jpeg2k_threads.shutdown()
             self.jpeg2k.close()
-            self.jpeg2k = None
+            self.jpeg2k, self._jpeg2k_threads = None, None
 
     def __enter__(self) -> "GpuDecoder":
         return self
@@ -881,17 +901,24 @@ def _code_stream(nvimgcodec: Any, job: _Job) -> Any:
         return None
 
 
-def _jpeg2k_decoder(device: torch.device, max_pixels: int) -> nvjpeg2k.Decoder | None:
-    """nvJPEG2000's decoder where the ``jpeg2k_decoder`` setting asks for it; None otherwise, and, with a warning
-    saying why, where it cannot load (JPEG 2000 then goes the nvImageCodec way)."""
-    if defaults.get("jpeg2k_decoder") != "nvjpeg2k":
-        return None
-    try:
-        return nvjpeg2k.Decoder(device, max_pixels=max_pixels)
-    except nvjpeg2k.Unavailable as err:
-        warnings.warn(f"ingest: jpeg2k_decoder is 'nvjpeg2k' but nvJPEG2000 is unavailable ({err}); JPEG 2000 "
-                      "images are decoded by nvImageCodec", RuntimeWarning, stacklevel=4)
-        return None
+def _jpeg2k_level() -> int:
+    """The fewest resolution levels a JPEG 2000 crop must allow to go to nvJPEG2000 called directly: 1 where the
+    ``jpeg2k_decoder`` setting is "nvjpeg2k", `nvjpeg2k.AUTO_LEVEL` for "auto", 0 (none go) for "nvimgcodec" and
+    where nvJPEG2000 cannot load (with a warning if the setting named it)."""
+    choice = defaults.get("jpeg2k_decoder")
+    if choice == "nvimgcodec":
+        return 0
+    why = nvjpeg2k.unavailable()
+    if why:
+        _jpeg2k_unavailable(why)
+        return 0
+    return 1 if choice == "nvjpeg2k" else nvjpeg2k.AUTO_LEVEL
+
+
+def _jpeg2k_unavailable(why: str) -> None:
+    if defaults.get("jpeg2k_decoder") == "nvjpeg2k":
+        warnings.warn(f"ingest: jpeg2k_decoder is 'nvjpeg2k' but nvJPEG2000 is unavailable ({why}); JPEG 2000 "
+                      "images are decoded by nvImageCodec", RuntimeWarning, stacklevel=5)
 
 
 def _pick_engine(engine: str) -> tuple[str, native.Library | None]:

@@ -2,10 +2,12 @@
 
 A JPEG 2000 codestream holds each tile as a wavelet pyramid, so an image can be decoded at resolution level r
 (each side divided by 2^r) without decoding the levels above it. When the ops downscale a crop by at least
-2^r, the crop decoded at level r still has at least the output's pixels, and the rest of the work is skipped.
+2^r, the crop decoded at level r still has at least the output's pixels, and the levels above need not be
+decoded (how much nvJPEG2000 saves by that depends on the depth: :data:`AUTO_LEVEL`).
 nvImageCodec 0.9 decodes JPEG 2000 only at full resolution; this module calls ``nvjpeg2kDecodeTile`` with the
-number of resolutions to decode. It runs when the ``jpeg2k_decoder`` setting is "nvjpeg2k"
-(`ingest.decode.gpu.GpuDecoder`); whatever it declines goes the nvImageCodec way.
+number of resolutions to decode. `ingest.decode.gpu.GpuDecoder` sends it the crops that allow :data:`AUTO_LEVEL`
+levels or more (the ``jpeg2k_decoder`` setting's "auto"), or every crop a level applies to ("nvjpeg2k");
+whatever it declines goes the nvImageCodec way.
 
 Rules:
 
@@ -68,6 +70,10 @@ SONAME = "libnvjpeg2k.so.0"
 SLOTS = 2
 #: Decode states a slot's tiles take turns over: the host queues one tile while the GPU decodes the last.
 TILE_STATES = 2
+#: The fewest levels a crop must allow before the ``jpeg2k_decoder`` setting's "auto" sends it here. One or two
+#: levels down nvJPEG2000 spends about its full-resolution time on a tile, so nvImageCodec's decode of the crop's
+#: code blocks alone costs less; from three levels down whole tiles at the level cost less (docs/design.md).
+AUTO_LEVEL = 3
 
 # -- nvjpeg2k.h (0.11) ------------------------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ from .._driver import recorded
 from ..decode.arena import ImageArena
 from ..decode.cpu import CpuDecoder
 from ..decode.masks import MaskDecoder
-from ..decode.nvjpeg2k import warp_steps
 from ..errors import DecodeError
 from ..ops import planner
 from .base import Stage
@@ -111,10 +110,10 @@ class DecodeStage(Stage):
         if gpu is not None:
             warp = work.ops_plan.warp
             rois = warp.regions() if warp is not None else None
-            # how far each sample's warp downscales: nvJPEG2000 (the jpeg2k_decoder setting) decodes that much less
-            steps = warp_steps(warp.matrix) if warp is not None and gpu.jpeg2k is not None else None
+            # how far each sample's warp downscales: nvJPEG2000 (the jpeg2k_decoder setting) may decode that much less
+            warps = warp.matrix if warp is not None and gpu.jpeg2k_level else None
             with torch.cuda.stream(stream):
-                images, origins, scales, paths = gpu.decode_batch_reduced(datas, work.names, rois=rois, steps=steps,
+                images, origins, scales, paths = gpu.decode_batch_reduced(datas, work.names, rois=rois, warps=warps,
                                                                           stream=stream, headers=work.headers)
                 images = self._replace_failures(work, images, rois, origins, gpu=True)
                 work.ready = recorded(stream)
