@@ -10,6 +10,10 @@ in /dev/shm unless --root says otherwise):
                  irreversible 9/7 at 20:1, 6 resolution levels, 1024 x 1024 tiles: RandomResizedCrop 224 downscales
                  every crop of these at least 2x, so a decoder may skip resolution levels and tiles (not in the
                  default --sets)
+  j2k_huge       the same at 12x (short side 3,600-6,000 px, as whole satellite scenes and scanned slides are):
+                 RandomResizedCrop 224 downscales about 60% of its crops 16x or more, where nvJPEG2000 decodes a
+                 reduced resolution in well under its full-resolution time (not in the default --sets; make it
+                 with a small --images: each image takes seconds to encode)
 
 Variants, per set (each in its own subprocess, as bench_gpu.py runs them; by default the JPEG 2000 sets run
 i, d and f, the TIFF set all four):
@@ -72,17 +76,17 @@ import bench_gpu  # noqa: E402 - after the path: this tree's ingest and the benc
 from bench_gpu import MEAN, STD, Feed, describe_batch, sync  # noqa: E402
 from bench_settings import parse_setting  # noqa: E402
 
-SETS = {"j2k_lossy": ".jp2", "j2k_lossless": ".jp2", "tiff": ".tif", "j2k_large": ".jp2"}
+SETS = {"j2k_lossy": ".jp2", "j2k_lossless": ".jp2", "tiff": ".tif", "j2k_large": ".jp2", "j2k_huge": ".jp2"}
 #: The sets run when --sets is not given (issue 36's).
 DEFAULT_SETS = ("j2k_lossy", "j2k_lossless", "tiff")
 VARIANTS = {"i": "ingest_mixed", "d": "dali_mixed", "c": "dali_cpu_decode", "f": "decode_only"}
 ORDER = "idcf"
 #: Variants each set runs unless --only says: DALI's CPU decode is the issue's comparison for TIFF only.
-SET_VARIANTS = {"j2k_lossy": "idf", "j2k_lossless": "idf", "tiff": "idcf", "j2k_large": "idf"}
+SET_VARIANTS = {"j2k_lossy": "idf", "j2k_lossless": "idf", "tiff": "idcf", "j2k_large": "idf", "j2k_huge": "idf"}
 #: The least a variant is started with under --budget.
 MIN_CHILD_SECONDS = 15
 #: Sets timed over --j2k-seconds and --j2k-min-batches instead of --seconds and --min-batches.
-J2K_SETS = ("j2k_lossy", "j2k_lossless", "j2k_large")
+J2K_SETS = ("j2k_lossy", "j2k_lossless", "j2k_large", "j2k_huge")
 #: ingest's settings read in each loader child and recorded with its result (what the decode's concurrency is).
 RECORDED_SETTINGS = ("gpu_decoders", "gpu_decode_threads", "decode_batches", "jpeg2k_device_padding",
                      "host_jpeg2k_share", "nvjpeg_host_padding", "nvjpeg_device_padding")
@@ -354,8 +358,9 @@ def _encode(job: tuple[str, str, str]) -> None:
         img.save(dst, "JPEG2000", irreversible=True, quality_mode="rates", quality_layers=[20], num_resolutions=6)
     elif name == "j2k_lossless":
         img.save(dst, "JPEG2000", num_resolutions=6)
-    elif name == "j2k_large":
-        img = img.resize((4 * img.width, 4 * img.height), Image.BICUBIC)
+    elif name in ("j2k_large", "j2k_huge"):
+        scale = 4 if name == "j2k_large" else 12
+        img = img.resize((scale * img.width, scale * img.height), Image.BICUBIC)
         img.save(dst, "JPEG2000", irreversible=True, quality_mode="rates", quality_layers=[20], num_resolutions=6,
                  tile_size=(1024, 1024))
     else:
