@@ -614,6 +614,9 @@ def test_a_large_batch_planned_in_slices_gets_what_one_plan_gives(ops):
     assert not isinstance(plan_sliced(ops, sizes[:SLICE], lambda a, b: SampleRandom.keyed(5, 1, keys[a:b])), Sliced)
     with pytest.raises(ValueError, match="whole images"):
         sliced.execute(ims, origins=[(0, 0)] * n)
+    assert torch.equal(sliced.execute(ims, scales=None), want)   # what the ops stage passes for a raw batch
+    with pytest.raises(ValueError, match="full resolution"):
+        sliced.execute(ims, scales=[0.5] * n)
 
 
 def test_execute_and_warp_write_into_out_of_the_batchs_shape():

@@ -448,13 +448,13 @@ class Sliced:
     def output(self) -> ImageSpec:
         return self.plans[0].output
 
-    def execute(self, images: torch.Tensor, origins: None = None, *, out: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def execute(self, images: torch.Tensor, origins: None = None, scales: None = None, *,
+                out: torch.Tensor | None = None) -> torch.Tensor:
         """Every slice's plan on its rows of ``images`` (one ``[N, H, W, C]`` tensor), written to one
         ``[N, ...]`` tensor, ``out`` or a new one (its layout as :meth:`Plan.execute`'s ``out``). The outputs
         must share a size."""
-        if origins is not None:
-            raise ValueError("a sliced plan takes whole images (no `origins`)")
+        if origins is not None or scales is not None:
+            raise ValueError("a sliced plan takes whole images at full resolution (no `origins` or `scales`)")
         sizes = self.out_sizes
         if not same_size(sizes):
             raise ValueError("a sliced plan's outputs must share a size")
