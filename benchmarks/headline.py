@@ -31,6 +31,8 @@ SEGMENTATION = ("bench_segmentation/h200/native_masks.json", "bench_segmentation
 CPU = "bench_cpu/cpu-2core/bench_cpu.json"
 DDP = ("bench_ddp/h200x4/feed_ingest.json", "bench_ddp/h200x4/feed_dali.json")
 GIL = "bench_gil/h200x2-16cores/native_vs_dali.json"
+#: the first of two rounds against DALI with the CPU share's default (the second reversed the order)
+CODECS = "bench_codecs/h200/jpeg2k_aim_r1.json"
 
 
 def _load(name: str) -> dict:
@@ -50,6 +52,7 @@ def rows() -> list[tuple[str, str, str, str]]:
     cpu = _load(CPU)["derived"]
     ours, dali = (_load(name)["runs"] for name in DDP)
     gil = _load(GIL)["summary"]
+    codecs = _load(CODECS)["results"]
 
     def ddp(field: str) -> str:
         return _joined([ours[g]["total"][field] / dali[g]["total"][field] for g in ("1", "2", "4")])
@@ -75,6 +78,10 @@ def rows() -> list[tuple[str, str, str, str]]:
          "H200, batch 32, two runs of one session", ", ".join(SEGMENTATION)),
         ("detection in the training process (COCO boxes, IoU crop, resize 800/1333), vs DALI 2.4's best variant",
          f"{det['ingest_over_dali_best_any']:.2f}", "H200, batch 32, one run", DETECTION),
+        ("JPEG 2000 (ImageNet-sized, RandomResizedCrop 224) vs DALI 2.4 mixed: lossy 9/7 / lossless 5/3",
+         _joined([codecs[f"{s}/ingest_mixed"]["img_s"] / codecs[f"{s}/dali_mixed"]["img_s"]
+                  for s in ("j2k_lossy", "j2k_lossless")]),
+         "H200, 16 cores, batch 256, one of two rounds", CODECS),
         ("CPU decode + augmentation vs DataLoader + PIL (2 workers)",
          f"{cpu['ingest_over_dataloader']:.2f}", "2 CPU cores, 3 rounds", CPU),
     ]
