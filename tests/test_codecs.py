@@ -659,6 +659,35 @@ def test_host_share_fixed_and_auto_counts():
     assert auto.share == MOST
 
 
+def test_host_share_pauses_while_one_image_outlasts_the_gpu_side():
+    """Very large images: one image on the CPU takes longer than the GPU side's batch, so "auto" gives the CPU none
+    for 1, then 2, 4, ... batches (at most `LONGEST_PAUSE`), one image between pauses, until one fits again."""
+    from ingest.decode.share import LONGEST_PAUSE, HostShare
+    auto, n = HostShare("auto"), 32
+
+    def batches(cpu_one: float, count: int, gpu: float = 0.5) -> list[int]:
+        taken = []
+        for _ in range(count):
+            k = auto.count(n)
+            taken.append(k)
+            if k:
+                auto.record(cpu_one * k, gpu, k)
+        return taken
+
+    # the first share (4 images) is cut to the one-image floor, which outlasts the GPU side: pauses of 1, 2, 4, 8
+    assert batches(2.0, 20) == [4, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]
+    batches(2.0, 2000)
+    assert auto._pause == LONGEST_PAUSE   # the pauses stop growing there
+    while auto.count(n) == 0:             # to the end of the pause: the next batch probes with one image
+        pass
+    auto.record(0.1, 0.5, 1)              # it fits: no more pauses, and the share grows from the floor
+    after = batches(0.1, 8)
+    assert 0 not in after and after == sorted(after) and after[-1] > 1 and auto._pause == 0
+    fixed = HostShare(0.25)               # a fixed share never pauses
+    fixed.record(2.0, 0.5, 1)
+    assert fixed.count(n) == 8
+
+
 def test_host_share_settles_where_the_cpu_side_ends_at_its_aim():
     """A CPU side of 16 threads at 10 ms an image beside a GPU side at 1,000 images/s: "auto" settles where the
     CPU side takes `AIM` of the GPU side's time (within the rounding of its image count to whole rounds)."""

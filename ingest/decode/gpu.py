@@ -730,7 +730,7 @@ class GpuDecoder:
         go to `host_share`."""
         gpu_seconds = time.perf_counter() - beside.started
         results = [future.result() for future in beside.futures]
-        self.host_share.record(max(end for _, end in results) - beside.started, gpu_seconds)
+        self.host_share.record(max(end for _, end in results) - beside.started, gpu_seconds, len(results))
         return [image for image, _ in results]
 
     def _decode_on_cpu(self, indices: list[int], datas, names, rois, stream: torch.cuda.Stream, *,

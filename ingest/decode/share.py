@@ -12,8 +12,11 @@ what the CPU's images cost after both sides (their uploads, one per image) and w
 nvJPEG2000's own host threads show in neither time, so ending both together gives the CPU too many. While
 the CPU side has fewer images than threads its time stays one image's, so the share grows until the times reach
 the aim; the square root damps the swings. The CPU keeps at least one image and the GPU at least a tenth of each
-batch (`MOST`), so that both times stay measured. (TIFFs are not shared: nvTIFF is fast enough that the CPU's
-images only slowed the batch.)
+batch (`MOST`), so that both times stay measured, with one exception: where a single image takes the CPU side
+longer than the GPU side's whole batch (very large images), the batch waits for the CPU, so "auto" gives the CPU
+no image for the next batch, then 2, 4, ... up to `LONGEST_PAUSE` batches, trying one image between the pauses
+and ending them once one image fits. (TIFFs are not shared: nvTIFF is fast enough that the CPU's images only
+slowed the batch.)
 
 Which images go: those whose decode region covers most of the image, since the CPU decoder decodes whole
 images and the GPU decoder only the region (`pick`).
@@ -34,6 +37,8 @@ AIM = 0.7
 MOST = 0.9
 #: The smallest share "auto" keeps (above it, at least one image a batch).
 LEAST = 1 / 256
+#: The most batches in a row "auto" gives the CPU no image, after one image outlasted the GPU side's batch.
+LONGEST_PAUSE = 64
 
 
 class HostShare:
@@ -44,6 +49,8 @@ class HostShare:
         self.setting = share
         self._lock = threading.Lock()
         self._share = FIRST if share == "auto" else float(share)
+        self._paused = 0   # batches left with no CPU image
+        self._pause = 0    # the length of the last pause (0: none since one image last fitted)
 
     @property
     def share(self) -> float:
@@ -55,15 +62,24 @@ class HostShare:
         """How many of ``n`` eligible images the CPU takes in the next batch."""
         k = int(round(self.share * n))
         if self.setting == "auto":
+            with self._lock:
+                if self._paused:
+                    self._paused -= 1
+                    return 0
             return min(n - 1, max(1, k)) if n > 1 else 0
         return k
 
-    def record(self, cpu_seconds: float, gpu_seconds: float) -> None:
-        """A batch's wall times, from its start to the last image of each side (in "auto": the next share)."""
+    def record(self, cpu_seconds: float, gpu_seconds: float, images: int | None = None) -> None:
+        """A batch's wall times, from its start to the last image of each side, and the CPU side's image count if
+        known (in "auto": the next share, and a pause where its one image outlasted the GPU side)."""
         if self.setting != "auto" or cpu_seconds <= 0 or gpu_seconds <= 0:
             return
         with self._lock:
             self._share = min(MOST, max(LEAST, self._share * math.sqrt(AIM * gpu_seconds / cpu_seconds)))
+            if images == 1 and cpu_seconds > gpu_seconds:
+                self._pause = self._paused = min(LONGEST_PAUSE, 2 * self._pause or 1)
+            elif images == 1:
+                self._pause = 0
 
 
 def pick(count: int, cover: np.ndarray) -> np.ndarray:
