@@ -244,6 +244,18 @@ def test_library_declines(parser, make, why):
     assert nj.inspect(*parser, make(), "t.j2k", None, None) == why
 
 
+def test_a_tile_with_no_sample_at_the_level_is_declined(parser):
+    """A 30 px image in 24 px tiles, 4 levels down: the second column and row of tiles (6 px, starting at 24, not a
+    multiple of 16) reduce to no sample. A region touching them is left to nvImageCodec; one inside the first tile
+    is decoded at that level."""
+    data = pillow_j2k(np.zeros((30, 30), np.uint8), tile_size=(24, 24), num_resolutions=5)
+    empty = [t for t in nj.plan_region(nj.read_siz(memoryview(data)), None, 4).tiles if 0 in t[3:]]
+    assert [t[0] for t in empty] == [1, 2, 3]
+    assert nj.inspect(*parser, data, "t.j2k", None, 16.0) == "EMPTY_TILE"
+    region, _, _ = nj.inspect(*parser, data, "t.j2k", (0, 0, 20, 20), 16.0)
+    assert region.level == 4 and [t[0] for t in region.tiles] == [0] and (region.height, region.width) == (2, 2)
+
+
 def test_library_refusal_is_a_decode_error_naming_the_file_and_call(parser):
     data = bytearray(imagecodecs.jpeg2k_encode(np.zeros((32, 32), np.uint8), level=0, codecformat="J2K"))
     cod = bytes(data).find(b"\xff\x52")   # COD: its length and contents garbled

@@ -29,8 +29,10 @@ Rules:
 - **Declined** (None, the reason counted in :attr:`Decoder.declined`): 2 or 4+ components, subsampled or
   signed components, more than 16 bits, an image or tile offset (nvJPEG2000's documentation requires both to be
   0), a JP2 palette, channel definition or ICC profile, a codestream that does not end with EOC (cut short: the
-  CPU decoder refuses it, naming the file), and a tile whose size nvJPEG2000 reports differently
-  from the reduced-grid formula (its buffer would not be the one allocated).
+  CPU decoder refuses it, naming the file), a tile whose size nvJPEG2000 reports differently
+  from the reduced-grid formula (its buffer would not be the one allocated), and a region with a tile that has no
+  sample at the level chosen (a tile, or its part inside the image at an edge, narrower than 2^level can reduce
+  to none).
 
 Errors: a status other than success from any call is a :class:`~ingest.errors.DecodeError` naming the file and
 the call. Without the library (or a GPU) :func:`load` raises :class:`Unavailable` with the reason; importing
@@ -477,6 +479,8 @@ def inspect(lib: Library, handle: int, bitstream: int, data: Any, name: str, roi
         return "FULL_RESOLUTION"   # left to a decoder that decodes the region's code blocks alone
     if level:
         region = plan_region(siz, roi, level)
+        if any(tw == 0 or th == 0 for _, _, _, tw, th in region.tiles):
+            return "EMPTY_TILE"   # a tile narrower than 2^level (inside the image) reduced to no sample
     w, h = c_uint32(), c_uint32()
     for tile, _, _, tw, th in region.tiles:
         for c in range(info.num_components):
