@@ -45,6 +45,9 @@ SEEDS = {
                          irreversible=True),
     "tiff-lzw": _pillow(Image.fromarray(PIXELS), "TIFF", compression="tiff_lzw"),
     "tiff-tiled-deflate": _tiff(PIXELS, tile=(16, 16), compression="zlib"),
+    "tiff-strips-deflate": _tiff(PIXELS, rowsperstrip=5, compression="zlib", predictor=True),
+    "tiff-float": _tiff(PIXELS.astype(np.float32) / 255, photometric="rgb", compression="zlib", predictor=True),
+    "tiff-16bit-lzw": _tiff(PIXELS.astype(np.uint16) * 257, compression="lzw"),
     "ppm": b"P6\n40 24\n255\n" + PIXELS.tobytes(),
     "pam": b"P7\nWIDTH 40\nHEIGHT 24\nDEPTH 3\nMAXVAL 255\nTUPLTYPE RGB\nENDHDR\n" + PIXELS.tobytes(),
 }
