@@ -33,18 +33,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import importlib.util
 import logging
 import os
 import sys
 import tempfile
 from ctypes import POINTER, Structure, Union, c_char, c_float, c_int, c_size_t, c_uint8, c_uint32, c_void_p
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from .._numpy import zeros
+from ._wheels import first_file, package_folders
 
 #: nvImageCodec versions (major * 1000 + minor * 100 + patch, as nvimgcodecGetProperties reports them) whose
 #: struct layouts this module mirrors: 0.9.x.
@@ -321,15 +320,8 @@ def version_string(version: int) -> str:
 
 def library_path() -> str:
     """The wheel's copy of the library (located without importing nvidia.nvimgcodec), else the bare soname."""
-    try:
-        spec = importlib.util.find_spec("nvidia.nvimgcodec")
-    except ImportError:
-        spec = None
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        candidate = Path(folder) / SONAME
-        if candidate.exists():
-            return str(candidate)
-    return SONAME
+    found = first_file(folder / SONAME for folder in package_folders("nvidia.nvimgcodec"))
+    return str(found) if found is not None else SONAME
 
 
 @functools.cache

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
 import os
 import re
 from pathlib import Path
 from typing import Iterator
+
+from ._wheels import first_file, package_folders
 
 SONAME = "libnvjpeg.so.13"
 _NVJPEG = re.compile(r"/libnvjpeg(\.[0-9a-f]{8})?\.so[.0-9]*$")   # nvJPEG itself, not nvJPEG2000
@@ -32,15 +33,7 @@ _NVJPEG = re.compile(r"/libnvjpeg(\.[0-9a-f]{8})?\.so[.0-9]*$")   # nvJPEG itsel
 
 def wheel_copy() -> Path | None:
     """The nvidia-nvjpeg wheel's library beside nvImageCodec's (``nvidia/cu13/lib``), if both are installed."""
-    try:
-        spec = importlib.util.find_spec("nvidia.nvimgcodec")
-    except (ImportError, ValueError):
-        return None
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        candidate = Path(folder).parent / "cu13" / "lib" / SONAME
-        if candidate.exists():
-            return candidate
-    return None
+    return first_file(folder.parent / "cu13" / "lib" / SONAME for folder in package_folders("nvidia.nvimgcodec"))
 
 
 def loaded(maps: str | None = None) -> list[str]:

@@ -50,13 +50,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import math
 import struct
 import threading
 from collections import Counter
 from ctypes import POINTER, Structure, byref, c_int, c_int32, c_size_t, c_uint8, c_uint32, c_void_p
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -64,6 +62,7 @@ import numpy as np
 from ingest import defaults
 from ingest._driver import recorded, wait_for
 from ingest.decode import codecs
+from ingest.decode._wheels import first_file, package_folders
 from ingest.errors import DecodeError
 
 SONAME = "libnvjpeg2k.so.0"
@@ -153,15 +152,8 @@ class Library:
 
 def library_path() -> str:
     """The nvidia-nvjpeg2k wheel's copy (``nvidia/nvjpeg2k/lib``, found without importing it), else the soname."""
-    try:
-        spec = importlib.util.find_spec("nvidia.nvjpeg2k")
-    except (ImportError, ValueError):
-        spec = None
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        candidate = Path(folder) / "lib" / SONAME
-        if candidate.exists():
-            return str(candidate)
-    return SONAME
+    found = first_file(folder / "lib" / SONAME for folder in package_folders("nvidia.nvjpeg2k"))
+    return str(found) if found is not None else SONAME
 
 
 @functools.cache
