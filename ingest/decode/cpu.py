@@ -212,7 +212,7 @@ class CpuDecoder:
     def submit(self, data: Buffer, name: str) -> Future:
         """:meth:`decode` started on the thread pool: a future of the image (or its :class:`DecodeError`) and when
         its decode ended (`time.perf_counter`)."""
-        return self._pool.pool.submit(self._decode_timed, data, name)
+        return self._pool.submit(self._decode_timed, data, name)
 
     def close(self) -> None:
         """Shut the thread pool down (waits for running decodes)."""

@@ -176,7 +176,7 @@ class MaskDecoder:
         bufs, png_names = [memoryview(datas[k]).cast("B") for k in png], [names[k] for k in png]
         native = NATIVE_PNG.start(bufs, limit, self.threads) if png else None
         taken = set(png)
-        others = {k: self._pool.pool.submit(_or_error, d, n)
+        others = {k: self._pool.submit(_or_error, d, n)
                   for k, (d, n) in enumerate(zip(datas, names)) if k not in taken}
 
         def wait() -> list[np.ndarray | DecodeError]:
