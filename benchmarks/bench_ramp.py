@@ -11,6 +11,9 @@ training stream (host timestamps on the CPU). From those:
 
   windows_img_s        images per second of each ``--window``-step window, from the first step on
   first_img_s          the first window's rate (steps 1-20 by default)
+  first_steps_ms       the time of each step of the first two windows
+  first_waits_ms       the host's time in each of those steps' ``next`` (the loader behind the loop)
+  steady_wait_ms       the host's mean time in ``next`` over the steady steps
   head_img_s           the rate of the first ``--head`` steps (300: issue 32's "first 300 steps")
   steady_img_s         the rate from step ``--steady-from`` to the end
   first_over_steady    first over steady: issue 32's target is >= 0.9
@@ -280,9 +283,10 @@ def measure(case: dict, args, dev, res: dict, flush) -> None:
             res["skipped"] = str(why)
             return
         res["check"] = bench_gpu.describe_batch(x, y, args.batch)
-        ends = step_ends(gen, step, x, y, args.steps, dev)
+        ends, waits = step_ends(gen, step, x, y, args.steps, dev)
         mem.stop()
         res.update(ramp(ends, args.batch, args.window, args.steady_from, args.head))
+        res.update(step_figures(ends, waits, args.window, args.steady_from))
         res["steady_over_synthetic"] = round(res["steady_img_s"] / res["synthetic_img_s"], 4)
         res["memory"] = mem.result()
         res["device_peak_mb"] = res["memory"].get("device_peak_mb")
@@ -295,20 +299,23 @@ def measure(case: dict, args, dev, res: dict, flush) -> None:
             feed.close()
 
 
-def step_ends(gen, step, x, y, steps: int, dev) -> list[float]:
+def step_ends(gen, step, x, y, steps: int, dev) -> tuple[list[float], list[float]]:
     """Seconds from just after the first batch arrived to the end of each of ``steps`` training steps (the first
     on that batch): from CUDA events on the training stream, read after one synchronise at the end, so the
-    loop runs as a user's would; on the CPU from host clocks."""
+    loop runs as a user's would; on the CPU from host clocks. Also the host's seconds in each step's ``next``
+    (0 for the first): where the loader, not the step, held the loop."""
     import torch
     cuda = dev.type == "cuda"
     if cuda:
         start = torch.cuda.Event(enable_timing=True)
         start.record()
         marks = []
-    t0, host = time.perf_counter(), []
+    t0, host, waits = time.perf_counter(), [], []
     for s in range(steps):
+        t = time.perf_counter()
         if s:
             x, y = next(gen)
+        waits.append(time.perf_counter() - t)
         step(x, y)
         if cuda:
             end = torch.cuda.Event(enable_timing=True)
@@ -317,7 +324,17 @@ def step_ends(gen, step, x, y, steps: int, dev) -> list[float]:
         else:
             host.append(time.perf_counter() - t0)
     bench_gpu.sync(dev)
-    return [start.elapsed_time(e) / 1000 for e in marks] if cuda else host
+    return ([start.elapsed_time(e) / 1000 for e in marks] if cuda else host), waits
+
+
+def step_figures(ends: list[float], waits: list[float], window: int, steady_from: int) -> dict:
+    """Each step of the first two windows, ms (a few long steps are waits on a buffer's regrowth; all of them
+    longer, a loader behind), the host's wait in each of their ``next`` calls, and its mean wait over the steady
+    steps (from step ``steady_from``, counted from 1)."""
+    steady = waits[steady_from - 1:]
+    return {"first_steps_ms": [round(1000 * (b - a), 2) for a, b in zip([0.0, *ends], ends[:2 * window])],
+            "first_waits_ms": [round(1000 * w, 2) for w in waits[:2 * window]],
+            "steady_wait_ms": round(1000 * sum(steady) / len(steady), 3) if steady else None}
 
 
 def ramp(ends: list[float], batch: int, window: int, steady_from: int, head: int | None = None) -> dict:

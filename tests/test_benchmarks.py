@@ -151,6 +151,16 @@ def test_bench_gil_skips_an_engine_the_loader_did_not_run():
     bench_gil.check_engine({"feed": "ingest", "engine": "python"}, feed({}), {})   # an ingest before engines
 
 
+def test_bench_ramp_step_times_and_waits():
+    import bench_ramp
+    ends = [0.010, 0.030, 0.035, 0.045, 0.050]   # step ends, s
+    waits = [0.0, 0.012, 0.0, 0.004, 0.002]
+    got = bench_ramp.step_figures(ends, waits, window=2, steady_from=4)
+    assert got == {"first_steps_ms": [10.0, 20.0, 5.0, 10.0], "first_waits_ms": [0.0, 12.0, 0.0, 4.0],
+                   "steady_wait_ms": 3.0}
+    assert bench_ramp.step_figures(ends[:2], waits[:2], window=2, steady_from=4)["steady_wait_ms"] is None
+
+
 def test_bench_ramp_rates_by_window_first_and_steady():
     import bench_ramp
     # 8 steps of 10 images: the first two take 2 s each, the rest 1 s (step ends at 2, 4, 5, 6, ...)
