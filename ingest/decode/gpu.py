@@ -408,15 +408,14 @@ class GpuDecoder:
         n = len(datas)
         stream = stream if stream is not None else torch.cuda.current_stream(self.device)
         table = codec_rows(headers if headers is not None else jpeg_headers(datas), datas)
+        given = _region_array(rois, n)
         pending = {}
         if self.jpeg2k_level and self.cpu.rgb8 and warps is not None and (table[:, 0] != 1).any():
-            pending = self._start_jpeg2k(datas, names, _region_array(rois, n), nvjpeg2k.warp_steps(warps), table,
-                                         stream)
+            pending = self._start_jpeg2k(datas, names, given, nvjpeg2k.warp_steps(warps), table, stream)
             if pending:   # decoding on nvJPEG2000's threads while nvImageCodec takes the rest
                 table = table.copy()
                 table[list(pending), 0] = 0
-        rois = rois if self.regions else None
-        wanted = _region_array(rois, n)
+        wanted = given if self.regions else _region_array(None, n)
         index = np.flatnonzero(gpu_decodable(table, self.cpu.max_pixels)) if self.cpu.rgb8 else np.arange(0)
         beside = self._start_beside(index, table, wanted, datas, names) if self.host_share is not None else None
         if beside is not None:
