@@ -109,6 +109,7 @@ def main() -> None:
     from ingest.decode.cpu import CpuDecoder
     from ingest.decode.gpu import GpuDecoder
     dev = torch.device("cuda", 0)
+    torch.cuda.init()   # torch's context first: nvJPEG's calls then run in it (the device's primary context)
     files = sorted(glob.glob(f"{args.data}/**/*.JPEG", recursive=True) + glob.glob(f"{args.data}/**/*.jpg",
                                                                                    recursive=True))
     direct = DirectDecoder(torch, dev)
@@ -123,6 +124,9 @@ def main() -> None:
             break
     batches = [(datas[i:i + args.batch], sizes[i:i + args.batch]) for i in range(0, len(datas), args.batch)]
     batches = [b for b in batches if len(b[0]) == args.batch]
+    if not batches:
+        raise SystemExit(f"{args.data}: fewer than {args.batch} JPEGs that nvJPEG's hardware batch takes "
+                         f"({len(datas)} of {len(files)} files)")
     a, b = (torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16) for _ in range(2))
 
     def products(seconds: float) -> float:
