@@ -515,7 +515,7 @@ class GpuDecoder:
             _jpeg2k_unavailable(str(err))
             self.jpeg2k_level = 0
             return False
-        self._jpeg2k_threads = Threads(max(1, min(8, self.cpu_threads or os.cpu_count() or 1)), "ingest-nvjpeg2k")
+        self._jpeg2k_threads = Threads(max(1, min(8, self.cpu_threads or defaults.cores())), "ingest-nvjpeg2k")
         return True
 
     def _finish_jpeg2k(self, pending: dict[int, Future]) -> dict[int, nvjpeg2k.Decoded]:
