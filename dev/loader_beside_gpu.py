@@ -20,12 +20,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+
+def gpu_work_rate(call, seconds: float) -> float:
+    """Calls of ``call`` (GPU work) per second over ``seconds``, synchronised every four calls and at the end."""
+    import torch
+    n = 0
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        call()
+        n += 1
+        if n % 4 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -42,8 +58,8 @@ def main() -> None:
     a, b = (torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16) for _ in range(2))
     big = torch.ones(512 << 20, device=dev)
     work = {"matmul": lambda: torch.mm(a, b), "stream": lambda: big.mul_(1.0)}
-    opts = argparse.Namespace(data=args.data, batch=args.batch, threads=len(__import__("os").sched_getaffinity(0)),
-                              prefetch=2, ingest_workers=None)
+    opts = argparse.Namespace(data=args.data, batch=args.batch, threads=len(os.sched_getaffinity(0)), prefetch=2,
+                              ingest_workers=None)
     feed = bench_gpu.build_ingest(opts, dev, "mixed")
     batches = feed.endless()
     for _ in range(20):   # past the start
@@ -59,18 +75,6 @@ def main() -> None:
                 n += 1
         out["img_s"] = args.batch * n / (time.perf_counter() - t0)
 
-    def work_rate(call, seconds: float) -> float:
-        n = 0
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            call()
-            n += 1
-            if n % 4 == 0:
-                torch.cuda.synchronize()
-        torch.cuda.synchronize()
-        return n / (time.perf_counter() - t0)
-
     def loader_alone() -> float:
         stop, out = threading.Event(), {}
         timer = threading.Timer(args.seconds, stop.set)
@@ -82,18 +86,18 @@ def main() -> None:
         stop, out = threading.Event(), {}
         thread = threading.Thread(target=loader_rate, args=(stop, out))
         thread.start()
-        rate = work_rate(call, args.seconds)
+        rate = gpu_work_rate(call, args.seconds)
         stop.set()
         thread.join()
         return out["img_s"], rate
 
     for call in work.values():   # cuBLAS's and the allocator's first calls out of the figures
-        work_rate(call, 0.5)
+        gpu_work_rate(call, 0.5)
     rounds = []
     for r in range(args.rounds):
         row = {"loader_alone_img_s": round(loader_alone(), 1)}
         for name, call in work.items():
-            alone = work_rate(call, args.seconds)
+            alone = gpu_work_rate(call, args.seconds)
             loader, beside = together(call)
             row[name] = {"alone_per_s": round(alone, 1), "beside_loader_per_s": round(beside, 1),
                          "work_ratio": round(beside / alone, 3), "loader_img_s": round(loader, 1),

@@ -25,6 +25,8 @@ import threading
 import time
 from ctypes import POINTER, byref, c_int, c_size_t, c_void_p
 
+from loader_beside_gpu import gpu_work_rate   # (dev/, beside this file)
+
 HARDWARE, RGBI = 3, 5   # nvjpegBackend_t NVJPEG_BACKEND_HARDWARE, nvjpegOutputFormat_t NVJPEG_OUTPUT_RGBI
 
 
@@ -130,16 +132,7 @@ def main() -> None:
     a, b = (torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16) for _ in range(2))
 
     def products(seconds: float) -> float:
-        n = 0
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            torch.mm(a, b)
-            n += 1
-            if n % 4 == 0:
-                torch.cuda.synchronize()
-        torch.cuda.synchronize()
-        return n / (time.perf_counter() - t0)
+        return gpu_work_rate(lambda: torch.mm(a, b), seconds)
 
     nvimg = GpuDecoder(dev, CpuDecoder(threads=4), backend="hw")
     default_stream, high_stream = torch.cuda.Stream(dev, priority=0), torch.cuda.Stream(dev, priority=-100)
