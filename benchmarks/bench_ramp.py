@@ -19,6 +19,9 @@ training stream (host timestamps on the CPU). From those:
   first_over_steady    first over steady: issue 32's target is >= 0.9
   head_over_steady, all_over_steady    the first ``--head`` steps' and every step's rate over the steady rate
   steady_over_synthetic  the steady rate over ``synthetic_img_s`` (issue 32: >= 0.88)
+  loader_stats.native_stage_ms, native_first_stage_ms   the native engine's stage times (its ``stats()``): the
+                       mean per batch over the run and each of its first 64 batches (the ones made before the
+                       first step included)
 
 Feeds: ingest's Loader with bench_gpu's pipeline (mixed decode, RandomResizedCrop 224, flip, normalize; the
 file tree at --data) under each ``--setting`` (named sets of ``INGEST_*`` variables, bench_settings' syntax;
@@ -294,6 +297,10 @@ def measure(case: dict, args, dev, res: dict, flush) -> None:
             stats = bench_gpu.loader_stats(feed.stats)
             res["loader_stats"] = {k: stats.get(k) for k in ("engine", "decode_paths", "buffers") if k in stats} \
                 if isinstance(stats, dict) else stats
+            native = stats.get("native") if isinstance(stats, dict) else None
+            if isinstance(native, dict) and "stage_ms" in native:   # where the native engine's batches waited
+                res["loader_stats"]["native_stage_ms"] = native["stage_ms"]
+                res["loader_stats"]["native_first_stage_ms"] = native["first_stage_ms"]
         flush()
         if feed.close is not None:
             feed.close()

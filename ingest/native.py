@@ -892,7 +892,15 @@ class NativeExecutor:
 
     # -- the rest ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """The engine's counts, why samples fell back and how many output tensors were made."""
+        """The engine's counts, why samples fell back, how many output tensors were made and where each batch's
+        time went: ``stage_ms`` (the mean per batch) and ``first_stage_ms`` (each of the first 64 batches), per
+        stage of the reader thread ("reader_wait_job": for a free job and the GPU's last read of its host
+        arenas, "read", "prepare": parse, header scan, plan and host decodes, "reader_wait_queue") and of the
+        decode thread ("decoder_wait_batch": for a read batch, "wait_arena": for a device arena the kernel has
+        read, "decode": nvImageCodec's call, "wait_slot": for an output slot the consumer gave back, "output":
+        packing, uploads and launches). A loader that keeps the training waiting is bound by the stage whose
+        wait the others show: a decode thread waiting for batches points at the reader, a reader waiting for jobs
+        at the decode thread, a decode thread waiting for slots at the consumer."""
         seconds, batches = self._python
         own = {"fallbacks": dict(self.fallbacks), "outputs_made": self.outputs_made,
                # the training thread's time per batch in __next__ besides the engine's wait (drops not included)
@@ -900,6 +908,8 @@ class NativeExecutor:
         if self._closed:
             return own
         counts = self._engine.stats()
+        counts["stage_ms"] = {k: round(v, 3) for k, v in counts["stage_ms"].items()}
+        counts["first_stage_ms"] = {k: [round(t, 3) for t in v] for k, v in counts["first_stage_ms"].items()}
         handed = max(counts["handed"], 1)
         own["engine_gil_us_per_batch"] = round(counts["gil_ns"] / handed / 1e3, 2)   # next() and release()
         return {**counts, **own}

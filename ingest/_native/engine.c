@@ -121,6 +121,17 @@ enum { D_INDEX, D_LABEL, D_STATUS, D_H, D_W, D_RX0, D_RY0, D_RX1, D_RY1, D_DX0, 
 #define QCAP 256          /* entries of the decode and ready queues (batches are bounded by jobs and slots) */
 #define JOBS 3            /* host batches in flight: being read, waiting, being decoded */
 #define ARENAS 2          /* device decode arenas: one decoded into while the kernel reads the other */
+
+/* Where each batch's time goes (stats: "stage_ms", the mean per batch; "first_stage_ms", each of the first
+ * T_FIRST batches). The reader thread: waiting for a free job (and for the GPU to finish reading its host arenas),
+ * its reads, the rest of its work (parse, header scan, plan, host decodes), waiting for room in the decode queue.
+ * The decode thread: waiting for a read batch, for a device arena the kernel has finished reading, nvImageCodec's
+ * decode of the batch (with the host pixels' upload), waiting for a free output slot (and for its last uploads
+ * to have run), the rest (packing and uploading the kernel's arguments, the launches). */
+enum { T_JOB, T_READ, T_PREPARE, T_QUEUE, T_IDLE, T_ARENA, T_DECODE, T_SLOT, T_OUTPUT, T_COUNT };
+static const char *const T_NAMES[T_COUNT] = {"reader_wait_job", "read", "prepare", "reader_wait_queue",
+                                             "decoder_wait_batch", "wait_arena", "decode", "wait_slot", "output"};
+#define T_FIRST 64
 #define ALIGN 768         /* each image's start in an arena: 256-byte aligned and a whole number of RGB pixels */
 #define ARENA_STEP ((size_t)2 << 20)
 #define KEEP_OPEN_FILES 4096 /* sources of at most this many files keep them open */
@@ -285,6 +296,7 @@ typedef struct {
     CUdeviceptr mdev;
     size_t mdev_cap;
     DetJob det;            /* detection (engine_det.h) */
+    int64_t t[T_COUNT];    /* nanoseconds in each stage (T_*), filled by the reader, then the decode thread */
 } Job;
 
 typedef struct Engine Engine;
@@ -441,11 +453,18 @@ struct Engine {
     ing_sample *p_plan;
     /* counts */
     int64_t st_batches, st_samples, st_fallbacks, st_failures, st_bytes, st_arena_allocs, st_starved;
+    int64_t t_sum[T_COUNT], t_first[T_FIRST][T_COUNT]; /* stage times (T_*): totals, the first batches' */
     /* The consumer's side, changed only with the GIL held: nanoseconds next() and release() held the GIL, the part
      * of it in CUDA driver calls, and the batches next() handed over. */
     int64_t gil_ns, handed;
     Det det; /* detection (engine_det.h); det.on 0 otherwise */
 };
+
+static int64_t mono_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 /* -- errors ------------------------------------------------------------------------------------------------ */
 
@@ -1146,9 +1165,12 @@ static void give_job(Engine *e, Job *j) {
 
 /* Queues a batch (job) or an epoch's end (job NULL) for the decode thread; 0 once stopping. */
 static int push_decode(Engine *e, Job *j, int64_t epoch) {
+    int64_t t0 = mono_ns();
     pthread_mutex_lock(&e->lock);
     while (e->dq_len == QCAP && !e->stop)
         pthread_cond_wait(&e->cond, &e->lock);
+    if (j != NULL)
+        j->t[T_QUEUE] = mono_ns() - t0;
     int ok = !e->stop;
     if (ok) {
         int at = (e->dq_head + e->dq_len++) % QCAP;
@@ -1233,16 +1255,25 @@ static void *reader_main(void *arg) {
         if (ep == NULL)
             return NULL;
         for (int64_t b = 0; b < ep->batches; ++b) {
+            int64_t t0 = mono_ns();
             Job *j = take_job(e);
             if (j == NULL)
                 return NULL;
+            int64_t t1 = mono_ns();
+            memset(j->t, 0, sizeof j->t);
+            j->t[T_JOB] = t1 - t0;
             int64_t first = ep->bounds[b];
             j->epoch = ep->epoch;
             j->number = ep->number0 + b;
             j->n = ep->bounds[b + 1] - first;
             memcpy(j->index, ep->indices + first, (size_t)j->n * sizeof(int64_t));
             memcpy(j->pad, ep->pad + first, (size_t)j->n);
-            if (!read_batch(e, j) || !prepare_batch(e, j) || !push_decode(e, j, -1)) {
+            int ok = read_batch(e, j);
+            int64_t t2 = mono_ns();
+            j->t[T_READ] = t2 - t1;
+            ok = ok && prepare_batch(e, j);
+            j->t[T_PREPARE] = mono_ns() - t2;
+            if (!ok || !push_decode(e, j, -1)) {
                 give_job(e, j);
                 return NULL;
             }
@@ -1289,8 +1320,10 @@ static void decode_fn(Engine *e, int id) {
 static int take_arena(Engine *e, Job *j, size_t need) {
     int a = (int)(e->batches_decoded++ % ARENAS);
     j->arena = a;
+    int64_t t0 = mono_ns();
     if (e->arena_used[a] && !cuok(e, cu.EventSynchronize(e->arena_ev[a]), "cuEventSynchronize"))
         return -1;
+    j->t[T_ARENA] = mono_ns() - t0;
     if (need > e->arena_cap[a]) {
         size_t size = (need + need / 4 + ARENA_STEP - 1) / ARENA_STEP * ARENA_STEP;
         if (e->arena[a] != 0)
@@ -1459,6 +1492,7 @@ static int warp_masks(Engine *e, Job *j, int slot, int64_t m2) {
 static int output_batch(Engine *e, Job *j, int64_t m) {
     const Note *notes = j->notes;
     int64_t nnotes = j->nnotes;
+    int64_t t0 = mono_ns();
     int slot = take_slot(e);
     if (slot < 0)
         return 0;
@@ -1470,6 +1504,7 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
     pthread_mutex_unlock(&e->lock);
     if (e->gpu && !cuok(e, cu.EventSynchronize(e->slot_ready[slot]), "cuEventSynchronize"))
         return 0; /* the slot's pinned memory is written below: its last uploads must have run */
+    j->t[T_SLOT] = mono_ns() - t0;
     int64_t *labels = (int64_t *)e->slot_host[slot];
     int64_t rows = 0;
     Note *kept = e->slot_notes[slot];
@@ -1582,9 +1617,14 @@ static int output_batch(Engine *e, Job *j, int64_t m) {
         if (!cuok(e, cu.EventRecord(e->slot_ready[slot], e->stream), "cuEventRecord"))
             return 0;
     }
+    j->t[T_OUTPUT] = mono_ns() - t0 - j->t[T_SLOT];
     pthread_mutex_lock(&e->lock);
     e->st_batches++;
     e->st_samples += rows;
+    for (int s = 0; s < T_COUNT; ++s) /* the batch's stage times */
+        e->t_sum[s] += j->t[s];
+    if (e->st_batches <= T_FIRST)
+        memcpy(e->t_first[e->st_batches - 1], j->t, sizeof j->t);
     for (int64_t q = 0; q < nkept; ++q) {
         e->st_fallbacks += kept[q].stage == NOTE_FALLBACK;
         e->st_failures += kept[q].stage == NOTE_READ || kept[q].stage == NOTE_CORRUPT;
@@ -1601,6 +1641,7 @@ static void *decoder_main(void *arg) {
     if (e->gpu && !cuok(e, cu.CtxSetCurrent(e->ctx), "cuCtxSetCurrent"))
         return NULL;
     for (;;) {
+        int64_t t0 = mono_ns();
         pthread_mutex_lock(&e->lock);
         while (e->dq_len == 0 && !e->stop)
             pthread_cond_wait(&e->cond, &e->lock);
@@ -1621,8 +1662,11 @@ static void *decoder_main(void *arg) {
         }
         int64_t m = 0;
         int ok = 1;
+        int64_t t1 = mono_ns();
+        j->t[T_IDLE] = t1 - t0;
         if (e->gpu)
             ok = (m = decode_batch(e, j)) >= 0;
+        j->t[T_DECODE] = mono_ns() - t1 - j->t[T_ARENA];
         ok = ok && output_batch(e, j, m);
         give_job(e, j);
         if (!ok)
@@ -1835,12 +1879,6 @@ static int alive(Engine *e) {
         return 0;
     }
     return 1;
-}
-
-static int64_t mono_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
 static int enter_waiting(Engine *e) {
@@ -2910,17 +2948,49 @@ static PyObject *Engine_close(Engine *e, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* ({name: mean ms per batch}, {name: [ms of each of the first batches]}) of the stage times (T_*). */
+static PyObject *stage_times(const int64_t *sum, const int64_t (*first)[T_COUNT], int64_t timed) {
+    PyObject *mean = PyDict_New(), *rows = PyDict_New();
+    int64_t nfirst = timed < T_FIRST ? timed : T_FIRST;
+    for (int s = 0; mean != NULL && rows != NULL && s < T_COUNT; ++s) {
+        PyObject *m = PyFloat_FromDouble(timed > 0 ? (double)sum[s] / (double)timed / 1e6 : 0.0);
+        PyObject *list = PyList_New(nfirst);
+        for (int64_t b = 0; list != NULL && b < nfirst; ++b)
+            PyList_SET_ITEM(list, b, PyFloat_FromDouble((double)first[b][s] / 1e6));
+        int bad = m == NULL || list == NULL || PyDict_SetItemString(mean, T_NAMES[s], m) < 0 ||
+                  PyDict_SetItemString(rows, T_NAMES[s], list) < 0;
+        Py_XDECREF(m);
+        Py_XDECREF(list);
+        if (bad)
+            Py_CLEAR(mean);
+    }
+    PyObject *pair = mean != NULL && rows != NULL ? Py_BuildValue("(OO)", mean, rows) : NULL;
+    Py_XDECREF(mean);
+    Py_XDECREF(rows);
+    return pair;
+}
+
 static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     if (!alive(e))
         return NULL;
+    int64_t sum[T_COUNT], first[T_FIRST][T_COUNT];
     pthread_mutex_lock(&e->lock);
     long long v[8] = {e->st_batches, e->st_samples, e->st_fallbacks, e->st_failures, e->st_bytes, e->st_arena_allocs,
                       e->st_starved,
                       (long long)(e->arena_cap[0] > e->arena_cap[1] ? e->arena_cap[0] : e->arena_cap[1])};
+    memcpy(sum, e->t_sum, sizeof sum);
+    memcpy(first, e->t_first, sizeof first);
     pthread_mutex_unlock(&e->lock);
-    return Py_BuildValue("{sLsLsLsLsLsLsLsLsLsL}", "batches", v[0], "samples", v[1], "fallbacks", v[2],
-                         "failures", v[3], "bytes_read", v[4], "arenas_made", v[5], "slot_waits", v[6],
-                         "arena_bytes", v[7], "gil_ns", (long long)e->gil_ns, "handed", (long long)e->handed);
+    PyObject *stages = stage_times(sum, (const int64_t (*)[T_COUNT])first, v[0]);
+    if (stages == NULL)
+        return NULL;
+    PyObject *out = Py_BuildValue("{sLsLsLsLsLsLsLsLsLsLsOsO}", "batches", v[0], "samples", v[1], "fallbacks", v[2],
+                                  "failures", v[3], "bytes_read", v[4], "arenas_made", v[5], "slot_waits", v[6],
+                                  "arena_bytes", v[7], "gil_ns", (long long)e->gil_ns, "handed", (long long)e->handed,
+                                  "stage_ms", PyTuple_GET_ITEM(stages, 0), "first_stage_ms",
+                                  PyTuple_GET_ITEM(stages, 1));
+    Py_DECREF(stages);
+    return out;
 }
 
 static PyObject *Engine_output_size(Engine *e, void *unused) {
