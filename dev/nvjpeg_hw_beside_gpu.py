@@ -9,7 +9,8 @@ streams of its own at the default priority, which the priority of the caller's s
 
 The first ``--images`` JPEGs of DATA_DIR (those nvJPEG's hardware batch takes), in batches of ``--batch``, whole
 images to interleaved RGB (nvImageCodec, nvJPEG) or to the planes as coded (nvJPEG's YUV output: no colour
-conversion). Each way decodes on its own thread, waiting for each batch (as a loader does before it hands the
+conversion); nvJPEG also from bitstreams uploaded in one copy a batch (its hardware backend that reads them from
+device memory) instead of one upload per image. Each way decodes on its own thread, waiting for each batch (as a loader does before it hands the
 batch on); the GPU work runs on the main thread, synchronised every four calls: bf16 8192^3 matrix products (few
 long kernels) or a ResNet-18 training step on a fixed batch (many short ones). Per way: img/s alone, what one
 batch puts on the GPU (kernels and copies, by torch's profiler) and, per kind of work, img/s beside it and the
@@ -31,7 +32,7 @@ from ctypes import POINTER, byref, c_int, c_size_t, c_void_p
 
 from loader_beside_gpu import gpu_work_rate   # (dev/, beside this file)
 
-HARDWARE = 3   # nvjpegBackend_t NVJPEG_BACKEND_HARDWARE
+HARDWARE, HARDWARE_DEVICE = 3, 5   # nvjpegBackend_t: the hardware engine, its bitstreams in host or device memory
 YUV, RGBI = 1, 5   # nvjpegOutputFormat_t: NVJPEG_OUTPUT_YUV (planes as coded, chroma subsampled), NVJPEG_OUTPUT_RGBI
 
 
@@ -41,15 +42,18 @@ class Image(ctypes.Structure):   # nvjpegImage_t
 
 class DirectDecoder:
     """nvJPEG's hardware batched decode (``nvjpegDecodeBatched``) of whole images to ``fmt`` (RGBI or planar YUV,
-    the planes as coded: no colour conversion), on a given stream."""
+    the planes as coded: no colour conversion), on a given stream. ``device_bitstreams``: the batch's bitstreams
+    uploaded in one copy from pinned memory and read by nvJPEG from the device (NVJPEG_BACKEND_HARDWARE_DEVICE),
+    instead of an upload per image."""
 
-    def __init__(self, torch, device, fmt: int = RGBI):
+    def __init__(self, torch, device, fmt: int = RGBI, device_bitstreams: bool = False):
         from ingest.decode import _nvjpeg
         path = _nvjpeg.wheel_copy()
         self.lib = ctypes.CDLL(str(path) if path else _nvjpeg.SONAME)   # CDLL: each call releases the GIL
-        self.torch, self.device, self.fmt = torch, device, fmt
+        self.torch, self.device, self.fmt, self.device_bitstreams = torch, device, fmt, device_bitstreams
         self.handle, self.state = c_void_p(), c_void_p()
-        self._check(self.lib.nvjpegCreateEx(HARDWARE, None, None, 0, byref(self.handle)), "nvjpegCreateEx(HARDWARE)")
+        backend = HARDWARE_DEVICE if device_bitstreams else HARDWARE
+        self._check(self.lib.nvjpegCreateEx(backend, None, None, 0, byref(self.handle)), f"nvjpegCreateEx({backend})")
         self._check(self.lib.nvjpegJpegStateCreate(self.handle, byref(self.state)), "nvjpegJpegStateCreate")
         lib = self.lib
         lib.nvjpegGetImageInfo.argtypes = [c_void_p, ctypes.c_char_p, c_size_t, POINTER(c_int), POINTER(c_int),
@@ -102,12 +106,25 @@ class DirectDecoder:
             for c, (pitch, rows) in enumerate(p):
                 img.channel[c], img.pitch[c] = at, pitch
                 at += pitch * rows
-        ptrs = (c_void_p * n)(*[ctypes.cast(ctypes.c_char_p(d), c_void_p).value for d in datas])
         lengths = (c_size_t * n)(*[len(d) for d in datas])
-        return datas, outs, images, ptrs, lengths   # every buffer the call reads stays alive with it
+        upload = None
+        if self.device_bitstreams:   # one pinned buffer of the batch's bitstreams, uploaded in one copy a batch
+            host = self.torch.frombuffer(bytearray(b"".join(datas)), dtype=self.torch.uint8).pin_memory()
+            dev = self.torch.empty_like(host, device=self.device)
+            starts = [0]
+            for d in datas[:-1]:
+                starts.append(starts[-1] + len(d))
+            ptrs = (c_void_p * n)(*[dev.data_ptr() + at for at in starts])
+            upload = (host, dev)
+        else:
+            ptrs = (c_void_p * n)(*[ctypes.cast(ctypes.c_char_p(d), c_void_p).value for d in datas])
+        return datas, outs, images, ptrs, lengths, upload   # every buffer the call reads stays alive with it
 
     def decode(self, args, stream) -> None:
-        _, _, images, ptrs, lengths = args
+        _, _, images, ptrs, lengths, upload = args
+        if upload is not None:
+            with self.torch.cuda.stream(stream):
+                upload[1].copy_(upload[0], non_blocking=True)
         self._check(self.lib.nvjpegDecodeBatched(self.handle, self.state, ptrs, lengths, images,
                                                  c_void_p(stream.cuda_stream)), "nvjpegDecodeBatched")
 
@@ -148,6 +165,7 @@ def main() -> None:
     files = sorted(glob.glob(f"{args.data}/**/*.JPEG", recursive=True) + glob.glob(f"{args.data}/**/*.jpg",
                                                                                    recursive=True))
     direct, direct_yuv = DirectDecoder(torch, dev), DirectDecoder(torch, dev, YUV)
+    direct_dev = DirectDecoder(torch, dev, device_bitstreams=True)
     datas, sizes = [], []
     for f in files:
         data = open(f, "rb").read()
@@ -168,12 +186,11 @@ def main() -> None:
     nvimgs = [GpuDecoder(dev, CpuDecoder(threads=4), backend="hw") for _ in range(2)]
     default_stream, high_stream = torch.cuda.Stream(dev, priority=0), torch.cuda.Stream(dev, priority=-100)
     second_stream = torch.cuda.Stream(dev, priority=0)
-    prepared = {RGBI: [direct.prepare(d, s) for d, s in batches],
-                YUV: [direct_yuv.prepare(d, s) for d, s in batches]}
+    prepared = {id(x): [x.prepare(d, s) for d, s in batches] for x in (direct, direct_yuv, direct_dev)}
 
     def run_direct(stream, decoder=direct):
         def one(k: int) -> None:
-            batch = prepared[decoder.fmt]
+            batch = prepared[id(decoder)]
             decoder.decode(batch[k % len(batch)], stream)
             stream.synchronize()
         return one
@@ -194,7 +211,8 @@ def main() -> None:
             "direct_default_priority": [run_direct(default_stream)],
             "direct_highest_priority": [run_direct(high_stream)],
             "direct_yuv_default_priority": [run_direct(default_stream, direct_yuv)],
-            "direct_yuv_highest_priority": [run_direct(high_stream, direct_yuv)]}
+            "direct_yuv_highest_priority": [run_direct(high_stream, direct_yuv)],
+            "direct_device_bitstreams_highest_priority": [run_direct(high_stream, direct_dev)]}
     ways = {name: way for name, way in ways.items() if not args.ways or name in args.ways.split(",")}
     works = {name: work for name, work in works.items() if not args.works or name in args.works.split(",")}
 
