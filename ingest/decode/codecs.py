@@ -190,34 +190,67 @@ def codestream(buf: memoryview, colours: tuple[int, ...] = ()) -> tuple[int, int
     return start, end, plain
 
 
+class Siz(NamedTuple):
+    """A codestream's SIZ marker: the reference grid and its tiling (ISO/IEC 15444-1, A.5.1)."""
+
+    width: int        # Xsiz: the grid's right edge (the image spans x0 .. width)
+    height: int       # Ysiz
+    x0: int           # XOsiz: the image's offset on the grid
+    y0: int           # YOsiz
+    tile_width: int   # XTsiz
+    tile_height: int  # YTsiz
+    tile_x0: int      # XTOsiz: the first tile's offset
+    tile_y0: int      # YTOsiz
+    steps: tuple[tuple[int, int], ...]   # (XRsiz, YRsiz) per component
+    precisions: tuple[int, ...]          # bits per component
+    signed: bool
+
+    @property
+    def tiles_x(self) -> int:
+        return -(-(self.width - self.tile_x0) // self.tile_width)
+
+    @property
+    def tiles_y(self) -> int:
+        return -(-(self.height - self.tile_y0) // self.tile_height)
+
+
+def read_siz(buf: memoryview, start: int = 0) -> Siz:
+    """The SIZ marker of the codestream at ``start`` (after SOC); ValueError or struct.error where it is short."""
+    if bytes(buf[start:start + 4]) != J2K_SIGNATURE:
+        raise ValueError("the codestream does not start with SOC, SIZ")
+    xs, ys, xo, yo, xt, yt, xto, yto = struct.unpack_from(">8I", buf, start + 8)
+    (count,) = struct.unpack_from(">H", buf, start + 40)
+    if count < 1 or count > 16384:
+        raise ValueError(f"SIZ says {count} components")
+    comps = [struct.unpack_from(">3B", buf, start + 42 + 3 * c) for c in range(count)]
+    if xs <= xo or ys <= yo or xt == 0 or yt == 0 or xto > xo or yto > yo or xto + xt <= xo or yto + yt <= yo:
+        raise ValueError(f"SIZ grid {xs}x{ys} from ({xo}, {yo}), tiles {xt}x{yt} from ({xto}, {yto})")
+    out = Siz(xs, ys, xo, yo, xt, yt, xto, yto, tuple((dx, dy) for _, dx, dy in comps),
+              tuple((s & 0x7F) + 1 for s, _, _ in comps), any(s & 0x80 for s, _, _ in comps))
+    if out.tiles_x * out.tiles_y > MAX_TILES:
+        raise ValueError(f"{out.tiles_x * out.tiles_y} tiles, more than a codestream can index ({MAX_TILES})")
+    return out
+
+
 def _jpeg2k_header(buf: memoryview) -> Header:
     start, end, plain = codestream(buf)
-    (xsiz, ysiz, xo, yo), (csiz,) = struct.unpack_from(">4I", buf, start + 8), \
-        struct.unpack_from(">H", buf, start + 40)
-    comps = [struct.unpack_from(">3B", buf, start + 42 + 3 * c) for c in range(min(csiz, MAX_COMPONENTS + 1))]
-    precision = max(((s & 0x7F) + 1 for s, _, _ in comps), default=0)
-    if any(s & 0x80 for s, _, _ in comps):   # refused before decoding, as the other layouts not decoded here
+    siz = read_siz(buf, start)
+    csiz, precision = len(siz.steps), max(siz.precisions)
+    if siz.signed:   # refused before decoding, as the other layouts not decoded here
         raise Unsupported(f"signed samples ({precision}-bit) are not supported")
-    steps = [(dx, dy) for _, dx, dy in comps]
+    steps = list(siz.steps)
     full = all(step == (1, 1) for step in steps)
     chroma = len(steps) >= 3 and steps[0] == (1, 1) and steps[1] == steps[2] in _CHROMA_STEPS and \
         all(step == (1, 1) for step in steps[3:])
     if not (full or chroma):
         # OpenJPEG's colour conversion prints to stderr and gives up on any other layout
         raise Unsupported(f"component subsampling {steps} is not supported")
-    height, width = ysiz - yo, xsiz - xo
-    xt, yt, xto, yto = struct.unpack_from(">4I", buf, start + 24)
-    if height <= 0 or width <= 0 or xt == 0 or yt == 0:
-        raise ValueError(f"SIZ says {xsiz - xo}x{ysiz - yo} pixels in tiles of {xt}x{yt}")
-    tiles = -(-(xsiz - xto) // xt) * -(-(ysiz - yto) // yt)
-    if tiles > MAX_TILES:
-        raise ValueError(f"{tiles} tiles, more than a codestream can index ({MAX_TILES})")
     complete = end <= len(buf) and bytes(buf[end - 2:end]) == b"\xff\xd9"   # ends with EOC: not truncated
     # nvJPEG2000 asks for image and tile start coordinates of 0 (its user guide); with others it may crash the
     # process (the conformance codestream e1_colr.j2c does, through nvImageCodec)
-    at_origin = not (xo or yo or xto or yto)
+    at_origin = not (siz.x0 or siz.y0 or siz.tile_x0 or siz.tile_y0)
     gpu = csiz in (1, 3) and precision == 8 and full and complete and plain and at_origin
-    return Header("jpeg2k", height, width, csiz, precision, 1, 1 if csiz < 3 else 2, gpu)
+    return Header("jpeg2k", siz.height - siz.y0, siz.width - siz.x0, csiz, precision, 1, 1 if csiz < 3 else 2, gpu)
 
 
 #: Chroma subsampling of components 1 and 2 (their horizontal, vertical steps) that JPEG 2000 files may have:

@@ -62,6 +62,7 @@ import numpy as np
 from ingest import defaults
 from ingest._driver import recorded, wait_for
 from ingest.decode import codecs
+from ingest.decode.codecs import Siz, read_siz
 from ingest.decode._wheels import first_file, package_folders
 from ingest.errors import DecodeError
 
@@ -177,48 +178,6 @@ def _check(status: int, call: str, name: str) -> None:
 
 
 # -- geometry (pure) --------------------------------------------------------------------------------------------
-
-class Siz(NamedTuple):
-    """A codestream's SIZ marker: the reference grid and its tiling (ISO/IEC 15444-1, A.5.1)."""
-
-    width: int        # Xsiz: the grid's right edge (the image spans x0 .. width)
-    height: int       # Ysiz
-    x0: int           # XOsiz: the image's offset on the grid
-    y0: int           # YOsiz
-    tile_width: int   # XTsiz
-    tile_height: int  # YTsiz
-    tile_x0: int      # XTOsiz: the first tile's offset
-    tile_y0: int      # YTOsiz
-    steps: tuple[tuple[int, int], ...]   # (XRsiz, YRsiz) per component
-    precisions: tuple[int, ...]          # bits per component
-    signed: bool
-
-    @property
-    def tiles_x(self) -> int:
-        return -(-(self.width - self.tile_x0) // self.tile_width)
-
-    @property
-    def tiles_y(self) -> int:
-        return -(-(self.height - self.tile_y0) // self.tile_height)
-
-
-def read_siz(buf: memoryview, start: int = 0) -> Siz:
-    """The SIZ marker of the codestream at ``start`` (after SOC); ValueError or struct.error where it is short."""
-    if bytes(buf[start:start + 4]) != codecs.J2K_SIGNATURE:
-        raise ValueError("the codestream does not start with SOC, SIZ")
-    xs, ys, xo, yo, xt, yt, xto, yto = struct.unpack_from(">8I", buf, start + 8)
-    (count,) = struct.unpack_from(">H", buf, start + 40)
-    if count < 1 or count > 16384:
-        raise ValueError(f"SIZ says {count} components")
-    comps = [struct.unpack_from(">3B", buf, start + 42 + 3 * c) for c in range(count)]
-    if xs <= xo or ys <= yo or xt == 0 or yt == 0 or xto > xo or yto > yo or xto + xt <= xo or yto + yt <= yo:
-        raise ValueError(f"SIZ grid {xs}x{ys} from ({xo}, {yo}), tiles {xt}x{yt} from ({xto}, {yto})")
-    out = Siz(xs, ys, xo, yo, xt, yt, xto, yto, tuple((dx, dy) for _, dx, dy in comps),
-              tuple((s & 0x7F) + 1 for s, _, _ in comps), any(s & 0x80 for s, _, _ in comps))
-    if out.tiles_x * out.tiles_y > codecs.MAX_TILES:
-        raise ValueError(f"{out.tiles_x * out.tiles_y} tiles, more than a codestream can index ({codecs.MAX_TILES})")
-    return out
-
 
 def ceil_shift(value: int, level: int) -> int:
     """``ceil(value / 2**level)`` for value >= 0: a reference-grid coordinate at resolution reduction ``level``."""
