@@ -168,6 +168,18 @@ def test_gpu_decoder_without_the_library_warns_and_leaves_jpeg2k_to_nvimgcodec(m
         assert gpu._jpeg2k_level() == 0   # the default ("auto"): not asked for by name, so no warning
 
 
+def test_a_failure_says_why_in_a_word():
+    """A failed call and an unreadable header raise Failed: a DecodeError naming the file, its `why` the word the
+    decoder's fallback counts use."""
+    with pytest.raises(nj.Failed) as err:
+        nj._check(4, "DecodeTile", "scan.jp2")
+    assert isinstance(err.value, DecodeError) and err.value.why == "JPEG_NOT_SUPPORTED"
+    assert str(err.value) == "scan.jp2: nvJPEG2000 DecodeTile failed: JPEG_NOT_SUPPORTED"
+    with pytest.raises(nj.Failed) as err:
+        nj.screen(memoryview(b"\xff\x4f\xff\x51" + bytes(8)), "cut.j2k", None)
+    assert err.value.why == "UNREADABLE_HEADER" and str(err.value).startswith("cut.j2k: unreadable JPEG 2000 header")
+
+
 def test_read_siz():
     data = pillow_j2k(np.zeros((45, 61), np.uint8), offset=(5, 3), tile_size=(16, 16), num_resolutions=3)
     s = nj.read_siz(memoryview(data))

@@ -525,7 +525,7 @@ class GpuDecoder:
         for i, future in pending.items():
             done = future.result()
             if isinstance(done, DecodeError):
-                self.fallbacks[f"nvjpeg2k: {str(done).rsplit(': ', 1)[-1]}"] += 1
+                self.fallbacks[f"nvjpeg2k: {getattr(done, 'why', 'FAILED')}"] += 1
             elif done is not None:
                 taken[i] = done
         if self.jpeg2k is not None:

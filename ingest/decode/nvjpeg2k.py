@@ -34,8 +34,8 @@ Rules:
   sample at the level chosen (a tile, or its part inside the image at an edge, narrower than 2^level can reduce
   to none).
 
-Errors: a status other than success from any call is a :class:`~ingest.errors.DecodeError` naming the file and
-the call. Without the library (or a GPU) :func:`load` raises :class:`Unavailable` with the reason; importing
+Errors: a status other than success from any call is a :class:`Failed` (a :class:`~ingest.errors.DecodeError`)
+naming the file and the call, its ``why`` the status's name. Without the library (or a GPU) :func:`load` raises :class:`Unavailable` with the reason; importing
 this module never fails for that.
 
 Threads: the library handle is shared (the GPU decoder decodes a batch's JPEG 2000 images on a few threads at
@@ -172,9 +172,19 @@ def unavailable(path: str | None = None) -> str | None:
     return None
 
 
+class Failed(DecodeError):
+    """nvJPEG2000 could not decode an image: ``why`` says how in a word (the failing call's status name,
+    NO_RESOLUTIONS, or UNREADABLE_HEADER), for the fallback counts."""
+
+    def __init__(self, message: str, *, path: str, why: str):
+        super().__init__(message, path=path)
+        self.why = why
+
+
 def _check(status: int, call: str, name: str) -> None:
     if status != 0:
-        raise DecodeError(f"nvJPEG2000 {call} failed: {STATUS.get(status, status)}", path=name)
+        why = str(STATUS.get(status, status))
+        raise Failed(f"nvJPEG2000 {call} failed: {why}", path=name, why=why)
 
 
 # -- geometry (pure) --------------------------------------------------------------------------------------------
@@ -423,7 +433,7 @@ def inspect(lib: Library, handle: int, bitstream: int, data: Any, name: str, roi
         _check(lib.nvjpeg2kStreamGetResolutionsInTile(bitstream, tile, byref(count)), "StreamGetResolutionsInTile",
                name)
         if count.value < 1:
-            raise DecodeError(f"nvJPEG2000 reports tile {tile} has no resolutions", path=name)
+            raise Failed(f"nvJPEG2000 reports tile {tile} has no resolutions", path=name, why="NO_RESOLUTIONS")
         resolutions[tile] = count.value
     level = choose_level(step, min(resolutions.values()) - 1)
     if level < min_level:
@@ -452,7 +462,7 @@ def screen(buf: memoryview, name: str, step: float | None, max_pixels: int | Non
         start, end, plain = codecs.codestream(buf, colours=(JP2_SYCC,))
         siz = read_siz(buf, start)
     except (ValueError, IndexError, OverflowError, struct.error) as err:
-        raise DecodeError(f"unreadable JPEG 2000 header: {err}", path=name) from err
+        raise Failed(f"unreadable JPEG 2000 header: {err}", path=name, why="UNREADABLE_HEADER") from err
     why = _decline(siz, plain)
     if why:
         return why
