@@ -24,7 +24,7 @@ from PIL import Image
 
 from conftest import REALWORLD, encode, textured
 from ingest import defaults
-from ingest.decode import codecs
+from ingest.decode import codecs, openjpeg
 from ingest.decode import gpu as decode_gpu
 from ingest.decode.cpu import CpuDecoder, jpeg_headers
 from ingest.errors import ConfigError, DecodeError
@@ -144,6 +144,103 @@ def test_jpeg2k_with_an_image_or_tile_offset_goes_to_the_cpu(cpu):
         found = header(data)
         assert not found.gpu and (found.height, found.width) == RGB.shape[:2], options
         np.testing.assert_array_equal(cpu.decode(data, "placed.j2k"), RGB)
+
+
+def _areas(h: int, w: int, seed: int) -> list[tuple[int, int, int, int]]:
+    rng = np.random.default_rng(seed)
+    out = [(0, 0, 1, 1), (w - 1, h - 1, w, h), (0, 0, w, h // 2), (w // 3, 0, w, h)]
+    for _ in range(6):
+        x0, y0 = int(rng.integers(0, w - 1)), int(rng.integers(0, h - 1))
+        out.append((x0, y0, int(rng.integers(x0 + 1, w + 1)), int(rng.integers(y0 + 1, h + 1))))
+    return out
+
+
+@pytest.mark.skipif(not openjpeg.available(), reason="no libopenjp2 (Pillow's wheels bundle one)")
+def test_openjpeg_decodes_an_area_as_the_whole_decode_has_it():
+    """OpenJPEG's decode area: exactly the whole decode's samples there, for reversible and irreversible, tiled
+    and untiled, J2K and JP2, an image and tile offset on the grid, gray, RGB, RGBA and 12-bit samples."""
+    big = textured(130, 170, seed=5)
+    cases = {
+        "lossless rgb jp2": j2k(big, level=0, codecformat="jp2"),
+        "lossy tiled j2k": j2k_tiled(big, 32, jp2=False),
+        "lossy tiled jp2": j2k_tiled(big, 48),
+        "lossless gray": j2k(big[:, :, 0], level=0, codecformat="j2k"),
+        "rgba codestream": j2k(np.dstack([big, big[:, :, :1]]), level=0, codecformat="j2k"),
+        "12-bit gray": j2k((RGB16[:, :, 0] >> 4), level=0, codecformat="j2k", bitspersample=12),
+        "offsets": encode(Image.fromarray(big), "JPEG2000", tile_size=(32, 32), no_jp2=True, offset=(20, 12),
+                          tile_offset=(10, 5), irreversible=True),
+    }
+    for seed, (what, data) in enumerate(cases.items()):
+        buf = memoryview(data)
+        header = codecs.read_header(buf, "jpeg2k", what)
+        assert header.region, what
+        whole = imagecodecs.jpeg2k_decode(data)
+        for x0, y0, x1, y1 in _areas(header.height, header.width, seed):
+            part = openjpeg.decode_area(buf, (x0, y0, x1, y1), what)
+            assert part.dtype == whole.dtype, what
+            np.testing.assert_array_equal(part, whole[y0:y1, x0:x1], err_msg=f"{what} {(x0, y0, x1, y1)}")
+
+
+@pytest.mark.skipif(not openjpeg.available(), reason="no libopenjp2 (Pillow's wheels bundle one)")
+def test_a_region_decode_returns_the_whole_size_with_only_the_region_decoded(cpu):
+    """`CpuDecoder.decode(region=...)`: a JPEG 2000 image comes back at its size, the region as decoded whole
+    and zeros around it; one OpenJPEG cannot decode an area of as its whole decode (sYCC colours, cut short)
+    comes back whole; a JPEG ignores the region."""
+    data = j2k_tiled(textured(96, 128, seed=2), 32)
+    whole = cpu.decode(data, "a.jp2")
+    got = cpu.decode(data, "a.jp2", region=(40, 20, 90, 70))
+    assert got.shape == whole.shape
+    np.testing.assert_array_equal(got[20:70, 40:90], whole[20:70, 40:90])
+    got[20:70, 40:90] = 0
+    assert not got.any()
+    srgb = bytearray(j2k(RGB, level=0, codecformat="jp2"))
+    sycc = bytearray(srgb)
+    struct.pack_into(">I", sycc, bytes(srgb).find(b"colr") + 7, 18)   # enumerated sYCC: OpenJPEG's tools convert
+    for other in (bytes(sycc), encode(Image.fromarray(RGB), "JPEG")):
+        np.testing.assert_array_equal(cpu.decode(other, "b"), cpu.decode(other, "b", region=(5, 5, 20, 20)))
+    cut = bytes(j2k(RGB, level=0, codecformat="j2k"))[:-300]   # no EOC: imagecodecs' whole decode names the failure
+    with pytest.raises(DecodeError, match="^cut.j2k: cannot decode JPEG 2000: opj_decode"):
+        cpu.decode(cut, "cut.j2k", region=(5, 5, 20, 20))
+
+
+@pytest.mark.skipif(not openjpeg.available(), reason="no libopenjp2 (Pillow's wheels bundle one)")
+def test_openjpeg_failure_names_the_file_and_says_what_openjpeg_said():
+    """A codestream whose COD asks for more decomposition levels than allowed: a DecodeError naming the file with
+    OpenJPEG's own message, nothing printed."""
+    data = bytearray(j2k(RGB, level=0, codecformat="j2k"))
+    cod = bytes(data).find(b"\xff\x52")
+    data[cod + 9] = 40   # SPcod's first byte: the decomposition levels (at most 32)
+    with pytest.raises(DecodeError) as err:
+        openjpeg.decode_area(memoryview(bytes(data)), (0, 0, 8, 8), "bad.j2k")
+    assert str(err.value).startswith("bad.j2k: cannot decode JPEG 2000 (header): ") and "no message" not in str(err.value)
+
+
+@pytest.mark.skipif(not openjpeg.available(), reason="no libopenjp2 (Pillow's wheels bundle one)")
+def test_cpu_loader_decodes_only_the_crop_of_jpeg2k_with_the_same_batches(tmp_path, monkeypatch):
+    """The CPU decode stage asks for the region the ops read: random crops of JPEG 2000 images decode just that
+    area, and the batches are the ones a whole decode gives, to the bit (the ops then read only the region)."""
+    import ingest
+    from ingest.ops import HorizontalFlip, Normalize, RandomResizedCrop
+    write_tree(tmp_path, {f"{c}/{i}.{'jp2' if i % 2 else 'j2k'}": j2k_tiled(textured(150 + 10 * i, 200, seed=i), 32,
+                                                                          jp2=bool(i % 2))
+                          for c in ("a", "b") for i in range(4)})
+
+    def batches():
+        loader = ingest.Loader(tmp_path, batch_size=4, ops=[RandomResizedCrop(48, scale=(0.05, 0.3)),
+                                                            HorizontalFlip(), Normalize(128, 64)],
+                               shuffle=True, seed=4, num_threads=2, extensions=(".jp2", ".j2k"))
+        return [(x.clone(), y.clone()) for x, y in loader]
+
+    areas = []
+    decode_area = openjpeg.decode_area
+    monkeypatch.setattr(openjpeg, "decode_area", lambda *a: areas.append(a[1]) or decode_area(*a))
+    cropped = batches()
+    assert len(areas) >= 8 and all((x1 - x0) * (y1 - y0) < 200 * 150 for x0, y0, x1, y1 in areas)
+    monkeypatch.setattr(openjpeg, "available", lambda: False)
+    whole = batches()
+    assert len(cropped) == len(whole) == 2
+    for (x, y), (xw, yw) in zip(cropped, whole):
+        assert torch.equal(x, xw) and torch.equal(y, yw)
 
 
 def test_image_types_name_jpeg2k_bigtiff_and_pam():

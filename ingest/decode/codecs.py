@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ingest.decode import openjpeg
 from ingest.errors import ConfigError, DecodeError
 
 try:
@@ -78,6 +79,9 @@ class Header(NamedTuple):
     photometric: int  # TIFF's PhotometricInterpretation; 1 (gray) or 2 (RGB) for JPEG 2000
     gpu: bool         # a kind nvImageCodec decodes to the CPU path's pixels (see `ingest.decode.gpu`), complete:
                       # a JPEG 2000 codestream ending with EOC, a TIFF whose strips or tiles lie within the file
+    region: bool = False   # a JPEG 2000 image OpenJPEG decodes an area of as its whole decode has it (`decode`'s
+                           # ``region``): every component at full resolution, at most 16 bits, plain colours,
+                           # complete
 
 
 def sniff(buf: memoryview) -> str | None:
@@ -250,7 +254,9 @@ def _jpeg2k_header(buf: memoryview) -> Header:
     # process (the conformance codestream e1_colr.j2c does, through nvImageCodec)
     at_origin = not (siz.x0 or siz.y0 or siz.tile_x0 or siz.tile_y0)
     gpu = csiz in (1, 3) and precision == 8 and full and complete and plain and at_origin
-    return Header("jpeg2k", siz.height - siz.y0, siz.width - siz.x0, csiz, precision, 1, 1 if csiz < 3 else 2, gpu)
+    region = full and complete and plain and precision <= 16 and csiz <= MAX_COMPONENTS
+    return Header("jpeg2k", siz.height - siz.y0, siz.width - siz.x0, csiz, precision, 1, 1 if csiz < 3 else 2, gpu,
+                  region)
 
 
 #: Chroma subsampling of components 1 and 2 (their horizontal, vertical steps) that JPEG 2000 files may have:
@@ -348,11 +354,24 @@ def table_row(header: Header) -> tuple[int, ...]:
 # -- decoding -------------------------------------------------------------------------------------------------
 
 
-def decode(buf: memoryview, codec: str, header: Header | None, name: str) -> tuple[np.ndarray, int]:
+def decode(buf: memoryview, codec: str, header: Header | None, name: str,
+           region: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, int]:
     """Stored (unoriented) samples of a JPEG 2000, TIFF or PNM file, ``[H, W]`` or ``[H, W, C]``, and their
-    precision in bits (0 for floating point). :class:`DecodeError` naming the file for anything refused."""
+    precision in bits (0 for floating point). :class:`DecodeError` naming the file for anything refused.
+
+    ``region`` = (x0, y0, x1, y1): only those pixels are needed. A JPEG 2000 image whose header allows it
+    (``Header.region``) then has just that area decoded by OpenJPEG (`ingest.decode.openjpeg`) and the rest of
+    the array left 0; inside the area the samples are the whole decode's. Other images are decoded whole."""
     if codec == "pnm":
         return read_pnm(buf, name)
+    if codec == "jpeg2k" and region is not None and header is not None and header.region:
+        area = _area(region, header)
+        if area is not None and openjpeg.available():
+            x0, y0, x1, y1 = area
+            part = openjpeg.decode_area(buf, area, name)
+            samples = np.zeros((header.height, header.width) + part.shape[2:], part.dtype)
+            samples[y0:y1, x0:x1] = part
+            return samples, header.precision
     if imagecodecs is None:
         raise DecodeError(f"decoding {_NAMES[codec]} needs imagecodecs: {INSTALL}", path=name)
     try:
@@ -365,6 +384,15 @@ def decode(buf: memoryview, codec: str, header: Header | None, name: str) -> tup
     # imagecodecs raises its codecs' errors (RuntimeErrors) and, for damaged directories, ValueError/IndexError
     except (RuntimeError, ValueError, IndexError, OverflowError, MemoryError) as err:
         raise DecodeError(f"cannot decode {_NAMES[codec]}: {err}", path=name) from err
+
+
+def _area(region: tuple[int, int, int, int], header: Header) -> tuple[int, int, int, int] | None:
+    """``region`` clipped to the image, or None where that leaves nothing or the whole image (decoded whole)."""
+    x0, y0 = max(int(region[0]), 0), max(int(region[1]), 0)
+    x1, y1 = min(int(region[2]), header.width), min(int(region[3]), header.height)
+    if x1 <= x0 or y1 <= y0 or (x0, y0, x1, y1) == (0, 0, header.width, header.height):
+        return None
+    return x0, y0, x1, y1
 
 
 def _tiff(buf: memoryview, header: Header) -> tuple[np.ndarray, int]:

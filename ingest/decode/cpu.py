@@ -165,7 +165,8 @@ class CpuDecoder:
                 sizes[k] = err
         return sizes, table
 
-    def decode(self, data: Buffer, name: str, *, min_size: Size | None = None) -> np.ndarray:
+    def decode(self, data: Buffer, name: str, *, min_size: Size | None = None,
+               region: tuple[int, int, int, int] | None = None) -> np.ndarray:
         """The image as an ``[H, W, 3]`` uint8 RGB array, orientation applied.
 
         ``min_size`` = (height, width) is a hint: a JPEG may then be downscaled in the DCT by the smallest
@@ -173,6 +174,10 @@ class CpuDecoder:
         smaller than :meth:`probe` says; its aspect ratio is kept up to rounding (sides are rounded up) and
         the caller scales its coordinates by ``result size / probed size``. Other formats, and the JPEGs
         libjpeg-turbo hands to Pillow, ignore the hint.
+
+        ``region`` = (x0, y0, x1, y1) in the probed image's pixels says that only those pixels are needed: a
+        JPEG 2000 image OpenJPEG can decode an area of comes back at its full size with just that area decoded
+        (the whole decode's pixels there, 0 elsewhere: `ingest.decode.codecs.decode`). Other images ignore it.
         """
         buf = as_buffer(data, name)
         if is_jpeg(buf):
@@ -186,7 +191,7 @@ class CpuDecoder:
             return codecs.finish(*codecs.read_pnm(buf, name), self.dtype, self.channels)
         if codec == "jpeg2k" or (codec == "tiff" and codecs.imagecodecs is not None):
             header = self.codec_header(buf, codec, name)
-            samples, precision = codecs.decode(buf, codec, header, name)
+            samples, precision = codecs.decode(buf, codec, header, name, region if codec == "jpeg2k" else None)
             return _orient(codecs.finish(samples, precision, self.dtype, self.channels), header.orientation)
         with self._open_pillow(data, buf, name) as img:
             # Pillow turns a TIFF by its Orientation tag as it loads it (and still reports the tag)
@@ -198,16 +203,22 @@ class CpuDecoder:
         return _orient(pixels, orientation)
 
     def decode_batch(self, datas: Sequence[Buffer], names: Sequence[str], *,
-                     min_sizes: Sequence[Size | None] | None = None) -> list[np.ndarray | DecodeError]:
-        """:meth:`decode` of every image on the thread pool, in order. A sample that cannot be decoded gives
-        its :class:`DecodeError` as a value (the executor counts it against the failure budget)."""
+                     min_sizes: Sequence[Size | None] | None = None,
+                     regions: Sequence[tuple[int, int, int, int] | None] | np.ndarray | None = None
+                     ) -> list[np.ndarray | DecodeError]:
+        """:meth:`decode` of every image on the thread pool, in order, with its ``min_sizes`` and ``regions``
+        entry. A sample that cannot be decoded gives its :class:`DecodeError` as a value (the executor counts
+        it against the failure budget)."""
         if len(datas) != len(names):
             raise ValueError(f"got {len(datas)} images but {len(names)} names")
-        if min_sizes is None:
-            min_sizes = [None] * len(datas)
-        elif len(min_sizes) != len(datas):
-            raise ValueError(f"got {len(datas)} images but {len(min_sizes)} min_sizes")
-        return list(self._pool.map(self._decode_or_error, datas, names, min_sizes))
+        hints = []
+        for what, given in (("min_sizes", min_sizes), ("regions", regions)):
+            if given is None:
+                given = [None] * len(datas)
+            elif len(given) != len(datas):
+                raise ValueError(f"got {len(datas)} images but {len(given)} {what}")
+            hints.append(given)
+        return list(self._pool.map(self._decode_or_error, datas, names, *hints))
 
     def submit(self, data: Buffer, name: str) -> Future:
         """:meth:`decode` started on the thread pool: a future of the image (or its :class:`DecodeError`) and when
@@ -309,9 +320,10 @@ class CpuDecoder:
                               "ingest.defaults.set(max_pixels=N) or the INGEST_MAX_PIXELS environment variable",
                               path=name)
 
-    def _decode_or_error(self, data: Buffer, name: str, min_size: Size | None) -> np.ndarray | DecodeError:
+    def _decode_or_error(self, data: Buffer, name: str, min_size: Size | None,
+                         region: tuple[int, int, int, int] | None = None) -> np.ndarray | DecodeError:
         try:
-            return self.decode(data, name, min_size=min_size)
+            return self.decode(data, name, min_size=min_size, region=None if region is None else tuple(region))
         except DecodeError as err:
             return err
 

@@ -119,7 +119,9 @@ class DecodeStage(Stage):
                 work.ready = recorded(stream)
             work.origins, work.scales = origins, scales
         else:
-            decoded = self.cpu.decode_batch(datas, work.names)
+            # only the pixels the warp reads: a JPEG 2000 image then has just that area decoded (the same pixels)
+            warp = work.ops_plan.warp
+            decoded = self.cpu.decode_batch(datas, work.names, regions=warp.regions() if warp is not None else None)
             paths = ["cpu"] * len(decoded)
             decoded = self._replace_failures(work, decoded, None, None, gpu=False)
             images = [torch.from_numpy(im) for im in decoded]
