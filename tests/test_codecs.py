@@ -204,7 +204,7 @@ def test_a_region_decode_returns_the_whole_size_with_only_the_region_decoded(cpu
 
 
 @pytest.mark.skipif(not openjpeg.available(), reason="no libopenjp2 (Pillow's wheels bundle one)")
-def test_openjpeg_failure_names_the_file_and_says_what_openjpeg_said():
+def test_openjpeg_failure_names_the_file_and_says_what_openjpeg_said(capfd):
     """A codestream whose COD asks for more decomposition levels than allowed: a DecodeError naming the file with
     OpenJPEG's own message, nothing printed."""
     data = bytearray(j2k(RGB, level=0, codecformat="j2k"))
@@ -213,6 +213,7 @@ def test_openjpeg_failure_names_the_file_and_says_what_openjpeg_said():
     with pytest.raises(DecodeError) as err:
         openjpeg.decode_area(memoryview(bytes(data)), (0, 0, 8, 8), "bad.j2k")
     assert str(err.value).startswith("bad.j2k: cannot decode JPEG 2000 (header): ") and "no message" not in str(err.value)
+    assert capfd.readouterr() == ("", "")
 
 
 @pytest.mark.skipif(not openjpeg.available(), reason="no libopenjp2 (Pillow's wheels bundle one)")
