@@ -158,3 +158,20 @@ def test_cpu_decode_of_mutated_files(cpu, data):
         _names_the_file(err)
         return
     assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3 and min(image.shape[:2]) > 0
+
+
+@FUZZ
+@given(st.data())
+def test_cpu_region_decode_of_mutated_jpeg2k(cpu, data):
+    """A region of a mutated JPEG 2000 file (OpenJPEG's decode area where the header allows it, else the whole
+    decode): an RGB uint8 image of the header's size, or a DecodeError naming the file."""
+    blob = data.draw(broken(SEEDS[data.draw(st.sampled_from(["jp2", "j2k-tiled"]))]))
+    x0, y0 = data.draw(st.integers(-3, 30)), data.draw(st.integers(-3, 20))
+    region = (x0, y0, x0 + data.draw(st.integers(0, 45)), y0 + data.draw(st.integers(0, 30)))
+    try:
+        size = cpu.probe(blob, NAME)
+        image = cpu.decode(blob, NAME, region=region)
+    except DecodeError as err:
+        _names_the_file(err)
+        return
+    assert image.dtype == np.uint8 and image.shape == (*size, 3)
