@@ -481,6 +481,8 @@ def test_without_imagecodecs_jpeg2k_names_the_extra_and_tiff_goes_to_pillow(cpu,
     monkeypatch.setattr(codecs, "imagecodecs", None)
     with pytest.raises(DecodeError, match=r"a\.jp2: decoding JPEG 2000 needs imagecodecs: pip install 'ingest\[codecs\]'"):
         cpu.decode(j2k(RGB, level=0, codecformat="jp2"), "a.jp2")
+    with pytest.raises(DecodeError, match="needs imagecodecs"):   # a region alone would not need it: the same rule
+        cpu.decode(j2k(RGB, level=0, codecformat="jp2"), "a.jp2", region=(0, 0, 8, 8))
     np.testing.assert_array_equal(cpu.decode(tiff(RGB, photometric="rgb"), "a.tif"), RGB)
     from ingest.decode.cpu import _orient
     for orientation in (2, 6):   # Pillow turns TIFFs as it loads them: turned once, as with imagecodecs

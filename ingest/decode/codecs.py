@@ -364,6 +364,8 @@ def decode(buf: memoryview, codec: str, header: Header | None, name: str,
     the array left 0; inside the area the samples are the whole decode's. Other images are decoded whole."""
     if codec == "pnm":
         return read_pnm(buf, name)
+    if imagecodecs is None:
+        raise DecodeError(f"decoding {_NAMES[codec]} needs imagecodecs: {INSTALL}", path=name)
     if codec == "jpeg2k" and region is not None and header is not None and header.region:
         area = _area(region, header)
         if area is not None and openjpeg.available():
@@ -372,8 +374,6 @@ def decode(buf: memoryview, codec: str, header: Header | None, name: str,
             samples = np.zeros((header.height, header.width) + part.shape[2:], part.dtype)
             samples[y0:y1, x0:x1] = part
             return samples, header.precision
-    if imagecodecs is None:
-        raise DecodeError(f"decoding {_NAMES[codec]} needs imagecodecs: {INSTALL}", path=name)
     try:
         if codec == "jpeg2k":
             samples = imagecodecs.jpeg2k_decode(buf, verbose=verbose(), numthreads=1)
