@@ -354,8 +354,8 @@ def table_row(header: Header) -> tuple[int, ...]:
 # -- decoding -------------------------------------------------------------------------------------------------
 
 
-def decode(buf: memoryview, codec: str, header: Header | None, name: str,
-           region: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, int]:
+def decode(buf: memoryview, codec: str, header: Header | None, name: str, region: Roi | None = None
+           ) -> tuple[np.ndarray, int]:
     """Stored (unoriented) samples of a JPEG 2000, TIFF or PNM file, ``[H, W]`` or ``[H, W, C]``, and their
     precision in bits (0 for floating point). :class:`DecodeError` naming the file for anything refused.
 
@@ -367,10 +367,10 @@ def decode(buf: memoryview, codec: str, header: Header | None, name: str,
     if imagecodecs is None:
         raise DecodeError(f"decoding {_NAMES[codec]} needs imagecodecs: {INSTALL}", path=name)
     if codec == "jpeg2k" and region is not None and header is not None and header.region:
-        area = _area(region, header)
+        area = clip_roi(region, header.height, header.width)
         if area is not None and openjpeg.available():
             x0, y0, x1, y1 = area
-            part = openjpeg.decode_area(buf, area, name)
+            part = openjpeg.decode_area(buf, area, name, jp2=bytes(buf[:12]) == JP2_SIGNATURE)
             samples = np.zeros((header.height, header.width) + part.shape[2:], part.dtype)
             samples[y0:y1, x0:x1] = part
             return samples, header.precision
@@ -386,11 +386,18 @@ def decode(buf: memoryview, codec: str, header: Header | None, name: str,
         raise DecodeError(f"cannot decode {_NAMES[codec]}: {err}", path=name) from err
 
 
-def _area(region: tuple[int, int, int, int], header: Header) -> tuple[int, int, int, int] | None:
-    """``region`` clipped to the image, or None where that leaves nothing or the whole image (decoded whole)."""
-    x0, y0 = max(int(region[0]), 0), max(int(region[1]), 0)
-    x1, y1 = min(int(region[2]), header.width), min(int(region[3]), header.height)
-    if x1 <= x0 or y1 <= y0 or (x0, y0, x1, y1) == (0, 0, header.width, header.height):
+Roi = tuple[int, int, int, int]  # x0, y0, x1, y1 in (oriented) source pixels
+
+
+def clip_roi(roi: Roi | None, height: int, width: int) -> Roi | None:
+    """``roi`` clipped to a ``height`` x ``width`` image; None when there is no region worth decoding alone
+    (none given, empty after clipping, or the whole image). Called per image: plain comparisons, no loops."""
+    if roi is None:
+        return None
+    x0, y0, x1, y1 = roi
+    x0, y0 = (int(x0) if x0 > 0 else 0), (int(y0) if y0 > 0 else 0)
+    x1, y1 = (int(x1) if x1 < width else width), (int(y1) if y1 < height else height)
+    if x1 <= x0 or y1 <= y0 or (x0 == 0 and y0 == 0 and x1 == width and y1 == height):
         return None
     return x0, y0, x1, y1
 

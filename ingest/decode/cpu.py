@@ -323,7 +323,7 @@ class CpuDecoder:
     def _decode_or_error(self, data: Buffer, name: str, min_size: Size | None,
                          region: tuple[int, int, int, int] | None = None) -> np.ndarray | DecodeError:
         try:
-            return self.decode(data, name, min_size=min_size, region=None if region is None else tuple(region))
+            return self.decode(data, name, min_size=min_size, region=region)
         except DecodeError as err:
             return err
 

@@ -98,6 +98,7 @@ from ingest.errors import ConfigError, DecodeError
 from ingest.decode import _nvimgcodec as native
 from ingest.decode.arena import ImageArena, arena_under
 from ingest.decode import codecs, nvjpeg2k
+from ingest.decode.codecs import Roi, clip_roi
 from ingest.decode.cpu import Buffer, CpuDecoder, JpegHeader, Size, as_buffer, jpeg_headers
 from ingest.decode.share import HostShare, pick
 
@@ -111,8 +112,6 @@ ENGINES = ("auto", "native", "python")
 _ALIGN = 768
 #: Granularity of the arena size (`Arenas.size_for`): PyTorch rounds large allocations to 2 MiB.
 _ARENA_STEP = 2 << 20
-
-Roi = tuple[int, int, int, int]  # x0, y0, x1, y1 in (oriented) source pixels
 
 KIND_JPEG2K, KIND_TIFF = codecs.KIND_JPEG2K, codecs.KIND_TIFF
 
@@ -856,19 +855,6 @@ def _region_array(rois: Sequence[Roi | None] | np.ndarray | None, n: int) -> np.
     if isinstance(rois, np.ndarray):
         return rois.astype(np.int64, copy=False).reshape(n, 4)
     return np.array([(0, 0, 0, 0) if r is None else r for r in rois], np.int64).reshape(n, 4)
-
-
-def clip_roi(roi: Roi | None, height: int, width: int) -> Roi | None:
-    """``roi`` clipped to a ``height`` x ``width`` image; None when there is no region worth decoding alone
-    (none given, empty after clipping, or the whole image). Called per image: plain comparisons, no loops."""
-    if roi is None:
-        return None
-    x0, y0, x1, y1 = roi
-    x0, y0 = (int(x0) if x0 > 0 else 0), (int(y0) if y0 > 0 else 0)
-    x1, y1 = (int(x1) if x1 < width else width), (int(y1) if y1 < height else height)
-    if x1 <= x0 or y1 <= y0 or (x0 == 0 and y0 == 0 and x1 == width and y1 == height):
-        return None
-    return x0, y0, x1, y1
 
 
 def orient(pixels: torch.Tensor, orientation: int) -> torch.Tensor:

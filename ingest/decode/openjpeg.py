@@ -20,16 +20,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import glob
-import os
 from ctypes import CFUNCTYPE, POINTER, byref, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint16, c_uint32, c_void_p
 
 import numpy as np
 
+from ingest.decode._wheels import package_folders
 from ingest.errors import DecodeError
 
 CODEC_J2K, CODEC_JP2 = 0, 2   # OPJ_CODEC_FORMAT
-JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
 CHUNK = 1 << 20               # the stream's buffer (OpenJPEG's own default)
 PARAMETERS_BYTES = 1 << 15    # room for opj_dparameters_t (about 8.3 KB in 2.x), filled by the library itself
 
@@ -82,13 +80,8 @@ _SIGNATURES = {
 
 def _candidates() -> list[str]:
     """Pillow's bundled libopenjp2 (beside the PIL package, as its wheels lay it out), then the system's."""
-    found = []
-    try:
-        import PIL
-        folder = os.path.dirname(os.path.abspath(PIL.__file__))
-        found += sorted(glob.glob(os.path.join(folder, os.pardir, "pillow.libs", "libopenjp2*")))
-    except ImportError:
-        pass
+    found = [str(path) for folder in package_folders("PIL")
+             for path in sorted((folder.parent / "pillow.libs").glob("libopenjp2*"))]
     system = ctypes.util.find_library("openjp2")
     return found + ([system] if system else [])
 
@@ -122,9 +115,9 @@ def available() -> bool:
     return True
 
 
-def decode_area(buf: memoryview, area: tuple[int, int, int, int], name: str) -> np.ndarray:
-    """The samples of ``area`` = (x0, y0, x1, y1), in image pixels, of a JPEG 2000 file or codestream that
-    `ingest.decode.codecs` marks ``Header.region``: ``[y1 - y0, x1 - x0]`` for one component, else
+def decode_area(buf: memoryview, area: tuple[int, int, int, int], name: str, *, jp2: bool) -> np.ndarray:
+    """The samples of ``area`` = (x0, y0, x1, y1), in image pixels, of a JPEG 2000 file (``jp2``) or bare
+    codestream that `ingest.decode.codecs` marks ``Header.region``: ``[y1 - y0, x1 - x0]`` for one component, else
     ``[y1 - y0, x1 - x0, C]``, uint8 up to 8-bit precision and uint16 above, as OpenJPEG decodes them (the whole
     decode's samples there, exactly). :class:`DecodeError` naming the file where OpenJPEG fails."""
     lib = load()
@@ -161,7 +154,7 @@ def decode_area(buf: memoryview, area: tuple[int, int, int, int], name: str) -> 
         said = "; ".join(m for m in messages if m) or "no message"
         return DecodeError(f"cannot decode JPEG 2000 ({what}): {said}", path=name)
 
-    codec = lib.opj_create_decompress(CODEC_JP2 if bytes(data[:12]) == JP2_SIGNATURE else CODEC_J2K)
+    codec = lib.opj_create_decompress(CODEC_JP2 if jp2 else CODEC_J2K)
     stream = lib.opj_stream_create(CHUNK, 1)
     image = POINTER(_Image)()
     try:
