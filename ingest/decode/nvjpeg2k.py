@@ -35,8 +35,8 @@ Rules:
   to none).
 
 Errors: a status other than success from any call is a :class:`Failed` (a :class:`~ingest.errors.DecodeError`)
-naming the file and the call, its ``why`` the status's name. Without the library (or a GPU) :func:`load` raises :class:`Unavailable` with the reason; importing
-this module never fails for that.
+naming the file and the call, its ``why`` the status's name. Without the library (or a GPU) :func:`load` raises
+:class:`Unavailable` with the reason; importing this module never fails for that.
 
 Threads: the library handle is shared (the GPU decoder decodes a batch's JPEG 2000 images on a few threads at
 once, so that their host stages run side by side); nvJPEG2000's decode states and bitstream handles may not be,
