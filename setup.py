@@ -19,6 +19,9 @@
   Pillow.
 - ``ingest.ops._boxes``: a detection batch's RandomIoUCrop draws, and its boxes through each op, in one call
   each holding the GIL; without it `ingest.ops.detection` and `ingest.ops.affine` do the same in numpy.
+- ``ingest.decode._openjpeg``: OpenJPEG's decode area for a JPEG 2000 crop (`ingest.decode.openjpeg`), one call
+  an image with the GIL released once (libopenjp2 loaded at run time); without it JPEG 2000 images are decoded
+  whole by imagecodecs.
 - ``ingest.decode._nvloop``: nvImageCodec's per-image batch loop without the GIL; without it the GPU decoder runs
   the same loop through ctypes, slower beside busy Python threads (``ingest.decode._nvimgcodec``).
 - ``ingest._engine``: the native engine (``ingest/_native/engine.c`` with the native planner, ``plan.c``): a
@@ -56,6 +59,8 @@ setup(ext_modules=[
               libraries=["dl", "pthread"]),
     Extension("ingest.ops._boxes", ["ingest/ops/_boxes.c"], optional=True, extra_compile_args=EXACT,
               depends=["ingest/_native/random_core.h", "ingest/_native/boxes_core.h"]),
+    Extension("ingest.decode._openjpeg", ["ingest/decode/_openjpeg.c"], optional=True, extra_compile_args=FLAGS,
+              include_dirs=NATIVE, depends=["ingest/_native/dlsyms.h"], libraries=["dl"]),
     Extension("ingest.decode._nvloop", ["ingest/decode/_nvloop.c"], optional=True, extra_compile_args=FLAGS,
               depends=["ingest/_native/nvloop.h"]),
     Extension("ingest._engine", ["ingest/_native/engine.c", "ingest/_native/plan.c"], optional=True,

@@ -370,9 +370,9 @@ def decode(buf: memoryview, codec: str, header: Header | None, name: str, region
         area = clip_roi(region, header.height, header.width)
         if area is not None and openjpeg.available():
             x0, y0, x1, y1 = area
-            part = openjpeg.decode_area(buf, area, name, jp2=bytes(buf[:12]) == JP2_SIGNATURE)
-            samples = np.zeros((header.height, header.width) + part.shape[2:], part.dtype)
-            samples[y0:y1, x0:x1] = part
+            shape = (header.height, header.width) + ((header.components,) if header.components > 1 else ())
+            samples = np.zeros(shape, np.uint8 if header.precision <= 8 else np.uint16)
+            openjpeg.decode_area(buf, area, name, jp2=bytes(buf[:12]) == JP2_SIGNATURE, out=samples[y0:y1, x0:x1])
             return samples, header.precision
     try:
         if codec == "jpeg2k":
