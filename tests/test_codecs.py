@@ -16,7 +16,6 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -818,11 +817,6 @@ def test_cpu_decoder_submit_gives_the_image_or_its_error_and_when_it_ended(cpu):
     assert before < ended < time.perf_counter()
     error, _ = cpu.submit(data[:len(data) // 3], "cut.jp2").result()
     assert isinstance(error, DecodeError) and "cut.jp2" in str(error)
-    if openjpeg.available():   # with a region: just that area, as `decode` gives it
-        area, _ = cpu.submit(data, "a.jp2", (8, 4, 30, 20)).result()
-        np.testing.assert_array_equal(area, cpu.decode(data, "a.jp2", region=(8, 4, 30, 20)))
-        np.testing.assert_array_equal(area[4:20, 8:30], image[4:20, 8:30])
-        assert not area[:4].any() and not area[20:].any()
 
 
 def test_host_share_picks_the_largest_regions_first():
@@ -868,23 +862,6 @@ def test_gpu_batch_shares_jpeg2k_with_the_cpu_decoder(engine):
                 # a region where one was asked for, except a TIFF (decoded whole on the GPU)
                 assert origin == (roi[:2] if roi is not None and path != "gpu" else (0, 0)), (name, origin)
                 assert_decoded_as_cpu(cpu, name, data, image, origin)
-        # the whole share: the CPU decoder is asked for just the regions (OpenJPEG's area decode)
-        asked, decode = [], cpu.decode
-
-        def noted(data, name, **hints):
-            asked.append((name, hints["region"]))
-            return decode(data, name, **hints)
-
-        with mock.patch.object(cpu, "decode", noted):
-            with defaults.set(host_jpeg2k_share=1.0):
-                gpu = decode_gpu.GpuDecoder("cuda", cpu, engine=engine)
-            with gpu:
-                images, origins, paths = gpu.decode_batch(datas, names, rois=rois)
-        assert paths == ["cpu-share"] * 8 + ["gpu"] * 4, (paths, dict(gpu.fallbacks))
-        assert sorted(asked) == sorted(zip(names[:8], rois[:8])), asked
-        for name, data, image, origin, roi, path in zip(names, datas, images, origins, rois, paths):
-            assert origin == (roi[:2] if roi is not None and path != "gpu" else (0, 0)), (name, origin)
-            assert_decoded_as_cpu(cpu, name, data, image, origin)
         with defaults.set(host_jpeg2k_share="auto"):
             gpu = decode_gpu.GpuDecoder("cuda", cpu, engine=engine)
         with gpu:

@@ -18,10 +18,8 @@ no image for the next batch, then 2, 4, ... up to `LONGEST_PAUSE` batches, tryin
 and ending them once one image fits. (TIFFs are not shared: nvTIFF is fast enough that the CPU's images only
 slowed the batch.)
 
-Which images go: those whose decode region covers most of the image (`pick`). The CPU decoder decodes just a
-region's area where OpenJPEG can (`ingest.decode.openjpeg`), but a small area saves it far less than its
-fraction of the image: OpenJPEG still parses every packet of the code stream, and its inverse wavelet
-transform needs a margin around the area at each resolution level.
+Which images go: those whose decode region covers most of the image, since the CPU decoder decodes whole
+images and the GPU decoder only the region (`pick`).
 """
 
 from __future__ import annotations
