@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -817,12 +818,17 @@ def test_cpu_decoder_submit_gives_the_image_or_its_error_and_when_it_ended(cpu):
     assert before < ended < time.perf_counter()
     error, _ = cpu.submit(data[:len(data) // 3], "cut.jp2").result()
     assert isinstance(error, DecodeError) and "cut.jp2" in str(error)
+    if openjpeg.available():   # with a region: just that area, as `decode` gives it
+        area, _ = cpu.submit(data, "a.jp2", (8, 4, 30, 20)).result()
+        np.testing.assert_array_equal(area, cpu.decode(data, "a.jp2", region=(8, 4, 30, 20)))
+        np.testing.assert_array_equal(area[4:20, 8:30], image[4:20, 8:30])
+        assert not area[:4].any() and not area[20:].any()
 
 
-def test_host_share_picks_the_largest_regions_first():
+def test_host_share_picks_the_smallest_regions_first():
     from ingest.decode.share import pick
-    assert pick(2, np.array([0.3, 1.0, 0.5, 1.0])).tolist() == [1, 3]
-    assert pick(3, np.array([0.3, 1.0, 0.5, 1.0])).tolist() == [1, 2, 3]
+    assert pick(2, np.array([0.3, 1.0, 0.5, 0.3])).tolist() == [0, 3]
+    assert pick(3, np.array([1.0, 0.3, 1.0, 0.5])).tolist() == [0, 1, 3]
     assert pick(0, np.array([1.0])).tolist() == []
 
 
@@ -838,10 +844,10 @@ def test_host_jpeg2k_share_setting_is_checked():
 @requires_gpu
 @pytest.mark.parametrize("engine", ["native", "python"])
 def test_gpu_batch_shares_jpeg2k_with_the_cpu_decoder(engine):
-    """``host_jpeg2k_share`` 0.5: half of a batch's GPU-eligible JPEG 2000 images (the largest regions first)
-    decode on the CPU beside the GPU ("cpu-share"), the others and the TIFFs on the GPU; each equals the CPU decode
-    (lossless), cropped to its region where it has one; "auto" keeps both sides busy over a few batches with the
-    same pixels."""
+    """``host_jpeg2k_share`` 0.5: half of a batch's GPU-eligible JPEG 2000 images (the smallest regions first)
+    decode on the CPU beside the GPU ("cpu-share"), which is asked for just their regions (OpenJPEG's area
+    decode), the others and the TIFFs on the GPU; each equals the CPU decode (lossless), cropped to its region
+    where it has one; "auto" keeps both sides busy over a few batches with the same pixels."""
     sources = [textured(120 + 8 * k, 160, seed=k) for k in range(8)]
     datas = [j2k(im, level=0, codecformat="jp2") for im in sources] + \
         [tiff(im, photometric="rgb", compression="lzw") for im in sources[:4]]
@@ -854,10 +860,18 @@ def test_gpu_batch_shares_jpeg2k_with_the_cpu_decoder(engine):
                 gpu = decode_gpu.GpuDecoder("cuda", cpu, engine=engine)
             except ImportError as err:
                 pytest.skip(str(err))
+        asked, decode = [], cpu.decode
+
+        def noted(data, name, **hints):
+            asked.append((name, hints["region"]))
+            return decode(data, name, **hints)
+
         with gpu:
-            images, origins, paths = gpu.decode_batch(datas, names, rois=rois)
-            assert paths[:8] == ["gpu-roi"] * 4 + ["cpu-share"] * 4, (paths, dict(gpu.fallbacks))
+            with mock.patch.object(cpu, "decode", noted):
+                images, origins, paths = gpu.decode_batch(datas, names, rois=rois)
+            assert paths[:8] == ["cpu-share"] * 4 + ["gpu"] * 4, (paths, dict(gpu.fallbacks))
             assert paths[8:] == ["gpu"] * 4, paths
+            assert sorted(asked) == sorted(zip(names[:4], rois[:4])), asked
             for name, data, image, origin, roi, path in zip(names, datas, images, origins, rois, paths):
                 # a region where one was asked for, except a TIFF (decoded whole on the GPU)
                 assert origin == (roi[:2] if roi is not None and path != "gpu" else (0, 0)), (name, origin)

@@ -220,10 +220,10 @@ class CpuDecoder:
             hints.append(given)
         return list(self._pool.map(self._decode_or_error, datas, names, *hints))
 
-    def submit(self, data: Buffer, name: str) -> Future:
-        """:meth:`decode` started on the thread pool: a future of the image (or its :class:`DecodeError`) and when
-        its decode ended (`time.perf_counter`)."""
-        return self._pool.submit(self._decode_timed, data, name)
+    def submit(self, data: Buffer, name: str, region: tuple[int, int, int, int] | None = None) -> Future:
+        """:meth:`decode` (with its ``region``) started on the thread pool: a future of the image (or its
+        :class:`DecodeError`) and when its decode ended (`time.perf_counter`)."""
+        return self._pool.submit(self._decode_timed, data, name, region)
 
     def close(self) -> None:
         """Shut the thread pool down (waits for running decodes)."""
@@ -327,8 +327,9 @@ class CpuDecoder:
         except DecodeError as err:
             return err
 
-    def _decode_timed(self, data: Buffer, name: str) -> tuple[np.ndarray | DecodeError, float]:
-        image = self._decode_or_error(data, name, None)
+    def _decode_timed(self, data: Buffer, name: str, region: tuple[int, int, int, int] | None
+                      ) -> tuple[np.ndarray | DecodeError, float]:
+        image = self._decode_or_error(data, name, None, region)
         return image, time.perf_counter()
 
 

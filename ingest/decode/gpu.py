@@ -711,7 +711,8 @@ class GpuDecoder:
     def _start_beside(self, index: np.ndarray, table: np.ndarray, wanted: np.ndarray, datas, names
                       ) -> _Beside | None:
         """The JPEG 2000 images among ``index`` (GPU-eligible) that the CPU decoder takes beside the GPU
-        (`host_share`, `ingest.decode.share.pick`), their decodes started on its threads; None for none."""
+        (`host_share`: the smallest regions, `ingest.decode.share.pick`), their decodes started on its threads,
+        each with its region (OpenJPEG then decodes just that area: `CpuDecoder.decode`); None for none."""
         jpeg2k = index[table[index, 0] == KIND_JPEG2K]
         count = self.host_share.count(len(jpeg2k))
         if not count:
@@ -720,8 +721,11 @@ class GpuDecoder:
         regions = clip_regions(wanted[jpeg2k], rows)
         hw = decoded_sizes(regions, rows)
         cover = hw[:, 0] * hw[:, 1] / np.maximum(rows[:, 1] * rows[:, 2], 1)
-        host = jpeg2k[pick(count, cover)]
-        return _Beside(host, time.perf_counter(), [self.cpu.submit(datas[i], names[i]) for i in host.tolist()])
+        chosen = pick(count, cover)
+        host, areas = jpeg2k[chosen], regions[chosen]
+        return _Beside(host, time.perf_counter(),
+                       [self.cpu.submit(datas[i], names[i], tuple(area) if area[2] > area[0] else None)
+                        for i, area in zip(host.tolist(), areas.tolist())])
 
     def _finish_beside(self, beside: _Beside) -> list[np.ndarray | DecodeError]:
         """The CPU decoder's images of `_start_beside` (awaited); its wall time and the GPU side's (until now)

@@ -18,8 +18,12 @@ no image for the next batch, then 2, 4, ... up to `LONGEST_PAUSE` batches, tryin
 and ending them once one image fits. (TIFFs are not shared: nvTIFF is fast enough that the CPU's images only
 slowed the batch.)
 
-Which images go: those whose decode region covers most of the image, since the CPU decoder decodes whole
-images and the GPU decoder only the region (`pick`).
+Which images go: those whose decode region covers the least of the image (`pick`). Each side decodes just the
+region (nvJPEG2000 the code blocks it touches, OpenJPEG its area: `ingest.decode.openjpeg`), and both pay a
+part of an image's cost whatever its region. Given the smallest crops, the CPU side takes more images in its
+time than given the largest, for a smaller cut in the GPU side's work; on the ImageNet-sized sets of
+``benchmarks/bench_codecs.py`` that traded up on lossless images and evenly on lossy ones
+(docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -84,8 +88,8 @@ class HostShare:
 
 def pick(count: int, cover: np.ndarray) -> np.ndarray:
     """Positions, in order, of the ``count`` images the CPU takes among those whose decode regions cover
-    ``cover`` of their images (1 for a whole image): the largest covers first, ties in batch order."""
+    ``cover`` of their images (1 for a whole image): the smallest covers first, ties in batch order."""
     if count <= 0:
         return np.zeros(0, np.int64)
-    order = np.argsort(-np.asarray(cover, np.float64), kind="stable")
+    order = np.argsort(np.asarray(cover, np.float64), kind="stable")
     return np.sort(order[:count])
