@@ -7,7 +7,12 @@ drawn as RandomResizedCrop draws them (area 0.08-1, ratio 3/4-4/3; bench_codecs.
 times the whole decode and the region decode of every image once, in alternating order, and the first batch's
 regions are checked against the whole decode's pixels.
 
-Usage: python dev/openjpeg_area.py [--root DIR] [--images 64] [--large-images 16] [--rounds 2] [--json OUT.json]
+``--busy``: a Python thread counts in a loop beside the decodes (as a training loop runs beside a loader), and
+each round also gives the share of its count it kept against the same thread alone: a decode that takes the GIL
+back often waits a switch interval at each take-back, and slows the thread beside it.
+
+Usage: python dev/openjpeg_area.py [--root DIR] [--images 64] [--large-images 16] [--rounds 2] [--busy]
+       [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import os
 import platform
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +36,7 @@ def main() -> None:
     p.add_argument("--large-images", type=int, default=16, help="images of j2k_large (each is slow to encode)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--busy", action="store_true", help="a counting Python thread beside the decodes")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     import numpy as np
@@ -40,6 +47,12 @@ def main() -> None:
         raise SystemExit("no libopenjp2 here: nothing to compare")
     report = {"probe": "openjpeg_area", "host": platform.node(), "cores": len(os.sched_getaffinity(0)),
               "threads": args.threads, "sets": {}}
+    alone = 0.0
+    if args.busy:   # the counting thread's rate with nothing beside it
+        with Busy(True) as busy:
+            time.sleep(2.0)
+        alone = busy.rate
+        report["busy_alone_per_s"] = round(alone)
     for name, count in (("j2k_lossy", args.images), ("j2k_lossless", args.images), ("j2k_large", args.large_images)):
         made = argparse.Namespace(root=f"{args.root}_{count}", images=count, workers=args.threads, sets=[name])
         stats = bench_codecs.make_sets(made)[name]
@@ -56,9 +69,12 @@ def main() -> None:
             for r in range(args.rounds):
                 row = {}
                 for way in (("whole", "region") if r % 2 == 0 else ("region", "whole")):
-                    t0 = time.perf_counter()
-                    cpu.decode_batch(datas, names, regions=regions if way == "region" else None)
-                    row[f"{way}_img_s"] = round(len(datas) / (time.perf_counter() - t0), 2)
+                    with Busy(args.busy) as busy:
+                        t0 = time.perf_counter()
+                        cpu.decode_batch(datas, names, regions=regions if way == "region" else None)
+                        row[f"{way}_img_s"] = round(len(datas) / (time.perf_counter() - t0), 2)
+                    if args.busy:
+                        row[f"{way}_busy_kept"] = round(busy.rate / alone, 3)
                 row["region_over_whole"] = round(row["region_img_s"] / row["whole_img_s"], 3)
                 rows.append(row)
                 print(f"{name} round {r}: {row}", flush=True)
@@ -69,6 +85,33 @@ def main() -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+class Busy:
+    """A Python thread counting in a loop while the block runs (when on); ``rate``: its count per second."""
+
+    def __init__(self, on: bool):
+        self.on, self.rate, self._stop, self._count = on, 0.0, threading.Event(), [0]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            for _ in range(1000):
+                n += 1
+        self._count[0] = n
+
+    def __enter__(self) -> "Busy":
+        if self.on:
+            self._t0 = time.perf_counter()
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.on:
+            self._stop.set()
+            self._thread.join()
+            self.rate = self._count[0] / (time.perf_counter() - self._t0)
 
 
 if __name__ == "__main__":
