@@ -31,8 +31,9 @@ SEGMENTATION = ("bench_segmentation/h200/native_masks.json", "bench_segmentation
 CPU = "bench_cpu/cpu-2core/bench_cpu.json"
 DDP = ("bench_ddp/h200x4/feed_ingest.json", "bench_ddp/h200x4/feed_dali.json")
 GIL = "bench_gil/h200x2-16cores/native_vs_dali.json"
-#: the first of two rounds against DALI with the CPU share's default (the second reversed the order)
-CODECS = "bench_codecs/h200/jpeg2k_aim_r1.json"
+#: the second of two rounds against DALI in one run with the CPU share's default (the committed code; the first is
+#: share_smallest_r2.json)
+CODECS = "bench_codecs/h200/jpeg2k_smallest_final.json"
 
 
 def _load(name: str) -> dict:

@@ -1,7 +1,7 @@
 /* OpenJPEG's decode area in one call that gives the GIL up once: ingest/decode/openjpeg.py's core.
  *
  * Driving libopenjp2 through ctypes takes the GIL back at every call's return and in every stream and message
- * callback, some forty times an image; beside a busy Python thread each take-back can wait a switch interval,
+ * callback, a few dozen times an image; beside a busy Python thread each take-back can wait a switch interval,
  * which made an area decode several times slower than imagecodecs' whole decode there. Here the header, the area,
  * the decode and the copy into the caller's array run in C between one Py_BEGIN_ALLOW_THREADS and its end.
  *
