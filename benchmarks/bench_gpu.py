@@ -783,15 +783,17 @@ def loader_variant(key, args, dev, res, flush) -> None:
 def loader_window(gen, args, dev) -> dict:
     """The loader alone: a warm-up (>= ``warmup_batches`` and ``warmup_seconds``, which also drains what it
     queued while starting), then a timed window (>= ``seconds`` and ``min_batches``) ending with a device
-    synchronise: ``warmup_batches``, ``img_s``, ``batches``, ``images``, ``seconds``. A batch's images are a tensor
-    or a list of them (ragged batches): ``len`` counts either."""
+    synchronise: ``warmup_batches``, ``img_s``, ``batches``, ``images``, ``seconds``, and ``cpu_cores``: the
+    process's CPU time over the window (every thread's, user and system) per second of it, so how many cores it
+    kept busy, against ``cores`` it may run on. A batch's images are a tensor or a list of them (ragged batches):
+    ``len`` counts either."""
     n, tw = 1, time.perf_counter()
     while n < args.warmup_batches or time.perf_counter() - tw < args.warmup_seconds:
         next(gen)
         n += 1
     sync(dev)
     out = {"warmup_batches": n}
-    n, count, t0 = 0, 0, time.perf_counter()
+    n, count, t0, c0 = 0, 0, time.perf_counter(), os.times()
     while True:
         x, _ = next(gen)
         n += 1
@@ -800,8 +802,10 @@ def loader_window(gen, args, dev) -> dict:
         if (el >= args.seconds and n >= args.min_batches) or n >= args.max_batches:
             break
     sync(dev)
-    el = time.perf_counter() - t0
-    out.update(img_s=round(count / el, 1), batches=n, images=count, seconds=round(el, 3))
+    el, c1 = time.perf_counter() - t0, os.times()
+    out.update(img_s=round(count / el, 1), batches=n, images=count, seconds=round(el, 3),
+               cpu_cores=round((c1.user - c0.user + c1.system - c0.system) / el, 2),
+               cores=len(os.sched_getaffinity(0)))
     return out
 
 

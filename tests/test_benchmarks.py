@@ -348,3 +348,27 @@ def test_the_memory_sampler_reads_the_device_through_nvml_not_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (7, 10))
     plain = bench_gpu.MemSampler(torch.device("cuda", 0))
     assert plain._handle is None and plain.ctx_used == 3 and plain.describe().startswith("cudaMemGetInfo")
+
+
+def test_loader_window_reports_the_cores_the_process_kept_busy():
+    """``cpu_cores``: the process's CPU time over the timed window per second of it; a loader that spins on the
+    calling thread keeps about one core busy, one that sleeps about none."""
+    import argparse
+    import time
+    import bench_gpu
+    import torch
+
+    def feed(spin: bool):
+        while True:
+            end = time.perf_counter() + 0.01
+            while spin and time.perf_counter() < end:
+                pass
+            if not spin:
+                time.sleep(0.01)
+            yield torch.zeros(4), None
+
+    args = argparse.Namespace(warmup_batches=1, warmup_seconds=0.0, seconds=0.3, min_batches=5, max_batches=10**6)
+    busy = bench_gpu.loader_window(feed(True), args, torch.device("cpu"))
+    idle = bench_gpu.loader_window(feed(False), args, torch.device("cpu"))
+    assert busy["images"] == 4 * busy["batches"] and busy["cores"] >= 1
+    assert busy["cpu_cores"] > 0.3 > idle["cpu_cores"], (busy, idle)
