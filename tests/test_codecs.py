@@ -208,6 +208,23 @@ def test_a_region_decode_returns_the_whole_size_with_only_the_region_decoded(cpu
 
 
 @pytest.mark.skipif(not openjpeg.available(), reason="no libopenjp2 (Pillow's wheels bundle one)")
+def test_openjpeg_area_refuses_an_output_that_cannot_hold_it():
+    """What OpenJPEG decoded must fit the caller's array (components, sample size), which must have the area's
+    shape, packed pixels and an unsigned 8- or 16-bit type; nothing is written otherwise."""
+    rgb, deep = j2k(RGB, level=0, codecformat="j2k"), j2k(RGB16[:, :, 0], level=0, codecformat="j2k")
+    for data, out, why in ((rgb, np.zeros((8, 8), np.uint8), "1 component asked"),
+                           (deep, np.zeros((8, 8), np.uint8), "16-bit samples into uint8")):
+        with pytest.raises(DecodeError, match=r"^x.j2k: cannot decode JPEG 2000 \(components\): "):
+            openjpeg.decode_area(memoryview(data), (0, 0, 8, 8), "x.j2k", jp2=False, out=out)
+        assert not out.any(), why
+    for out in (np.zeros((8, 9, 3), np.uint8), np.zeros((8, 8, 3), np.int16), np.zeros((8, 16, 3), np.uint8)[:, ::2]):
+        with pytest.raises(ValueError, match="out must be"):
+            openjpeg.decode_area(memoryview(rgb), (0, 0, 8, 8), "x.j2k", jp2=False, out=out)
+    with pytest.raises(ValueError, match="empty"):
+        openjpeg.decode_area(memoryview(rgb), (4, 4, 4, 8), "x.j2k", jp2=False, out=np.zeros((0, 4, 3), np.uint8))
+
+
+@pytest.mark.skipif(not openjpeg.available(), reason="no libopenjp2 (Pillow's wheels bundle one)")
 def test_openjpeg_failure_names_the_file_and_says_what_openjpeg_said(capfd):
     """A codestream whose COD asks for more decomposition levels than allowed: a DecodeError naming the file with
     OpenJPEG's own message, nothing printed."""

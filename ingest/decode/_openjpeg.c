@@ -187,8 +187,10 @@ static const char *decode_into(const source *src_in, int jp2, int32_t x0, int32_
         failed = "header";
         goto done;
     }
-    if (!opj.set_decode_area(codec, image, (int32_t)image->x0 + x0, (int32_t)image->y0 + y0,
-                             (int32_t)image->x0 + x1, (int32_t)image->y0 + y1)) {
+    /* the area on the reference grid, which the signed arguments must hold */
+    if ((int64_t)image->x0 + x1 > INT32_MAX || (int64_t)image->y0 + y1 > INT32_MAX ||
+        !opj.set_decode_area(codec, image, (int32_t)(image->x0 + (uint32_t)x0), (int32_t)(image->y0 + (uint32_t)y0),
+                             (int32_t)(image->x0 + (uint32_t)x1), (int32_t)(image->y0 + (uint32_t)y1))) {
         failed = "area";
         goto done;
     }
@@ -204,8 +206,8 @@ static const char *decode_into(const source *src_in, int jp2, int32_t x0, int32_
     }
     if (!fits) {
         const opj_comp *k = image->numcomps ? &image->comps[0] : NULL;
-        m->len = (size_t)snprintf(m->text, sizeof m->text, "%u decoded, the first %ux%u of %u bits%s, for %zdx%zd x %zd "
-                                  "of %zd bytes", image->numcomps, k ? k->w : 0, k ? k->h : 0, k ? k->prec : 0,
+        m->len = (size_t)snprintf(m->text, sizeof m->text,
+                                  "%u decoded, the first %ux%u of %u bits%s, for %zdx%zd x %zd of %zd bytes", image->numcomps, k ? k->w : 0, k ? k->h : 0, k ? k->prec : 0,
                                   k && k->sgnd ? " signed" : "", out->w, out->h, out->comps, out->itemsize);
         m->len = m->len < sizeof m->text ? m->len : sizeof m->text - 1;
         failed = "components";
