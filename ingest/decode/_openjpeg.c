@@ -207,7 +207,8 @@ static const char *decode_into(const source *src_in, int jp2, int32_t x0, int32_
     if (!fits) {
         const opj_comp *k = image->numcomps ? &image->comps[0] : NULL;
         m->len = (size_t)snprintf(m->text, sizeof m->text,
-                                  "%u decoded, the first %ux%u of %u bits%s, for %zdx%zd x %zd of %zd bytes", image->numcomps, k ? k->w : 0, k ? k->h : 0, k ? k->prec : 0,
+                                  "%u decoded, the first %ux%u of %u bits%s, for %zdx%zd x %zd of %zd bytes",
+                                  image->numcomps, k ? k->w : 0, k ? k->h : 0, k ? k->prec : 0,
                                   k && k->sgnd ? " signed" : "", out->w, out->h, out->comps, out->itemsize);
         m->len = m->len < sizeof m->text ? m->len : sizeof m->text - 1;
         failed = "components";
