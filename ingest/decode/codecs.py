@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ingest._numpy import zeros
 from ingest.decode import openjpeg
 from ingest.errors import ConfigError, DecodeError
 
@@ -371,7 +372,8 @@ def decode(buf: memoryview, codec: str, header: Header | None, name: str, region
         if area is not None and openjpeg.available():
             x0, y0, x1, y1 = area
             shape = (header.height, header.width) + ((header.components,) if header.components > 1 else ())
-            samples = np.zeros(shape, np.uint8 if header.precision <= 8 else np.uint16)
+            # zeroed holding the GIL (ingest._numpy): the decode call below is then the image's one hand-off
+            samples = zeros(shape, np.uint8 if header.precision <= 8 else np.uint16)
             openjpeg.decode_area(buf, area, name, jp2=bytes(buf[:12]) == JP2_SIGNATURE, out=samples[y0:y1, x0:x1])
             return samples, header.precision
     try:
