@@ -7,9 +7,9 @@ drawn as RandomResizedCrop draws them (area 0.08-1, ratio 3/4-4/3; bench_codecs.
 times the whole decode and the region decode of every image once, in alternating order, and the first batch's
 regions are checked against the whole decode's pixels.
 
-``--busy``: a Python thread counts in a loop beside the decodes (as a training loop runs beside a loader), and
-each round also gives the share of its count it kept against the same thread alone: a decode that takes the GIL
-back often waits a switch interval at each take-back, and slows the thread beside it.
+``--busy``: bench_gpu's busy thread (pure Python) runs beside the decodes, as a training loop runs beside a
+loader, and each round also gives the share of its count it kept against the same thread alone: a decode that
+takes the GIL back often waits a switch interval at each take-back, and slows the thread beside it.
 
 Usage: python dev/openjpeg_area.py [--root DIR] [--images 64] [--large-images 16] [--rounds 2] [--busy]
        [--json OUT.json]
@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -49,9 +48,7 @@ def main() -> None:
               "threads": args.threads, "sets": {}}
     alone = 0.0
     if args.busy:   # the counting thread's rate with nothing beside it
-        with Busy(True) as busy:
-            time.sleep(2.0)
-        alone = busy.rate
+        alone = busy_rate(lambda: time.sleep(2.0))[0]
         report["busy_alone_per_s"] = round(alone)
     for name, count in (("j2k_lossy", args.images), ("j2k_lossless", args.images), ("j2k_large", args.large_images)):
         made = argparse.Namespace(root=f"{args.root}_{count}", images=count, workers=args.threads, sets=[name])
@@ -69,12 +66,12 @@ def main() -> None:
             for r in range(args.rounds):
                 row = {}
                 for way in (("whole", "region") if r % 2 == 0 else ("region", "whole")):
-                    with Busy(args.busy) as busy:
-                        t0 = time.perf_counter()
+                    def run(way=way):
                         cpu.decode_batch(datas, names, regions=regions if way == "region" else None)
-                        row[f"{way}_img_s"] = round(len(datas) / (time.perf_counter() - t0), 2)
+                    rate, seconds = busy_rate(run) if args.busy else (0.0, timed(run))
+                    row[f"{way}_img_s"] = round(len(datas) / seconds, 2)
                     if args.busy:
-                        row[f"{way}_busy_kept"] = round(busy.rate / alone, 3)
+                        row[f"{way}_busy_kept"] = round(rate / alone, 3)
                 row["region_over_whole"] = round(row["region_img_s"] / row["whole_img_s"], 3)
                 rows.append(row)
                 print(f"{name} round {r}: {row}", flush=True)
@@ -87,31 +84,18 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(report, indent=1))
 
 
-class Busy:
-    """A Python thread counting in a loop while the block runs (when on); ``rate``: its count per second."""
+def timed(run) -> float:
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
 
-    def __init__(self, on: bool):
-        self.on, self.rate, self._stop, self._count = on, 0.0, threading.Event(), [0]
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        n = 0
-        while not self._stop.is_set():
-            for _ in range(1000):
-                n += 1
-        self._count[0] = n
-
-    def __enter__(self) -> "Busy":
-        if self.on:
-            self._t0 = time.perf_counter()
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.on:
-            self._stop.set()
-            self._thread.join()
-            self.rate = self._count[0] / (time.perf_counter() - self._t0)
+def busy_rate(run) -> tuple[float, float]:
+    """``run()`` beside bench_gpu's busy thread: the thread's count per second over it, and its seconds."""
+    import bench_gpu
+    with bench_gpu.Busy() as busy:
+        seconds = timed(run)
+    return busy.count / seconds, seconds
 
 
 if __name__ == "__main__":
